@@ -1,0 +1,236 @@
+"""Settings: built-in TOML defaults, overridden key by key by a file, then by the environment.
+
+    defaults.toml  <  --config FILE / BRANCHPOINT_CONFIG  <  BRANCHPOINT_* environment variables
+
+Nothing here is cached at import: ``load_settings()`` builds a fresh, immutable ``Settings`` each
+time, and the app factory takes it as an argument (tests build their own).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tomllib
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "AuthKey",
+    "AuthSettings",
+    "CompactionSettings",
+    "DatabaseSettings",
+    "ModelLimits",
+    "ServerSettings",
+    "Settings",
+    "SettingsError",
+    "Upstream",
+    "UpstreamDefaults",
+    "load_settings",
+]
+
+
+class SettingsError(ValueError):
+    """The configuration file or an environment variable is invalid."""
+
+
+class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    lease_seconds: float = 300.0
+    reaper_interval_seconds: float = 0.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    log_level: str = "info"
+    log_format: Literal["json", "text"] = "json"
+
+    @property
+    def reaper_interval(self) -> float:
+        if self.reaper_interval_seconds > 0:
+            return self.reaper_interval_seconds
+        return max(1.0, self.lease_seconds / 4)
+
+
+class DatabaseSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    url: str = ""
+    data_dir: str = ""
+    pool_min: int = 2
+    pool_max: int = 20
+    command_timeout: float = 10.0
+    connect_timeout: float = 3.0
+
+
+class AuthKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    key: str
+    tenant: str = ""
+    admin: bool = False
+
+
+class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    mode: Literal["passthrough", "keys", "none"] = "passthrough"
+    keys: tuple[AuthKey, ...] = ()
+
+
+class UpstreamDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    connect_timeout: float = 10.0
+    read_timeout: float = 600.0
+    write_timeout: float = 60.0
+    pool_timeout: float = 10.0
+    max_connections: int = 512
+
+
+class Upstream(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    base_url: str
+    api_key: str = ""
+    models: tuple[str, ...] = ("*",)
+    accepts_reasoning: bool = False
+
+    def matches(self, model: str) -> bool:
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+
+
+class ModelLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    context_window: int
+    max_output_tokens: int
+
+    @property
+    def input_limit(self) -> int:
+        return max(1, self.context_window - self.max_output_tokens)
+
+
+class CompactionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    soft: float = 0.7
+    hard: float = 0.9
+    keep_recent: int = 6
+    summary_budget: float = 0.15
+    model: str = ""
+
+
+class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    server: ServerSettings = ServerSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    auth: AuthSettings = AuthSettings()
+    upstream_defaults: UpstreamDefaults = UpstreamDefaults()
+    upstreams: tuple[Upstream, ...] = ()
+    models: dict[str, ModelLimits] = {}
+    compaction: CompactionSettings = CompactionSettings()
+
+    def upstream_for(self, model: str) -> Upstream | None:
+        """The first upstream whose model globs match ``model``."""
+        for upstream in self.upstreams:
+            if upstream.matches(model):
+                return upstream
+        return None
+
+    def limits_for(self, model: str) -> ModelLimits:
+        """The limits of the most specific glob matching ``model`` (most literal characters)."""
+        best: tuple[int, ModelLimits] | None = None
+        for pattern, limits in self.models.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                score = sum(1 for ch in pattern if ch not in "*?[]")
+                if best is None or score > best[0]:
+                    best = (score, limits)
+        if best is None:
+            return ModelLimits(context_window=128000, max_output_tokens=16384)
+        return best[1]
+
+    def replace(self, **sections: Any) -> Settings:
+        """A copy with whole sections replaced, e.g. ``settings.replace(server=...)``."""
+        return msgspec.structs.replace(self, **sections)
+
+
+def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Tables merge key by key; every other value (arrays included) replaces the default."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _defaults() -> dict[str, Any]:
+    text = resources.files("config").joinpath("defaults.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    raw = dict(raw)
+    database = dict(raw.get("database", {}))
+    if env.get("BRANCHPOINT_DATABASE_URL"):
+        database["url"] = env["BRANCHPOINT_DATABASE_URL"]
+    if env.get("BRANCHPOINT_DATA_DIR"):
+        database["data_dir"] = env["BRANCHPOINT_DATA_DIR"]
+    raw["database"] = database
+
+    url = env.get("BRANCHPOINT_UPSTREAM_URL")
+    key = env.get("BRANCHPOINT_UPSTREAM_API_KEY")
+    if url or key:
+        upstreams = [dict(u) for u in raw.get("upstreams", [])]
+        if not upstreams:
+            upstreams = [{"name": "default", "base_url": url or "https://api.openai.com/v1"}]
+        # "the default upstream" is the catch-all one; without a catch-all, the first
+        targets = [u for u in upstreams if "*" in u.get("models", ["*"])] or upstreams[:1]
+        for upstream in targets:
+            if url:
+                upstream["base_url"] = url
+            if key is not None:
+                upstream["api_key"] = key
+        raw["upstreams"] = upstreams
+    return raw
+
+
+def load_settings(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build the settings: defaults, then ``path`` (or ``$BRANCHPOINT_CONFIG``), then the
+    environment, then ``overrides`` (a dict shaped like the TOML file; used by tests)."""
+    env = os.environ if env is None else env
+    raw = _defaults()
+    path = path or env.get("BRANCHPOINT_CONFIG") or None
+    if path:
+        try:
+            with Path(path).open("rb") as fh:
+                raw = _deep_merge(raw, tomllib.load(fh))
+        except OSError as exc:
+            raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"config file {path} is not valid TOML: {exc}") from exc
+    raw = _apply_env(raw, env)
+    if overrides:
+        raw = _deep_merge(raw, overrides)
+    try:
+        settings = msgspec.convert(raw, Settings)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(f"invalid configuration: {exc}") from exc
+    _validate(settings)
+    return settings
+
+
+def _validate(settings: Settings) -> None:
+    c = settings.compaction
+    if not 0 < c.soft <= 1 or not 0 < c.hard <= 1:
+        raise SettingsError("compaction.soft and compaction.hard must be in (0, 1]")
+    if not 0 < c.summary_budget < 1:
+        raise SettingsError("compaction.summary_budget must be in (0, 1)")
+    if c.keep_recent < 0:
+        raise SettingsError("compaction.keep_recent must be >= 0")
+    if settings.server.lease_seconds <= 0:
+        raise SettingsError("server.lease_seconds must be > 0")
+    if not settings.upstreams:
+        raise SettingsError("at least one [[upstreams]] entry is needed")
+    names = [u.name for u in settings.upstreams]
+    if len(set(names)) != len(names):
+        raise SettingsError("upstream names must be unique")
+    for limits in settings.models.values():
+        if limits.max_output_tokens >= limits.context_window:
+            raise SettingsError("models.*.max_output_tokens must be below context_window")
+    if settings.auth.mode == "keys" and not settings.auth.keys:
+        raise SettingsError('auth.mode = "keys" needs at least one [[auth.keys]] entry')

@@ -1,0 +1,186 @@
+"""Assembly (SPEC §3): the upstream ``messages`` of a call, from the path (root first) and the
+call's new items. Pure functions over plain data -- no I/O, tested without a database.
+
+Rules, in order:
+1. each node on the path contributes its ``sent`` items, then -- only if it succeeded -- its
+   ``received`` items, shaped for the provider they are sent to (``shape_received``);
+2. the new items are appended;
+3. system rule: system/developer messages are not repeated in place; the most recent ones found
+   (this call's, if it sent any, else those of the last node that sent any) go first, once;
+4. pairing check: an assistant ``tool_calls`` entry without a later ``tool`` result, or a ``tool``
+   message without an earlier call, is dropped -- and reported, because on the normal path this
+   changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "Assembled",
+    "PathLike",
+    "Target",
+    "assemble",
+    "pair_check",
+    "shape_received",
+]
+
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
+# Fields of a returned assistant message that any OpenAI-compatible provider accepts back.
+_PORTABLE = ("role", "content", "name", "tool_calls", "function_call", "refusal")
+# Readable reasoning: only for providers that accept it back (``accepts_reasoning``).
+_REASONING = ("reasoning_content", "reasoning")
+# Opaque / provider-signed reasoning: only back to the very provider that produced it.
+_OPAQUE = ("reasoning_details", "thinking_blocks", "encrypted_content")
+
+
+class PathLike(Protocol):
+    """What assembly reads of a path node (``storage.PathNode`` fits)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def sent(self) -> list[dict[str, Any]]: ...
+    @property
+    def received(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def provider(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The provider a request goes to."""
+
+    provider: str
+    accepts_reasoning: bool = False
+
+
+@dataclass(slots=True)
+class Assembled:
+    messages: list[dict[str, Any]]
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # pairing-check removals
+
+
+def _shape_tool_call(tc: Any) -> Any:
+    if not isinstance(tc, dict):
+        return tc
+    out = {k: tc[k] for k in ("id", "type", "function") if k in tc and tc[k] is not None}
+    fn = out.get("function")
+    if isinstance(fn, dict):
+        out["function"] = {k: fn[k] for k in ("name", "arguments") if k in fn}
+    out.setdefault("type", "function")
+    return out
+
+
+def shape_received(msg: dict[str, Any], target: Target, producer: str | None) -> dict[str, Any]:
+    """A returned assistant message as it may be sent back to ``target``: portable fields only,
+    nulls dropped, reasoning kept only where the target accepts it (opaque reasoning only to the
+    provider that produced it)."""
+    out: dict[str, Any] = {}
+    keep_reasoning = target.accepts_reasoning
+    keep_opaque = keep_reasoning and producer == target.provider
+    for key, value in msg.items():
+        if value is None:
+            continue
+        if key in _PORTABLE:
+            out[key] = value
+        elif key in _REASONING:
+            if keep_reasoning:
+                out[key] = value
+        elif key in _OPAQUE:
+            if keep_opaque:
+                out[key] = value
+    if "tool_calls" in out:
+        calls = out["tool_calls"]
+        if isinstance(calls, list) and calls:
+            out["tool_calls"] = [_shape_tool_call(tc) for tc in calls]
+        else:
+            del out["tool_calls"]
+    out.setdefault("role", "assistant")
+    if "content" not in out:
+        # null content is valid next to tool calls / a refusal; an otherwise empty turn gets ""
+        out["content"] = None if ("tool_calls" in out or "function_call" in out or "refusal" in out) else ""
+    return out
+
+
+def _role(item: Any) -> Any:
+    return item.get("role") if isinstance(item, dict) else None
+
+
+def pair_check(items: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Drop unanswered tool calls and orphan tool results. Returns (kept, dropped); ``dropped``
+    lists ``{"tool_call_id", "reason"}`` entries (and whole messages that became empty)."""
+    called: set[Any] = set()
+    answered: set[Any] = set()
+    for item in items:
+        role = _role(item)
+        if role == "assistant":
+            for tc in item.get("tool_calls") or ():
+                if isinstance(tc, dict):
+                    called.add(tc.get("id"))
+        elif role == "tool":
+            tid = item.get("tool_call_id")
+            if tid in called:
+                answered.add(tid)
+    if len(answered) == len(called) and not any(
+        _role(i) == "tool" and i.get("tool_call_id") not in answered for i in items
+    ):
+        return list(items), []
+
+    kept: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    seen_calls: set[Any] = set()
+    for item in items:
+        role = _role(item)
+        if role == "assistant" and item.get("tool_calls"):
+            calls = [tc for tc in item["tool_calls"] if isinstance(tc, dict)]
+            good = [tc for tc in calls if tc.get("id") in answered]
+            for tc in calls:
+                if tc.get("id") not in answered:
+                    dropped.append({"tool_call_id": tc.get("id"), "reason": "tool call without a result"})
+            seen_calls.update(tc.get("id") for tc in good)
+            if len(good) == len(calls):
+                kept.append(item)
+                continue
+            trimmed = {k: v for k, v in item.items() if k != "tool_calls"}
+            if good:
+                trimmed["tool_calls"] = good
+            elif not trimmed.get("content") and not trimmed.get("refusal"):
+                dropped.append({"message": "assistant", "reason": "empty after dropping its tool calls"})
+                continue
+            kept.append(trimmed)
+        elif role == "tool":
+            tid = item.get("tool_call_id")
+            if tid in answered and tid in seen_calls:
+                kept.append(item)
+            else:
+                dropped.append({"tool_call_id": tid, "reason": "tool result without a call before it"})
+        else:
+            kept.append(item)
+    return kept, dropped
+
+
+def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], target: Target) -> Assembled:
+    """The upstream ``messages`` for a call whose parent's path is ``path`` (root first)."""
+    system: list[dict[str, Any]] = []
+    body: list[dict[str, Any]] = []
+    for node in path:
+        node_system = [m for m in node.sent if _role(m) in SYSTEM_ROLES]
+        if node_system:
+            system = node_system
+            body.extend(m for m in node.sent if _role(m) not in SYSTEM_ROLES)
+        else:
+            body.extend(node.sent)
+        if node.status == "success" and node.received:
+            body.extend(shape_received(m, target, node.provider) for m in node.received if isinstance(m, dict))
+    new_system = [m for m in new_items if _role(m) in SYSTEM_ROLES]
+    if new_system:
+        system = new_system
+        body.extend(m for m in new_items if _role(m) not in SYSTEM_ROLES)
+    else:
+        body.extend(new_items)
+    kept, dropped = pair_check(body)
+    return Assembled(system + kept, dropped)

@@ -1,0 +1,67 @@
+"""Who is calling (SPEC §7): the bearer key decides the tenant.
+
+- ``passthrough`` (default): any key is accepted and forwarded upstream (unless the upstream has
+  its own); the tenant is a hash of the key, so each key sees only its own conversations.
+- ``keys``: only proxy-issued keys from the config (stored as ``sha256:<hex>`` or in clear in the
+  file), each naming a tenant; upstream keys come from the config; an ``admin`` key sees every
+  tenant in the admin API.
+- ``none``: one local tenant, no key needed (a key, if sent, is still forwarded upstream).
+
+Keys are never logged or stored: only their hashes are compared and kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from config import AuthSettings
+
+from .errors import AuthenticationFailed
+
+__all__ = ["Authenticator", "Caller", "key_hash"]
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    tenant: str
+    client_key: str | None  # forwarded upstream when the upstream has no key of its own
+    admin: bool = False
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    value = value.strip()
+    return value or None
+
+
+class Authenticator:
+    def __init__(self, settings: AuthSettings) -> None:
+        self.mode = settings.mode
+        self._keys: dict[str, tuple[str, bool]] = {}
+        for entry in settings.keys:
+            digest = entry.key[7:].lower() if entry.key.startswith("sha256:") else key_hash(entry.key)
+            self._keys[digest] = (entry.tenant or f"k_{digest[:16]}", entry.admin)
+
+    def __call__(self, authorization: str | None) -> Caller:
+        key = _bearer(authorization)
+        if self.mode == "none":
+            return Caller("local", key)
+        if key is None:
+            raise AuthenticationFailed("missing API key: send Authorization: Bearer <key>")
+        digest = key_hash(key)
+        if self.mode == "passthrough":
+            return Caller(f"t_{digest[:32]}", key)
+        for known, (tenant, admin) in self._keys.items():
+            if hmac.compare_digest(known, digest):
+                return Caller(tenant, None, admin)
+        raise AuthenticationFailed("invalid API key")

@@ -1,0 +1,77 @@
+"""In-flight lease upkeep (SPEC §2 step 2): keep the leases of this process's running calls
+alive, however long they take, and reap the calls of processes that died.
+
+One renewal loop for all calls of the process (a call costs nothing extra unless it outlives a
+third of ``lease_seconds``), and one reaper loop; both only talk to PostgreSQL, so any number of
+proxy processes sharing a database cooperate without knowing of each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from storage import StorageError, TreeStore
+
+__all__ = ["LeaseKeeper"]
+
+log = logging.getLogger("branchpoint.leases")
+
+
+class LeaseKeeper:
+    def __init__(self, tree: TreeStore, *, lease_seconds: float, reaper_interval: float) -> None:
+        self.tree = tree
+        self.lease_seconds = lease_seconds
+        self.reaper_interval = reaper_interval
+        self.inflight: dict[uuid.UUID, uuid.UUID] = {}  # node id -> tree id
+        self._tasks: list[asyncio.Task[None]] = []
+        self.reaped = 0
+
+    def track(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> None:
+        self.inflight[node_id] = tree_id
+
+    def untrack(self, node_id: uuid.UUID) -> None:
+        self.inflight.pop(node_id, None)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._renew_loop(), name="branchpoint-lease-renewal"),
+            asyncio.create_task(self._reap_loop(), name="branchpoint-reaper"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def renew_all(self) -> None:
+        for node_id, tree_id in list(self.inflight.items()):
+            try:
+                await self.tree.renew(tree_id, node_id, self.lease_seconds)
+            except StorageError as exc:
+                log.warning("lease renewal failed", extra={"node_id": str(node_id), "error": str(exc)})
+
+    async def reap(self) -> int:
+        reaped = await self.tree.reap_expired()
+        if reaped:
+            self.reaped += reaped
+            log.warning("reaped interrupted calls", extra={"count": reaped})
+        return reaped
+
+    async def _renew_loop(self) -> None:
+        interval = max(0.05, self.lease_seconds / 3)
+        while True:
+            await asyncio.sleep(interval)
+            await self.renew_all()
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reaper_interval)
+            try:
+                await self.reap()
+            except StorageError as exc:
+                log.warning("reaper could not run", extra={"error": str(exc)})
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("reaper failed")

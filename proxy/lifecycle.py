@@ -1,0 +1,339 @@
+"""The call lifecycle: one chat call with a conversation id, from the parsed request to the
+stored node (SPEC §2-§4).
+
+    resolve parent + take lease + insert pending node + read path   (storage: one round trip)
+    assemble the context                                            (proxy.assembly, pure)
+    call the upstream, relay the answer                             (proxy.upstream / proxy.relay)
+    store the outcome, release the lease, move the head             (storage: one round trip)
+
+Where the head goes after a call is decided in one place: ``moves_head``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import msgspec
+
+from storage import uuid7
+
+from .assembly import Target, assemble
+from .errors import (
+    BranchpointError,
+    ConversationBusy,
+    NodeNotFound,
+    ParentBeforeCompaction,
+    UpstreamBadResponse,
+    UpstreamFailure,
+)
+from .http import RawResponse, encode_headers
+from .relay import StreamEnd, StreamRelay
+from .upstream import Failure, classify, failure_from_exception, map_exceptions, response_headers
+
+if TYPE_CHECKING:
+    from .services import Services
+
+__all__ = ["ChatCall", "CallLifecycle", "moves_head", "sent_hash"]
+
+log = logging.getLogger("branchpoint.call")
+
+_encode = msgspec.json.Encoder().encode
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
+_decode = msgspec.json.Decoder().decode
+
+SUCCESS = "success"
+
+
+def moves_head(kind: str, outcome: str) -> bool:
+    """SPEC §4 -- after a call, does the conversation's head move to its node?
+
+    ``outcome`` is ``success`` or a failure kind (``transient`` | ``overflow`` | ``invalid``).
+    A success moves it; so does a transient failure (the failed node's ``sent`` items -- e.g.
+    paid-for tool results -- stay in context and a retry hangs under or beside it). An overflow or
+    an invalid request leaves it where it was, or every later turn would fail the same way.
+    ``transform`` calls never move it.
+    """
+    return kind == "turn" and outcome in (SUCCESS, "transient")
+
+
+def sent_hash(items: list[Any]) -> bytes:
+    """sha256 of the canonical JSON of a call's new items: retry recognition is one comparison."""
+    return hashlib.sha256(_encode_sorted(items)).digest()
+
+
+@dataclass(slots=True)
+class ChatCall:
+    """A parsed chat request with a conversation id (built by the route)."""
+
+    tenant: str
+    conversation_id: str
+    kind: str  # "turn" | "transform"
+    parent_mode: str  # "head" | "root" | "node"
+    parent_id: uuid.UUID | None
+    body: dict[str, Any]  # the client's body; every field but messages is forwarded as is
+    items: list[dict[str, Any]]  # body["messages"]: this call's new items
+    stream: bool
+    client_key: str | None
+    headers: list[tuple[str, str]]  # incoming request headers (filtered when forwarded)
+
+
+@dataclass(slots=True)
+class _Started:
+    call: ChatCall
+    node_id: uuid.UUID
+    tree_id: uuid.UUID
+    parent_id: uuid.UUID | None
+    request_hash: bytes | None = None
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [
+            ("x-conversation-id", self.call.conversation_id),
+            ("x-node-id", str(self.node_id)),
+            ("x-parent-node-id", str(self.parent_id) if self.parent_id else "root"),
+        ]
+
+
+def _disconnected() -> Failure:
+    error = {"type": "client_disconnected", "code": "client_disconnected",
+             "message": "the client disconnected before the answer arrived", "status": None}
+    return Failure("transient", error, 499, b"")
+
+
+async def _wait_for_disconnect(receive: Any) -> None:
+    while True:
+        if (await receive())["type"] == "http.disconnect":
+            return
+
+
+class CallLifecycle:
+    def __init__(self, services: Services) -> None:
+        self.s = services
+        self.lease_seconds = services.settings.server.lease_seconds
+
+    # -- start -------------------------------------------------------------------------------
+
+    async def _begin(self, call: ChatCall, upstream_name: str) -> tuple[_Started, list[Any]]:
+        params = {k: v for k, v in call.body.items() if k != "messages"}
+        node_id = uuid7()
+        begun = await self.s.tree.begin_call(
+            tenant=call.tenant,
+            conversation_id=call.conversation_id,
+            node_id=node_id,
+            new_tree_id=uuid7(),
+            kind=call.kind,
+            parent_mode=call.parent_mode,  # type: ignore[arg-type]
+            parent_id=call.parent_id,
+            sent=call.items,
+            sent_hash=sent_hash(call.items),
+            lease_seconds=self.lease_seconds,
+            model=call.body.get("model"),
+            provider=upstream_name,
+            params=params,
+        )
+        if begun.outcome == "busy":
+            self.s.metrics.busy_rejections.inc()
+            raise ConversationBusy(
+                f"conversation {call.conversation_id!r} has a turn call in flight; retry when it has finished"
+            )
+        if begun.outcome == "parent_not_found":
+            raise NodeNotFound(f"node {call.parent_id} is not part of conversation {call.conversation_id!r}",
+                               param="X-Parent-Node-Id")
+        if begun.outcome == "parent_before_compaction":
+            raise ParentBeforeCompaction(
+                f"node {call.parent_id} lies before a compaction of this conversation's path; "
+                "it can no longer be edited here (fork from it, or move the head there first)",
+                param="X-Parent-Node-Id",
+            )
+        assert begun.tree_id is not None
+        started = _Started(call, node_id, begun.tree_id, begun.parent_id)
+        return started, begun.path
+
+    def _request_body(self, call: ChatCall, messages: list[dict[str, Any]]) -> bytes:
+        body = dict(call.body)
+        body["messages"] = messages
+        if call.stream:
+            options = body.get("stream_options")
+            options = dict(options) if isinstance(options, dict) else {}
+            options["include_usage"] = True
+            body["stream_options"] = options
+        return _encode(body)
+
+    # -- finish ------------------------------------------------------------------------------
+
+    async def _finish(self, started: _Started, *, outcome: str, received: list[Any] | None = None,
+                      usage: dict[str, Any] | None = None, finish_reason: str | None = None,
+                      error: dict[str, Any] | None = None) -> None:
+        """Store the outcome and apply the head rule. Never raises: a node we cannot finalize
+        stays pending and the reaper marks it interrupted once its lease runs out."""
+        self.s.leases.untrack(started.node_id)
+        call = started.call
+        try:
+            await self.s.tree.finish_call(
+                tree_id=started.tree_id,
+                node_id=started.node_id,
+                status=SUCCESS if outcome == SUCCESS else "failed",
+                received=received,
+                usage=usage,
+                finish_reason=finish_reason,
+                error=error,
+                request_hash=started.request_hash,
+                move_head=moves_head(call.kind, outcome),
+            )
+        except Exception:  # noqa: BLE001
+            log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
+            return
+        self.s.metrics.observe_call(call.kind, outcome, usage)
+        if outcome != SUCCESS:
+            log.info("call failed", extra={"conversation_id": call.conversation_id, "node_id": str(started.node_id),
+                                           "outcome": outcome, "code": (error or {}).get("code")})
+
+    # -- run ---------------------------------------------------------------------------------
+
+    async def run(self, call: ChatCall, receive: Any) -> Any:
+        """Run one call; returns the ASGI response (a ``RawResponse`` or a ``StreamRelay``)."""
+        upstream = self.s.upstream.route(call.body.get("model"))
+        started, path = await self._begin(call, upstream.name)
+        self.s.leases.track(started.tree_id, started.node_id)
+        try:
+            assembled = assemble(path, call.items, Target(upstream.name, upstream.accepts_reasoning))
+            if assembled.dropped:
+                self.s.metrics.pairing_drops.inc(len(assembled.dropped))
+                log.warning("pairing check dropped items", extra={
+                    "conversation_id": call.conversation_id, "node_id": str(started.node_id),
+                    "dropped": assembled.dropped})
+            payload = self._request_body(call, assembled.messages)
+            started.request_hash = hashlib.sha256(payload).digest()
+            headers = self.s.upstream.request_headers(upstream, call.headers, call.client_key)
+            request = self.s.upstream.build("POST", upstream, "chat/completions", headers=headers, content=payload)
+            if call.stream:
+                return await self._run_stream(started, request)
+            return await self._run_json(started, request, receive)
+        except BaseException as exc:
+            if started.node_id in self.s.leases.inflight:  # not finalized yet
+                if isinstance(exc, BranchpointError):
+                    err = {"type": exc.type, "code": exc.code, "message": exc.message, "status": None}
+                else:
+                    err = {"type": "server_error", "code": "internal_error",
+                           "message": f"the proxy failed: {type(exc).__name__}", "status": None}
+                await asyncio.shield(self._finish(started, outcome="transient", error=err))
+            if isinstance(exc, BranchpointError):
+                exc.headers.update(dict(started.headers()))
+            raise
+
+    async def _run_json(self, started: _Started, request: httpx.Request, receive: Any) -> RawResponse:
+        send_task = asyncio.ensure_future(self.s.upstream.send(request))
+        watch = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await asyncio.wait((send_task, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if not send_task.done():  # the client gave up first
+            send_task.cancel()
+            await asyncio.gather(send_task, return_exceptions=True)
+            failure = _disconnected()
+            await self._finish(started, outcome=failure.kind, error=failure.error)
+            return RawResponse(499, failure.body, started.headers())
+        try:
+            response = send_task.result()
+        except UpstreamFailure as exc:
+            failure = failure_from_exception(exc)
+            await self._finish(started, outcome=failure.kind, error=failure.error)
+            return RawResponse(failure.status, failure.body, started.headers())
+
+        relay_headers = response_headers(response.headers) + started.headers()
+        content = response.content
+        if response.status_code >= 300 or response.status_code < 200:
+            failure = classify(response.status_code, content)
+            await self._finish(started, outcome=failure.kind, error=failure.error)
+            return RawResponse(failure.status, failure.body, relay_headers)
+        try:
+            data = _decode(content)
+            message = data["choices"][0]["message"]
+            if not isinstance(message, dict):
+                raise TypeError("message is not an object")
+        except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
+            failure = self._bad_success(content, exc)
+            await self._finish(started, outcome=failure.kind, error=failure.error)
+            return RawResponse(failure.status, failure.body, started.headers())
+        await self._finish(
+            started,
+            outcome=SUCCESS,
+            received=[message],
+            usage=data.get("usage"),
+            finish_reason=data["choices"][0].get("finish_reason"),
+        )
+        return RawResponse(response.status_code, content, relay_headers)
+
+    @staticmethod
+    def _bad_success(content: bytes, exc: Exception) -> Failure:
+        """A 2xx whose body is not a completion: an error body in disguise, or garbage."""
+        try:
+            data = _decode(content)
+        except msgspec.DecodeError:
+            data = None
+        if isinstance(data, dict) and data.get("error"):
+            failure = classify(502, content)
+            return Failure(failure.kind, {**failure.error, "status": 200}, 502, failure.body)
+        err = UpstreamBadResponse(f"the upstream answered 2xx without a chat completion ({type(exc).__name__})")
+        return failure_from_exception(err)
+
+    async def _run_stream(self, started: _Started, request: httpx.Request) -> Any:
+        try:
+            response = await self.s.upstream.send(request, stream=True)
+        except UpstreamFailure as exc:
+            failure = failure_from_exception(exc)
+            await self._finish(started, outcome=failure.kind, error=failure.error)
+            return RawResponse(failure.status, failure.body, started.headers())
+        if response.status_code != 200:
+            try:
+                content = await self.s.upstream.read_rest(response)
+            except UpstreamFailure:
+                content = b""
+            failure = classify(response.status_code, content)
+            await self._finish(started, outcome=failure.kind, error=failure.error)
+            return RawResponse(failure.status, failure.body, response_headers(response.headers) + started.headers())
+
+        wants_usage = bool((started.call.body.get("stream_options") or {}).get("include_usage")) \
+            if isinstance(started.call.body.get("stream_options"), dict) else False
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with map_exceptions():
+                async for chunk in response.aiter_bytes():
+                    yield chunk
+
+        async def on_end(end: StreamEnd) -> None:
+            if end.failure is None:
+                await self._finish(started, outcome=SUCCESS, received=[end.accumulator.message()],
+                                   usage=end.accumulator.usage, finish_reason=end.accumulator.finish_reason)
+            else:
+                kind, error = end.failure
+                await self._finish(started, outcome=kind, error=error, usage=end.accumulator.usage)
+
+        headers = response_headers(response.headers) + started.headers()
+        if not any(k.lower() == "content-type" for k, _ in headers):
+            headers.append(("content-type", "text/event-stream"))
+        return StreamRelay(
+            chunks(),
+            headers=encode_headers(headers),
+            on_end=on_end,
+            close_upstream=response.aclose,
+            classify_error=_classify_stream_error,
+            strip_usage=not wants_usage,
+            background=self.s.background,
+        )
+
+
+def _classify_stream_error(error: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """An error event inside a stream: ``overflow`` if it says so, else ``transient``."""
+    body = msgspec.json.encode({"error": error})
+    failure = classify(400, body)
+    if failure.kind != "overflow":
+        failure = classify(502, body)
+    return failure.kind, {**failure.error, "status": None}

@@ -1,0 +1,46 @@
+"""Prometheus metrics, one registry per app (several apps may live in one process: tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("branchpoint_requests", "HTTP requests answered", ["route", "status"], registry=r)
+        self.request_seconds = Histogram("branchpoint_request_seconds", "Whole request, first byte in to last byte out",
+                                         ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.upstream_seconds = Histogram("branchpoint_upstream_seconds", "Time spent waiting on the upstream",
+                                          ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.overhead_seconds = Histogram("branchpoint_overhead_seconds",
+                                          "The proxy's own part of a request (whole minus upstream)",
+                                          ["route"], buckets=_OVERHEAD_BUCKETS, registry=r)
+        self.calls = Counter("branchpoint_calls", "Stored calls by kind and outcome", ["kind", "outcome"], registry=r)
+        self.tokens = Counter("branchpoint_tokens", "Tokens reported by upstreams", ["direction"], registry=r)
+        self.compactions = Counter("branchpoint_compactions", "Compactions by mode and result", ["mode", "result"], registry=r)
+        self.pairing_drops = Counter("branchpoint_pairing_drops", "Items dropped by the pairing check", registry=r)
+        self.busy_rejections = Counter("branchpoint_busy_rejections", "Turn calls refused with 409 conversation_busy", registry=r)
+        self.inflight = Gauge("branchpoint_inflight_calls", "Calls of this process with a pending node", registry=r)
+        self.pending_nodes = Gauge("branchpoint_pending_nodes", "Pending nodes in the database (all processes)", registry=r)
+        self.reaped = Counter("branchpoint_reaped", "Pending nodes reaped as interrupted by this process", registry=r)
+
+    def observe_call(self, kind: str, outcome: str, usage: dict[str, Any] | None) -> None:
+        self.calls.labels(kind, outcome).inc()
+        if usage:
+            prompt = usage.get("prompt_tokens")
+            completion = usage.get("completion_tokens")
+            if isinstance(prompt, int):
+                self.tokens.labels("in").inc(prompt)
+            if isinstance(completion, int):
+                self.tokens.labels("out").inc(completion)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,348 @@
+"""Streaming relay: forwards an upstream SSE stream to the client event by event, as it arrives,
+while ``StreamAccumulator`` rebuilds the assistant message that will be stored.
+
+The relay is an ASGI app. It sends the response start (with the node headers) first, then pumps
+events; a task watching ``receive()`` notices a client disconnect and stops the pump. Whatever
+happens -- ``[DONE]``, an error event, a cut stream, a disconnect -- exactly one ``StreamEnd``
+reaches the ``on_end`` callback, shielded from cancellation, so the node is always finalized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from .errors import UpstreamFailure, error_body
+
+__all__ = ["BytesRelay", "SSEParser", "StreamAccumulator", "StreamEnd", "StreamRelay", "sse_error_event"]
+
+log = logging.getLogger("branchpoint.relay")
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+def sse_error_event(message: str, type_: str, code: str | None) -> bytes:
+    return b"data: " + error_body(message, type_, code) + b"\n\n"
+
+
+class SSEParser:
+    """Splits a byte stream into complete SSE events (``\\n\\n``-terminated, ``\\r\\n`` tolerated)."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\n\n" not in buf:
+            self._buf = buf
+            return []
+        *events, self._buf = buf.split(b"\n\n")
+        return [e for e in events if e]
+
+    @property
+    def pending(self) -> bytes:
+        return self._buf
+
+    @staticmethod
+    def data(event: bytes) -> bytes | None:
+        """The joined ``data:`` payload of an event, or None (comments, other fields only)."""
+        if event.startswith(b"data:") and b"\n" not in event:
+            payload = event[5:]
+            return payload[1:] if payload.startswith(b" ") else payload
+        parts = []
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                payload = line[5:]
+                parts.append(payload[1:] if payload.startswith(b" ") else payload)
+        return b"\n".join(parts) if parts else None
+
+
+class StreamAccumulator:
+    """Merges ``chat.completion.chunk`` deltas (choice 0) into one assistant message."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning_content: list[str] = []
+        self.reasoning: list[str] = []
+        self.refusal: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.extra: dict[str, Any] = {}
+        self.role = "assistant"
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.chunks = 0
+
+    def feed(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            return
+        self.chunks += 1
+        if "error" in chunk and chunk["error"]:
+            err = chunk["error"]
+            self.error = err if isinstance(err, dict) else {"message": str(err)}
+            return
+        if self.response_id is None:
+            self.response_id = chunk.get("id")
+            self.model = chunk.get("model")
+        usage = chunk.get("usage")
+        if usage:
+            self.usage = usage
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta:
+                self._merge(delta)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _merge(self, delta: dict[str, Any]) -> None:
+        for key, value in delta.items():
+            if value is None:
+                continue
+            if key == "content":
+                self.content.append(value)
+            elif key == "tool_calls":
+                for tc in value:
+                    self._merge_tool_call(tc)
+            elif key == "reasoning_content":
+                self.reasoning_content.append(value)
+            elif key == "reasoning":
+                if isinstance(value, str):
+                    self.reasoning.append(value)
+            elif key == "refusal":
+                self.refusal.append(value)
+            elif key == "role":
+                self.role = value
+            elif key == "function_call":
+                fc = self.extra.setdefault("function_call", {"name": "", "arguments": ""})
+                fc["name"] += value.get("name") or ""
+                fc["arguments"] += value.get("arguments") or ""
+            elif isinstance(value, list):  # e.g. reasoning_details: arrives in pieces
+                self.extra.setdefault(key, []).extend(value)
+            else:
+                self.extra[key] = value
+
+    def _merge_tool_call(self, tc: dict[str, Any]) -> None:
+        index = tc.get("index", len(self.tool_calls))
+        slot = self.tool_calls.get(index)
+        if slot is None:
+            slot = self.tool_calls[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        if tc.get("id"):
+            slot["id"] = tc["id"]
+        if tc.get("type"):
+            slot["type"] = tc["type"]
+        fn = tc.get("function") or {}
+        if fn.get("name"):
+            slot["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            slot["function"]["arguments"] += fn["arguments"]
+
+    def message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": self.role or "assistant", "content": "".join(self.content) if self.content else None}
+        if self.reasoning_content:
+            msg["reasoning_content"] = "".join(self.reasoning_content)
+        if self.reasoning:
+            msg["reasoning"] = "".join(self.reasoning)
+        if self.tool_calls:
+            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        if self.refusal:
+            msg["refusal"] = "".join(self.refusal)
+        msg.update(self.extra)
+        return msg
+
+
+@dataclass(slots=True)
+class StreamEnd:
+    """How a relayed stream ended. ``failure`` is None on success, else (kind, error dict)."""
+
+    accumulator: StreamAccumulator
+    done: bool  # saw ``[DONE]``
+    disconnected: bool
+    failure: tuple[str, dict[str, Any]] | None
+
+
+OnEnd = Callable[[StreamEnd], Awaitable[None]]
+ClassifyError = Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
+
+
+class StreamRelay:
+    """ASGI app relaying ``chunks`` (upstream SSE bytes) to the client."""
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        *,
+        headers: list[tuple[bytes, bytes]],
+        on_end: OnEnd,
+        close_upstream: Callable[[], Awaitable[None]],
+        classify_error: ClassifyError,
+        strip_usage: bool,
+        background: set[asyncio.Task[Any]],
+    ) -> None:
+        self.chunks = chunks
+        self.headers = headers
+        self.on_end = on_end
+        self.close_upstream = close_upstream
+        self.classify_error = classify_error
+        self.strip_usage = strip_usage
+        self.background = background
+        self.acc = StreamAccumulator()
+        self.done = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        failure: tuple[str, dict[str, Any]] | None = None
+        disconnected = False
+        pump = asyncio.ensure_future(self._pump(send))
+        watch = asyncio.ensure_future(self._watch(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            if not pump.done():
+                disconnected = True
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+                failure = ("transient", {"type": "client_disconnected", "code": "client_disconnected",
+                                         "message": "the client disconnected before the stream ended", "status": None})
+            else:
+                failure = pump.result()
+                if failure is not None and not watch.done():
+                    await self._send_final_error(send, failure)
+                await self._end_body(send)
+        except (OSError, RuntimeError) as exc:  # the client went away under our send()
+            disconnected = True
+            failure = failure or ("transient", {"type": "client_disconnected", "code": "client_disconnected",
+                                                "message": f"the client connection failed: {type(exc).__name__}", "status": None})
+        except asyncio.CancelledError:
+            disconnected = True
+            failure = failure or ("transient", {"type": "client_disconnected", "code": "client_disconnected",
+                                                "message": "the response was cancelled", "status": None})
+            raise
+        finally:
+            watch.cancel()
+            if not pump.done():
+                pump.cancel()
+            end = StreamEnd(self.acc, self.done, disconnected, failure)
+            task = asyncio.ensure_future(self._finish(end))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+            await asyncio.shield(task)
+
+    async def _finish(self, end: StreamEnd) -> None:
+        try:
+            await self.close_upstream()
+        except Exception:  # noqa: BLE001 - closing must not hide the outcome
+            log.debug("closing the upstream stream failed", exc_info=True)
+        await self.on_end(end)
+
+    @staticmethod
+    async def _watch(receive: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def _end_body(self, send: Any) -> None:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _send_final_error(self, send: Any, failure: tuple[str, dict[str, Any]]) -> None:
+        _, err = failure
+        await send({"type": "http.response.body",
+                    "body": sse_error_event(err.get("message") or "upstream error", err.get("type") or "upstream_error", err.get("code")),
+                    "more_body": True})
+
+    async def _pump(self, send: Any) -> tuple[str, dict[str, Any]] | None:
+        """Relay events until ``[DONE]``; returns the failure, if any (None: success)."""
+        parser = SSEParser()
+        acc = self.acc
+        try:
+            async for raw in self.chunks:
+                out = []
+                for event in parser.feed(raw):
+                    data = SSEParser.data(event)
+                    if data is None:
+                        out.append(event + b"\n\n")  # comment / keep-alive: relay as is
+                        continue
+                    if data == b"[DONE]":
+                        self.done = True
+                        out.append(event + b"\n\n")
+                        break
+                    try:
+                        chunk = _decode(data)
+                    except msgspec.DecodeError:
+                        out.append(event + b"\n\n")
+                        continue
+                    acc.feed(chunk)
+                    if acc.error is not None:
+                        break  # not relayed: our own final error event replaces it
+                    if self.strip_usage and isinstance(chunk, dict) and chunk.get("usage") and not chunk.get("choices"):
+                        continue  # we asked for usage; the client did not
+                    out.append(event + b"\n\n")
+                if out:
+                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                if acc.error is not None or self.done:
+                    break
+        except UpstreamFailure as exc:
+            return ("transient", {"type": exc.type, "code": "stream_interrupted", "message": exc.message, "status": None})
+        except (OSError, RuntimeError):
+            raise  # the client side failed: handled by __call__
+        except Exception as exc:  # noqa: BLE001 - a bug must still end the node cleanly
+            log.exception("stream relay failed")
+            return ("transient", {"type": "server_error", "code": "relay_error", "message": type(exc).__name__, "status": None})
+        if acc.error is not None:
+            return self.classify_error(acc.error)
+        if not self.done:
+            return ("transient", {"type": "upstream_error", "code": "stream_interrupted",
+                                  "message": "the upstream stream ended without [DONE]", "status": None})
+        return None
+
+
+class BytesRelay:
+    """ASGI app relaying an upstream response byte for byte (pass-through: nothing is parsed or
+    stored). Stops reading the upstream when the client goes away."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncIterator[bytes],
+                 close_upstream: Callable[[], Awaitable[None]]) -> None:
+        self.status = status
+        self.headers = headers
+        self.chunks = chunks
+        self.close_upstream = close_upstream
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        watch = asyncio.ensure_future(StreamRelay._watch(receive))
+        pump = asyncio.ensure_future(self._pump(send))
+        try:
+            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                failed = pump.result()
+                if failed is not None:  # cut mid-body: tell an SSE client, else just end
+                    await send({"type": "http.response.body", "body": failed, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watch.cancel()
+            pump.cancel()
+            await asyncio.shield(self.close_upstream())
+
+    async def _pump(self, send: Any) -> bytes | None:
+        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+        sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in self.headers)
+        try:
+            async for chunk in self.chunks:
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamFailure as exc:
+            log.info("pass-through stream cut", extra={"error": exc.message})
+            return sse_error_event(exc.message, exc.type, "stream_interrupted") if sse else b""
+        return None

@@ -1,0 +1,101 @@
+"""``POST /v1/chat/completions`` and ``POST /c/{conversation_id}/v1/chat/completions``.
+
+HTTP only: read the headers and body, hand a ``ChatCall`` to the call lifecycle, return its ASGI
+response. Without a conversation id the request is passed through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, post
+from litestar.types import ASGIApp
+
+from ..errors import InvalidRequest
+from ..lifecycle import ChatCall
+from .common import RequestHeaders, parse_node_id, resolve_conversation_id, services
+from .passthrough import forward
+
+__all__ = ["chat_completions", "chat_completions_prefixed", "parse_chat_body"]
+
+_decode = msgspec.json.Decoder().decode
+_KINDS = frozenset({"turn", "transform"})
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def parse_chat_body(raw: bytes) -> dict[str, Any]:
+    """The client's body as a dict (every field kept); refuses what cannot be a chat request."""
+    try:
+        body = _decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise InvalidRequest("'messages' is required and must be an array", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = message.get("role")
+        if role not in _ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {sorted(_ROLES)}", param=f"messages[{i}].role")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
+    return body
+
+
+async def _chat(request: Request[Any, Any, Any], path_cid: str | None) -> ASGIApp:
+    s = services(request)
+    headers = RequestHeaders(request.scope)
+    who = s.auth(headers.get("authorization"))
+    cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
+    raw = await request.body()
+    if cid is None:
+        return await forward(request, "chat/completions", raw, headers, who)
+
+    kind = (headers.get("x-node-kind") or "turn").strip().lower()
+    if kind not in _KINDS:
+        raise InvalidRequest("X-Node-Kind must be 'turn' or 'transform'", param="X-Node-Kind")
+    parent_header = headers.get("x-parent-node-id")
+    if parent_header is None or not parent_header.strip():
+        parent_mode, parent_id = "head", None
+    elif parent_header.strip().lower() == "root":
+        parent_mode, parent_id = "root", None
+    else:
+        parent_mode, parent_id = "node", parse_node_id(parent_header, param="X-Parent-Node-Id")
+
+    body = parse_chat_body(raw)
+    call = ChatCall(
+        tenant=who.tenant,
+        conversation_id=cid,
+        kind=kind,
+        parent_mode=parent_mode,
+        parent_id=parent_id,
+        body=body,
+        items=body["messages"],
+        stream=body.get("stream") is True,
+        client_key=who.client_key,
+        headers=headers.items,
+    )
+    return await s.lifecycle.run(call, request.receive)
+
+
+@post("/v1/chat/completions", summary="Chat completion (stored when a conversation id is given)",
+      tags=["chat"], status_code=200)
+async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
+    return await _chat(request, None)
+
+
+@post("/c/{conversation_id:str}/v1/chat/completions", summary="Chat completion in the named conversation",
+      tags=["chat"], status_code=200)
+async def chat_completions_prefixed(request: Request[Any, Any, Any]) -> ASGIApp:
+    return await _chat(request, request.path_params["conversation_id"])

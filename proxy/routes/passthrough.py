@@ -1,0 +1,81 @@
+"""Pass-through: every other ``/v1/*`` route (models, embeddings, ...), also under the
+``/c/{id}`` prefix, and chat calls without a conversation id. Nothing is parsed beyond the model
+name (to pick the upstream) and nothing is stored."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, route
+from litestar.types import ASGIApp
+
+from ..auth import Caller
+from ..errors import UpstreamFailure
+from ..http import RawResponse, encode_headers
+from ..relay import BytesRelay
+from ..upstream import map_exceptions, response_headers
+from .common import RequestHeaders, services, valid_conversation_id
+
+__all__ = ["forward", "passthrough", "passthrough_prefixed"]
+
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+class _ModelOnly(msgspec.Struct):
+    model: str | None = None
+
+
+_model_decoder = msgspec.json.Decoder(_ModelOnly)
+
+
+def _model_of(body: bytes) -> str | None:
+    if not body or body[:1] not in (b"{", b" ", b"\n", b"\t", b"\r"):
+        return None
+    try:
+        return _model_decoder.decode(body).model
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+async def forward(request: Request[Any, Any, Any], path: str, body: bytes, headers: RequestHeaders,
+                  who: Caller) -> ASGIApp:
+    s = services(request)
+    upstream = s.upstream.route(_model_of(body)) if body else s.upstream.default
+    out_headers = s.upstream.request_headers(upstream, headers.items, who.client_key)
+    upstream_request = s.upstream.build(request.method, upstream, path, headers=out_headers,
+                                        content=body or None, params=request.scope.get("query_string") or None)
+    try:
+        response = await s.upstream.send(upstream_request, stream=True)
+    except UpstreamFailure as exc:
+        return RawResponse(exc.status, exc.body())
+
+    async def chunks() -> AsyncIterator[bytes]:
+        with map_exceptions():
+            async for chunk in response.aiter_bytes():
+                yield chunk
+
+    return BytesRelay(response.status_code, encode_headers(response_headers(response.headers)), chunks(),
+                      response.aclose)
+
+
+async def _passthrough(request: Request[Any, Any, Any], path: str, prefix_cid: str | None) -> ASGIApp:
+    if prefix_cid is not None:
+        valid_conversation_id(prefix_cid, source="path")
+    headers = RequestHeaders(request.scope)
+    who = services(request).auth(headers.get("authorization"))
+    body = await request.body()
+    return await forward(request, path.lstrip("/"), body, headers, who)
+
+
+@route("/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream", tags=["pass-through"],
+       include_in_schema=False)
+async def passthrough(request: Request[Any, Any, Any]) -> ASGIApp:
+    return await _passthrough(request, request.path_params["path"], None)
+
+
+@route("/c/{conversation_id:str}/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream",
+       tags=["pass-through"], include_in_schema=False)
+async def passthrough_prefixed(request: Request[Any, Any, Any]) -> ASGIApp:
+    return await _passthrough(request, request.path_params["path"], request.path_params["conversation_id"])

@@ -1,0 +1,93 @@
+"""The asyncpg pool: created once per app (the lifespan owns it), JSON codecs set up on every
+connection, and every query run through ``map_db_errors`` so callers only see storage errors."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from .errors import StorageUnavailable, map_db_errors
+
+__all__ = ["Database"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+def _jsonb_encode(value: Any) -> bytes:
+    return b"\x01" + _encode(value)  # jsonb binary format: version byte 1, then JSON text
+
+
+def _jsonb_decode(data: bytes) -> Any:
+    return _decode(memoryview(data)[1:])
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=_jsonb_encode, decoder=_jsonb_decode, format="binary")
+    await conn.set_type_codec("json", schema="pg_catalog", encoder=lambda v: _encode(v).decode(), decoder=_decode, format="text")
+
+
+class Database:
+    """A pool of connections; each method borrows one connection for one statement."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 2,
+        max_size: int = 20,
+        command_timeout: float = 10.0,
+        connect_timeout: float = 3.0,
+    ) -> Database:
+        with map_db_errors():
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                command_timeout=command_timeout,
+                timeout=connect_timeout,
+                init=_init_connection,
+                max_inactive_connection_lifetime=300.0,
+            )
+        db = cls(pool)
+        db.acquire_timeout = connect_timeout + 1.0
+        return db
+
+    acquire_timeout: float = 4.0
+
+    async def close(self) -> None:
+        try:
+            await asyncio.wait_for(self.pool.close(), timeout=10)
+        except (asyncio.TimeoutError, OSError):
+            self.pool.terminate()
+
+    async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        with map_db_errors():
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+                return await conn.fetch(query, *args)
+
+    async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        with map_db_errors():
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+                return await conn.fetchrow(query, *args)
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        with map_db_errors():
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+                return await conn.fetchval(query, *args)
+
+    async def execute(self, query: str, *args: Any) -> str:
+        with map_db_errors():
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+                return await conn.execute(query, *args)
+
+    async def ping(self) -> None:
+        if await self.fetchval("SELECT 1") != 1:  # pragma: no cover - defensive
+            raise StorageUnavailable("database did not answer SELECT 1")

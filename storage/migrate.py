@@ -1,0 +1,119 @@
+"""Schema migrations: numbered files in ``storage/migrations`` (``NNNN_name.sql``, applied once,
+in order, each in its own transaction) followed by ``functions.sql`` (server-side functions,
+``CREATE OR REPLACE``d on every run so they always match this code).
+
+Safe when several processes start at once: the whole run holds a PostgreSQL advisory lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+from .errors import MigrationError, map_db_errors
+
+__all__ = ["Migration", "applied_versions", "latest_version", "load_migrations", "migrate"]
+
+log = logging.getLogger("branchpoint.storage")
+
+_LOCK_KEY = 0x6272_616E_6368  # "branch": one advisory lock for every migration run
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+_CREATE_LEDGER = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def load_migrations() -> list[Migration]:
+    """Every numbered migration shipped with this code, in order."""
+    folder = resources.files("storage").joinpath("migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"migration numbers must be 1..n without gaps, found {versions}")
+    return found
+
+
+def latest_version() -> int:
+    return len(load_migrations())
+
+
+def _functions_sql() -> str:
+    return resources.files("storage").joinpath("functions.sql").read_text(encoding="utf-8")
+
+
+async def applied_versions(conn: asyncpg.Connection) -> set[int]:
+    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    if not exists:
+        return set()
+    return {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+
+
+async def migrate(dsn_or_conn: str | asyncpg.Connection, *, progress=None) -> list[int]:
+    """Bring the schema up to date; returns the versions applied by this run.
+
+    ``progress(done, total, name)`` is called before each migration, if given.
+    """
+    own = isinstance(dsn_or_conn, str)
+    with map_db_errors():
+        conn = await asyncpg.connect(dsn_or_conn) if own else dsn_or_conn
+        try:
+            return await _migrate(conn, progress)
+        finally:
+            if own:
+                await conn.close()
+
+
+async def _migrate(conn: asyncpg.Connection, progress) -> list[int]:
+    await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+    try:
+        await conn.execute(_CREATE_LEDGER)
+        done = await applied_versions(conn)
+        migrations = load_migrations()
+        newest_known = migrations[-1].version if migrations else 0
+        if done and max(done) > newest_known:
+            raise MigrationError(
+                f"the database is at schema version {max(done)}, newer than this code ({newest_known})"
+            )
+        todo = [m for m in migrations if m.version not in done]
+        applied = []
+        for i, m in enumerate(todo):
+            if progress:
+                progress(i, len(todo), f"{m.version:04d}_{m.name}")
+            log.info("applying migration", extra={"version": m.version, "migration": m.name})
+            try:
+                async with conn.transaction():
+                    await conn.execute(m.sql)
+                    await conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name
+                    )
+            except asyncpg.PostgresError as exc:
+                raise MigrationError(f"migration {m.version:04d}_{m.name} failed: {exc}") from exc
+            applied.append(m.version)
+        if progress:
+            progress(len(todo), len(todo), "functions")
+        async with conn.transaction():
+            await conn.execute(_functions_sql())
+        return applied
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)

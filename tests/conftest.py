@@ -1,0 +1,222 @@
+"""Shared fixtures: a real PostgreSQL (embedded, or ``BRANCHPOINT_TEST_DATABASE_URL``), a fake
+upstream on 127.0.0.1, and Branchpoint itself served by uvicorn -- driven through the official
+``openai`` SDK like a user would."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+import openai
+import pytest
+
+from config import Settings, load_settings
+from proxy.app import create_app
+from storage import migrate, start_embedded
+
+from .fakes import FakeUpstream, ServerThread
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+def run(coro: Any) -> Any:
+    """Run a coroutine from a sync test (each call its own loop)."""
+    return asyncio.run(coro)
+
+
+class Db:
+    """Synchronous one-shot queries against the test database (for assertions only)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def _fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        conn = await asyncpg.connect(self.url)
+        try:
+            await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=lambda v: __import__("json").dumps(v),
+                                      decoder=__import__("json").loads, format="text")
+            return await conn.fetch(sql, *args)
+        finally:
+            await conn.close()
+
+    def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        return run(self._fetch(sql, *args))
+
+    def fetchrow(self, sql: str, *args: Any) -> asyncpg.Record | None:
+        rows = self.fetch(sql, *args)
+        return rows[0] if rows else None
+
+    def fetchval(self, sql: str, *args: Any) -> Any:
+        row = self.fetchrow(sql, *args)
+        return row[0] if row else None
+
+    def node(self, node_id: str | uuid.UUID) -> asyncpg.Record:
+        row = self.fetchrow("SELECT * FROM nodes WHERE id = $1", uuid.UUID(str(node_id)))
+        assert row is not None, f"node {node_id} not found"
+        return row
+
+    def conversation(self, tenant_key: str | None, cid: str) -> asyncpg.Record | None:
+        return self.fetchrow("SELECT * FROM conversations WHERE id = $1", cid)
+
+    def head(self, cid: str) -> str | None:
+        head = self.fetchval("SELECT head_node_id FROM conversations WHERE id = $1", cid)
+        return str(head) if head else None
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("BRANCHPOINT_TEST_DATABASE_URL")
+    if external:
+        yield external
+        return
+    server = start_embedded(tmp_path_factory.mktemp("pg"), delete_on_stop=True)
+    try:
+        yield server.uri
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def template_url(pg_server_url: str) -> str:
+    """A migrated template database; ``fresh_database_url`` clones it."""
+    name = f"bp_template_{uuid.uuid4().hex[:8]}"
+
+    async def make() -> None:
+        conn = await asyncpg.connect(pg_server_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+        await migrate(with_database(pg_server_url, name))
+
+    run(make())
+    return with_database(pg_server_url, name)
+
+
+def _clone(pg_server_url: str, template_url: str) -> str:
+    name = f"bp_test_{uuid.uuid4().hex[:12]}"
+    template = urlsplit(template_url).path.lstrip("/")
+
+    async def make() -> None:
+        conn = await asyncpg.connect(pg_server_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        finally:
+            await conn.close()
+
+    run(make())
+    return with_database(pg_server_url, name)
+
+
+@pytest.fixture(scope="session")
+def database_url(pg_server_url: str, template_url: str) -> str:
+    """The database shared by the session's proxy (tests isolate themselves by key and id)."""
+    return _clone(pg_server_url, template_url)
+
+
+@pytest.fixture
+def fresh_database_url(pg_server_url: str, template_url: str) -> str:
+    """A database of this test's own."""
+    return _clone(pg_server_url, template_url)
+
+
+@pytest.fixture(scope="session")
+def fake_upstream_server() -> Iterator[tuple[FakeUpstream, ServerThread]]:
+    fake = FakeUpstream()
+    with ServerThread(fake) as server:
+        yield fake, server
+
+
+@pytest.fixture
+def upstream(fake_upstream_server: tuple[FakeUpstream, ServerThread]) -> FakeUpstream:
+    fake, _ = fake_upstream_server
+    fake.reset()
+    return fake
+
+
+@pytest.fixture(scope="session")
+def upstream_url(fake_upstream_server: tuple[FakeUpstream, ServerThread]) -> str:
+    return fake_upstream_server[1].url + "/v1"
+
+
+def make_settings(database_url: str, upstream_url: str, **overrides: Any) -> Settings:
+    raw: dict[str, Any] = {
+        "database": {"url": database_url, "pool_min": 1, "pool_max": 10},
+        "upstreams": [{"name": "fake", "base_url": upstream_url, "models": ["*"]}],
+        "upstream_defaults": {"read_timeout": 10.0, "connect_timeout": 2.0},
+    }
+    for section, values in overrides.items():
+        if isinstance(values, dict) and isinstance(raw.get(section), dict):
+            raw[section] = {**raw[section], **values}
+        else:
+            raw[section] = values
+    return load_settings(env={}, overrides=raw)
+
+
+class Proxy:
+    def __init__(self, server: ServerThread, settings: Settings) -> None:
+        self.server = server
+        self.url = server.url
+        self.settings = settings
+
+    @property
+    def services(self) -> Any:
+        return self.server.server.config.app.state.services
+
+    def openai(self, api_key: str | None = None, *, conversation: str | None = None, **kw: Any) -> openai.OpenAI:
+        base = f"{self.url}/c/{conversation}/v1" if conversation else f"{self.url}/v1"
+        return openai.OpenAI(base_url=base, api_key=api_key or new_key(), max_retries=0, **kw)
+
+    def async_openai(self, api_key: str | None = None, *, conversation: str | None = None, **kw: Any) -> openai.AsyncOpenAI:
+        base = f"{self.url}/c/{conversation}/v1" if conversation else f"{self.url}/v1"
+        return openai.AsyncOpenAI(base_url=base, api_key=api_key or new_key(), max_retries=0, **kw)
+
+    def http(self, api_key: str) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
+
+
+def new_key() -> str:
+    return f"sk-test-{uuid.uuid4().hex}"
+
+
+@contextmanager
+def serve_proxy(settings: Settings, **kw: Any) -> Iterator[Proxy]:
+    with ServerThread(create_app(settings, **kw)) as server:
+        yield Proxy(server, settings)
+
+
+@pytest.fixture(scope="session")
+def proxy(database_url: str, upstream_url: str) -> Iterator[Proxy]:
+    with serve_proxy(make_settings(database_url, upstream_url)) as p:
+        yield p
+
+
+@pytest.fixture
+def db(database_url: str) -> Db:
+    return Db(database_url)
+
+
+@pytest.fixture
+def key() -> str:
+    """A fresh bearer key: a tenant of this test's own (passthrough mode)."""
+    return new_key()
+
+
+@pytest.fixture
+def cid() -> str:
+    return f"conv-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def client(proxy: Proxy, key: str) -> openai.OpenAI:
+    return proxy.openai(key)

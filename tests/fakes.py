@@ -1,0 +1,265 @@
+"""Test doubles that run for real on 127.0.0.1: a scriptable fake OpenAI upstream that records what
+it received, and a helper that serves any ASGI app under uvicorn in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """uvicorn serving ``app`` in a thread with its own event loop."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, access_log=False,
+                                lifespan="on", loop="asyncio", http="h11", timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("server thread died during start-up")
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start in 30 s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# --- the fake upstream ------------------------------------------------------------------------
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any  # decoded JSON, or raw bytes when not JSON
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.body.get("messages", []) if isinstance(self.body, dict) else []
+
+    def text(self) -> str:
+        """Every message's content joined: handy for 'does X appear anywhere?' assertions."""
+        return json.dumps(self.messages)
+
+
+@dataclass
+class Reply:
+    """One scripted answer. ``kind``: json | error | stream | raw | hang | cut."""
+
+    kind: str = "json"
+    content: str | None = "ok"
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning: str | None = None
+    usage: dict[str, Any] | None = None
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    error: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    delay: float = 0.0  # before answering
+    chunk_delay: float = 0.0  # between stream events
+    pieces: list[str] | None = None  # stream: content split like this
+    done: bool = True  # stream: send [DONE]
+    cut_after: int | None = None  # stream: drop the connection after this many events
+    error_event: dict[str, Any] | None = None  # stream: send this error event after the pieces
+    extra_message: dict[str, Any] = field(default_factory=dict)
+
+
+def completion(reply: Reply, model: str, prompt_tokens: int) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None, "annotations": []}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    message.update(reply.extra_message)
+    usage = reply.usage or {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": max(1, len(reply.content or "") // 4),
+        "total_tokens": prompt_tokens + max(1, len(reply.content or "") // 4),
+    }
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None,
+                     "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")}],
+        "usage": usage,
+    }
+
+
+def _estimate_prompt(body: dict[str, Any]) -> int:
+    return max(1, len(json.dumps(body.get("messages", []))) // 4)
+
+
+class FakeUpstream:
+    """An ASGI app speaking enough of the OpenAI API. Script answers with ``enqueue``; read what
+    it received in ``requests``. With nothing queued it echoes the last message."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+        self.queue: deque[Reply] = deque()
+        self.lock = threading.Lock()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.requests.clear()
+            self.queue.clear()
+
+    def enqueue(self, *replies: Reply) -> None:
+        with self.lock:
+            self.queue.extend(replies)
+
+    @property
+    def chat_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    @property
+    def last(self) -> Recorded:
+        return self.chat_requests[-1]
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.chat_requests) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"upstream got {len(self.chat_requests)} chat requests, expected {count}")
+            time.sleep(0.01)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw
+        path = scope["path"]
+        with self.lock:
+            self.requests.append(Recorded(scope["method"], path, headers, body))
+            reply = self.queue.popleft() if (self.queue and path.endswith("/chat/completions")) else None
+
+        if path.endswith("/models"):
+            await self._json(send, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+            return
+        if path.endswith("/embeddings"):
+            await self._json(send, 200, {"object": "list", "data": [{"object": "embedding", "index": 0,
+                                                                   "embedding": [0.1, 0.2]}], "model": "e"})
+            return
+        if not path.endswith("/chat/completions"):
+            await self._json(send, 404, {"error": {"message": "no such route", "type": "invalid_request_error",
+                                                   "param": None, "code": None}})
+            return
+
+        if reply is None:
+            last = (body or {}).get("messages", [{}])[-1] if isinstance(body, dict) and body.get("messages") else {}
+            text = last.get("content") if isinstance(last.get("content"), str) else ""
+            reply = Reply(content=f"echo: {text}")
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        model = body.get("model", "fake") if isinstance(body, dict) else "fake"
+        if reply.kind == "hang":
+            await asyncio.sleep(3600)
+        if reply.kind == "raw":
+            await self._raw(send, reply.status, reply.body, reply.content_type)
+        elif reply.kind == "error":
+            await self._json(send, reply.status, {"error": reply.error or {
+                "message": "fake failure", "type": "server_error", "param": None, "code": None}})
+        elif reply.kind == "stream" or (reply.kind == "json" and isinstance(body, dict) and body.get("stream")):
+            await self._stream(send, reply, body if isinstance(body, dict) else {}, model)
+        else:
+            await self._json(send, reply.status, completion(reply, model, _estimate_prompt(body or {})))
+
+    async def _json(self, send: Any, status: int, data: Any) -> None:
+        await self._raw(send, status, json.dumps(data).encode(), "application/json")
+
+    @staticmethod
+    async def _raw(send: Any, status: int, body: bytes, content_type: str) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", content_type.encode()), (b"x-request-id", b"req_fake")]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _stream(self, send: Any, reply: Reply, body: dict[str, Any], model: str) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"x-request-id", b"req_fake")]})
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            c = dict(base, choices=[{"index": 0, "delta": delta, "finish_reason": finish}])
+            if include_usage:
+                c["usage"] = None
+            return c
+
+        events: list[Any] = [chunk({"role": "assistant", "content": ""})]
+        if reply.reasoning:
+            half = len(reply.reasoning) // 2
+            events += [chunk({"reasoning_content": reply.reasoning[:half]}), chunk({"reasoning_content": reply.reasoning[half:]})]
+        pieces = reply.pieces if reply.pieces is not None else ([reply.content[i:i + 3] for i in range(0, len(reply.content), 3)] if reply.content else [])
+        events += [chunk({"content": p}) for p in pieces]
+        for i, tc in enumerate(reply.tool_calls or []):
+            args = tc["function"]["arguments"]
+            events.append(chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
+                                                 "function": {"name": tc["function"]["name"], "arguments": ""}}]}))
+            for j in range(0, len(args), 5):
+                events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": args[j:j + 5]}}]}))
+        if reply.error_event:
+            events.append({"error": reply.error_event})
+        else:
+            events.append(chunk({}, reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")))
+            if include_usage:
+                prompt = _estimate_prompt(body)
+                events.append(dict(base, choices=[], usage=reply.usage or {
+                    "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7}))
+        for n, event in enumerate(events):
+            if reply.cut_after is not None and n >= reply.cut_after:
+                raise ConnectionResetError("fake upstream cut the stream")
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                        "more_body": True})
+            if reply.chunk_delay:
+                await asyncio.sleep(reply.chunk_delay)
+        if reply.done and not reply.error_event:
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
