@@ -124,13 +124,32 @@ def classify(status: int, body: bytes) -> Failure:
     if kind == "overflow" and code and code != "context_overflow":
         error["upstream_code"] = code
     client_status = status if 400 <= status < 600 else 502
-    if type_ is not None or code is not None:
-        client_body = body  # already OpenAI-shaped: relay as is
-    else:
-        client_body = msgspec.json.encode(
-            {"error": {"message": error["message"], "type": error["type"], "param": None, "code": error["code"]}}
-        )
-    return Failure(kind, error, client_status, client_body)
+    return Failure(kind, error, client_status, _client_error_body(body, error))
+
+
+_ERROR_KEYS = ("message", "type", "param", "code")
+
+
+def _client_error_body(body: bytes, error: dict[str, Any]) -> bytes:
+    """The upstream's error body when it is OpenAI-shaped with all four keys (relayed byte for
+    byte); else the same error with the missing keys filled in; else a wrapper of what it said."""
+    try:
+        data = _decode(body)
+    except msgspec.DecodeError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        upstream_error = data["error"]
+        if all(k in upstream_error for k in _ERROR_KEYS):
+            return body
+        filled = {k: upstream_error.get(k) for k in _ERROR_KEYS}
+        if filled["message"] is None:
+            filled["message"] = error["message"]
+        if filled["type"] is None:
+            filled["type"] = error["type"]
+        return msgspec.json.encode({**data, "error": {**upstream_error, **filled}})
+    return msgspec.json.encode(
+        {"error": {"message": error["message"], "type": error["type"], "param": None, "code": error["code"]}}
+    )
 
 
 def failure_from_exception(exc: UpstreamFailure) -> Failure:

@@ -175,11 +175,13 @@ class Proxy:
 
     def openai(self, api_key: str | None = None, *, conversation: str | None = None, **kw: Any) -> openai.OpenAI:
         base = f"{self.url}/c/{conversation}/v1" if conversation else f"{self.url}/v1"
-        return openai.OpenAI(base_url=base, api_key=api_key or new_key(), max_retries=0, **kw)
+        kw.setdefault("max_retries", 0)
+        return openai.OpenAI(base_url=base, api_key=api_key or new_key(), **kw)
 
     def async_openai(self, api_key: str | None = None, *, conversation: str | None = None, **kw: Any) -> openai.AsyncOpenAI:
         base = f"{self.url}/c/{conversation}/v1" if conversation else f"{self.url}/v1"
-        return openai.AsyncOpenAI(base_url=base, api_key=api_key or new_key(), max_retries=0, **kw)
+        kw.setdefault("max_retries", 0)
+        return openai.AsyncOpenAI(base_url=base, api_key=api_key or new_key(), **kw)
 
     def http(self, api_key: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30)

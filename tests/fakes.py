@@ -94,6 +94,8 @@ class Reply:
     cut_after: int | None = None  # stream: drop the connection after this many events
     error_event: dict[str, Any] | None = None  # stream: send this error event after the pieces
     extra_message: dict[str, Any] = field(default_factory=dict)
+    gate: threading.Event | None = None  # stream: wait for this before the events from gate_after on
+    gate_after: int = 2
 
 
 def completion(reply: Reply, model: str, prompt_tokens: int) -> dict[str, Any]:
@@ -254,6 +256,8 @@ class FakeUpstream:
                 events.append(dict(base, choices=[], usage=reply.usage or {
                     "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7}))
         for n, event in enumerate(events):
+            if reply.gate is not None and n == reply.gate_after:
+                await asyncio.to_thread(reply.gate.wait, 30)
             if reply.cut_after is not None and n >= reply.cut_after:
                 raise ConnectionResetError("fake upstream cut the stream")
             await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",

@@ -1,0 +1,133 @@
+"""Assembly (SPEC §3) as a pure function: path rows + new items -> upstream messages."""
+
+import uuid
+
+from proxy.assembly import Target, assemble, pair_check, shape_received
+from proxy.lifecycle import moves_head, sent_hash
+from storage import PathNode
+
+T = Target("openai")
+
+
+def node(sent, received=None, status="success", provider="openai", parent=True):
+    return PathNode(id=uuid.uuid4(), parent_id=uuid.uuid4() if parent else None, kind="turn", status=status,
+                    sent=sent, received=received, provider=provider)
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def assistant(text, **kw):
+    return {"role": "assistant", "content": text, **kw}
+
+
+def call(id_, name="lookup", args="{}"):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def tool(id_, text):
+    return {"role": "tool", "tool_call_id": id_, "content": text}
+
+
+def test_sent_then_received_root_first_then_new_items():
+    path = [node([user("a")], [assistant("A")], parent=False), node([user("b")], [assistant("B")])]
+    out = assemble(path, [user("c")], T)
+    assert out.messages == [user("a"), assistant("A"), user("b"), assistant("B"), user("c")]
+    assert out.dropped == []
+
+
+def test_failed_and_pending_nodes_contribute_only_sent():
+    path = [
+        node([user("a")], [assistant("A")], parent=False),
+        node([user("b")], [assistant("never seen")], status="failed"),
+        node([user("c")], [assistant("also never")], status="pending"),
+    ]
+    out = assemble(path, [user("d")], T)
+    assert out.messages == [user("a"), assistant("A"), user("b"), user("c"), user("d")]
+
+
+def test_system_prompt_sent_once_first_and_most_recent_wins():
+    sys1 = {"role": "system", "content": "be brief"}
+    path = [node([sys1, user("a")], [assistant("A")], parent=False), node([user("b")], [assistant("B")])]
+    out = assemble(path, [user("c")], T)
+    assert out.messages[0] == sys1
+    assert sum(m["role"] == "system" for m in out.messages) == 1
+
+    sys2 = {"role": "developer", "content": "be verbose"}
+    out = assemble(path, [sys2, user("c")], T)
+    assert out.messages[0] == sys2
+    assert sys1 not in out.messages
+
+    # a later node's system prompt wins over an earlier one; several of one node stay together
+    sys3 = [{"role": "system", "content": "x"}, {"role": "developer", "content": "y"}]
+    path2 = path + [node([*sys3, user("c")], [assistant("C")])]
+    out = assemble(path2, [user("d")], T)
+    assert out.messages[:2] == sys3
+    assert sys1 not in out.messages
+
+
+def test_tool_rounds_pair_across_nodes():
+    path = [
+        node([user("q")], [assistant(None, tool_calls=[call("c1"), call("c2")])], parent=False),
+        node([tool("c1", "r1"), tool("c2", "r2")], [assistant("answer")]),
+    ]
+    out = assemble(path, [user("next")], T)
+    assert out.dropped == []
+    assert [m["role"] for m in out.messages] == ["user", "assistant", "tool", "tool", "assistant", "user"]
+
+
+def test_pairing_check_drops_unanswered_calls_and_orphans():
+    items = [
+        user("q"),
+        assistant(None, tool_calls=[call("c1")]),
+        user("never mind"),  # the turn was abandoned: no tool result
+        tool("ghost", "orphan result"),
+        assistant("partial", tool_calls=[call("c2"), call("c3")]),
+        tool("c2", "r2"),
+    ]
+    kept, dropped = pair_check(items)
+    assert kept == [
+        user("q"),
+        user("never mind"),
+        {"role": "assistant", "content": "partial", "tool_calls": [call("c2")]},
+        tool("c2", "r2"),
+    ]
+    reasons = sorted(d.get("tool_call_id") or d.get("message") for d in dropped)
+    assert reasons == ["assistant", "c1", "c3", "ghost"]
+
+
+def test_pairing_check_drops_result_before_its_call():
+    items = [user("q"), tool("c1", "early"), assistant(None, tool_calls=[call("c1")])]
+    kept, dropped = pair_check(items)
+    assert kept == [user("q")]
+    assert len(dropped) == 3  # the early result, the call, and the then-empty assistant message
+
+
+def test_shape_received_keeps_portable_fields_and_reasoning_only_where_accepted():
+    msg = {"role": "assistant", "content": "hi", "refusal": None, "annotations": [], "audio": None,
+           "reasoning_content": "thinking", "reasoning_details": [{"type": "encrypted", "data": "x"}],
+           "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}, "index": 0}]}
+    plain = shape_received(msg, Target("openai", accepts_reasoning=False), "openai")
+    assert plain == {"role": "assistant", "content": "hi",
+                     "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    same = shape_received(msg, Target("deepseek", accepts_reasoning=True), "deepseek")
+    assert same["reasoning_content"] == "thinking" and "reasoning_details" in same
+    other = shape_received(msg, Target("deepseek", accepts_reasoning=True), "openrouter")
+    assert other["reasoning_content"] == "thinking" and "reasoning_details" not in other
+    empty = shape_received({"role": "assistant", "content": None}, T, "openai")
+    assert empty == {"role": "assistant", "content": ""}
+
+
+def test_head_rule_table():
+    assert moves_head("turn", "success")
+    assert moves_head("turn", "transient")
+    assert not moves_head("turn", "overflow")
+    assert not moves_head("turn", "invalid")
+    for outcome in ("success", "transient", "overflow", "invalid"):
+        assert not moves_head("transform", outcome)
+
+
+def test_sent_hash_is_canonical():
+    assert sent_hash([{"role": "user", "content": "a"}]) == sent_hash([{"content": "a", "role": "user"}])
+    assert sent_hash([user("a")]) != sent_hash([user("b")])

@@ -1,0 +1,251 @@
+"""The chat endpoint through the official openai SDK: turns, tools, system prompts, the pairing
+check, both ways of naming a conversation, pass-through. Assertions are on what the fake upstream
+received -- that is where a context bug shows."""
+
+import json
+import logging
+
+import httpx
+import openai
+import pytest
+
+from .fakes import Reply
+
+MODEL = "gpt-4o-mini"
+
+
+def say(client, cid, *messages, **kw):
+    """One call in conversation ``cid``; returns (completion, response headers)."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=list(messages), extra_headers={"X-Conversation-Id": cid, **kw.pop("headers", {})}, **kw)
+    return raw.parse(), raw.headers
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def tool_call(id_, name="run_sql", args='{"sql": "select 1"}'):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+TOOLS = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}}]
+
+
+def test_second_turn_carries_the_first(client, upstream, cid, db):
+    c1, h1 = say(client, cid, user("hello"))
+    assert c1.choices[0].message.content == "echo: hello"
+    assert h1["x-conversation-id"] == cid
+    assert h1["x-parent-node-id"] == "root"
+    c2, h2 = say(client, cid, user("and again"))
+    assert h2["x-parent-node-id"] == h1["x-node-id"]
+    assert upstream.last.messages == [user("hello"), {"role": "assistant", "content": "echo: hello"}, user("and again")]
+    assert db.head(cid) == h2["x-node-id"]
+
+    n1 = db.node(h1["x-node-id"])
+    assert n1["status"] == "success" and n1["kind"] == "turn" and n1["parent_id"] is None
+    assert n1["sent"] == [user("hello")]
+    assert n1["received"][0]["content"] == "echo: hello"
+    assert n1["usage"]["prompt_tokens"] > 0
+    assert n1["finish_reason"] == "stop"
+    assert n1["provider"] == "fake" and n1["model"] == MODEL
+    assert n1["finished_at"] is not None and n1["depth"] == 0
+    n2 = db.node(h2["x-node-id"])
+    assert str(n2["parent_id"]) == h1["x-node-id"] and n2["depth"] == 1
+
+
+def test_path_prefix_names_the_conversation(proxy, upstream, key, cid, db):
+    prefixed = proxy.openai(key, conversation=cid)
+    r1 = prefixed.chat.completions.with_raw_response.create(model=MODEL, messages=[user("one")])
+    assert r1.headers["x-conversation-id"] == cid
+    # the header form reaches the same conversation
+    plain = proxy.openai(key)
+    _, h2 = say(plain, cid, user("two"))
+    assert h2["x-parent-node-id"] == r1.headers["x-node-id"]
+    assert [m["content"] for m in upstream.last.messages] == ["one", "echo: one", "two"]
+    # both given and equal: fine; disagreeing: 400
+    prefixed.chat.completions.create(model=MODEL, messages=[user("three")], extra_headers={"X-Conversation-Id": cid})
+    with pytest.raises(openai.BadRequestError) as e:
+        prefixed.chat.completions.create(model=MODEL, messages=[user("x")], extra_headers={"X-Conversation-Id": "other"})
+    assert e.value.body["code"] == "invalid_conversation_id"
+
+
+@pytest.mark.parametrize("bad", ["has space", "x" * 129, "slash/inside", "ümlaut"])
+def test_invalid_conversation_id(proxy, key, bad):
+    with httpx.Client(base_url=proxy.url) as http:
+        r = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": bad.encode("utf-8")},
+                      json={"model": MODEL, "messages": [user("x")]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "invalid_conversation_id" and set(err) == {"message", "type", "param", "code"}
+
+
+def test_unknown_fields_are_forwarded_untouched(client, upstream, cid, db):
+    _, h = say(client, cid, user("q"), temperature=0.3, tools=TOOLS, tool_choice="auto",
+               response_format={"type": "json_object"}, extra_body={"future_field": {"nested": [1, 2]}, "top_k": 5})
+    body = upstream.last.body
+    assert body["temperature"] == 0.3 and body["tools"] == TOOLS and body["tool_choice"] == "auto"
+    assert body["response_format"] == {"type": "json_object"}
+    assert body["future_field"] == {"nested": [1, 2]} and body["top_k"] == 5
+    params = db.node(h["x-node-id"])["params"]
+    assert params["future_field"] == {"nested": [1, 2]} and "messages" not in params
+
+
+def test_tool_rounds_node_k_plus_1_carries_the_results_of_node_k(client, upstream, cid, db):
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_a"), tool_call("call_b", args='{"sql": "select 2"}')]))
+    c1, h1 = say(client, cid, user("top customers?"), tools=TOOLS)
+    msg = c1.choices[0].message
+    assert [tc.id for tc in msg.tool_calls] == ["call_a", "call_b"]
+    results = [{"role": "tool", "tool_call_id": "call_a", "content": "rows A"},
+               {"role": "tool", "tool_call_id": "call_b", "content": "rows B"}]
+    upstream.enqueue(Reply(content="Customers are A and B"))
+    _, h2 = say(client, cid, *results, tools=TOOLS)
+    sent = upstream.last.messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    assert [tc["id"] for tc in sent[1]["tool_calls"]] == ["call_a", "call_b"]
+    assert sent[2:] == results
+    n2 = db.node(h2["x-node-id"])
+    assert n2["sent"] == results and str(n2["parent_id"]) == h1["x-node-id"]
+    assert db.node(h1["x-node-id"])["finish_reason"] == "tool_calls"
+    # the next question sees the whole turn
+    say(client, cid, user("thanks"))
+    assert [m["role"] for m in upstream.last.messages] == ["user", "assistant", "tool", "tool", "assistant", "user"]
+
+
+def test_system_prompt_sent_once_with_the_first_call_stays_first(client, upstream, cid):
+    system = {"role": "system", "content": "You are terse."}
+    say(client, cid, system, user("a"))
+    say(client, cid, user("b"))
+    assert upstream.last.messages[0] == system
+    assert [m["role"] for m in upstream.last.messages] == ["system", "user", "assistant", "user"]
+    # a client that resends its system prompt every call does not get it twice
+    say(client, cid, system, user("c"))
+    assert sum(m["role"] == "system" for m in upstream.last.messages) == 1
+    # a new one replaces it
+    dev = {"role": "developer", "content": "Now be verbose."}
+    say(client, cid, dev, user("d"))
+    assert upstream.last.messages[0] == dev and system not in upstream.last.messages
+    say(client, cid, user("e"))
+    assert upstream.last.messages[0] == dev
+
+
+def test_pairing_check_drops_abandoned_tool_calls_with_a_warning(client, upstream, cid, caplog):
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_x")]))
+    say(client, cid, user("look it up"), tools=TOOLS)
+    caplog.set_level(logging.WARNING, logger="branchpoint.call")
+    # the client abandons the turn: no tool result, a new question instead
+    say(client, cid, user("forget it, what is 2+2?"))
+    sent = upstream.last.messages
+    assert "call_x" not in json.dumps(sent)
+    assert sent == [user("look it up"), user("forget it, what is 2+2?")]
+    assert any("pairing check dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_pairing_check_drops_orphan_tool_result(client, upstream, cid, caplog):
+    caplog.set_level(logging.WARNING, logger="branchpoint.call")
+    say(client, cid, user("hi"))
+    say(client, cid, {"role": "tool", "tool_call_id": "nobody_called_me", "content": "x"}, user("ok"))
+    assert "nobody_called_me" not in upstream.last.text()
+    assert any("pairing check dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_normal_tool_path_logs_no_pairing_warning(client, upstream, cid, caplog):
+    caplog.set_level(logging.WARNING, logger="branchpoint.call")
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("c1")]))
+    say(client, cid, user("q"), tools=TOOLS)
+    say(client, cid, {"role": "tool", "tool_call_id": "c1", "content": "r"})
+    say(client, cid, user("next"))
+    assert not [r for r in caplog.records if "pairing" in r.getMessage()]
+
+
+def test_without_conversation_id_it_is_a_plain_pass_through(proxy, client, upstream, key, db):
+    before = db.fetchval("SELECT count(*) FROM nodes")
+    body = {"model": MODEL, "messages": [user("stateless")], "seed": 7, "unknown_thing": True}
+    r = client.chat.completions.with_raw_response.create(model=MODEL, messages=[user("stateless")], seed=7,
+                                                         extra_body={"unknown_thing": True})
+    assert "x-node-id" not in r.headers
+    assert upstream.last.body == body
+    assert upstream.last.headers["authorization"] == f"Bearer {key}"  # passthrough key
+    assert db.fetchval("SELECT count(*) FROM nodes") == before
+    # other routes pass through, also under the conversation prefix
+    assert [m.id for m in client.models.list()] == ["fake-model"]
+    emb = proxy.openai(key, conversation="some-conv").embeddings.create(model="e", input="x")
+    assert emb.data[0].embedding == [0.1, 0.2]
+    assert upstream.requests[-1].path == "/v1/embeddings"
+    assert db.fetchval("SELECT count(*) FROM nodes") == before
+
+
+def test_pass_through_stream(client, upstream):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[user("abcdef")], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "echo: abcdef"
+    assert "stream_options" not in upstream.last.body  # untouched
+
+
+def test_upstream_error_body_and_status_reach_the_client_with_node_headers(client, upstream, cid, db):
+    upstream.enqueue(Reply(kind="error", status=404, error={"message": "The model does not exist", "type": "invalid_request_error",
+                                                            "param": "model", "code": "model_not_found"}))
+    with pytest.raises(openai.NotFoundError) as e:
+        say(client, cid, user("q"))
+    assert e.value.body["code"] == "model_not_found"
+    node_id = e.value.response.headers["x-node-id"]
+    assert db.node(node_id)["status"] == "failed"
+    assert db.node(node_id)["error"]["status"] == 404
+
+
+def test_async_client_turns(proxy, upstream, key, cid):
+    import asyncio
+
+    async def go():
+        client = proxy.async_openai(key)
+        h = {"X-Conversation-Id": cid}
+        await client.chat.completions.create(model=MODEL, messages=[user("async one")], extra_headers=h)
+        stream = await client.chat.completions.create(model=MODEL, messages=[user("async two")], extra_headers=h, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        await client.close()
+        return text
+
+    assert asyncio.run(go()) == "echo: async two"
+    assert [m["content"] for m in upstream.last.messages] == ["async one", "echo: async one", "async two"]
+
+
+def test_tenants_do_not_share_conversations(proxy, upstream, cid):
+    a, b = proxy.openai(), proxy.openai()
+    say(a, cid, user("secret of A"))
+    say(b, cid, user("hello from B"))
+    assert "secret of A" not in upstream.last.text()
+    assert upstream.last.messages == [user("hello from B")]
+
+
+def test_missing_api_key_is_401(proxy):
+    with httpx.Client(base_url=proxy.url) as http:
+        r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": "c"}, json={"model": MODEL, "messages": []})
+    assert r.status_code == 401
+    assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("payload, param", [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    (json.dumps({"messages": [user("x")]}).encode(), "model"),
+    (json.dumps({"model": MODEL}).encode(), "messages"),
+    (json.dumps({"model": MODEL, "messages": "hi"}).encode(), "messages"),
+    (json.dumps({"model": MODEL, "messages": [{"content": "no role"}]}).encode(), "messages[0].role"),
+    (json.dumps({"model": MODEL, "messages": [], "stream": "yes"}).encode(), "stream"),
+])
+def test_bad_bodies_are_400_openai_shaped(proxy, key, payload, param):
+    with httpx.Client(base_url=proxy.url) as http:
+        r = http.post("/v1/chat/completions", content=payload,
+                      headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": "bad-body", "content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_request" and err["param"] == param
+
+
+def test_invalid_node_kind_and_parent_header(proxy, key, cid):
+    with proxy.http(key) as http:
+        r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Node-Kind": "sideways"},
+                      json={"model": MODEL, "messages": [user("x")]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request"
+        r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Parent-Node-Id": "not-a-uuid"},
+                      json={"model": MODEL, "messages": [user("x")]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "X-Parent-Node-Id"

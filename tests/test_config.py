@@ -1,0 +1,78 @@
+"""Settings: defaults < file (key by key) < environment (SPEC §9)."""
+
+import pytest
+
+from config import SettingsError, load_settings
+
+
+def test_defaults():
+    s = load_settings(env={})
+    assert s.server.lease_seconds == 300
+    assert s.auth.mode == "passthrough"
+    assert s.upstreams[0].base_url == "https://api.openai.com/v1"
+    assert s.compaction.soft == 0.7 and s.compaction.hard == 0.9 and s.compaction.keep_recent == 6
+    assert s.limits_for("gpt-4o-mini").input_limit == 128000 - 16384
+
+
+def test_file_overrides_key_by_key(tmp_path):
+    f = tmp_path / "bp.toml"
+    f.write_text("[server]\nlease_seconds = 42\n")
+    s = load_settings(f, env={})
+    assert s.server.lease_seconds == 42
+    assert s.server.port == 8080  # every other default kept
+    assert s.compaction.hard == 0.9
+    assert s.upstreams[0].name == "openai"
+
+
+def test_config_env_var_names_the_file_and_env_overrides_win(tmp_path):
+    f = tmp_path / "bp.toml"
+    f.write_text('[database]\nurl = "postgresql://file/db"\n[[upstreams]]\nname = "a"\nbase_url = "http://a/v1"\nmodels = ["*"]\n')
+    s = load_settings(env={"BRANCHPOINT_CONFIG": str(f)})
+    assert s.database.url == "postgresql://file/db"
+    s = load_settings(env={
+        "BRANCHPOINT_CONFIG": str(f),
+        "BRANCHPOINT_DATABASE_URL": "postgresql://env/db",
+        "BRANCHPOINT_UPSTREAM_URL": "http://127.0.0.1:9000/v1",
+        "BRANCHPOINT_UPSTREAM_API_KEY": "sk-up",
+        "BRANCHPOINT_DATA_DIR": "/tmp/bp",
+    })
+    assert s.database.url == "postgresql://env/db"
+    assert s.database.data_dir == "/tmp/bp"
+    assert s.upstreams[0].base_url == "http://127.0.0.1:9000/v1"
+    assert s.upstreams[0].api_key == "sk-up"
+
+
+def test_model_routing_first_match_and_limits_most_specific(tmp_path):
+    f = tmp_path / "bp.toml"
+    f.write_text(
+        '[[upstreams]]\nname = "anthropic"\nbase_url = "http://a/v1"\nmodels = ["claude-*"]\n'
+        '[[upstreams]]\nname = "default"\nbase_url = "http://d/v1"\nmodels = ["*"]\n'
+        '[models."tiny*"]\ncontext_window = 1000\nmax_output_tokens = 200\n'
+        '[models."tiny-special"]\ncontext_window = 2000\nmax_output_tokens = 100\n'
+    )
+    s = load_settings(f, env={"BRANCHPOINT_UPSTREAM_URL": "http://override/v1"})
+    assert s.upstream_for("claude-3-haiku").name == "anthropic"
+    assert s.upstream_for("gpt-4o").name == "default"
+    assert s.upstream_for("gpt-4o").base_url == "http://override/v1"  # env moves the catch-all only
+    assert s.upstream_for("claude-3").base_url == "http://a/v1"
+    assert s.limits_for("tiny-x").input_limit == 800
+    assert s.limits_for("tiny-special").input_limit == 1900
+
+
+@pytest.mark.parametrize("text", [
+    "[compaction]\nsoft = 1.5\n",
+    "[server]\nlease_seconds = 0\n",
+    "[server]\nno_such_key = 1\n",
+    "[auth]\nmode = \"keys\"\n",
+    "not toml at all [",
+])
+def test_invalid_config_is_refused(tmp_path, text):
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(SettingsError):
+        load_settings(f, env={})
+
+
+def test_missing_file_is_refused(tmp_path):
+    with pytest.raises(SettingsError):
+        load_settings(tmp_path / "nope.toml", env={})

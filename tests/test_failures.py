@@ -1,0 +1,218 @@
+"""SPEC §4, row by row: what happens to the node and the head after each kind of failure, what
+the client gets, and how retries are recognised."""
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from .conftest import make_settings, serve_proxy
+from .fakes import Reply, free_port
+
+MODEL = "gpt-4o-mini"
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def say(client, cid, *messages, **kw):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=list(messages), extra_headers={"X-Conversation-Id": cid, **kw.pop("headers", {})}, **kw)
+    return raw.parse(), raw.headers
+
+
+def fail(client, cid, *messages, exc=openai.APIStatusError):
+    with pytest.raises(exc) as e:
+        say(client, cid, *messages)
+    return e.value
+
+
+def error_of(e):
+    return e.body if isinstance(e.body, dict) and "code" in e.body else e.body.get("error", e.body)
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 429, 408])
+def test_transient_failure_makes_the_failed_node_the_head(client, upstream, cid, db, status):
+    _, h1 = say(client, cid, user("first"))
+    upstream.enqueue(Reply(kind="error", status=status))
+    e = fail(client, cid, user("second"))
+    assert e.status_code == status
+    node_id = e.response.headers["x-node-id"]
+    assert e.response.headers["x-parent-node-id"] == h1["x-node-id"]
+    node = db.node(node_id)
+    assert node["status"] == "failed" and node["received"] is None
+    assert node["error"]["status"] == status and node["error"]["message"] == "fake failure"
+    assert db.head(cid) == node_id
+
+
+def test_failed_node_keeps_paid_for_tool_results_in_context(client, upstream, cid, db):
+    call = {"id": "call_search", "type": "function", "function": {"name": "web_search", "arguments": '{"q": "x"}'}}
+    upstream.enqueue(Reply(content=None, tool_calls=[call]))
+    say(client, cid, user("search the web"))
+    result = {"role": "tool", "tool_call_id": "call_search", "content": "expensive search result"}
+    upstream.enqueue(Reply(kind="error", status=503))
+    e = fail(client, cid, result)
+    failed = e.response.headers["x-node-id"]
+    assert db.head(cid) == failed
+    # the user says "continue": the new node hangs under the failed one and sees the tool result
+    _, h = say(client, cid, user("continue"))
+    assert h["x-parent-node-id"] == failed
+    assert [m["role"] for m in upstream.last.messages] == ["user", "assistant", "tool", "user"]
+    assert "expensive search result" in upstream.last.text()
+
+
+def test_sdk_retry_of_the_same_items_hangs_beside_the_failed_node(client, upstream, cid, db):
+    _, h1 = say(client, cid, user("first"))
+    upstream.enqueue(Reply(kind="error", status=500))
+    e = fail(client, cid, user("second"))
+    failed = e.response.headers["x-node-id"]
+    _, h = say(client, cid, user("second"))  # same items again: a retry
+    assert h["x-parent-node-id"] == h1["x-node-id"]  # beside the failed node, not under it
+    assert [m["content"] for m in upstream.last.messages] == ["first", "echo: first", "second"]
+    assert db.node(failed)["status"] == "failed"  # the failed attempt stays as a branch
+    assert db.head(cid) == h["x-node-id"]
+
+
+def test_sdk_automatic_retries_are_recognised(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, max_retries=2)
+    say(client, cid, user("first"))
+    upstream.enqueue(Reply(kind="error", status=500), Reply(kind="error", status=503))
+    c, h = say(client, cid, user("second"))  # the SDK retries twice by itself
+    assert c.choices[0].message.content == "echo: second"
+    assert upstream.last.messages == [user("first"), {"role": "assistant", "content": "echo: first"}, user("second")]
+    siblings = db.fetch("SELECT status FROM nodes WHERE parent_id = $1 ORDER BY created_at",
+                        db.node(h["x-parent-node-id"])["id"])
+    assert [r["status"] for r in siblings] == ["failed", "failed", "success"]
+
+
+def test_retry_of_a_failed_first_question_makes_a_new_root(client, upstream, cid, db):
+    upstream.enqueue(Reply(kind="error", status=500))
+    fail(client, cid, user("very first"))
+    _, h = say(client, cid, user("very first"))
+    assert h["x-parent-node-id"] == "root"
+    assert upstream.last.messages == [user("very first")]
+
+
+def test_context_overflow_leaves_the_head_unchanged(client, upstream, cid, db):
+    _, h1 = say(client, cid, user("small"))
+    upstream.enqueue(Reply(kind="error", status=400, error={
+        "message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 200000 tokens.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}))
+    e = fail(client, cid, user("HUGE " * 50), exc=openai.BadRequestError)
+    assert error_of(e)["code"] == "context_length_exceeded"  # the upstream's own body
+    node = db.node(e.response.headers["x-node-id"])
+    assert node["status"] == "failed" and node["error"]["code"] == "context_overflow" and node["error"]["status"] == 400
+    assert db.head(cid) == h1["x-node-id"]
+    # the oversized items stay on a side branch: the next turn does not carry them
+    say(client, cid, user("shorter"))
+    assert "HUGE" not in upstream.last.text()
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422])
+def test_invalid_request_leaves_the_head_unchanged(client, upstream, cid, db, status):
+    _, h1 = say(client, cid, user("fine"))
+    upstream.enqueue(Reply(kind="error", status=status, error={"message": "nope", "type": "invalid_request_error", "param": None, "code": "bad"}))
+    e = fail(client, cid, user("bad one"))
+    assert e.status_code == status
+    assert db.node(e.response.headers["x-node-id"])["error"]["status"] == status
+    assert db.head(cid) == h1["x-node-id"]
+
+
+def test_upstream_timeout_is_504_and_transient(database_url, upstream_url, upstream, key, cid):
+    settings = make_settings(database_url, upstream_url, upstream_defaults={"read_timeout": 0.5})
+    with serve_proxy(settings) as p:
+        client = p.openai(key)
+        upstream.enqueue(Reply(delay=3))
+        e = fail(client, cid, user("slow"))
+        assert e.status_code == 504
+        assert error_of(e) == {"message": error_of(e)["message"], "type": "upstream_error", "param": None, "code": "upstream_timeout"}
+        node_id = e.response.headers["x-node-id"]
+        from .conftest import Db
+        db = Db(database_url)
+        assert db.node(node_id)["error"]["code"] == "upstream_timeout"
+        assert db.node(node_id)["error"]["status"] is None
+        assert db.head(cid) == node_id
+
+
+def test_unreachable_upstream_is_502(database_url, key, cid):
+    settings = make_settings(database_url, f"http://127.0.0.1:{free_port()}/v1")
+    with serve_proxy(settings) as p:
+        e = fail(p.openai(key), cid, user("anyone there?"))
+        assert e.status_code == 502
+        assert error_of(e)["code"] == "upstream_unreachable"
+        assert "x-node-id" in e.response.headers
+        # pass-through too, and streaming
+        with pytest.raises(openai.APIStatusError) as e2:
+            p.openai(key).models.list()
+        assert e2.value.status_code == 502
+        with httpx.Client(base_url=p.url) as http:
+            r = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+                          json={"model": MODEL, "messages": [user("s")], "stream": True})
+            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"
+
+
+@pytest.mark.parametrize("reply, code", [
+    (Reply(kind="raw", status=200, body=b"this is not json"), "upstream_bad_response"),
+    (Reply(kind="raw", status=200, body=b'{"object": "chat.completion", "choices": []}'), "upstream_bad_response"),
+    (Reply(kind="raw", status=200, body=b'{"error": {"message": "quota", "type": "insufficient_quota"}}'), None),
+    (Reply(kind="raw", status=500, body=b"<html>oops</html>", content_type="text/html"), "http_500"),
+])
+def test_garbage_from_upstream_is_a_clean_error(client, upstream, cid, db, reply, code):
+    upstream.enqueue(reply)
+    e = fail(client, cid, user("q"))
+    assert e.status_code in (500, 502)
+    err = error_of(e)
+    assert set(err) >= {"message", "type", "param", "code"}
+    if code:
+        assert err["code"] == code
+    node = db.node(e.response.headers["x-node-id"])
+    assert node["status"] == "failed"
+    assert db.head(cid) == str(node["id"])  # all transient
+
+
+def test_client_disconnect_before_a_non_streamed_answer(proxy, upstream, key, cid, db):
+    upstream.enqueue(Reply(delay=2.0))
+    with httpx.Client(base_url=proxy.url) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", timeout=0.5, json={"model": MODEL, "messages": [user("q")]},
+                      headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        row = db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1", cid)
+        if row and row["status"] != "pending":
+            break
+        time.sleep(0.05)
+    assert row["status"] == "failed" and row["error"]["code"] == "client_disconnected"
+    assert db.head(cid) == str(row["id"])
+    # the SDK's retry (same items) then hangs beside it
+    _, h = say(proxy.openai(key), cid, user("q"))
+    assert h["x-parent-node-id"] == "root"
+
+
+def test_upstream_key_replaces_the_clients_and_never_reaches_the_client(database_url, upstream_url, upstream, key, cid):
+    settings = make_settings(database_url, upstream_url,
+                             upstreams=[{"name": "fake", "base_url": upstream_url, "models": ["*"], "api_key": "sk-upstream-secret"}])
+    with serve_proxy(settings) as p:
+        raw = p.openai(key).chat.completions.with_raw_response.create(
+            model=MODEL, messages=[user("q")], extra_headers={"X-Conversation-Id": cid, "OpenAI-Organization": "org-client"})
+        assert upstream.last.headers["authorization"] == "Bearer sk-upstream-secret"
+        assert "openai-organization" not in upstream.last.headers
+        assert "sk-upstream-secret" not in str(raw.headers) and "sk-upstream-secret" not in raw.http_response.text
+
+
+def test_busy_conversation_is_409(proxy, upstream, key, cid, db):
+    import threading
+
+    upstream.enqueue(Reply(delay=1.5))
+    client = proxy.openai(key)
+    t = threading.Thread(target=lambda: say(client, cid, user("slow")))
+    t.start()
+    upstream.wait_for(1)
+    with pytest.raises(openai.ConflictError) as e:
+        say(client, cid, user("impatient"))
+    assert e.value.body["code"] == "conversation_busy"
+    t.join()
+    _, h = say(client, cid, user("later"))  # the lease was released
+    assert db.node(h["x-node-id"])["status"] == "success"

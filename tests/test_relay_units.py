@@ -1,0 +1,80 @@
+"""SSE parsing and stream reassembly, without a network."""
+
+import json
+
+from proxy.relay import SSEParser, StreamAccumulator
+from proxy.upstream import classify
+
+
+def test_parser_splits_events_across_chunk_boundaries_and_crlf():
+    p = SSEParser()
+    assert p.feed(b"data: {\"a\"") == []
+    assert p.feed(b": 1}\n") == []
+    assert p.feed(b"\ndata: [DO") == [b'data: {"a": 1}']
+    assert p.feed(b"NE]\r\n\r\n: keep-alive\n\n") == [b"data: [DONE]", b": keep-alive"]
+    assert SSEParser.data(b"data: [DONE]") == b"[DONE]"
+    assert SSEParser.data(b"data:x") == b"x"
+    assert SSEParser.data(b"event: error\ndata: {}\ndata: more") == b"{}\nmore"
+    assert SSEParser.data(b": comment") is None
+
+
+def chunk(delta, finish=None, usage=None, choices=True):
+    c = {"id": "x", "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if choices else []}
+    if usage:
+        c["usage"] = usage
+    return c
+
+
+def test_accumulator_merges_content_reasoning_and_tool_calls_by_index():
+    acc = StreamAccumulator()
+    for c in [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"reasoning_content": "let me "}),
+        chunk({"reasoning_content": "think"}),
+        chunk({"content": "Hel"}),
+        chunk({"content": "lo"}),
+        chunk({"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "second", "arguments": ""}}]}),
+        chunk({"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "first", "arguments": "{\"q\""}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}),
+        chunk({}, finish="tool_calls"),
+        chunk({}, usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}, choices=False),
+    ]:
+        acc.feed(c)
+    msg = acc.message()
+    assert msg["content"] == "Hello"
+    assert msg["reasoning_content"] == "let me think"
+    assert msg["tool_calls"] == [
+        {"id": "a", "type": "function", "function": {"name": "first", "arguments": "{\"q\": 1}"}},
+        {"id": "b", "type": "function", "function": {"name": "second", "arguments": "{}"}},
+    ]
+    assert acc.finish_reason == "tool_calls"
+    assert acc.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+
+
+def test_accumulator_records_error_events():
+    acc = StreamAccumulator()
+    acc.feed({"error": {"message": "boom", "type": "server_error"}})
+    assert acc.error == {"message": "boom", "type": "server_error"}
+
+
+def body(error):
+    return json.dumps({"error": error}).encode()
+
+
+def test_classify_follows_the_failure_table():
+    overflow = classify(400, body({"message": "This model's maximum context length is 8192 tokens", "type": "invalid_request_error",
+                                   "code": "context_length_exceeded", "param": "messages"}))
+    assert overflow.kind == "overflow" and overflow.error["code"] == "context_overflow" and overflow.error["status"] == 400
+    assert classify(400, body({"message": "prompt is too long: 210000 tokens > 200000 maximum"})).kind == "overflow"
+    assert classify(413, body({"message": "Request exceeds the maximum context window"})).kind == "overflow"
+    for status in (400, 401, 403, 404, 413, 422):
+        assert classify(status, body({"message": "bad", "type": "invalid_request_error"})).kind == "invalid"
+    for status in (408, 429, 500, 502, 503, 504):
+        assert classify(status, body({"message": "later", "type": "server_error"})).kind == "transient"
+    # a rate-limit message that mentions tokens is not an overflow
+    assert classify(429, body({"message": "Request too large: tokens per min (TPM) limit"})).kind == "transient"
+    garbage = classify(500, b"<html>Bad gateway</html>")
+    assert garbage.kind == "transient"
+    err = json.loads(garbage.body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and "Bad gateway" in err["message"]

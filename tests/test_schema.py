@@ -1,0 +1,74 @@
+"""Migrations: an empty database is brought to the current schema; re-running and concurrent
+runs are safe."""
+
+import asyncio
+import uuid
+
+import asyncpg
+
+from storage import latest_version, migrate
+
+from .conftest import run, with_database
+
+
+def _new_db(pg_server_url):
+    name = f"bp_schema_{uuid.uuid4().hex[:8]}"
+
+    async def make():
+        conn = await asyncpg.connect(pg_server_url)
+        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.close()
+
+    run(make())
+    return with_database(pg_server_url, name)
+
+
+def test_migrate_empty_database_and_check_schema(pg_server_url):
+    url = _new_db(pg_server_url)
+
+    async def check():
+        applied = await migrate(url)
+        assert applied == list(range(1, latest_version() + 1))
+        assert await migrate(url) == []  # idempotent
+        conn = await asyncpg.connect(url)
+        try:
+            cols = {
+                (r["table_name"], r["column_name"]): r["data_type"]
+                for r in await conn.fetch(
+                    "SELECT table_name, column_name, data_type FROM information_schema.columns "
+                    "WHERE table_schema = 'public'")
+            }
+            for column in ("id", "tree_id", "tenant", "conversation_id", "parent_id", "kind", "status", "sent",
+                           "received", "model", "provider", "params", "usage", "finish_reason", "error",
+                           "compacted_from", "depth", "created_at", "finished_at", "sent_hash", "request_hash"):
+                assert ("nodes", column) in cols, column
+            assert cols[("nodes", "sent")] == "jsonb"
+            assert cols[("nodes", "id")] == "uuid"
+            for column in ("tenant", "id", "tree_id", "head_node_id", "lease_node_id", "lease_until",
+                           "created_at", "updated_at"):
+                assert ("conversations", column) in cols, column
+            pk = await conn.fetch(
+                "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'nodes'::regclass AND i.indisprimary")
+            assert {r["attname"] for r in pk} == {"tree_id", "id"}  # keyed by tree: shardable
+            indexes = {r["indexname"] for r in await conn.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'nodes'")}
+            assert {"nodes_by_parent", "nodes_by_id", "nodes_pending_lease", "nodes_by_conversation"} <= indexes
+            functions = {r["proname"] for r in await conn.fetch("SELECT proname FROM pg_proc WHERE proname LIKE 'bp_%'")}
+            assert {"bp_begin_call", "bp_finish_call", "bp_path", "bp_reap", "bp_renew"} <= functions
+            versions = [r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations ORDER BY version")]
+            assert versions == list(range(1, latest_version() + 1))
+        finally:
+            await conn.close()
+
+    run(check())
+
+
+def test_concurrent_migrations_are_serialised(pg_server_url):
+    url = _new_db(pg_server_url)
+
+    async def race():
+        results = await asyncio.gather(*(migrate(url) for _ in range(4)))
+        applied = sorted(v for r in results for v in r)
+        assert applied == list(range(1, latest_version() + 1))  # each migration applied exactly once
+
+    run(race())

@@ -1,0 +1,159 @@
+"""Streaming through the SDK: chunks relayed as they arrive, the stored message reassembled,
+usage captured (and stripped again when the client did not ask), disconnects recorded."""
+
+import threading
+import time
+
+import httpx
+
+from .fakes import Reply
+
+MODEL = "gpt-4o-mini"
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def wait_status(db, node_id, status, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = db.node(node_id)
+        if row["status"] == status:
+            return row
+        time.sleep(0.02)
+    raise AssertionError(f"node {node_id} is {db.node(node_id)['status']}, expected {status}")
+
+
+def stream(client, cid, *messages, **kw):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=list(messages), stream=True, extra_headers={"X-Conversation-Id": cid}, **kw)
+    return raw.headers, list(raw.parse())
+
+
+def test_stream_is_reassembled_and_stored(client, upstream, cid, db):
+    upstream.enqueue(Reply(content="The answer is forty-two.", reasoning="think hard"))
+    headers, chunks = stream(client, cid, user("question"))
+    assert headers["x-node-id"] and headers["x-conversation-id"] == cid
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "The answer is forty-two."
+    # we asked upstream for usage, the client did not: no usage chunk reaches it
+    assert upstream.last.body["stream_options"] == {"include_usage": True}
+    assert all(c.choices for c in chunks)
+    node = wait_status(db, headers["x-node-id"], "success")
+    assert node["received"] == [{"role": "assistant", "content": "The answer is forty-two.", "reasoning_content": "think hard"}]
+    assert node["usage"]["completion_tokens"] == 7
+    assert node["finish_reason"] == "stop"
+    assert db.head(cid) == headers["x-node-id"]
+    # and it is context for the next turn (reasoning not sent back to this provider)
+    client.chat.completions.create(model=MODEL, messages=[user("next")], extra_headers={"X-Conversation-Id": cid})
+    assert upstream.last.messages[1] == {"role": "assistant", "content": "The answer is forty-two."}
+
+
+def test_usage_chunk_kept_when_the_client_asked(client, upstream, cid, db):
+    headers, chunks = stream(client, cid, user("q"), stream_options={"include_usage": True})
+    usage_chunks = [c for c in chunks if c.usage]
+    assert len(usage_chunks) == 1 and usage_chunks[0].usage.completion_tokens == 7
+    assert wait_status(db, headers["x-node-id"], "success")["usage"]["completion_tokens"] == 7
+
+
+def test_streamed_tool_calls_merge_by_index(client, upstream, cid, db):
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "run_sql", "arguments": '{"sql": "select * from sales"}'}},
+             {"id": "call_2", "type": "function", "function": {"name": "lookup", "arguments": '{"k": "v"}'}}]
+    upstream.enqueue(Reply(content=None, tool_calls=calls))
+    headers, chunks = stream(client, cid, user("q"))
+    node = wait_status(db, headers["x-node-id"], "success")
+    assert node["received"][0]["tool_calls"] == calls
+    assert node["finish_reason"] == "tool_calls"
+    client.chat.completions.create(model=MODEL, extra_headers={"X-Conversation-Id": cid}, messages=[
+        {"role": "tool", "tool_call_id": "call_1", "content": "r1"}, {"role": "tool", "tool_call_id": "call_2", "content": "r2"}])
+    sent = upstream.last.messages
+    assert sent[1]["tool_calls"] == calls and [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+
+
+def test_chunks_are_forwarded_before_the_upstream_finishes(proxy, key, upstream, cid, db):
+    client = proxy.openai(key, timeout=10)  # a buffering proxy makes the reads below time out
+    gate = threading.Event()
+    upstream.enqueue(Reply(content="abcdefghijkl", gate=gate, gate_after=3))
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("q")], stream=True, extra_headers={"X-Conversation-Id": cid})
+    it = iter(raw.parse())
+    got = []
+    # the upstream holds back everything after its third event until the gate opens: if the proxy
+    # buffered the stream, these reads would never complete (the gate only opens afterwards)
+    while "".join(got) != "abcdef":
+        c = next(it)
+        got.append(c.choices[0].delta.content or "")
+    assert upstream.last  # the upstream is still mid-stream here
+    gate.set()
+    rest = "".join(c.choices[0].delta.content or "" for c in it if c.choices)
+    assert "".join(got) + rest == "abcdefghijkl"
+    wait_status(db, raw.headers["x-node-id"], "success")
+
+
+def test_client_disconnect_marks_the_node_failed(proxy, upstream, key, cid, db):
+    gate = threading.Event()
+    upstream.enqueue(Reply(content="abcdefghijkl", gate=gate, gate_after=3))
+    with httpx.Client(base_url=proxy.url, timeout=10) as http:
+        with http.stream("POST", "/v1/chat/completions", json={"model": MODEL, "messages": [user("q")], "stream": True},
+                         headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}) as r:
+            node_id = r.headers["x-node-id"]
+            next(r.iter_raw())  # the first chunk arrived; now hang up
+    try:
+        node = wait_status(db, node_id, "failed")
+    finally:
+        gate.set()
+    assert node["error"]["code"] == "client_disconnected"
+    assert db.head(cid) == node_id  # transient: the failed node is the head
+    assert node["received"] is None
+
+
+def test_stream_cut_without_done_fails_with_a_final_error_event(client, upstream, cid, db):
+    upstream.enqueue(Reply(content="abcdefghijkl", cut_after=3))
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("q")], stream=True, extra_headers={"X-Conversation-Id": cid})
+    node_id = raw.headers["x-node-id"]
+    body = raw.http_response.read()
+    events = [e for e in body.split(b"\n\n") if e]
+    assert events[-1].startswith(b'data: {"error"')
+    assert b"[DONE]" not in body
+    node = wait_status(db, node_id, "failed")
+    assert node["error"]["code"] == "stream_interrupted"
+    assert db.head(cid) == node_id
+    # the partial answer never becomes context
+    client.chat.completions.create(model=MODEL, messages=[user("again")], extra_headers={"X-Conversation-Id": cid})
+    assert upstream.last.messages == [user("q"), user("again")]
+
+
+def test_error_event_mid_stream(client, upstream, cid, db):
+    upstream.enqueue(Reply(content="partial", error_event={"message": "overloaded", "type": "server_error", "code": "overloaded"}))
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("q")], stream=True, extra_headers={"X-Conversation-Id": cid})
+    body = raw.http_response.read()
+    assert body.count(b'"error"') == 1 and body.rstrip().endswith(b"}")
+    node = wait_status(db, raw.headers["x-node-id"], "failed")
+    assert node["error"]["message"] == "overloaded"
+    assert db.head(cid) == raw.headers["x-node-id"]
+
+
+def test_overflow_reported_mid_stream_leaves_the_head(client, upstream, cid, db):
+    client.chat.completions.create(model=MODEL, messages=[user("first")], extra_headers={"X-Conversation-Id": cid})
+    head = db.head(cid)
+    upstream.enqueue(Reply(content="", error_event={"message": "maximum context length exceeded", "code": "context_length_exceeded"}))
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("huge")], stream=True, extra_headers={"X-Conversation-Id": cid})
+    raw.http_response.read()
+    node = wait_status(db, raw.headers["x-node-id"], "failed")
+    assert node["error"]["code"] == "context_overflow"
+    assert db.head(cid) == head
+
+
+def test_upstream_http_error_on_a_stream_request_is_a_plain_error(client, upstream, cid, db):
+    upstream.enqueue(Reply(kind="error", status=429, error={"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limit"}))
+    import openai
+    import pytest
+
+    with pytest.raises(openai.RateLimitError) as e:
+        stream(client, cid, user("q"))
+    node_id = e.value.response.headers["x-node-id"]
+    assert db.node(node_id)["status"] == "failed" and db.head(cid) == node_id
