@@ -79,6 +79,8 @@ class UpstreamDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     write_timeout: float = 60.0
     pool_timeout: float = 10.0
     max_connections: int = 512
+    keepalive_expiry: float = 30.0
+    transport: Literal["builtin", "httpx"] = "builtin"
 
 
 class Upstream(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -112,6 +112,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             embedded=embedded,
         )
         services.lifecycle = CallLifecycle(services)
+        services.metrics.watch_database(db)
         app.state.services = services
         services.leases.start()
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 __all__ = ["Metrics"]
 
@@ -32,6 +34,10 @@ class Metrics:
         self.pending_nodes = Gauge("branchpoint_pending_nodes", "Pending nodes in the database (all processes)", registry=r)
         self.reaped = Counter("branchpoint_reaped", "Pending nodes reaped as interrupted by this process", registry=r)
 
+    def watch_database(self, db: Any) -> None:
+        """Export the pool's statement count: database round trips, to compare with calls."""
+        self.registry.register(_StatementCollector(db))
+
     def observe_call(self, kind: str, outcome: str, usage: dict[str, Any] | None) -> None:
         self.calls.labels(kind, outcome).inc()
         if usage:
@@ -44,3 +50,13 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _StatementCollector(Collector):
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    def collect(self) -> Any:
+        family = CounterMetricFamily("branchpoint_db_statements", "Database statements (round trips) sent by this process")
+        family.add_metric([], self.db.statements)
+        yield family

@@ -201,10 +201,12 @@ class StreamRelay:
         self.background = background
         self.acc = StreamAccumulator()
         self.done = False
+        self.tail = b""  # the [DONE] event, sent once the node is stored
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         failure: tuple[str, dict[str, Any]] | None = None
         disconnected = False
+        finished = False
         pump = asyncio.ensure_future(self._pump(send))
         watch = asyncio.ensure_future(self._watch(receive))
         try:
@@ -214,31 +216,39 @@ class StreamRelay:
                 disconnected = True
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
-                failure = ("transient", {"type": "client_disconnected", "code": "client_disconnected",
-                                         "message": "the client disconnected before the stream ended", "status": None})
+                failure = _client_gone("the client disconnected before the stream ended")
             else:
                 failure = pump.result()
-                if failure is not None and not watch.done():
+                # The node is stored (and the head moved, the lease released) before the client
+                # sees the end of the stream: a client that sends its next call the moment it
+                # reads [DONE] must find the conversation free and the head on this answer.
+                finished = True
+                await self._finish_shielded(StreamEnd(self.acc, self.done, False, failure))
+                if failure is not None:
                     await self._send_final_error(send, failure)
-                await self._end_body(send)
+                elif self.tail:
+                    await send({"type": "http.response.body", "body": self.tail, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, RuntimeError) as exc:  # the client went away under our send()
             disconnected = True
-            failure = failure or ("transient", {"type": "client_disconnected", "code": "client_disconnected",
-                                                "message": f"the client connection failed: {type(exc).__name__}", "status": None})
+            failure = failure or _client_gone(f"the client connection failed: {type(exc).__name__}")
         except asyncio.CancelledError:
             disconnected = True
-            failure = failure or ("transient", {"type": "client_disconnected", "code": "client_disconnected",
-                                                "message": "the response was cancelled", "status": None})
+            failure = failure or _client_gone("the response was cancelled")
             raise
         finally:
             watch.cancel()
             if not pump.done():
                 pump.cancel()
-            end = StreamEnd(self.acc, self.done, disconnected, failure)
-            task = asyncio.ensure_future(self._finish(end))
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
-            await asyncio.shield(task)
+            if not finished:
+                await self._finish_shielded(StreamEnd(self.acc, self.done, disconnected, failure))
+
+    async def _finish_shielded(self, end: StreamEnd) -> None:
+        """Close the upstream and store the outcome, even if this task is being cancelled."""
+        task = asyncio.ensure_future(self._finish(end))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        await asyncio.shield(task)
 
     async def _finish(self, end: StreamEnd) -> None:
         try:
@@ -254,9 +264,6 @@ class StreamRelay:
             if message["type"] == "http.disconnect":
                 return
 
-    async def _end_body(self, send: Any) -> None:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
     async def _send_final_error(self, send: Any, failure: tuple[str, dict[str, Any]]) -> None:
         _, err = failure
         await send({"type": "http.response.body",
@@ -264,7 +271,8 @@ class StreamRelay:
                     "more_body": True})
 
     async def _pump(self, send: Any) -> tuple[str, dict[str, Any]] | None:
-        """Relay events until ``[DONE]``; returns the failure, if any (None: success)."""
+        """Relay events as they arrive, up to ``[DONE]`` (kept back in ``self.tail``); returns
+        the failure, if any (None: success)."""
         parser = SSEParser()
         acc = self.acc
         try:
@@ -277,7 +285,7 @@ class StreamRelay:
                         continue
                     if data == b"[DONE]":
                         self.done = True
-                        out.append(event + b"\n\n")
+                        self.tail = event + b"\n\n"
                         break
                     try:
                         chunk = _decode(data)
@@ -307,6 +315,10 @@ class StreamRelay:
             return ("transient", {"type": "upstream_error", "code": "stream_interrupted",
                                   "message": "the upstream stream ended without [DONE]", "status": None})
         return None
+
+
+def _client_gone(message: str) -> tuple[str, dict[str, Any]]:
+    return ("transient", {"type": "client_disconnected", "code": "client_disconnected", "message": message, "status": None})
 
 
 class BytesRelay:

@@ -21,6 +21,7 @@ import msgspec
 
 from config import Settings, Upstream
 
+from .transport import UpstreamTransport
 from .errors import InvalidRequest, UpstreamBadResponse, UpstreamFailure, UpstreamTimeout, UpstreamUnreachable
 
 __all__ = [
@@ -186,9 +187,12 @@ class UpstreamClient:
     def __init__(self, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         d = settings.upstream_defaults
         self.settings = settings
+        if transport is None and d.transport == "builtin":
+            transport = UpstreamTransport(max_connections=d.max_connections, keepalive_expiry=d.keepalive_expiry)
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=d.connect_timeout, read=d.read_timeout, write=d.write_timeout, pool=d.pool_timeout),
-            limits=httpx.Limits(max_connections=d.max_connections, max_keepalive_connections=d.max_connections, keepalive_expiry=60),
+            limits=httpx.Limits(max_connections=d.max_connections, max_keepalive_connections=d.max_connections,
+                                keepalive_expiry=d.keepalive_expiry),
             follow_redirects=False,
             transport=transport,
         )

@@ -25,6 +25,12 @@ def _jsonb_decode(data: bytes) -> Any:
     return _decode(memoryview(data)[1:])
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset hook: nothing to undo. Pooled connections never change session state (no SET,
+    LISTEN, advisory locks or open cursors -- migrations use a connection of their own), so the
+    default reset query would only cost a round trip on every release."""
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=_jsonb_encode, decoder=_jsonb_decode, format="binary")
     await conn.set_type_codec("json", schema="pg_catalog", encoder=lambda v: _encode(v).decode(), decoder=_decode, format="text")
@@ -35,6 +41,7 @@ class Database:
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
+        self.statements = 0  # round trips made through this pool (exported as a metric)
 
     @classmethod
     async def connect(
@@ -54,6 +61,7 @@ class Database:
                 command_timeout=command_timeout,
                 timeout=connect_timeout,
                 init=_init_connection,
+                reset=_keep_session,
                 max_inactive_connection_lifetime=300.0,
             )
         db = cls(pool)
@@ -69,21 +77,25 @@ class Database:
             self.pool.terminate()
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        self.statements += 1
         with map_db_errors():
             async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 return await conn.fetch(query, *args)
 
     async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        self.statements += 1
         with map_db_errors():
             async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 return await conn.fetchrow(query, *args)
 
     async def fetchval(self, query: str, *args: Any) -> Any:
+        self.statements += 1
         with map_db_errors():
             async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 return await conn.fetchval(query, *args)
 
     async def execute(self, query: str, *args: Any) -> str:
+        self.statements += 1
         with map_db_errors():
             async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 return await conn.execute(query, *args)

@@ -192,16 +192,29 @@ BEGIN
     -- 1. the conversation, locked for the rest of this transaction
     IF p_parent_mode = 'node' THEN
         -- a given parent needs an existing conversation: never create one just to answer 404
-        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+        IF p_kind = 'turn' THEN
+            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+        ELSE
+            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+        END IF;
         IF NOT FOUND THEN
             RETURN QUERY SELECT 'parent_not_found', NULL::uuid, NULL::uuid, NULL::uuid, NULL::uuid,
                 NULL, NULL, NULL::jsonb, NULL::jsonb, NULL, NULL, NULL::jsonb, NULL::uuid;
             RETURN;
         END IF;
-    ELSE
+    ELSIF p_kind = 'turn' THEN
         INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
         ON CONFLICT (tenant, id) DO UPDATE SET updated_at = c.updated_at
         RETURNING * INTO conv;
+    ELSE
+        -- transform calls take no lease and move no head: they never lock the conversation row,
+        -- so any number of them run side by side
+        INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
+        ON CONFLICT (tenant, id) DO NOTHING
+        RETURNING * INTO conv;
+        IF NOT FOUND THEN
+            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+        END IF;
     END IF;
 
     -- 2. the in-flight lease (turn calls only); a dead process's lease is reaped first
@@ -263,9 +276,6 @@ BEGIN
 
     IF p_kind = 'turn' THEN
         UPDATE conversations c SET lease_node_id = p_node, lease_until = v_lease, updated_at = clock_timestamp()
-         WHERE c.tenant = p_tenant AND c.id = p_conversation;
-    ELSE
-        UPDATE conversations c SET updated_at = clock_timestamp()
          WHERE c.tenant = p_tenant AND c.id = p_conversation;
     END IF;
 

@@ -157,3 +157,51 @@ def test_upstream_http_error_on_a_stream_request_is_a_plain_error(client, upstre
         stream(client, cid, user("q"))
     node_id = e.value.response.headers["x-node-id"]
     assert db.node(node_id)["status"] == "failed" and db.head(cid) == node_id
+
+
+def test_stream_is_stored_before_the_client_sees_its_end(client, upstream, cid, db):
+    # a client that sends its next call the moment it reads [DONE] (every tool loop does) must
+    # find the lease released and the head on the answer it just read -- never a 409
+    for i in range(8):
+        headers, chunks = stream(client, cid, user(f"q{i}"))
+        assert db.head(cid) == headers["x-node-id"]  # no waiting: already stored
+        assert db.node(headers["x-node-id"])["status"] == "success"
+    assert [m["content"] for m in upstream.last.messages][-3:] == ["q6", "echo: q6", "q7"]
+
+
+def test_end_of_stream_waits_for_the_node_to_be_stored(proxy, upstream, key, cid, database_url):
+    import asyncio
+    import uuid
+
+    import asyncpg
+
+    async def go():
+        conn = await asyncpg.connect(database_url)
+        client = proxy.async_openai(key, timeout=20)
+        gate = threading.Event()
+        upstream.enqueue(Reply(content="abcdef", gate=gate, gate_after=2))
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[user("q")], stream=True, extra_headers={"X-Conversation-Id": cid})
+        node_id = uuid.UUID(raw.headers["x-node-id"])
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE", node_id)  # finalize must wait
+        gate.set()
+        ended = asyncio.Event()
+
+        async def consume():
+            async for _ in raw.parse():
+                pass
+            ended.set()
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.7)
+        assert not ended.is_set(), "the client saw the end of the stream before its node was stored"
+        await tx.rollback()
+        await asyncio.wait_for(task, 10)
+        status = await conn.fetchval("SELECT status FROM nodes WHERE id = $1", node_id)
+        await conn.close()
+        await client.close()
+        return status
+
+    assert asyncio.run(go()) == "success"

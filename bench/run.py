@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""What Branchpoint adds over calling the upstream directly -- with storage on.
+
+    uv run python bench/run.py                 # ours only (about 2 min)
+    uv run python bench/run.py --peer          # + LiteLLM measured the same way, in the same run
+    uv run python bench/run.py -d 5 --out bench/results/quick.json
+
+Uses the workplace's shared bench (``../shared/bench``, or ``$BENCH_SHARED``): its fast fake
+upstream, ``compare.py`` (wrk, direct vs. proxy interleaved, CPU and RSS of the proxy sampled from
+/proc) and ``run_peer.sh`` (the same for LiteLLM). Layout on a 2-core machine: wrk and the fake
+upstream on CPU 0, Branchpoint on CPU 1, PostgreSQL (embedded, started by Branchpoint) unpinned.
+
+Scenarios, each on conversations whose path is 20 nodes long:
+  turn c1         one conversation; every call is a turn hung under node 20 (the regenerate
+                  pattern: the lease is taken, the path read, a node stored, the head moved),
+                  so the path stays 20 long however many calls are made;
+  turn c32        the same on 32 conversations at once, one per wrk thread/connection (a custom
+                  wrk script: compare.py sends the same headers on every connection);
+  transform c32   32 connections on ONE conversation, transform calls under node 20 (no lease,
+                  head unmoved): the same storage work without the per-conversation lease.
+Database statements per call are read from the proxy's own counter (/metrics).
+Only processes this script started are stopped, by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-bench-branchpoint"
+MODEL = "gpt-4o-mini"
+PATH_LEN = 20
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def shared_bench() -> Path:
+    for candidate in (os.environ.get("BENCH_SHARED"), ROOT.parent / "shared" / "bench", ROOT.parent.parent / "shared" / "bench"):
+        if candidate and (Path(candidate) / "compare.py").exists():
+            return Path(candidate)
+    raise SystemExit("shared bench not found: set BENCH_SHARED to the folder with compare.py")
+
+
+class Procs:
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+
+    def start(self, cmd: list[str], *, cpus: str | None, log_file: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        if cpus and shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
+            cmd = ["taskset", "-c", cpus, *cmd]
+        proc = subprocess.Popen(cmd, stdout=log_file.open("w"), stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        self.pids.append(proc.pid)
+        return proc
+
+    def stop(self) -> None:
+        for pid in reversed(self.pids):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 20
+        for pid in reversed(self.pids):
+            while time.time() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.1)
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up in {timeout} s")
+
+
+def seed(proxy: str, conversations: int) -> list[tuple[str, str]]:
+    """``conversations`` conversations of PATH_LEN turns each; returns (id, node 20)."""
+    out = []
+    with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as http:
+        for c in range(conversations):
+            cid = f"bench-{c:02d}"
+            node = None
+            for turn in range(PATH_LEN):
+                r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
+                              json={"model": MODEL, "messages": [{"role": "user", "content": f"question {turn} of {cid}"}]})
+                r.raise_for_status()
+                node = r.headers["x-node-id"]
+            out.append((cid, node))
+    return out
+
+
+def statements(proxy: str) -> float:
+    text = httpx.get(f"{proxy}/metrics", timeout=5).text
+    m = re.search(r"^branchpoint_db_statements_total ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else float("nan")
+
+
+def statements_per_call(proxy: str, cid: str, parent: str, calls: int = 200) -> float:
+    with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as http:
+        before = statements(proxy)
+        for i in range(calls):
+            http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Parent-Node-Id": parent},
+                      json={"model": MODEL, "messages": [{"role": "user", "content": f"probe {i}"}]}).raise_for_status()
+        after = statements(proxy)
+    # the /metrics scrape itself runs one statement (pending-node gauge): subtract it
+    return (after - before - 1) / calls
+
+
+def run_compare(bench: Path, label: str, proxy_url: str, headers: list[str], pid: int, args: argparse.Namespace,
+                concurrency: str, out: Path) -> dict:
+    cmd = [sys.executable, str(bench / "compare.py"), "--direct-url", args.upstream_url, "--proxy-url", proxy_url,
+           "--label", label, "--proxy-pid", str(pid), "--concurrency", concurrency, "--modes", args.modes,
+           "-d", str(args.duration), "--load-cpus", "0", "--out", str(out), "--repeats", str(args.repeats)]
+    for h in headers:
+        cmd += ["--proxy-header", h]
+    if args.ttfb:
+        cmd.append("--ttfb")
+    log("compare.py " + label)
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
+    return json.loads(out.read_text())
+
+
+WRK_LUA = r"""
+local conversations = {CONVERSATIONS}
+local n = 0
+function setup(thread)
+  n = n + 1
+  local c = conversations[(n - 1) % #conversations + 1]
+  thread:set("cid", c[1])
+  thread:set("parent", c[2])
+end
+function init(args)
+  wrk.headers["X-Conversation-Id"] = cid
+  wrk.headers["X-Parent-Node-Id"] = parent
+end
+wrk.method = "POST"
+wrk.body = [[BODY]]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer KEY"
+done = function(summary, latency, requests)
+  io.write(string.format('WRKJSON {"requests":%d,"duration_us":%d,"err_status":%d,"err_other":%d,' ..
+    '"p50_us":%d,"p90_us":%d,"p99_us":%d}\n', summary.requests, summary.duration, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99)))
+end
+"""
+
+
+def proc_cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, duration: float, pid: int) -> dict:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
+            "max_tokens": 64, "temperature": 0.2}
+    if stream:
+        body["stream"] = True
+    lua = (WRK_LUA.replace("CONVERSATIONS", ", ".join(f'{{"{c}", "{n}"}}' for c, n in convs))
+           .replace("BODY", json.dumps(body)).replace("KEY", KEY))
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(lua)
+    n = len(convs)
+    cmd = ["taskset", "-c", "0", "wrk", "-t", str(n), "-c", str(n), "-d", f"{int(duration)}s", "--timeout", "10s",
+           "-s", f.name, f"{proxy_url}/chat/completions"]
+    # warm-up, then the measurement
+    subprocess.run([*cmd[:7], "2s", *cmd[8:]], capture_output=True, text=True, timeout=60)
+    ticks_hz = os.sysconf("SC_CLK_TCK")
+    t0, c0 = time.time(), proc_cpu_ticks(pid)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
+    time.sleep(0.5)
+    t1, c1 = time.time(), proc_cpu_ticks(pid)
+    os.unlink(f.name)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
+    if line is None:
+        raise SystemExit(f"wrk failed: {p.stdout}\n{p.stderr}")
+    r = json.loads(line[8:])
+    secs = r["duration_us"] / 1e6
+    return {
+        "concurrency": n, "stream": stream, "requests": r["requests"], "rps": round(r["requests"] / secs, 1),
+        "p50_ms": r["p50_us"] / 1000, "p90_ms": r["p90_us"] / 1000, "p99_ms": r["p99_us"] / 1000,
+        "errors": r["err_status"] + r["err_other"],
+        "cpu_pct": round((c1 - c0) / ticks_hz / (t1 - t0) * 100, 1),
+        "cpu_ms_per_req": round((c1 - c0) / ticks_hz * 1000 / max(1, r["requests"]), 3),
+        "rss_mb": round(proc_rss_mb(pid), 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-d", "--duration", type=float, default=10.0)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--modes", default="nonstream,stream")
+    ap.add_argument("--peer", action="store_true", help="also measure LiteLLM with run_peer.sh, in this run")
+    ap.add_argument("--up-port", type=int, default=18080)
+    ap.add_argument("--port", type=int, default=14001)
+    ap.add_argument("--ttfb", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "results.json"))
+    args = ap.parse_args()
+    args.upstream_url = f"http://127.0.0.1:{args.up_port}/v1"
+    bench = shared_bench()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bp-bench-"))
+    if not shutil.which("wrk"):
+        raise SystemExit("wrk is needed: apt-get install wrk")
+
+    procs = Procs()
+    results: dict = {"meta": {"duration_s": args.duration, "path_len": PATH_LEN, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    try:
+        up = procs.start([sys.executable, str(bench / "fake_upstream.py"), "--port", str(args.up_port)], cpus="0",
+                         log_file=work / "upstream.log")
+        wait_http(f"{args.upstream_url}/models", 20, up)
+        config = work / "bench.toml"
+        config.write_text('[server]\nlog_level = "warning"\n')
+        env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(work / "data"), "BRANCHPOINT_UPSTREAM_URL": args.upstream_url,
+               "BRANCHPOINT_CONFIG": str(config)}
+        env.pop("BRANCHPOINT_DATABASE_URL", None)
+        px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(args.port)], cpus="1",
+                         log_file=work / "proxy.log", env=env)
+        proxy = f"http://127.0.0.1:{args.port}"
+        wait_http(f"{proxy}/readyz", 60, px)
+        log(f"branchpoint pid {px.pid}; seeding 32 conversations x {PATH_LEN} turns")
+        convs = seed(proxy, 32)
+        results["meta"]["db_statements_per_turn_call"] = round(statements_per_call(proxy, convs[0][0], convs[0][1]), 2)
+        log(f"database statements per turn call: {results['meta']['db_statements_per_turn_call']}")
+
+        cid, parent = convs[0]
+        common = [f"Authorization: Bearer {KEY}", f"X-Conversation-Id: {cid}", f"X-Parent-Node-Id: {parent}"]
+        results["turn_c1"] = run_compare(bench, "branchpoint turn", f"{proxy}/v1", common, px.pid, args, "1",
+                                         work / "turn_c1.json")
+        results["transform_c32"] = run_compare(bench, "branchpoint transform", f"{proxy}/v1",
+                                               common + ["X-Node-Kind: transform"], px.pid, args, "32",
+                                               work / "transform_c32.json")
+        results["turn_c32"] = []
+        for mode in args.modes.split(","):
+            log(f"wrk: 32 conversations, turn calls, {mode}")
+            results["turn_c32"].append(run_wrk_turns(f"{proxy}/v1", convs, mode == "stream", args.duration, px.pid))
+        results["meta"]["proxy_rss_mb_end"] = round(proc_rss_mb(px.pid), 1)
+    finally:
+        procs.stop()
+
+    if args.peer:
+        log("LiteLLM via run_peer.sh (installs it on first use)")
+        peer_out = work / "results-litellm.json"
+        env = {**os.environ, "DURATION": str(int(args.duration)), "OUT": str(peer_out), "MODES": args.modes,
+               "UP_PORT": str(args.up_port), "REPEATS": str(args.repeats)}
+        subprocess.run(["bash", str(bench / "run_peer.sh")], env=env, stdout=sys.stderr)
+        if peer_out.exists():
+            results["litellm"] = json.loads(peer_out.read_text())
+
+    out.write_text(json.dumps(results, indent=2))
+    print(table(results))
+    log(f"results: {out}")
+
+
+def table(r: dict) -> str:
+    rows = ["| scenario | direct p50 ms | proxy p50 ms | added p50 ms | proxy p99 ms | proxy req/s | CPU ms/req | RSS MB | errors |",
+            "|---|---|---|---|---|---|---|---|---|"]
+
+    def cells(name: str, sc: dict) -> str:
+        d, p, res = sc["direct"], sc["proxy"], sc.get("proxy_resources", {})
+        return (f"| {name} {sc['name']} | {d['p50_ms']:.3f} | {p['p50_ms']:.3f} | {sc['added_p50_ms']:.3f} | "
+                f"{p['p99_ms']:.3f} | {p['rps']:.0f} | {res.get('cpu_ms_per_req', float('nan')):.3f} | "
+                f"{res.get('rss_max_mb', float('nan')):.0f} | {p['errors']} |")
+
+    for key in ("turn_c1", "transform_c32"):
+        for sc in r.get(key, {}).get("scenarios", []):
+            rows.append(cells(key.split("_")[0], sc))
+    for t in r.get("turn_c32", []):
+        rows.append(f"| turn c32 x 32 conversations {'stream' if t['stream'] else 'non-stream'} | | {t['p50_ms']:.3f} | | "
+                    f"{t['p99_ms']:.3f} | {t['rps']:.0f} | {t['cpu_ms_per_req']:.3f} | {t['rss_mb']:.0f} | {t['errors']} |")
+    for sc in r.get("litellm", {}).get("scenarios", []):
+        rows.append(cells("LiteLLM", sc))
+    rows.append("")
+    rows.append(f"database statements per turn call: {r['meta'].get('db_statements_per_turn_call')}")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()
