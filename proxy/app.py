@@ -23,6 +23,7 @@ from .errors import BranchpointError, error_body
 from .leases import LeaseKeeper
 from .lifecycle import CallLifecycle
 from .metrics import Metrics
+from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_prefixed
 from .routes.health import healthz, metrics, readyz
 from .routes.passthrough import passthrough, passthrough_prefixed
@@ -58,7 +59,7 @@ def _on_storage_error(request: Request[Any, Any, Any], exc: StorageError) -> Res
         log.warning("database unavailable", extra={"path": request.url.path, "error": str(exc)})
         return _json(503, error_body("the database is unavailable; retry shortly", "service_unavailable",
                                      "database_unavailable"), {"retry-after": "1"})
-    log.error("database error", extra={"path": request.url.path, "error": str(exc)})
+    log.error("database error: %s", exc, extra={"path": request.url.path})
     return _json(500, error_body("internal storage error", "server_error", "storage_error"))
 
 
@@ -135,6 +136,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             healthz,
             readyz,
             metrics,
+            AdminController,
         ],
         lifespan=[lifespan],
         exception_handlers={

@@ -18,11 +18,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
+
 __all__ = [
     "Assembled",
     "PathLike",
     "Target",
     "assemble",
+    "build_body",
     "pair_check",
     "shape_received",
 ]
@@ -184,3 +187,23 @@ def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], targ
         body.extend(new_items)
     kept, dropped = pair_check(body)
     return Assembled(system + kept, dropped)
+
+
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
+
+
+def build_body(params: dict[str, Any], messages: list[dict[str, Any]], *, stream: bool) -> bytes:
+    """The exact bytes sent upstream: the client's other fields untouched, the assembled
+    ``messages``, and -- for a stream -- ``stream_options.include_usage`` so usage is captured.
+
+    Keys are sorted: the body is then a pure function of values that survive a round trip
+    through PostgreSQL's ``jsonb``, so ``GET /admin/nodes/{id}/request`` can rebuild it byte for
+    byte and check it against the stored hash."""
+    body = dict(params)
+    body["messages"] = messages
+    if stream:
+        options = body.get("stream_options")
+        options = dict(options) if isinstance(options, dict) else {}
+        options["include_usage"] = True
+        body["stream_options"] = options
+    return _encode_sorted(body)

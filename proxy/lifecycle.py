@@ -24,7 +24,7 @@ import msgspec
 
 from storage import uuid7
 
-from .assembly import Target, assemble
+from .assembly import Target, assemble, build_body
 from .errors import (
     BranchpointError,
     ConversationBusy,
@@ -90,6 +90,7 @@ class _Started:
     node_id: uuid.UUID
     tree_id: uuid.UUID
     parent_id: uuid.UUID | None
+    params: dict[str, Any]
     request_hash: bytes | None = None
 
     def headers(self) -> list[tuple[str, str]]:
@@ -152,18 +153,8 @@ class CallLifecycle:
                 param="X-Parent-Node-Id",
             )
         assert begun.tree_id is not None
-        started = _Started(call, node_id, begun.tree_id, begun.parent_id)
+        started = _Started(call, node_id, begun.tree_id, begun.parent_id, params)
         return started, begun.path
-
-    def _request_body(self, call: ChatCall, messages: list[dict[str, Any]]) -> bytes:
-        body = dict(call.body)
-        body["messages"] = messages
-        if call.stream:
-            options = body.get("stream_options")
-            options = dict(options) if isinstance(options, dict) else {}
-            options["include_usage"] = True
-            body["stream_options"] = options
-        return _encode(body)
 
     # -- finish ------------------------------------------------------------------------------
 
@@ -174,6 +165,8 @@ class CallLifecycle:
         stays pending and the reaper marks it interrupted once its lease runs out."""
         self.s.leases.untrack(started.node_id)
         call = started.call
+        if error is not None:
+            error = {**error, "kind": outcome}  # which row of the SPEC §4 table applied
         try:
             await self.s.tree.finish_call(
                 tree_id=started.tree_id,
@@ -208,7 +201,7 @@ class CallLifecycle:
                 log.warning("pairing check dropped items", extra={
                     "conversation_id": call.conversation_id, "node_id": str(started.node_id),
                     "dropped": assembled.dropped})
-            payload = self._request_body(call, assembled.messages)
+            payload = build_body(started.params, assembled.messages, stream=call.stream)
             started.request_hash = hashlib.sha256(payload).digest()
             headers = self.s.upstream.request_headers(upstream, call.headers, call.client_key)
             request = self.s.upstream.build("POST", upstream, "chat/completions", headers=headers, content=payload)

@@ -23,24 +23,45 @@ LANGUAGE sql STABLE AS $$
       FROM up ORDER BY lvl DESC
 $$;
 
--- bp_reachable(tree, conversation, node): may `conversation` use `node` as a parent although
--- another conversation made it?  Yes when the node lies on the path of one of the conversation's
--- own nodes, of its head, or of its fork point (a fork reaches back into its source).
-CREATE OR REPLACE FUNCTION bp_reachable(p_tree uuid, p_tenant text, p_conversation text, p_node uuid)
+-- bp_visible_foreign(tree, tenant, conversation): the nodes another conversation made that this
+-- one can see -- everything on the paths of its own nodes, its head and its fork point (a fork
+-- reaches back into its source; compaction originals included, so they can be unfolded).
+-- Empty for a conversation that is not a fork: only forks share a tree.
+CREATE OR REPLACE FUNCTION bp_visible_foreign(p_tree uuid, p_tenant text, p_conversation text)
+RETURNS SETOF uuid
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE seeds AS (
+        SELECT n.parent_id AS id FROM nodes n
+         WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation AND n.parent_id IS NOT NULL
+        UNION
+        SELECT n.compacted_from FROM nodes n
+         WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation AND n.compacted_from IS NOT NULL
+        UNION
+        SELECT x.id FROM conversations c, LATERAL (VALUES (c.head_node_id), (c.fork_node_id)) x(id)
+         WHERE c.tenant = p_tenant AND c.id = p_conversation AND c.fork_node_id IS NOT NULL AND x.id IS NOT NULL
+    ), up AS (
+        SELECT n.id, n.parent_id, n.compacted_from, n.conversation_id
+          FROM seeds JOIN nodes n ON n.tree_id = p_tree AND n.id = seeds.id
+        UNION
+        SELECT n.id, n.parent_id, n.compacted_from, n.conversation_id
+          FROM up JOIN nodes n ON n.tree_id = p_tree AND n.id IN (up.parent_id, up.compacted_from)
+    )
+    SELECT up.id FROM up, conversations c
+     WHERE c.tenant = p_tenant AND c.id = p_conversation AND c.fork_node_id IS NOT NULL
+       AND up.conversation_id <> p_conversation
+$$;
+
+-- bp_node_in_conversation(tree, tenant, conversation, node): the rule for every node a request
+-- names (a parent, a new head, a switch or fork start): made by this conversation, or visible
+-- to it (bp_visible_foreign).
+CREATE OR REPLACE FUNCTION bp_node_in_conversation(p_tree uuid, p_tenant text, p_conversation text, p_node uuid)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    WITH RECURSIVE down AS (
-        SELECT n.id, n.conversation_id FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node
-        UNION ALL
-        SELECT n.id, n.conversation_id FROM nodes n
-          JOIN down ON n.tree_id = p_tree AND n.parent_id = down.id
-    )
     SELECT EXISTS (
-        SELECT 1 FROM down
-          LEFT JOIN conversations c ON c.tenant = p_tenant AND c.id = p_conversation
-         WHERE down.conversation_id = p_conversation
-            OR down.id = c.head_node_id
-            OR down.id = c.fork_node_id
+        SELECT 1 FROM nodes n
+         WHERE n.tree_id = p_tree AND n.id = p_node AND n.tenant = p_tenant
+           AND (n.conversation_id = p_conversation
+                OR n.id IN (SELECT bp_visible_foreign(p_tree, p_tenant, p_conversation)))
     )
 $$;
 
@@ -237,11 +258,9 @@ BEGIN
     IF p_parent_mode = 'root' THEN
         v_parent := NULL;
     ELSIF p_parent_mode = 'node' THEN
-        SELECT n.id, n.depth, n.tenant, n.conversation_id INTO v_par
+        SELECT n.id, n.depth INTO v_par
           FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = p_parent;
-        IF NOT FOUND OR v_par.tenant <> p_tenant
-           OR (v_par.conversation_id <> p_conversation
-               AND NOT bp_reachable(conv.tree_id, p_tenant, p_conversation, p_parent)) THEN
+        IF NOT FOUND OR NOT bp_node_in_conversation(conv.tree_id, p_tenant, p_conversation, p_parent) THEN
             RETURN QUERY SELECT 'parent_not_found', conv.tree_id, NULL::uuid, NULL::uuid, NULL::uuid,
                 NULL, NULL, NULL::jsonb, NULL::jsonb, NULL, NULL, NULL::jsonb, NULL::uuid;
             RETURN;
@@ -288,5 +307,199 @@ BEGIN
             p.sent, p.received, p.provider, p.model, p.usage, p.compacted_from
           FROM bp_path(conv.tree_id, v_parent) p;
     END IF;
+END
+$$;
+
+-- bp_lock_for_head_move(tenant, conversation): lock a conversation for a head move (admin API).
+-- Returns the row, or no row when the conversation does not exist. A turn call in flight makes
+-- it 'busy' (caller answers 409); a dead process's lease is reaped first.
+CREATE OR REPLACE FUNCTION bp_lock_for_head_move(p_tenant text, p_conversation text, OUT outcome text,
+                                                 OUT conv conversations)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'conversation_not_found';
+        RETURN;
+    END IF;
+    IF conv.lease_node_id IS NOT NULL THEN
+        IF conv.lease_until > now() THEN
+            outcome := 'busy';
+            RETURN;
+        END IF;
+        PERFORM bp_reap(conv.tree_id, conv.lease_node_id);
+        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+        IF conv.lease_node_id IS NOT NULL THEN
+            outcome := 'busy';
+            RETURN;
+        END IF;
+    END IF;
+    outcome := 'ok';
+END
+$$;
+
+-- bp_set_head(tenant, conversation, node): PUT /admin/conversations/{id}/head. A null node clears
+-- the conversation's context (the next call starts a new root; nothing is deleted).
+-- Returns 'ok', 'busy', 'conversation_not_found', 'node_not_found' or 'node_pending'.
+CREATE OR REPLACE FUNCTION bp_set_head(p_tenant text, p_conversation text, p_node uuid)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM bp_lock_for_head_move(p_tenant, p_conversation);
+    IF r.outcome <> 'ok' THEN
+        RETURN r.outcome;
+    END IF;
+    IF p_node IS NOT NULL THEN
+        IF NOT bp_node_in_conversation((r.conv).tree_id, p_tenant, p_conversation, p_node) THEN
+            RETURN 'node_not_found';
+        END IF;
+        IF EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = (r.conv).tree_id AND n.id = p_node AND n.status = 'pending') THEN
+            RETURN 'node_pending';
+        END IF;
+    END IF;
+    UPDATE conversations c SET head_node_id = p_node, updated_at = clock_timestamp()
+     WHERE c.tenant = p_tenant AND c.id = p_conversation;
+    RETURN 'ok';
+END
+$$;
+
+-- bp_switch(tenant, conversation, node): the branch arrows. From `node` down to a leaf, at each
+-- step the newest child that could be a head (a turn that succeeded or failed transiently, or
+-- the compaction node that replaced it), among the nodes this conversation can see; the head
+-- moves there. Returns (outcome, head) with the outcomes of bp_set_head.
+CREATE OR REPLACE FUNCTION bp_switch(p_tenant text, p_conversation text, p_node uuid,
+                                     OUT outcome text, OUT head uuid)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    v_tree uuid;
+    v_visible uuid[] := '{}';
+    v_next uuid;
+BEGIN
+    SELECT * INTO r FROM bp_lock_for_head_move(p_tenant, p_conversation);
+    outcome := r.outcome;
+    IF outcome <> 'ok' THEN
+        RETURN;
+    END IF;
+    v_tree := (r.conv).tree_id;
+    IF NOT bp_node_in_conversation(v_tree, p_tenant, p_conversation, p_node) THEN
+        outcome := 'node_not_found';
+        RETURN;
+    END IF;
+    IF (r.conv).fork_node_id IS NOT NULL THEN
+        v_visible := ARRAY(SELECT bp_visible_foreign(v_tree, p_tenant, p_conversation));
+    END IF;
+    head := p_node;
+    LOOP
+        SELECT n.id INTO v_next FROM nodes n
+         WHERE n.tree_id = v_tree
+           AND ((n.parent_id = head AND n.kind = 'turn')
+                OR (n.kind = 'compaction' AND n.compacted_from = head))
+           AND (n.status = 'success'
+                OR (n.status = 'failed' AND coalesce(n.error->>'kind', 'transient') = 'transient'))
+           AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))
+         ORDER BY n.created_at DESC, n.id DESC
+         LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        head := v_next;
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v_tree AND n.id = head AND n.status = 'pending') THEN
+        outcome := 'node_pending';
+        RETURN;
+    END IF;
+    UPDATE conversations c SET head_node_id = head, updated_at = clock_timestamp()
+     WHERE c.tenant = p_tenant AND c.id = p_conversation;
+END
+$$;
+
+-- bp_fork(tenant, source, new id, node): POST /admin/conversations/{id}/fork. A new conversation
+-- of the same tree whose head is `node` (default: the source's head). Nothing is copied.
+-- Returns 'ok', 'conversation_not_found', 'node_not_found' or 'exists'.
+CREATE OR REPLACE FUNCTION bp_fork(p_tenant text, p_source text, p_new text, p_node uuid, p_use_head boolean)
+RETURNS TABLE (outcome text, head uuid)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    src conversations%ROWTYPE;
+    v_node uuid := p_node;
+BEGIN
+    SELECT * INTO src FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_source;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'conversation_not_found', NULL::uuid;
+        RETURN;
+    END IF;
+    IF p_use_head THEN
+        v_node := src.head_node_id;
+    ELSIF v_node IS NULL OR NOT bp_node_in_conversation(src.tree_id, p_tenant, p_source, v_node) THEN
+        RETURN QUERY SELECT 'node_not_found', NULL::uuid;
+        RETURN;
+    END IF;
+    INSERT INTO conversations (tenant, id, tree_id, head_node_id, forked_from, fork_node_id, compactions)
+    VALUES (p_tenant, p_new, src.tree_id, v_node, p_source, v_node, src.compactions)
+    ON CONFLICT (tenant, id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'exists', NULL::uuid;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'ok', v_node;
+END
+$$;
+
+-- bp_delete_conversation(tenant, conversation): DELETE /admin/conversations/{id}. Deletes the
+-- conversation and its nodes -- except those another conversation of the tree (a fork) still
+-- reaches, which stay so that the fork's context never breaks; they go once nothing reaches
+-- them. Refused ('busy') while a call of the conversation is in flight.
+-- Returns (outcome, deleted nodes, kept nodes).
+CREATE OR REPLACE FUNCTION bp_delete_conversation(p_tenant text, p_conversation text,
+                                                  OUT outcome text, OUT deleted integer, OUT kept integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+BEGIN
+    deleted := 0;
+    kept := 0;
+    SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'conversation_not_found';
+        RETURN;
+    END IF;
+    IF (conv.lease_node_id IS NOT NULL AND conv.lease_until > now())
+       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation
+                                          AND n.status = 'pending' AND n.lease_until > now()) THEN
+        outcome := 'busy';
+        RETURN;
+    END IF;
+    DELETE FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+    outcome := 'ok';
+
+    IF NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = conv.tree_id) THEN
+        DELETE FROM nodes n WHERE n.tree_id = conv.tree_id;  -- the tree has no other conversation
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        RETURN;
+    END IF;
+
+    WITH RECURSIVE seeds AS (
+        SELECT n.id FROM nodes n
+          JOIN conversations c ON c.tenant = n.tenant AND c.id = n.conversation_id
+         WHERE n.tree_id = conv.tree_id
+        UNION
+        SELECT x.id FROM conversations c, LATERAL (VALUES (c.head_node_id), (c.fork_node_id)) x(id)
+         WHERE c.tree_id = conv.tree_id AND x.id IS NOT NULL
+    ), live AS (
+        SELECT n.id, n.parent_id, n.compacted_from FROM seeds JOIN nodes n ON n.tree_id = conv.tree_id AND n.id = seeds.id
+        UNION
+        SELECT n.id, n.parent_id, n.compacted_from FROM live
+          JOIN nodes n ON n.tree_id = conv.tree_id AND n.id IN (live.parent_id, live.compacted_from)
+    ), gone AS (
+        DELETE FROM nodes n
+         WHERE n.tree_id = conv.tree_id
+           AND NOT EXISTS (SELECT 1 FROM live WHERE live.id = n.id)
+           AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tenant = n.tenant AND c.id = n.conversation_id)
+        RETURNING 1
+    )
+    SELECT count(*) INTO deleted FROM gone;
+    SELECT count(*) INTO kept FROM nodes n WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation;
 END
 $$;

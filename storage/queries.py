@@ -30,3 +30,101 @@ REAP_NODE = "SELECT bp_reap($1, $2)"
 
 # The path from a node to its top, root first.  $1 tree, $2 node
 PATH = "SELECT * FROM bp_path($1, $2)"
+
+# ---- admin API ------------------------------------------------------------------------------
+
+_CONVERSATION_FIELDS = """
+    c.id, c.tree_id, c.head_node_id, c.forked_from, c.fork_node_id, c.created_at, c.updated_at,
+    (c.lease_node_id IS NOT NULL AND c.lease_until > now()) AS busy,
+    (SELECT count(*) FROM nodes n WHERE n.tenant = c.tenant AND n.conversation_id = c.id
+                                     AND n.tree_id = c.tree_id) AS node_count
+"""
+
+# One conversation.  $1 tenant, $2 conversation
+CONVERSATION = f"SELECT {_CONVERSATION_FIELDS} FROM conversations c WHERE c.tenant = $1 AND c.id = $2"
+
+# A page of conversations, newest first, after the cursor (created_at, id).
+# $1 tenant, $2 cursor created_at (null: first page), $3 cursor id, $4 limit
+CONVERSATIONS_PAGE = f"""
+SELECT {_CONVERSATION_FIELDS} FROM conversations c
+ WHERE c.tenant = $1 AND ($2::timestamptz IS NULL OR (c.created_at, c.id) < ($2, $3))
+ ORDER BY c.created_at DESC, c.id DESC
+ LIMIT $4
+"""
+
+# Move the head.  $1 tenant, $2 conversation, $3 node (null: clear)
+SET_HEAD = "SELECT bp_set_head($1, $2, $3)"
+
+# Branch arrows: from a node down to the newest leaf.  $1 tenant, $2 conversation, $3 node
+SWITCH = "SELECT * FROM bp_switch($1, $2, $3)"
+
+# Fork.  $1 tenant, $2 source, $3 new id, $4 node, $5 use the source's head
+FORK = "SELECT * FROM bp_fork($1, $2, $3, $4, $5)"
+
+# Delete a conversation, keeping what forks still reach.  $1 tenant, $2 conversation
+DELETE_CONVERSATION = "SELECT * FROM bp_delete_conversation($1, $2)"
+
+# The nodes of other conversations this one can see (forks only).  $1 tree, $2 tenant, $3 conversation
+VISIBLE_FOREIGN = "SELECT array(SELECT bp_visible_foreign($1, $2, $3))"
+
+_NODE_FIELDS = """
+    n.id, n.conversation_id, n.parent_id, n.kind, n.status, n.sent, n.received, n.model, n.provider,
+    n.params, n.usage, n.finish_reason, n.error, n.compacted_from, n.depth, n.created_at, n.finished_at
+"""
+
+# The head path, root first, each node with its place among its siblings (same kind, same parent;
+# roots among the conversation's roots; compaction nodes among those replacing the same node),
+# counting only nodes this conversation can see.
+# $1 tree, $2 head, $3 conversation, $4 visible foreign node ids
+PATH_WITH_SIBLINGS = f"""
+WITH RECURSIVE up AS (
+    SELECT n.*, 0 AS lvl FROM nodes n WHERE n.tree_id = $1 AND n.id = $2
+    UNION ALL
+    SELECT n.*, up.lvl + 1 FROM nodes n JOIN up ON n.tree_id = $1 AND n.id = up.parent_id
+)
+SELECT {_NODE_FIELDS.replace("n.", "p.")}, s.sibling_index, s.sibling_count
+  FROM up p
+  CROSS JOIN LATERAL (
+      SELECT coalesce(sum(i), 0)::int AS sibling_index, coalesce(sum(c), 0)::int AS sibling_count FROM (
+          SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p.created_at, p.id)) AS i, count(*) AS c
+            FROM nodes n
+           WHERE p.parent_id IS NOT NULL AND n.tree_id = $1 AND n.parent_id = p.parent_id AND n.kind = p.kind
+             AND (n.conversation_id = $3 OR n.id = ANY($4))
+          UNION ALL
+          SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p.created_at, p.id)), count(*)
+            FROM nodes n
+           WHERE p.parent_id IS NULL AND p.kind <> 'compaction' AND n.tree_id = $1 AND n.parent_id IS NULL
+             AND n.kind = p.kind AND (n.conversation_id = $3 OR n.id = ANY($4))
+          UNION ALL
+          SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p.created_at, p.id)), count(*)
+            FROM nodes n
+           WHERE p.kind = 'compaction' AND n.tree_id = $1 AND n.kind = 'compaction'
+             AND n.compacted_from = p.compacted_from AND (n.conversation_id = $3 OR n.id = ANY($4))
+      ) parts
+  ) s
+ ORDER BY p.lvl DESC
+"""
+
+# Every node of a conversation (and the nodes of its source it can see), oldest first, with a
+# short preview instead of the full items.  $1 tree, $2 tenant, $3 conversation, $4 visible foreign
+TREE = """
+SELECT n.id, n.conversation_id, n.parent_id, n.kind, n.status, n.model, n.usage, n.created_at,
+       n.finish_reason, n.compacted_from,
+       left(coalesce(n.received -> 0 ->> 'content', n.sent -> -1 ->> 'content'), 200) AS preview
+  FROM nodes n
+ WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))
+ ORDER BY n.created_at, n.id
+"""
+
+# One node of the caller's tenant.  $1 node, $2 tenant
+NODE = f"SELECT {_NODE_FIELDS}, n.tree_id, n.request_hash FROM nodes n WHERE n.id = $1 AND n.tenant = $2"
+
+# The children of a node, oldest first.  $1 tree, $2 node, $3 tenant
+CHILDREN = f"""
+SELECT {_NODE_FIELDS} FROM nodes n
+ WHERE n.tree_id = $1 AND n.parent_id = $2 AND n.tenant = $3
+ ORDER BY n.created_at, n.id
+"""
+
+# The path of a node's parent with the times needed to replay its assembly.  $1 tree, $2 node
+PATH_AS_OF = "SELECT * FROM bp_path($1, $2)"

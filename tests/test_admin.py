@@ -1,0 +1,149 @@
+"""The admin API endpoints (SPEC §6), through HTTP, tenant-scoped."""
+
+import uuid
+
+import pytest
+
+from .fakes import Reply
+
+MODEL = "gpt-4o-mini"
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def say(client, cid, *messages, parent=None, **kw):
+    headers = {"X-Conversation-Id": cid}
+    if parent:
+        headers["X-Parent-Node-Id"] = parent
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=list(messages), extra_headers=headers, **kw)
+    return raw.parse(), raw.headers
+
+
+def test_list_conversations_newest_first_with_cursor_pagination(proxy, upstream, key):
+    client, http = proxy.openai(key), proxy.http(key)
+    ids = [f"list-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)]
+    for cid in ids:
+        say(client, cid, user("hi"))
+    seen, cursor, pages = [], None, 0
+    while True:
+        r = http.get("/admin/conversations", params={"limit": 2, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200
+        body = r.json()
+        assert body["object"] == "list" and len(body["data"]) <= 2
+        seen += [c["id"] for c in body["data"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids)) and pages == 3
+    # another tenant sees none of them
+    assert proxy.http("sk-other-tenant-" + uuid.uuid4().hex).get("/admin/conversations").json()["data"] == []
+    assert http.get("/admin/conversations", params={"limit": 0}).status_code == 400
+    assert http.get("/admin/conversations", params={"cursor": "garbage!"}).json()["error"]["code"] == "invalid_request"
+
+
+def test_get_conversation_fields(proxy, upstream, key, cid):
+    client, http = proxy.openai(key), proxy.http(key)
+    _, h = say(client, cid, user("hi"))
+    say(client, cid, user("again"))
+    c = http.get(f"/admin/conversations/{cid}").json()
+    assert {"id", "head_node_id", "node_count", "busy", "created_at", "updated_at"} <= set(c)
+    assert c["id"] == cid and c["node_count"] == 2 and c["busy"] is False
+    assert http.get("/admin/conversations/does-not-exist").json()["error"]["code"] == "conversation_not_found"
+    assert http.get("/admin/conversations/bad%20id").json()["error"]["code"] == "invalid_conversation_id"
+    assert proxy.http("sk-stranger").get(f"/admin/conversations/{cid}").status_code == 404
+
+
+def test_node_children_tree_and_path(proxy, upstream, key, cid):
+    client, http = proxy.openai(key), proxy.http(key)
+    _, a = say(client, cid, user("root question"), temperature=0.5)
+    _, b1 = say(client, cid, user("first follow-up"))
+    _, b2 = say(client, cid, user("second follow-up"), parent=a["x-node-id"])
+    node = http.get(f"/admin/nodes/{a['x-node-id']}").json()
+    for field in ("id", "conversation_id", "parent_id", "kind", "status", "sent", "received", "model", "provider",
+                  "params", "usage", "finish_reason", "error", "compacted_from", "depth", "created_at", "finished_at"):
+        assert field in node, field
+    assert node["params"]["temperature"] == 0.5 and node["sent"] == [user("root question")]
+    children = http.get(f"/admin/nodes/{a['x-node-id']}/children").json()
+    assert children["object"] == "list"
+    assert [c["id"] for c in children["data"]] == [b1["x-node-id"], b2["x-node-id"]]  # oldest first
+    tree = http.get(f"/admin/conversations/{cid}/tree").json()
+    assert {n["id"] for n in tree["data"]} == {a["x-node-id"], b1["x-node-id"], b2["x-node-id"]}
+    assert tree["head_node_id"] == b2["x-node-id"]
+    by_id = {n["id"]: n for n in tree["data"]}
+    assert by_id[b1["x-node-id"]]["parent_id"] == a["x-node-id"]
+    assert by_id[b1["x-node-id"]]["preview"] == "echo: first follow-up"
+    assert {"kind", "status", "model", "usage", "created_at"} <= set(by_id[a["x-node-id"]])
+    path = http.get(f"/admin/conversations/{cid}/path").json()["data"]
+    assert [(n["id"], n["sibling_index"], n["sibling_count"]) for n in path] == [
+        (a["x-node-id"], 1, 1), (b2["x-node-id"], 2, 2)]
+    # unknown / foreign / malformed node ids
+    assert http.get(f"/admin/nodes/{uuid.uuid4()}").json()["error"]["code"] == "node_not_found"
+    assert proxy.http("sk-stranger").get(f"/admin/nodes/{a['x-node-id']}").status_code == 404
+    assert proxy.http("sk-stranger").get(f"/admin/nodes/{a['x-node-id']}/children").status_code == 404
+    assert http.get("/admin/nodes/not-a-uuid").status_code == 400
+
+
+def test_request_of_a_node_is_exactly_what_the_upstream_received(proxy, upstream, key, cid):
+    client, http = proxy.openai(key), proxy.http(key)
+    system = {"role": "system", "content": "be exact"}
+    say(client, cid, system, user("one"), extra_body={"custom": {"b": 1, "a": [1.5, 2]}})
+    upstream.enqueue(Reply(content=None, tool_calls=[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]))
+    say(client, cid, user("two"), temperature=0.2)
+    _, h = say(client, cid, {"role": "tool", "tool_call_id": "c1", "content": "result"}, max_tokens=50)
+    received = upstream.last.body
+    r = http.get(f"/admin/nodes/{h['x-node-id']}/request")
+    assert r.status_code == 200
+    assert r.json() == received
+    assert r.headers["x-request-verified"] == "true"
+    # streamed calls too (the stream_options we add are part of what was sent)
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[user("s")], stream=True,
+                                                           extra_headers={"X-Conversation-Id": cid})
+    list(raw.parse())
+    r = http.get(f"/admin/nodes/{raw.headers['x-node-id']}/request")
+    assert r.json() == upstream.last.body and r.headers["x-request-verified"] == "true"
+
+
+def test_request_replay_of_an_old_node_ignores_later_answers(proxy, upstream, key, cid):
+    client, http = proxy.openai(key), proxy.http(key)
+    _, a = say(client, cid, user("first"))
+    first_request = upstream.last.body
+    say(client, cid, user("second"))
+    r = http.get(f"/admin/nodes/{a['x-node-id']}/request")
+    assert r.json() == first_request and r.headers["x-request-verified"] == "true"
+
+
+def test_admin_needs_a_key(proxy):
+    import httpx
+
+    r = httpx.get(f"{proxy.url}/admin/conversations")
+    assert r.status_code == 401 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("put", "/admin/conversations/{cid}/head", {"node": "x"}),
+    ("put", "/admin/conversations/{cid}/head", {"node_id": "not-a-uuid"}),
+    ("post", "/admin/conversations/{cid}/switch", {}),
+    ("post", "/admin/conversations/{cid}/fork", {"conversation_id": "bad id with spaces"}),
+])
+def test_invalid_admin_bodies_are_400(proxy, upstream, key, cid, method, path, body):
+    client, http = proxy.openai(key), proxy.http(key)
+    say(client, cid, user("x"))
+    r = getattr(http, method)(path.format(cid=cid), json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] in ("invalid_request", "invalid_conversation_id")
+
+
+def test_head_and_switch_errors(proxy, upstream, key, cid):
+    client, http = proxy.openai(key), proxy.http(key)
+    say(client, cid, user("x"))
+    _, other = say(client, cid + "-2", user("y"))
+    r = http.put(f"/admin/conversations/{cid}/head", json={"node_id": other["x-node-id"]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "node_not_found"
+    r = http.put(f"/admin/conversations/{cid}-missing/head", json={"node_id": None})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "conversation_not_found"
+    r = http.post(f"/admin/conversations/{cid}/switch", json={"node_id": other["x-node-id"]})
+    assert r.status_code == 404

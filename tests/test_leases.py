@@ -1,0 +1,150 @@
+"""The in-flight lease lives in PostgreSQL: it holds across proxy processes, lives as long as the
+call does, and a crashed process's call is reaped as ``interrupted``."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from .conftest import Db, make_settings, new_key, serve_proxy
+from .fakes import Reply, free_port
+
+MODEL = "gpt-4o-mini"
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def say(client, cid, text, **kw):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user(text)], extra_headers={"X-Conversation-Id": cid}, **kw)
+    return raw.parse(), raw.headers
+
+
+def wait_until(predicate, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_lease_holds_across_two_proxy_instances(fresh_database_url, upstream_url, upstream, key, cid):
+    settings = make_settings(fresh_database_url, upstream_url)
+    with serve_proxy(settings) as a, serve_proxy(settings) as b:
+        say(a.openai(key), cid, "setup")
+        upstream.enqueue(Reply(content="slow", delay=1.0))
+        t = threading.Thread(target=lambda: say(a.openai(key), cid, "long call on A"))
+        t.start()
+        upstream.wait_for(2)
+        with pytest.raises(openai.ConflictError) as e:
+            say(b.openai(key), cid, "meanwhile on B")
+        assert e.value.body["code"] == "conversation_busy"
+        assert b.http(key).put(f"/admin/conversations/{cid}/head", json={"node_id": None}).status_code == 409
+        t.join()
+        _, h = say(b.openai(key), cid, "after")
+        assert "long call on A" in upstream.last.text()  # B sees what A stored
+        assert h["x-node-id"]
+
+
+def test_a_live_call_keeps_its_lease_however_long_it_takes(fresh_database_url, upstream_url, upstream, key, cid):
+    fast = {"server": {"lease_seconds": 0.6, "reaper_interval_seconds": 0.1}}
+    settings = make_settings(fresh_database_url, upstream_url, **fast)
+    db = Db(fresh_database_url)
+    with serve_proxy(settings) as a, serve_proxy(settings) as b:
+        upstream.enqueue(Reply(content="took a while", delay=2.5))  # four times the lease
+        result = {}
+        t = threading.Thread(target=lambda: result.update(zip(("c", "h"), say(a.openai(key), cid, "slow"))))
+        t.start()
+        upstream.wait_for(1)
+        time.sleep(1.5)  # well past the lease: B's reaper ran many times
+        with pytest.raises(openai.ConflictError):
+            say(b.openai(key), cid, "still busy?")
+        assert db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND status = 'failed'", cid) == 0
+        t.join()
+        assert result["c"].choices[0].message.content == "took a while"
+        assert db.node(result["h"]["x-node-id"])["status"] == "success"
+        assert db.head(cid) == result["h"]["x-node-id"]
+
+
+def _spawn_proxy(database_url, upstream_url, lease_seconds, tmp_path):
+    port = free_port()
+    config = tmp_path / "crash.toml"
+    config.write_text(f"[server]\nlease_seconds = {lease_seconds}\nlog_level = \"warning\"\n")
+    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+           "BRANCHPOINT_CONFIG": str(config)}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return proc.poll() is not None and pytest.fail("proxy process exited")
+
+    wait_until(ready, 30, "the proxy process to start")
+    return proc, url
+
+
+def test_a_crashed_process_is_reaped_as_interrupted(fresh_database_url, upstream_url, upstream, cid, tmp_path):
+    key = new_key()
+    db = Db(fresh_database_url)
+    proc, url = _spawn_proxy(fresh_database_url, upstream_url, 1.0, tmp_path)
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
+        say(client, cid, "before the crash")
+        upstream.enqueue(Reply(kind="hang"))
+        t = threading.Thread(target=lambda: pytest.raises(openai.APIConnectionError, say, client, cid, "the call that dies"),
+                             daemon=True)
+        t.start()
+        upstream.wait_for(2)
+        node = wait_until(lambda: db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND status = 'pending'", cid),
+                          what="the pending node")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # no finally blocks, no shutdown: a crash
+        proc.wait()
+    # a surviving instance's periodic reaper -- not a call -- marks it interrupted after the lease
+    settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 1.0, "reaper_interval_seconds": 0.2})
+    with serve_proxy(settings) as survivor:
+        row = wait_until(lambda: (r := db.node(node["id"]))["status"] == "failed" and r, 15, "the reaper")
+        assert row["error"]["code"] == "interrupted" and row["finished_at"] is not None
+        assert db.head(cid) == str(node["id"])  # a transient failure: the failed node is the head
+        assert db.fetchval("SELECT lease_node_id FROM conversations WHERE id = $1", cid) is None
+        # the SDK's retry of the same items hangs beside it; the conversation is usable again
+        _, h = say(survivor.openai(key), cid, "the call that dies")
+        assert h["x-parent-node-id"] == str(node["parent_id"])
+        assert upstream.last.messages[-1] == user("the call that dies")
+
+
+def test_the_next_call_reaps_an_expired_lease_itself(fresh_database_url, upstream_url, upstream, key, cid):
+    # reaper effectively off: only the next call can notice the dead lease
+    settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 0.5, "reaper_interval_seconds": 3600})
+    db = Db(fresh_database_url)
+    with serve_proxy(settings) as p:
+        say(p.openai(key), cid, "first")
+        # simulate a process that died mid-call: a pending node holding the lease, never renewed
+        db.fetch("""
+            WITH c AS (SELECT * FROM conversations WHERE id = $1), n AS (
+                INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, status, sent, sent_hash,
+                                   depth, lease_until)
+                SELECT c.tree_id, gen_random_uuid(), c.tenant, c.id, c.head_node_id, 'turn', 'pending',
+                       '[{"role": "user", "content": "lost"}]', '\\x00', 1, now() - interval '1 second' FROM c
+                RETURNING id, tenant, conversation_id)
+            UPDATE conversations SET lease_node_id = n.id, lease_until = now() - interval '1 second'
+              FROM n WHERE conversations.tenant = n.tenant AND conversations.id = n.conversation_id""", cid)
+        _, h = say(p.openai(key), cid, "next")
+        lost = db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND sent->0->>'content' = 'lost'", cid)
+        assert lost["status"] == "failed" and lost["error"]["code"] == "interrupted"
+        assert h["x-parent-node-id"] == str(lost["id"])  # reaped, made the head, then built upon
+        assert "lost" in upstream.last.text()
+
