@@ -56,7 +56,7 @@ def _on_branchpoint_error(_: Request[Any, Any, Any], exc: BranchpointError) -> R
 
 def _on_storage_error(request: Request[Any, Any, Any], exc: StorageError) -> Response[bytes]:
     if isinstance(exc, StorageUnavailable):
-        log.warning("database unavailable", extra={"path": request.url.path, "error": str(exc)})
+        log.warning("database unavailable: %r", exc.__cause__, extra={"path": request.url.path})
         return _json(503, error_body("the database is unavailable; retry shortly", "service_unavailable",
                                      "database_unavailable"), {"retry-after": "1"})
     log.error("database error: %s", exc, extra={"path": request.url.path})

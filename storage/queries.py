@@ -77,13 +77,8 @@ _NODE_FIELDS = """
 # counting only nodes this conversation can see.
 # $1 tree, $2 head, $3 conversation, $4 visible foreign node ids
 PATH_WITH_SIBLINGS = f"""
-WITH RECURSIVE up AS (
-    SELECT n.*, 0 AS lvl FROM nodes n WHERE n.tree_id = $1 AND n.id = $2
-    UNION ALL
-    SELECT n.*, up.lvl + 1 FROM nodes n JOIN up ON n.tree_id = $1 AND n.id = up.parent_id
-)
 SELECT {_NODE_FIELDS.replace("n.", "p.")}, s.sibling_index, s.sibling_count
-  FROM up p
+  FROM bp_path($1, $2) WITH ORDINALITY p
   CROSS JOIN LATERAL (
       SELECT coalesce(sum(i), 0)::int AS sibling_index, coalesce(sum(c), 0)::int AS sibling_count FROM (
           SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p.created_at, p.id)) AS i, count(*) AS c
@@ -102,7 +97,7 @@ SELECT {_NODE_FIELDS.replace("n.", "p.")}, s.sibling_index, s.sibling_count
              AND n.compacted_from = p.compacted_from AND (n.conversation_id = $3 OR n.id = ANY($4))
       ) parts
   ) s
- ORDER BY p.lvl DESC
+ ORDER BY p.ordinality
 """
 
 # Every node of a conversation (and the nodes of its source it can see), oldest first, with a

@@ -1,0 +1,97 @@
+"""Shared pieces of the benchmark scripts: process handling (only what we start is stopped, by
+PID) and starting the fake upstream + Branchpoint pinned to separate cores."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sk-bench-branchpoint"
+MODEL = "gpt-4o-mini"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def shared_bench() -> Path:
+    for candidate in (os.environ.get("BENCH_SHARED"), ROOT.parent / "shared" / "bench", ROOT.parent.parent / "shared" / "bench"):
+        if candidate and (Path(candidate) / "compare.py").exists():
+            return Path(candidate)
+    raise SystemExit("shared bench not found: set BENCH_SHARED to the folder with compare.py")
+
+
+class Procs:
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+
+    def start(self, cmd: list[str], *, cpus: str | None, log_file: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+        if cpus and shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
+            cmd = ["taskset", "-c", cpus, *cmd]
+        proc = subprocess.Popen(cmd, stdout=log_file.open("w"), stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        self.pids.append(proc.pid)
+        return proc
+
+    def stop(self) -> None:
+        for pid in reversed(self.pids):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 20
+        for pid in reversed(self.pids):
+            while time.time() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.1)
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not come up in {timeout} s")
+
+
+
+def start_stack(procs: Procs, work: Path, *, up_port: int, port: int, bench: Path) -> tuple[str, str, subprocess.Popen]:
+    """Fake upstream on CPU 0, Branchpoint (embedded PostgreSQL in ``work``) on CPU 1.
+    Returns (upstream base URL, proxy URL, proxy process)."""
+    upstream_url = f"http://127.0.0.1:{up_port}/v1"
+    up = procs.start([sys.executable, str(bench / "fake_upstream.py"), "--port", str(up_port)], cpus="0",
+                     log_file=work / "upstream.log")
+    wait_http(f"{upstream_url}/models", 20, up)
+    config = work / "bench.toml"
+    config.write_text('[server]\nlog_level = "warning"\n')
+    env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(work / "data"), "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+           "BRANCHPOINT_CONFIG": str(config)}
+    env.pop("BRANCHPOINT_DATABASE_URL", None)
+    px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(port)], cpus="1",
+                     log_file=work / "proxy.log", env=env)
+    proxy = f"http://127.0.0.1:{port}"
+    wait_http(f"{proxy}/readyz", 60, px)
+    return upstream_url, proxy, px

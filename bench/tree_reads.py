@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Reading big trees: the admin path and tree of a conversation with 1,000 nodes on one branch,
+and of one with 1,000 nodes in 50 branches; plus a chat call whose context is that 1,000-node
+path (one recursive CTE reads it).
+
+    uv run python bench/tree_reads.py [--nodes 1000] [--branches 50] [--reads 50]
+
+Trees are built through the chat API against the fast fake upstream (about 5 s per 1,000 calls).
+Latency is measured sequentially from this process (one request at a time), so it is the time
+one reader waits; Branchpoint is pinned to CPU 1, the fake upstream to CPU 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import KEY, MODEL, Procs, log, shared_bench, start_stack  # noqa: E402
+
+
+def turn(http: httpx.Client, cid: str, text: str, parent: str | None = None) -> str:
+    headers = {"X-Conversation-Id": cid}
+    if parent:
+        headers["X-Parent-Node-Id"] = parent
+    r = http.post("/v1/chat/completions", headers=headers,
+                  json={"model": MODEL, "messages": [{"role": "user", "content": text}]})
+    r.raise_for_status()
+    return r.headers["x-node-id"]
+
+
+def build_line(http: httpx.Client, cid: str, nodes: int) -> None:
+    for i in range(nodes):
+        turn(http, cid, f"turn {i}: a question of ordinary length about the quarterly sales figures")
+
+
+def build_branches(http: httpx.Client, cid: str, nodes: int, branches: int) -> None:
+    """``branches`` branches of nodes/branches nodes each: branch k is an edit hanging under a
+    node of branch k-1 (at depth 7k mod its length) -- how a user who keeps editing grows a tree."""
+    per = nodes // branches
+    previous: list[str] = []
+    for b in range(branches):
+        parent = previous[(7 * b) % per] if previous else None
+        current: list[str] = []
+        for i in range(per):
+            current.append(turn(http, cid, f"branch {b} turn {i}: an edited question about sales",
+                                parent if i == 0 else None))
+        previous = current
+
+
+def timed(http: httpx.Client, method: str, url: str, reads: int, **kw) -> dict:
+    samples, size = [], 0
+    for _ in range(reads):
+        t0 = time.perf_counter()
+        r = http.request(method, url, **kw)
+        samples.append((time.perf_counter() - t0) * 1000)
+        r.raise_for_status()
+        size = len(r.content)
+    samples.sort()
+    return {"p50_ms": round(statistics.median(samples), 2), "p95_ms": round(samples[int(len(samples) * 0.95) - 1], 2),
+            "max_ms": round(samples[-1], 2), "bytes": size}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--branches", type=int, default=50)
+    ap.add_argument("--reads", type=int, default=50)
+    ap.add_argument("--up-port", type=int, default=18081)
+    ap.add_argument("--port", type=int, default=14002)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bp-tree-bench-"))
+    procs = Procs()
+    results: dict = {"nodes": args.nodes, "branches": args.branches, "reads": args.reads}
+    try:
+        _, proxy, _ = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=shared_bench())
+        with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
+            t0 = time.time()
+            build_line(http, "line", args.nodes)
+            log(f"built a {args.nodes}-node line in {time.time() - t0:.1f} s")
+            t0 = time.time()
+            build_branches(http, "branches", args.nodes, args.branches)
+            log(f"built {args.nodes} nodes in {args.branches} branches in {time.time() - t0:.1f} s")
+            for cid in ("line", "branches"):
+                info = http.get(f"/admin/conversations/{cid}").json()
+                path = http.get(f"/admin/conversations/{cid}/path").json()["data"]
+                results[cid] = {
+                    "node_count": info["node_count"],
+                    "path_length": len(path),
+                    "path": timed(http, "GET", f"/admin/conversations/{cid}/path", args.reads),
+                    "tree": timed(http, "GET", f"/admin/conversations/{cid}/tree", args.reads),
+                    # a side call on the head: assembles the whole path, stores a node, head unmoved
+                    "chat_call_on_head": timed(http, "POST", "/v1/chat/completions", args.reads,
+                                               headers={"X-Conversation-Id": cid, "X-Node-Kind": "transform"},
+                                               json={"model": MODEL, "messages": [{"role": "user", "content": "summarise"}]}),
+                }
+    finally:
+        procs.stop()
+    print(json.dumps(results, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
