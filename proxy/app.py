@@ -19,6 +19,7 @@ from config import Settings
 from storage import Database, StorageError, StorageUnavailable, TreeStore, migrate, start_embedded
 
 from .auth import Authenticator
+from .compaction import Compactor
 from .errors import BranchpointError, error_body
 from .leases import LeaseKeeper
 from .lifecycle import CallLifecycle
@@ -28,6 +29,7 @@ from .routes.chat import chat_completions, chat_completions_prefixed
 from .routes.health import healthz, metrics, readyz
 from .routes.passthrough import passthrough, passthrough_prefixed
 from .services import Services
+from .tokens import TokenCounter
 from .upstream import UpstreamClient
 
 __all__ = ["create_app"]
@@ -110,9 +112,12 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
                                reaper_interval=settings.server.reaper_interval),
             metrics=Metrics(),
             auth=Authenticator(settings.auth),
+            tokens=TokenCounter(),
             embedded=embedded,
         )
+        await asyncio.to_thread(services.tokens.load)
         services.lifecycle = CallLifecycle(services)
+        services.compactor = Compactor(services)
         services.metrics.watch_database(db)
         app.state.services = services
         services.leases.start()

@@ -183,6 +183,10 @@ class CallLifecycle:
             log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
             return
         self.s.metrics.observe_call(call.kind, outcome, usage)
+        if outcome == SUCCESS and call.kind == "turn":
+            self.s.compactor.after_turn(tenant=call.tenant, conversation_id=call.conversation_id,
+                                        tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
+                                        usage=usage, client_key=call.client_key)
         if outcome != SUCCESS:
             log.info("call failed", extra={"conversation_id": call.conversation_id, "node_id": str(started.node_id),
                                            "outcome": outcome, "code": (error or {}).get("code")})
@@ -195,7 +199,19 @@ class CallLifecycle:
         started, path = await self._begin(call, upstream.name)
         self.s.leases.track(started.tree_id, started.node_id)
         try:
-            assembled = assemble(path, call.items, Target(upstream.name, upstream.accepts_reasoning))
+            target = Target(upstream.name, upstream.accepts_reasoning)
+            path = await self._readable(started.tree_id, path, target)
+            if path:
+                compacted = await self.s.compactor.before_call(
+                    tenant=call.tenant, conversation_id=call.conversation_id, tree_id=started.tree_id,
+                    kind=call.kind, path=path, new_items=call.items, model=call.body["model"],
+                    client_key=call.client_key, call_node=started.node_id,
+                    extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
+                )
+                if compacted is not None and compacted.compacted and compacted.node is not None:
+                    path = [compacted.node]
+                    started.parent_id = compacted.node.id
+            assembled = assemble(path, call.items, target)
             if assembled.dropped:
                 self.s.metrics.pairing_drops.inc(len(assembled.dropped))
                 log.warning("pairing check dropped items", extra={
@@ -219,6 +235,17 @@ class CallLifecycle:
             if isinstance(exc, BranchpointError):
                 exc.headers.update(dict(started.headers()))
             raise
+
+    async def _readable(self, tree_id: uuid.UUID, path: list[Any], target: Target) -> list[Any]:
+        """SPEC §5: a compaction in a provider-specific (opaque) form that the target cannot read
+        is unfolded: assembly follows ``compacted_from`` and uses the original path instead."""
+        while path and path[0].kind == "compaction" and path[0].provider != target.provider:
+            params = await self.s.tree.node_params(tree_id, path[0].id)
+            if params.get("format", "text") != "opaque" or path[0].compacted_from is None:
+                break
+            original = await self.s.tree.path(tree_id, path[0].compacted_from)
+            path = original + path[1:]
+        return path
 
     async def _run_json(self, started: _Started, request: httpx.Request, receive: Any) -> RawResponse:
         send_task = asyncio.ensure_future(self.s.upstream.send(request))

@@ -14,6 +14,7 @@ from storage import Database, EmbeddedServer, TreeStore
 from .auth import Authenticator
 from .leases import LeaseKeeper
 from .metrics import Metrics
+from .tokens import TokenCounter
 from .upstream import UpstreamClient
 
 __all__ = ["Services"]
@@ -28,9 +29,11 @@ class Services:
     leases: LeaseKeeper
     metrics: Metrics
     auth: Authenticator
+    tokens: TokenCounter
     embedded: EmbeddedServer | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     lifecycle: Any = None  # CallLifecycle, set by the app factory
+    compactor: Any = None  # Compactor, set by the app factory
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Run ``coro`` in the background; shutdown waits for it."""

@@ -510,3 +510,62 @@ BEGIN
     SELECT count(*) INTO kept FROM nodes n WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation;
 END
 $$;
+
+-- bp_apply_compaction: write a compaction node and point the conversation at it, in one
+-- transaction -- or write nothing (SPEC §5). Modes:
+--   'turn'       the call's own synchronous compaction: it must still hold the lease; its pending
+--                node moves under the compaction node, and the head moves to it;
+--   'transform'  the same for a side call (no lease): its node moves under the compaction node;
+--                the head moves only if it still is the node compacted from and no turn is in flight;
+--   'background', 'admin'  applied only if the head still is the node compacted from and no turn
+--                call is in flight; else nothing is written ('moved' / 'busy').
+-- Returns 'ok', 'moved', 'busy', 'lost_lease' or 'conversation_not_found'.
+CREATE OR REPLACE FUNCTION bp_apply_compaction(
+    p_tenant text, p_conversation text, p_tree uuid, p_node uuid, p_compacted_from uuid,
+    p_sent jsonb, p_sent_hash bytea, p_model text, p_provider text, p_params jsonb, p_usage jsonb,
+    p_mode text, p_call_node uuid)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+    v_free boolean;
+    v_move boolean;
+BEGIN
+    SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'conversation_not_found';
+    END IF;
+    v_free := conv.lease_node_id IS NULL OR conv.lease_until < now();
+    IF p_mode = 'turn' THEN
+        IF conv.lease_node_id IS DISTINCT FROM p_call_node THEN
+            RETURN 'lost_lease';
+        END IF;
+        v_move := true;
+    ELSIF p_mode = 'transform' THEN
+        v_move := conv.head_node_id IS NOT DISTINCT FROM p_compacted_from AND v_free;
+    ELSE
+        IF conv.head_node_id IS DISTINCT FROM p_compacted_from THEN
+            RETURN 'moved';
+        END IF;
+        IF NOT v_free THEN
+            RETURN 'busy';
+        END IF;
+        v_move := true;
+    END IF;
+
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, status, sent, sent_hash,
+                       model, provider, params, usage, compacted_from, depth, finished_at)
+    VALUES (p_tree, p_node, p_tenant, p_conversation, NULL, 'compaction', 'success', p_sent, p_sent_hash,
+            p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, clock_timestamp());
+    IF p_call_node IS NOT NULL THEN
+        UPDATE nodes n SET parent_id = p_node, depth = 1
+         WHERE n.tree_id = p_tree AND n.id = p_call_node AND n.status = 'pending';
+    END IF;
+    UPDATE conversations c
+       SET compactions = c.compactions + 1,
+           head_node_id = CASE WHEN v_move THEN p_node ELSE c.head_node_id END,
+           updated_at = clock_timestamp()
+     WHERE c.tenant = p_tenant AND c.id = p_conversation;
+    RETURN 'ok';
+END
+$$;

@@ -123,3 +123,13 @@ SELECT {_NODE_FIELDS} FROM nodes n
 
 # The path of a node's parent with the times needed to replay its assembly.  $1 tree, $2 node
 PATH_AS_OF = "SELECT * FROM bp_path($1, $2)"
+
+# ---- compaction -----------------------------------------------------------------------------
+
+# Write a compaction node and point the conversation at it, or write nothing.
+# $1 tenant, $2 conversation, $3 tree, $4 node, $5 compacted_from, $6 sent, $7 sent hash, $8 model,
+# $9 provider, $10 params, $11 usage, $12 mode, $13 call node
+APPLY_COMPACTION = "SELECT bp_apply_compaction($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+
+# A node's params (e.g. a compaction node's format).  $1 tree, $2 node
+NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"

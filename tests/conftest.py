@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +24,7 @@ from config import Settings, load_settings
 from proxy.app import create_app
 from storage import migrate, start_embedded
 
-from .fakes import FakeUpstream, ServerThread
+from .fakes import FakeUpstream, ServerThread, free_port
 
 
 def with_database(url: str, name: str) -> str:
@@ -222,3 +225,28 @@ def cid() -> str:
 @pytest.fixture
 def client(proxy: Proxy, key: str) -> openai.OpenAI:
     return proxy.openai(key)
+
+
+def spawn_proxy(database_url: str, upstream_url: str, tmp_path: Any, config: str = "") -> tuple[subprocess.Popen, str]:
+    """Branchpoint in a process of its own (``branchpoint serve``), so a test can kill it."""
+    port = free_port()
+    config_file = tmp_path / f"proxy-{port}.toml"
+    config_file.write_text(config + '\n[server]\nlog_level = "warning"\n' if "[server]" not in config
+                           else config.replace("[server]", '[server]\nlog_level = "warning"'))
+    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+           "BRANCHPOINT_CONFIG": str(config_file)}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy process exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the proxy process did not become ready")

@@ -96,6 +96,7 @@ class Reply:
     extra_message: dict[str, Any] = field(default_factory=dict)
     gate: threading.Event | None = None  # stream: wait for this before the events from gate_after on
     gate_after: int = 2
+    hold: threading.Event | None = None  # wait for this before answering at all
 
 
 def completion(reply: Reply, model: str, prompt_tokens: int) -> dict[str, Any]:
@@ -132,12 +133,36 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
         self.queue: deque[Reply] = deque()
+        self.summaries: deque[Reply] = deque()  # answers to Branchpoint's summariser requests
         self.lock = threading.Lock()
 
     def reset(self) -> None:
         with self.lock:
             self.requests.clear()
             self.queue.clear()
+            self.summaries.clear()
+
+    def enqueue_summary(self, *replies: Reply) -> None:
+        with self.lock:
+            self.summaries.extend(replies)
+
+    @staticmethod
+    def is_summariser(r: Recorded) -> bool:
+        """Branchpoint's own summariser requests (compaction), told apart by their prompts."""
+        msgs = r.messages
+        if not msgs:
+            return False
+        first = str(msgs[0].get("content", ""))
+        return (msgs[0].get("role") == "system" and first.startswith("You compress")) or \
+            (len(msgs) == 1 and first.startswith("This summary is about"))
+
+    @property
+    def summariser_requests(self) -> list[Recorded]:
+        return [r for r in self.chat_requests if self.is_summariser(r)]
+
+    @property
+    def turn_requests(self) -> list[Recorded]:
+        return [r for r in self.chat_requests if not self.is_summariser(r)]
 
     def enqueue(self, *replies: Reply) -> None:
         with self.lock:
@@ -149,7 +174,8 @@ class FakeUpstream:
 
     @property
     def last(self) -> Recorded:
-        return self.chat_requests[-1]
+        """The last chat request that was not one of Branchpoint's summariser requests."""
+        return self.turn_requests[-1]
 
     def wait_for(self, count: int, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -179,9 +205,15 @@ class FakeUpstream:
         except ValueError:
             body = raw
         path = scope["path"]
+        recorded = Recorded(scope["method"], path, headers, body)
+        summariser = self.is_summariser(recorded)
         with self.lock:
-            self.requests.append(Recorded(scope["method"], path, headers, body))
-            reply = self.queue.popleft() if (self.queue and path.endswith("/chat/completions")) else None
+            self.requests.append(recorded)
+            if summariser:
+                reply = self.summaries.popleft() if self.summaries else Reply(
+                    content="Facts so far: the user discussed sales figures; open task: none.")
+            else:
+                reply = self.queue.popleft() if (self.queue and path.endswith("/chat/completions")) else None
 
         if path.endswith("/models"):
             await self._json(send, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
@@ -199,6 +231,8 @@ class FakeUpstream:
             last = (body or {}).get("messages", [{}])[-1] if isinstance(body, dict) and body.get("messages") else {}
             text = last.get("content") if isinstance(last.get("content"), str) else ""
             reply = Reply(content=f"echo: {text}")
+        if reply.hold is not None:
+            await asyncio.to_thread(reply.hold.wait, 30)
         if reply.delay:
             await asyncio.sleep(reply.delay)
         model = body.get("model", "fake") if isinstance(body, dict) else "fake"

@@ -3,17 +3,14 @@ call does, and a crashed process's call is reaped as ``interrupted``."""
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
-import httpx
 import openai
 import pytest
 
-from .conftest import Db, make_settings, new_key, serve_proxy
-from .fakes import Reply, free_port
+from .conftest import Db, make_settings, new_key, serve_proxy, spawn_proxy
+from .fakes import Reply
 
 MODEL = "gpt-4o-mini"
 
@@ -76,30 +73,10 @@ def test_a_live_call_keeps_its_lease_however_long_it_takes(fresh_database_url, u
         assert db.head(cid) == result["h"]["x-node-id"]
 
 
-def _spawn_proxy(database_url, upstream_url, lease_seconds, tmp_path):
-    port = free_port()
-    config = tmp_path / "crash.toml"
-    config.write_text(f"[server]\nlease_seconds = {lease_seconds}\nlog_level = \"warning\"\n")
-    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
-           "BRANCHPOINT_CONFIG": str(config)}
-    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-
-    def ready():
-        try:
-            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return proc.poll() is not None and pytest.fail("proxy process exited")
-
-    wait_until(ready, 30, "the proxy process to start")
-    return proc, url
-
-
 def test_a_crashed_process_is_reaped_as_interrupted(fresh_database_url, upstream_url, upstream, cid, tmp_path):
     key = new_key()
     db = Db(fresh_database_url)
-    proc, url = _spawn_proxy(fresh_database_url, upstream_url, 1.0, tmp_path)
+    proc, url = spawn_proxy(fresh_database_url, upstream_url, tmp_path, "[server]\nlease_seconds = 1.0\n")
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
         say(client, cid, "before the crash")

@@ -276,6 +276,12 @@ class AdminController(Controller):
             raise _refusal(outcome.status, new_id if outcome.status == "exists" else source, data.node_id)
         return _conversation(await _conversation_row(store, caller.tenant, new_id))
 
+    @post("/conversations/{conversation_id:str}/compact", status_code=200, summary="Compact the head path now")
+    async def compact(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> dict[str, Any]:
+        s, caller, store = _who(request)
+        conv = await _conversation_row(store, caller.tenant, conversation_id)
+        return await s.compactor.compact_now(caller, conv)
+
     @get("/conversations/{conversation_id:str}/path", summary="The head path, root first, with sibling positions")
     async def head_path(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> PathList:
         _, caller, store = _who(request)

