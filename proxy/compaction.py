@@ -164,6 +164,22 @@ def _unanswered_tail_calls(body: Sequence[dict[str, Any]]) -> frozenset[Any]:
 
 
 @dataclass
+class _Prepared:
+    system: list[dict[str, Any]]
+    summary: dict[str, Any]
+    recent: list[dict[str, Any]]
+    summarised_to: uuid.UUID
+    model: str
+    provider: str
+    params: dict[str, Any]
+    usage: dict[str, int]
+    tokens: int
+    compacted: int
+    calls: int
+    taken_over: bool = False  # a call crossing the hard threshold wrote it
+
+
+@dataclass
 class CompactionResult:
     compacted: bool
     reason: str = ""
@@ -189,6 +205,9 @@ class Compactor:
     def __init__(self, services: Services) -> None:
         self.s = services
         self.running: set[tuple[str, str]] = set()  # background compactions of this process
+        # summaries being written in the background: a call that crosses the hard threshold
+        # meanwhile takes this one over instead of asking the summariser a second time
+        self.summarising: dict[tuple[str, str], tuple[uuid.UUID, asyncio.Future[_Prepared | str]]] = {}
 
     # -- thresholds ----------------------------------------------------------------------------
 
@@ -226,7 +245,9 @@ class Compactor:
         """(summary text, its tokens, summariser calls) -- held to ``budget``."""
         counter = self.s.tokens
         limit, _, _ = self.limits(model)
-        room = max(1000, int(limit * 0.8) - budget)  # what one summariser request may carry
+        # what one summariser request may carry: its input limit less the prompt and a margin for
+        # estimate error (the summary itself counts against the model's reserved output)
+        room = max(1000, int(limit * 0.9) - 300)
         transcript = render_transcript(older)
         calls = 0
         if counter.text(transcript) > room:
@@ -275,14 +296,9 @@ class Compactor:
 
     # -- compacting a path ---------------------------------------------------------------------
 
-    async def compact(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
-                      model: str, client_key: str | None, mode: str, trigger: str,
-                      call_node: uuid.UUID | None = None, new_items: Sequence[dict[str, Any]] = ()) -> CompactionResult:
-        """Summarise the older part of ``path`` and write the compaction node (``mode``: turn,
-        transform, background or admin -- see ``bp_apply_compaction``). Never raises for an
-        upstream failure: the result says why nothing was compacted."""
-        if not path:
-            return CompactionResult(False, "empty")
+    async def _prepare(self, path: Sequence[PathNode], model: str, client_key: str | None, trigger: str,
+                       new_items: Sequence[dict[str, Any]] = ()) -> _Prepared | str:
+        """Summarise the older part of ``path``; returns what to write, or why not."""
         c = self.s.settings.compaction
         summariser = c.model or model
         limit, _, _ = self.limits(model)
@@ -291,19 +307,16 @@ class Compactor:
         pinned = frozenset(i.get("tool_call_id") for i in new_items if _role(i) == "tool") | _unanswered_tail_calls(body)
         older, recent = split_recent(body, c.keep_recent, pinned)
         if all(_is_summary(item) for item in older):  # nothing, or only the previous summary
-            return CompactionResult(False, "nothing_to_compact")
+            return "nothing_to_compact"
         usage: dict[str, int] = {}
         try:
             summary, tokens, calls = await self._summary(older, summariser, client_key, budget, usage)
-        except (UpstreamFailure, Exception) as exc:  # noqa: BLE001 - a failed summary changes nothing
+        except Exception as exc:  # noqa: BLE001 - a failed summary changes nothing
             if not isinstance(exc, UpstreamFailure):
                 log.exception("summarisation failed")
             self.s.metrics.compactions.labels(trigger, "failed").inc()
-            log.warning("summarisation failed; nothing compacted",
-                        extra={"conversation_id": conversation_id, "error": getattr(exc, "message", str(exc))})
-            return CompactionResult(False, "summarisation_failed")
-
-        sent = [*system, {"role": "user", "content": SUMMARY_PREFIX + summary}, *recent]
+            log.warning("summarisation failed; nothing compacted", extra={"error": getattr(exc, "message", str(exc))})
+            return "summarisation_failed"
         params = {
             "format": "text",
             "trigger": trigger,
@@ -312,30 +325,57 @@ class Compactor:
             "summary_budget_tokens": budget,
             "summary_tokens": tokens,
             "compacted_messages": len(older),
-            "kept_messages": len(recent),
             "summariser_calls": calls,
         }
+        return _Prepared(system, {"role": "user", "content": SUMMARY_PREFIX + summary}, recent, path[-1].id,
+                         summariser, self.s.upstream.route(summariser).name, params, usage, tokens, len(older), calls)
+
+    async def _write(self, prepared: _Prepared, *, tenant: str, conversation_id: str, tree_id: uuid.UUID,
+                     mode: str, trigger: str, compacted_from: uuid.UUID, later: Sequence[PathNode] = (),
+                     call_node: uuid.UUID | None = None) -> CompactionResult:
+        """Write the compaction node replacing the path up to ``compacted_from``: the summary,
+        then raw the recent items and those of ``later`` nodes (added after the summarised path)."""
+        system, extra = _path_items(later)
+        system = system or prepared.system
+        recent = [*prepared.recent, *extra]
+        sent = [*system, prepared.summary, *recent]
         node_id = uuid7()
-        compacted_from = path[-1].id
+        params = {**prepared.params, "kept_messages": len(recent)}
         outcome = await self.s.tree.apply_compaction(
             tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, node_id=node_id,
-            compacted_from=compacted_from, sent=sent, model=summariser,
-            provider=self.s.upstream.route(summariser).name, params=params, usage=usage or None,
+            compacted_from=compacted_from, sent=sent, model=prepared.model, provider=prepared.provider,
+            params=params, usage=prepared.usage or None,
             sent_hash=hashlib.sha256(msgspec.json.encode(sent, order="sorted")).digest(),
             mode=mode, call_node=call_node,
         )
         if outcome != "ok":
-            self.s.metrics.compactions.labels(trigger, outcome).inc()
-            log.info("compaction not applied", extra={"conversation_id": conversation_id, "outcome": outcome})
             return CompactionResult(False, outcome)
         self.s.metrics.compactions.labels(trigger, "ok").inc()
         log.info("compacted", extra={"conversation_id": conversation_id, "node_id": str(node_id), "trigger": trigger,
-                                     "compacted_messages": len(older), "summary_tokens": tokens})
-        node = PathNode(id=node_id, parent_id=None, kind="compaction", status="success", sent=sent,
-                        received=None, provider=self.s.upstream.route(summariser).name, model=summariser,
-                        usage=usage or None, compacted_from=compacted_from)
-        return CompactionResult(True, node=node, summary_tokens=tokens, kept_messages=len(recent),
-                                compacted_messages=len(older), calls=calls)
+                                     "compacted_messages": prepared.compacted, "summary_tokens": prepared.tokens})
+        node = PathNode(id=node_id, parent_id=None, kind="compaction", status="success", sent=sent, received=None,
+                        provider=prepared.provider, model=prepared.model, usage=prepared.usage or None,
+                        compacted_from=compacted_from)
+        return CompactionResult(True, node=node, summary_tokens=prepared.tokens, kept_messages=len(recent),
+                                compacted_messages=prepared.compacted, calls=prepared.calls)
+
+    async def compact(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
+                      model: str, client_key: str | None, mode: str, trigger: str,
+                      call_node: uuid.UUID | None = None, new_items: Sequence[dict[str, Any]] = ()) -> CompactionResult:
+        """Summarise the older part of ``path`` and write the compaction node in one go (``mode``:
+        turn, transform or admin -- see ``bp_apply_compaction``). Never raises for an upstream
+        failure: the result says why nothing was compacted."""
+        if not path:
+            return CompactionResult(False, "empty")
+        prepared = await self._prepare(path, model, client_key, trigger, new_items)
+        if isinstance(prepared, str):
+            return CompactionResult(False, prepared)
+        result = await self._write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                   mode=mode, trigger=trigger, compacted_from=path[-1].id, call_node=call_node)
+        if not result.compacted:
+            self.s.metrics.compactions.labels(trigger, result.reason).inc()
+            log.info("compaction not applied", extra={"conversation_id": conversation_id, "outcome": result.reason})
+        return result
 
     # -- the three triggers ---------------------------------------------------------------------
 
@@ -359,12 +399,59 @@ class Compactor:
 
     async def _background(self, tenant: str, conversation_id: str, tree_id: uuid.UUID, head: uuid.UUID,
                           model: str, client_key: str | None) -> None:
+        """Summarise in the background, then apply it once no turn is in flight. If turns were
+        added meanwhile on the same branch (a tool loop does that quickly), the compaction node
+        replaces the path up to the new head: their items stay raw after the summary. If the head
+        moved anywhere else, the work is dropped -- the move wins."""
+        key = (tenant, conversation_id)
+        future: asyncio.Future[_Prepared | str] = asyncio.get_running_loop().create_future()
+        self.summarising[key] = (head, future)
         try:
             path = await self.s.tree.path(tree_id, head)
-            await self.compact(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, path=path,
-                               model=model, client_key=client_key, mode="background", trigger="soft")
+            prepared = await self._prepare(path, model, client_key, "soft")
+            future.set_result(prepared)
+            if isinstance(prepared, str):
+                return
+            give_up = asyncio.get_running_loop().time() + max(30.0, self.s.settings.server.lease_seconds)
+            while True:
+                state = await self.s.tree.conversation_state(tenant, conversation_id)
+                if state is None:
+                    outcome = "conversation_not_found"
+                    break
+                current, busy = state
+                later: list[PathNode] = []
+                if prepared.taken_over:
+                    outcome = "taken_over"  # a call above the hard threshold used this summary
+                    break
+                if current != head:
+                    new_path = await self.s.tree.path(tree_id, current) if current is not None else []
+                    ids = [n.id for n in new_path]
+                    if head not in ids:
+                        outcome = "moved"
+                        break
+                    later = new_path[ids.index(head) + 1:]
+                if busy:
+                    if asyncio.get_running_loop().time() > give_up:
+                        outcome = "busy"
+                        break
+                    await asyncio.sleep(0.05)
+                    continue
+                result = await self._write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                           mode="background", trigger="soft", compacted_from=current, later=later)
+                if result.compacted:
+                    return
+                if result.reason not in ("moved", "busy"):
+                    outcome = result.reason
+                    break
+            self.s.metrics.compactions.labels("soft", outcome).inc()
+            log.info("background compaction dropped", extra={"conversation_id": conversation_id, "outcome": outcome})
         except Exception:  # noqa: BLE001 - a background task must not die loudly
             log.exception("background compaction failed", extra={"conversation_id": conversation_id})
+        finally:
+            if not future.done():
+                future.set_result("failed")
+            if self.summarising.get(key, (None, None))[1] is future:
+                del self.summarising[key]
 
     async def before_call(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
                           path: list[PathNode], new_items: Sequence[dict[str, Any]], model: str,
@@ -376,10 +463,38 @@ class Compactor:
         _, hard, _ = self.limits(model)
         if estimate <= hard:
             return None
+        taken = await self._take_over(tenant, conversation_id, tree_id, kind, path, call_node)
+        if taken is not None:
+            taken.extra["estimate_before"] = estimate
+            return taken
         result = await self.compact(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, path=path,
                                     model=model, client_key=client_key, mode=kind, trigger="hard",
                                     call_node=call_node, new_items=new_items)
         result.extra["estimate_before"] = estimate
+        return result
+
+    async def _take_over(self, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
+                         path: Sequence[PathNode], call_node: uuid.UUID) -> CompactionResult | None:
+        """Use the summary a background compaction of this path is writing, if there is one."""
+        pending = self.summarising.get((tenant, conversation_id))
+        if pending is None:
+            return None
+        summarised_to, future = pending
+        ids = [n.id for n in path]
+        if summarised_to not in ids:
+            return None  # it summarises another branch
+        try:
+            prepared = await asyncio.wait_for(asyncio.shield(future), timeout=120)
+        except asyncio.TimeoutError:
+            return None
+        if isinstance(prepared, str):
+            return None
+        result = await self._write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                   mode=kind, trigger="hard", compacted_from=path[-1].id,
+                                   later=path[ids.index(summarised_to) + 1:], call_node=call_node)
+        if not result.compacted:
+            return None
+        prepared.taken_over = True
         return result
 
     async def compact_now(self, caller: Any, conv: Any) -> dict[str, Any]:

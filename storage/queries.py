@@ -133,3 +133,9 @@ APPLY_COMPACTION = "SELECT bp_apply_compaction($1, $2, $3, $4, $5, $6, $7, $8, $
 
 # A node's params (e.g. a compaction node's format).  $1 tree, $2 node
 NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"
+
+# Where a conversation's head is, and whether a turn call is in flight.  $1 tenant, $2 conversation
+CONVERSATION_STATE = """
+SELECT head_node_id, (lease_node_id IS NOT NULL AND lease_until > now()) AS busy
+  FROM conversations WHERE tenant = $1 AND id = $2
+"""

@@ -134,3 +134,7 @@ class TreeStore:
 
     async def node_params(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> dict[str, Any]:
         return await self.db.fetchval(queries.NODE_PARAMS, tree_id, node_id) or {}
+
+    async def conversation_state(self, tenant: str, conversation_id: str) -> tuple[uuid.UUID | None, bool] | None:
+        row = await self.db.fetchrow(queries.CONVERSATION_STATE, tenant, conversation_id)
+        return None if row is None else (row["head_node_id"], row["busy"])

@@ -292,3 +292,44 @@ def test_a_process_dying_mid_compaction_leaves_no_trace(fresh_database_url, upst
         say(p.openai(key), cid, user("after the restart"))
         assert "question 0" in upstream.last.text()
         wait_for(lambda: compaction_nodes(db, cid), what="the compaction after restart")
+
+
+def test_background_compaction_follows_turns_added_on_the_same_branch(small, upstream, key, cid):
+    hold = threading.Event()
+    upstream.enqueue_summary(Reply(content="Facts: followed summary.", hold=hold))
+    grow(small, upstream, key, cid, 7)
+    wait_for(lambda: upstream.summariser_requests, what="the summariser request")
+    # a fast tool loop keeps going while the summary is being written
+    later = grow(small, upstream, key, cid, 2, start=7)
+    hold.set()
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the compaction")[0]
+    assert str(node["compacted_from"]) == later[-1]  # it replaces the path up to the newest head
+    assert small.db.head(cid) == str(node["id"])
+    kept = [m["content"][:10] for m in node["sent"][1:]]
+    assert kept == ["question 5", "answer 5", "question 6", "answer 6", "question 7", "answer 7", "question 8", "answer 8"]
+    say(small.openai(key), cid, user("next"))
+    assert upstream.last.messages[0]["content"].endswith("Facts: followed summary.")
+
+
+def test_a_call_above_hard_takes_over_the_background_summary(small, upstream, key, cid):
+    hold = threading.Event()
+    upstream.enqueue_summary(Reply(content="Facts: shared summary.", hold=hold))
+    grow(small, upstream, key, cid, 7)
+    wait_for(lambda: upstream.summariser_requests, what="the background summariser request")
+    result = {}
+
+    def big_turn():
+        upstream.enqueue(Reply(content="big answer", usage=usage(1000)))
+        result["headers"] = say(small.openai(key), cid, user("huge: " + FILLER * 5))[1]
+
+    t = threading.Thread(target=big_turn)
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive()  # it waits for the summary being written rather than asking again
+    hold.set()
+    t.join(10)
+    node = compaction_nodes(small.db, cid)[0]
+    assert result["headers"]["x-parent-node-id"] == str(node["id"])
+    assert len(upstream.summariser_requests) == 1
+    assert upstream.last.messages[0]["content"].endswith("Facts: shared summary.")
+    wait_for(lambda: 'result="taken_over"} 1.0' in httpx.get(f"{small.url}/metrics").text, what="the metric")

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""A long conversation under a small model limit: does the request stay bounded, how often is
+it compacted, and what does compaction cost the user?
+
+    uv run python bench/compaction.py [--turns 300] [--think-ms 300] [--summary-ms 200]
+
+A fake LLM (in this process, on 127.0.0.1) reports usage counted with the same offline tiktoken
+encoding the proxy uses, answers each turn with about 120 tokens, and -- when Branchpoint asks it
+to summarise -- takes ``--summary-ms`` and returns about 200 tokens. Branchpoint runs as its own
+process (embedded PostgreSQL) with ``bench-small`` limited to an 8,192-token window and 1,024
+reserved output tokens (input limit 7,168; soft 0.7, hard 0.9). The client waits ``--think-ms``
+between turns, as a user (or a tool loop) does.
+
+Reported: tokens sent upstream per turn (counted on what the fake received) against the input
+limit, compactions by trigger, and the latency of turns that found a background compaction
+ready (their parent is a compaction node) compared with plain turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _harness import KEY, ROOT, Procs, log, wait_http  # noqa: E402
+
+from proxy.tokens import TokenCounter  # noqa: E402
+
+MODEL = "bench-small"
+WINDOW, RESERVED = 8192, 1024
+SENTENCES = [
+    "Revenue in the northern region rose 12 percent quarter over quarter, driven by the Hanbit account.",
+    "The migration of the billing service to PostgreSQL 16 is scheduled for the second week of March.",
+    "Kim Jiwoo owns the vendor contract renewal and needs the legal review before Friday.",
+    "Latency of the search API regressed from 180 to 260 milliseconds after the index rebuild.",
+    "We decided to keep the weekly report in Korean and send an English digest to the board.",
+]
+
+
+class FakeLLM:
+    """ASGI app: chat completions with realistic usage; summariser requests take a while."""
+
+    def __init__(self, counter: TokenCounter, summary_delay: float) -> None:
+        self.counter = counter
+        self.summary_delay = summary_delay
+        self.turn_tokens: list[int] = []
+        self.summaries = 0
+        self.lock = threading.Lock()
+
+    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if scope["method"] != "POST":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        request = json.loads(body)
+        messages = request.get("messages", [])
+        prompt = self.counter.messages(messages) + 3
+        summariser = messages and str(messages[0].get("content", "")).startswith("You compress")
+        if summariser:
+            with self.lock:
+                self.summaries += 1
+            await asyncio.sleep(self.summary_delay)
+            content = " ".join(SENTENCES * 2)  # about 200 tokens
+        else:
+            with self.lock:
+                self.turn_tokens.append(prompt)
+            content = " ".join(SENTENCES[(len(self.turn_tokens) + i) % 5] for i in range(5))  # ~120 tokens
+        completion = self.counter.text(content)
+        answer = {"id": "chatcmpl-bench", "object": "chat.completion", "model": request.get("model"),
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}}
+        data = json.dumps(answer).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--turns", type=int, default=300)
+    ap.add_argument("--think-ms", type=float, default=300)
+    ap.add_argument("--summary-ms", type=float, default=200)
+    ap.add_argument("--port", type=int, default=14004)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    import uvicorn
+
+    counter = TokenCounter()
+    counter.load()
+    fake = FakeLLM(counter, args.summary_ms / 1000)
+    up_port = args.port + 1
+    server = uvicorn.Server(uvicorn.Config(fake, host="127.0.0.1", port=up_port, log_config=None, lifespan="on"))
+    threading.Thread(target=server.run, daemon=True).start()
+    wait_http(f"http://127.0.0.1:{up_port}/v1/x", 20)
+
+    work = Path(tempfile.mkdtemp(prefix="bp-compaction-bench-"))
+    config = work / "bench.toml"
+    config.write_text(f'[server]\nlog_level = "warning"\n[models."{MODEL}*"]\ncontext_window = {WINDOW}\n'
+                      f"max_output_tokens = {RESERVED}\n")
+    procs = Procs()
+    env = {"BRANCHPOINT_DATA_DIR": str(work / "data"), "BRANCHPOINT_UPSTREAM_URL": f"http://127.0.0.1:{up_port}/v1",
+           "BRANCHPOINT_CONFIG": str(config)}
+    import os
+
+    env = {**os.environ, **env}
+    env.pop("BRANCHPOINT_DATABASE_URL", None)
+    turns = []
+    try:
+        px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(args.port)], cpus="1",
+                         log_file=work / "proxy.log", env=env)
+        proxy = f"http://127.0.0.1:{args.port}"
+        wait_http(f"{proxy}/readyz", 60, px)
+        with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}", "X-Conversation-Id": "long"},
+                          timeout=60) as http:
+            system = {"role": "system", "content": "You are the team's analyst. Be precise with numbers."}
+            for i in range(args.turns):
+                text = f"Turn {i}. " + " ".join(SENTENCES[(i + k) % 5] for k in range(6))  # ~130 tokens
+                messages = ([system] if i == 0 else []) + [{"role": "user", "content": text}]
+                t0 = time.perf_counter()
+                r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
+                elapsed = (time.perf_counter() - t0) * 1000
+                r.raise_for_status()
+                parent = r.headers["x-parent-node-id"]
+                parent_kind = "root" if parent == "root" else http.get(f"/admin/nodes/{parent}").json()["kind"]
+                turns.append({"turn": i, "ms": elapsed, "parent_kind": parent_kind, "tokens": fake.turn_tokens[-1]})
+                time.sleep(args.think_ms / 1000)
+            metrics = http.get("/metrics").text
+    finally:
+        procs.stop()
+        server.should_exit = True
+
+    limit = WINDOW - RESERVED
+    comp = {}
+    for line in metrics.splitlines():
+        if line.startswith("branchpoint_compactions_total{"):
+            labels, value = line.rsplit(" ", 1)
+            comp[labels[len("branchpoint_compactions_total"):]] = float(value)
+    # a turn's own summariser wait shows as a "hard" compaction: its parent is the new node too
+    after_bg = [t["ms"] for t in turns if t["parent_kind"] == "compaction"]
+    plain = [t["ms"] for t in turns if t["parent_kind"] == "turn"]
+    tokens = [t["tokens"] for t in turns]
+    result = {
+        "turns": args.turns, "input_limit": limit, "soft_tokens": int(limit * 0.7), "hard_tokens": int(limit * 0.9),
+        "max_tokens_sent": max(tokens), "p50_tokens_sent": statistics.median(tokens),
+        "turns_over_limit": sum(t > limit for t in tokens),
+        "compactions": comp, "summariser_calls": fake.summaries,
+        "turns_after_compaction": len(after_bg),
+        "p50_ms_turn_after_compaction": round(statistics.median(after_bg), 2) if after_bg else None,
+        "p50_ms_plain_turn": round(statistics.median(plain), 2) if plain else None,
+        "p95_ms_plain_turn": round(sorted(plain)[int(len(plain) * 0.95) - 1], 2) if plain else None,
+        "max_ms_any_turn": round(max(t["ms"] for t in turns), 2),
+        "tokens_per_turn": tokens,
+    }
+    printable = {k: v for k, v in result.items() if k != "tokens_per_turn"}
+    print(json.dumps(printable, indent=2))
+    log("tokens sent per turn (every 10th): " + " ".join(str(t) for t in tokens[::10]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
