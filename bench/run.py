@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, ROOT, Procs, log, shared_bench, start_stack  # noqa: E402
+from _harness import KEY, MODEL, ROOT, Procs, cpu_ticks, log, postgres_pids, shared_bench, start_stack  # noqa: E402
 
 PATH_LEN = 20
 
@@ -128,7 +128,8 @@ def proc_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, duration: float, pid: int) -> dict:
+def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, duration: float, pid: int,
+                  data_dir: Path | None = None) -> dict:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
             "max_tokens": 64, "temperature": 0.2}
     if stream:
@@ -143,10 +144,13 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
     # warm-up, then the measurement
     subprocess.run([*cmd[:7], "2s", *cmd[8:]], capture_output=True, text=True, timeout=60)
     ticks_hz = os.sysconf("SC_CLK_TCK")
+    pg_before = postgres_pids(data_dir) if data_dir else []
+    pg0 = cpu_ticks(pg_before)
     t0, c0 = time.time(), proc_cpu_ticks(pid)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
     time.sleep(0.5)
     t1, c1 = time.time(), proc_cpu_ticks(pid)
+    pg1 = cpu_ticks(postgres_pids(data_dir)) if data_dir else 0
     os.unlink(f.name)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
     if line is None:
@@ -160,6 +164,7 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
         "cpu_pct": round((c1 - c0) / ticks_hz / (t1 - t0) * 100, 1),
         "cpu_ms_per_req": round((c1 - c0) / ticks_hz * 1000 / max(1, r["requests"]), 3),
         "rss_mb": round(proc_rss_mb(pid), 1),
+        "postgres_cpu_ms_per_req": round((pg1 - pg0) / ticks_hz * 1000 / max(1, r["requests"]), 3) if data_dir else None,
     }
 
 
@@ -201,7 +206,8 @@ def main() -> None:
         results["turn_c32"] = []
         for mode in args.modes.split(","):
             log(f"wrk: 32 conversations, turn calls, {mode}")
-            results["turn_c32"].append(run_wrk_turns(f"{proxy}/v1", convs, mode == "stream", args.duration, px.pid))
+            results["turn_c32"].append(run_wrk_turns(f"{proxy}/v1", convs, mode == "stream", args.duration, px.pid,
+                                                     work / "data"))
         results["meta"]["proxy_rss_mb_end"] = round(proc_rss_mb(px.pid), 1)
     finally:
         procs.stop()
@@ -223,6 +229,7 @@ def main() -> None:
 def table(r: dict) -> str:
     rows = ["| scenario | direct p50 ms | proxy p50 ms | added p50 ms | proxy p99 ms | proxy req/s | CPU ms/req | RSS MB | errors |",
             "|---|---|---|---|---|---|---|---|---|"]
+    pg = [t.get("postgres_cpu_ms_per_req") for t in r.get("turn_c32", [])]
 
     def cells(name: str, sc: dict) -> str:
         d, p, res = sc["direct"], sc["proxy"], sc.get("proxy_resources", {})
@@ -240,6 +247,7 @@ def table(r: dict) -> str:
         rows.append(cells("LiteLLM", sc))
     rows.append("")
     rows.append(f"database statements per turn call: {r['meta'].get('db_statements_per_turn_call')}")
+    rows.append(f"PostgreSQL CPU ms per request (turn c32; pinned to CPU 0, not in the proxy's column): {pg}")
     return "\n".join(rows)
 
 

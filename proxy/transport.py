@@ -62,6 +62,7 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         self.read_paused = False
         self.close_delimited = False
+        self.keep_alive = False
 
     def begin(self, *, head_only: bool) -> None:
         self._reset(head_only=head_only, active=True)
@@ -119,6 +120,7 @@ class _Connection(asyncio.Protocol):
             self.headers = []  # an interim response (100 Continue): the real one follows
             return
         self.headers_done = True
+        self.keep_alive = self.parser.should_keep_alive()  # only meaningful before the body is parsed
         lower = {k.lower() for k, _ in self.headers}
         self.close_delimited = b"content-length" not in lower and b"transfer-encoding" not in lower
         if self.head_only or self.status in (204, 304):
@@ -173,7 +175,7 @@ class _Connection(asyncio.Protocol):
 
     def reusable(self) -> bool:
         return (not self.closed and self.error is None and self.complete and not self.head_only
-                and self.parser is not None and self.parser.should_keep_alive() and not self.chunks)
+                and self.keep_alive and not self.chunks)
 
     def close(self) -> None:
         self.closed = True
@@ -240,6 +242,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         self._ssl = ssl_context
         self._pools: dict[tuple[str, str, int], _Pool] = {}
         self._closed = False
+        self.connects = 0  # connections opened (keep-alive reuse keeps this low)
 
     def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
@@ -260,6 +263,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out") from None
         except (OSError, ssl.SSLError) as exc:
             raise httpx.ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
+        self.connects += 1
         return conn
 
     def _checkout(self, pool: _Pool) -> _Connection | None:

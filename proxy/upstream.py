@@ -189,6 +189,7 @@ class UpstreamClient:
         self.settings = settings
         if transport is None and d.transport == "builtin":
             transport = UpstreamTransport(max_connections=d.max_connections, keepalive_expiry=d.keepalive_expiry)
+        self.transport = transport
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=d.connect_timeout, read=d.read_timeout, write=d.write_timeout, pool=d.pool_timeout),
             limits=httpx.Limits(max_connections=d.max_connections, max_keepalive_connections=d.max_connections,
