@@ -19,8 +19,10 @@ def test_upstream_connections_are_reused(proxy, upstream, key, cid):
                                        extra_headers={"X-Conversation-Id": cid})
     before = transport.connects
     for i in range(20):
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": str(i)}],
-                                       extra_headers={"X-Conversation-Id": cid}, stream=i % 2 == 0)
+        result = client.chat.completions.create(model="m", messages=[{"role": "user", "content": str(i)}],
+                                                extra_headers={"X-Conversation-Id": cid}, stream=i % 2 == 0)
+        if i % 2 == 0:
+            list(result)  # read the stream to its end
     assert transport.connects == before  # every call rode an idle keep-alive connection
 
 
