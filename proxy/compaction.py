@@ -176,6 +176,7 @@ class _Prepared:
     tokens: int
     compacted: int
     calls: int
+    first_request: bytes  # the summariser's first request body, kept with the node
     taken_over: bool = False  # a call crossing the hard threshold wrote it
 
 
@@ -220,9 +221,11 @@ class Compactor:
     # -- the summariser ------------------------------------------------------------------------
 
     async def _summarise(self, messages: list[dict[str, Any]], model: str, client_key: str | None,
-                         usage: dict[str, int]) -> str:
+                         usage: dict[str, int], sent: list[bytes]) -> str:
+        """One summariser call; adds its usage to ``usage`` and its request body to ``sent``."""
         upstream = self.s.upstream.route(model)
         payload = build_body({"model": model, "temperature": 0}, messages, stream=False)
+        sent.append(payload)
         headers = self.s.upstream.request_headers(upstream, [("content-type", "application/json")], client_key)
         request = self.s.upstream.build("POST", upstream, "chat/completions", headers=headers, content=payload)
         response = await self.s.upstream.send(request)
@@ -241,7 +244,7 @@ class Compactor:
         return text.strip()
 
     async def _summary(self, older: list[dict[str, Any]], model: str, client_key: str | None, budget: int,
-                       usage: dict[str, int]) -> tuple[str, int, int]:
+                       usage: dict[str, int], sent: list[bytes]) -> tuple[str, int, int]:
         """(summary text, its tokens, summariser calls) -- held to ``budget``."""
         counter = self.s.tokens
         limit, _, _ = self.limits(model)
@@ -264,16 +267,16 @@ class Compactor:
             parts = []
             for chunk in chunks:
                 parts.append(await self._summarise(summariser_messages(render_transcript(chunk), budget), model,
-                                                   client_key, usage))
+                                                   client_key, usage, sent))
                 calls += 1
             transcript = "\n\n".join(f"[summary of part {i + 1}]\n{p}" for i, p in enumerate(parts))
-        summary = await self._summarise(summariser_messages(transcript, budget), model, client_key, usage)
+        summary = await self._summarise(summariser_messages(transcript, budget), model, client_key, usage, sent)
         calls += 1
         tokens = counter.text(summary)
         if tokens > budget:
             summary = await self._summarise(
                 [{"role": "user", "content": _SHORTEN.format(tokens=tokens, budget=budget, summary=summary)}],
-                model, client_key, usage)
+                model, client_key, usage, sent)
             calls += 1
             tokens = counter.text(summary)
         if tokens > budget:
@@ -309,8 +312,9 @@ class Compactor:
         if all(_is_summary(item) for item in older):  # nothing, or only the previous summary
             return "nothing_to_compact"
         usage: dict[str, int] = {}
+        requests: list[bytes] = []
         try:
-            summary, tokens, calls = await self._summary(older, summariser, client_key, budget, usage)
+            summary, tokens, calls = await self._summary(older, summariser, client_key, budget, usage, requests)
         except Exception as exc:  # noqa: BLE001 - a failed summary changes nothing
             if not isinstance(exc, UpstreamFailure):
                 log.exception("summarisation failed")
@@ -327,8 +331,10 @@ class Compactor:
             "compacted_messages": len(older),
             "summariser_calls": calls,
         }
+        first_request = requests[0]
         return _Prepared(system, {"role": "user", "content": SUMMARY_PREFIX + summary}, recent, path[-1].id,
-                         summariser, self.s.upstream.route(summariser).name, params, usage, tokens, len(older), calls)
+                         summariser, self.s.upstream.route(summariser).name, params, usage, tokens, len(older), calls,
+                         first_request)
 
     async def _write(self, prepared: _Prepared, *, tenant: str, conversation_id: str, tree_id: uuid.UUID,
                      mode: str, trigger: str, compacted_from: uuid.UUID, later: Sequence[PathNode] = (),
@@ -346,7 +352,7 @@ class Compactor:
             compacted_from=compacted_from, sent=sent, model=prepared.model, provider=prepared.provider,
             params=params, usage=prepared.usage or None,
             sent_hash=hashlib.sha256(msgspec.json.encode(sent, order="sorted")).digest(),
-            mode=mode, call_node=call_node,
+            mode=mode, call_node=call_node, request=prepared.first_request,
         )
         if outcome != "ok":
             return CompactionResult(False, outcome)

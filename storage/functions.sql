@@ -523,7 +523,7 @@ $$;
 CREATE OR REPLACE FUNCTION bp_apply_compaction(
     p_tenant text, p_conversation text, p_tree uuid, p_node uuid, p_compacted_from uuid,
     p_sent jsonb, p_sent_hash bytea, p_model text, p_provider text, p_params jsonb, p_usage jsonb,
-    p_mode text, p_call_node uuid)
+    p_mode text, p_call_node uuid, p_request bytea)
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -554,9 +554,11 @@ BEGIN
     END IF;
 
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, status, sent, sent_hash,
-                       model, provider, params, usage, compacted_from, depth, finished_at)
+                       model, provider, params, usage, compacted_from, depth, finished_at,
+                       summariser_request, request_hash)
     VALUES (p_tree, p_node, p_tenant, p_conversation, NULL, 'compaction', 'success', p_sent, p_sent_hash,
-            p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, clock_timestamp());
+            p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, clock_timestamp(),
+            p_request, sha256(p_request));
     IF p_call_node IS NOT NULL THEN
         UPDATE nodes n SET parent_id = p_node, depth = 1
          WHERE n.tree_id = p_tree AND n.id = p_call_node AND n.status = 'pending';

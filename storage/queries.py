@@ -112,7 +112,7 @@ SELECT n.id, n.conversation_id, n.parent_id, n.kind, n.status, n.model, n.usage,
 """
 
 # One node of the caller's tenant.  $1 node, $2 tenant
-NODE = f"SELECT {_NODE_FIELDS}, n.tree_id, n.request_hash FROM nodes n WHERE n.id = $1 AND n.tenant = $2"
+NODE = f"SELECT {_NODE_FIELDS}, n.tree_id, n.request_hash, n.summariser_request FROM nodes n WHERE n.id = $1 AND n.tenant = $2"
 
 # The children of a node, oldest first.  $1 tree, $2 node, $3 tenant
 CHILDREN = f"""
@@ -128,8 +128,8 @@ PATH_AS_OF = "SELECT * FROM bp_path($1, $2)"
 
 # Write a compaction node and point the conversation at it, or write nothing.
 # $1 tenant, $2 conversation, $3 tree, $4 node, $5 compacted_from, $6 sent, $7 sent hash, $8 model,
-# $9 provider, $10 params, $11 usage, $12 mode, $13 call node
-APPLY_COMPACTION = "SELECT bp_apply_compaction($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+# $9 provider, $10 params, $11 usage, $12 mode, $13 call node, $14 the summariser's (first) request
+APPLY_COMPACTION = "SELECT bp_apply_compaction($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
 
 # A node's params (e.g. a compaction node's format).  $1 tree, $2 node
 NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"

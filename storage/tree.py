@@ -126,10 +126,10 @@ class TreeStore:
     async def apply_compaction(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, node_id: uuid.UUID,
                                compacted_from: uuid.UUID, sent: list[Any], sent_hash: bytes, model: str,
                                provider: str, params: dict[str, Any], usage: dict[str, Any] | None, mode: str,
-                               call_node: uuid.UUID | None) -> str:
+                               call_node: uuid.UUID | None, request: bytes) -> str:
         return await self.db.fetchval(
             queries.APPLY_COMPACTION, tenant, conversation_id, tree_id, node_id, compacted_from, sent, sent_hash,
-            model, provider, params, usage, mode, call_node,
+            model, provider, params, usage, mode, call_node, request,
         )
 
     async def node_params(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> dict[str, Any]:

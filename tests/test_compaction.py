@@ -333,3 +333,11 @@ def test_a_call_above_hard_takes_over_the_background_summary(small, upstream, ke
     assert len(upstream.summariser_requests) == 1
     assert upstream.last.messages[0]["content"].endswith("Facts: shared summary.")
     wait_for(lambda: 'result="taken_over"} 1.0' in httpx.get(f"{small.url}/metrics").text, what="the metric")
+
+
+def test_request_of_a_compaction_node_is_its_summariser_request(small, upstream, key, cid):
+    grow(small, upstream, key, cid, 7)
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the compaction")[0]
+    r = small.http(key).get(f"/admin/nodes/{node['id']}/request")
+    assert r.status_code == 200 and r.headers["x-request-verified"] == "true"
+    assert r.json() == upstream.summariser_requests[0].body
