@@ -92,6 +92,7 @@ class _Started:
     parent_id: uuid.UUID | None
     params: dict[str, Any]
     request_hash: bytes | None = None
+    secrets: tuple[str | None, ...] = ()  # keys an upstream error must never echo back
 
     def headers(self) -> list[tuple[str, str]]:
         return [
@@ -197,6 +198,7 @@ class CallLifecycle:
         """Run one call; returns the ASGI response (a ``RawResponse`` or a ``StreamRelay``)."""
         upstream = self.s.upstream.route(call.body.get("model"))
         started, path = await self._begin(call, upstream.name)
+        started.secrets = (call.client_key, upstream.api_key)
         self.s.leases.track(started.tree_id, started.node_id)
         try:
             target = Target(upstream.name, upstream.accepts_reasoning)
@@ -270,7 +272,7 @@ class CallLifecycle:
         relay_headers = response_headers(response.headers) + started.headers()
         content = response.content
         if response.status_code >= 300 or response.status_code < 200:
-            failure = classify(response.status_code, content)
+            failure = classify(response.status_code, content, started.secrets)
             await self._finish(started, outcome=failure.kind, error=failure.error)
             return RawResponse(failure.status, failure.body, relay_headers)
         try:
@@ -279,7 +281,7 @@ class CallLifecycle:
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
         except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
-            failure = self._bad_success(content, exc)
+            failure = self._bad_success(content, exc, started.secrets)
             await self._finish(started, outcome=failure.kind, error=failure.error)
             return RawResponse(failure.status, failure.body, started.headers())
         await self._finish(
@@ -292,14 +294,14 @@ class CallLifecycle:
         return RawResponse(response.status_code, content, relay_headers)
 
     @staticmethod
-    def _bad_success(content: bytes, exc: Exception) -> Failure:
+    def _bad_success(content: bytes, exc: Exception, secrets: tuple[str | None, ...]) -> Failure:
         """A 2xx whose body is not a completion: an error body in disguise, or garbage."""
         try:
             data = _decode(content)
         except msgspec.DecodeError:
             data = None
         if isinstance(data, dict) and data.get("error"):
-            failure = classify(502, content)
+            failure = classify(502, content, secrets)
             return Failure(failure.kind, {**failure.error, "status": 200}, 502, failure.body)
         err = UpstreamBadResponse(f"the upstream answered 2xx without a chat completion ({type(exc).__name__})")
         return failure_from_exception(err)
@@ -316,7 +318,7 @@ class CallLifecycle:
                 content = await self.s.upstream.read_rest(response)
             except UpstreamFailure:
                 content = b""
-            failure = classify(response.status_code, content)
+            failure = classify(response.status_code, content, started.secrets)
             await self._finish(started, outcome=failure.kind, error=failure.error)
             return RawResponse(failure.status, failure.body, response_headers(response.headers) + started.headers())
 
@@ -344,16 +346,16 @@ class CallLifecycle:
             headers=encode_headers(headers),
             on_end=on_end,
             close_upstream=response.aclose,
-            classify_error=_classify_stream_error,
+            classify_error=lambda error: _classify_stream_error(error, started.secrets),
             strip_usage=not wants_usage,
             background=self.s.background,
         )
 
 
-def _classify_stream_error(error: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _classify_stream_error(error: dict[str, Any], secrets: tuple[str | None, ...]) -> tuple[str, dict[str, Any]]:
     """An error event inside a stream: ``overflow`` if it says so, else ``transient``."""
     body = msgspec.json.encode({"error": error})
-    failure = classify(400, body)
+    failure = classify(400, body, secrets)
     if failure.kind != "overflow":
-        failure = classify(502, body)
+        failure = classify(502, body, secrets)
     return failure.kind, {**failure.error, "status": None}

@@ -31,6 +31,7 @@ __all__ = [
     "classify",
     "failure_from_exception",
     "map_exceptions",
+    "redact",
     "response_headers",
 ]
 
@@ -65,6 +66,25 @@ _OVERFLOW_TEXT = re.compile(
     r"reduce the length of the (messages|prompt)",
     re.IGNORECASE,
 )
+
+
+# API keys as providers spell them (OpenAI sk-/sk-proj-, Anthropic sk-ant-, Stripe-like pk-/rk-,
+# and bearer tokens of OpenAI-compatible servers): masked wherever an upstream echoes one back.
+_KEY_LIKE = re.compile(r"\b(sk|pk|rk|ak|key)-[A-Za-z0-9_\-]{12,}")
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with the given secrets and anything shaped like an API key masked."""
+    for secret in secrets:
+        if secret and len(secret) >= 6 and secret in text:
+            text = text.replace(secret, "[redacted]")
+    return _KEY_LIKE.sub(lambda m: f"{m.group(1)}-[redacted]", text)
+
+
+def _redact_body(body: bytes, secrets: Iterable[str | None]) -> bytes:
+    text = body.decode("utf-8", "replace")
+    clean = redact(text, secrets)
+    return body if clean == text else clean.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +122,11 @@ def _is_overflow(code: str | None, message: str | None) -> bool:
     return code in _OVERFLOW_CODES or bool(message and _OVERFLOW_TEXT.search(message))
 
 
-def classify(status: int, body: bytes) -> Failure:
+def classify(status: int, body: bytes, secrets: Iterable[str | None] = ()) -> Failure:
     """Classify a non-2xx upstream answer (SPEC §4). The client gets the upstream's own status
-    and body when the body is an OpenAI-shaped error, else an OpenAI-shaped wrapper of it."""
+    and body when the body is an OpenAI-shaped error, else an OpenAI-shaped wrapper of it --
+    either way with any API key the upstream echoed back masked (``redact``)."""
+    body = _redact_body(body, secrets)
     type_, code, message = _error_fields(body)
     if status in (400, 413) and _is_overflow(code, message):
         kind: FailureKind = "overflow"

@@ -33,7 +33,7 @@ class AdminStore:
     async def conversation(self, tenant: str, conversation_id: str) -> asyncpg.Record | None:
         return await self.db.fetchrow(queries.CONVERSATION, tenant, conversation_id)
 
-    async def conversations(self, tenant: str, *, after: tuple[datetime, str] | None, limit: int) -> list[asyncpg.Record]:
+    async def conversations(self, tenant: str | None, *, after: tuple[datetime, str] | None, limit: int) -> list[asyncpg.Record]:
         created, cid = after if after else (None, None)
         return await self.db.fetch(queries.CONVERSATIONS_PAGE, tenant, created, cid, limit)
 
@@ -70,7 +70,7 @@ class AdminStore:
         visible = await self.visible_foreign(conv, tenant)
         return await self.db.fetch(queries.TREE, conv["tree_id"], tenant, conv["id"], visible)
 
-    async def node(self, tenant: str, node_id: uuid.UUID) -> asyncpg.Record | None:
+    async def node(self, tenant: str | None, node_id: uuid.UUID) -> asyncpg.Record | None:
         return await self.db.fetchrow(queries.NODE, node_id, tenant)
 
     async def children(self, tenant: str, tree_id: uuid.UUID, node_id: uuid.UUID) -> list[asyncpg.Record]:

@@ -34,7 +34,7 @@ PATH = "SELECT * FROM bp_path($1, $2)"
 # ---- admin API ------------------------------------------------------------------------------
 
 _CONVERSATION_FIELDS = """
-    c.id, c.tree_id, c.head_node_id, c.forked_from, c.fork_node_id, c.created_at, c.updated_at,
+    c.tenant, c.id, c.tree_id, c.head_node_id, c.forked_from, c.fork_node_id, c.created_at, c.updated_at,
     (c.lease_node_id IS NOT NULL AND c.lease_until > now()) AS busy,
     (SELECT count(*) FROM nodes n WHERE n.tenant = c.tenant AND n.conversation_id = c.id
                                      AND n.tree_id = c.tree_id) AS node_count
@@ -44,10 +44,10 @@ _CONVERSATION_FIELDS = """
 CONVERSATION = f"SELECT {_CONVERSATION_FIELDS} FROM conversations c WHERE c.tenant = $1 AND c.id = $2"
 
 # A page of conversations, newest first, after the cursor (created_at, id).
-# $1 tenant, $2 cursor created_at (null: first page), $3 cursor id, $4 limit
+# $1 tenant (null: every tenant -- admin keys), $2 cursor created_at (null: first page), $3 cursor id, $4 limit
 CONVERSATIONS_PAGE = f"""
 SELECT {_CONVERSATION_FIELDS} FROM conversations c
- WHERE c.tenant = $1 AND ($2::timestamptz IS NULL OR (c.created_at, c.id) < ($2, $3))
+ WHERE ($1::text IS NULL OR c.tenant = $1) AND ($2::timestamptz IS NULL OR (c.created_at, c.id) < ($2, $3))
  ORDER BY c.created_at DESC, c.id DESC
  LIMIT $4
 """
@@ -111,8 +111,11 @@ SELECT n.id, n.conversation_id, n.parent_id, n.kind, n.status, n.model, n.usage,
  ORDER BY n.created_at, n.id
 """
 
-# One node of the caller's tenant.  $1 node, $2 tenant
-NODE = f"SELECT {_NODE_FIELDS}, n.tree_id, n.request_hash, n.summariser_request FROM nodes n WHERE n.id = $1 AND n.tenant = $2"
+# One node of the caller's tenant.  $1 node, $2 tenant (null: any tenant -- admin keys)
+NODE = f"""
+SELECT {_NODE_FIELDS}, n.tenant, n.tree_id, n.request_hash, n.summariser_request FROM nodes n
+ WHERE n.id = $1 AND ($2::text IS NULL OR n.tenant = $2)
+"""
 
 # The children of a node, oldest first.  $1 tree, $2 node, $3 tenant
 CHILDREN = f"""

@@ -250,3 +250,19 @@ def spawn_proxy(database_url: str, upstream_url: str, tmp_path: Any, config: str
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError("the proxy process did not become ready")
+
+
+def assert_invariants(database_url: str, *, grace: float = 30.0) -> None:
+    """The storage invariants (proxy.invariants) hold: shared by the fault tests."""
+    from proxy.invariants import check_invariants
+    from storage import Database
+
+    async def check() -> list[Any]:
+        db = await Database.connect(database_url, min_size=1, max_size=2)
+        try:
+            return await check_invariants(db, grace=grace)
+        finally:
+            await db.close()
+
+    violations = run(check())
+    assert violations == [], violations

@@ -216,3 +216,9 @@ def test_busy_conversation_is_409(proxy, upstream, key, cid, db):
     t.join()
     _, h = say(client, cid, user("later"))  # the lease was released
     assert db.node(h["x-node-id"])["status"] == "success"
+
+
+def test_invariants_hold_after_the_failure_table(database_url):
+    from .conftest import assert_invariants
+
+    assert_invariants(database_url)

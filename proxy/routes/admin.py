@@ -10,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -57,7 +58,7 @@ class ForkRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     node_id: uuid.UUID | None = None
 
 
-class Conversation(msgspec.Struct):
+class Conversation(msgspec.Struct, omit_defaults=True):
     id: str
     head_node_id: uuid.UUID | None
     node_count: int
@@ -66,6 +67,7 @@ class Conversation(msgspec.Struct):
     updated_at: datetime
     forked_from: str | None = None
     fork_node_id: uuid.UUID | None = None
+    tenant: str | None = None  # shown to admin keys only
     object: str = "conversation"
 
 
@@ -152,19 +154,44 @@ def _node(row: Any, cls: type[Node] = Node, **extra: Any) -> Node:
     return cls(**{f: row[f] for f in _NODE_FIELDS}, **extra)
 
 
-def _conversation(row: Any) -> Conversation:
+def _conversation(row: Any, scope: Any = None) -> Conversation:
     return Conversation(id=row["id"], head_node_id=row["head_node_id"], node_count=row["node_count"],
                         busy=row["busy"], created_at=row["created_at"], updated_at=row["updated_at"],
-                        forked_from=row["forked_from"], fork_node_id=row["fork_node_id"])
+                        forked_from=row["forked_from"], fork_node_id=row["fork_node_id"],
+                        tenant=row["tenant"] if scope is not None and scope.caller.admin else None)
 
 
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def _who(request: Request[Any, Any, Any]) -> tuple[Services, Caller, AdminStore]:
+@dataclass(frozen=True)
+class _Scope:
+    """Whose data a request may see. Everyone sees their own tenant; an admin key (keys mode)
+    names another with ``?tenant=``, and without it lists and node lookups span every tenant."""
+
+    caller: Caller
+    tenant: str  # conversations are keyed (tenant, id): this tenant's
+    any_tenant: bool = False
+
+    @property
+    def node_tenant(self) -> str | None:
+        return None if self.any_tenant else self.tenant
+
+    # the compactor reads these two like a Caller
+    @property
+    def client_key(self) -> str | None:
+        return self.caller.client_key
+
+
+def _who(request: Request[Any, Any, Any]) -> tuple[Services, _Scope, AdminStore]:
     s = services(request)
     caller = s.auth(RequestHeaders(request.scope).get("authorization"))
-    return s, caller, AdminStore(s.db)
+    if caller.admin:
+        named = request.query_params.get("tenant")
+        scope = _Scope(caller, named or caller.tenant, any_tenant=not named)
+    else:
+        scope = _Scope(caller, caller.tenant)
+    return s, scope, AdminStore(s.db)
 
 
 def _cid(value: str) -> str:
@@ -228,16 +255,16 @@ class AdminController(Controller):
         cursor: str | None = Parameter(default=None, max_length=512),
     ) -> ConversationList:
         _, caller, store = _who(request)
-        rows = await store.conversations(caller.tenant, after=_decode_cursor(cursor) if cursor else None,
-                                         limit=limit + 1)
+        rows = await store.conversations(None if caller.any_tenant else caller.tenant,
+                                         after=_decode_cursor(cursor) if cursor else None, limit=limit + 1)
         page = rows[:limit]
         next_cursor = _encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
-        return ConversationList(data=[_conversation(r) for r in page], next_cursor=next_cursor)
+        return ConversationList(data=[_conversation(r, caller) for r in page], next_cursor=next_cursor)
 
     @get("/conversations/{conversation_id:str}", summary="One conversation")
     async def get_conversation(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> Conversation:
         _, caller, store = _who(request)
-        return _conversation(await _conversation_row(store, caller.tenant, conversation_id))
+        return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
 
     @delete("/conversations/{conversation_id:str}", status_code=200,
             summary="Delete a conversation (nodes a fork still reaches are kept)")
@@ -254,7 +281,7 @@ class AdminController(Controller):
         outcome = await store.set_head(caller.tenant, _cid(conversation_id), data.node_id)
         if outcome.status != "ok":
             raise _refusal(outcome.status, conversation_id, data.node_id)
-        return _conversation(await _conversation_row(store, caller.tenant, conversation_id))
+        return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
 
     @post("/conversations/{conversation_id:str}/switch", status_code=200,
           summary="Branch arrows: move the head down from a node to its newest leaf")
@@ -263,7 +290,7 @@ class AdminController(Controller):
         outcome = await store.switch(caller.tenant, _cid(conversation_id), data.node_id)
         if outcome.status != "ok":
             raise _refusal(outcome.status, conversation_id, data.node_id)
-        return _conversation(await _conversation_row(store, caller.tenant, conversation_id))
+        return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
 
     @post("/conversations/{conversation_id:str}/fork", status_code=201,
           summary="A new conversation starting at a node of this one (nothing is copied)")
@@ -274,7 +301,7 @@ class AdminController(Controller):
         outcome = await store.fork(caller.tenant, source, new_id, data.node_id, data.node_id is None)
         if outcome.status != "ok":
             raise _refusal(outcome.status, new_id if outcome.status == "exists" else source, data.node_id)
-        return _conversation(await _conversation_row(store, caller.tenant, new_id))
+        return _conversation(await _conversation_row(store, caller.tenant, new_id), caller)
 
     @post("/conversations/{conversation_id:str}/compact", status_code=200, summary="Compact the head path now")
     async def compact(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> dict[str, Any]:
@@ -309,7 +336,7 @@ class AdminController(Controller):
     async def node_children(self, request: Request[Any, Any, Any], node_id: FromPath[str]) -> NodeList:
         _, caller, store = _who(request)
         row = await self._node_row(store, caller, node_id)
-        return NodeList(data=[_node(r) for r in await store.children(caller.tenant, row["tree_id"], row["id"])])
+        return NodeList(data=[_node(r) for r in await store.children(row["tenant"], row["tree_id"], row["id"])])
 
     @get("/nodes/{node_id:str}/request", summary="The exact request body sent upstream for this node")
     async def node_request(self, request: Request[Any, Any, Any], node_id: FromPath[str]) -> ASGIApp:
@@ -325,7 +352,7 @@ class AdminController(Controller):
 
     @staticmethod
     async def _node_row(store: AdminStore, caller: Caller, node_id: FromPath[str]) -> Any:
-        row = await store.node(caller.tenant, _node_id(node_id))
+        row = await store.node(caller.node_tenant, _node_id(node_id))
         if row is None:
             raise NodeNotFound(f"node {node_id} not found", param="node_id")
         return row

@@ -15,7 +15,7 @@ from ..auth import Caller
 from ..errors import UpstreamFailure
 from ..http import RawResponse, encode_headers
 from ..relay import BytesRelay
-from ..upstream import map_exceptions, response_headers
+from ..upstream import map_exceptions, redact, response_headers
 from .common import RequestHeaders, services, valid_conversation_id
 
 __all__ = ["forward", "passthrough", "passthrough_prefixed"]
@@ -50,6 +50,14 @@ async def forward(request: Request[Any, Any, Any], path: str, body: bytes, heade
         response = await s.upstream.send(upstream_request, stream=True)
     except UpstreamFailure as exc:
         return RawResponse(exc.status, exc.body())
+    if response.status_code >= 400:  # an error body is small: read it, mask echoed keys
+        try:
+            content = await s.upstream.read_rest(response)
+        except UpstreamFailure as exc:
+            return RawResponse(exc.status, exc.body())
+        return RawResponse(response.status_code, redact(content.decode("utf-8", "replace"),
+                                                        (who.client_key, upstream.api_key)).encode(),
+                           response_headers(response.headers))
 
     async def chunks() -> AsyncIterator[bytes]:
         with map_exceptions():

@@ -1,0 +1,144 @@
+"""Tenancy (SPEC §7): one tenant never sees another's conversations or nodes (404, never 403),
+proxy-issued keys, an admin key, and keys never leaking into logs, bodies or storage."""
+
+import hashlib
+import json
+import logging
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from proxy.logs import JsonFormatter
+
+from .conftest import Db, make_settings, serve_proxy
+from .fakes import Reply
+
+MODEL = "gpt-4o-mini"
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def say(client, cid, *messages, **headers):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=list(messages), extra_headers={"X-Conversation-Id": cid, **headers})
+    return raw.parse(), raw.headers
+
+
+def test_every_id_taking_endpoint_is_404_for_another_tenant(proxy, upstream, key, cid):
+    owner, stranger = proxy.http(key), proxy.http(f"sk-stranger-{uuid.uuid4().hex}")
+    _, a = say(proxy.openai(key), cid, user("private"))
+    _, b = say(proxy.openai(key), cid, user("more private"))
+    node = a["x-node-id"]
+    # the stranger's own conversation with the same id is a different one
+    _, own = say(proxy.openai(stranger.headers["authorization"][7:]), cid, user("stranger's"))
+    checks = [
+        ("get", f"/admin/nodes/{node}", None),
+        ("get", f"/admin/nodes/{node}/children", None),
+        ("get", f"/admin/nodes/{node}/request", None),
+        ("post", f"/admin/conversations/{cid}-x/fork", {"node_id": node}),
+    ]
+    for method, url, body in checks:
+        r = getattr(stranger, method)(url, **({"json": body} if body is not None else {}))
+        assert r.status_code == 404, (url, r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    other = f"{cid}-owner-only"
+    say(proxy.openai(key), other, user("owner only"))
+    for method, url, body in [
+        ("get", f"/admin/conversations/{other}", None),
+        ("delete", f"/admin/conversations/{other}", None),
+        ("put", f"/admin/conversations/{other}/head", {"node_id": None}),
+        ("post", f"/admin/conversations/{other}/switch", {"node_id": node}),
+        ("post", f"/admin/conversations/{other}/fork", {}),
+        ("post", f"/admin/conversations/{other}/compact", None),
+        ("get", f"/admin/conversations/{other}/path", None),
+        ("get", f"/admin/conversations/{other}/tree", None),
+    ]:
+        r = getattr(stranger, method)(url, **({"json": body} if body is not None else {}))
+        assert r.status_code == 404, (url, r.text)
+    # moving the stranger's own head onto the owner's node, or hanging under it: 404 too
+    r = stranger.put(f"/admin/conversations/{cid}/head", json={"node_id": node})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "node_not_found"
+    with pytest.raises(openai.NotFoundError):
+        say(proxy.openai(stranger.headers["authorization"][7:]), cid, user("x"), **{"X-Parent-Node-Id": b["x-node-id"]})
+    # and the owner still sees everything
+    assert owner.get(f"/admin/conversations/{other}").status_code == 200
+    assert owner.get(f"/admin/nodes/{node}").status_code == 200
+    assert own["x-node-id"] != node
+
+
+@pytest.fixture
+def keys_proxy(fresh_database_url, upstream_url):
+    settings = make_settings(fresh_database_url, upstream_url,
+                             auth={"mode": "keys", "keys": [
+                                 {"key": "sk-proxy-alice-0123456789", "tenant": "alice"},
+                                 {"key": "sha256:" + hashlib.sha256(b"sk-proxy-bob-0123456789").hexdigest(), "tenant": "bob"},
+                                 {"key": "sk-proxy-admin-0123456789", "tenant": "ops", "admin": True},
+                             ]},
+                             upstreams=[{"name": "fake", "base_url": upstream_url, "models": ["*"],
+                                         "api_key": "sk-upstream-secret-0123456789"}])
+    with serve_proxy(settings) as p:
+        yield p
+
+
+def test_keys_mode(keys_proxy, upstream, cid):
+    alice, bob, admin = "sk-proxy-alice-0123456789", "sk-proxy-bob-0123456789", "sk-proxy-admin-0123456789"
+    with pytest.raises(openai.AuthenticationError):
+        say(keys_proxy.openai("sk-proxy-mallory"), cid, user("x"))
+    assert httpx.get(f"{keys_proxy.url}/admin/conversations").status_code == 401
+    _, h = say(keys_proxy.openai(alice), cid, user("alice's secret"))
+    assert upstream.last.headers["authorization"] == "Bearer sk-upstream-secret-0123456789"  # never the proxy key
+    say(keys_proxy.openai(bob), cid, user("bob's"))  # a key stored hashed works
+    assert "alice's secret" not in upstream.last.text()
+    assert keys_proxy.http(bob).get(f"/admin/nodes/{h['x-node-id']}").status_code == 404
+    # the admin key sees every tenant, and names one for conversation ids
+    listed = keys_proxy.http(admin).get("/admin/conversations").json()["data"]
+    assert {(c["tenant"], c["id"]) for c in listed} >= {("alice", cid), ("bob", cid)}
+    assert keys_proxy.http(admin).get(f"/admin/conversations/{cid}", params={"tenant": "alice"}).json()["head_node_id"] == h["x-node-id"]
+    assert keys_proxy.http(admin).get(f"/admin/nodes/{h['x-node-id']}").status_code == 200
+    assert keys_proxy.http(alice).get("/admin/conversations").json()["data"][0].get("tenant") is None
+    assert keys_proxy.http(alice).get(f"/admin/conversations/{cid}", params={"tenant": "bob"}).json()["head_node_id"] == h["x-node-id"]
+
+
+def test_keys_never_leak(keys_proxy, upstream, cid, fresh_database_url, caplog):
+    caplog.set_level(logging.DEBUG)
+    secrets = ["sk-proxy-alice-0123456789", "sk-upstream-secret-0123456789"]
+    client = keys_proxy.openai(secrets[0])
+    bodies, headers = [], []
+    r = client.chat.completions.with_raw_response.create(model=MODEL, messages=[user("hi")], extra_headers={"X-Conversation-Id": cid})
+    bodies.append(r.http_response.text)
+    headers.append(str(r.headers))
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[user("s")], stream=True,
+                                                           extra_headers={"X-Conversation-Id": cid})
+    bodies.append(raw.http_response.read().decode())
+    # an upstream that echoes the key it was given, in a conversation, a stream and a pass-through
+    echo = {"message": "Incorrect API key provided: sk-upstream-secret-0123456789.", "type": "invalid_request_error",
+            "param": None, "code": "invalid_api_key"}
+    for stream, conversation in ((False, cid), (True, cid), (False, None)):
+        upstream.enqueue(Reply(kind="error", status=401, error=echo))
+        with httpx.Client(base_url=keys_proxy.url) as http:
+            h = {"Authorization": f"Bearer {secrets[0]}"}
+            if conversation:
+                h["X-Conversation-Id"] = conversation
+            resp = http.post("/v1/chat/completions", headers=h, json={"model": MODEL, "messages": [user("x")], "stream": stream})
+        assert resp.status_code == 401
+        bodies.append(resp.text)
+        headers.append(str(resp.headers))
+    upstream.enqueue(Reply(content="", error_event={"message": "bad key sk-upstream-secret-0123456789", "type": "auth"}))
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[user("s2")], stream=True,
+                                                           extra_headers={"X-Conversation-Id": cid})
+    bodies.append(raw.http_response.read().decode())
+    keys_proxy.http(secrets[0]).post(f"/admin/conversations/{cid}/compact")
+    db = Db(fresh_database_url)
+    stored = json.dumps([dict(r) for r in db.fetch("SELECT * FROM nodes")], default=str)
+    stored += json.dumps([dict(r) for r in db.fetch("SELECT * FROM conversations")], default=str)
+    formatter = JsonFormatter()
+    logs = "\n".join(formatter.format(r) for r in caplog.records)
+    assert "[redacted]" in "".join(bodies)  # the echo was there, and masked
+    for secret in secrets:
+        for where, text in (("response bodies", "".join(bodies)), ("response headers", "".join(headers)),
+                            ("storage", stored), ("logs", logs)):
+            assert secret not in text, f"{secret} leaked into {where}"
