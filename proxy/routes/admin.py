@@ -34,6 +34,7 @@ from ..errors import (
 from ..http import RawResponse
 from ..services import Services
 from .common import RequestHeaders, services, valid_conversation_id
+from .docs import errors
 
 __all__ = ["AdminController"]
 
@@ -247,7 +248,7 @@ class AdminController(Controller):
     path = "/admin"
     tags = ["admin"]
 
-    @get("/conversations", summary="List conversations, newest first")
+    @get("/conversations", summary="List conversations, newest first", responses=errors())
     async def list_conversations(
         self,
         request: Request[Any, Any, Any],
@@ -261,13 +262,13 @@ class AdminController(Controller):
         next_cursor = _encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
         return ConversationList(data=[_conversation(r, caller) for r in page], next_cursor=next_cursor)
 
-    @get("/conversations/{conversation_id:str}", summary="One conversation")
+    @get("/conversations/{conversation_id:str}", summary="One conversation", responses=errors())
     async def get_conversation(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> Conversation:
         _, caller, store = _who(request)
         return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
 
     @delete("/conversations/{conversation_id:str}", status_code=200,
-            summary="Delete a conversation (nodes a fork still reaches are kept)")
+            summary="Delete a conversation (nodes a fork still reaches are kept)", responses=errors())
     async def delete_conversation(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> Deleted:
         _, caller, store = _who(request)
         outcome = await store.delete(caller.tenant, _cid(conversation_id))
@@ -275,7 +276,7 @@ class AdminController(Controller):
             raise _refusal(outcome.status, conversation_id)
         return Deleted(id=conversation_id, deleted=True, nodes_deleted=outcome.deleted, nodes_kept=outcome.kept)
 
-    @put("/conversations/{conversation_id:str}/head", summary="Move the head (null clears the context)")
+    @put("/conversations/{conversation_id:str}/head", summary="Move the head (null clears the context)", responses=errors())
     async def put_head(self, request: Request[Any, Any, Any], conversation_id: FromPath[str], data: JSONBody[HeadMove]) -> Conversation:
         _, caller, store = _who(request)
         outcome = await store.set_head(caller.tenant, _cid(conversation_id), data.node_id)
@@ -284,7 +285,7 @@ class AdminController(Controller):
         return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
 
     @post("/conversations/{conversation_id:str}/switch", status_code=200,
-          summary="Branch arrows: move the head down from a node to its newest leaf")
+          summary="Branch arrows: move the head down from a node to its newest leaf", responses=errors())
     async def switch(self, request: Request[Any, Any, Any], conversation_id: FromPath[str], data: JSONBody[SwitchRequest]) -> Conversation:
         _, caller, store = _who(request)
         outcome = await store.switch(caller.tenant, _cid(conversation_id), data.node_id)
@@ -293,7 +294,7 @@ class AdminController(Controller):
         return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
 
     @post("/conversations/{conversation_id:str}/fork", status_code=201,
-          summary="A new conversation starting at a node of this one (nothing is copied)")
+          summary="A new conversation starting at a node of this one (nothing is copied)", responses=errors())
     async def fork(self, request: Request[Any, Any, Any], conversation_id: FromPath[str], data: JSONBody[ForkRequest]) -> Conversation:
         _, caller, store = _who(request)
         source = _cid(conversation_id)
@@ -303,13 +304,13 @@ class AdminController(Controller):
             raise _refusal(outcome.status, new_id if outcome.status == "exists" else source, data.node_id)
         return _conversation(await _conversation_row(store, caller.tenant, new_id), caller)
 
-    @post("/conversations/{conversation_id:str}/compact", status_code=200, summary="Compact the head path now")
+    @post("/conversations/{conversation_id:str}/compact", status_code=200, summary="Compact the head path now", responses=errors())
     async def compact(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> dict[str, Any]:
         s, caller, store = _who(request)
         conv = await _conversation_row(store, caller.tenant, conversation_id)
         return await s.compactor.compact_now(caller, conv)
 
-    @get("/conversations/{conversation_id:str}/path", summary="The head path, root first, with sibling positions")
+    @get("/conversations/{conversation_id:str}/path", summary="The head path, root first, with sibling positions", responses=errors())
     async def head_path(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> PathList:
         _, caller, store = _who(request)
         conv = await _conversation_row(store, caller.tenant, conversation_id)
@@ -319,7 +320,7 @@ class AdminController(Controller):
             head_node_id=conv["head_node_id"],
         )
 
-    @get("/conversations/{conversation_id:str}/tree", summary="Every node of the conversation")
+    @get("/conversations/{conversation_id:str}/tree", summary="Every node of the conversation", responses=errors())
     async def whole_tree(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> TreeList:
         _, caller, store = _who(request)
         conv = await _conversation_row(store, caller.tenant, conversation_id)
@@ -327,18 +328,18 @@ class AdminController(Controller):
         return TreeList(data=[TreeNode(**{f: r[f] for f in _TREE_FIELDS}) for r in rows],
                         head_node_id=conv["head_node_id"])
 
-    @get("/nodes/{node_id:str}", summary="One node, all fields")
+    @get("/nodes/{node_id:str}", summary="One node, all fields", responses=errors())
     async def get_node(self, request: Request[Any, Any, Any], node_id: FromPath[str]) -> Node:
         _, caller, store = _who(request)
         return _node(await self._node_row(store, caller, node_id))
 
-    @get("/nodes/{node_id:str}/children", summary="A node's children, oldest first")
+    @get("/nodes/{node_id:str}/children", summary="A node's children, oldest first", responses=errors())
     async def node_children(self, request: Request[Any, Any, Any], node_id: FromPath[str]) -> NodeList:
         _, caller, store = _who(request)
         row = await self._node_row(store, caller, node_id)
         return NodeList(data=[_node(r) for r in await store.children(row["tenant"], row["tree_id"], row["id"])])
 
-    @get("/nodes/{node_id:str}/request", summary="The exact request body sent upstream for this node")
+    @get("/nodes/{node_id:str}/request", summary="The exact request body sent upstream for this node", responses=errors())
     async def node_request(self, request: Request[Any, Any, Any], node_id: FromPath[str]) -> ASGIApp:
         s, caller, store = _who(request)
         row = await self._node_row(store, caller, node_id)

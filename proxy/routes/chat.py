@@ -14,6 +14,7 @@ from litestar.types import ASGIApp
 
 from ..errors import InvalidRequest
 from ..lifecycle import ChatCall
+from .docs import errors
 from .common import RequestHeaders, parse_node_id, resolve_conversation_id, services
 from .passthrough import forward
 
@@ -90,12 +91,12 @@ async def _chat(request: Request[Any, Any, Any], path_cid: str | None) -> ASGIAp
 
 
 @post("/v1/chat/completions", summary="Chat completion (stored when a conversation id is given)",
-      tags=["chat"], status_code=200)
+      tags=["chat"], status_code=200, responses=errors(400, 401, 404, 409, 413, 502, 503, 504))
 async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
     return await _chat(request, None)
 
 
 @post("/c/{conversation_id:str}/v1/chat/completions", summary="Chat completion in the named conversation",
-      tags=["chat"], status_code=200)
+      tags=["chat"], status_code=200, responses=errors(400, 401, 404, 409, 413, 502, 503, 504))
 async def chat_completions_prefixed(request: Request[Any, Any, Any]) -> ASGIApp:
     return await _chat(request, request.path_params["conversation_id"])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, get
+import msgspec
+from litestar import Request, Response, get
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ASGIApp
 
 from storage import StorageError, latest_version
@@ -20,19 +22,28 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@get("/readyz", summary="Readiness: database reachable and migrations current", tags=["operations"])
-async def readyz(request: Request[Any, Any, Any]) -> ASGIApp:
+class Readiness(msgspec.Struct, omit_defaults=True):
+    status: str
+    database: str
+    schema_version: int | None = None
+    detail: str | None = None
+
+
+@get("/readyz", summary="Readiness: database reachable and migrations current", tags=["operations"],
+     responses={503: ResponseSpec(Readiness, description="Not ready: database unreachable or migrations pending",
+                                  generate_examples=False)})
+async def readyz(request: Request[Any, Any, Any]) -> Response[Readiness]:
     s = services(request)
     try:
         version = await s.db.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
     except StorageError as exc:
-        return RawResponse(503, b'{"status":"unavailable","database":"unreachable","detail":"%s"}' % str(exc).encode())
+        return Response(Readiness("unavailable", "unreachable", detail=str(exc)), status_code=503)
     if version != latest_version():
-        return RawResponse(503, b'{"status":"unavailable","database":"migrations pending"}')
-    return RawResponse(200, b'{"status":"ready","database":"ok","schema_version":%d}' % version)
+        return Response(Readiness("unavailable", "migrations pending", schema_version=version), status_code=503)
+    return Response(Readiness("ready", "ok", schema_version=version))
 
 
-@get("/metrics", summary="Prometheus metrics", tags=["operations"])
+@get("/metrics", summary="Prometheus metrics", tags=["operations"], media_type="text/plain")
 async def metrics(request: Request[Any, Any, Any]) -> ASGIApp:
     s = services(request)
     try:
