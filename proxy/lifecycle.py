@@ -12,6 +12,7 @@ Where the head goes after a call is decided in one place: ``moves_head``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import uuid
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
-from storage import uuid7
+from storage import StorageError, uuid7
 
 from .assembly import Target, assemble, build_body
 from .errors import (
@@ -93,6 +94,7 @@ class _Started:
     params: dict[str, Any]
     request_hash: bytes | None = None
     secrets: tuple[str | None, ...] = ()  # keys an upstream error must never echo back
+    finished: bool = False
 
     def headers(self) -> list[tuple[str, str]]:
         return [
@@ -162,27 +164,60 @@ class CallLifecycle:
     async def _finish(self, started: _Started, *, outcome: str, received: list[Any] | None = None,
                       usage: dict[str, Any] | None = None, finish_reason: str | None = None,
                       error: dict[str, Any] | None = None) -> None:
-        """Store the outcome and apply the head rule. Never raises: a node we cannot finalize
-        stays pending and the reaper marks it interrupted once its lease runs out."""
-        self.s.leases.untrack(started.node_id)
+        """Store the outcome and apply the head rule. Never raises. If the database is away,
+        the outcome is stored in the background as soon as it is back (the lease is kept alive
+        meanwhile); a node that still cannot be stored is reaped as interrupted in the end."""
+        started.finished = True
         call = started.call
         if error is not None:
             error = {**error, "kind": outcome}  # which row of the SPEC §4 table applied
+        store = functools.partial(
+            self.s.tree.finish_call,
+            tree_id=started.tree_id,
+            node_id=started.node_id,
+            status=SUCCESS if outcome == SUCCESS else "failed",
+            received=received,
+            usage=usage,
+            finish_reason=finish_reason,
+            error=error,
+            request_hash=started.request_hash,
+            move_head=moves_head(call.kind, outcome),
+        )
         try:
-            await self.s.tree.finish_call(
-                tree_id=started.tree_id,
-                node_id=started.node_id,
-                status=SUCCESS if outcome == SUCCESS else "failed",
-                received=received,
-                usage=usage,
-                finish_reason=finish_reason,
-                error=error,
-                request_hash=started.request_hash,
-                move_head=moves_head(call.kind, outcome),
-            )
+            await store()
+        except StorageError as exc:
+            log.warning("could not store a call's outcome; retrying in the background",
+                        extra={"node_id": str(started.node_id), "error": str(exc)})
+            self.s.spawn(self._store_later(started, store, outcome, usage))
+            return
         except Exception:  # noqa: BLE001
             log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
+            self.s.leases.untrack(started.node_id)
             return
+        self._stored(started, outcome, usage, error)
+
+    async def _store_later(self, started: _Started, store: Any, outcome: str, usage: dict[str, Any] | None) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.lease_seconds
+        delay = 0.1
+        while loop.time() < give_up:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                await store()
+            except StorageError:
+                continue
+            except Exception:  # noqa: BLE001
+                log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
+                break
+            log.info("stored a call's outcome after the database came back", extra={"node_id": str(started.node_id)})
+            self._stored(started, outcome, usage, None)
+            return
+        self.s.leases.untrack(started.node_id)  # the reaper takes it from here
+
+    def _stored(self, started: _Started, outcome: str, usage: dict[str, Any] | None, error: dict[str, Any] | None) -> None:
+        self.s.leases.untrack(started.node_id)
+        call = started.call
         self.s.metrics.observe_call(call.kind, outcome, usage)
         if outcome == SUCCESS and call.kind == "turn":
             self.s.compactor.after_turn(tenant=call.tenant, conversation_id=call.conversation_id,
@@ -227,7 +262,7 @@ class CallLifecycle:
                 return await self._run_stream(started, request)
             return await self._run_json(started, request, receive)
         except BaseException as exc:
-            if started.node_id in self.s.leases.inflight:  # not finalized yet
+            if not started.finished:
                 if isinstance(exc, BranchpointError):
                     err = {"type": exc.type, "code": exc.code, "message": exc.message, "status": None}
                 else:
@@ -321,6 +356,17 @@ class CallLifecycle:
             failure = classify(response.status_code, content, started.secrets)
             await self._finish(started, outcome=failure.kind, error=failure.error)
             return RawResponse(failure.status, failure.body, response_headers(response.headers) + started.headers())
+
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            # a stream was asked for and something else came back: read it and refuse it whole
+            try:
+                content = await self.s.upstream.read_rest(response)
+            except UpstreamFailure as exc:
+                failure = failure_from_exception(exc)
+            else:
+                failure = self._bad_success(content, ValueError("not an event stream"), started.secrets)
+            await self._finish(started, outcome=failure.kind, error=failure.error)
+            return RawResponse(failure.status, failure.body, started.headers())
 
         wants_usage = bool((started.call.body.get("stream_options") or {}).get("include_usage")) \
             if isinstance(started.call.body.get("stream_options"), dict) else False

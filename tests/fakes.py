@@ -301,3 +301,79 @@ class FakeUpstream:
         if reply.done and not reply.error_event:
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+class EvilUpstream:
+    """A raw TCP 'upstream' that misbehaves at the protocol level, one way per ``mode``:
+    close (no answer), reset (RST), partial_headers, short_body, garbage, stream_reset (RST after
+    two SSE events)."""
+
+    def __init__(self) -> None:
+        import socket as _socket
+
+        self.mode = "close"
+        self.sock = _socket.socket()
+        self.sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: Any) -> None:
+        import socket as _socket
+        import struct
+
+        def reset() -> None:
+            conn.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")), 0)
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            mode = self.mode
+            if mode == "close":
+                conn.close()
+            elif mode == "reset":
+                reset()
+            elif mode == "partial_headers":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/js")
+                conn.close()
+            elif mode == "short_body":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"id\": \"x\"")
+                conn.close()
+            elif mode == "garbage":
+                conn.sendall(b"\x00\x01NOT HTTP AT ALL\r\n\r\n")
+                conn.close()
+            elif mode == "stream_reset":
+                event = json.dumps({"id": "c", "object": "chat.completion.chunk", "model": "m",
+                                    "choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": None}]})
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for _ in range(2):
+                    payload = f"data: {event}\n\n".encode()
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(payload), payload))
+                time.sleep(0.05)
+                reset()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()

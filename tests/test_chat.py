@@ -249,3 +249,17 @@ def test_invalid_node_kind_and_parent_header(proxy, key, cid):
         r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Parent-Node-Id": "not-a-uuid"},
                       json={"model": MODEL, "messages": [user("x")]})
         assert r.status_code == 400 and r.json()["error"]["param"] == "X-Parent-Node-Id"
+
+
+def test_body_over_the_limit_is_413(database_url, upstream_url, key):
+    from .conftest import make_settings, serve_proxy
+
+    with serve_proxy(make_settings(database_url, upstream_url, server={"max_body_bytes": 2048})) as p:
+        big = json.dumps({"model": MODEL, "messages": [user("x" * 4096)]}).encode()
+        for path, headers in (("/v1/chat/completions", {"X-Conversation-Id": "big"}),
+                              ("/v1/chat/completions", {}),  # pass-through too
+                              ("/v1/embeddings", {})):
+            r = httpx.post(p.url + path, content=big, headers={"Authorization": f"Bearer {key}", **headers})
+            assert r.status_code == 413, (path, r.text)
+            assert r.json()["error"]["code"] == "payload_too_large"
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}

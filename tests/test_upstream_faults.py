@@ -1,0 +1,54 @@
+"""Protocol-level upstream faults: each ends as a failed node under the right head rule and a
+clean OpenAI-shaped error for the client (mid-stream: one final SSE error event)."""
+
+import httpx
+import pytest
+
+from .conftest import Db, assert_invariants, make_settings, serve_proxy
+from .fakes import EvilUpstream
+
+MODEL = "gpt-4o-mini"
+
+
+@pytest.fixture(scope="module")
+def evil():
+    server = EvilUpstream()
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("mode", ["close", "reset", "partial_headers", "short_body", "garbage"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_protocol_faults_fail_cleanly(fresh_database_url, evil, key, cid, mode, stream):
+    evil.mode = mode
+    db = Db(fresh_database_url)
+    with serve_proxy(make_settings(fresh_database_url, evil.url)) as p, httpx.Client(base_url=p.url, timeout=10) as http:
+        r = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+        assert r.status_code == 502, r.text
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] in ("upstream_unreachable", "upstream_bad_response")
+        node = db.node(r.headers["x-node-id"])
+        assert node["status"] == "failed" and node["error"]["kind"] == "transient"
+        assert db.head(cid) == r.headers["x-node-id"]  # transient: the failed node is the head
+    assert_invariants(fresh_database_url)
+
+
+def test_connection_reset_mid_stream(fresh_database_url, evil, key, cid):
+    evil.mode = "stream_reset"
+    db = Db(fresh_database_url)
+    with serve_proxy(make_settings(fresh_database_url, evil.url)) as p, httpx.Client(base_url=p.url, timeout=10) as http:
+        with http.stream("POST", "/v1/chat/completions",
+                         headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+                         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}) as r:
+            assert r.status_code == 200
+            body = r.read()
+        events = [e for e in body.split(b"\n\n") if e]
+        assert b"partial" in events[0]
+        assert events[-1].startswith(b'data: {"error"') and b"[DONE]" not in body
+        node = db.node(r.headers["x-node-id"])
+        assert node["status"] == "failed" and node["error"]["code"] == "stream_interrupted"
+        assert node["received"] is None  # the partial answer never becomes context
+        assert db.head(cid) == r.headers["x-node-id"]
+    assert_invariants(fresh_database_url)
