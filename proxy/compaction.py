@@ -234,7 +234,7 @@ class Compactor:
         try:
             data = _decode(response.content)
             text = data["choices"][0]["message"]["content"]
-        except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
+        except (msgspec.DecodeError, RecursionError, KeyError, IndexError, TypeError) as exc:
             raise UpstreamFailure(f"the summariser's answer is not a completion ({type(exc).__name__})") from None
         if not isinstance(text, str) or not text.strip():
             raise UpstreamFailure("the summariser returned no text")

@@ -315,7 +315,7 @@ class CallLifecycle:
             message = data["choices"][0]["message"]
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
-        except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
+        except (msgspec.DecodeError, RecursionError, KeyError, IndexError, TypeError) as exc:
             failure = self._bad_success(content, exc, started.secrets)
             await self._finish(started, outcome=failure.kind, error=failure.error)
             return RawResponse(failure.status, failure.body, started.headers())
@@ -333,7 +333,7 @@ class CallLifecycle:
         """A 2xx whose body is not a completion: an error body in disguise, or garbage."""
         try:
             data = _decode(content)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             data = None
         if isinstance(data, dict) and data.get("error"):
             failure = classify(502, content, secrets)

@@ -289,7 +289,7 @@ class StreamRelay:
                         break
                     try:
                         chunk = _decode(data)
-                    except msgspec.DecodeError:
+                    except (msgspec.DecodeError, RecursionError):
                         out.append(event + b"\n\n")
                         continue
                     acc.feed(chunk)

@@ -101,7 +101,7 @@ def _error_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
     """(type, code, message) from an OpenAI-shaped (or close) error body; Nones if unreadable."""
     try:
         data = _decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None, None, None
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, str):
@@ -158,7 +158,7 @@ def _client_error_body(body: bytes, error: dict[str, Any]) -> bytes:
     byte); else the same error with the missing keys filled in; else a wrapper of what it said."""
     try:
         data = _decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         upstream_error = data["error"]

@@ -222,3 +222,10 @@ def test_invariants_hold_after_the_failure_table(database_url):
     from .conftest import assert_invariants
 
     assert_invariants(database_url)
+
+
+def test_a_pathologically_nested_upstream_answer_is_a_clean_502(client, upstream, cid, db):
+    upstream.enqueue(Reply(kind="raw", status=200, body=b"[" * 100_000 + b"]" * 100_000))
+    e = fail(client, cid, user("q"))
+    assert e.status_code == 502
+    assert db.node(e.response.headers["x-node-id"])["status"] == "failed"

@@ -35,7 +35,7 @@ def _model_of(body: bytes) -> str | None:
         return None
     try:
         return _model_decoder.decode(body).model
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
 
 
