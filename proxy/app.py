@@ -24,6 +24,7 @@ from .errors import BranchpointError, error_body
 from .leases import LeaseKeeper
 from .lifecycle import CallLifecycle
 from .metrics import Metrics
+from .observability import ObservabilityMiddleware, install_log_context
 from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_prefixed
 from .routes.health import healthz, metrics, readyz
@@ -81,6 +82,7 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
 
 def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> Litestar:
     """Build the app. ``upstream_transport`` replaces the network for the upstream client (tests)."""
+    install_log_context()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -144,6 +146,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             AdminController,
         ],
         lifespan=[lifespan],
+        middleware=[ObservabilityMiddleware],
         exception_handlers={
             BranchpointError: _on_branchpoint_error,
             StorageError: _on_storage_error,

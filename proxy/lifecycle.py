@@ -15,6 +15,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from .errors import (
     UpstreamFailure,
 )
 from .http import RawResponse, encode_headers
+from .observability import current_request
 from .relay import StreamEnd, StreamRelay
 from .upstream import Failure, classify, failure_from_exception, map_exceptions, response_headers
 
@@ -102,6 +104,12 @@ class _Started:
             ("x-node-id", str(self.node_id)),
             ("x-parent-node-id", str(self.parent_id) if self.parent_id else "root"),
         ]
+
+
+def _upstream_time(seconds: float) -> None:
+    ctx = current_request.get()
+    if ctx is not None:
+        ctx.upstream_seconds += seconds
 
 
 def _disconnected() -> Failure:
@@ -234,6 +242,10 @@ class CallLifecycle:
         upstream = self.s.upstream.route(call.body.get("model"))
         started, path = await self._begin(call, upstream.name)
         started.secrets = (call.client_key, upstream.api_key)
+        ctx = current_request.get()
+        if ctx is not None:
+            ctx.conversation_id = call.conversation_id
+            ctx.node_id = str(started.node_id)
         self.s.leases.track(started.tree_id, started.node_id)
         try:
             target = Target(upstream.name, upstream.accepts_reasoning)
@@ -287,10 +299,12 @@ class CallLifecycle:
     async def _run_json(self, started: _Started, request: httpx.Request, receive: Any) -> RawResponse:
         send_task = asyncio.ensure_future(self.s.upstream.send(request))
         watch = asyncio.ensure_future(_wait_for_disconnect(receive))
+        t0 = time.perf_counter()
         try:
             await asyncio.wait((send_task, watch), return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
+            _upstream_time(time.perf_counter() - t0)
         if not send_task.done():  # the client gave up first
             send_task.cancel()
             await asyncio.gather(send_task, return_exceptions=True)
@@ -342,6 +356,7 @@ class CallLifecycle:
         return failure_from_exception(err)
 
     async def _run_stream(self, started: _Started, request: httpx.Request) -> Any:
+        t0 = time.perf_counter()
         try:
             response = await self.s.upstream.send(request, stream=True)
         except UpstreamFailure as exc:
@@ -377,6 +392,7 @@ class CallLifecycle:
                     yield chunk
 
         async def on_end(end: StreamEnd) -> None:
+            _upstream_time(time.perf_counter() - t0)
             if end.failure is None:
                 await self._finish(started, outcome=SUCCESS, received=[end.accumulator.message()],
                                    usage=end.accumulator.usage, finish_reason=end.accumulator.finish_reason)

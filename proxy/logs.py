@@ -1,9 +1,9 @@
 """Structured logs: one JSON object per line (or plain text), with the request id and the
-conversation/node ids when known. Message contents are never logged at info level."""
+conversation/node ids when known (stamped on each record by ``observability``). Message
+contents are never logged at info level."""
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import sys
 import time
@@ -11,11 +11,10 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["JsonFormatter", "configure_logging", "request_id"]
+__all__ = ["JsonFormatter", "configure_logging"]
 
-request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
-
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime", "taskName"}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {
+    "message", "asctime", "taskName", "color_message"}
 _encode = msgspec.json.Encoder().encode
 
 
@@ -27,11 +26,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        rid = request_id.get()
-        if rid:
-            out["request_id"] = rid
+        for key in ("request_id", "conversation_id", "node_id"):
+            value = getattr(record, "bp_" + key, None)
+            if value:
+                out[key] = value
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
+            if key not in _STANDARD and not key.startswith(("_", "bp_")):
                 out[key] = value if isinstance(value, (str, int, float, bool, type(None), list, dict)) else str(value)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)

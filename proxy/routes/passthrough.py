@@ -4,6 +4,7 @@ name (to pick the upstream) and nothing is stored."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from litestar.types import ASGIApp
 from ..auth import Caller
 from ..errors import UpstreamFailure
 from ..http import RawResponse, encode_headers
+from ..observability import current_request
 from ..relay import BytesRelay
 from ..upstream import map_exceptions, redact, response_headers
 from .common import RequestHeaders, services, valid_conversation_id
@@ -46,15 +48,25 @@ async def forward(request: Request[Any, Any, Any], path: str, body: bytes, heade
     out_headers = s.upstream.request_headers(upstream, headers.items, who.client_key)
     upstream_request = s.upstream.build(request.method, upstream, path, headers=out_headers,
                                         content=body or None, params=request.scope.get("query_string") or None)
+    t0 = time.perf_counter()
+    ctx = current_request.get()
+
+    def upstream_done() -> None:
+        if ctx is not None:
+            ctx.upstream_seconds = time.perf_counter() - t0
+
     try:
         response = await s.upstream.send(upstream_request, stream=True)
     except UpstreamFailure as exc:
+        upstream_done()
         return RawResponse(exc.status, exc.body())
     if response.status_code >= 400:  # an error body is small: read it, mask echoed keys
         try:
             content = await s.upstream.read_rest(response)
         except UpstreamFailure as exc:
             return RawResponse(exc.status, exc.body())
+        finally:
+            upstream_done()
         return RawResponse(response.status_code, redact(content.decode("utf-8", "replace"),
                                                         (who.client_key, upstream.api_key)).encode(),
                            response_headers(response.headers))
@@ -64,8 +76,11 @@ async def forward(request: Request[Any, Any, Any], path: str, body: bytes, heade
             async for chunk in response.aiter_bytes():
                 yield chunk
 
-    return BytesRelay(response.status_code, encode_headers(response_headers(response.headers)), chunks(),
-                      response.aclose)
+    async def close() -> None:
+        upstream_done()
+        await response.aclose()
+
+    return BytesRelay(response.status_code, encode_headers(response_headers(response.headers)), chunks(), close)
 
 
 async def _passthrough(request: Request[Any, Any, Any], path: str, prefix_cid: str | None) -> ASGIApp:

@@ -1,0 +1,111 @@
+"""Per-request observability: a request id (taken from the client's ``X-Request-Id`` or made
+up, and sent back as ``X-Branchpoint-Request-Id`` -- the upstream's own ``x-request-id`` is
+relayed untouched, providers' support desks ask for it), the conversation/node ids once known, Prometheus metrics by route and status, the
+upstream's share of the time (so the proxy's own overhead is visible in production), and one
+access-log line per request -- ids, status and timings, never message contents.
+
+``RequestContext`` travels in a context variable; the call lifecycle fills in what it learns.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+__all__ = ["ObservabilityMiddleware", "RequestContext", "current_request", "install_log_context"]
+
+log = logging.getLogger("branchpoint.access")
+
+_VALID_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+class RequestContext:
+    __slots__ = ("conversation_id", "node_id", "request_id", "upstream_seconds")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.conversation_id: str | None = None
+        self.node_id: str | None = None
+        self.upstream_seconds = 0.0
+
+
+current_request: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("current_request", default=None)
+
+
+_installed = False
+
+
+def install_log_context() -> None:
+    """Stamp every log record made while serving a request with its request, conversation and
+    node ids (at the moment it is made, so any handler -- JSON, text, a test's -- sees them)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        ctx = current_request.get()
+        if ctx is not None:  # own names: a call's explicit extra= of the same ids must not clash
+            record.bp_request_id = ctx.request_id
+            record.bp_conversation_id = ctx.conversation_id
+            record.bp_node_id = ctx.node_id
+        return record
+
+    logging.setLogRecordFactory(factory)
+
+
+def _request_id(scope: Any) -> str:
+    for key, value in scope["headers"]:
+        if key == b"x-request-id" and _VALID_ID.fullmatch(value):
+            return value.decode()
+    return uuid.uuid4().hex
+
+
+class ObservabilityMiddleware:
+    """Raw ASGI middleware (Litestar applies it inside each route, after routing)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        ctx = RequestContext(_request_id(scope))
+        token = current_request.set(ctx)
+        start = time.perf_counter()
+        status = 500
+        rid = ctx.request_id.encode()
+
+        async def send_with_id(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-branchpoint-request-id", rid)]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - start
+            route = scope.get("path_template") or "unmatched"
+            services = getattr(scope["app"].state, "services", None)
+            if services is not None:
+                m = services.metrics
+                m.requests.labels(route, str(status)).inc()
+                m.request_seconds.labels(route).observe(elapsed)
+                if ctx.upstream_seconds:
+                    m.upstream_seconds.labels(route).observe(ctx.upstream_seconds)
+                    m.overhead_seconds.labels(route).observe(max(0.0, elapsed - ctx.upstream_seconds))
+            if log.isEnabledFor(logging.INFO):
+                log.info("request", extra={
+                    "method": scope["method"], "path": scope["path"], "route": route, "status": status,
+                    "duration_ms": round(elapsed * 1000, 2), "upstream_ms": round(ctx.upstream_seconds * 1000, 2),
+                })
+            current_request.reset(token)

@@ -1,0 +1,93 @@
+"""Metrics move when calls happen; logs are structured, carry ids, and never message contents."""
+
+import json
+import logging
+import re
+
+import httpx
+import openai
+import pytest
+
+from proxy.logs import JsonFormatter
+
+from .fakes import Reply
+
+MODEL = "gpt-4o-mini"
+
+
+def metric(proxy, name, **labels):
+    text = httpx.get(f"{proxy.url}/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if want else "") + r" ([0-9.e+]+)"
+    m = re.search("^" + pattern + "$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_metrics_move(proxy, upstream, key, cid):
+    client = proxy.openai(key)
+    route = "/v1/chat/completions"
+    before = {
+        "requests": metric(proxy, "branchpoint_requests_total", route=route, status="200"),
+        "calls": metric(proxy, "branchpoint_calls_total", kind="turn", outcome="success"),
+        "failed": metric(proxy, "branchpoint_calls_total", kind="turn", outcome="transient"),
+        "tokens_in": metric(proxy, "branchpoint_tokens_total", direction="in"),
+        "upstream": metric(proxy, "branchpoint_upstream_seconds_count", route=route),
+        "overhead": metric(proxy, "branchpoint_overhead_seconds_count", route=route),
+        "busy": metric(proxy, "branchpoint_busy_rejections_total"),
+        "drops": metric(proxy, "branchpoint_pairing_drops_total"),
+        "statements": metric(proxy, "branchpoint_db_statements_total"),
+        "passthrough": metric(proxy, "branchpoint_requests_total", route="/v1/{path}", status="200"),
+    }
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_headers={"X-Conversation-Id": cid})
+    upstream.enqueue(Reply(kind="error", status=503))
+    with pytest.raises(openai.InternalServerError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], extra_headers={"X-Conversation-Id": cid})
+    upstream.enqueue(Reply(content=None, tool_calls=[{"id": "c9", "type": "function", "function": {"name": "f", "arguments": "{}"}}]))
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "y"}], extra_headers={"X-Conversation-Id": cid})
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "abandon"}], extra_headers={"X-Conversation-Id": cid})
+    client.models.list()
+    import threading
+
+    upstream.enqueue(Reply(delay=0.8))
+    t = threading.Thread(target=lambda: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "slow"}], extra_headers={"X-Conversation-Id": cid}))
+    t.start()
+    upstream.wait_for(5)
+    with pytest.raises(openai.ConflictError):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "busy"}], extra_headers={"X-Conversation-Id": cid})
+    t.join()
+    assert metric(proxy, "branchpoint_requests_total", route=route, status="200") == before["requests"] + 4
+    assert metric(proxy, "branchpoint_requests_total", route=route, status="503") >= 1
+    assert metric(proxy, "branchpoint_calls_total", kind="turn", outcome="success") == before["calls"] + 4
+    assert metric(proxy, "branchpoint_calls_total", kind="turn", outcome="transient") == before["failed"] + 1
+    assert metric(proxy, "branchpoint_tokens_total", direction="in") > before["tokens_in"]
+    assert metric(proxy, "branchpoint_upstream_seconds_count", route=route) >= before["upstream"] + 5
+    assert metric(proxy, "branchpoint_overhead_seconds_count", route=route) >= before["overhead"] + 5
+    assert metric(proxy, "branchpoint_busy_rejections_total") == before["busy"] + 1
+    assert metric(proxy, "branchpoint_pairing_drops_total") >= before["drops"] + 1
+    assert metric(proxy, "branchpoint_db_statements_total") > before["statements"]
+    assert metric(proxy, "branchpoint_requests_total", route="/v1/{path}", status="200") == before["passthrough"] + 1
+    text = httpx.get(f"{proxy.url}/metrics").text
+    for name in ("branchpoint_request_seconds_bucket", "branchpoint_pending_nodes", "branchpoint_inflight_calls",
+                 "branchpoint_compactions_total"):
+        assert name in text or name == "branchpoint_compactions_total", name
+
+
+def test_structured_logs_with_ids_and_no_contents(proxy, upstream, key, cid, caplog):
+    caplog.set_level(logging.INFO)
+    secret_text = "PURPLE-ELEPHANT-CONTENT"
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid,
+                                                               "X-Request-Id": "req-from-client-1"},
+                   json={"model": MODEL, "messages": [{"role": "user", "content": secret_text}]})
+    assert r.status_code == 200 and r.headers["x-branchpoint-request-id"] == "req-from-client-1"
+    assert r.headers["x-request-id"] == "req_fake"  # the upstream's own, relayed untouched
+    r2 = httpx.get(f"{proxy.url}/healthz")
+    assert re.fullmatch(r"[0-9a-f]{32}", r2.headers["x-branchpoint-request-id"])  # made up when absent
+    formatter = JsonFormatter()
+    lines = [json.loads(formatter.format(rec)) for rec in caplog.records if rec.levelno >= logging.INFO]
+    access = [x for x in lines if x["logger"] == "branchpoint.access" and x.get("request_id") == "req-from-client-1"]
+    assert access, lines
+    line = access[0]
+    assert line["conversation_id"] == cid and line["node_id"] == r.headers["x-node-id"]
+    assert line["status"] == 200 and line["duration_ms"] > 0 and line["route"] == "/v1/chat/completions"
+    assert all(secret_text not in json.dumps(x) for x in lines)
