@@ -1,23 +1,78 @@
-"""The ``branchpoint`` command."""
+"""The ``branchpoint`` command: serve, migrate, inspect conversations, check the database.
+
+Every command reads the same configuration as the server (``--config`` / ``BRANCHPOINT_CONFIG``,
+``BRANCHPOINT_DATABASE_URL`` ...). Without a database URL the embedded PostgreSQL of the data
+directory is used -- attached to if ``serve`` is running on it, started otherwise.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import click
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
 
-from config import SettingsError, load_settings
+from config import Settings, SettingsError, load_settings
 
 __all__ = ["main"]
 
+_config_option = click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
+                              help="TOML config file (also BRANCHPOINT_CONFIG).")
 
-def _settings(config_file: str | None):
+
+def _settings(config_file: str | None) -> Settings:
     try:
         return load_settings(config_file)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+@asynccontextmanager
+async def _database(settings: Settings) -> AsyncIterator[Any]:
+    """A small pool on the configured database (or the embedded one), closed afterwards."""
+    from storage import Database, StorageError, start_embedded
+
+    embedded = None
+    url = settings.database.url
+    if not url:
+        embedded = await asyncio.to_thread(start_embedded, settings.database.data_dir or None)
+        url = embedded.uri
+    try:
+        try:
+            db = await Database.connect(url, min_size=1, max_size=2, connect_timeout=settings.database.connect_timeout)
+        except StorageError as exc:
+            raise click.ClickException(f"cannot reach the database: {exc}") from None
+        try:
+            yield db
+        finally:
+            await db.close()
+    finally:
+        if embedded:
+            embedded.stop()
+
+
+def _run(coro: Any) -> Any:
+    try:
+        return asyncio.run(coro)
+    except KeyboardInterrupt:  # pragma: no cover
+        raise SystemExit(130) from None
 
 
 @click.group()
@@ -26,13 +81,15 @@ def main() -> None:
     """Branchpoint: an OpenAI-compatible proxy that stores every call as a node of a conversation tree."""
 
 
+# -- serve ------------------------------------------------------------------------------------
+
+
 @main.command()
 @click.option("--host", default=None, help="Interface to listen on (default from config: 127.0.0.1).")
 @click.option("--port", default=None, type=int, help="Port to listen on (default from config: 8080).")
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
-              help="TOML config file (also BRANCHPOINT_CONFIG).")
+@_config_option
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Worker processes; they share the database safely.")
+              help="Worker processes; they share the database safely (leases live in PostgreSQL).")
 def serve(host: str | None, port: int | None, config_file: str | None, workers: int) -> None:
     """Serve the proxy. Without a database URL, an embedded PostgreSQL is started."""
     import uvicorn
@@ -44,47 +101,267 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
     configure_logging(settings.server.log_level, settings.server.log_format)
     host = host or settings.server.host
     port = port or settings.server.port
-    embedded = None
-    if workers > 1:
-        if not settings.database.url:
-            from storage import migrate, start_embedded
-
-            embedded = start_embedded(settings.database.data_dir or None)
-            os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
-            asyncio.run(migrate(embedded.uri))
-        if config_file:
-            os.environ["BRANCHPOINT_CONFIG"] = os.path.abspath(config_file)
-        try:
-            uvicorn.run("proxy.app:app_from_environment", factory=True, host=host, port=port, workers=workers,
-                        log_config=None, access_log=False, loop="uvloop", http="httptools")
-        finally:
-            if embedded:
-                embedded.stop()
+    options: dict[str, Any] = dict(host=host, port=port, log_config=None, access_log=False, loop="uvloop",
+                                   http="httptools", timeout_graceful_shutdown=30)
+    if workers == 1:
+        uvicorn.run(create_app(settings), **options)
         return
-    uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False,
-                loop="uvloop", http="httptools", timeout_graceful_shutdown=30)
-
-
-@main.command()
-@click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False))
-def migrate(config_file: str | None) -> None:
-    """Apply pending database migrations and exit."""
-    from storage import migrate as run_migrations
-    from storage import start_embedded
-
-    settings = _settings(config_file)
+    # several workers: the embedded server (if any) is started once, here, and shared
     embedded = None
-    url = settings.database.url
-    if not url:
+    if not settings.database.url:
+        from storage import migrate, start_embedded
+
         embedded = start_embedded(settings.database.data_dir or None)
-        url = embedded.uri
+        os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
+        asyncio.run(migrate(embedded.uri))
+    if config_file:
+        os.environ["BRANCHPOINT_CONFIG"] = os.path.abspath(config_file)
     try:
-        applied = asyncio.run(run_migrations(url))
+        uvicorn.run("proxy.app:app_from_environment", factory=True, workers=workers, **options)
     finally:
         if embedded:
             embedded.stop()
-    click.echo(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else "; schema is current"))
+
+
+# -- migrate ----------------------------------------------------------------------------------
+
+
+@main.command()
+@_config_option
+def migrate(config_file: str | None) -> None:
+    """Apply pending database migrations and exit."""
+    from storage import migrate as run_migrations
+
+    settings = _settings(config_file)
+    console = _console()
+
+    async def go() -> list[int]:
+        async with _database(settings) as db:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=_console(stderr=True), transient=True) as progress:
+                task = progress.add_task("migrating", total=None)
+
+                def step(done: int, total: int, name: str) -> None:
+                    progress.update(task, total=total, completed=done, description=f"migrating: {name}")
+
+                async with db.pool.acquire() as conn:
+                    return await run_migrations(conn, progress=step)
+
+    applied = _run(go())
+    console.print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else "; the schema is current"))
+
+
+# -- conversations ----------------------------------------------------------------------------
+
+
+@main.group()
+def conversations() -> None:
+    """Inspect stored conversations."""
+
+
+async def _find(db: Any, conversation_id: str, tenant: str | None) -> Any:
+    from storage.admin import AdminStore
+
+    store = AdminStore(db)
+    if tenant is None:
+        tenants = [r["tenant"] for r in await db.fetch("SELECT tenant FROM conversations WHERE id = $1", conversation_id)]
+        if not tenants:
+            raise click.ClickException(f"no conversation {conversation_id!r}")
+        if len(tenants) > 1:
+            raise click.ClickException(f"{conversation_id!r} exists for several tenants; pick one with --tenant: "
+                                       + ", ".join(tenants))
+        tenant = tenants[0]
+    conv = await store.conversation(tenant, conversation_id)
+    if conv is None:
+        raise click.ClickException(f"no conversation {conversation_id!r} for tenant {tenant!r}")
+    return store, conv
+
+
+def _short(value: Any, width: int = 8) -> str:
+    return str(value)[-width:] if value else "-"
+
+
+def _when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+@conversations.command("list")
+@_config_option
+@click.option("--tenant", default=None, help="Only this tenant's conversations.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+def list_conversations(config_file: str | None, tenant: str | None, limit: int) -> None:
+    """List conversations, newest first."""
+    from storage.admin import AdminStore
+
+    settings = _settings(config_file)
+
+    async def go() -> list[Any]:
+        async with _database(settings) as db:
+            return await AdminStore(db).conversations(tenant, after=None, limit=limit)
+
+    rows = _run(go())
+    table = Table(title=f"{len(rows)} conversation(s)", title_justify="left")
+    for column in ("tenant", "conversation", "nodes", "head", "busy", "created", "updated"):
+        table.add_column(column, justify="right" if column == "nodes" else "left")
+    for r in rows:
+        table.add_row(r["tenant"][:16], r["id"], str(r["node_count"]), _short(r["head_node_id"]),
+                      "yes" if r["busy"] else "", _when(r["created_at"]), _when(r["updated_at"]))
+    _console().print(table)
+
+
+def _label(node: Any, head: Any, on_path: set[Any]) -> Text:
+    usage = node["usage"] or {}
+    tokens = usage.get("total_tokens") or (usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
+    status_style = {"success": "green", "failed": "red", "pending": "yellow"}.get(node["status"], "")
+    text = Text()
+    text.append(_short(node["id"]), style="bold" if node["id"] in on_path else "dim")
+    text.append(f" {node['kind']}", style="cyan" if node["kind"] != "turn" else "")
+    text.append(f" {node['status']}", style=status_style)
+    if node["model"]:
+        text.append(f" {node['model']}", style="magenta")
+    if tokens:
+        text.append(f" {tokens} tok", style="dim")
+    preview = " ".join(str(node["preview"] or "").split())
+    if preview:
+        text.append(f"  {preview[:60]}{'…' if len(preview) > 60 else ''}")
+    if node["kind"] == "compaction":
+        text.append(f"  (replaces …{_short(node['compacted_from'])})", style="cyan")
+    if node["id"] == head:
+        text.append("  ◀ head", style="bold yellow")
+    return text
+
+
+@conversations.command("show")
+@click.argument("conversation_id")
+@_config_option
+@click.option("--tenant", default=None, help="The conversation's tenant (needed when the id exists for several).")
+def show(conversation_id: str, config_file: str | None, tenant: str | None) -> None:
+    """Draw a conversation's tree: branches, the head, each node's kind, status, model, tokens."""
+    settings = _settings(config_file)
+
+    async def go() -> tuple[Any, list[Any], list[Any]]:
+        async with _database(settings) as db:
+            store, conv = await _find(db, conversation_id, tenant)
+            return conv, await store.tree(conv, conv["tenant"]), await store.path(conv, conv["tenant"])
+
+    conv, nodes, path = _run(go())
+    head = conv["head_node_id"]
+    on_path = {n["id"] for n in path}
+    children: dict[Any, list[Any]] = {}
+    ids = {n["id"] for n in nodes}
+    roots = []
+    for n in nodes:
+        if n["parent_id"] is None or n["parent_id"] not in ids:
+            roots.append(n)
+        else:
+            children.setdefault(n["parent_id"], []).append(n)
+    title = Text(f"{conv['id']}", style="bold")
+    title.append(f"  tenant {conv['tenant'][:16]}  {len(nodes)} node(s)  head …{_short(head)}", style="dim")
+    tree = Tree(title)
+
+    def add(branch: Tree, node: Any) -> None:
+        # a straight line of single children is drawn flat, so a long turn stays readable
+        current = branch.add(_label(node, head, on_path))
+        kids = children.get(node["id"], [])
+        while len(kids) == 1:
+            node = kids[0]
+            current = branch.add(_label(node, head, on_path))
+            kids = children.get(node["id"], [])
+        for kid in kids:
+            add(current, kid)
+
+    for root in roots:
+        add(tree, root)
+    _console().print(tree)
+
+
+class _ExportNode(msgspec.Struct):
+    id: uuid.UUID
+    conversation_id: str
+    parent_id: uuid.UUID | None
+    kind: str
+    status: str
+    sent: list[Any]
+    received: list[Any] | None
+    model: str | None
+    provider: str | None
+    params: dict[str, Any]
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+    error: dict[str, Any] | None
+    compacted_from: uuid.UUID | None
+    depth: int
+    created_at: datetime
+    finished_at: datetime | None
+    head: bool = False
+
+
+@conversations.command("export")
+@click.argument("conversation_id")
+@_config_option
+@click.option("--tenant", default=None, help="The conversation's tenant (needed when the id exists for several).")
+@click.option("--output", "-o", default="-", type=click.Path(dir_okay=False, allow_dash=True),
+              help="File to write (default: standard output).")
+def export(conversation_id: str, config_file: str | None, tenant: str | None, output: str) -> None:
+    """The whole tree as JSON Lines: one object per node, oldest first, parent ids kept."""
+    settings = _settings(config_file)
+    encoder = msgspec.json.Encoder()
+    fields = [f for f in _ExportNode.__struct_fields__ if f != "head"]
+
+    async def go(write: Callable[[bytes], Any]) -> int:
+        async with _database(settings) as db:
+            store, conv = await _find(db, conversation_id, tenant)
+            total = conv["node_count"]
+            count = 0
+            with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=_console(stderr=True), transient=True, disable=output == "-") as progress:
+                task = progress.add_task("export", total=total)
+                async for row in store.export(conv, conv["tenant"]):
+                    node = _ExportNode(**{f: row[f] for f in fields}, head=row["id"] == conv["head_node_id"])
+                    write(encoder.encode(node) + b"\n")
+                    count += 1
+                    progress.update(task, completed=count)
+            return count
+
+    if output == "-":
+        count = _run(go(sys.stdout.buffer.write))
+        sys.stdout.flush()
+    else:
+        with Path(output).open("wb") as fh:
+            count = _run(go(fh.write))
+        _console(stderr=True).print(f"exported {count} node(s) to {output}")
+
+
+# -- check ------------------------------------------------------------------------------------
+
+
+@main.command()
+@_config_option
+@click.option("--grace", default=30.0, show_default=True, type=float,
+              help="Seconds past a lease's expiry before a pending node counts as stuck.")
+def check(config_file: str | None, grace: float) -> None:
+    """Check the storage invariants; exits 1 when any is violated."""
+    from proxy.invariants import check_invariants
+
+    settings = _settings(config_file)
+
+    async def go() -> list[Any]:
+        async with _database(settings) as db:
+            return await check_invariants(db, grace=grace)
+
+    violations = _run(go())
+    console = _console()
+    if not violations:
+        console.print("[green]ok[/green]: every invariant holds")
+        return
+    table = Table(title=f"{len(violations)} violation(s)", title_justify="left")
+    table.add_column("rule")
+    table.add_column("detail")
+    for v in violations:
+        table.add_row(v.rule, v.detail)
+    console.print(table)
+    raise SystemExit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

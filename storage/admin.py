@@ -4,6 +4,7 @@ a tenant; an id of another tenant is simply not found."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -78,3 +79,10 @@ class AdminStore:
 
     async def path_as_of(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> list[Any]:
         return await self.db.fetch(queries.PATH_AS_OF, tree_id, node_id)
+
+    async def export(self, conv: asyncpg.Record, tenant: str, batch: int = 500) -> AsyncIterator[asyncpg.Record]:
+        """Every node of the conversation, oldest first, streamed through a cursor."""
+        visible = await self.visible_foreign(conv, tenant)
+        async with self.db.pool.acquire() as conn, conn.transaction():
+            async for row in conn.cursor(queries.EXPORT, conv["tree_id"], tenant, conv["id"], visible, prefetch=batch):
+                yield row

@@ -142,3 +142,11 @@ CONVERSATION_STATE = """
 SELECT head_node_id, (lease_node_id IS NOT NULL AND lease_until > now()) AS busy
   FROM conversations WHERE tenant = $1 AND id = $2
 """
+
+# Every node of a conversation (and those of its source it can see), oldest first, all fields:
+# the export.  $1 tree, $2 tenant, $3 conversation, $4 visible foreign
+EXPORT = f"""
+SELECT {_NODE_FIELDS} FROM nodes n
+ WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))
+ ORDER BY n.created_at, n.id
+"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -18,8 +19,8 @@ __all__ = ["healthz", "metrics", "readyz"]
 
 
 @get("/healthz", summary="Liveness: the process is up", tags=["operations"])
-async def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+async def healthz() -> dict[str, Any]:
+    return {"status": "ok", "pid": os.getpid()}
 
 
 class Readiness(msgspec.Struct, omit_defaults=True):

@@ -1,0 +1,175 @@
+"""The ``branchpoint`` command against a real database holding conversations made through the API."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main
+
+from .conftest import Db, make_settings, serve_proxy
+from .fakes import Reply, free_port
+
+MODEL = "gpt-4o-mini"
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+@pytest.fixture
+def populated(fresh_database_url, upstream_url, upstream):
+    """A database with a branched conversation, a second tenant's conversation and a fork."""
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        client = p.openai("sk-cli-owner")
+        h = lambda raw: raw.headers  # noqa: E731
+        first = h(client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[user("What were sales last month?")], extra_headers={"X-Conversation-Id": "sales"}))
+        client.chat.completions.create(model=MODEL, messages=[user("And by region?")], extra_headers={"X-Conversation-Id": "sales"})
+        client.chat.completions.create(model=MODEL, messages=[user("By country instead?")],
+                                       extra_headers={"X-Conversation-Id": "sales", "X-Parent-Node-Id": first["x-node-id"]})
+        upstream.enqueue(Reply(kind="error", status=500))
+        try:
+            client.chat.completions.create(model=MODEL, messages=[user("and this one fails")], extra_headers={"X-Conversation-Id": "sales"})
+        except Exception:  # noqa: BLE001
+            pass
+        p.openai("sk-cli-other").chat.completions.create(model=MODEL, messages=[user("other tenant")],
+                                                         extra_headers={"X-Conversation-Id": "sales"})
+        p.http("sk-cli-owner").post("/admin/conversations/sales/fork", json={"conversation_id": "sales-copy"})
+    return fresh_database_url, first["x-node-id"]
+
+
+def cli(database_url, *args):
+    env = {"BRANCHPOINT_DATABASE_URL": database_url, "BRANCHPOINT_CONFIG": ""}
+    result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+    return result
+
+
+def test_conversations_list(populated):
+    url, _ = populated
+    result = cli(url, "conversations", "list")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("sales") >= 3 and "sales-copy" in result.output
+    assert "3 conversation(s)" in result.output or "4 conversation(s)" in result.output
+
+
+def test_conversations_show_draws_the_tree(populated):
+    url, first = populated
+    result = cli(url, "conversations", "show", "sales")
+    assert result.exit_code != 0 and "several tenants" in result.output  # the id exists for two tenants
+    db = Db(url)
+    tenant = db.fetchval("SELECT tenant FROM nodes WHERE id = $1", __import__("uuid").UUID(first))
+    result = cli(url, "conversations", "show", "sales", "--tenant", tenant)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "◀ head" in out and out.count("◀ head") == 1
+    assert first[-8:] in out
+    assert "echo: What were sales last month?" in out and "echo: By country instead?" in out
+    assert "failed" in out and "success" in out and MODEL in out and "tok" in out
+    # two branches under the first node: the tree is drawn with branch glyphs
+    assert "├──" in out and "└──" in out
+    head = db.head("sales-copy")
+    result = cli(url, "conversations", "show", "sales-copy")
+    assert result.exit_code == 0 and head[-8:] in result.output
+
+
+def test_conversations_export(populated, tmp_path):
+    url, first = populated
+    db = Db(url)
+    tenant = db.fetchval("SELECT tenant FROM nodes WHERE id = $1", __import__("uuid").UUID(first))
+    out = tmp_path / "sales.jsonl"
+    result = cli(url, "conversations", "export", "sales", "--tenant", tenant, "-o", str(out))
+    assert result.exit_code == 0, result.output
+    nodes = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(nodes) == 4
+    ids = {n["id"] for n in nodes}
+    assert all(n["parent_id"] is None or n["parent_id"] in ids for n in nodes)  # a closed tree
+    assert sum(n["head"] for n in nodes) == 1
+    assert nodes[0]["sent"] == [user("What were sales last month?")] and nodes[0]["received"][0]["content"]
+    assert {n["status"] for n in nodes} == {"success", "failed"}
+    assert set(nodes[0]) >= {"id", "parent_id", "kind", "status", "sent", "received", "model", "usage", "created_at"}
+    # to standard output too
+    result = cli(url, "conversations", "export", "sales", "--tenant", tenant)
+    assert len(result.output.strip().splitlines()) == 4
+
+
+def test_check_reports_ok_then_a_violation(populated):
+    url, _ = populated
+    result = cli(url, "check")
+    assert result.exit_code == 0 and "every invariant holds" in result.output
+    Db(url).fetch("UPDATE nodes SET received = NULL WHERE status = 'success' AND kind = 'turn' AND id = "
+                  "(SELECT id FROM nodes WHERE status = 'success' LIMIT 1)")
+    result = cli(url, "check")
+    assert result.exit_code == 1 and "success_has_received" in result.output
+
+
+def test_migrate(fresh_database_url, pg_server_url):
+    result = cli(fresh_database_url, "migrate")
+    assert result.exit_code == 0 and "schema is current" in result.output
+    import uuid as _uuid
+
+    from .conftest import run, with_database
+
+    name = f"bp_cli_{_uuid.uuid4().hex[:8]}"
+
+    async def create():
+        import asyncpg
+
+        conn = await asyncpg.connect(pg_server_url)
+        await conn.execute(f'CREATE DATABASE "{name}"')
+        await conn.close()
+
+    run(create())
+    result = cli(with_database(pg_server_url, name), "migrate")
+    assert result.exit_code == 0 and "applied 4 migration(s)" in result.output
+
+
+def test_invalid_config_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\nlease_seconds = -1\n")
+    result = CliRunner().invoke(main, ["check", "--config", str(bad)])
+    assert result.exit_code != 0 and "lease_seconds" in result.output
+
+
+def test_serve_with_several_workers_sharing_the_database(fresh_database_url, upstream_url, upstream, tmp_path):
+    port = free_port()
+    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": fresh_database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+           "BRANCHPOINT_CONFIG": ""}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--workers", "2", "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 40
+        pids = set()
+        while time.monotonic() < deadline and len(pids) < 2:
+            try:
+                with httpx.Client(base_url=base, timeout=2) as http:  # a new connection each time
+                    pids.add(http.get("/healthz").json()["pid"])
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert len(pids) == 2, pids  # both workers answer
+        import concurrent.futures
+
+        def turns(i):
+            with httpx.Client(base_url=base, timeout=20, headers={"Authorization": "Bearer sk-workers"}) as http:
+                for k in range(3):
+                    r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": f"w{i}"},
+                                  json={"model": MODEL, "messages": [user(f"turn {k}")]})
+                    assert r.status_code == 200, r.text
+            return i
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert sorted(pool.map(turns, range(8))) == list(range(8))
+        db = Db(fresh_database_url)
+        assert db.fetchval("SELECT count(*) FROM nodes WHERE status = 'success'") == 24
+        for i in range(8):  # each conversation a clean line of three turns
+            assert db.fetchval("SELECT max(depth) FROM nodes WHERE conversation_id = $1", f"w{i}") == 2
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
