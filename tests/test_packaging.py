@@ -1,0 +1,90 @@
+"""What ships: the Dockerfile lints clean, its entry command runs outside Docker, the wheel the
+image installs carries the SQL and TOML files, compose.yaml wires the binding variable names."""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import yaml
+
+from .fakes import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _instruction(name: str) -> list[str]:
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith(name + " "):
+            return json.loads(line[len(name) + 1:])
+    raise AssertionError(f"no {name} in the Dockerfile")
+
+
+def test_dockerfile_lints_clean():
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run([hadolint, "--no-color", str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_is_multi_stage_and_unprivileged():
+    text = (ROOT / "Dockerfile").read_text()
+    stages = [line for line in text.splitlines() if line.startswith("FROM ")]
+    assert len(stages) == 2 and " AS build" in stages[0]
+    final = text.rsplit(stages[1] + "\n", 1)[1]
+    assert "USER 10001" in final and "uv" not in final.split("COPY --from=build")[0]
+    assert "/bin/uv" not in final  # no build tools in the final image
+
+
+def test_the_images_entry_command_serves_outside_docker(database_url, upstream_url, tmp_path):
+    command = _instruction("ENTRYPOINT") + _instruction("CMD")
+    assert command[:2] == ["branchpoint", "serve"]
+    port = free_port()
+    args = [a if a != "0.0.0.0" else "127.0.0.1" for a in command[1:]]
+    args[args.index("--port") + 1] = str(port)
+    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+           "BRANCHPOINT_DATA_DIR": str(tmp_path), "BRANCHPOINT_CONFIG": ""}
+    binary = str(Path(sys.executable).parent / command[0])
+    proc = subprocess.Popen([binary, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
+                       headers={"Authorization": "Bearer sk-docker", "X-Conversation-Id": "docker"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "from the image command"}]})
+        assert r.status_code == 200 and r.headers["x-node-id"]
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_the_wheel_carries_sql_and_toml(tmp_path):
+    uv = shutil.which("uv")
+    result = subprocess.run([uv, "build", "--wheel", "--out-dir", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    wheel = next(tmp_path.glob("*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "storage/functions.sql" in names and "config/defaults.toml" in names
+    assert {f"storage/migrations/{p.name}" for p in (ROOT / "storage" / "migrations").glob("*.sql")} <= names
+    assert not any(n.startswith("tests/") for n in names)
+
+
+def test_compose_file_wires_postgres_and_the_binding_variables():
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"postgres", "branchpoint"} <= set(services)
+    env = services["branchpoint"]["environment"]
+    assert env["BRANCHPOINT_DATABASE_URL"].startswith("postgresql://") and "@postgres:5432/" in env["BRANCHPOINT_DATABASE_URL"]
+    assert "BRANCHPOINT_UPSTREAM_URL" in env
+    assert services["branchpoint"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert shlex.join(services["branchpoint"]["command"]).startswith("serve --host 0.0.0.0")
