@@ -1,0 +1,78 @@
+"""Every command in the README runs: the Python example against a live proxy, the shell
+commands against a database holding what the example made (docker build: by .ci/run)."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from .conftest import Db, make_settings, serve_proxy
+from .fakes import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def blocks(language):
+    return re.findall(rf"```{language}\n(.*?)```", README, re.S)
+
+
+def test_the_python_example_and_every_shell_command(fresh_database_url, upstream_url, upstream, key, tmp_path):
+    (example,) = blocks("python")
+    code = example.replace("http://127.0.0.1:8080", "{URL}").replace("sk-your-upstream-key", key)
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        scope: dict = {}
+        exec(compile(code.replace("{URL}", p.url), "README.md", "exec"), scope)  # noqa: S102
+        # the edit hung under the first turn and never saw the second
+        edited = [r for r in upstream.turn_requests if r.messages[-1]["content"] == "And two months before?"][0]
+        assert "And the month before?" not in edited.text()
+        # the switch made the second turn the head again
+        db = Db(fresh_database_url)
+        assert db.head("my-chat") == scope["second"].headers["x-node-id"]
+
+        env = {**os.environ, "BRANCHPOINT_DATABASE_URL": fresh_database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+               "BRANCHPOINT_CONFIG": ""}
+        commands = [line.strip() for block in blocks("bash") for line in block.splitlines()
+                    if line.strip() and not line.strip().startswith("#")]
+        assert commands, "no shell commands found"
+        ran = []
+        for command in commands:
+            words = command.split("#")[0].split()
+            if words[:2] == ["uv", "run"] and words[2:3] == ["pytest"]:
+                assert "uv run --frozen pytest" in (ROOT / ".ci" / "run").read_text()  # .ci/run runs it
+            elif words[:3] == ["uv", "run", "branchpoint"] and words[3] == "serve":
+                port = free_port()
+                proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", *words[3:], "--port", str(port)], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    deadline = time.monotonic() + 30
+                    while True:
+                        try:
+                            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                                break
+                        except httpx.HTTPError:
+                            pass
+                        assert time.monotonic() < deadline, "serve did not become ready"
+                        time.sleep(0.2)
+                finally:
+                    proc.terminate()
+                    proc.wait(20)
+            elif words[:3] == ["uv", "run", "branchpoint"]:
+                result = subprocess.run([sys.executable, "-m", "proxy.cli", *words[3:]], env=env, cwd=tmp_path,
+                                        capture_output=True, text=True, timeout=120)
+                assert result.returncode == 0, (command, result.stdout, result.stderr)
+            elif words[0] == "curl":
+                line = command.replace("http://127.0.0.1:8080", p.url).replace("sk-your-upstream-key", key)
+                result = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=30)  # noqa: S602
+                assert result.returncode == 0 and '"data"' in result.stdout, (command, result.stdout)
+            elif words[:2] == ["docker", "build"]:
+                assert command in (ROOT / ".ci" / "run").read_text()  # built there when a Docker engine runs
+            else:
+                raise AssertionError(f"README command not exercised by any test: {command}")
+            ran.append(command)
+        assert (tmp_path / "my-chat.jsonl").read_text().count("\n") == 3  # the export wrote every node
+        assert len(ran) == len(commands)
