@@ -251,11 +251,31 @@ class StreamRelay:
         await asyncio.shield(task)
 
     async def _finish(self, end: StreamEnd) -> None:
+        if end.done and end.failure is None:
+            # the body's last bytes (the chunked terminator) usually follow [DONE] at once: read
+            # them in the background so the connection goes back to the pool, without waiting
+            task = asyncio.ensure_future(self._drain_then_close())
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
+        else:
+            await self._close()
+        await self.on_end(end)
+
+    async def _drain_then_close(self) -> None:
+        try:
+            async with asyncio.timeout(5):
+                async for _ in self.chunks:
+                    pass
+        except Exception:  # noqa: BLE001 - whatever follows [DONE] does not matter any more
+            pass
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
         try:
             await self.close_upstream()
         except Exception:  # noqa: BLE001 - closing must not hide the outcome
             log.debug("closing the upstream stream failed", exc_info=True)
-        await self.on_end(end)
 
     @staticmethod
     async def _watch(receive: Any) -> None:

@@ -23,7 +23,9 @@ def test_upstream_connections_are_reused(proxy, upstream, key, cid):
                                                 extra_headers={"X-Conversation-Id": cid}, stream=i % 2 == 0)
         if i % 2 == 0:
             list(result)  # read the stream to its end
-    assert transport.connects == before  # every call rode an idle keep-alive connection
+    # calls ride idle keep-alive connections (a connection per call would add 20 here; a stream's
+    # connection returns to the pool just after its [DONE], so a racing next call may open one)
+    assert transport.connects - before <= 2
 
 
 def test_transport_directly(upstream_url, upstream):
