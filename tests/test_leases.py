@@ -54,16 +54,16 @@ def test_lease_holds_across_two_proxy_instances(fresh_database_url, upstream_url
 
 
 def test_a_live_call_keeps_its_lease_however_long_it_takes(fresh_database_url, upstream_url, upstream, key, cid):
-    fast = {"server": {"lease_seconds": 0.6, "reaper_interval_seconds": 0.1}}
+    fast = {"server": {"lease_seconds": 1.2, "reaper_interval_seconds": 0.1}}
     settings = make_settings(fresh_database_url, upstream_url, **fast)
     db = Db(fresh_database_url)
     with serve_proxy(settings) as a, serve_proxy(settings) as b:
-        upstream.enqueue(Reply(content="took a while", delay=2.5))  # four times the lease
+        upstream.enqueue(Reply(content="took a while", delay=4.0))  # more than three times the lease
         result = {}
         t = threading.Thread(target=lambda: result.update(zip(("c", "h"), say(a.openai(key), cid, "slow"))))
         t.start()
         upstream.wait_for(1)
-        time.sleep(1.5)  # well past the lease: B's reaper ran many times
+        time.sleep(2.5)  # well past the lease: B's reaper ran many times
         with pytest.raises(openai.ConflictError):
             say(b.openai(key), cid, "still busy?")
         assert db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND status = 'failed'", cid) == 0
