@@ -16,7 +16,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 
 from config import Settings
-from storage import Database, StorageError, StorageUnavailable, TreeStore, migrate, start_embedded
+from storage import StorageError, StorageUnavailable, TreeStore, open_database
 
 from .auth import Authenticator
 from .compaction import Compactor
@@ -86,24 +86,10 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        embedded = None
-        url = settings.database.url
-        if not url:
-            embedded = await asyncio.to_thread(start_embedded, settings.database.data_dir or None)
-            url = embedded.uri
-        try:
-            await migrate(url)
-            db = await Database.connect(
-                url,
-                min_size=settings.database.pool_min,
-                max_size=settings.database.pool_max,
-                command_timeout=settings.database.command_timeout,
-                connect_timeout=settings.database.connect_timeout,
-            )
-        except BaseException:
-            if embedded:
-                embedded.stop()
-            raise
+        d = settings.database
+        db, embedded = await open_database(d.url, d.data_dir, migrate_first=True, min_size=d.pool_min,
+                                           max_size=d.pool_max, command_timeout=d.command_timeout,
+                                           connect_timeout=d.connect_timeout)
         tree = TreeStore(db)
         services = Services(
             settings=settings,

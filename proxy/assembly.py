@@ -27,6 +27,8 @@ __all__ = [
     "assemble",
     "build_body",
     "pair_check",
+    "path_items",
+    "split_system",
     "shape_received",
 ]
 
@@ -166,27 +168,36 @@ def pair_check(items: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
     return kept, dropped
 
 
-def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], target: Target) -> Assembled:
-    """The upstream ``messages`` for a call whose parent's path is ``path`` (root first)."""
+def split_system(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(system/developer messages, every other item), each in order."""
+    system: list[dict[str, Any]] = []
+    rest: list[dict[str, Any]] = []
+    for item in items:
+        (system if _role(item) in SYSTEM_ROLES else rest).append(item)
+    return system, rest
+
+
+def path_items(path: Iterable[PathLike], target: Target) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rule 1 and the system rule over a path: (the most recent system/developer messages,
+    every other item root first -- ``sent``, then ``received`` of nodes that succeeded)."""
     system: list[dict[str, Any]] = []
     body: list[dict[str, Any]] = []
     for node in path:
-        node_system = [m for m in node.sent if _role(m) in SYSTEM_ROLES]
+        node_system, node_rest = split_system(node.sent)
         if node_system:
             system = node_system
-            body.extend(m for m in node.sent if _role(m) not in SYSTEM_ROLES)
-        else:
-            body.extend(node.sent)
+        body.extend(node_rest)
         if node.status == "success" and node.received:
             body.extend(shape_received(m, target, node.provider) for m in node.received if isinstance(m, dict))
-    new_system = [m for m in new_items if _role(m) in SYSTEM_ROLES]
-    if new_system:
-        system = new_system
-        body.extend(m for m in new_items if _role(m) not in SYSTEM_ROLES)
-    else:
-        body.extend(new_items)
-    kept, dropped = pair_check(body)
-    return Assembled(system + kept, dropped)
+    return system, body
+
+
+def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], target: Target) -> Assembled:
+    """The upstream ``messages`` for a call whose parent's path is ``path`` (root first)."""
+    system, body = path_items(path, target)
+    new_system, new_rest = split_system(new_items)
+    kept, dropped = pair_check(body + new_rest)
+    return Assembled((new_system or system) + kept, dropped)
 
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode

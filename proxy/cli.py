@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -26,6 +25,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from config import Settings, SettingsError, load_settings
+from proxy.routes.admin import Node
 
 __all__ = ["main"]
 
@@ -47,23 +47,17 @@ def _console(stderr: bool = False) -> Console:
 @asynccontextmanager
 async def _database(settings: Settings) -> AsyncIterator[Any]:
     """A small pool on the configured database (or the embedded one), closed afterwards."""
-    from storage import Database, StorageError, start_embedded
+    from storage import StorageError, open_database
 
-    embedded = None
-    url = settings.database.url
-    if not url:
-        embedded = await asyncio.to_thread(start_embedded, settings.database.data_dir or None)
-        url = embedded.uri
+    d = settings.database
     try:
-        try:
-            db = await Database.connect(url, min_size=1, max_size=2, connect_timeout=settings.database.connect_timeout)
-        except StorageError as exc:
-            raise click.ClickException(f"cannot reach the database: {exc}") from None
-        try:
-            yield db
-        finally:
-            await db.close()
+        db, embedded = await open_database(d.url, d.data_dir, min_size=1, max_size=2, connect_timeout=d.connect_timeout)
+    except StorageError as exc:
+        raise click.ClickException(f"cannot reach the database: {exc}") from None
+    try:
+        yield db
     finally:
+        await db.close()
         if embedded:
             embedded.stop()
 
@@ -275,24 +269,7 @@ def show(conversation_id: str, config_file: str | None, tenant: str | None) -> N
     _console().print(tree)
 
 
-class _ExportNode(msgspec.Struct):
-    id: uuid.UUID
-    conversation_id: str
-    parent_id: uuid.UUID | None
-    kind: str
-    status: str
-    sent: list[Any]
-    received: list[Any] | None
-    model: str | None
-    provider: str | None
-    params: dict[str, Any]
-    usage: dict[str, Any] | None
-    finish_reason: str | None
-    error: dict[str, Any] | None
-    compacted_from: uuid.UUID | None
-    depth: int
-    created_at: datetime
-    finished_at: datetime | None
+class _ExportNode(Node, omit_defaults=False):
     head: bool = False
 
 
@@ -306,7 +283,7 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
     """The whole tree as JSON Lines: one object per node, oldest first, parent ids kept."""
     settings = _settings(config_file)
     encoder = msgspec.json.Encoder()
-    fields = [f for f in _ExportNode.__struct_fields__ if f != "head"]
+    fields = [f for f in _ExportNode.__struct_fields__ if f not in ("head", "object")]
 
     async def go(write: Callable[[bytes], Any]) -> int:
         async with _database(settings) as db:

@@ -30,7 +30,7 @@ import msgspec
 
 from storage import PathNode, uuid7
 
-from .assembly import SYSTEM_ROLES, Target, build_body, shape_received
+from .assembly import Target, build_body, path_items
 from .errors import ConversationBusy, UpstreamFailure
 from .tokens import estimate_request
 
@@ -137,21 +137,6 @@ def split_recent(items: Sequence[dict[str, Any]], keep: int,
         if not needed:
             return list(items[:s]), list(items[s:])
         s = min(needed)
-
-
-def _path_items(path: Sequence[PathNode]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(most recent system messages, every other item of the path in order, assistant answers
-    made provider-neutral)."""
-    system: list[dict[str, Any]] = []
-    body: list[dict[str, Any]] = []
-    for node in path:
-        node_system = [m for m in node.sent if _role(m) in SYSTEM_ROLES]
-        if node_system:
-            system = node_system
-        body.extend(m for m in node.sent if _role(m) not in SYSTEM_ROLES)
-        if node.status == "success" and node.received:
-            body.extend(shape_received(m, _PORTABLE, node.provider) for m in node.received if isinstance(m, dict))
-    return system, body
 
 
 def _unanswered_tail_calls(body: Sequence[dict[str, Any]]) -> frozenset[Any]:
@@ -306,7 +291,7 @@ class Compactor:
         summariser = c.model or model
         limit, _, _ = self.limits(model)
         budget = max(64, int(limit * c.summary_budget))
-        system, body = _path_items(path)
+        system, body = path_items(path, _PORTABLE)
         pinned = frozenset(i.get("tool_call_id") for i in new_items if _role(i) == "tool") | _unanswered_tail_calls(body)
         older, recent = split_recent(body, c.keep_recent, pinned)
         if all(_is_summary(item) for item in older):  # nothing, or only the previous summary
@@ -341,7 +326,7 @@ class Compactor:
                      call_node: uuid.UUID | None = None) -> CompactionResult:
         """Write the compaction node replacing the path up to ``compacted_from``: the summary,
         then raw the recent items and those of ``later`` nodes (added after the summarised path)."""
-        system, extra = _path_items(later)
+        system, extra = path_items(later, _PORTABLE)
         system = system or prepared.system
         recent = [*prepared.recent, *extra]
         sent = [*system, prepared.summary, *recent]

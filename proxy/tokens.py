@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from .assembly import PathLike
+
 __all__ = ["TokenCounter", "estimate_request"]
 
 log = logging.getLogger("branchpoint.tokens")
@@ -105,15 +107,9 @@ class TokenCounter:
         return sum(self.message(m) for m in messages)
 
 
-class _PathNode(Protocol):
+class _PathNode(PathLike, Protocol):
     @property
     def kind(self) -> str: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def sent(self) -> list[dict[str, Any]]: ...
-    @property
-    def received(self) -> list[dict[str, Any]] | None: ...
     @property
     def usage(self) -> dict[str, Any] | None: ...
 

@@ -4,7 +4,7 @@ Public surface: ``Database`` (the pool), ``TreeStore`` (the call path's statemen
 ``migrate``, the embedded server, and the errors (``StorageError`` and subclasses).
 """
 
-from .database import Database
+from .database import Database, open_database
 from .embedded import EmbeddedServer, start_embedded
 from .errors import MigrationError, StorageError, StorageUnavailable
 from .ids import uuid7
@@ -22,6 +22,7 @@ __all__ = [
     "TreeStore",
     "latest_version",
     "migrate",
+    "open_database",
     "start_embedded",
     "uuid7",
 ]

@@ -11,7 +11,7 @@ import msgspec
 
 from .errors import StorageUnavailable, map_db_errors
 
-__all__ = ["Database"]
+__all__ = ["Database", "open_database"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -103,3 +103,25 @@ class Database:
     async def ping(self) -> None:
         if await self.fetchval("SELECT 1") != 1:  # pragma: no cover - defensive
             raise StorageUnavailable("database did not answer SELECT 1")
+
+
+async def open_database(url: str, data_dir: str | None = None, *, migrate_first: bool = False,
+                        **pool: Any) -> tuple[Database, Any]:
+    """The pool on ``url`` -- or, when ``url`` is empty, on the embedded PostgreSQL of
+    ``data_dir`` (started, or attached to when already running). Returns (database, embedded
+    server or None); stop the server after closing the pool."""
+    from .embedded import start_embedded
+    from .migrate import migrate
+
+    embedded = None
+    if not url:
+        embedded = await asyncio.to_thread(start_embedded, data_dir or None)
+        url = embedded.uri
+    try:
+        if migrate_first:
+            await migrate(url)
+        return await Database.connect(url, **pool), embedded
+    except BaseException:
+        if embedded:
+            embedded.stop()
+        raise

@@ -266,3 +266,29 @@ def assert_invariants(database_url: str, *, grace: float = 30.0) -> None:
 
     violations = run(check())
     assert violations == [], violations
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def new_database(pg_server_url: str, prefix: str = "bp_empty") -> str:
+    """An empty database (no migrations) on the test server; returns its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+
+    async def make() -> None:
+        conn = await asyncpg.connect(pg_server_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    run(make())
+    return with_database(pg_server_url, name)

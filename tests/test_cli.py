@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from proxy.cli import main
 
-from .conftest import Db, make_settings, serve_proxy
+from .conftest import Db, make_settings, new_database, serve_proxy
 from .fakes import Reply, free_port
 
 MODEL = "gpt-4o-mini"
@@ -112,21 +112,7 @@ def test_check_reports_ok_then_a_violation(populated):
 def test_migrate(fresh_database_url, pg_server_url):
     result = cli(fresh_database_url, "migrate")
     assert result.exit_code == 0 and "schema is current" in result.output
-    import uuid as _uuid
-
-    from .conftest import run, with_database
-
-    name = f"bp_cli_{_uuid.uuid4().hex[:8]}"
-
-    async def create():
-        import asyncpg
-
-        conn = await asyncpg.connect(pg_server_url)
-        await conn.execute(f'CREATE DATABASE "{name}"')
-        await conn.close()
-
-    run(create())
-    result = cli(with_database(pg_server_url, name), "migrate")
+    result = cli(new_database(pg_server_url), "migrate")
     assert result.exit_code == 0 and "applied 4 migration(s)" in result.output
 
 

@@ -12,7 +12,7 @@ from proxy.compaction import SUMMARY_PREFIX, split_recent
 from proxy.tokens import TokenCounter, estimate_request
 from storage import PathNode
 
-from .conftest import Db, make_settings, serve_proxy, spawn_proxy
+from .conftest import Db, make_settings, serve_proxy, spawn_proxy, wait_for
 from .fakes import Reply
 
 MODEL = "tiny-model"
@@ -36,16 +36,6 @@ def say(client, cid, *messages, parent=None):
         headers["X-Parent-Node-Id"] = parent
     raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=list(messages), extra_headers=headers)
     return raw.parse(), raw.headers
-
-
-def wait_for(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def compaction_nodes(db, cid):

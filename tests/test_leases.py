@@ -9,7 +9,7 @@ import time
 import openai
 import pytest
 
-from .conftest import Db, make_settings, new_key, serve_proxy, spawn_proxy
+from .conftest import Db, make_settings, new_key, serve_proxy, spawn_proxy, wait_for
 from .fakes import Reply
 
 MODEL = "gpt-4o-mini"
@@ -23,16 +23,6 @@ def say(client, cid, text, **kw):
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=[user(text)], extra_headers={"X-Conversation-Id": cid}, **kw)
     return raw.parse(), raw.headers
-
-
-def wait_until(predicate, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_lease_holds_across_two_proxy_instances(fresh_database_url, upstream_url, upstream, key, cid):
@@ -85,7 +75,7 @@ def test_a_crashed_process_is_reaped_as_interrupted(fresh_database_url, upstream
                              daemon=True)
         t.start()
         upstream.wait_for(2)
-        node = wait_until(lambda: db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND status = 'pending'", cid),
+        node = wait_for(lambda: db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND status = 'pending'", cid),
                           what="the pending node")
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # no finally blocks, no shutdown: a crash
@@ -93,7 +83,7 @@ def test_a_crashed_process_is_reaped_as_interrupted(fresh_database_url, upstream
     # a surviving instance's periodic reaper -- not a call -- marks it interrupted after the lease
     settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 1.0, "reaper_interval_seconds": 0.2})
     with serve_proxy(settings) as survivor:
-        row = wait_until(lambda: (r := db.node(node["id"]))["status"] == "failed" and r, 15, "the reaper")
+        row = wait_for(lambda: (r := db.node(node["id"]))["status"] == "failed" and r, 15, "the reaper")
         assert row["error"]["code"] == "interrupted" and row["finished_at"] is not None
         assert db.head(cid) == str(node["id"])  # a transient failure: the failed node is the head
         assert db.fetchval("SELECT lease_node_id FROM conversations WHERE id = $1", cid) is None

@@ -2,29 +2,16 @@
 runs are safe."""
 
 import asyncio
-import uuid
 
 import asyncpg
 
 from storage import latest_version, migrate
 
-from .conftest import run, with_database
-
-
-def _new_db(pg_server_url):
-    name = f"bp_schema_{uuid.uuid4().hex[:8]}"
-
-    async def make():
-        conn = await asyncpg.connect(pg_server_url)
-        await conn.execute(f'CREATE DATABASE "{name}"')
-        await conn.close()
-
-    run(make())
-    return with_database(pg_server_url, name)
+from .conftest import new_database, run
 
 
 def test_migrate_empty_database_and_check_schema(pg_server_url):
-    url = _new_db(pg_server_url)
+    url = new_database(pg_server_url)
 
     async def check():
         applied = await migrate(url)
@@ -64,7 +51,7 @@ def test_migrate_empty_database_and_check_schema(pg_server_url):
 
 
 def test_concurrent_migrations_are_serialised(pg_server_url):
-    url = _new_db(pg_server_url)
+    url = new_database(pg_server_url)
 
     async def race():
         results = await asyncio.gather(*(migrate(url) for _ in range(4)))
