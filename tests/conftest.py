@@ -92,18 +92,9 @@ def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def template_url(pg_server_url: str) -> str:
     """A migrated template database; ``fresh_database_url`` clones it."""
-    name = f"bp_template_{uuid.uuid4().hex[:8]}"
-
-    async def make() -> None:
-        conn = await asyncpg.connect(pg_server_url)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-        await migrate(with_database(pg_server_url, name))
-
-    run(make())
-    return with_database(pg_server_url, name)
+    url = new_database(pg_server_url, "bp_template")
+    run(migrate(url))
+    return url
 
 
 def _clone(pg_server_url: str, template_url: str) -> str:
