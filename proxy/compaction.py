@@ -503,9 +503,3 @@ class Compactor:
         if not result.compacted and result.reason in ("moved", "busy"):
             raise ConversationBusy(f"conversation {conv['id']!r} moved while compacting; retry")
         return result.as_dict()
-
-    async def wait_idle(self, timeout: float = 30.0) -> None:
-        """Test/shutdown helper: wait for this process's background compactions."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self.running and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)

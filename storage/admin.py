@@ -78,7 +78,7 @@ class AdminStore:
         return await self.db.fetch(queries.CHILDREN, tree_id, node_id, tenant)
 
     async def path_as_of(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> list[Any]:
-        return await self.db.fetch(queries.PATH_AS_OF, tree_id, node_id)
+        return await self.db.fetch(queries.PATH, tree_id, node_id)  # rows carry the times for replay
 
     async def export(self, conv: asyncpg.Record, tenant: str, batch: int = 500) -> AsyncIterator[asyncpg.Record]:
         """Every node of the conversation, oldest first, streamed through a cursor."""

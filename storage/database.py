@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from .errors import StorageUnavailable, map_db_errors
+from .errors import map_db_errors
 
 __all__ = ["Database", "open_database"]
 
@@ -99,10 +99,6 @@ class Database:
         with map_db_errors():
             async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 return await conn.execute(query, *args)
-
-    async def ping(self) -> None:
-        if await self.fetchval("SELECT 1") != 1:  # pragma: no cover - defensive
-            raise StorageUnavailable("database did not answer SELECT 1")
 
 
 async def open_database(url: str, data_dir: str | None = None, *, migrate_first: bool = False,

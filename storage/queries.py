@@ -124,9 +124,6 @@ SELECT {_NODE_FIELDS} FROM nodes n
  ORDER BY n.created_at, n.id
 """
 
-# The path of a node's parent with the times needed to replay its assembly.  $1 tree, $2 node
-PATH_AS_OF = "SELECT * FROM bp_path($1, $2)"
-
 # ---- compaction -----------------------------------------------------------------------------
 
 # Write a compaction node and point the conversation at it, or write nothing.

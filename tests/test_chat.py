@@ -263,3 +263,20 @@ def test_body_over_the_limit_is_413(database_url, upstream_url, key):
             assert r.status_code == 413, (path, r.text)
             assert r.json()["error"]["code"] == "payload_too_large"
             assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_reasoning_goes_back_only_to_providers_that_accept_it(database_url, upstream_url, upstream, key, cid):
+    from .conftest import make_settings, serve_proxy
+
+    settings = make_settings(database_url, upstream_url, upstreams=[
+        {"name": "thinker", "base_url": upstream_url, "models": ["deepseek-*"], "accepts_reasoning": True},
+        {"name": "plain", "base_url": upstream_url, "models": ["*"]},
+    ])
+    with serve_proxy(settings) as p:
+        client = p.openai(key)
+        upstream.enqueue(Reply(content="42", reasoning="6 times 7"))
+        client.chat.completions.create(model="deepseek-reasoner", messages=[user("6*7?")], extra_headers={"X-Conversation-Id": cid})
+        client.chat.completions.create(model="deepseek-reasoner", messages=[user("and 6*8?")], extra_headers={"X-Conversation-Id": cid})
+        assert upstream.last.messages[1] == {"role": "assistant", "content": "42", "reasoning_content": "6 times 7"}
+        client.chat.completions.create(model="gpt-4o-mini", messages=[user("and 6*9?")], extra_headers={"X-Conversation-Id": cid})
+        assert upstream.last.messages[1] == {"role": "assistant", "content": "42"}  # another provider: stripped

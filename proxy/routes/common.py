@@ -8,11 +8,10 @@ from typing import Any
 
 from litestar import Request
 
-from ..auth import Caller
 from ..errors import InvalidConversationId, InvalidRequest
 from ..services import Services
 
-__all__ = ["RequestHeaders", "caller", "parse_node_id", "resolve_conversation_id", "services", "valid_conversation_id"]
+__all__ = ["RequestHeaders", "parse_node_id", "resolve_conversation_id", "services", "valid_conversation_id"]
 
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -32,11 +31,6 @@ class RequestHeaders:
 
     def get(self, name: str) -> str | None:
         return self.lookup.get(name)
-
-
-def caller(request: Request[Any, Any, Any], headers: RequestHeaders | None = None) -> Caller:
-    h = headers.get("authorization") if headers else request.headers.get("authorization")
-    return services(request).auth(h)
 
 
 def valid_conversation_id(value: str, *, source: str) -> str:
