@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import re
+import os
 import time
-import uuid
 from typing import Any
 
 __all__ = ["ObservabilityMiddleware", "RequestContext", "current_request", "install_log_context"]
@@ -64,7 +64,7 @@ def _request_id(scope: Any) -> str:
     for key, value in scope["headers"]:
         if key == b"x-request-id" and _VALID_ID.fullmatch(value):
             return value.decode()
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 class ObservabilityMiddleware:
