@@ -40,9 +40,9 @@ class SSEParser:
         self._buf = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
         buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:  # on the joined buffer: a CRLF may be split across two chunks
+            buf = buf.replace(b"\r\n", b"\n")
         if b"\n\n" not in buf:
             self._buf = buf
             return []

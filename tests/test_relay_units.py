@@ -78,3 +78,9 @@ def test_classify_follows_the_failure_table():
     assert garbage.kind == "transient"
     err = json.loads(garbage.body)["error"]
     assert set(err) == {"message", "type", "param", "code"} and "Bad gateway" in err["message"]
+
+
+def test_parser_handles_crlf_split_across_chunks():
+    p = SSEParser()
+    assert p.feed(b"data: 1\r\n\r") == []
+    assert p.feed(b"\ndata: 2\r\n\r\n") == [b"data: 1", b"data: 2"]

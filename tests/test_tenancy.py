@@ -142,3 +142,16 @@ def test_keys_never_leak(keys_proxy, upstream, cid, fresh_database_url, caplog):
         for where, text in (("response bodies", "".join(bodies)), ("response headers", "".join(headers)),
                             ("storage", stored), ("logs", logs)):
             assert secret not in text, f"{secret} leaked into {where}"
+
+
+def test_auth_mode_none_is_one_local_tenant(fresh_database_url, upstream_url, upstream, cid):
+    settings = make_settings(fresh_database_url, upstream_url, auth={"mode": "none"})
+    with serve_proxy(settings) as p:
+        r = httpx.post(f"{p.url}/v1/chat/completions", headers={"X-Conversation-Id": cid},  # no key at all
+                       json={"model": MODEL, "messages": [user("first")]})
+        assert r.status_code == 200 and "authorization" not in upstream.last.headers
+        # any key (or none) reaches the same conversations; a key, if sent, is still forwarded
+        say(p.openai("sk-anything-0123456789"), cid, user("second"))
+        assert upstream.last.messages[0] == user("first")
+        assert upstream.last.headers["authorization"] == "Bearer sk-anything-0123456789"
+        assert httpx.get(f"{p.url}/admin/conversations/{cid}").json()["node_count"] == 2
