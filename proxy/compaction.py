@@ -390,10 +390,10 @@ class Compactor:
 
     async def _background(self, tenant: str, conversation_id: str, tree_id: uuid.UUID, head: uuid.UUID,
                           model: str, client_key: str | None) -> None:
-        """Summarise in the background, then apply it once no turn is in flight. If turns were
-        added meanwhile on the same branch (a tool loop does that quickly), the compaction node
-        replaces the path up to the new head: their items stay raw after the summary. If the head
-        moved anywhere else, the work is dropped -- the move wins."""
+        """Summarise in the background, then apply it -- only if the head is still where it
+        started and no call is in flight (SPEC §5); any head move, a new turn included, wins and
+        the work is dropped. A call that crosses the hard threshold meanwhile takes the summary
+        over instead (``_take_over``), so it is not lost on a fast tool loop."""
         key = (tenant, conversation_id)
         future: asyncio.Future[_Prepared | str] = asyncio.get_running_loop().create_future()
         self.summarising[key] = (head, future)
@@ -410,25 +410,20 @@ class Compactor:
                     outcome = "conversation_not_found"
                     break
                 current, busy = state
-                later: list[PathNode] = []
                 if prepared.taken_over:
                     outcome = "taken_over"  # a call above the hard threshold used this summary
                     break
                 if current != head:
-                    new_path = await self.s.tree.path(tree_id, current) if current is not None else []
-                    ids = [n.id for n in new_path]
-                    if head not in ids:
-                        outcome = "moved"
-                        break
-                    later = new_path[ids.index(head) + 1:]
-                if busy:
+                    outcome = "moved"  # a turn or a head move came first: it wins
+                    break
+                if busy:  # a call is in flight; if it leaves the head where it is, apply then
                     if asyncio.get_running_loop().time() > give_up:
                         outcome = "busy"
                         break
                     await asyncio.sleep(0.05)
                     continue
                 result = await self._write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
-                                           mode="background", trigger="soft", compacted_from=current, later=later)
+                                           mode="background", trigger="soft", compacted_from=head)
                 if result.compacted:
                     return
                 if result.reason not in ("moved", "busy"):
