@@ -66,10 +66,10 @@ class Conversation(msgspec.Struct, omit_defaults=True):
     busy: bool
     created_at: datetime
     updated_at: datetime
-    forked_from: str | None = None
+    object: str
+    forked_from: str | None = None  # set on forks
     fork_node_id: uuid.UUID | None = None
     tenant: str | None = None  # shown to admin keys only
-    object: str = "conversation"
 
 
 class ConversationList(msgspec.Struct):
@@ -158,7 +158,7 @@ def _node(row: Any, cls: type[Node] = Node, **extra: Any) -> Node:
 def _conversation(row: Any, scope: Any = None) -> Conversation:
     return Conversation(id=row["id"], head_node_id=row["head_node_id"], node_count=row["node_count"],
                         busy=row["busy"], created_at=row["created_at"], updated_at=row["updated_at"],
-                        forked_from=row["forked_from"], fork_node_id=row["fork_node_id"],
+                        object="conversation", forked_from=row["forked_from"], fork_node_id=row["fork_node_id"],
                         tenant=row["tenant"] if scope is not None and scope.caller.admin else None)
 
 
