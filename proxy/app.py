@@ -28,7 +28,13 @@ from .observability import ObservabilityMiddleware, install_log_context
 from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_prefixed
 from .routes.health import healthz, metrics, readyz
-from .routes.passthrough import passthrough, passthrough_prefixed
+from .routes.passthrough import (
+    chat_completions_list,
+    chat_completions_list_prefixed,
+    chat_completions_sub_prefixed,
+    passthrough,
+    passthrough_prefixed,
+)
 from .services import Services
 from .tokens import TokenCounter
 from .upstream import UpstreamClient
@@ -126,6 +132,9 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             chat_completions_prefixed,
             passthrough,
             passthrough_prefixed,
+            chat_completions_list,
+            chat_completions_list_prefixed,
+            chat_completions_sub_prefixed,
             healthz,
             readyz,
             metrics,

@@ -280,3 +280,21 @@ def test_reasoning_goes_back_only_to_providers_that_accept_it(database_url, upst
         assert upstream.last.messages[1] == {"role": "assistant", "content": "42", "reasoning_content": "6 times 7"}
         client.chat.completions.create(model="gpt-4o-mini", messages=[user("and 6*9?")], extra_headers={"X-Conversation-Id": cid})
         assert upstream.last.messages[1] == {"role": "assistant", "content": "42"}  # another provider: stripped
+
+
+@pytest.mark.parametrize("method, path, upstream_path", [
+    ("GET", "/v1/chat/completions", "/v1/chat/completions"),
+    ("GET", "/c/some-conv/v1/chat/completions", "/v1/chat/completions"),
+    ("GET", "/v1/chat/completions/chatcmpl-1", "/v1/chat/completions/chatcmpl-1"),
+    ("DELETE", "/c/some-conv/v1/chat/completions/chatcmpl-1", "/v1/chat/completions/chatcmpl-1"),
+    ("GET", "/c/some-conv/v1/chat/completions/chatcmpl-1/messages", "/v1/chat/completions/chatcmpl-1/messages"),
+    ("POST", "/v1/completions", "/v1/completions"),
+    ("GET", "/v1/models/gpt-4o?x=1", "/v1/models/gpt-4o"),
+])
+def test_every_other_openai_route_passes_through(proxy, upstream, key, db, method, path, upstream_path):
+    before = db.fetchval("SELECT count(*) FROM nodes")
+    r = httpx.request(method, proxy.url + path, headers={"Authorization": f"Bearer {key}"},
+                      content=b'{"model": "m"}' if method == "POST" else None)
+    assert upstream.requests[-1].path == upstream_path and upstream.requests[-1].method == method
+    assert r.headers["x-request-id"] == "req_fake"  # the upstream's own answer, relayed
+    assert db.fetchval("SELECT count(*) FROM nodes") == before

@@ -20,7 +20,14 @@ from ..relay import BytesRelay
 from ..upstream import map_exceptions, redact, response_headers
 from .common import RequestHeaders, services, valid_conversation_id
 
-__all__ = ["forward", "passthrough", "passthrough_prefixed"]
+__all__ = [
+    "chat_completions_list",
+    "chat_completions_list_prefixed",
+    "chat_completions_sub_prefixed",
+    "forward",
+    "passthrough",
+    "passthrough_prefixed",
+]
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -102,3 +109,24 @@ async def passthrough(request: Request[Any, Any, Any]) -> ASGIApp:
        tags=["pass-through"], include_in_schema=False)
 async def passthrough_prefixed(request: Request[Any, Any, Any]) -> ASGIApp:
     return await _passthrough(request, request.path_params["path"], request.path_params["conversation_id"])
+
+
+# The chat endpoint's static path shadows the catch-all for its other methods and sub-paths
+# (stored completions: GET /v1/chat/completions, GET/POST/DELETE /v1/chat/completions/{id}...):
+# they are passed through explicitly.
+
+
+@route("/v1/chat/completions", http_method=["GET"], include_in_schema=False)
+async def chat_completions_list(request: Request[Any, Any, Any]) -> ASGIApp:
+    return await _passthrough(request, "chat/completions", None)
+
+
+@route("/c/{conversation_id:str}/v1/chat/completions", http_method=["GET"], include_in_schema=False)
+async def chat_completions_list_prefixed(request: Request[Any, Any, Any]) -> ASGIApp:
+    return await _passthrough(request, "chat/completions", request.path_params["conversation_id"])
+
+
+@route("/c/{conversation_id:str}/v1/chat/completions/{rest:path}", http_method=_METHODS, include_in_schema=False)
+async def chat_completions_sub_prefixed(request: Request[Any, Any, Any]) -> ASGIApp:
+    return await _passthrough(request, "chat/completions/" + request.path_params["rest"].lstrip("/"),
+                              request.path_params["conversation_id"])
