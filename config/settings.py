@@ -81,6 +81,7 @@ class UpstreamDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_connections: int = 512
     keepalive_expiry: float = 30.0
     transport: Literal["builtin", "httpx"] = "builtin"
+    ca_bundle: str = ""  # PEM file of CAs to trust for https upstreams (empty: the certifi bundle)
 
 
 class Upstream(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

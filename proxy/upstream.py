@@ -11,6 +11,7 @@ translation of everything that can go wrong there into our terms -- once, here:
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -209,10 +210,13 @@ class UpstreamClient:
     def __init__(self, settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
         d = settings.upstream_defaults
         self.settings = settings
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=d.ca_bundle) if d.ca_bundle else True
         if transport is None and d.transport == "builtin":
-            transport = UpstreamTransport(max_connections=d.max_connections, keepalive_expiry=d.keepalive_expiry)
+            transport = UpstreamTransport(max_connections=d.max_connections, keepalive_expiry=d.keepalive_expiry,
+                                          ssl_context=verify if isinstance(verify, ssl.SSLContext) else None)
         self.transport = transport
         self.http = httpx.AsyncClient(
+            verify=verify,
             timeout=httpx.Timeout(connect=d.connect_timeout, read=d.read_timeout, write=d.write_timeout, pool=d.pool_timeout),
             limits=httpx.Limits(max_connections=d.max_connections, max_keepalive_connections=d.max_connections,
                                 keepalive_expiry=d.keepalive_expiry),

@@ -55,3 +55,45 @@ def test_transport_directly(upstream_url, upstream):
                 await c.post(f"{upstream_url}/chat/completions", json={"model": "m", "messages": []}, timeout=0.3)
 
     asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def tls_upstream(tmp_path_factory):
+    """The fake upstream over HTTPS, with a certificate from a private CA."""
+    import trustme
+
+    from .fakes import FakeUpstream, ServerThread
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    folder = tmp_path_factory.mktemp("tls")
+    ca_file, key_file, cert_file = folder / "ca.pem", folder / "key.pem", folder / "cert.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    fake = FakeUpstream()
+    server = ServerThread(fake)
+    server.server.config.ssl_keyfile = str(key_file)
+    server.server.config.ssl_certfile = str(cert_file)
+    server.server.config.load()
+    with server:
+        yield fake, f"https://localhost:{server.port}/v1", str(ca_file)
+
+
+def test_https_upstream_behind_a_private_ca(tls_upstream, database_url, key, cid):
+    from .conftest import make_settings, serve_proxy
+
+    fake, url, ca_file = tls_upstream
+    trusted = make_settings(database_url, url, upstream_defaults={"ca_bundle": ca_file})
+    with serve_proxy(trusted) as p:
+        client = p.openai(key)
+        for i in range(3):
+            c = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"tls {i}"}],
+                                               extra_headers={"X-Conversation-Id": cid})
+            assert c.choices[0].message.content == f"echo: tls {i}"
+        assert p.services.upstream.transport.connects == 1  # one TLS handshake, then keep-alive
+    # without the CA the certificate is refused: a clean 502, never a plaintext fallback
+    with serve_proxy(make_settings(database_url, url)) as p:
+        r = httpx.post(f"{p.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid + "-x"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"
