@@ -65,10 +65,11 @@ class Database:
                 max_inactive_connection_lifetime=300.0,
             )
         db = cls(pool)
-        db.acquire_timeout = connect_timeout + 1.0
+        # waiting for a free connection is load, not an outage: allow as long as a statement may take
+        db.acquire_timeout = command_timeout
         return db
 
-    acquire_timeout: float = 4.0
+    acquire_timeout: float = 10.0
 
     async def close(self) -> None:
         try:
