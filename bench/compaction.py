@@ -32,9 +32,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _harness import KEY, ROOT, Procs, log, wait_http  # noqa: E402
+from _harness import KEY, ROOT, Procs, log, wait_http
 
-from proxy.tokens import TokenCounter  # noqa: E402
+from proxy.tokens import TokenCounter
 
 MODEL = "bench-small"
 WINDOW, RESERVED = 8192, 1024
@@ -57,7 +57,7 @@ class FakeLLM:
         self.summaries = 0
         self.lock = threading.Lock()
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001
+    async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, ROOT, Procs, cpu_ticks, log, postgres_pids, shared_bench, start_stack  # noqa: E402
+from _harness import KEY, MODEL, ROOT, Procs, cpu_ticks, log, postgres_pids, shared_bench, start_stack
 
 PATH_LEN = 20
 
@@ -201,7 +201,7 @@ def main() -> None:
         results["turn_c1"] = run_compare(bench, "branchpoint turn", f"{proxy}/v1", common, px.pid, args, "1",
                                          work / "turn_c1.json")
         results["transform_c32"] = run_compare(bench, "branchpoint transform", f"{proxy}/v1",
-                                               common + ["X-Node-Kind: transform"], px.pid, args, "32",
+                                               [*common, "X-Node-Kind: transform"], px.pid, args, "32",
                                                work / "transform_c32.json")
         results["turn_c32"] = []
         for mode in args.modes.split(","):

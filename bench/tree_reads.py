@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, Procs, log, shared_bench, start_stack  # noqa: E402
+from _harness import KEY, MODEL, Procs, log, shared_bench, start_stack
 
 
 def turn(http: httpx.Client, cid: str, text: str, parent: str | None = None) -> str:

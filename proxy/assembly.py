@@ -28,8 +28,8 @@ __all__ = [
     "build_body",
     "pair_check",
     "path_items",
-    "split_system",
     "shape_received",
+    "split_system",
 ]
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -90,14 +90,8 @@ def shape_received(msg: dict[str, Any], target: Target, producer: str | None) ->
     for key, value in msg.items():
         if value is None:
             continue
-        if key in _PORTABLE:
+        if key in _PORTABLE or (key in _REASONING and keep_reasoning) or (key in _OPAQUE and keep_opaque):
             out[key] = value
-        elif key in _REASONING:
-            if keep_reasoning:
-                out[key] = value
-        elif key in _OPAQUE:
-            if keep_opaque:
-                out[key] = value
     if "tool_calls" in out:
         calls = out["tool_calls"]
         if isinstance(calls, list) and calls:

@@ -300,7 +300,7 @@ class Compactor:
         requests: list[bytes] = []
         try:
             summary, tokens, calls = await self._summary(older, summariser, client_key, budget, usage, requests)
-        except Exception as exc:  # noqa: BLE001 - a failed summary changes nothing
+        except Exception as exc:
             if not isinstance(exc, UpstreamFailure):
                 log.exception("summarisation failed")
             self.s.metrics.compactions.labels(trigger, "failed").inc()
@@ -431,7 +431,7 @@ class Compactor:
                     break
             self.s.metrics.compactions.labels("soft", outcome).inc()
             log.info("background compaction dropped", extra={"conversation_id": conversation_id, "outcome": outcome})
-        except Exception:  # noqa: BLE001 - a background task must not die loudly
+        except Exception:
             log.exception("background compaction failed", extra={"conversation_id": conversation_id})
         finally:
             if not future.done():
@@ -471,7 +471,7 @@ class Compactor:
             return None  # it summarises another branch
         try:
             prepared = await asyncio.wait_for(asyncio.shield(future), timeout=120)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         if isinstance(prepared, str):
             return None

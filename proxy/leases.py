@@ -73,5 +73,5 @@ class LeaseKeeper:
                 await self.reap()
             except StorageError as exc:
                 log.warning("reaper could not run", extra={"error": str(exc)})
-            except Exception:  # noqa: BLE001 - the loop must survive anything
+            except Exception:
                 log.exception("reaper failed")

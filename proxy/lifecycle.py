@@ -43,7 +43,7 @@ from .upstream import Failure, classify, failure_from_exception, map_exceptions,
 if TYPE_CHECKING:
     from .services import Services
 
-__all__ = ["ChatCall", "CallLifecycle", "moves_head", "sent_hash"]
+__all__ = ["CallLifecycle", "ChatCall", "moves_head", "sent_hash"]
 
 log = logging.getLogger("branchpoint.call")
 
@@ -198,7 +198,7 @@ class CallLifecycle:
                         extra={"node_id": str(started.node_id), "error": str(exc)})
             self.s.spawn(self._store_later(started, store, outcome, usage))
             return
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
             self.s.leases.untrack(started.node_id)
             return
@@ -215,7 +215,7 @@ class CallLifecycle:
                 await store()
             except StorageError:
                 continue
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
                 break
             log.info("stored a call's outcome after the database came back", extra={"node_id": str(started.node_id)})

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import re
 import os
+import re
 import time
 from typing import Any
 

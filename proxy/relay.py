@@ -89,7 +89,7 @@ class StreamAccumulator:
         if not isinstance(chunk, dict):
             return
         self.chunks += 1
-        if "error" in chunk and chunk["error"]:
+        if chunk.get("error"):
             err = chunk["error"]
             self.error = err if isinstance(err, dict) else {"message": str(err)}
             return
@@ -274,7 +274,7 @@ class StreamRelay:
     async def _close(self) -> None:
         try:
             await self.close_upstream()
-        except Exception:  # noqa: BLE001 - closing must not hide the outcome
+        except Exception:
             log.debug("closing the upstream stream failed", exc_info=True)
 
     @staticmethod
@@ -326,7 +326,7 @@ class StreamRelay:
             return ("transient", {"type": exc.type, "code": "stream_interrupted", "message": exc.message, "status": None})
         except (OSError, RuntimeError):
             raise  # the client side failed: handled by __call__
-        except Exception as exc:  # noqa: BLE001 - a bug must still end the node cleanly
+        except Exception as exc:
             log.exception("stream relay failed")
             return ("transient", {"type": "server_error", "code": "relay_error", "message": type(exc).__name__, "status": None})
         if acc.error is not None:

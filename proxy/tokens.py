@@ -97,9 +97,7 @@ class TokenCounter:
         for key, value in message.items():
             if key == "role":
                 total += 1
-            elif key in ("content", "reasoning_content", "refusal", "name", "tool_call_id"):
-                total += self._value(value)
-            elif key in ("tool_calls", "function_call"):
+            elif key in ("content", "reasoning_content", "refusal", "name", "tool_call_id") or key in ("tool_calls", "function_call"):
                 total += self._value(value)
         return total
 

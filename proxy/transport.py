@@ -23,6 +23,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+
 import httptools
 import httpx
 

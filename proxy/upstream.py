@@ -22,8 +22,8 @@ import msgspec
 
 from config import Settings, Upstream
 
-from .transport import UpstreamTransport
 from .errors import InvalidRequest, UpstreamBadResponse, UpstreamFailure, UpstreamTimeout, UpstreamUnreachable
+from .transport import UpstreamTransport
 
 __all__ = [
     "Failure",

@@ -74,7 +74,7 @@ class Database:
     async def close(self) -> None:
         try:
             await asyncio.wait_for(self.pool.close(), timeout=10)
-        except (asyncio.TimeoutError, OSError):
+        except (TimeoutError, OSError):
             self.pool.terminate()
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:

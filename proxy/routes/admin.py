@@ -12,7 +12,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 from litestar import Controller, Request, delete, get, post, put
@@ -246,7 +246,7 @@ async def _conversation_row(store: AdminStore, tenant: str, conversation_id: Fro
 
 class AdminController(Controller):
     path = "/admin"
-    tags = ["admin"]
+    tags: ClassVar[list[str]] = ["admin"]
 
     @get("/conversations", summary="List conversations, newest first", responses=errors())
     async def list_conversations(

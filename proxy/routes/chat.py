@@ -14,8 +14,8 @@ from litestar.types import ASGIApp
 
 from ..errors import InvalidRequest
 from ..lifecycle import ChatCall
-from .docs import errors
 from .common import RequestHeaders, parse_node_id, resolve_conversation_id, services
+from .docs import errors
 from .passthrough import forward
 
 __all__ = ["chat_completions", "chat_completions_prefixed", "parse_chat_body"]
