@@ -293,7 +293,7 @@ class AdminController(Controller):
             raise _refusal(outcome.status, conversation_id, data.node_id)
         return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
 
-    @post("/conversations/{conversation_id:str}/fork", status_code=201,
+    @post("/conversations/{conversation_id:str}/fork", status_code=200,
           summary="A new conversation starting at a node of this one (nothing is copied)", responses=errors())
     async def fork(self, request: Request[Any, Any, Any], conversation_id: FromPath[str], data: JSONBody[ForkRequest]) -> Conversation:
         _, caller, store = _who(request)
