@@ -309,6 +309,72 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
         _console(stderr=True).print(f"exported {count} node(s) to {output}")
 
 
+def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any, int]:
+    """An export made importable: fresh node ids (parents and compaction origins follow), calls
+    that were still pending marked interrupted. Returns (nodes, new head, compaction count)."""
+    from proxy.lifecycle import sent_hash
+    from storage import uuid7
+
+    ids = {str(n["id"]): uuid7() for n in lines}
+    head = None
+    nodes = []
+    for n in lines:
+        for ref in ("parent_id", "compacted_from"):
+            if n.get(ref) is not None and str(n[ref]) not in ids:
+                raise click.ClickException(f"node {n['id']} refers to {n[ref]}, which is not in the file")
+        node = {k: n.get(k) for k in ("kind", "status", "sent", "received", "model", "provider", "params", "usage",
+                                      "finish_reason", "error", "depth", "created_at", "finished_at")}
+        node["id"] = ids[str(n["id"])]
+        node["parent_id"] = ids[str(n["parent_id"])] if n.get("parent_id") else None
+        node["compacted_from"] = ids[str(n["compacted_from"])] if n.get("compacted_from") else None
+        node["sent_hash"] = sent_hash(n["sent"]).hex()
+        if node["status"] == "pending":
+            node["status"] = "failed"
+            node["error"] = {"type": "interrupted", "code": "interrupted", "status": None, "kind": "transient",
+                             "message": "still in flight when exported"}
+            node["finished_at"] = node["finished_at"] or node["created_at"]
+        if n.get("head"):
+            head = node["id"]
+        nodes.append(node)
+    return nodes, head, sum(1 for n in nodes if n["kind"] == "compaction")
+
+
+@conversations.command("import")
+@click.argument("file", type=click.File("rb"))
+@click.option("--as", "conversation_id", required=True, help="The id of the new conversation.")
+@click.option("--tenant", default=None, help="The tenant that will own it.")
+@click.option("--key", default=None, help="Or: the API key of that tenant (passthrough mode hashes it into the tenant).")
+@_config_option
+def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None, config_file: str | None) -> None:
+    """Re-create an exported tree as a new conversation (new node ids; nothing else changes)."""
+    from proxy.auth import key_hash
+    from proxy.routes.common import valid_conversation_id
+    from storage.admin import AdminStore
+
+    if (tenant is None) == (key is None):
+        raise click.ClickException("name the owner with exactly one of --tenant and --key")
+    tenant = tenant or f"t_{key_hash(key or '')[:32]}"
+    try:
+        valid_conversation_id(conversation_id, source="--as")
+    except Exception as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        lines = [msgspec.json.decode(line) for line in file if line.strip()]
+    except msgspec.DecodeError as exc:
+        raise click.ClickException(f"not an export (JSON Lines): {exc}") from None
+    nodes, head, compactions = remap_export(lines)
+    settings = _settings(config_file)
+
+    async def go() -> int | None:
+        async with _database(settings) as db:
+            return await AdminStore(db).import_tree(tenant, conversation_id, nodes, head, compactions)
+
+    written = _run(go())
+    if written is None:
+        raise click.ClickException(f"conversation {conversation_id!r} already exists for that tenant")
+    _console().print(f"imported {written} node(s) as {conversation_id!r} (tenant {tenant[:16]})")
+
+
 # -- check ------------------------------------------------------------------------------------
 
 

@@ -86,3 +86,13 @@ class AdminStore:
         async with self.db.pool.acquire() as conn, conn.transaction():
             async for row in conn.cursor(queries.EXPORT, conv["tree_id"], tenant, conv["id"], visible, prefetch=batch):
                 yield row
+
+    async def import_tree(self, tenant: str, conversation_id: str, nodes: list[dict[str, Any]],
+                          head: uuid.UUID | None, compactions: int) -> int | None:
+        """Insert an exported tree (ids already remapped) as a new conversation, in one statement.
+        Returns the number of nodes written, or None when the conversation id is taken."""
+        from .ids import uuid7
+
+        row = await self.db.fetchrow(queries.IMPORT_TREE, tenant, conversation_id, uuid7(), head, compactions, nodes)
+        assert row is not None
+        return row["nodes"] if row["created"] else None

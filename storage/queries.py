@@ -147,3 +147,27 @@ SELECT {_NODE_FIELDS} FROM nodes n
  WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))
  ORDER BY n.created_at, n.id
 """
+
+# Re-create an exported tree as a new conversation of a tenant: a new tree, node ids already
+# remapped by the caller; nothing is written if the conversation id is taken.
+# $1 tenant, $2 conversation, $3 tree, $4 head, $5 compactions, $6 nodes (jsonb array of objects)
+IMPORT_TREE = """
+WITH conv AS (
+    INSERT INTO conversations (tenant, id, tree_id, head_node_id, compactions) VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (tenant, id) DO NOTHING
+    RETURNING tree_id
+), ins AS (
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, status, sent, sent_hash, received,
+                       model, provider, params, usage, finish_reason, error, compacted_from, depth,
+                       created_at, finished_at)
+    SELECT conv.tree_id, r.id, $1, $2, r.parent_id, r.kind, r.status, r.sent, decode(r.sent_hash, 'hex'),
+           r.received, r.model, r.provider, coalesce(r.params, '{}'::jsonb), r.usage, r.finish_reason, r.error,
+           r.compacted_from, r.depth, r.created_at, r.finished_at
+      FROM conv, jsonb_to_recordset($6) AS r(
+           id uuid, parent_id uuid, kind text, status text, sent jsonb, sent_hash text, received jsonb,
+           model text, provider text, params jsonb, usage jsonb, finish_reason text, error jsonb,
+           compacted_from uuid, depth integer, created_at timestamptz, finished_at timestamptz)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM conv) AS created, (SELECT count(*) FROM ins) AS nodes
+"""

@@ -159,3 +159,29 @@ def test_serve_with_several_workers_sharing_the_database(fresh_database_url, ups
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+
+
+def test_export_then_import_restores_the_tree(populated, tmp_path, upstream_url, upstream):
+    url, first = populated
+    out = tmp_path / "sales.jsonl"
+    db = Db(url)
+    tenant = db.fetchval("SELECT tenant FROM nodes WHERE id = $1", __import__("uuid").UUID(first))
+    assert cli(url, "conversations", "export", "sales", "--tenant", tenant, "-o", str(out)).exit_code == 0
+    result = cli(url, "conversations", "import", str(out), "--as", "sales-restored", "--key", "sk-cli-owner")
+    assert result.exit_code == 0 and "imported 4 node(s)" in result.output, result.output
+    again = cli(url, "conversations", "import", str(out), "--as", "sales-restored", "--key", "sk-cli-owner")
+    assert again.exit_code != 0 and "already exists" in again.output
+    with serve_proxy(make_settings(url, upstream_url)) as p:
+        http = p.http("sk-cli-owner")
+        original = http.get("/admin/conversations/sales/path").json()["data"]
+        restored = http.get("/admin/conversations/sales-restored/path").json()["data"]
+        assert [(n["kind"], n["status"], n["sent"], n["received"]) for n in restored] == \
+               [(n["kind"], n["status"], n["sent"], n["received"]) for n in original]
+        assert {n["id"] for n in restored}.isdisjoint({n["id"] for n in original})  # new ids, same shape
+        assert http.get("/admin/conversations/sales-restored").json()["node_count"] == 4
+        # the next turn in the restored conversation sees exactly the original context
+        client = p.openai("sk-cli-owner")
+        client.chat.completions.create(model=MODEL, messages=[user("next")], extra_headers={"X-Conversation-Id": "sales"})
+        from_original = upstream.last.messages
+        client.chat.completions.create(model=MODEL, messages=[user("next")], extra_headers={"X-Conversation-Id": "sales-restored"})
+        assert upstream.last.messages == from_original
