@@ -348,6 +348,7 @@ def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any
 def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None, config_file: str | None) -> None:
     """Re-create an exported tree as a new conversation (new node ids; nothing else changes)."""
     from proxy.auth import key_hash
+    from proxy.errors import BranchpointError
     from proxy.routes.common import valid_conversation_id
     from storage.admin import AdminStore
 
@@ -356,8 +357,8 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
     tenant = tenant or f"t_{key_hash(key or '')[:32]}"
     try:
         valid_conversation_id(conversation_id, source="--as")
-    except Exception as exc:
-        raise click.ClickException(str(exc)) from None
+    except BranchpointError as exc:
+        raise click.ClickException(exc.message) from None
     try:
         lines = [msgspec.json.decode(line) for line in file if line.strip()]
     except msgspec.DecodeError as exc:
