@@ -3,6 +3,8 @@ commands against a database holding what the example made (docker build: by .ci/
 
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -67,8 +69,15 @@ def test_the_python_example_and_every_shell_command(fresh_database_url, upstream
                 assert result.returncode == 0, (command, result.stdout, result.stderr)
             elif words[0] == "curl":
                 line = command.replace("http://127.0.0.1:8080", p.url).replace("sk-your-upstream-key", key)
-                result = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=30)
-                assert result.returncode == 0 and '"data"' in result.stdout, (command, result.stdout)
+                if shutil.which("curl"):
+                    result = subprocess.run(line, shell=True, capture_output=True, text=True, timeout=30)
+                    assert result.returncode == 0, (command, result.stderr)
+                    output = result.stdout
+                else:  # no curl on this machine: make the same request
+                    parts = shlex.split(line)
+                    headers = dict(h.split(": ", 1) for h in (parts[i + 1] for i, w in enumerate(parts) if w == "-H"))
+                    output = httpx.get(parts[-1], headers=headers).text
+                assert '"data"' in output, (command, output)
             elif words[:2] == ["docker", "build"]:
                 assert command in (ROOT / ".ci" / "run").read_text()  # built there when a Docker engine runs
             else:
