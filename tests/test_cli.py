@@ -113,7 +113,9 @@ def test_migrate(fresh_database_url, pg_server_url):
     result = cli(fresh_database_url, "migrate")
     assert result.exit_code == 0 and "schema is current" in result.output
     result = cli(new_database(pg_server_url), "migrate")
-    assert result.exit_code == 0 and "applied 4 migration(s)" in result.output
+    from storage import latest_version
+
+    assert result.exit_code == 0 and f"applied {latest_version()} migration(s)" in result.output
 
 
 def test_invalid_config_is_a_clear_error(tmp_path):
