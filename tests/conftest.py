@@ -98,18 +98,7 @@ def template_url(pg_server_url: str) -> str:
 
 
 def _clone(pg_server_url: str, template_url: str) -> str:
-    name = f"bp_test_{uuid.uuid4().hex[:12]}"
-    template = urlsplit(template_url).path.lstrip("/")
-
-    async def make() -> None:
-        conn = await asyncpg.connect(pg_server_url)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-        finally:
-            await conn.close()
-
-    run(make())
-    return with_database(pg_server_url, name)
+    return new_database(pg_server_url, "bp_test", template=urlsplit(template_url).path.lstrip("/"))
 
 
 @pytest.fixture(scope="session")
@@ -229,18 +218,27 @@ def spawn_proxy(database_url: str, upstream_url: str, tmp_path: Any, config: str
     proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    try:
+        wait_ready(url, proc)
+    except AssertionError:
+        proc.kill()
+        raise
+    return proc, url
+
+
+def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 30.0) -> None:
+    """Wait until a Branchpoint at ``url`` answers ``/readyz`` with 200 (fail if ``proc`` dies)."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the proxy process exited with {proc.returncode}")
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the proxy process exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return proc, url
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the proxy process did not become ready")
+    raise AssertionError(f"{url} did not become ready in {timeout} s")
 
 
 def assert_invariants(database_url: str, *, grace: float = 30.0) -> None:
@@ -270,14 +268,15 @@ def wait_for(predicate: Any, timeout: float = 10.0, what: str = "condition") -> 
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def new_database(pg_server_url: str, prefix: str = "bp_empty") -> str:
-    """An empty database (no migrations) on the test server; returns its URL."""
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+def new_database(pg_server_url: str, prefix: str = "bp_empty", template: str | None = None) -> str:
+    """A new database on the test server -- empty, or a copy of ``template``; returns its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
 
     async def make() -> None:
         conn = await asyncpg.connect(pg_server_url)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
+            await conn.execute(f'CREATE DATABASE "{name}"{copy}')
         finally:
             await conn.close()
 

@@ -7,13 +7,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import httpx
 import yaml
 
+from .conftest import wait_ready
 from .fakes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,13 +52,7 @@ def test_the_images_entry_command_serves_outside_docker(database_url, upstream_u
     binary = str(Path(sys.executable).parent / command[0])
     proc = subprocess.Popen([binary, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_ready(f"http://127.0.0.1:{port}", proc)
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
                        headers={"Authorization": "Bearer sk-docker", "X-Conversation-Id": "docker"},
                        json={"model": "m", "messages": [{"role": "user", "content": "from the image command"}]})

@@ -7,12 +7,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
-from .conftest import Db, make_settings, serve_proxy
+from .conftest import Db, make_settings, serve_proxy, wait_ready
 from .fakes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,15 +50,7 @@ def test_the_python_example_and_every_shell_command(fresh_database_url, upstream
                 proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", *words[3:], "--port", str(port)], env=env,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 try:
-                    deadline = time.monotonic() + 30
-                    while True:
-                        try:
-                            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                                break
-                        except httpx.HTTPError:
-                            pass
-                        assert time.monotonic() < deadline, "serve did not become ready"
-                        time.sleep(0.2)
+                    wait_ready(f"http://127.0.0.1:{port}", proc)
                 finally:
                     proc.terminate()
                     proc.wait(20)
