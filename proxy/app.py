@@ -1,10 +1,10 @@
-"""The app factory: ``create_app(settings)`` builds the Litestar app; its one lifespan owns the
-database pool (and the embedded server, when no database URL is configured), the shared
-``httpx.AsyncClient``, the lease keeper and the background tasks -- and closes them all."""
+"""The app factory: ``create_app(settings)`` builds the ``Runtime`` (every long-lived part, typed)
+and the Litestar app whose routes receive the parts they use as dependencies; its one lifespan
+starts the runtime (database pool -- and the embedded server when no URL is configured --,
+tokenizer, lease keeper) and stops it again, closing the shared upstream client."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,32 +12,28 @@ from typing import Any
 
 import httpx
 from litestar import Litestar, Request, Response
+from litestar.di import Provide
 from litestar.exceptions import HTTPException
+from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
 from config import Settings
-from storage import StorageError, StorageUnavailable, TreeStore, open_database
+from storage import Refused, StorageError, StorageUnavailable
 
-from .auth import Authenticator
-from .compaction import Compactor
-from .errors import BranchpointError, error_body
-from .leases import LeaseKeeper
-from .lifecycle import CallLifecycle
-from .metrics import Metrics
+from .errors import BranchpointError, error_body, from_refusal
 from .observability import ObservabilityMiddleware, install_log_context
 from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_prefixed
 from .routes.health import healthz, metrics, readyz
 from .routes.passthrough import (
+    Forwarder,
     chat_completions_list,
     chat_completions_list_prefixed,
     chat_completions_sub_prefixed,
     passthrough,
     passthrough_prefixed,
 )
-from .services import Services
-from .tokens import TokenCounter
-from .upstream import UpstreamClient
+from .runtime import Runtime
 
 __all__ = ["create_app"]
 
@@ -64,6 +60,8 @@ def _on_branchpoint_error(_: Request[Any, Any, Any], exc: BranchpointError) -> R
 
 
 def _on_storage_error(request: Request[Any, Any, Any], exc: StorageError) -> Response[bytes]:
+    if isinstance(exc, Refused):
+        return _on_branchpoint_error(request, from_refusal(exc))
     if isinstance(exc, StorageUnavailable):
         log.warning("database unavailable: %r", exc.__cause__, extra={"path": request.url.path})
         return _json(503, error_body("the database is unavailable; retry shortly", "service_unavailable",
@@ -86,47 +84,26 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
     return _json(500, error_body("internal error", "server_error", "internal_error"))
 
 
+def _given(value: Any) -> Provide:
+    """A dependency that is one long-lived object of the runtime."""
+    return Provide(lambda: value, use_cache=True, sync_to_thread=False)
+
+
 def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> Litestar:
-    """Build the app. ``upstream_transport`` replaces the network for the upstream client (tests)."""
+    """Build the app. ``upstream_transport`` replaces the network under the upstream client
+    (tests: ``httpx.MockTransport`` / respx)."""
     install_log_context()
+    runtime = Runtime(settings, upstream_transport=upstream_transport)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        d = settings.database
-        db, embedded = await open_database(d.url, d.data_dir, migrate_first=True, min_size=d.pool_min,
-                                           max_size=d.pool_max, command_timeout=d.command_timeout,
-                                           connect_timeout=d.connect_timeout)
-        tree = TreeStore(db)
-        services = Services(
-            settings=settings,
-            db=db,
-            tree=tree,
-            upstream=UpstreamClient(settings, transport=upstream_transport),
-            leases=LeaseKeeper(tree, lease_seconds=settings.server.lease_seconds,
-                               reaper_interval=settings.server.reaper_interval),
-            metrics=Metrics(),
-            auth=Authenticator(settings.auth),
-            tokens=TokenCounter(),
-            embedded=embedded,
-        )
-        await asyncio.to_thread(services.tokens.load)
-        services.lifecycle = CallLifecycle(services)
-        services.compactor = Compactor(services)
-        services.metrics.watch_database(db)
-        app.state.services = services
-        services.leases.start()
+        await runtime.start()
         try:
             yield
         finally:
-            await services.leases.stop()
-            if services.background:
-                await asyncio.wait(list(services.background), timeout=30)
-            await services.upstream.aclose()
-            await db.close()
-            if embedded:
-                await asyncio.to_thread(embedded.stop)
+            await runtime.stop()
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             chat_completions,
             chat_completions_prefixed,
@@ -140,8 +117,20 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             metrics,
             AdminController,
         ],
+        dependencies={
+            "caller": Provide(runtime.auth.caller, sync_to_thread=False),
+            "calls": _given(runtime.calls),
+            "forwarder": _given(Forwarder(runtime.upstream)),
+            "admin": _given(runtime.admin),
+            "ops": _given(runtime.ops),
+            "compactor": _given(runtime.compactor),
+            "builder": _given(runtime.builder),
+            "upstream": _given(runtime.upstream),
+            "metrics": _given(runtime.metrics),
+            "leases": _given(runtime.leases),
+        },
         lifespan=[lifespan],
-        middleware=[ObservabilityMiddleware],
+        middleware=[DefineMiddleware(ObservabilityMiddleware, metrics=runtime.metrics)],
         exception_handlers={
             BranchpointError: _on_branchpoint_error,
             StorageError: _on_storage_error,
@@ -154,6 +143,8 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         logging_config=None,
         debug=False,
     )
+    app.state.runtime = runtime
+    return app
 
 
 def app_from_environment() -> Litestar:

@@ -1,4 +1,4 @@
-"""Who is calling (SPEC §7): the bearer key decides the tenant.
+"""Who is calling (docs/behaviour.md#auth-and-tenancy): the bearer key decides the tenant.
 
 - ``passthrough`` (default): any key is accepted and forwarded upstream (unless the upstream has
   its own); the tenant is a hash of the key, so each key sees only its own conversations.
@@ -15,6 +15,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request
 
 from config import AuthSettings
 
@@ -51,6 +54,10 @@ class Authenticator:
         for entry in settings.keys:
             digest = entry.key[7:].lower() if entry.key.startswith("sha256:") else key_hash(entry.key)
             self._keys[digest] = (entry.tenant or f"k_{digest[:16]}", entry.admin)
+
+    def caller(self, request: Request[Any, Any, Any]) -> Caller:
+        """The Litestar dependency ``caller``: every route that needs one declares it."""
+        return self(request.headers.get("authorization"))
 
     def __call__(self, authorization: str | None) -> Caller:
         key = _bearer(authorization)

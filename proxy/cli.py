@@ -51,15 +51,13 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
 
     d = settings.database
     try:
-        db, embedded = await open_database(d.url, d.data_dir, min_size=1, max_size=2, connect_timeout=d.connect_timeout)
+        db = await open_database(d.url, d.data_dir, min_size=1, max_size=2, connect_timeout=d.connect_timeout)
     except StorageError as exc:
         raise click.ClickException(f"cannot reach the database: {exc}") from None
     try:
         yield db
     finally:
         await db.close()
-        if embedded:
-            embedded.stop()
 
 
 def _run(coro: Any) -> Any:
@@ -138,7 +136,7 @@ def migrate(config_file: str | None) -> None:
                 def step(done: int, total: int, name: str) -> None:
                     progress.update(task, total=total, completed=done, description=f"migrating: {name}")
 
-                async with db.pool.acquire() as conn:
+                async with db.connection() as conn:
                     return await run_migrations(conn, progress=step)
 
     applied = _run(go())
@@ -154,11 +152,11 @@ def conversations() -> None:
 
 
 async def _find(db: Any, conversation_id: str, tenant: str | None) -> Any:
-    from storage.admin import AdminStore
+    from storage import AdminStore
 
     store = AdminStore(db)
     if tenant is None:
-        tenants = [r["tenant"] for r in await db.fetch("SELECT tenant FROM conversations WHERE id = $1", conversation_id)]
+        tenants = await store.tenants_of(conversation_id)
         if not tenants:
             raise click.ClickException(f"no conversation {conversation_id!r}")
         if len(tenants) > 1:
@@ -185,7 +183,7 @@ def _when(value: datetime | None) -> str:
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 def list_conversations(config_file: str | None, tenant: str | None, limit: int) -> None:
     """List conversations, newest first."""
-    from storage.admin import AdminStore
+    from storage import AdminStore
 
     settings = _settings(config_file)
 
@@ -198,29 +196,29 @@ def list_conversations(config_file: str | None, tenant: str | None, limit: int) 
     for column in ("tenant", "conversation", "nodes", "head", "busy", "created", "updated"):
         table.add_column(column, justify="right" if column == "nodes" else "left")
     for r in rows:
-        table.add_row(r["tenant"][:16], r["id"], str(r["node_count"]), _short(r["head_node_id"]),
-                      "yes" if r["busy"] else "", _when(r["created_at"]), _when(r["updated_at"]))
+        table.add_row(r.tenant[:16], r.id, str(r.node_count), _short(r.head_node_id),
+                      "yes" if r.busy else "", _when(r.created_at), _when(r.updated_at))
     _console().print(table)
 
 
 def _label(node: Any, head: Any, on_path: set[Any]) -> Text:
-    usage = node["usage"] or {}
+    usage = node.usage or {}
     tokens = usage.get("total_tokens") or (usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
-    status_style = {"success": "green", "failed": "red", "pending": "yellow"}.get(node["status"], "")
+    status_style = {"success": "green", "failed": "red", "pending": "yellow"}.get(node.status, "")
     text = Text()
-    text.append(_short(node["id"]), style="bold" if node["id"] in on_path else "dim")
-    text.append(f" {node['kind']}", style="cyan" if node["kind"] != "turn" else "")
-    text.append(f" {node['status']}", style=status_style)
-    if node["model"]:
-        text.append(f" {node['model']}", style="magenta")
+    text.append(_short(node.id), style="bold" if node.id in on_path else "dim")
+    text.append(f" {node.kind}", style="cyan" if node.kind != "turn" else "")
+    text.append(f" {node.status}", style=status_style)
+    if node.model:
+        text.append(f" {node.model}", style="magenta")
     if tokens:
         text.append(f" {tokens} tok", style="dim")
-    preview = " ".join(str(node["preview"] or "").split())
+    preview = " ".join(str(node.preview or "").split())
     if preview:
         text.append(f"  {preview[:60]}{'…' if len(preview) > 60 else ''}")
-    if node["kind"] == "compaction":
-        text.append(f"  (replaces …{_short(node['compacted_from'])})", style="cyan")
-    if node["id"] == head:
+    if node.kind == "compaction":
+        text.append(f"  (replaces …{_short(node.compacted_from)})", style="cyan")
+    if node.id == head:
         text.append("  ◀ head", style="bold yellow")
     return text
 
@@ -236,31 +234,31 @@ def show(conversation_id: str, config_file: str | None, tenant: str | None) -> N
     async def go() -> tuple[Any, list[Any], list[Any]]:
         async with _database(settings) as db:
             store, conv = await _find(db, conversation_id, tenant)
-            return conv, await store.tree(conv, conv["tenant"]), await store.path(conv, conv["tenant"])
+            return conv, await store.tree(conv), await store.path(conv)
 
     conv, nodes, path = _run(go())
-    head = conv["head_node_id"]
-    on_path = {n["id"] for n in path}
+    head = conv.head_node_id
+    on_path = {n.id for n in path}
     children: dict[Any, list[Any]] = {}
-    ids = {n["id"] for n in nodes}
+    ids = {n.id for n in nodes}
     roots = []
     for n in nodes:
-        if n["parent_id"] is None or n["parent_id"] not in ids:
+        if n.parent_id is None or n.parent_id not in ids:
             roots.append(n)
         else:
-            children.setdefault(n["parent_id"], []).append(n)
-    title = Text(f"{conv['id']}", style="bold")
-    title.append(f"  tenant {conv['tenant'][:16]}  {len(nodes)} node(s)  head …{_short(head)}", style="dim")
+            children.setdefault(n.parent_id, []).append(n)
+    title = Text(f"{conv.id}", style="bold")
+    title.append(f"  tenant {conv.tenant[:16]}  {len(nodes)} node(s)  head …{_short(head)}", style="dim")
     tree = Tree(title)
 
     def add(branch: Tree, node: Any) -> None:
         # a straight line of single children is drawn flat, so a long turn stays readable
         current = branch.add(_label(node, head, on_path))
-        kids = children.get(node["id"], [])
+        kids = children.get(node.id, [])
         while len(kids) == 1:
             node = kids[0]
             current = branch.add(_label(node, head, on_path))
-            kids = children.get(node["id"], [])
+            kids = children.get(node.id, [])
         for kid in kids:
             add(current, kid)
 
@@ -288,13 +286,13 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
     async def go(write: Callable[[bytes], Any]) -> int:
         async with _database(settings) as db:
             store, conv = await _find(db, conversation_id, tenant)
-            total = conv["node_count"]
+            total = conv.node_count
             count = 0
             with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=_console(stderr=True), transient=True, disable=output == "-") as progress:
                 task = progress.add_task("export", total=total)
-                async for row in store.export(conv, conv["tenant"]):
-                    node = _ExportNode(**{f: row[f] for f in fields}, head=row["id"] == conv["head_node_id"])
+                async for row in store.export(conv):
+                    node = _ExportNode(**{f: getattr(row, f) for f in fields}, head=row.id == conv.head_node_id)
                     write(encoder.encode(node) + b"\n")
                     count += 1
                     progress.update(task, completed=count)
@@ -307,6 +305,18 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
         with Path(output).open("wb") as fh:
             count = _run(go(fh.write))
         _console(stderr=True).print(f"exported {count} node(s) to {output}")
+
+
+def _outcome_of(node: dict[str, Any]) -> str | None:
+    """A node's outcome; exports made before it was a field of its own carry it in the error."""
+    if node.get("outcome"):
+        return node["outcome"]
+    if node.get("status") == "success":
+        return "success"
+    if node.get("status") == "failed":
+        error = node.get("error") or {}
+        return error.get("kind") or "transient"
+    return None
 
 
 def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any, int]:
@@ -322,15 +332,16 @@ def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any
         for ref in ("parent_id", "compacted_from"):
             if n.get(ref) is not None and str(n[ref]) not in ids:
                 raise click.ClickException(f"node {n['id']} refers to {n[ref]}, which is not in the file")
-        node = {k: n.get(k) for k in ("kind", "status", "sent", "received", "model", "provider", "params", "usage",
+        node = {k: n.get(k) for k in ("kind", "sent", "received", "model", "provider", "params", "usage",
                                       "finish_reason", "error", "depth", "created_at", "finished_at")}
+        node["outcome"] = _outcome_of(n)
         node["id"] = ids[str(n["id"])]
         node["parent_id"] = ids[str(n["parent_id"])] if n.get("parent_id") else None
         node["compacted_from"] = ids[str(n["compacted_from"])] if n.get("compacted_from") else None
         node["sent_hash"] = sent_hash(n["sent"]).hex()
-        if node["status"] == "pending":
-            node["status"] = "failed"
-            node["error"] = {"type": "interrupted", "code": "interrupted", "status": None, "kind": "transient",
+        if node["outcome"] is None:  # still pending when exported
+            node["outcome"] = "transient"
+            node["error"] = {"type": "interrupted", "code": "interrupted", "status": None,
                              "message": "still in flight when exported"}
             node["finished_at"] = node["finished_at"] or node["created_at"]
         if n.get("head"):
@@ -350,7 +361,7 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
     from proxy.auth import key_hash
     from proxy.errors import BranchpointError
     from proxy.routes.common import valid_conversation_id
-    from storage.admin import AdminStore
+    from storage import AdminStore
 
     if (tenant is None) == (key is None):
         raise click.ClickException("name the owner with exactly one of --tenant and --key")

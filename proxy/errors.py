@@ -3,23 +3,23 @@
 
     BranchpointError                    (status, type, code)
      ├── InvalidRequest                 400 invalid_request_error / invalid_request
-     │    ├── InvalidConversationId     400 invalid_conversation_id
-     │    └── PayloadTooLarge           413 payload_too_large
+     │    └── InvalidConversationId     400 invalid_conversation_id
      ├── AuthenticationFailed           401 invalid_api_key
      ├── NotFound                       404
      │    ├── NodeNotFound              404 node_not_found
      │    └── ConversationNotFound      404 conversation_not_found
-     ├── Conflict                       409
+     ├── Conflict                       409 (conversation_exists, node_pending)
      │    ├── ConversationBusy          409 conversation_busy
      │    └── ParentBeforeCompaction    409 parent_before_compaction
-     ├── UpstreamFailure                (the upstream could not give an answer)
-     │    ├── UpstreamUnreachable       502 upstream_unreachable
-     │    ├── UpstreamBadResponse       502 upstream_bad_response
-     │    └── UpstreamTimeout           504 upstream_timeout
-     └── ServiceUnavailable             503 database_unavailable
+     └── UpstreamFailure                (the upstream could not give an answer)
+          ├── UpstreamUnreachable       502 upstream_unreachable
+          ├── UpstreamBadResponse       502 upstream_bad_response
+          └── UpstreamTimeout           504 upstream_timeout
 
 Errors of other layers are translated once, where they cross into the HTTP layer: httpx errors
-in ``proxy.upstream``, storage errors in the app's exception handlers.
+in ``proxy.upstream`` (``map_exceptions``); storage refusals by ``from_refusal`` (the app's
+exception handler, or a caller that knows a better ``param``); the database being away becomes
+503 ``database_unavailable`` in the app's exception handler.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+import storage
 
 __all__ = [
     "AuthenticationFailed",
@@ -39,13 +41,12 @@ __all__ = [
     "NodeNotFound",
     "NotFound",
     "ParentBeforeCompaction",
-    "PayloadTooLarge",
-    "ServiceUnavailable",
     "UpstreamBadResponse",
     "UpstreamFailure",
     "UpstreamTimeout",
     "UpstreamUnreachable",
     "error_body",
+    "from_refusal",
 ]
 
 _encode = msgspec.json.Encoder().encode
@@ -73,9 +74,6 @@ class BranchpointError(Exception):
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-
 
 class InvalidRequest(BranchpointError):
     status = 400
@@ -89,13 +87,6 @@ class InvalidRequest(BranchpointError):
 
 class InvalidConversationId(InvalidRequest):
     code = "invalid_conversation_id"
-
-
-class PayloadTooLarge(InvalidRequest):
-    code = "payload_too_large"
-
-    def __init__(self, message: str, **kw: Any) -> None:
-        super().__init__(message, status=413, **kw)
 
 
 class AuthenticationFailed(BranchpointError):
@@ -153,7 +144,19 @@ class UpstreamTimeout(UpstreamFailure):
     code = "upstream_timeout"
 
 
-class ServiceUnavailable(BranchpointError):
-    status = 503
-    type = "service_unavailable"
-    code = "database_unavailable"
+def from_refusal(exc: storage.Refused, *, param: str | None = None) -> BranchpointError:
+    """The HTTP error for a refusal of the tree's rules (``storage.Refused``)."""
+    message = str(exc)
+    if isinstance(exc, storage.Busy):
+        return ConversationBusy(message)
+    if isinstance(exc, storage.ConversationMissing):
+        return ConversationNotFound(message)
+    if isinstance(exc, storage.NodeMissing):
+        return NodeNotFound(message, param=param or "node_id")
+    if isinstance(exc, storage.BeforeCompaction):
+        return ParentBeforeCompaction(message, param=param)
+    if isinstance(exc, storage.ConversationExists):
+        return Conflict(message, code="conversation_exists", param=param or "conversation_id")
+    if isinstance(exc, storage.NodePending):
+        return Conflict(message, code="node_pending", param=param or "node_id")
+    return InvalidRequest(message, param=param)

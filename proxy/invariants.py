@@ -13,32 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from storage import Database, PathNode
+from storage import Database, OpsStore
 
 from .assembly import Target, assemble
 
 __all__ = ["Violation", "check_invariants"]
-
-_HEADS_OUTSIDE_TREE = """
-SELECT c.tenant, c.id, c.head_node_id FROM conversations c
- WHERE c.head_node_id IS NOT NULL
-   AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = c.tree_id AND n.id = c.head_node_id)
-"""
-_SUCCESS_WITHOUT_RECEIVED = """
-SELECT id, conversation_id FROM nodes
- WHERE status = 'success' AND kind <> 'compaction' AND received IS NULL
-"""
-_STALE_PENDING = """
-SELECT id, conversation_id, lease_until FROM nodes
- WHERE status = 'pending' AND lease_until < now() - make_interval(secs => $1)
-"""
-_STALE_LEASES = """
-SELECT c.tenant, c.id, c.lease_node_id FROM conversations c
- WHERE c.lease_node_id IS NOT NULL AND c.lease_until < now() - make_interval(secs => $1)
-"""
-_HEADS = "SELECT tenant, id, tree_id, head_node_id FROM conversations WHERE head_node_id IS NOT NULL"
-_PATH = "SELECT * FROM bp_path($1, $2)"
-
 
 @dataclass(frozen=True)
 class Violation:
@@ -64,21 +43,19 @@ def _paired(messages: list[dict[str, Any]]) -> str | None:
 
 async def check_invariants(db: Database, *, grace: float = 30.0, assemble_heads: bool = True,
                            limit: int = 10_000) -> list[Violation]:
+    ops = OpsStore(db)
     out: list[Violation] = []
-    for r in await db.fetch(_HEADS_OUTSIDE_TREE):
+    for r in await ops.heads_outside_tree():
         out.append(Violation("head_in_tree", f"conversation {r['id']!r} points at {r['head_node_id']}, not in its tree"))
-    for r in await db.fetch(_SUCCESS_WITHOUT_RECEIVED):
+    for r in await ops.successes_without_received():
         out.append(Violation("success_has_received", f"node {r['id']} ({r['conversation_id']}) succeeded without received"))
-    for r in await db.fetch(_STALE_PENDING, grace):
+    for r in await ops.stale_pending(grace):
         out.append(Violation("no_stale_pending", f"node {r['id']} ({r['conversation_id']}) pending, lease ran out at {r['lease_until']}"))
-    for r in await db.fetch(_STALE_LEASES, grace):
+    for r in await ops.stale_leases(grace):
         out.append(Violation("no_stale_lease", f"conversation {r['id']!r} leased to {r['lease_node_id']} long after expiry"))
     if assemble_heads:
-        for r in (await db.fetch(_HEADS))[:limit]:
-            rows = await db.fetch(_PATH, r["tree_id"], r["head_node_id"])
-            path = [PathNode(id=x["id"], parent_id=x["parent_id"], kind=x["kind"], status=x["status"], sent=x["sent"],
-                             received=x["received"], provider=x["provider"]) for x in rows]
+        for conversation_id, path in await ops.head_paths(limit):
             problem = _paired(assemble(path, [], Target(path[-1].provider or "" if path else "")).messages)
             if problem:
-                out.append(Violation("assembly_paired", f"conversation {r['id']!r}: {problem}"))
+                out.append(Violation("assembly_paired", f"conversation {conversation_id!r}: {problem}"))
     return out

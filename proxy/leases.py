@@ -14,19 +14,21 @@ import uuid
 
 from storage import StorageError, TreeStore
 
+from .metrics import Metrics
+
 __all__ = ["LeaseKeeper"]
 
 log = logging.getLogger("branchpoint.leases")
 
 
 class LeaseKeeper:
-    def __init__(self, tree: TreeStore, *, lease_seconds: float, reaper_interval: float) -> None:
+    def __init__(self, tree: TreeStore, metrics: Metrics, *, lease_seconds: float, reaper_interval: float) -> None:
         self.tree = tree
+        self.metrics = metrics
         self.lease_seconds = lease_seconds
         self.reaper_interval = reaper_interval
         self.inflight: dict[uuid.UUID, uuid.UUID] = {}  # node id -> tree id
         self._tasks: list[asyncio.Task[None]] = []
-        self.reaped = 0
 
     def track(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> None:
         self.inflight[node_id] = tree_id
@@ -56,7 +58,7 @@ class LeaseKeeper:
     async def reap(self) -> int:
         reaped = await self.tree.reap_expired()
         if reaped:
-            self.reaped += reaped
+            self.metrics.reaped.inc(reaped)
             log.warning("reaped interrupted calls", extra={"count": reaped})
         return reaped
 

@@ -1,12 +1,14 @@
-"""The call lifecycle: one chat call with a conversation id, from the parsed request to the
-stored node (SPEC §2-§4).
+"""The call lifecycle: one chat call with a conversation id, from the parsed request to the stored
+node (docs/behaviour.md#the-chat-endpoint).
 
-    resolve parent + take lease + insert pending node + read path   (storage: one round trip)
-    assemble the context                                            (proxy.assembly, pure)
-    call the upstream, relay the answer                             (proxy.upstream / proxy.relay)
-    store the outcome, release the lease, move the head             (storage: one round trip)
+    begin: conversation, lease, parent, pending node, path read       (storage: one round trip)
+    maybe compact, build the exact upstream body                      (proxy.compaction, proxy.builder)
+    call the upstream, relay the answer                               (proxy.upstream, proxy.relay)
+    finish: outcome stored, lease released, head moved by the rule   (storage: one round trip)
 
-Where the head goes after a call is decided in one place: ``moves_head``.
+Every way out of a started call goes through ``_finish`` (or ``_fail``, which also answers the
+client), so a started node is always finished: with its answer, or with a ``Failure`` whose
+``Outcome`` the head rule (``bp_can_be_head`` in storage/functions.sql) reads.
 """
 
 from __future__ import annotations
@@ -17,53 +19,33 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import msgspec
 
-from storage import StorageError, uuid7
+from storage import BeforeCompaction, Busy, NodeMissing, Outcome, StorageError, TreeStore, uuid7
 
-from .assembly import Target, assemble, build_body
-from .errors import (
-    BranchpointError,
-    ConversationBusy,
-    NodeNotFound,
-    ParentBeforeCompaction,
-    UpstreamBadResponse,
-    UpstreamFailure,
-)
+from .background import Background
+from .builder import RequestBuilder
+from .compaction import Compactor
+from .completion import NotACompletion, parse_completion
+from .errors import BranchpointError, ConversationBusy, NodeNotFound, ParentBeforeCompaction, UpstreamFailure
+from .failures import Failure, NodeError, classify, from_stream_error, not_a_completion
 from .http import RawResponse, encode_headers
+from .leases import LeaseKeeper
+from .metrics import Metrics
 from .observability import current_request
-from .relay import StreamEnd, StreamRelay
-from .upstream import Failure, classify, failure_from_exception, map_exceptions, response_headers
+from .relay import StreamEnd, StreamRelay, client_disconnected
+from .upstream import UpstreamClient, map_exceptions, response_headers, target_of
 
-if TYPE_CHECKING:
-    from .services import Services
-
-__all__ = ["CallLifecycle", "ChatCall", "moves_head", "sent_hash"]
+__all__ = ["CallLifecycle", "ChatCall", "sent_hash"]
 
 log = logging.getLogger("branchpoint.call")
 
-_encode = msgspec.json.Encoder().encode
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
-_decode = msgspec.json.Decoder().decode
-
-SUCCESS = "success"
-
-
-def moves_head(kind: str, outcome: str) -> bool:
-    """SPEC §4 -- after a call, does the conversation's head move to its node?
-
-    ``outcome`` is ``success`` or a failure kind (``transient`` | ``overflow`` | ``invalid``).
-    A success moves it; so does a transient failure (the failed node's ``sent`` items -- e.g.
-    paid-for tool results -- stay in context and a retry hangs under or beside it). An overflow or
-    an invalid request leaves it where it was, or every later turn would fail the same way.
-    ``transform`` calls never move it.
-    """
-    return kind == "turn" and outcome in (SUCCESS, "transient")
 
 
 def sent_hash(items: list[Any]) -> bytes:
@@ -86,6 +68,10 @@ class ChatCall:
     client_key: str | None
     headers: list[tuple[str, str]]  # incoming request headers (filtered when forwarded)
 
+    @property
+    def params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.body.items() if k != "messages"}
+
 
 @dataclass(slots=True)
 class _Started:
@@ -93,9 +79,8 @@ class _Started:
     node_id: uuid.UUID
     tree_id: uuid.UUID
     parent_id: uuid.UUID | None
-    params: dict[str, Any]
+    secrets: tuple[str | None, ...]  # credentials an upstream error must never echo back
     request_hash: bytes | None = None
-    secrets: tuple[str | None, ...] = ()  # keys an upstream error must never echo back
     finished: bool = False
 
     def headers(self) -> list[tuple[str, str]]:
@@ -112,12 +97,6 @@ def _upstream_time(seconds: float) -> None:
         ctx.upstream_seconds += seconds
 
 
-def _disconnected() -> Failure:
-    error = {"type": "client_disconnected", "code": "client_disconnected",
-             "message": "the client disconnected before the answer arrived", "status": None}
-    return Failure("transient", error, 499, b"")
-
-
 async def _wait_for_disconnect(receive: Any) -> None:
     while True:
         if (await receive())["type"] == "http.disconnect":
@@ -125,86 +104,72 @@ async def _wait_for_disconnect(receive: Any) -> None:
 
 
 class CallLifecycle:
-    def __init__(self, services: Services) -> None:
-        self.s = services
-        self.lease_seconds = services.settings.server.lease_seconds
+    def __init__(self, *, tree: TreeStore, upstream: UpstreamClient, builder: RequestBuilder, compactor: Compactor,
+                 leases: LeaseKeeper, metrics: Metrics, tasks: Background, lease_seconds: float) -> None:
+        self.tree = tree
+        self.upstream = upstream
+        self.builder = builder
+        self.compactor = compactor
+        self.leases = leases
+        self.metrics = metrics
+        self.tasks = tasks
+        self.lease_seconds = lease_seconds
 
     # -- start -------------------------------------------------------------------------------
 
-    async def _begin(self, call: ChatCall, upstream_name: str) -> tuple[_Started, list[Any]]:
-        params = {k: v for k, v in call.body.items() if k != "messages"}
+    async def _begin(self, call: ChatCall, provider: str, secrets: tuple[str | None, ...]) -> tuple[_Started, list[Any]]:
         node_id = uuid7()
-        begun = await self.s.tree.begin_call(
-            tenant=call.tenant,
-            conversation_id=call.conversation_id,
-            node_id=node_id,
-            new_tree_id=uuid7(),
-            kind=call.kind,
-            parent_mode=call.parent_mode,  # type: ignore[arg-type]
-            parent_id=call.parent_id,
-            sent=call.items,
-            sent_hash=sent_hash(call.items),
-            lease_seconds=self.lease_seconds,
-            model=call.body.get("model"),
-            provider=upstream_name,
-            params=params,
-        )
-        if begun.outcome == "busy":
-            self.s.metrics.busy_rejections.inc()
-            raise ConversationBusy(
-                f"conversation {call.conversation_id!r} has a turn call in flight; retry when it has finished"
+        try:
+            begun = await self.tree.begin_call(
+                tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id, new_tree_id=uuid7(),
+                kind=call.kind, parent_mode=call.parent_mode,  # type: ignore[arg-type]
+                parent_id=call.parent_id, sent=call.items, sent_hash=sent_hash(call.items),
+                lease_seconds=self.lease_seconds, model=call.body.get("model"), provider=provider, params=call.params,
             )
-        if begun.outcome == "parent_not_found":
-            raise NodeNotFound(f"node {call.parent_id} is not part of conversation {call.conversation_id!r}",
-                               param="X-Parent-Node-Id")
-        if begun.outcome == "parent_before_compaction":
-            raise ParentBeforeCompaction(
-                f"node {call.parent_id} lies before a compaction of this conversation's path; "
-                "it can no longer be edited here (fork from it, or move the head there first)",
-                param="X-Parent-Node-Id",
-            )
-        assert begun.tree_id is not None
-        started = _Started(call, node_id, begun.tree_id, begun.parent_id, params)
-        return started, begun.path
+        except Busy as exc:
+            self.metrics.busy_rejections.inc()
+            raise ConversationBusy(str(exc)) from None
+        except NodeMissing as exc:
+            raise NodeNotFound(str(exc), param="X-Parent-Node-Id") from None
+        except BeforeCompaction as exc:
+            raise ParentBeforeCompaction(str(exc), param="X-Parent-Node-Id") from None
+        return _Started(call, node_id, begun.tree_id, begun.parent_id, secrets), begun.path
 
     # -- finish ------------------------------------------------------------------------------
 
-    async def _finish(self, started: _Started, *, outcome: str, received: list[Any] | None = None,
+    async def _finish(self, started: _Started, outcome: Outcome, *, received: list[Any] | None = None,
                       usage: dict[str, Any] | None = None, finish_reason: str | None = None,
-                      error: dict[str, Any] | None = None) -> None:
-        """Store the outcome and apply the head rule. Never raises. If the database is away,
-        the outcome is stored in the background as soon as it is back (the lease is kept alive
-        meanwhile); a node that still cannot be stored is reaped as interrupted in the end."""
+                      error: NodeError | None = None) -> None:
+        """Store the outcome; the head follows the head rule. Never raises. If the database is
+        away, the outcome is stored in the background as soon as it is back (the lease is kept
+        alive meanwhile); a node that still cannot be stored is reaped as interrupted in the end."""
         started.finished = True
-        call = started.call
-        if error is not None:
-            error = {**error, "kind": outcome}  # which row of the SPEC §4 table applied
         store = functools.partial(
-            self.s.tree.finish_call,
-            tree_id=started.tree_id,
-            node_id=started.node_id,
-            status=SUCCESS if outcome == SUCCESS else "failed",
-            received=received,
-            usage=usage,
-            finish_reason=finish_reason,
-            error=error,
+            self.tree.finish_call, tree_id=started.tree_id, node_id=started.node_id, outcome=outcome,
+            received=received, usage=usage, finish_reason=finish_reason, error=error,
             request_hash=started.request_hash,
-            move_head=moves_head(call.kind, outcome),
         )
         try:
             await store()
         except StorageError as exc:
             log.warning("could not store a call's outcome; retrying in the background",
                         extra={"node_id": str(started.node_id), "error": str(exc)})
-            self.s.spawn(self._store_later(started, store, outcome, usage))
+            self.tasks.spawn(self._store_later(started, store, outcome, usage))
             return
         except Exception:
             log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
-            self.s.leases.untrack(started.node_id)
+            self.leases.untrack(started.node_id)
             return
         self._stored(started, outcome, usage, error)
 
-    async def _store_later(self, started: _Started, store: Any, outcome: str, usage: dict[str, Any] | None) -> None:
+    async def _fail(self, started: _Started, failure: Failure, headers: list[tuple[str, str]] | None = None,
+                    usage: dict[str, Any] | None = None) -> RawResponse:
+        """Finish the node as failed and answer the client with the failure."""
+        await self._finish(started, failure.outcome, error=failure.error, usage=usage)
+        return RawResponse(failure.status, failure.body, headers if headers is not None else started.headers())
+
+    async def _store_later(self, started: _Started, store: Callable[[], Any], outcome: Outcome,
+                           usage: dict[str, Any] | None) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.lease_seconds
         delay = 0.1
@@ -221,83 +186,74 @@ class CallLifecycle:
             log.info("stored a call's outcome after the database came back", extra={"node_id": str(started.node_id)})
             self._stored(started, outcome, usage, None)
             return
-        self.s.leases.untrack(started.node_id)  # the reaper takes it from here
+        self.leases.untrack(started.node_id)  # the reaper takes it from here
 
-    def _stored(self, started: _Started, outcome: str, usage: dict[str, Any] | None, error: dict[str, Any] | None) -> None:
-        self.s.leases.untrack(started.node_id)
+    def _stored(self, started: _Started, outcome: Outcome, usage: dict[str, Any] | None, error: NodeError | None) -> None:
+        self.leases.untrack(started.node_id)
         call = started.call
-        self.s.metrics.observe_call(call.kind, outcome, usage)
-        if outcome == SUCCESS and call.kind == "turn":
-            self.s.compactor.after_turn(tenant=call.tenant, conversation_id=call.conversation_id,
-                                        tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
-                                        usage=usage, client_key=call.client_key)
-        if outcome != SUCCESS:
+        self.metrics.observe_call(call.kind, outcome.value, usage)
+        if outcome is Outcome.SUCCESS and call.kind == "turn":
+            self.compactor.after_turn(tenant=call.tenant, conversation_id=call.conversation_id,
+                                      tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
+                                      usage=usage, client_key=call.client_key)
+        if outcome is not Outcome.SUCCESS:
             log.info("call failed", extra={"conversation_id": call.conversation_id, "node_id": str(started.node_id),
-                                           "outcome": outcome, "code": (error or {}).get("code")})
+                                           "outcome": outcome.value, "code": error.code if error else None})
 
     # -- run ---------------------------------------------------------------------------------
 
     async def run(self, call: ChatCall, receive: Any) -> Any:
         """Run one call; returns the ASGI response (a ``RawResponse`` or a ``StreamRelay``)."""
-        upstream = self.s.upstream.route(call.body.get("model"))
-        started, path = await self._begin(call, upstream.name)
-        started.secrets = (call.client_key, upstream.api_key)
+        upstream = self.upstream.route(call.body.get("model"))
+        started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key))
         ctx = current_request.get()
         if ctx is not None:
             ctx.conversation_id = call.conversation_id
             ctx.node_id = str(started.node_id)
-        self.s.leases.track(started.tree_id, started.node_id)
+        self.leases.track(started.tree_id, started.node_id)
         try:
-            target = Target(upstream.name, upstream.accepts_reasoning)
-            path = await self._readable(started.tree_id, path, target)
-            if path:
-                compacted = await self.s.compactor.before_call(
-                    tenant=call.tenant, conversation_id=call.conversation_id, tree_id=started.tree_id,
-                    kind=call.kind, path=path, new_items=call.items, model=call.body["model"],
-                    client_key=call.client_key, call_node=started.node_id,
-                    extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
-                )
-                if compacted is not None and compacted.compacted and compacted.node is not None:
-                    path = [compacted.node]
-                    started.parent_id = compacted.node.id
-            assembled = assemble(path, call.items, target)
-            if assembled.dropped:
-                self.s.metrics.pairing_drops.inc(len(assembled.dropped))
+            target = target_of(upstream)
+            path = await self.builder.readable(started.tree_id, path, target)
+            path = await self._compact_first(started, path)
+            built = self.builder.build(path, call.items, call.params, target, stream=call.stream)
+            if built.dropped:
+                self.metrics.pairing_drops.inc(len(built.dropped))
                 log.warning("pairing check dropped items", extra={
-                    "conversation_id": call.conversation_id, "node_id": str(started.node_id),
-                    "dropped": assembled.dropped})
-            payload = build_body(started.params, assembled.messages, stream=call.stream)
-            started.request_hash = hashlib.sha256(payload).digest()
-            headers = self.s.upstream.request_headers(upstream, call.headers, call.client_key)
-            request = self.s.upstream.build("POST", upstream, "chat/completions", headers=headers, content=payload)
+                    "conversation_id": call.conversation_id, "node_id": str(started.node_id), "dropped": built.dropped})
+            started.request_hash = built.sha256
+            headers = self.upstream.request_headers(upstream, call.headers, call.client_key)
+            request = self.upstream.build("POST", upstream, "chat/completions", headers=headers, content=built.payload)
             if call.stream:
                 return await self._run_stream(started, request)
             return await self._run_json(started, request, receive)
         except BaseException as exc:
             if not started.finished:
-                if isinstance(exc, BranchpointError):
-                    err = {"type": exc.type, "code": exc.code, "message": exc.message, "status": None}
-                else:
-                    err = {"type": "server_error", "code": "internal_error",
-                           "message": f"the proxy failed: {type(exc).__name__}", "status": None}
-                await asyncio.shield(self._finish(started, outcome="transient", error=err))
+                failure = Failure.from_error(exc if isinstance(exc, BranchpointError) else BranchpointError(
+                    f"the proxy failed: {type(exc).__name__}"))
+                await asyncio.shield(self._finish(started, failure.outcome, error=failure.error))
             if isinstance(exc, BranchpointError):
                 exc.headers.update(dict(started.headers()))
             raise
 
-    async def _readable(self, tree_id: uuid.UUID, path: list[Any], target: Target) -> list[Any]:
-        """SPEC §5: a compaction in a provider-specific (opaque) form that the target cannot read
-        is unfolded: assembly follows ``compacted_from`` and uses the original path instead."""
-        while path and path[0].kind == "compaction" and path[0].provider != target.provider:
-            params = await self.s.tree.node_params(tree_id, path[0].id)
-            if params.get("format", "text") != "opaque" or path[0].compacted_from is None:
-                break
-            original = await self.s.tree.path(tree_id, path[0].compacted_from)
-            path = original + path[1:]
+    async def _compact_first(self, started: _Started, path: list[Any]) -> list[Any]:
+        """Compact synchronously when the request would be above the hard threshold; the call
+        then hangs under the compaction node, whose path is just itself."""
+        if not path:
+            return path
+        call = started.call
+        compacted = await self.compactor.before_call(
+            tenant=call.tenant, conversation_id=call.conversation_id, tree_id=started.tree_id,
+            kind=call.kind, path=path, new_items=call.items, model=call.body["model"],
+            client_key=call.client_key, call_node=started.node_id,
+            extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
+        )
+        if compacted is not None and compacted.compacted and compacted.node is not None:
+            started.parent_id = compacted.node.id
+            return [compacted.node]
         return path
 
     async def _run_json(self, started: _Started, request: httpx.Request, receive: Any) -> RawResponse:
-        send_task = asyncio.ensure_future(self.s.upstream.send(request))
+        send_task = asyncio.ensure_future(self.upstream.send(request))
         watch = asyncio.ensure_future(_wait_for_disconnect(receive))
         t0 = time.perf_counter()
         try:
@@ -308,83 +264,47 @@ class CallLifecycle:
         if not send_task.done():  # the client gave up first
             send_task.cancel()
             await asyncio.gather(send_task, return_exceptions=True)
-            failure = _disconnected()
-            await self._finish(started, outcome=failure.kind, error=failure.error)
-            return RawResponse(499, failure.body, started.headers())
+            return await self._fail(started, client_disconnected())
         try:
             response = send_task.result()
         except UpstreamFailure as exc:
-            failure = failure_from_exception(exc)
-            await self._finish(started, outcome=failure.kind, error=failure.error)
-            return RawResponse(failure.status, failure.body, started.headers())
+            return await self._fail(started, Failure.from_error(exc))
 
         relay_headers = response_headers(response.headers) + started.headers()
         content = response.content
-        if response.status_code >= 300 or response.status_code < 200:
-            failure = classify(response.status_code, content, started.secrets)
-            await self._finish(started, outcome=failure.kind, error=failure.error)
-            return RawResponse(failure.status, failure.body, relay_headers)
+        if not 200 <= response.status_code < 300:
+            return await self._fail(started, classify(response.status_code, content, started.secrets), relay_headers)
         try:
-            data = _decode(content)
-            message = data["choices"][0]["message"]
-            if not isinstance(message, dict):
-                raise TypeError("message is not an object")
-        except (msgspec.DecodeError, RecursionError, KeyError, IndexError, TypeError) as exc:
-            failure = self._bad_success(content, exc, started.secrets)
-            await self._finish(started, outcome=failure.kind, error=failure.error)
-            return RawResponse(failure.status, failure.body, started.headers())
-        await self._finish(
-            started,
-            outcome=SUCCESS,
-            received=[message],
-            usage=data.get("usage"),
-            finish_reason=data["choices"][0].get("finish_reason"),
-        )
+            completion = parse_completion(content)
+        except NotACompletion as exc:
+            return await self._fail(started, not_a_completion(content, str(exc), started.secrets))
+        await self._finish(started, Outcome.SUCCESS, received=[completion.message], usage=completion.usage,
+                           finish_reason=completion.finish_reason)
         return RawResponse(response.status_code, content, relay_headers)
-
-    @staticmethod
-    def _bad_success(content: bytes, exc: Exception, secrets: tuple[str | None, ...]) -> Failure:
-        """A 2xx whose body is not a completion: an error body in disguise, or garbage."""
-        try:
-            data = _decode(content)
-        except (msgspec.DecodeError, RecursionError):
-            data = None
-        if isinstance(data, dict) and data.get("error"):
-            failure = classify(502, content, secrets)
-            return Failure(failure.kind, {**failure.error, "status": 200}, 502, failure.body)
-        err = UpstreamBadResponse(f"the upstream answered 2xx without a chat completion ({type(exc).__name__})")
-        return failure_from_exception(err)
 
     async def _run_stream(self, started: _Started, request: httpx.Request) -> Any:
         t0 = time.perf_counter()
         try:
-            response = await self.s.upstream.send(request, stream=True)
+            response = await self.upstream.send(request, stream=True)
         except UpstreamFailure as exc:
-            failure = failure_from_exception(exc)
-            await self._finish(started, outcome=failure.kind, error=failure.error)
-            return RawResponse(failure.status, failure.body, started.headers())
+            return await self._fail(started, Failure.from_error(exc))
         if response.status_code != 200:
             try:
-                content = await self.s.upstream.read_rest(response)
+                content = await self.upstream.read_rest(response)
             except UpstreamFailure:
                 content = b""
-            failure = classify(response.status_code, content, started.secrets)
-            await self._finish(started, outcome=failure.kind, error=failure.error)
-            return RawResponse(failure.status, failure.body, response_headers(response.headers) + started.headers())
-
+            return await self._fail(started, classify(response.status_code, content, started.secrets),
+                                    response_headers(response.headers) + started.headers())
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
             # a stream was asked for and something else came back: read it and refuse it whole
             try:
-                content = await self.s.upstream.read_rest(response)
+                content = await self.upstream.read_rest(response)
             except UpstreamFailure as exc:
-                failure = failure_from_exception(exc)
-            else:
-                failure = self._bad_success(content, ValueError("not an event stream"), started.secrets)
-            await self._finish(started, outcome=failure.kind, error=failure.error)
-            return RawResponse(failure.status, failure.body, started.headers())
+                return await self._fail(started, Failure.from_error(exc))
+            return await self._fail(started, not_a_completion(content, "not an event stream", started.secrets))
 
-        wants_usage = bool((started.call.body.get("stream_options") or {}).get("include_usage")) \
-            if isinstance(started.call.body.get("stream_options"), dict) else False
+        options = started.call.body.get("stream_options")
+        wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
         async def chunks() -> AsyncIterator[bytes]:
             with map_exceptions():
@@ -393,12 +313,12 @@ class CallLifecycle:
 
         async def on_end(end: StreamEnd) -> None:
             _upstream_time(time.perf_counter() - t0)
+            acc = end.accumulator
             if end.failure is None:
-                await self._finish(started, outcome=SUCCESS, received=[end.accumulator.message()],
-                                   usage=end.accumulator.usage, finish_reason=end.accumulator.finish_reason)
+                await self._finish(started, Outcome.SUCCESS, received=[acc.message()], usage=acc.usage,
+                                   finish_reason=acc.finish_reason)
             else:
-                kind, error = end.failure
-                await self._finish(started, outcome=kind, error=error, usage=end.accumulator.usage)
+                await self._finish(started, end.failure.outcome, error=end.failure.error, usage=acc.usage)
 
         headers = response_headers(response.headers) + started.headers()
         if not any(k.lower() == "content-type" for k, _ in headers):
@@ -408,16 +328,8 @@ class CallLifecycle:
             headers=encode_headers(headers),
             on_end=on_end,
             close_upstream=response.aclose,
-            classify_error=lambda error: _classify_stream_error(error, started.secrets),
+            classify_error=lambda error: from_stream_error(error, started.secrets),
             strip_usage=not wants_usage,
-            background=self.s.background,
+            background=self.tasks,
         )
 
-
-def _classify_stream_error(error: dict[str, Any], secrets: tuple[str | None, ...]) -> tuple[str, dict[str, Any]]:
-    """An error event inside a stream: ``overflow`` if it says so, else ``transient``."""
-    body = msgspec.json.encode({"error": error})
-    failure = classify(400, body, secrets)
-    if failure.kind != "overflow":
-        failure = classify(502, body, secrets)
-    return failure.kind, {**failure.error, "status": None}

@@ -16,6 +16,8 @@ import re
 import time
 from typing import Any
 
+from .metrics import Metrics
+
 __all__ = ["ObservabilityMiddleware", "RequestContext", "current_request", "install_log_context"]
 
 log = logging.getLogger("branchpoint.access")
@@ -70,8 +72,9 @@ def _request_id(scope: Any) -> str:
 class ObservabilityMiddleware:
     """Raw ASGI middleware (Litestar applies it inside each route, after routing)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, metrics: Metrics) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -95,14 +98,12 @@ class ObservabilityMiddleware:
         finally:
             elapsed = time.perf_counter() - start
             route = scope.get("path_template") or "unmatched"
-            services = getattr(scope["app"].state, "services", None)
-            if services is not None:
-                m = services.metrics
-                m.requests.labels(route, str(status)).inc()
-                m.request_seconds.labels(route).observe(elapsed)
-                if ctx.upstream_seconds:
-                    m.upstream_seconds.labels(route).observe(ctx.upstream_seconds)
-                    m.overhead_seconds.labels(route).observe(max(0.0, elapsed - ctx.upstream_seconds))
+            m = self.metrics
+            m.requests.labels(route, str(status)).inc()
+            m.request_seconds.labels(route).observe(elapsed)
+            if ctx.upstream_seconds:
+                m.upstream_seconds.labels(route).observe(ctx.upstream_seconds)
+                m.overhead_seconds.labels(route).observe(max(0.0, elapsed - ctx.upstream_seconds))
             if log.isEnabledFor(logging.INFO):
                 log.info("request", extra={
                     "method": scope["method"], "path": scope["path"], "route": route, "status": status,

@@ -17,9 +17,13 @@ from typing import Any
 
 import msgspec
 
-from .errors import UpstreamFailure, error_body
+from storage import Outcome
 
-__all__ = ["BytesRelay", "SSEParser", "StreamAccumulator", "StreamEnd", "StreamRelay", "sse_error_event"]
+from .background import Background
+from .errors import UpstreamFailure, error_body
+from .failures import Failure
+
+__all__ = ["BytesRelay", "SSEParser", "StreamAccumulator", "StreamEnd", "StreamRelay", "client_disconnected", "sse_error_event"]
 
 log = logging.getLogger("branchpoint.relay")
 
@@ -166,16 +170,16 @@ class StreamAccumulator:
 
 @dataclass(slots=True)
 class StreamEnd:
-    """How a relayed stream ended. ``failure`` is None on success, else (kind, error dict)."""
+    """How a relayed stream ended. ``failure`` is None on success."""
 
     accumulator: StreamAccumulator
     done: bool  # saw ``[DONE]``
     disconnected: bool
-    failure: tuple[str, dict[str, Any]] | None
+    failure: Failure | None
 
 
 OnEnd = Callable[[StreamEnd], Awaitable[None]]
-ClassifyError = Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]
+ClassifyError = Callable[[Any], Failure]
 
 
 class StreamRelay:
@@ -190,7 +194,7 @@ class StreamRelay:
         close_upstream: Callable[[], Awaitable[None]],
         classify_error: ClassifyError,
         strip_usage: bool,
-        background: set[asyncio.Task[Any]],
+        background: Background,
     ) -> None:
         self.chunks = chunks
         self.headers = headers
@@ -204,7 +208,7 @@ class StreamRelay:
         self.tail = b""  # the [DONE] event, sent once the node is stored
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        failure: tuple[str, dict[str, Any]] | None = None
+        failure: Failure | None = None
         disconnected = False
         finished = False
         pump = asyncio.ensure_future(self._pump(send))
@@ -216,7 +220,7 @@ class StreamRelay:
                 disconnected = True
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
-                failure = _client_gone("the client disconnected before the stream ended")
+                failure = client_disconnected("the client disconnected before the stream ended")
             else:
                 failure = pump.result()
                 # The node is stored (and the head moved, the lease released) before the client
@@ -231,10 +235,10 @@ class StreamRelay:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, RuntimeError) as exc:  # the client went away under our send()
             disconnected = True
-            failure = failure or _client_gone(f"the client connection failed: {type(exc).__name__}")
+            failure = failure or client_disconnected(f"the client connection failed: {type(exc).__name__}")
         except asyncio.CancelledError:
             disconnected = True
-            failure = failure or _client_gone("the response was cancelled")
+            failure = failure or client_disconnected("the response was cancelled")
             raise
         finally:
             watch.cancel()
@@ -245,18 +249,13 @@ class StreamRelay:
 
     async def _finish_shielded(self, end: StreamEnd) -> None:
         """Close the upstream and store the outcome, even if this task is being cancelled."""
-        task = asyncio.ensure_future(self._finish(end))
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-        await asyncio.shield(task)
+        await asyncio.shield(self.background.spawn(self._finish(end)))
 
     async def _finish(self, end: StreamEnd) -> None:
         if end.done and end.failure is None:
             # the body's last bytes (the chunked terminator) usually follow [DONE] at once: read
             # them in the background so the connection goes back to the pool, without waiting
-            task = asyncio.ensure_future(self._drain_then_close())
-            self.background.add(task)
-            task.add_done_callback(self.background.discard)
+            self.background.spawn(self._drain_then_close())
         else:
             await self._close()
         await self.on_end(end)
@@ -284,13 +283,13 @@ class StreamRelay:
             if message["type"] == "http.disconnect":
                 return
 
-    async def _send_final_error(self, send: Any, failure: tuple[str, dict[str, Any]]) -> None:
-        _, err = failure
-        await send({"type": "http.response.body",
-                    "body": sse_error_event(err.get("message") or "upstream error", err.get("type") or "upstream_error", err.get("code")),
+    @staticmethod
+    async def _send_final_error(send: Any, failure: Failure) -> None:
+        err = failure.error
+        await send({"type": "http.response.body", "body": sse_error_event(err.message, err.type, err.code),
                     "more_body": True})
 
-    async def _pump(self, send: Any) -> tuple[str, dict[str, Any]] | None:
+    async def _pump(self, send: Any) -> Failure | None:
         """Relay events as they arrive, up to ``[DONE]`` (kept back in ``self.tail``); returns
         the failure, if any (None: success)."""
         parser = SSEParser()
@@ -323,22 +322,23 @@ class StreamRelay:
                 if acc.error is not None or self.done:
                     break
         except UpstreamFailure as exc:
-            return ("transient", {"type": exc.type, "code": "stream_interrupted", "message": exc.message, "status": None})
+            return Failure.of(Outcome.TRANSIENT, exc.type, "stream_interrupted", exc.message)
         except (OSError, RuntimeError):
             raise  # the client side failed: handled by __call__
         except Exception as exc:
             log.exception("stream relay failed")
-            return ("transient", {"type": "server_error", "code": "relay_error", "message": type(exc).__name__, "status": None})
+            return Failure.of(Outcome.TRANSIENT, "server_error", "relay_error", type(exc).__name__, 500)
         if acc.error is not None:
             return self.classify_error(acc.error)
         if not self.done:
-            return ("transient", {"type": "upstream_error", "code": "stream_interrupted",
-                                  "message": "the upstream stream ended without [DONE]", "status": None})
+            return Failure.of(Outcome.TRANSIENT, "upstream_error", "stream_interrupted",
+                              "the upstream stream ended without [DONE]")
         return None
 
 
-def _client_gone(message: str) -> tuple[str, dict[str, Any]]:
-    return ("transient", {"type": "client_disconnected", "code": "client_disconnected", "message": message, "status": None})
+def client_disconnected(message: str = "the client disconnected before the answer arrived") -> Failure:
+    """The client went away before its answer was complete: transient (HTTP 499 in the logs)."""
+    return Failure.of(Outcome.TRANSIENT, "client_disconnected", "client_disconnected", message, 499)
 
 
 class BytesRelay:

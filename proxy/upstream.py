@@ -1,44 +1,25 @@
-"""The upstream boundary: provider routing by model glob, one shared ``httpx.AsyncClient``, and the
-translation of everything that can go wrong there into our terms -- once, here:
-
-- transport errors become ``UpstreamUnreachable`` (502) / ``UpstreamTimeout`` (504)
-  (``map_exceptions``, in the manner of httpx's own);
-- an upstream HTTP error becomes a ``Failure`` whose ``kind`` drives the head rule of SPEC §4:
-  ``transient`` (5xx, 429, 408, cut streams), ``overflow`` (context length exceeded) or
-  ``invalid`` (any other 4xx) (``classify``).
+"""The upstream boundary: provider routing by model glob, one shared ``httpx.AsyncClient``, which
+headers go out and come back, and the translation of transport errors into ours -- once, here:
+``UpstreamUnreachable`` (502) / ``UpstreamTimeout`` (504) / ``UpstreamBadResponse`` (502)
+(``map_exceptions``, in the manner of httpx's own). An upstream's HTTP error answers are
+classified by the failure table in ``proxy.failures``.
 """
 
 from __future__ import annotations
 
-import re
 import ssl
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Literal
 
 import httpx
-import msgspec
 
 from config import Settings, Upstream
 
-from .errors import InvalidRequest, UpstreamBadResponse, UpstreamFailure, UpstreamTimeout, UpstreamUnreachable
+from .assembly import Target
+from .errors import InvalidRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
 from .transport import UpstreamTransport
 
-__all__ = [
-    "Failure",
-    "FailureKind",
-    "UpstreamClient",
-    "classify",
-    "failure_from_exception",
-    "map_exceptions",
-    "redact",
-    "response_headers",
-]
-
-FailureKind = Literal["transient", "overflow", "invalid"]
-
-_decode = msgspec.json.Decoder().decode
+__all__ = ["UpstreamClient", "map_exceptions", "response_headers", "target_of"]
 
 # Request headers never forwarded upstream: hop-by-hop, ours, and the ones httpx sets itself.
 _DROP_REQUEST = frozenset(
@@ -58,133 +39,6 @@ _DROP_RESPONSE = frozenset(
     }
 )
 
-# How providers say "your prompt does not fit" (OpenAI, Azure, Anthropic-compatible, vLLM, Ollama,
-# Mistral, Groq, DeepSeek ...). Checked only on 400/413 answers.
-_OVERFLOW_CODES = frozenset({"context_length_exceeded", "context_window_exceeded", "prompt_too_long"})
-_OVERFLOW_TEXT = re.compile(
-    r"maximum context length|context[ _]length|context window|prompt is too long|"
-    r"too many (input )?tokens|input is too long|exceeds? the (model'?s? )?(maximum|max)|"
-    r"reduce the length of the (messages|prompt)",
-    re.IGNORECASE,
-)
-
-
-# API keys as providers spell them (OpenAI sk-/sk-proj-, Anthropic sk-ant-, Stripe-like pk-/rk-,
-# and bearer tokens of OpenAI-compatible servers): masked wherever an upstream echoes one back.
-_KEY_LIKE = re.compile(r"\b(sk|pk|rk|ak|key)-[A-Za-z0-9_\-]{12,}")
-
-
-def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """``text`` with the given secrets and anything shaped like an API key masked."""
-    for secret in secrets:
-        if secret and len(secret) >= 6 and secret in text:
-            text = text.replace(secret, "[redacted]")
-    return _KEY_LIKE.sub(lambda m: f"{m.group(1)}-[redacted]", text)
-
-
-def _redact_body(body: bytes, secrets: Iterable[str | None]) -> bytes:
-    text = body.decode("utf-8", "replace")
-    clean = redact(text, secrets)
-    return body if clean == text else clean.encode()
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """An upstream call that gave no answer. ``error`` is the node's ``{type, code, message, status}``."""
-
-    kind: FailureKind
-    error: dict[str, Any]
-    status: int  # what the client gets
-    body: bytes  # OpenAI-shaped error body for the client
-
-
-def _error_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
-    """(type, code, message) from an OpenAI-shaped (or close) error body; Nones if unreadable."""
-    try:
-        data = _decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        return None, None, None
-    err = data.get("error") if isinstance(data, dict) else None
-    if isinstance(err, str):
-        return None, None, err
-    if not isinstance(err, dict):
-        if isinstance(data, dict) and isinstance(data.get("message"), str):
-            return None, None, data["message"]
-        return None, None, None
-    code = err.get("code")
-    return (
-        err.get("type") if isinstance(err.get("type"), str) else None,
-        str(code) if code is not None else None,
-        err.get("message") if isinstance(err.get("message"), str) else None,
-    )
-
-
-def _is_overflow(code: str | None, message: str | None) -> bool:
-    return code in _OVERFLOW_CODES or bool(message and _OVERFLOW_TEXT.search(message))
-
-
-def classify(status: int, body: bytes, secrets: Iterable[str | None] = ()) -> Failure:
-    """Classify a non-2xx upstream answer (SPEC §4). The client gets the upstream's own status
-    and body when the body is an OpenAI-shaped error, else an OpenAI-shaped wrapper of it --
-    either way with any API key the upstream echoed back masked (``redact``)."""
-    body = _redact_body(body, secrets)
-    type_, code, message = _error_fields(body)
-    if status in (400, 413) and _is_overflow(code, message):
-        kind: FailureKind = "overflow"
-    elif status in (408, 429) or status >= 500:
-        kind = "transient"
-    elif 400 <= status < 500:
-        kind = "invalid"
-    else:  # 1xx/3xx: not an answer we can use
-        kind = "transient"
-    if message is None:
-        message = body[:500].decode("utf-8", "replace").strip() or f"upstream answered HTTP {status}"
-    error = {
-        "type": type_ or "upstream_error",
-        "code": "context_overflow" if kind == "overflow" else (code or f"http_{status}"),
-        "message": message[:2000],
-        "status": status,
-    }
-    if kind == "overflow" and code and code != "context_overflow":
-        error["upstream_code"] = code
-    client_status = status if 400 <= status < 600 else 502
-    return Failure(kind, error, client_status, _client_error_body(body, error))
-
-
-_ERROR_KEYS = ("message", "type", "param", "code")
-
-
-def _client_error_body(body: bytes, error: dict[str, Any]) -> bytes:
-    """The upstream's error body when it is OpenAI-shaped with all four keys (relayed byte for
-    byte); else the same error with the missing keys filled in; else a wrapper of what it said."""
-    try:
-        data = _decode(body)
-    except (msgspec.DecodeError, RecursionError):
-        data = None
-    if isinstance(data, dict) and isinstance(data.get("error"), dict):
-        upstream_error = data["error"]
-        if all(k in upstream_error for k in _ERROR_KEYS):
-            return body
-        filled = {k: upstream_error.get(k) for k in _ERROR_KEYS}
-        if filled["message"] is None:
-            filled["message"] = error["message"]
-        if filled["type"] is None:
-            filled["type"] = error["type"]
-        return msgspec.json.encode({**data, "error": {**upstream_error, **filled}})
-    return msgspec.json.encode(
-        {"error": {"message": error["message"], "type": error["type"], "param": None, "code": error["code"]}}
-    )
-
-
-def failure_from_exception(exc: UpstreamFailure) -> Failure:
-    """A transport-level failure (no HTTP status): always transient."""
-    return Failure(
-        "transient",
-        {"type": exc.type, "code": exc.code, "message": exc.message, "status": None},
-        exc.status,
-        exc.body(),
-    )
-
 
 @contextmanager
 def map_exceptions() -> Iterator[None]:
@@ -197,6 +51,11 @@ def map_exceptions() -> Iterator[None]:
         raise UpstreamBadResponse("the upstream sent a body that could not be decoded") from exc
     except (httpx.TransportError, httpx.InvalidURL) as exc:
         raise UpstreamUnreachable(f"cannot reach the upstream ({type(exc).__name__})") from exc
+
+
+def target_of(upstream: Upstream) -> Target:
+    """The provider a request goes to, as assembly needs to know it."""
+    return Target(upstream.name, upstream.accepts_reasoning)
 
 
 def response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
@@ -226,6 +85,7 @@ class UpstreamClient:
         default = [u for u in settings.upstreams if "*" in u.models]
         self.default = default[0] if default else settings.upstreams[0]
         self._route_cache: dict[str, Upstream | None] = {}
+        self._by_name = {u.name: u for u in settings.upstreams}
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -243,6 +103,10 @@ class UpstreamClient:
         if upstream is None:
             raise InvalidRequest(f"no upstream is configured for model {model!r}", param="model", code="model_not_found")
         return upstream
+
+    def named(self, name: str | None) -> Upstream | None:
+        """The configured upstream of this name (a stored node's provider), if it still exists."""
+        return self._by_name.get(name) if name else None
 
     @staticmethod
     def url(upstream: Upstream, path: str) -> str:

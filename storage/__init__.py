@@ -1,24 +1,55 @@
 """Storage: PostgreSQL through asyncpg, plain SQL, numbered migrations.
 
-Public surface: ``Database`` (the pool), ``TreeStore`` (the call path's statements),
-``migrate``, the embedded server, and the errors (``StorageError`` and subclasses).
+Public surface: ``Database`` (the pool), the stores (``TreeStore`` for the call path,
+``AdminStore`` for the admin API and the CLI, ``OpsStore`` for health and invariants), the typed
+rows and ``Outcome`` (``storage.model``), ``migrate``, the embedded server, and the errors
+(``StorageError`` and its subclasses, refusals included).
 """
 
+from .admin import AdminStore
 from .database import Database, open_database
 from .embedded import EmbeddedServer, start_embedded
-from .errors import MigrationError, StorageError, StorageUnavailable
+from .errors import (
+    BeforeCompaction,
+    Busy,
+    ConversationExists,
+    ConversationMissing,
+    MigrationError,
+    NodeMissing,
+    NodePending,
+    Refused,
+    StorageError,
+    StorageUnavailable,
+)
 from .ids import uuid7
 from .migrate import latest_version, migrate
-from .tree import BeginResult, PathNode, TreeStore
+from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, TreeRow
+from .ops import OpsStore
+from .tree import Begun, ParentMode, TreeStore
 
 __all__ = [
-    "BeginResult",
+    "AdminStore",
+    "BeforeCompaction",
+    "Begun",
+    "Busy",
+    "ConversationExists",
+    "ConversationMissing",
+    "ConversationRow",
     "Database",
     "EmbeddedServer",
     "MigrationError",
+    "NodeMissing",
+    "NodePending",
+    "NodeRow",
+    "OpsStore",
+    "Outcome",
+    "ParentMode",
     "PathNode",
+    "PathRow",
+    "Refused",
     "StorageError",
     "StorageUnavailable",
+    "TreeRow",
     "TreeStore",
     "latest_version",
     "migrate",

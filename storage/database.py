@@ -1,15 +1,22 @@
-"""The asyncpg pool: created once per app (the lifespan owns it), JSON codecs set up on every
-connection, and every query run through ``map_db_errors`` so callers only see storage errors."""
+"""The asyncpg pool: one per app (its lifespan opens and closes it), JSON codecs set up on every
+connection, and every query run through ``map_db_errors`` so callers only see storage errors.
+
+``Database()`` is made unopened, so everything that uses it can be built before the event loop
+runs; ``open()`` connects it (starting the embedded PostgreSQL when no URL is configured).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from .errors import map_db_errors
+from .embedded import EmbeddedServer
+from .errors import StorageError, map_db_errors
 
 __all__ = ["Database", "open_database"]
 
@@ -27,8 +34,8 @@ def _jsonb_decode(data: bytes) -> Any:
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Pool reset hook: nothing to undo. Pooled connections never change session state (no SET,
-    LISTEN, advisory locks or open cursors -- migrations use a connection of their own), so the
-    default reset query would only cost a round trip on every release."""
+    LISTEN, advisory locks or open cursors outside a transaction -- migrations use a connection of
+    their own), so the default reset query would only cost a round trip on every release."""
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -39,43 +46,66 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 class Database:
     """A pool of connections; each method borrows one connection for one statement."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self.pool = pool
+    def __init__(self) -> None:
+        self._pool: asyncpg.Pool | None = None
+        self.embedded: EmbeddedServer | None = None  # started by open() when no URL was given
         self.statements = 0  # round trips made through this pool (exported as a metric)
+        self.acquire_timeout = 10.0
 
-    @classmethod
-    async def connect(
-        cls,
-        dsn: str,
-        *,
-        min_size: int = 2,
-        max_size: int = 20,
-        command_timeout: float = 10.0,
-        connect_timeout: float = 3.0,
-    ) -> Database:
-        with map_db_errors():
-            pool = await asyncpg.create_pool(
-                dsn,
-                min_size=min_size,
-                max_size=max_size,
-                command_timeout=command_timeout,
-                timeout=connect_timeout,
-                init=_init_connection,
-                reset=_keep_session,
-                max_inactive_connection_lifetime=300.0,
-            )
-        db = cls(pool)
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise StorageError("the database is not open")
+        return self._pool
+
+    async def open(self, url: str, data_dir: str | None = None, *, migrate_first: bool = False,
+                   min_size: int = 2, max_size: int = 20, command_timeout: float = 10.0,
+                   connect_timeout: float = 3.0) -> Database:
+        """Connect to ``url`` -- or, when it is empty, to the embedded PostgreSQL of ``data_dir``
+        (started, or attached to when already running) -- migrating first if asked."""
+        from .embedded import start_embedded
+        from .migrate import migrate
+
+        if not url:
+            self.embedded = await asyncio.to_thread(start_embedded, data_dir or None)
+            url = self.embedded.uri
+        try:
+            if migrate_first:
+                await migrate(url)
+            with map_db_errors():
+                self._pool = await asyncpg.create_pool(
+                    url, min_size=min_size, max_size=max_size, command_timeout=command_timeout,
+                    timeout=connect_timeout, init=_init_connection, reset=_keep_session,
+                    max_inactive_connection_lifetime=300.0,
+                )
+        except BaseException:
+            await self._stop_embedded()
+            raise
         # waiting for a free connection is load, not an outage: allow as long as a statement may take
-        db.acquire_timeout = command_timeout
-        return db
-
-    acquire_timeout: float = 10.0
+        self.acquire_timeout = command_timeout
+        return self
 
     async def close(self) -> None:
-        try:
-            await asyncio.wait_for(self.pool.close(), timeout=10)
-        except (TimeoutError, OSError):
-            self.pool.terminate()
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            try:
+                await asyncio.wait_for(pool.close(), timeout=10)
+            except (TimeoutError, OSError):
+                pool.terminate()
+        await self._stop_embedded()
+
+    async def _stop_embedded(self) -> None:
+        if self.embedded is not None:
+            embedded, self.embedded = self.embedded, None
+            await asyncio.to_thread(embedded.stop)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """One pooled connection for several statements (a transaction, a cursor)."""
+        self.statements += 1
+        with map_db_errors():
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+                yield conn
 
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         self.statements += 1
@@ -102,23 +132,7 @@ class Database:
                 return await conn.execute(query, *args)
 
 
-async def open_database(url: str, data_dir: str | None = None, *, migrate_first: bool = False,
-                        **pool: Any) -> tuple[Database, Any]:
-    """The pool on ``url`` -- or, when ``url`` is empty, on the embedded PostgreSQL of
-    ``data_dir`` (started, or attached to when already running). Returns (database, embedded
-    server or None); stop the server after closing the pool."""
-    from .embedded import start_embedded
-    from .migrate import migrate
-
-    embedded = None
-    if not url:
-        embedded = await asyncio.to_thread(start_embedded, data_dir or None)
-        url = embedded.uri
-    try:
-        if migrate_first:
-            await migrate(url)
-        return await Database.connect(url, **pool), embedded
-    except BaseException:
-        if embedded:
-            embedded.stop()
-        raise
+async def open_database(url: str, data_dir: str | None = None, **options: Any) -> Database:
+    """A new, open ``Database`` (see ``Database.open``); ``close()`` it (it stops an embedded
+    server it started)."""
+    return await Database().open(url, data_dir, **options)

@@ -1,10 +1,18 @@
 """Storage errors: asyncpg's exceptions are translated here, once, at the storage boundary.
 
     StorageError
-     ├── StorageUnavailable     the database cannot be reached or did not answer in time (-> 503)
-     └── MigrationError         the schema cannot be brought up to date
+     ├── StorageUnavailable         the database cannot be reached or did not answer in time (-> 503)
+     ├── MigrationError             the schema cannot be brought up to date
+     └── Refused                    a rule of the tree said no; nothing was written
+          ├── Busy                  a turn call of the conversation is in flight
+          ├── ConversationMissing   no such conversation (for this tenant)
+          ├── NodeMissing           the node is outside the conversation's reach (or another tenant's)
+          ├── BeforeCompaction      an edit of what a compaction of the current path replaced
+          ├── ConversationExists    the id of a new conversation is taken
+          └── NodePending           the head cannot rest on a node still in flight
 
-Callers above ``storage`` never see an asyncpg exception.
+Callers above ``storage`` never see an asyncpg exception. Refusals are raised by the server-side
+functions with SQLSTATEs of our own (``BP...``, listed in ``functions.sql``).
 """
 
 from __future__ import annotations
@@ -15,7 +23,19 @@ from contextlib import contextmanager
 
 import asyncpg
 
-__all__ = ["MigrationError", "StorageError", "StorageUnavailable", "map_db_errors"]
+__all__ = [
+    "BeforeCompaction",
+    "Busy",
+    "ConversationExists",
+    "ConversationMissing",
+    "MigrationError",
+    "NodeMissing",
+    "NodePending",
+    "Refused",
+    "StorageError",
+    "StorageUnavailable",
+    "map_db_errors",
+]
 
 
 class StorageError(Exception):
@@ -29,6 +49,39 @@ class StorageUnavailable(StorageError):
 class MigrationError(StorageError):
     """A migration failed or the database schema is newer than this code."""
 
+
+class Refused(StorageError):
+    """A rule of the tree refused the operation; ``str(exc)`` says why in words for a client."""
+
+    sqlstate = ""
+
+
+class Busy(Refused):
+    sqlstate = "BPBSY"
+
+
+class ConversationMissing(Refused):
+    sqlstate = "BPNFC"
+
+
+class NodeMissing(Refused):
+    sqlstate = "BPNFN"
+
+
+class BeforeCompaction(Refused):
+    sqlstate = "BPPBC"
+
+
+class ConversationExists(Refused):
+    sqlstate = "BPEXI"
+
+
+class NodePending(Refused):
+    sqlstate = "BPPND"
+
+
+_REFUSALS = {cls.sqlstate: cls for cls in (Busy, ConversationMissing, NodeMissing, BeforeCompaction,
+                                           ConversationExists, NodePending)}
 
 _UNAVAILABLE = (
     OSError,
@@ -57,4 +110,7 @@ def map_db_errors() -> Iterator[None]:
     except _UNAVAILABLE as exc:
         raise StorageUnavailable(f"database unavailable: {type(exc).__name__}") from exc
     except asyncpg.PostgresError as exc:
+        refusal = _REFUSALS.get(getattr(exc, "sqlstate", "") or "")
+        if refusal is not None:
+            raise refusal(getattr(exc, "message", None) or str(exc)) from None
         raise StorageError(f"database error: {type(exc).__name__}: {exc}") from exc

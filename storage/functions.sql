@@ -1,8 +1,32 @@
 -- Server-side functions, re-applied (CREATE OR REPLACE) by every migration run after the numbered
 -- migrations. Why functions: the start of a call needs a handful of dependent decisions (lease,
 -- parent, retry recognition, insert, path read) that must happen atomically; one function call is
--- one round trip and one transaction, and reads top to bottom like the rules in SPEC §2-§4.
-
+-- one round trip and one transaction, and reads top to bottom like the rules it implements
+-- (docs/behaviour.md). Python calls them with named arguments (p_name => $n), so each parameter
+-- list is documented here only.
+--
+-- Refusals: a rule that says no raises one of our own SQLSTATEs, and nothing is written (the
+-- transaction is rolled back). storage/errors.py translates them into `Refused` exceptions:
+--     BPBSY  busy                      a turn call of the conversation is in flight
+--     BPNFC  conversation_not_found
+--     BPNFN  node_not_found            not in this conversation's reach, or another tenant's
+--     BPPBC  parent_before_compaction  an edit before a compaction of the current path
+--     BPEXI  conversation_exists
+--     BPPND  node_pending              a head cannot rest on a node still in flight
+--
+-- Where the head moves (the only places that write conversations.head_node_id):
+--     bp_finish_call        a turn call ends: to its node iff bp_can_be_head(kind, outcome)
+--     bp_reap               a dead process's turn call: to its node (interrupted = transient)
+--     bp_apply_compaction   to the new compaction node (a background one only if nothing moved)
+--     bp_set_head           PUT /admin/conversations/{id}/head
+--     bp_switch             POST /admin/conversations/{id}/switch (down to a leaf that can be head)
+--     bp_fork               a new conversation starts with its head on the fork node
+-- bp_begin_call never moves the head; it chooses the new node's parent (the head, a given node,
+-- or -- for a retry of a failed call -- the failed node's parent).
+--
+-- Lock order, everywhere: the conversation row first, then node rows, so two of these functions
+-- never wait on each other in a cycle.
+--
 -- Every tree walk below is a recursive CTE whose step is one primary-key lookup, written as a
 -- LATERAL subquery with LIMIT: the LIMIT keeps the planner from flattening it into a join it
 -- may then run the wrong way round -- scanning the whole tree once per step, quadratic in the
@@ -10,8 +34,28 @@
 -- 0.2 ms for a 20-node path with 1,500 siblings, 140 ms instead of 3 ms for 1,000 nodes). The
 -- SET clauses keep hash and merge joins, which never pay off for a walk, out as well.
 
--- bp_path(tree, node): the path from `node` up to the first node without a parent, root first.
--- $1 tree_id, $2 node id.  One recursive CTE (SPEC §3).
+-- bp_can_be_head(kind, outcome): THE head rule. A node may carry the head when it is a turn (or
+-- the compaction node standing for one) that succeeded, or that failed transiently -- its sent
+-- items (e.g. paid-for tool results) stay in context and a retry hangs under or beside it. An
+-- overflow or an invalid request must not: every later turn would fail the same way. Transforms
+-- never carry it; pending nodes (outcome null) neither.
+CREATE OR REPLACE FUNCTION bp_can_be_head(p_kind text, p_outcome text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_kind IN ('turn', 'compaction') AND p_outcome IN ('success', 'transient')
+$$;
+
+-- bp_refuse(code, message): raise a refusal (see the table above).
+CREATE OR REPLACE FUNCTION bp_refuse(p_code text, p_message text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = p_code, MESSAGE = p_message;
+END
+$$;
+
+-- bp_path(tree, node): the path from `node` up to the first node without a parent, root first,
+-- whole rows (admin API, replay). One recursive CTE.
 CREATE OR REPLACE FUNCTION bp_path(p_tree uuid, p_node uuid)
 RETURNS SETOF nodes
 LANGUAGE sql STABLE
@@ -25,6 +69,15 @@ AS $$
                               WHERE parent.tree_id = p_tree AND parent.id = (up.node).parent_id LIMIT 1) step
     )
     SELECT (up.node).* FROM up ORDER BY up.lvl DESC
+$$;
+
+-- bp_path_nodes(tree, node): the same path as assembly needs it (bp_path_node rows).
+CREATE OR REPLACE FUNCTION bp_path_nodes(p_tree uuid, p_node uuid)
+RETURNS SETOF bp_path_node
+LANGUAGE sql STABLE AS $$
+    SELECT p.id, p.parent_id, p.kind, p.status, p.sent, p.received, p.provider, p.model, p.usage,
+           p.compacted_from
+      FROM bp_path(p_tree, p_node) p
 $$;
 
 -- bp_visible_foreign(tree, tenant, conversation): the nodes another conversation made that this
@@ -93,41 +146,38 @@ AS $$
     SELECT coalesce(min(phase) > 0, false) FROM hist WHERE id = p_node
 $$;
 
--- Lock order, everywhere: the conversation row first, then node rows. Every function below that
--- touches both follows it, so two of them never wait on each other in a cycle.
-
--- bp_reap(tree, node): mark one pending node whose lease ran out failed with code `interrupted`
--- (its process died). A turn node that still holds its conversation's lease becomes the head, as
--- any transient failure does (SPEC §4), and the lease is released. Returns whether it reaped.
+-- bp_reap(tree, node): mark one pending node whose lease ran out failed -- outcome transient,
+-- code `interrupted` (its process died). A turn node that still holds its conversation's lease
+-- becomes the head by the head rule, and the lease is released. Returns whether it reaped.
 CREATE OR REPLACE FUNCTION bp_reap(p_tree uuid, p_node uuid)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v record;
 BEGIN
-    SELECT n.tenant, n.conversation_id INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
+    SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     PERFORM 1 FROM conversations c WHERE c.tenant = v.tenant AND c.id = v.conversation_id FOR UPDATE;
     UPDATE nodes n
-       SET status = 'failed', lease_until = NULL, finished_at = clock_timestamp(),
+       SET outcome = 'transient', lease_until = NULL, finished_at = clock_timestamp(),
            error = jsonb_build_object(
                'type', 'interrupted', 'code', 'interrupted', 'status', NULL,
                'message', 'the proxy process handling this call stopped before it finished')
-     WHERE n.tree_id = p_tree AND n.id = p_node AND n.status = 'pending' AND n.lease_until < now();
+     WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL AND n.lease_until < now();
     IF NOT FOUND THEN
         -- finished, or still alive: at most a stale conversation lease remains to clear
         UPDATE conversations c SET lease_node_id = NULL, lease_until = NULL
          WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node
            AND c.lease_until < now()
            AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node
-                                                    AND n.status = 'pending');
+                                                    AND n.outcome IS NULL);
         RETURN false;
     END IF;
     UPDATE conversations c
-       SET head_node_id = p_node, lease_node_id = NULL, lease_until = NULL,
-           updated_at = clock_timestamp()
+       SET head_node_id = CASE WHEN bp_can_be_head(v.kind, 'transient') THEN p_node ELSE c.head_node_id END,
+           lease_node_id = NULL, lease_until = NULL, updated_at = clock_timestamp()
      WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
     RETURN true;
 END
@@ -149,20 +199,22 @@ BEGIN
     UPDATE conversations c SET lease_until = v_until
      WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
     UPDATE nodes n SET lease_until = v_until
-     WHERE n.tree_id = p_tree AND n.id = p_node AND n.status = 'pending';
+     WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
     RETURN FOUND;
 END
 $$;
 
--- bp_finish_call: store a call's outcome (SPEC §2 step 5). A turn call that still holds its
--- conversation's lease releases it and, when p_move_head, moves the head to its node -- the
--- caller decides that from the rule table of SPEC §4. Returns false when the node was no longer
--- pending (reaped meanwhile): nothing is written then.
---   $1 tree, $2 node, $3 status, $4 received, $5 usage, $6 finish_reason, $7 error,
---   $8 request hash, $9 move head
+-- bp_finish_call: store a call's outcome. A turn call that still holds its conversation's lease
+-- releases it, and the head moves to its node when bp_can_be_head says so. Returns false when the
+-- node was no longer pending (reaped meanwhile): nothing is written then.
+--   p_tree, p_node         the node
+--   p_outcome              success | transient | overflow | invalid
+--   p_received             the items the model returned (success), else null
+--   p_usage, p_finish_reason, p_error ({type, code, message, status}, failures)
+--   p_request_hash         sha256 of the exact body sent upstream (null: none was sent)
 CREATE OR REPLACE FUNCTION bp_finish_call(
-    p_tree uuid, p_node uuid, p_status text, p_received jsonb, p_usage jsonb,
-    p_finish_reason text, p_error jsonb, p_request_hash bytea, p_move_head boolean)
+    p_tree uuid, p_node uuid, p_outcome text, p_received jsonb, p_usage jsonb,
+    p_finish_reason text, p_error jsonb, p_request_hash bytea)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -176,17 +228,17 @@ BEGIN
         PERFORM 1 FROM conversations c WHERE c.tenant = v.tenant AND c.id = v.conversation_id FOR UPDATE;
     END IF;
     UPDATE nodes n
-       SET status = p_status, received = p_received, usage = p_usage,
+       SET outcome = p_outcome, received = p_received, usage = p_usage,
            finish_reason = p_finish_reason, error = p_error,
            request_hash = coalesce(p_request_hash, n.request_hash),
            lease_until = NULL, finished_at = clock_timestamp()
-     WHERE n.tree_id = p_tree AND n.id = p_node AND n.status = 'pending';
+     WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     IF v.kind = 'turn' THEN
         UPDATE conversations c
-           SET head_node_id = CASE WHEN p_move_head THEN p_node ELSE c.head_node_id END,
+           SET head_node_id = CASE WHEN bp_can_be_head(v.kind, p_outcome) THEN p_node ELSE c.head_node_id END,
                lease_node_id = NULL, lease_until = NULL, updated_at = clock_timestamp()
          WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
     END IF;
@@ -194,23 +246,45 @@ BEGIN
 END
 $$;
 
--- bp_begin_call: start one call (SPEC §2 steps 1, 2, 4) in one round trip.
---   $1 tenant, $2 conversation id, $3 tree id for a new conversation, $4 the new node's id,
---   $5 kind ('turn' | 'transform'), $6 parent mode ('head' | 'root' | 'node'), $7 parent id
---   (mode 'node'), $8 sent items, $9 sha256 of canonical sent, $10 lease seconds, $11 model,
---   $12 provider, $13 params.
--- Returns the outcome in every row: 'ok' with the path of the chosen parent (root first; a single
--- row with null node columns when the new node is a root), or one row 'busy' (another turn call
--- holds the lease), 'parent_not_found' or 'parent_before_compaction'; nothing is written then.
+-- bp_check_lease(conversation row): refuse (busy) while another turn call holds the lease; a dead
+-- process's lease is reaped first. Returns the conversation row as it is afterwards.
+CREATE OR REPLACE FUNCTION bp_check_lease(p_conv conversations)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations := p_conv;
+BEGIN
+    IF conv.lease_node_id IS NOT NULL THEN
+        IF conv.lease_until > now() THEN
+            PERFORM bp_refuse('BPBSY', format('conversation %L has a turn call in flight; retry when it has finished', conv.id));
+        END IF;
+        PERFORM bp_reap(conv.tree_id, conv.lease_node_id);
+        SELECT * INTO conv FROM conversations c WHERE c.tenant = conv.tenant AND c.id = conv.id;
+        IF conv.lease_node_id IS NOT NULL THEN
+            PERFORM bp_refuse('BPBSY', format('conversation %L has a turn call in flight; retry when it has finished', conv.id));
+        END IF;
+    END IF;
+    RETURN conv;
+END
+$$;
+
+-- bp_begin_call: start one call in one round trip -- the conversation (created by its first turn
+-- or transform), the lease (turn calls only), the parent, the pending node, the parent's path.
+--   p_tenant, p_conversation   who and which conversation
+--   p_new_tree                 the tree id a new conversation gets
+--   p_node                     the new node's id (made by the caller, so it is known even if
+--                              this statement's answer is lost)
+--   p_kind                     turn | transform
+--   p_parent_mode              head | root | node (p_parent)
+--   p_sent, p_sent_hash        the call's new items and the sha256 of their canonical JSON
+--   p_lease_seconds, p_model, p_provider, p_params (the request's other fields)
+-- Returns the chosen parent's path root first as (tree_id, parent_id, node) rows -- one row with
+-- a null node when the new node is a root. Refuses with BPBSY, BPNFN or BPPBC.
 CREATE OR REPLACE FUNCTION bp_begin_call(
     p_tenant text, p_conversation text, p_new_tree uuid, p_node uuid, p_kind text,
     p_parent_mode text, p_parent uuid, p_sent jsonb, p_sent_hash bytea,
     p_lease_seconds double precision, p_model text, p_provider text, p_params jsonb)
-RETURNS TABLE (
-    outcome text, tree_id uuid, parent_id uuid,
-    id uuid, node_parent_id uuid, kind text, status text, sent jsonb, received jsonb,
-    provider text, model text, usage jsonb, compacted_from uuid
-)
+RETURNS TABLE (tree_id uuid, parent_id uuid, node bp_path_node)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -218,10 +292,10 @@ DECLARE
     v_parent uuid;
     v_depth integer := 0;
     v_head record;
-    v_par record;
     v_lease timestamptz := now() + make_interval(secs => p_lease_seconds);
 BEGIN
-    -- 1. the conversation, locked for the rest of this transaction
+    -- 1. the conversation, locked for the rest of this transaction (turns only: transforms take
+    --    no lease and move no head, so any number of them run side by side)
     IF p_parent_mode = 'node' THEN
         -- a given parent needs an existing conversation: never create one just to answer 404
         IF p_kind = 'turn' THEN
@@ -230,17 +304,13 @@ BEGIN
             SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
         END IF;
         IF NOT FOUND THEN
-            RETURN QUERY SELECT 'parent_not_found', NULL::uuid, NULL::uuid, NULL::uuid, NULL::uuid,
-                NULL, NULL, NULL::jsonb, NULL::jsonb, NULL, NULL, NULL::jsonb, NULL::uuid;
-            RETURN;
+            PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_parent, p_conversation));
         END IF;
     ELSIF p_kind = 'turn' THEN
         INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
         ON CONFLICT (tenant, id) DO UPDATE SET updated_at = c.updated_at
         RETURNING * INTO conv;
     ELSE
-        -- transform calls take no lease and move no head: they never lock the conversation row,
-        -- so any number of them run side by side
         INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
         ON CONFLICT (tenant, id) DO NOTHING
         RETURNING * INTO conv;
@@ -249,49 +319,36 @@ BEGIN
         END IF;
     END IF;
 
-    -- 2. the in-flight lease (turn calls only); a dead process's lease is reaped first
-    IF p_kind = 'turn' AND conv.lease_node_id IS NOT NULL THEN
-        IF conv.lease_until > now() THEN
-            RETURN QUERY SELECT 'busy', conv.tree_id, NULL::uuid, NULL::uuid, NULL::uuid,
-                NULL, NULL, NULL::jsonb, NULL::jsonb, NULL, NULL, NULL::jsonb, NULL::uuid;
-            RETURN;
-        END IF;
-        PERFORM bp_reap(conv.tree_id, conv.lease_node_id);
-        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
-        IF conv.lease_node_id IS NOT NULL THEN
-            RETURN QUERY SELECT 'busy', conv.tree_id, NULL::uuid, NULL::uuid, NULL::uuid,
-                NULL, NULL, NULL::jsonb, NULL::jsonb, NULL, NULL, NULL::jsonb, NULL::uuid;
-            RETURN;
-        END IF;
+    -- 2. the in-flight lease
+    IF p_kind = 'turn' THEN
+        conv := bp_check_lease(conv);
     END IF;
 
     -- 3. the parent
     IF p_parent_mode = 'root' THEN
         v_parent := NULL;
     ELSIF p_parent_mode = 'node' THEN
-        SELECT n.id, n.depth INTO v_par
-          FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = p_parent;
+        SELECT n.depth INTO v_depth FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = p_parent;
         IF NOT FOUND OR NOT bp_node_in_conversation(conv.tree_id, p_tenant, p_conversation, p_parent) THEN
-            RETURN QUERY SELECT 'parent_not_found', conv.tree_id, NULL::uuid, NULL::uuid, NULL::uuid,
-                NULL, NULL, NULL::jsonb, NULL::jsonb, NULL, NULL, NULL::jsonb, NULL::uuid;
-            RETURN;
+            PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_parent, p_conversation));
         END IF;
         IF conv.compactions > 0 AND conv.head_node_id IS NOT NULL
            AND bp_before_compaction(conv.tree_id, conv.head_node_id, p_parent) THEN
-            RETURN QUERY SELECT 'parent_before_compaction', conv.tree_id, NULL::uuid, NULL::uuid,
-                NULL::uuid, NULL, NULL, NULL::jsonb, NULL::jsonb, NULL, NULL, NULL::jsonb, NULL::uuid;
-            RETURN;
+            PERFORM bp_refuse('BPPBC', format(
+                'node %s lies before a compaction of this conversation''s path; it can no longer be edited '
+                'here (fork from it, or move the head there first)', p_parent));
         END IF;
-        v_parent := v_par.id;
-        v_depth := v_par.depth + 1;
+        v_parent := p_parent;
+        v_depth := v_depth + 1;
     ELSE
         v_parent := conv.head_node_id;
         IF v_parent IS NOT NULL THEN
-            SELECT n.parent_id, n.status, n.sent_hash, n.depth INTO v_head
+            SELECT n.parent_id, n.outcome, n.sent_hash, n.depth INTO v_head
               FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
             v_depth := v_head.depth + 1;
-            -- SPEC §4: an SDK retry of a failed call (same items) hangs beside the failed node
-            IF p_kind = 'turn' AND v_head.status = 'failed' AND v_head.sent_hash = p_sent_hash THEN
+            -- the retry rule: an SDK retry of a failed call (same items) hangs beside the failed
+            -- node, so the items appear once and the failed attempt stays as a branch
+            IF p_kind = 'turn' AND v_head.outcome <> 'success' AND v_head.sent_hash = p_sent_hash THEN
                 v_parent := v_head.parent_id;
                 v_depth := v_head.depth;
             END IF;
@@ -299,9 +356,9 @@ BEGIN
     END IF;
 
     -- 4. the pending node, and the lease it holds
-    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, status, sent,
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent,
                        sent_hash, model, provider, params, depth, lease_until)
-    VALUES (conv.tree_id, p_node, p_tenant, p_conversation, v_parent, p_kind, 'pending', p_sent,
+    VALUES (conv.tree_id, p_node, p_tenant, p_conversation, v_parent, p_kind, p_sent,
             p_sent_hash, p_model, p_provider, coalesce(p_params, '{}'::jsonb), v_depth, v_lease);
 
     IF p_kind = 'turn' THEN
@@ -311,160 +368,140 @@ BEGIN
 
     -- 5. the path the context is assembled from
     IF v_parent IS NULL THEN
-        RETURN QUERY SELECT 'ok', conv.tree_id, NULL::uuid, NULL::uuid, NULL::uuid,
-            NULL, NULL, NULL::jsonb, NULL::jsonb, NULL, NULL, NULL::jsonb, NULL::uuid;
+        RETURN QUERY SELECT conv.tree_id, NULL::uuid, NULL::bp_path_node;
     ELSE
-        RETURN QUERY SELECT 'ok', conv.tree_id, v_parent, p.id, p.parent_id, p.kind, p.status,
-            p.sent, p.received, p.provider, p.model, p.usage, p.compacted_from
-          FROM bp_path(conv.tree_id, v_parent) p;
+        RETURN QUERY SELECT conv.tree_id, v_parent, p FROM bp_path_nodes(conv.tree_id, v_parent) p;
     END IF;
 END
 $$;
 
 -- bp_lock_for_head_move(tenant, conversation): lock a conversation for a head move (admin API).
--- Returns the row, or no row when the conversation does not exist. A turn call in flight makes
--- it 'busy' (caller answers 409); a dead process's lease is reaped first.
-CREATE OR REPLACE FUNCTION bp_lock_for_head_move(p_tenant text, p_conversation text, OUT outcome text,
-                                                 OUT conv conversations)
+-- Refuses with BPNFC, or BPBSY while a turn call is in flight (a dead process's lease is reaped
+-- first). Returns the locked row.
+CREATE OR REPLACE FUNCTION bp_lock_for_head_move(p_tenant text, p_conversation text)
+RETURNS conversations
 LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
 BEGIN
     SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
     IF NOT FOUND THEN
-        outcome := 'conversation_not_found';
-        RETURN;
+        PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
     END IF;
-    IF conv.lease_node_id IS NOT NULL THEN
-        IF conv.lease_until > now() THEN
-            outcome := 'busy';
-            RETURN;
-        END IF;
-        PERFORM bp_reap(conv.tree_id, conv.lease_node_id);
-        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
-        IF conv.lease_node_id IS NOT NULL THEN
-            outcome := 'busy';
-            RETURN;
-        END IF;
+    RETURN bp_check_lease(conv);
+END
+$$;
+
+-- bp_check_head(tree, tenant, conversation, node): refuse a node the head may not move to --
+-- outside the conversation's reach (BPNFN) or still in flight (BPPND).
+CREATE OR REPLACE FUNCTION bp_check_head(p_tree uuid, p_tenant text, p_conversation text, p_node uuid)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT bp_node_in_conversation(p_tree, p_tenant, p_conversation, p_node) THEN
+        PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_node, p_conversation));
     END IF;
-    outcome := 'ok';
+    IF EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL) THEN
+        PERFORM bp_refuse('BPPND', format('node %s is still in flight', p_node));
+    END IF;
 END
 $$;
 
 -- bp_set_head(tenant, conversation, node): PUT /admin/conversations/{id}/head. A null node clears
 -- the conversation's context (the next call starts a new root; nothing is deleted).
--- Returns 'ok', 'busy', 'conversation_not_found', 'node_not_found' or 'node_pending'.
+-- Refuses with BPNFC, BPBSY, BPNFN or BPPND.
 CREATE OR REPLACE FUNCTION bp_set_head(p_tenant text, p_conversation text, p_node uuid)
-RETURNS text
+RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    r record;
+    conv conversations%ROWTYPE;
 BEGIN
-    SELECT * INTO r FROM bp_lock_for_head_move(p_tenant, p_conversation);
-    IF r.outcome <> 'ok' THEN
-        RETURN r.outcome;
-    END IF;
+    conv := bp_lock_for_head_move(p_tenant, p_conversation);
     IF p_node IS NOT NULL THEN
-        IF NOT bp_node_in_conversation((r.conv).tree_id, p_tenant, p_conversation, p_node) THEN
-            RETURN 'node_not_found';
-        END IF;
-        IF EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = (r.conv).tree_id AND n.id = p_node AND n.status = 'pending') THEN
-            RETURN 'node_pending';
-        END IF;
+        PERFORM bp_check_head(conv.tree_id, p_tenant, p_conversation, p_node);
     END IF;
     UPDATE conversations c SET head_node_id = p_node, updated_at = clock_timestamp()
      WHERE c.tenant = p_tenant AND c.id = p_conversation;
-    RETURN 'ok';
 END
 $$;
 
 -- bp_switch(tenant, conversation, node): the branch arrows. From `node` down to a leaf, at each
--- step the newest child that could be a head (a turn that succeeded or failed transiently, or
--- the compaction node that replaced it), among the nodes this conversation can see; the head
--- moves there. Returns (outcome, head) with the outcomes of bp_set_head.
-CREATE OR REPLACE FUNCTION bp_switch(p_tenant text, p_conversation text, p_node uuid,
-                                     OUT outcome text, OUT head uuid)
+-- step the newest child that can carry the head (bp_can_be_head: a turn that succeeded or failed
+-- transiently, or the compaction node that replaced it), among the nodes this conversation can
+-- see; the head moves there. Returns the new head. Refuses like bp_set_head.
+CREATE OR REPLACE FUNCTION bp_switch(p_tenant text, p_conversation text, p_node uuid)
+RETURNS uuid
 LANGUAGE plpgsql AS $$
 DECLARE
-    r record;
-    v_tree uuid;
+    conv conversations%ROWTYPE;
     v_visible uuid[] := '{}';
+    v_head uuid := p_node;
     v_next uuid;
 BEGIN
-    SELECT * INTO r FROM bp_lock_for_head_move(p_tenant, p_conversation);
-    outcome := r.outcome;
-    IF outcome <> 'ok' THEN
-        RETURN;
+    conv := bp_lock_for_head_move(p_tenant, p_conversation);
+    IF NOT bp_node_in_conversation(conv.tree_id, p_tenant, p_conversation, p_node) THEN
+        PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_node, p_conversation));
     END IF;
-    v_tree := (r.conv).tree_id;
-    IF NOT bp_node_in_conversation(v_tree, p_tenant, p_conversation, p_node) THEN
-        outcome := 'node_not_found';
-        RETURN;
+    IF conv.fork_node_id IS NOT NULL THEN
+        v_visible := ARRAY(SELECT bp_visible_foreign(conv.tree_id, p_tenant, p_conversation));
     END IF;
-    IF (r.conv).fork_node_id IS NOT NULL THEN
-        v_visible := ARRAY(SELECT bp_visible_foreign(v_tree, p_tenant, p_conversation));
-    END IF;
-    head := p_node;
     LOOP
         SELECT n.id INTO v_next FROM nodes n
-         WHERE n.tree_id = v_tree
-           AND ((n.parent_id = head AND n.kind = 'turn')
-                OR (n.kind = 'compaction' AND n.compacted_from = head))
-           AND (n.status = 'success'
-                OR (n.status = 'failed' AND coalesce(n.error->>'kind', 'transient') = 'transient'))
+         WHERE n.tree_id = conv.tree_id
+           AND ((n.parent_id = v_head AND n.kind = 'turn')
+                OR (n.kind = 'compaction' AND n.compacted_from = v_head))
+           AND bp_can_be_head(n.kind, n.outcome)
            AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))
          ORDER BY n.created_at DESC, n.id DESC
          LIMIT 1;
         EXIT WHEN NOT FOUND;
-        head := v_next;
+        v_head := v_next;
     END LOOP;
-    IF EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v_tree AND n.id = head AND n.status = 'pending') THEN
-        outcome := 'node_pending';
-        RETURN;
-    END IF;
-    UPDATE conversations c SET head_node_id = head, updated_at = clock_timestamp()
+    PERFORM bp_check_head(conv.tree_id, p_tenant, p_conversation, v_head);
+    UPDATE conversations c SET head_node_id = v_head, updated_at = clock_timestamp()
      WHERE c.tenant = p_tenant AND c.id = p_conversation;
+    RETURN v_head;
 END
 $$;
 
--- bp_fork(tenant, source, new id, node): POST /admin/conversations/{id}/fork. A new conversation
--- of the same tree whose head is `node` (default: the source's head). Nothing is copied.
--- Returns 'ok', 'conversation_not_found', 'node_not_found' or 'exists'.
+-- bp_fork(tenant, source, new id, node, use head): POST /admin/conversations/{id}/fork. A new
+-- conversation of the same tree whose head is `node` (the source's head when p_use_head).
+-- Nothing is copied. The source row is share-locked, so a fork and a delete of its source
+-- serialise: the fork either sees the source (and the delete then keeps what the fork reaches)
+-- or finds it gone. Returns the new head. Refuses with BPNFC, BPNFN or BPEXI.
 CREATE OR REPLACE FUNCTION bp_fork(p_tenant text, p_source text, p_new text, p_node uuid, p_use_head boolean)
-RETURNS TABLE (outcome text, head uuid)
+RETURNS uuid
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
     src conversations%ROWTYPE;
     v_node uuid := p_node;
 BEGIN
-    SELECT * INTO src FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_source;
+    SELECT * INTO src FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_source FOR SHARE;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT 'conversation_not_found', NULL::uuid;
-        RETURN;
+        PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_source));
     END IF;
     IF p_use_head THEN
         v_node := src.head_node_id;
     ELSIF v_node IS NULL OR NOT bp_node_in_conversation(src.tree_id, p_tenant, p_source, v_node) THEN
-        RETURN QUERY SELECT 'node_not_found', NULL::uuid;
-        RETURN;
+        PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_node, p_source));
     END IF;
     INSERT INTO conversations (tenant, id, tree_id, head_node_id, forked_from, fork_node_id, compactions)
     VALUES (p_tenant, p_new, src.tree_id, v_node, p_source, v_node, src.compactions)
     ON CONFLICT (tenant, id) DO NOTHING;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT 'exists', NULL::uuid;
-        RETURN;
+        PERFORM bp_refuse('BPEXI', format('conversation %L already exists', p_new));
     END IF;
-    RETURN QUERY SELECT 'ok', v_node;
+    RETURN v_node;
 END
 $$;
 
 -- bp_delete_conversation(tenant, conversation): DELETE /admin/conversations/{id}. Deletes the
 -- conversation and its nodes -- except those another conversation of the tree (a fork) still
 -- reaches, which stay so that the fork's context never breaks; they go once nothing reaches
--- them. Refused ('busy') while a call of the conversation is in flight.
--- Returns (outcome, deleted nodes, kept nodes).
+-- them. Refused (BPBSY) while a call of the conversation is in flight; BPNFC when it is unknown.
+-- Returns (deleted nodes, kept nodes).
 CREATE OR REPLACE FUNCTION bp_delete_conversation(p_tenant text, p_conversation text,
-                                                  OUT outcome text, OUT deleted integer, OUT kept integer)
+                                                  OUT deleted integer, OUT kept integer)
 LANGUAGE plpgsql
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
@@ -475,17 +512,14 @@ BEGIN
     kept := 0;
     SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
     IF NOT FOUND THEN
-        outcome := 'conversation_not_found';
-        RETURN;
+        PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
     END IF;
     IF (conv.lease_node_id IS NOT NULL AND conv.lease_until > now())
        OR EXISTS (SELECT 1 FROM nodes n WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation
-                                          AND n.status = 'pending' AND n.lease_until > now()) THEN
-        outcome := 'busy';
-        RETURN;
+                                          AND n.outcome IS NULL AND n.lease_until > now()) THEN
+        PERFORM bp_refuse('BPBSY', format('conversation %L has a call in flight; retry when it has finished', p_conversation));
     END IF;
     DELETE FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
-    outcome := 'ok';
 
     IF NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = conv.tree_id) THEN
         DELETE FROM nodes n WHERE n.tree_id = conv.tree_id;  -- the tree has no other conversation
@@ -520,13 +554,17 @@ END
 $$;
 
 -- bp_apply_compaction: write a compaction node and point the conversation at it, in one
--- transaction -- or write nothing (SPEC §5). Modes:
+-- transaction -- or write nothing. Modes:
 --   'turn'       the call's own synchronous compaction: it must still hold the lease; its pending
 --                node moves under the compaction node, and the head moves to it;
 --   'transform'  the same for a side call (no lease): its node moves under the compaction node;
 --                the head moves only if it still is the node compacted from and no turn is in flight;
 --   'background', 'admin'  applied only if the head still is the node compacted from and no turn
 --                call is in flight; else nothing is written ('moved' / 'busy').
+--   p_tenant, p_conversation, p_tree; p_node (the compaction node's id), p_compacted_from;
+--   p_sent, p_sent_hash (summary + kept items); p_model, p_provider, p_params, p_usage (of the
+--   summariser); p_mode; p_call_node (turn/transform: the call's pending node); p_request (the
+--   summariser's first request body, kept for GET /admin/nodes/{id}/request).
 -- Returns 'ok', 'moved', 'busy', 'lost_lease' or 'conversation_not_found'.
 CREATE OR REPLACE FUNCTION bp_apply_compaction(
     p_tenant text, p_conversation text, p_tree uuid, p_node uuid, p_compacted_from uuid,
@@ -561,7 +599,7 @@ BEGIN
         v_move := true;
     END IF;
 
-    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, status, sent, sent_hash,
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, sent_hash,
                        model, provider, params, usage, compacted_from, depth, finished_at,
                        summariser_request, request_hash)
     VALUES (p_tree, p_node, p_tenant, p_conversation, NULL, 'compaction', 'success', p_sent, p_sent_hash,
@@ -569,7 +607,7 @@ BEGIN
             p_request, sha256(p_request));
     IF p_call_node IS NOT NULL THEN
         UPDATE nodes n SET parent_id = p_node, depth = 1
-         WHERE n.tree_id = p_tree AND n.id = p_call_node AND n.status = 'pending';
+         WHERE n.tree_id = p_tree AND n.id = p_call_node AND n.outcome IS NULL;
     END IF;
     UPDATE conversations c
        SET compactions = c.compactions + 1,

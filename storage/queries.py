@@ -1,83 +1,111 @@
-"""Every SQL statement the proxy runs, named, with its purpose and its ``$n`` parameters.
+"""Every SQL statement Branchpoint runs, named, each with its purpose and its ``$n`` parameters.
 
-Plain SQL, parameters always bound (never formatted in). The multi-step statements live as
-server-side functions in ``functions.sql``; their contracts are documented there.
+Plain SQL, parameters always bound (never formatted in; the only composition is of column lists
+taken from the row structs of ``storage.model``). The multi-step statements are server-side
+functions in ``functions.sql``, called with named arguments, so their parameter lists are
+documented there only.
 """
 
-# Start a call: conversation upsert, lease, parent choice, pending node, path read (one round trip).
-# $1 tenant, $2 conversation, $3 new tree id, $4 node id, $5 kind, $6 parent mode, $7 parent id,
-# $8 sent, $9 sent hash, $10 lease seconds, $11 model, $12 provider, $13 params
-BEGIN_CALL = "SELECT * FROM bp_begin_call($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+from .model import ConversationRow, NodeRow, TreeRow, columns
 
-# Store a call's outcome, release the lease, move the head if told to.
-# $1 tree, $2 node, $3 status, $4 received, $5 usage, $6 finish_reason, $7 error,
-# $8 request hash, $9 move head
-FINISH_CALL = "SELECT bp_finish_call($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+# ---- the call path ----------------------------------------------------------------------------
+
+# Start a call (conversation, lease, parent, pending node, path read: one round trip).
+BEGIN_CALL = """
+SELECT tree_id, parent_id, node FROM bp_begin_call(
+    p_tenant => $1, p_conversation => $2, p_new_tree => $3, p_node => $4, p_kind => $5,
+    p_parent_mode => $6, p_parent => $7, p_sent => $8, p_sent_hash => $9, p_lease_seconds => $10,
+    p_model => $11, p_provider => $12, p_params => $13)
+"""
+
+# Store a call's outcome, release the lease, move the head by the head rule.
+FINISH_CALL = """
+SELECT bp_finish_call(p_tree => $1, p_node => $2, p_outcome => $3, p_received => $4, p_usage => $5,
+                      p_finish_reason => $6, p_error => $7, p_request_hash => $8)
+"""
 
 # Keep a live call's leases from running out.  $1 tree, $2 node, $3 lease seconds
-RENEW_LEASE = "SELECT bp_renew($1, $2, $3)"
+RENEW_LEASE = "SELECT bp_renew(p_tree => $1, p_node => $2, p_lease_seconds => $3)"
 
 # Pending nodes whose lease ran out (their process died), oldest first.  $1 limit
 EXPIRED_PENDING = """
 SELECT tree_id, id FROM nodes
- WHERE status = 'pending' AND lease_until < now()
+ WHERE outcome IS NULL AND lease_until < now()
  ORDER BY lease_until
  LIMIT $1
 """
 
 # Mark one expired pending node failed/interrupted (and make a turn node the head).  $1 tree, $2 node
-REAP_NODE = "SELECT bp_reap($1, $2)"
+REAP_NODE = "SELECT bp_reap(p_tree => $1, p_node => $2)"
 
-# The path from a node to its top, root first.  $1 tree, $2 node
-PATH = "SELECT * FROM bp_path($1, $2)"
+# The path from a node to its top, root first, as assembly reads it.  $1 tree, $2 node
+PATH_NODES = "SELECT * FROM bp_path_nodes(p_tree => $1, p_node => $2)"
 
-# ---- admin API ------------------------------------------------------------------------------
+# Write a compaction node and point the conversation at it, or write nothing.
+APPLY_COMPACTION = """
+SELECT bp_apply_compaction(
+    p_tenant => $1, p_conversation => $2, p_tree => $3, p_node => $4, p_compacted_from => $5,
+    p_sent => $6, p_sent_hash => $7, p_model => $8, p_provider => $9, p_params => $10, p_usage => $11,
+    p_mode => $12, p_call_node => $13, p_request => $14)
+"""
 
-_CONVERSATION_FIELDS = """
-    c.tenant, c.id, c.tree_id, c.head_node_id, c.forked_from, c.fork_node_id, c.created_at, c.updated_at,
-    (c.lease_node_id IS NOT NULL AND c.lease_until > now()) AS busy,
-    (SELECT count(*) FROM nodes n WHERE n.tenant = c.tenant AND n.conversation_id = c.id
-                                     AND n.tree_id = c.tree_id) AS node_count
+# A node's params (e.g. a compaction node's format).  $1 tree, $2 node
+NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"
+
+# Where a conversation's head is, and whether a turn call is in flight.  $1 tenant, $2 conversation
+CONVERSATION_STATE = """
+SELECT head_node_id, (lease_node_id IS NOT NULL AND lease_until > now()) AS busy
+  FROM conversations WHERE tenant = $1 AND id = $2
+"""
+
+# ---- admin API --------------------------------------------------------------------------------
+
+_CONVERSATION = f"""
+SELECT {columns(ConversationRow, "c", skip=("busy", "node_count"))},
+       (c.lease_node_id IS NOT NULL AND c.lease_until > now()) AS busy,
+       (SELECT count(*) FROM nodes n WHERE n.tenant = c.tenant AND n.conversation_id = c.id
+                                        AND n.tree_id = c.tree_id) AS node_count
+  FROM conversations c
 """
 
 # One conversation.  $1 tenant, $2 conversation
-CONVERSATION = f"SELECT {_CONVERSATION_FIELDS} FROM conversations c WHERE c.tenant = $1 AND c.id = $2"
+CONVERSATION = _CONVERSATION + " WHERE c.tenant = $1 AND c.id = $2"
 
 # A page of conversations, newest first, after the cursor (created_at, id).
 # $1 tenant (null: every tenant -- admin keys), $2 cursor created_at (null: first page), $3 cursor id, $4 limit
-CONVERSATIONS_PAGE = f"""
-SELECT {_CONVERSATION_FIELDS} FROM conversations c
+CONVERSATIONS_PAGE = _CONVERSATION + """
  WHERE ($1::text IS NULL OR c.tenant = $1) AND ($2::timestamptz IS NULL OR (c.created_at, c.id) < ($2, $3))
  ORDER BY c.created_at DESC, c.id DESC
  LIMIT $4
 """
 
-# Move the head.  $1 tenant, $2 conversation, $3 node (null: clear)
-SET_HEAD = "SELECT bp_set_head($1, $2, $3)"
+# The tenants that have a conversation of this id (the CLI resolves an id without a tenant).  $1 id
+TENANTS_OF = "SELECT tenant FROM conversations WHERE id = $1 ORDER BY tenant"
 
-# Branch arrows: from a node down to the newest leaf.  $1 tenant, $2 conversation, $3 node
-SWITCH = "SELECT * FROM bp_switch($1, $2, $3)"
+# Move the head (null: clear).  $1 tenant, $2 conversation, $3 node
+SET_HEAD = "SELECT bp_set_head(p_tenant => $1, p_conversation => $2, p_node => $3)"
 
-# Fork.  $1 tenant, $2 source, $3 new id, $4 node, $5 use the source's head
-FORK = "SELECT * FROM bp_fork($1, $2, $3, $4, $5)"
+# Branch arrows: from a node down to the newest leaf; returns the new head.  $1 tenant, $2 conversation, $3 node
+SWITCH = "SELECT bp_switch(p_tenant => $1, p_conversation => $2, p_node => $3)"
+
+# Fork; returns the fork's head.  $1 tenant, $2 source, $3 new id, $4 node, $5 use the source's head
+FORK = "SELECT bp_fork(p_tenant => $1, p_source => $2, p_new => $3, p_node => $4, p_use_head => $5)"
 
 # Delete a conversation, keeping what forks still reach.  $1 tenant, $2 conversation
-DELETE_CONVERSATION = "SELECT * FROM bp_delete_conversation($1, $2)"
+DELETE_CONVERSATION = "SELECT deleted, kept FROM bp_delete_conversation(p_tenant => $1, p_conversation => $2)"
 
 # The nodes of other conversations this one can see (forks only).  $1 tree, $2 tenant, $3 conversation
 VISIBLE_FOREIGN = "SELECT array(SELECT bp_visible_foreign($1, $2, $3))"
 
-_NODE_FIELDS = """
-    n.id, n.conversation_id, n.parent_id, n.kind, n.status, n.sent, n.received, n.model, n.provider,
-    n.params, n.usage, n.finish_reason, n.error, n.compacted_from, n.depth, n.created_at, n.finished_at
-"""
+_NODE = columns(NodeRow, "n")
+_P_NODE = columns(NodeRow, "p")
 
 # The head path, root first, each node with its place among its siblings (same kind, same parent;
 # roots among the conversation's roots; compaction nodes among those replacing the same node),
 # counting only nodes this conversation can see.
 # $1 tree, $2 head, $3 conversation, $4 visible foreign node ids
 PATH_WITH_SIBLINGS = f"""
-SELECT {_NODE_FIELDS.replace("n.", "p.")}, s.sibling_index, s.sibling_count
+SELECT {_P_NODE}, s.sibling_index, s.sibling_count
   FROM bp_path($1, $2) WITH ORDINALITY p
   CROSS JOIN LATERAL (
       SELECT coalesce(sum(i), 0)::int AS sibling_index, coalesce(sum(c), 0)::int AS sibling_count FROM (
@@ -100,11 +128,13 @@ SELECT {_NODE_FIELDS.replace("n.", "p.")}, s.sibling_index, s.sibling_count
  ORDER BY p.ordinality
 """
 
+# A path, root first, whole rows (replay of a node's request).  $1 tree, $2 node
+PATH = f"SELECT {_P_NODE} FROM bp_path($1, $2) p"
+
 # Every node of a conversation (and the nodes of its source it can see), oldest first, with a
 # short preview instead of the full items.  $1 tree, $2 tenant, $3 conversation, $4 visible foreign
-TREE = """
-SELECT n.id, n.conversation_id, n.parent_id, n.kind, n.status, n.model, n.usage, n.created_at,
-       n.finish_reason, n.compacted_from,
+TREE = f"""
+SELECT {columns(TreeRow, "n", skip=("preview",))},
        left(coalesce(n.received -> 0 ->> 'content', n.sent -> -1 ->> 'content'), 200) AS preview
   FROM nodes n
  WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))
@@ -112,38 +142,22 @@ SELECT n.id, n.conversation_id, n.parent_id, n.kind, n.status, n.model, n.usage,
 """
 
 # One node of the caller's tenant.  $1 node, $2 tenant (null: any tenant -- admin keys)
-NODE = f"""
-SELECT {_NODE_FIELDS}, n.tenant, n.tree_id, n.request_hash, n.summariser_request FROM nodes n
- WHERE n.id = $1 AND ($2::text IS NULL OR n.tenant = $2)
-"""
+NODE = f"SELECT {_NODE} FROM nodes n WHERE n.id = $1 AND ($2::text IS NULL OR n.tenant = $2)"
+
+# A compaction node's kept summariser request.  $1 tree, $2 node
+SUMMARISER_REQUEST = "SELECT summariser_request FROM nodes WHERE tree_id = $1 AND id = $2"
 
 # The children of a node, oldest first.  $1 tree, $2 node, $3 tenant
 CHILDREN = f"""
-SELECT {_NODE_FIELDS} FROM nodes n
+SELECT {_NODE} FROM nodes n
  WHERE n.tree_id = $1 AND n.parent_id = $2 AND n.tenant = $3
  ORDER BY n.created_at, n.id
-"""
-
-# ---- compaction -----------------------------------------------------------------------------
-
-# Write a compaction node and point the conversation at it, or write nothing.
-# $1 tenant, $2 conversation, $3 tree, $4 node, $5 compacted_from, $6 sent, $7 sent hash, $8 model,
-# $9 provider, $10 params, $11 usage, $12 mode, $13 call node, $14 the summariser's (first) request
-APPLY_COMPACTION = "SELECT bp_apply_compaction($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
-
-# A node's params (e.g. a compaction node's format).  $1 tree, $2 node
-NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"
-
-# Where a conversation's head is, and whether a turn call is in flight.  $1 tenant, $2 conversation
-CONVERSATION_STATE = """
-SELECT head_node_id, (lease_node_id IS NOT NULL AND lease_until > now()) AS busy
-  FROM conversations WHERE tenant = $1 AND id = $2
 """
 
 # Every node of a conversation (and those of its source it can see), oldest first, all fields:
 # the export.  $1 tree, $2 tenant, $3 conversation, $4 visible foreign
 EXPORT = f"""
-SELECT {_NODE_FIELDS} FROM nodes n
+SELECT {_NODE} FROM nodes n
  WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))
  ORDER BY n.created_at, n.id
 """
@@ -157,17 +171,55 @@ WITH conv AS (
     ON CONFLICT (tenant, id) DO NOTHING
     RETURNING tree_id
 ), ins AS (
-    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, status, sent, sent_hash, received,
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, sent_hash, received,
                        model, provider, params, usage, finish_reason, error, compacted_from, depth,
                        created_at, finished_at)
-    SELECT conv.tree_id, r.id, $1, $2, r.parent_id, r.kind, r.status, r.sent, decode(r.sent_hash, 'hex'),
+    SELECT conv.tree_id, r.id, $1, $2, r.parent_id, r.kind, r.outcome, r.sent, decode(r.sent_hash, 'hex'),
            r.received, r.model, r.provider, coalesce(r.params, '{}'::jsonb), r.usage, r.finish_reason, r.error,
            r.compacted_from, r.depth, r.created_at, r.finished_at
       FROM conv, jsonb_to_recordset($6) AS r(
-           id uuid, parent_id uuid, kind text, status text, sent jsonb, sent_hash text, received jsonb,
+           id uuid, parent_id uuid, kind text, outcome text, sent jsonb, sent_hash text, received jsonb,
            model text, provider text, params jsonb, usage jsonb, finish_reason text, error jsonb,
            compacted_from uuid, depth integer, created_at timestamptz, finished_at timestamptz)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM conv) AS created, (SELECT count(*) FROM ins) AS nodes
 """
+
+# ---- operations -------------------------------------------------------------------------------
+
+# The schema version the database is at (readiness).
+SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM schema_migrations"
+
+# Pending nodes in the database, every process (a gauge).
+PENDING_COUNT = "SELECT count(*) FROM nodes WHERE outcome IS NULL"
+
+# ---- invariants (``branchpoint check``, the fault tests) -------------------------------------
+
+# Heads that point outside their conversation's tree.
+HEADS_OUTSIDE_TREE = """
+SELECT c.id, c.head_node_id FROM conversations c
+ WHERE c.head_node_id IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = c.tree_id AND n.id = c.head_node_id)
+"""
+
+# Successful turn/transform nodes without received items.
+SUCCESS_WITHOUT_RECEIVED = """
+SELECT id, conversation_id FROM nodes
+ WHERE outcome = 'success' AND kind <> 'compaction' AND received IS NULL
+"""
+
+# Pending nodes whose lease ran out more than $1 seconds ago (the reaper's job).
+STALE_PENDING = """
+SELECT id, conversation_id, lease_until FROM nodes
+ WHERE outcome IS NULL AND lease_until < now() - make_interval(secs => $1)
+"""
+
+# Conversation leases that ran out more than $1 seconds ago.
+STALE_LEASES = """
+SELECT c.id, c.lease_node_id FROM conversations c
+ WHERE c.lease_node_id IS NOT NULL AND c.lease_until < now() - make_interval(secs => $1)
+"""
+
+# Every head, for the pairing check of its assembled request.  $1 limit
+HEADS = "SELECT tenant, id, tree_id, head_node_id FROM conversations WHERE head_node_id IS NOT NULL LIMIT $1"

@@ -1,5 +1,5 @@
-"""The conversation tree as the proxy's call path uses it: start a call, finish it, keep its
-lease alive, reap calls whose process died. One method, one statement, one round trip."""
+"""The conversation tree as the call path uses it: start a call, finish it, keep its lease alive,
+reap calls whose process died, write compactions. One method, one statement, one round trip."""
 
 from __future__ import annotations
 
@@ -7,54 +7,22 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import msgspec
-
 from . import queries
 from .database import Database
+from .model import Outcome, PathNode, rows
 
-__all__ = ["BeginResult", "PathNode", "TreeStore"]
+__all__ = ["Begun", "ParentMode", "TreeStore"]
 
 ParentMode = Literal["head", "root", "node"]
 
 
-class PathNode(msgspec.Struct, frozen=True):
-    """One node of a path, as assembly needs it."""
+@dataclass(frozen=True, slots=True)
+class Begun:
+    """A started call: its tree, the parent it hangs under (None: a root) and that parent's path."""
 
-    id: uuid.UUID
+    tree_id: uuid.UUID
     parent_id: uuid.UUID | None
-    kind: str
-    status: str
-    sent: list[dict[str, Any]]
-    received: list[dict[str, Any]] | None = None
-    provider: str | None = None
-    model: str | None = None
-    usage: dict[str, Any] | None = None
-    compacted_from: uuid.UUID | None = None
-
-
-@dataclass(frozen=True)
-class BeginResult:
-    """``outcome`` is 'ok', 'busy', 'parent_not_found' or 'parent_before_compaction'."""
-
-    outcome: str
-    tree_id: uuid.UUID | None = None
-    parent_id: uuid.UUID | None = None
     path: list[PathNode] = field(default_factory=list)
-
-
-def _path_node(r: Any) -> PathNode:
-    return PathNode(
-        id=r["id"],
-        parent_id=r["node_parent_id"] if "node_parent_id" in r else r["parent_id"],
-        kind=r["kind"],
-        status=r["status"],
-        sent=r["sent"],
-        received=r["received"],
-        provider=r["provider"],
-        model=r["model"],
-        usage=r["usage"],
-        compacted_from=r["compacted_from"],
-    )
 
 
 class TreeStore:
@@ -77,35 +45,34 @@ class TreeStore:
         model: str | None,
         provider: str | None,
         params: dict[str, Any],
-    ) -> BeginResult:
-        rows = await self.db.fetch(
+    ) -> Begun:
+        """Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule refuses the call."""
+        records = await self.db.fetch(
             queries.BEGIN_CALL,
             tenant, conversation_id, new_tree_id, node_id, kind, parent_mode, parent_id,
             sent, sent_hash, lease_seconds, model, provider, params,
         )
-        first = rows[0]
-        if first["outcome"] != "ok":
-            return BeginResult(first["outcome"], first["tree_id"])
-        path = [_path_node(r) for r in rows] if first["id"] is not None else []
-        return BeginResult("ok", first["tree_id"], first["parent_id"], path)
+        first = records[0]
+        path = rows(PathNode, (r["node"] for r in records)) if first["node"] is not None else []
+        return Begun(first["tree_id"], first["parent_id"], path)
 
     async def finish_call(
         self,
         *,
         tree_id: uuid.UUID,
         node_id: uuid.UUID,
-        status: str,
+        outcome: Outcome,
         received: list[Any] | None,
         usage: dict[str, Any] | None,
         finish_reason: str | None,
-        error: dict[str, Any] | None,
+        error: Any,
         request_hash: bytes | None,
-        move_head: bool,
     ) -> bool:
+        """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile."""
         return bool(
             await self.db.fetchval(
                 queries.FINISH_CALL,
-                tree_id, node_id, status, received, usage, finish_reason, error, request_hash, move_head,
+                tree_id, node_id, outcome.value, received, usage, finish_reason, error, request_hash,
             )
         )
 
@@ -121,12 +88,13 @@ class TreeStore:
         return reaped
 
     async def path(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> list[PathNode]:
-        return [_path_node(r) for r in await self.db.fetch(queries.PATH, tree_id, node_id)]
+        return rows(PathNode, await self.db.fetch(queries.PATH_NODES, tree_id, node_id))
 
     async def apply_compaction(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, node_id: uuid.UUID,
                                compacted_from: uuid.UUID, sent: list[Any], sent_hash: bytes, model: str,
                                provider: str, params: dict[str, Any], usage: dict[str, Any] | None, mode: str,
                                call_node: uuid.UUID | None, request: bytes) -> str:
+        """'ok', or why nothing was written: 'moved', 'busy', 'lost_lease', 'conversation_not_found'."""
         return await self.db.fetchval(
             queries.APPLY_COMPACTION, tenant, conversation_id, tree_id, node_id, compacted_from, sent, sent_hash,
             model, provider, params, usage, mode, call_node, request,
@@ -136,5 +104,6 @@ class TreeStore:
         return await self.db.fetchval(queries.NODE_PARAMS, tree_id, node_id) or {}
 
     async def conversation_state(self, tenant: str, conversation_id: str) -> tuple[uuid.UUID | None, bool] | None:
+        """(head, busy) of a conversation, or None when it does not exist."""
         row = await self.db.fetchrow(queries.CONVERSATION_STATE, tenant, conversation_id)
         return None if row is None else (row["head_node_id"], row["busy"])

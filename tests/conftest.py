@@ -153,8 +153,8 @@ class Proxy:
         self.settings = settings
 
     @property
-    def services(self) -> Any:
-        return self.server.server.config.app.state.services
+    def runtime(self) -> Any:
+        return self.server.server.config.app.state.runtime
 
     def openai(self, api_key: str | None = None, *, conversation: str | None = None, **kw: Any) -> openai.OpenAI:
         base = f"{self.url}/c/{conversation}/v1" if conversation else f"{self.url}/v1"
@@ -244,10 +244,10 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
 def assert_invariants(database_url: str, *, grace: float = 30.0) -> None:
     """The storage invariants (proxy.invariants) hold: shared by the fault tests."""
     from proxy.invariants import check_invariants
-    from storage import Database
+    from storage import open_database
 
     async def check() -> list[Any]:
-        db = await Database.connect(database_url, min_size=1, max_size=2)
+        db = await open_database(database_url, min_size=1, max_size=2)
         try:
             return await check_invariants(db, grace=grace)
         finally:

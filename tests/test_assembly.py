@@ -3,7 +3,7 @@
 import uuid
 
 from proxy.assembly import Target, assemble, pair_check, shape_received
-from proxy.lifecycle import moves_head, sent_hash
+from proxy.lifecycle import sent_hash
 from storage import PathNode
 
 T = Target("openai")
@@ -117,15 +117,6 @@ def test_shape_received_keeps_portable_fields_and_reasoning_only_where_accepted(
     assert other["reasoning_content"] == "thinking" and "reasoning_details" not in other
     empty = shape_received({"role": "assistant", "content": None}, T, "openai")
     assert empty == {"role": "assistant", "content": ""}
-
-
-def test_head_rule_table():
-    assert moves_head("turn", "success")
-    assert moves_head("turn", "transient")
-    assert not moves_head("turn", "overflow")
-    assert not moves_head("turn", "invalid")
-    for outcome in ("success", "transient", "overflow", "invalid"):
-        assert not moves_head("transform", outcome)
 
 
 def test_sent_hash_is_canonical():

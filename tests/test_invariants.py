@@ -3,7 +3,7 @@
 import asyncio
 
 from proxy.invariants import check_invariants
-from storage import Database
+from storage import open_database
 
 from .conftest import Db
 
@@ -15,15 +15,15 @@ def test_checker_reports_each_kind_of_violation(fresh_database_url):
         VALUES ('t', 'dangling', gen_random_uuid(), gen_random_uuid())""")
     db.fetch("""
         WITH c AS (INSERT INTO conversations (tenant, id, tree_id) VALUES ('t', 'bad', gen_random_uuid()) RETURNING tree_id)
-        INSERT INTO nodes (tree_id, id, tenant, conversation_id, kind, status, sent, sent_hash, depth, lease_until)
-        SELECT tree_id, gen_random_uuid(), 't', 'bad', 'turn', 'pending', '[]'::jsonb, '\\x00'::bytea, 0, now() - interval '1 hour' FROM c
+        INSERT INTO nodes (tree_id, id, tenant, conversation_id, kind, outcome, sent, sent_hash, depth, lease_until)
+        SELECT tree_id, gen_random_uuid(), 't', 'bad', 'turn', NULL, '[]'::jsonb, '\\x00'::bytea, 0, now() - interval '1 hour' FROM c
         UNION ALL
         SELECT tree_id, gen_random_uuid(), 't', 'bad', 'turn', 'success', '[]'::jsonb, '\\x00'::bytea, 0, NULL FROM c""")
     db.fetch("""
         UPDATE conversations SET lease_node_id = gen_random_uuid(), lease_until = now() - interval '1 hour' WHERE id = 'bad'""")
 
     async def check():
-        database = await Database.connect(fresh_database_url, min_size=1, max_size=2)
+        database = await open_database(fresh_database_url, min_size=1, max_size=2)
         try:
             return await check_invariants(database)
         finally:

@@ -2,8 +2,8 @@
 
 import json
 
+from proxy.failures import classify
 from proxy.relay import SSEParser, StreamAccumulator
-from proxy.upstream import classify
 
 
 def test_parser_splits_events_across_chunk_boundaries_and_crlf():
@@ -65,17 +65,17 @@ def body(error):
 def test_classify_follows_the_failure_table():
     overflow = classify(400, body({"message": "This model's maximum context length is 8192 tokens", "type": "invalid_request_error",
                                    "code": "context_length_exceeded", "param": "messages"}))
-    assert overflow.kind == "overflow" and overflow.error["code"] == "context_overflow" and overflow.error["status"] == 400
-    assert classify(400, body({"message": "prompt is too long: 210000 tokens > 200000 maximum"})).kind == "overflow"
-    assert classify(413, body({"message": "Request exceeds the maximum context window"})).kind == "overflow"
+    assert overflow.outcome == "overflow" and overflow.error.code == "context_overflow" and overflow.error.status == 400
+    assert classify(400, body({"message": "prompt is too long: 210000 tokens > 200000 maximum"})).outcome == "overflow"
+    assert classify(413, body({"message": "Request exceeds the maximum context window"})).outcome == "overflow"
     for status in (400, 401, 403, 404, 413, 422):
-        assert classify(status, body({"message": "bad", "type": "invalid_request_error"})).kind == "invalid"
+        assert classify(status, body({"message": "bad", "type": "invalid_request_error"})).outcome == "invalid"
     for status in (408, 429, 500, 502, 503, 504):
-        assert classify(status, body({"message": "later", "type": "server_error"})).kind == "transient"
+        assert classify(status, body({"message": "later", "type": "server_error"})).outcome == "transient"
     # a rate-limit message that mentions tokens is not an overflow
-    assert classify(429, body({"message": "Request too large: tokens per min (TPM) limit"})).kind == "transient"
+    assert classify(429, body({"message": "Request too large: tokens per min (TPM) limit"})).outcome == "transient"
     garbage = classify(500, b"<html>Bad gateway</html>")
-    assert garbage.kind == "transient"
+    assert garbage.outcome == "transient"
     err = json.loads(garbage.body)["error"]
     assert set(err) == {"message", "type", "param", "code"} and "Bad gateway" in err["message"]
 

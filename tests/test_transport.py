@@ -11,7 +11,7 @@ from .fakes import Reply, free_port
 
 
 def test_upstream_connections_are_reused(proxy, upstream, key, cid):
-    transport = proxy.services.upstream.transport
+    transport = proxy.runtime.upstream.transport
     assert isinstance(transport, UpstreamTransport)
     client = proxy.openai(key)
     for i in range(5):  # warm: at most one new connection for this test's sequential calls
@@ -91,7 +91,7 @@ def test_https_upstream_behind_a_private_ca(tls_upstream, database_url, key, cid
             c = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"tls {i}"}],
                                                extra_headers={"X-Conversation-Id": cid})
             assert c.choices[0].message.content == f"echo: tls {i}"
-        assert p.services.upstream.transport.connects == 1  # one TLS handshake, then keep-alive
+        assert p.runtime.upstream.transport.connects == 1  # one TLS handshake, then keep-alive
     # without the CA the certificate is refused: a clean 502, never a plaintext fallback
     with serve_proxy(make_settings(database_url, url)) as p:
         r = httpx.post(f"{p.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid + "-x"},

@@ -30,7 +30,7 @@ def test_protocol_faults_fail_cleanly(fresh_database_url, evil, key, cid, mode, 
         assert set(error) == {"message", "type", "param", "code"}
         assert error["code"] in ("upstream_unreachable", "upstream_bad_response")
         node = db.node(r.headers["x-node-id"])
-        assert node["status"] == "failed" and node["error"]["kind"] == "transient"
+        assert node["status"] == "failed" and node["outcome"] == "transient"
         assert db.head(cid) == r.headers["x-node-id"]  # transient: the failed node is the head
     assert_invariants(fresh_database_url)
 

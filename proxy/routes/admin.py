@@ -1,4 +1,5 @@
-"""The admin API (SPEC §6): read the tree, move the head, switch branches, fork, delete.
+"""The admin API (docs/behaviour.md#admin-api): read the tree, move the head, switch branches,
+fork, delete, compact, replay a node's request.
 
 Same auth as the chat endpoint, scoped to the caller's tenant: an id of another tenant answers 404
 exactly like an id that does not exist. Lists use OpenAI's list shape with a ``next_cursor``.
@@ -16,24 +17,20 @@ from typing import Any, ClassVar
 
 import msgspec
 from litestar import Controller, Request, delete, get, post, put
+from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, JSONBody, Parameter
 from litestar.types import ASGIApp
 
-from storage import uuid7
-from storage.admin import AdminStore
+from storage import AdminStore, ConversationRow, NodeRow, uuid7
 
-from ..assembly import Target, assemble, build_body
+from ..assembly import Target
 from ..auth import Caller
-from ..errors import (
-    Conflict,
-    ConversationBusy,
-    ConversationNotFound,
-    InvalidRequest,
-    NodeNotFound,
-)
+from ..builder import RequestBuilder
+from ..compaction import Compactor
+from ..errors import ConversationNotFound, InvalidRequest, NodeNotFound
 from ..http import RawResponse
-from ..services import Services
-from .common import RequestHeaders, services, valid_conversation_id
+from ..upstream import UpstreamClient, target_of
+from .common import valid_conversation_id
 from .docs import errors
 
 __all__ = ["AdminController"]
@@ -84,6 +81,7 @@ class Node(msgspec.Struct):
     parent_id: uuid.UUID | None
     kind: str
     status: str
+    outcome: str | None  # success | transient | overflow | invalid (null while pending)
     sent: list[Any]
     received: list[Any] | None
     model: str | None
@@ -151,22 +149,22 @@ _NODE_FIELDS = tuple(f for f in Node.__struct_fields__ if f != "object")
 _TREE_FIELDS = tuple(f for f in TreeNode.__struct_fields__ if f != "object")
 
 
-def _node(row: Any, cls: type[Node] = Node, **extra: Any) -> Node:
-    return cls(**{f: row[f] for f in _NODE_FIELDS}, **extra)
+def _node(row: NodeRow, cls: type[Node] = Node, **extra: Any) -> Node:
+    return cls(**{f: getattr(row, f) for f in _NODE_FIELDS}, **extra)
 
 
-def _conversation(row: Any, scope: Any = None) -> Conversation:
-    return Conversation(id=row["id"], head_node_id=row["head_node_id"], node_count=row["node_count"],
-                        busy=row["busy"], created_at=row["created_at"], updated_at=row["updated_at"],
-                        object="conversation", forked_from=row["forked_from"], fork_node_id=row["fork_node_id"],
-                        tenant=row["tenant"] if scope is not None and scope.caller.admin else None)
+def _conversation(row: ConversationRow, reach: Reach) -> Conversation:
+    return Conversation(id=row.id, head_node_id=row.head_node_id, node_count=row.node_count, busy=row.busy,
+                        created_at=row.created_at, updated_at=row.updated_at, object="conversation",
+                        forked_from=row.forked_from, fork_node_id=row.fork_node_id,
+                        tenant=row.tenant if reach.caller.admin else None)
 
 
 # -- helpers ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class _Scope:
+class Reach:
     """Whose data a request may see. Everyone sees their own tenant; an admin key (keys mode)
     names another with ``?tenant=``, and without it lists and node lookups span every tenant."""
 
@@ -178,21 +176,12 @@ class _Scope:
     def node_tenant(self) -> str | None:
         return None if self.any_tenant else self.tenant
 
-    # the compactor reads these two like a Caller
-    @property
-    def client_key(self) -> str | None:
-        return self.caller.client_key
 
-
-def _who(request: Request[Any, Any, Any]) -> tuple[Services, _Scope, AdminStore]:
-    s = services(request)
-    caller = s.auth(RequestHeaders(request.scope).get("authorization"))
+def _reach(request: Request[Any, Any, Any], caller: NamedDependency[Caller]) -> Reach:
     if caller.admin:
         named = request.query_params.get("tenant")
-        scope = _Scope(caller, named or caller.tenant, any_tenant=not named)
-    else:
-        scope = _Scope(caller, caller.tenant)
-    return s, scope, AdminStore(s.db)
+        return Reach(caller, named or caller.tenant, any_tenant=not named)
+    return Reach(caller, caller.tenant)
 
 
 def _cid(value: str) -> str:
@@ -219,25 +208,17 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise InvalidRequest("invalid cursor", param="cursor") from None
 
 
-def _refusal(outcome: str, conversation_id: str, node_id: Any = None) -> Exception:
-    if outcome == "busy":
-        return ConversationBusy(f"conversation {conversation_id!r} has a call in flight; retry when it has finished")
-    if outcome == "conversation_not_found":
-        return ConversationNotFound(f"conversation {conversation_id!r} not found")
-    if outcome == "node_not_found":
-        return NodeNotFound(f"node {node_id} is not part of conversation {conversation_id!r}", param="node_id")
-    if outcome == "node_pending":
-        return Conflict(f"node {node_id} is still in flight", code="node_pending", param="node_id")
-    if outcome == "exists":
-        return Conflict(f"conversation {conversation_id!r} already exists", code="conversation_exists",
-                        param="conversation_id")
-    return InvalidRequest(f"refused: {outcome}")
-
-
-async def _conversation_row(store: AdminStore, tenant: str, conversation_id: FromPath[str]) -> Any:
-    row = await store.conversation(tenant, _cid(conversation_id))
+async def _conversation_row(admin: AdminStore, reach: Reach, conversation_id: str) -> ConversationRow:
+    row = await admin.conversation(reach.tenant, _cid(conversation_id))
     if row is None:
         raise ConversationNotFound(f"conversation {conversation_id!r} not found")
+    return row
+
+
+async def _node_row(admin: AdminStore, reach: Reach, node_id: str) -> NodeRow:
+    row = await admin.node(reach.node_tenant, _node_id(node_id))
+    if row is None:
+        raise NodeNotFound(f"node {node_id} not found", param="node_id")
     return row
 
 
@@ -247,134 +228,97 @@ async def _conversation_row(store: AdminStore, tenant: str, conversation_id: Fro
 class AdminController(Controller):
     path = "/admin"
     tags: ClassVar[list[str]] = ["admin"]
+    dependencies: ClassVar[dict[str, Provide]] = {"reach": Provide(_reach, sync_to_thread=False)}
 
     @get("/conversations", summary="List conversations, newest first", responses=errors())
     async def list_conversations(
         self,
-        request: Request[Any, Any, Any],
+        reach: NamedDependency[Reach],
+        admin: NamedDependency[AdminStore],
         limit: int = Parameter(default=20, ge=1, le=100),
         cursor: str | None = Parameter(default=None, max_length=512),
     ) -> ConversationList:
-        _, caller, store = _who(request)
-        rows = await store.conversations(None if caller.any_tenant else caller.tenant,
+        rows = await admin.conversations(None if reach.any_tenant else reach.tenant,
                                          after=_decode_cursor(cursor) if cursor else None, limit=limit + 1)
         page = rows[:limit]
-        next_cursor = _encode_cursor(page[-1]["created_at"], page[-1]["id"]) if len(rows) > limit else None
-        return ConversationList(data=[_conversation(r, caller) for r in page], next_cursor=next_cursor)
+        next_cursor = _encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
+        return ConversationList(data=[_conversation(r, reach) for r in page], next_cursor=next_cursor)
 
     @get("/conversations/{conversation_id:str}", summary="One conversation", responses=errors())
-    async def get_conversation(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> Conversation:
-        _, caller, store = _who(request)
-        return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
+    async def get_conversation(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> Conversation:
+        return _conversation(await _conversation_row(admin, reach, conversation_id), reach)
 
     @delete("/conversations/{conversation_id:str}", status_code=200,
             summary="Delete a conversation (nodes a fork still reaches are kept)", responses=errors())
-    async def delete_conversation(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> Deleted:
-        _, caller, store = _who(request)
-        outcome = await store.delete(caller.tenant, _cid(conversation_id))
-        if outcome.status != "ok":
-            raise _refusal(outcome.status, conversation_id)
-        return Deleted(id=conversation_id, deleted=True, nodes_deleted=outcome.deleted, nodes_kept=outcome.kept)
+    async def delete_conversation(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> Deleted:
+        deleted, kept = await admin.delete(reach.tenant, _cid(conversation_id))
+        return Deleted(id=conversation_id, deleted=True, nodes_deleted=deleted, nodes_kept=kept)
 
     @put("/conversations/{conversation_id:str}/head", summary="Move the head (null clears the context)", responses=errors())
-    async def put_head(self, request: Request[Any, Any, Any], conversation_id: FromPath[str], data: JSONBody[HeadMove]) -> Conversation:
-        _, caller, store = _who(request)
-        outcome = await store.set_head(caller.tenant, _cid(conversation_id), data.node_id)
-        if outcome.status != "ok":
-            raise _refusal(outcome.status, conversation_id, data.node_id)
-        return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
+    async def put_head(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str],
+                       data: JSONBody[HeadMove]) -> Conversation:
+        await admin.set_head(reach.tenant, _cid(conversation_id), data.node_id)
+        return _conversation(await _conversation_row(admin, reach, conversation_id), reach)
 
     @post("/conversations/{conversation_id:str}/switch", status_code=200,
           summary="Branch arrows: move the head down from a node to its newest leaf", responses=errors())
-    async def switch(self, request: Request[Any, Any, Any], conversation_id: FromPath[str], data: JSONBody[SwitchRequest]) -> Conversation:
-        _, caller, store = _who(request)
-        outcome = await store.switch(caller.tenant, _cid(conversation_id), data.node_id)
-        if outcome.status != "ok":
-            raise _refusal(outcome.status, conversation_id, data.node_id)
-        return _conversation(await _conversation_row(store, caller.tenant, conversation_id), caller)
+    async def switch(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str],
+                     data: JSONBody[SwitchRequest]) -> Conversation:
+        await admin.switch(reach.tenant, _cid(conversation_id), data.node_id)
+        return _conversation(await _conversation_row(admin, reach, conversation_id), reach)
 
     @post("/conversations/{conversation_id:str}/fork", status_code=200,
           summary="A new conversation starting at a node of this one (nothing is copied)", responses=errors())
-    async def fork(self, request: Request[Any, Any, Any], conversation_id: FromPath[str], data: JSONBody[ForkRequest]) -> Conversation:
-        _, caller, store = _who(request)
+    async def fork(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str],
+                   data: JSONBody[ForkRequest]) -> Conversation:
         source = _cid(conversation_id)
         new_id = _cid(data.conversation_id) if data.conversation_id is not None else f"{source[:90]}.fork-{uuid7().hex[-12:]}"
-        outcome = await store.fork(caller.tenant, source, new_id, data.node_id, data.node_id is None)
-        if outcome.status != "ok":
-            raise _refusal(outcome.status, new_id if outcome.status == "exists" else source, data.node_id)
-        return _conversation(await _conversation_row(store, caller.tenant, new_id), caller)
+        await admin.fork(reach.tenant, source, new_id, data.node_id)
+        return _conversation(await _conversation_row(admin, reach, new_id), reach)
 
     @post("/conversations/{conversation_id:str}/compact", status_code=200, summary="Compact the head path now", responses=errors())
-    async def compact(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> dict[str, Any]:
-        s, caller, store = _who(request)
-        conv = await _conversation_row(store, caller.tenant, conversation_id)
-        return await s.compactor.compact_now(caller, conv)
+    async def compact(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], compactor: NamedDependency[Compactor],
+                      conversation_id: FromPath[str]) -> dict[str, Any]:
+        conv = await _conversation_row(admin, reach, conversation_id)
+        result = await compactor.compact_now(conv, reach.caller.client_key, default_model="gpt-4o-mini")
+        return result.as_dict()
 
     @get("/conversations/{conversation_id:str}/path", summary="The head path, root first, with sibling positions", responses=errors())
-    async def head_path(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> PathList:
-        _, caller, store = _who(request)
-        conv = await _conversation_row(store, caller.tenant, conversation_id)
-        rows = await store.path(conv, caller.tenant)
+    async def head_path(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> PathList:
+        conv = await _conversation_row(admin, reach, conversation_id)
+        rows = await admin.path(conv)
         return PathList(
-            data=[_node(r, PathNode, sibling_index=r["sibling_index"], sibling_count=r["sibling_count"]) for r in rows],
-            head_node_id=conv["head_node_id"],
+            data=[_node(r, PathNode, sibling_index=r.sibling_index, sibling_count=r.sibling_count) for r in rows],
+            head_node_id=conv.head_node_id,
         )
 
     @get("/conversations/{conversation_id:str}/tree", summary="Every node of the conversation", responses=errors())
-    async def whole_tree(self, request: Request[Any, Any, Any], conversation_id: FromPath[str]) -> TreeList:
-        _, caller, store = _who(request)
-        conv = await _conversation_row(store, caller.tenant, conversation_id)
-        rows = await store.tree(conv, caller.tenant)
-        return TreeList(data=[TreeNode(**{f: r[f] for f in _TREE_FIELDS}) for r in rows],
-                        head_node_id=conv["head_node_id"])
+    async def whole_tree(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> TreeList:
+        conv = await _conversation_row(admin, reach, conversation_id)
+        rows = await admin.tree(conv)
+        return TreeList(data=[TreeNode(**{f: getattr(r, f) for f in _TREE_FIELDS}) for r in rows],
+                        head_node_id=conv.head_node_id)
 
     @get("/nodes/{node_id:str}", summary="One node, all fields", responses=errors())
-    async def get_node(self, request: Request[Any, Any, Any], node_id: FromPath[str]) -> Node:
-        _, caller, store = _who(request)
-        return _node(await self._node_row(store, caller, node_id))
+    async def get_node(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], node_id: FromPath[str]) -> Node:
+        return _node(await _node_row(admin, reach, node_id))
 
     @get("/nodes/{node_id:str}/children", summary="A node's children, oldest first", responses=errors())
-    async def node_children(self, request: Request[Any, Any, Any], node_id: FromPath[str]) -> NodeList:
-        _, caller, store = _who(request)
-        row = await self._node_row(store, caller, node_id)
-        return NodeList(data=[_node(r) for r in await store.children(row["tenant"], row["tree_id"], row["id"])])
+    async def node_children(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], node_id: FromPath[str]) -> NodeList:
+        row = await _node_row(admin, reach, node_id)
+        return NodeList(data=[_node(r) for r in await admin.children(row)])
 
     @get("/nodes/{node_id:str}/request", summary="The exact request body sent upstream for this node", responses=errors())
-    async def node_request(self, request: Request[Any, Any, Any], node_id: FromPath[str]) -> ASGIApp:
-        s, caller, store = _who(request)
-        row = await self._node_row(store, caller, node_id)
-        if row["kind"] == "compaction":  # its summariser request, kept with it
-            body = bytes(row["summariser_request"] or b"{}")
+    async def node_request(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], builder: NamedDependency[RequestBuilder], upstream: NamedDependency[UpstreamClient],
+                           node_id: FromPath[str]) -> ASGIApp:
+        row = await _node_row(admin, reach, node_id)
+        if row.kind == "compaction":  # its summariser request, kept with it
+            body = await admin.summariser_request(row) or b"{}"
         else:
-            body = await replay_request(s, store, row)
-        stored = row["request_hash"]
+            path = await admin.path_rows(row.tree_id, row.parent_id) if row.parent_id is not None else []
+            configured = upstream.named(row.provider)
+            target = target_of(configured) if configured is not None else Target(row.provider or "")
+            body = (await builder.replay(row, path, target)).payload
+        stored = row.request_hash
         verified = "unknown" if stored is None else ("true" if hashlib.sha256(body).digest() == bytes(stored) else "false")
-        return RawResponse(200, body, [("x-node-id", str(row["id"])), ("x-request-verified", verified)])
-
-    @staticmethod
-    async def _node_row(store: AdminStore, caller: Caller, node_id: FromPath[str]) -> Any:
-        row = await store.node(caller.node_tenant, _node_id(node_id))
-        if row is None:
-            raise NodeNotFound(f"node {node_id} not found", param="node_id")
-        return row
-
-
-async def replay_request(s: Services, store: AdminStore, row: Any) -> bytes:
-    """Rebuild the upstream body of a node: the same assembly over its parent's path as it was
-    when the node was created (an ancestor that finished later counted as pending then)."""
-    from storage import PathNode as StoredPathNode
-
-    path: list[StoredPathNode] = []
-    if row["parent_id"] is not None:
-        for r in await store.path_as_of(row["tree_id"], row["parent_id"]):
-            status = r["status"]
-            if status == "success" and (r["finished_at"] is None or r["finished_at"] > row["created_at"]):
-                status = "pending"
-            path.append(StoredPathNode(id=r["id"], parent_id=r["parent_id"], kind=r["kind"], status=status,
-                                       sent=r["sent"], received=r["received"], provider=r["provider"],
-                                       model=r["model"], usage=r["usage"], compacted_from=r["compacted_from"]))
-    upstream = next((u for u in s.settings.upstreams if u.name == row["provider"]), None)
-    target = Target(row["provider"] or "", upstream.accepts_reasoning if upstream else False)
-    params = dict(row["params"])
-    assembled = assemble(path, row["sent"], target)
-    return build_body(params, assembled.messages, stream=params.get("stream") is True)
+        return RawResponse(200, body, [("x-node-id", str(row.id)), ("x-request-verified", verified)])

@@ -10,13 +10,15 @@ from typing import Any
 
 import msgspec
 from litestar import Request, post
+from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
+from ..auth import Caller
 from ..errors import InvalidRequest
-from ..lifecycle import ChatCall
-from .common import RequestHeaders, parse_node_id, resolve_conversation_id, services
+from ..lifecycle import CallLifecycle, ChatCall
+from .common import RequestHeaders, parse_node_id, resolve_conversation_id
 from .docs import errors
-from .passthrough import forward
+from .passthrough import Forwarder
 
 __all__ = ["chat_completions", "chat_completions_prefixed", "parse_chat_body"]
 
@@ -56,14 +58,13 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def _chat(request: Request[Any, Any, Any], path_cid: str | None) -> ASGIApp:
-    s = services(request)
+async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder: Forwarder, caller: Caller,
+                path_cid: str | None) -> ASGIApp:
     headers = RequestHeaders(request.scope)
-    who = s.auth(headers.get("authorization"))
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     raw = await request.body()
     if cid is None:
-        return await forward(request, "chat/completions", raw, headers, who)
+        return await forwarder.forward(request, "chat/completions", raw, headers, caller)
 
     kind = (headers.get("x-node-kind") or "turn").strip().lower()
     if kind not in _KINDS:
@@ -78,7 +79,7 @@ async def _chat(request: Request[Any, Any, Any], path_cid: str | None) -> ASGIAp
 
     body = parse_chat_body(raw)
     call = ChatCall(
-        tenant=who.tenant,
+        tenant=caller.tenant,
         conversation_id=cid,
         kind=kind,
         parent_mode=parent_mode,
@@ -86,19 +87,21 @@ async def _chat(request: Request[Any, Any, Any], path_cid: str | None) -> ASGIAp
         body=body,
         items=body["messages"],
         stream=body.get("stream") is True,
-        client_key=who.client_key,
+        client_key=caller.client_key,
         headers=headers.items,
     )
-    return await s.lifecycle.run(call, request.receive)
+    return await calls.run(call, request.receive)
 
 
 @post("/v1/chat/completions", summary="Chat completion (stored when a conversation id is given)",
       tags=["chat"], status_code=200, responses=errors(400, 401, 404, 409, 413, 502, 503, 504))
-async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
-    return await _chat(request, None)
+async def chat_completions(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle], forwarder: NamedDependency[Forwarder],
+                           caller: NamedDependency[Caller]) -> ASGIApp:
+    return await _chat(request, calls, forwarder, caller, None)
 
 
 @post("/c/{conversation_id:str}/v1/chat/completions", summary="Chat completion in the named conversation",
       tags=["chat"], status_code=200, responses=errors(400, 401, 404, 409, 413, 502, 503, 504))
-async def chat_completions_prefixed(request: Request[Any, Any, Any]) -> ASGIApp:
-    return await _chat(request, request.path_params["conversation_id"])
+async def chat_completions_prefixed(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle], forwarder: NamedDependency[Forwarder],
+                                    caller: NamedDependency[Caller]) -> ASGIApp:
+    return await _chat(request, calls, forwarder, caller, request.path_params["conversation_id"])

@@ -1,4 +1,4 @@
-"""What every route needs: the services, the request's headers, the caller, the conversation id."""
+"""What several routes need: the request's headers, the conversation id, a node id."""
 
 from __future__ import annotations
 
@@ -6,18 +6,11 @@ import re
 import uuid
 from typing import Any
 
-from litestar import Request
-
 from ..errors import InvalidConversationId, InvalidRequest
-from ..services import Services
 
-__all__ = ["RequestHeaders", "parse_node_id", "resolve_conversation_id", "services", "valid_conversation_id"]
+__all__ = ["RequestHeaders", "parse_node_id", "resolve_conversation_id", "valid_conversation_id"]
 
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
-
-def services(request: Request[Any, Any, Any]) -> Services:
-    return request.app.state.services
 
 
 class RequestHeaders:

@@ -6,14 +6,16 @@ import os
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, get
+from litestar import Response, get
+from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ASGIApp
 
-from storage import StorageError, latest_version
+from storage import OpsStore, StorageError, latest_version
 
 from ..http import RawResponse
-from .common import services
+from ..leases import LeaseKeeper
+from ..metrics import Metrics
 
 __all__ = ["healthz", "metrics", "readyz"]
 
@@ -33,10 +35,9 @@ class Readiness(msgspec.Struct, omit_defaults=True):
 @get("/readyz", summary="Readiness: database reachable and migrations current", tags=["operations"],
      responses={503: ResponseSpec(Readiness, description="Not ready: database unreachable or migrations pending",
                                   generate_examples=False)})
-async def readyz(request: Request[Any, Any, Any]) -> Response[Readiness]:
-    s = services(request)
+async def readyz(ops: NamedDependency[OpsStore]) -> Response[Readiness]:
     try:
-        version = await s.db.fetchval("SELECT coalesce(max(version), 0) FROM schema_migrations")
+        version = await ops.schema_version()
     except StorageError as exc:
         return Response(Readiness("unavailable", "unreachable", detail=str(exc)), status_code=503)
     if version != latest_version():
@@ -45,12 +46,10 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[Readiness]:
 
 
 @get("/metrics", summary="Prometheus metrics", tags=["operations"], media_type="text/plain")
-async def metrics(request: Request[Any, Any, Any]) -> ASGIApp:
-    s = services(request)
+async def metrics(ops: NamedDependency[OpsStore], metrics: NamedDependency[Metrics], leases: NamedDependency[LeaseKeeper]) -> ASGIApp:
     try:
-        pending = await s.db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'")
-        s.metrics.pending_nodes.set(pending)
+        metrics.pending_nodes.set(await ops.pending_count())
     except StorageError:
         pass
-    s.metrics.inflight.set(len(s.leases.inflight))
-    return RawResponse(200, s.metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    metrics.inflight.set(len(leases.inflight))
+    return RawResponse(200, metrics.render(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,25 @@
+"""Compaction (docs/behaviour.md#compaction): when a path grows too long, its older part is
+summarised into a compaction node that assembly stops at.
+
+    compactor.py    Compactor: prepare and write a compaction; the hard, soft and admin triggers
+    background.py   background jobs: one per conversation, newest request next, take-over
+    policy.py       thresholds and what stays raw (pure)
+    summariser.py   the summariser calls and the summary budget
+"""
+
+from .compactor import CompactionResult, Compactor, Prepared
+from .policy import Limits, Thresholds, split_recent
+from .summariser import SUMMARY_PREFIX, Summariser, render_transcript, summariser_messages
+
+__all__ = [
+    "SUMMARY_PREFIX",
+    "CompactionResult",
+    "Compactor",
+    "Limits",
+    "Prepared",
+    "Summariser",
+    "Thresholds",
+    "render_transcript",
+    "split_recent",
+    "summariser_messages",
+]

@@ -1,0 +1,151 @@
+"""Background compaction: after a turn above the soft threshold, summarise in the background and
+apply the result only if the conversation is still where it was (docs/behaviour.md#compaction).
+
+- One job per conversation at a time. A turn that asks for one while a job runs leaves its
+  request behind; when the running job ends without compacting (a newer turn moved the head,
+  which is exactly why there is a newer request) the newest request runs next -- so a fast
+  conversation is not left uncompacted because its turns kept overtaking the summariser.
+- Any head move wins over a summary: it is applied by one statement only if the head is still
+  the node it summarised and no call is in flight; otherwise it is dropped (nothing was written).
+- A call that crosses the hard threshold while a summary of its own path is being written takes
+  that summary over (``take_over``) instead of asking the summariser a second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from storage import PathNode
+
+from ..background import Background
+
+if TYPE_CHECKING:
+    from .compactor import CompactionResult, Compactor, Prepared
+
+__all__ = ["BackgroundCompactions", "Job"]
+
+log = logging.getLogger("branchpoint.compaction")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    tenant: str
+    conversation_id: str
+    tree_id: uuid.UUID
+    head: uuid.UUID  # the node whose path is summarised
+    model: str
+    client_key: str | None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.tenant, self.conversation_id
+
+
+class BackgroundCompactions:
+    def __init__(self, compactor: Compactor, tasks: Background, *, give_up_after: float) -> None:
+        self.compactor = compactor
+        self.tasks = tasks
+        self.give_up_after = give_up_after  # how long a finished summary waits for a call in flight
+        self.waiting: dict[tuple[str, str], Job] = {}  # the newest request per conversation with a job running
+        self.running: set[tuple[str, str]] = set()
+        # summaries being written: a call above the hard threshold may take one over
+        self.summarising: dict[tuple[str, str], tuple[uuid.UUID, asyncio.Future[Prepared | str]]] = {}
+
+    def request(self, job: Job) -> None:
+        """Compact ``job``'s path in the background, now or after the job already running."""
+        if job.key in self.running:
+            self.waiting[job.key] = job
+            return
+        self.running.add(job.key)
+        self.tasks.spawn(self._run(job))
+
+    async def _run(self, job: Job) -> None:
+        try:
+            while True:
+                compacted = await self._one(job)
+                newer = self.waiting.pop(job.key, None)
+                if compacted or newer is None:
+                    return
+                job = newer
+        finally:
+            self.running.discard(job.key)
+            self.waiting.pop(job.key, None)
+
+    async def _one(self, job: Job) -> bool:
+        """Summarise ``job``'s path and apply it if nothing moved. Returns whether it compacted."""
+        c = self.compactor
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Prepared | str] = loop.create_future()
+        self.summarising[job.key] = (job.head, future)
+        try:
+            path = await c.tree.path(job.tree_id, job.head)
+            prepared = await c.prepare(path, job.model, job.client_key, "soft")
+            future.set_result(prepared)
+            if isinstance(prepared, str):
+                return False
+            give_up = loop.time() + self.give_up_after
+            while True:
+                state = await c.tree.conversation_state(job.tenant, job.conversation_id)
+                if state is None:
+                    outcome = "conversation_not_found"
+                    break
+                current, busy = state
+                if prepared.taken_over:
+                    outcome = "taken_over"  # a call above the hard threshold used this summary
+                    break
+                if current != job.head:
+                    outcome = "moved"  # a turn or a head move came first: it wins
+                    break
+                if busy:  # a call is in flight; if it leaves the head where it is, apply then
+                    if loop.time() > give_up:
+                        outcome = "busy"
+                        break
+                    await asyncio.sleep(0.05)
+                    continue
+                result = await c.write(prepared, tenant=job.tenant, conversation_id=job.conversation_id,
+                                       tree_id=job.tree_id, mode="background", trigger="soft", compacted_from=job.head)
+                if result.compacted:
+                    return True
+                if result.reason not in ("moved", "busy"):
+                    outcome = result.reason
+                    break
+            c.metrics.compactions.labels("soft", outcome).inc()
+            log.info("background compaction dropped", extra={"conversation_id": job.conversation_id, "outcome": outcome})
+            return False
+        except Exception:
+            log.exception("background compaction failed", extra={"conversation_id": job.conversation_id})
+            return False
+        finally:
+            if not future.done():
+                future.set_result("failed")
+            if self.summarising.get(job.key, (None, None))[1] is future:
+                del self.summarising[job.key]
+
+    async def take_over(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
+                        path: Sequence[PathNode], call_node: uuid.UUID) -> CompactionResult | None:
+        """Use the summary a background job is writing for this path, if there is one."""
+        pending = self.summarising.get((tenant, conversation_id))
+        if pending is None:
+            return None
+        summarised_to, future = pending
+        ids = [n.id for n in path]
+        if summarised_to not in ids:
+            return None  # it summarises another branch
+        try:
+            prepared = await asyncio.wait_for(asyncio.shield(future), timeout=120)
+        except TimeoutError:
+            return None
+        if isinstance(prepared, str):
+            return None
+        result = await self.compactor.write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                            mode=kind, trigger="hard", compacted_from=path[-1].id,
+                                            later=path[ids.index(summarised_to) + 1:], call_node=call_node)
+        if not result.compacted:
+            return None
+        prepared.taken_over = True
+        return result

@@ -1,0 +1,229 @@
+"""The compactor: summarises the older part of a path into a compaction node -- ``kind =
+compaction``, no parent, ``compacted_from`` = the node it replaces -- whose ``sent`` is the most
+recent system prompt, one summary message and the last ``keep_recent`` messages raw. Assembly
+stops at it; nothing before it is deleted. The whole result is written by one statement
+(``bp_apply_compaction``), so a process that stops mid-way leaves no trace.
+
+Its three triggers:
+- ``before_call`` (hard): before a call whose estimated input is above the hard threshold,
+  synchronously; the call's node is hung under the new compaction node;
+- ``after_turn`` (soft): after a successful turn above the soft threshold, in the background
+  (``background.BackgroundCompactions``);
+- ``compact_now`` (admin): ``POST /admin/conversations/{id}/compact``.
+A failed summarisation changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from storage import ConversationRow, PathNode, TreeStore, uuid7
+
+from ..assembly import Target, path_items
+from ..background import Background
+from ..errors import ConversationBusy, UpstreamFailure
+from ..metrics import Metrics
+from ..tokens import TokenCounter, estimate_request
+from .background import BackgroundCompactions, Job
+from .policy import Thresholds, measured_context, split_recent, unanswered_tail_calls
+from .summariser import SUMMARY_PREFIX, Summariser, is_summary
+
+__all__ = ["CompactionResult", "Compactor", "Prepared"]
+
+log = logging.getLogger("branchpoint.compaction")
+
+# a neutral target: kept raw items are stored provider-neutral (no reasoning, no opaque items),
+# so a compaction node can be sent to any provider
+_PORTABLE = Target("", accepts_reasoning=False)
+
+
+def _role(item: Any) -> Any:
+    return item.get("role") if isinstance(item, dict) else None
+
+
+@dataclass
+class Prepared:
+    """A summary ready to be written as a compaction node."""
+
+    system: list[dict[str, Any]]
+    summary: dict[str, Any]
+    recent: list[dict[str, Any]]
+    model: str
+    provider: str
+    params: dict[str, Any]
+    usage: dict[str, int]
+    tokens: int
+    compacted: int
+    calls: int
+    first_request: bytes  # the summariser's first request body, kept with the node
+    taken_over: bool = False  # a call crossing the hard threshold wrote it
+
+
+@dataclass
+class CompactionResult:
+    compacted: bool
+    reason: str = ""
+    node: PathNode | None = None
+    summary_tokens: int = 0
+    kept_messages: int = 0
+    compacted_messages: int = 0
+    calls: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"object": "compaction", "compacted": self.compacted}
+        if self.compacted and self.node is not None:
+            out.update(node_id=str(self.node.id), compacted_from=str(self.node.compacted_from),
+                       summary_tokens=self.summary_tokens, kept_messages=self.kept_messages,
+                       compacted_messages=self.compacted_messages)
+        else:
+            out["reason"] = self.reason
+        return out
+
+
+class Compactor:
+    def __init__(self, *, tree: TreeStore, summariser: Summariser, thresholds: Thresholds, tokens: TokenCounter,
+                 metrics: Metrics, tasks: Background, lease_seconds: float) -> None:
+        self.tree = tree
+        self.summariser = summariser
+        self.thresholds = thresholds
+        self.tokens = tokens
+        self.metrics = metrics
+        self.jobs = BackgroundCompactions(self, tasks, give_up_after=max(30.0, lease_seconds))
+
+    # -- compacting a path ---------------------------------------------------------------------
+
+    async def prepare(self, path: Sequence[PathNode], model: str, client_key: str | None, trigger: str,
+                      new_items: Sequence[dict[str, Any]] = ()) -> Prepared | str:
+        """Summarise the older part of ``path``; returns what to write, or why not."""
+        c = self.thresholds.compaction
+        summariser = c.model or model
+        limits = self.thresholds.limits(model)
+        system, body = path_items(path, _PORTABLE)
+        pinned = frozenset(i.get("tool_call_id") for i in new_items if _role(i) == "tool") | unanswered_tail_calls(body)
+        older, recent = split_recent(body, c.keep_recent, pinned)
+        if all(is_summary(item) for item in older):  # nothing, or only the previous summary
+            return "nothing_to_compact"
+        try:
+            summary = await self.summariser.summarise(older, model=summariser, client_key=client_key,
+                                                      budget=limits.summary_budget, input_limit=limits.input)
+        except Exception as exc:
+            if not isinstance(exc, UpstreamFailure):
+                log.exception("summarisation failed")
+            self.metrics.compactions.labels(trigger, "failed").inc()
+            log.warning("summarisation failed; nothing compacted", extra={"error": getattr(exc, "message", str(exc))})
+            return "summarisation_failed"
+        params = {
+            "format": "text",
+            "trigger": trigger,
+            "summariser_model": summariser,
+            "keep_recent": c.keep_recent,
+            "summary_budget_tokens": limits.summary_budget,
+            "summary_tokens": summary.tokens,
+            "compacted_messages": len(older),
+            "summariser_calls": summary.calls,
+        }
+        return Prepared(system, {"role": "user", "content": SUMMARY_PREFIX + summary.text}, recent, summariser,
+                        self.summariser.provider(summariser), params, summary.usage, summary.tokens, len(older),
+                        summary.calls, summary.requests[0])
+
+    async def write(self, prepared: Prepared, *, tenant: str, conversation_id: str, tree_id: uuid.UUID,
+                    mode: str, trigger: str, compacted_from: uuid.UUID, later: Sequence[PathNode] = (),
+                    call_node: uuid.UUID | None = None) -> CompactionResult:
+        """Write the compaction node replacing the path up to ``compacted_from``: the summary,
+        then raw the recent items and those of ``later`` nodes (added after the summarised path)."""
+        system, extra = path_items(later, _PORTABLE)
+        system = system or prepared.system
+        recent = [*prepared.recent, *extra]
+        sent = [*system, prepared.summary, *recent]
+        node_id = uuid7()
+        params = {**prepared.params, "kept_messages": len(recent)}
+        outcome = await self.tree.apply_compaction(
+            tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, node_id=node_id,
+            compacted_from=compacted_from, sent=sent, model=prepared.model, provider=prepared.provider,
+            params=params, usage=prepared.usage or None,
+            sent_hash=hashlib.sha256(msgspec.json.encode(sent, order="sorted")).digest(),
+            mode=mode, call_node=call_node, request=prepared.first_request,
+        )
+        if outcome != "ok":
+            return CompactionResult(False, outcome)
+        self.metrics.compactions.labels(trigger, "ok").inc()
+        log.info("compacted", extra={"conversation_id": conversation_id, "node_id": str(node_id), "trigger": trigger,
+                                     "compacted_messages": prepared.compacted, "summary_tokens": prepared.tokens})
+        node = PathNode(id=node_id, parent_id=None, kind="compaction", status="success", sent=sent, received=None,
+                        provider=prepared.provider, model=prepared.model, usage=prepared.usage or None,
+                        compacted_from=compacted_from)
+        return CompactionResult(True, node=node, summary_tokens=prepared.tokens, kept_messages=len(recent),
+                                compacted_messages=prepared.compacted, calls=prepared.calls)
+
+    async def compact(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
+                      model: str, client_key: str | None, mode: str, trigger: str,
+                      call_node: uuid.UUID | None = None, new_items: Sequence[dict[str, Any]] = ()) -> CompactionResult:
+        """Summarise the older part of ``path`` and write the compaction node in one go (``mode``:
+        turn, transform or admin -- see ``bp_apply_compaction``). Never raises for an upstream
+        failure: the result says why nothing was compacted."""
+        if not path:
+            return CompactionResult(False, "empty")
+        prepared = await self.prepare(path, model, client_key, trigger, new_items)
+        if isinstance(prepared, str):
+            return CompactionResult(False, prepared)
+        result = await self.write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                  mode=mode, trigger=trigger, compacted_from=path[-1].id, call_node=call_node)
+        if not result.compacted:
+            self.metrics.compactions.labels(trigger, result.reason).inc()
+            log.info("compaction not applied", extra={"conversation_id": conversation_id, "outcome": result.reason})
+        return result
+
+    # -- the three triggers ---------------------------------------------------------------------
+
+    def after_turn(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, head: uuid.UUID, model: str,
+                   usage: dict[str, Any] | None, client_key: str | None) -> bool:
+        """After a successful turn: compact in the background if the context it measured is above
+        the soft threshold. Returns whether it asked for it. Never waits."""
+        measured = measured_context(usage)
+        if measured is None or measured <= self.thresholds.limits(model).soft:
+            return False
+        self.jobs.request(Job(tenant, conversation_id, tree_id, head, model, client_key))
+        return True
+
+    async def before_call(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
+                          path: list[PathNode], new_items: Sequence[dict[str, Any]], model: str,
+                          client_key: str | None, call_node: uuid.UUID, extra: Sequence[Any] = ()) -> CompactionResult | None:
+        """Before a call: compact synchronously if the request would be above the hard threshold."""
+        if not path:
+            return None
+        estimate = estimate_request(self.tokens, path, new_items, extra)
+        if estimate <= self.thresholds.limits(model).hard:
+            return None
+        taken = await self.jobs.take_over(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, kind=kind,
+                                          path=path, call_node=call_node)
+        if taken is not None:
+            taken.extra["estimate_before"] = estimate
+            return taken
+        result = await self.compact(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, path=path,
+                                    model=model, client_key=client_key, mode=kind, trigger="hard",
+                                    call_node=call_node, new_items=new_items)
+        result.extra["estimate_before"] = estimate
+        return result
+
+    async def compact_now(self, conv: ConversationRow, client_key: str | None, default_model: str) -> CompactionResult:
+        """``POST /admin/conversations/{id}/compact``: compact the head path now."""
+        if conv.busy:
+            raise ConversationBusy(f"conversation {conv.id!r} has a turn call in flight")
+        if conv.head_node_id is None:
+            return CompactionResult(False, "empty")
+        path = await self.tree.path(conv.tree_id, conv.head_node_id)
+        model = next((n.model for n in reversed(path) if n.kind != "compaction" and n.model), None)
+        model = model or self.thresholds.compaction.model or default_model
+        result = await self.compact(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id, path=path,
+                                    model=model, client_key=client_key, mode="admin", trigger="admin")
+        if not result.compacted and result.reason in ("moved", "busy"):
+            raise ConversationBusy(f"conversation {conv.id!r} moved while compacting; retry")
+        return result

@@ -1,0 +1,78 @@
+"""When to compact and what stays raw -- pure functions over the settings and the path.
+
+- ``Thresholds``: a model's input limit and the hard/soft thresholds as token counts, and the
+  summary budget;
+- ``split_recent``: the older part (summarised) and the recent part (kept raw) of a path's items,
+  never separating a tool call from its result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from config import CompactionSettings, Settings
+
+__all__ = ["Limits", "Thresholds", "measured_context", "split_recent", "unanswered_tail_calls"]
+
+
+def _role(item: Any) -> Any:
+    return item.get("role") if isinstance(item, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    input: int  # the model's input limit: context window less the reserved output
+    hard: int  # above this, compact before the call
+    soft: int  # after a turn above this, compact in the background
+    summary_budget: int  # the most tokens a summary may take
+
+
+class Thresholds:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.compaction: CompactionSettings = settings.compaction
+
+    def limits(self, model: str) -> Limits:
+        limit = self.settings.limits_for(model).input_limit
+        c = self.compaction
+        return Limits(limit, int(limit * c.hard), int(limit * c.soft), max(64, int(limit * c.summary_budget)))
+
+
+def measured_context(usage: dict[str, Any] | None) -> int | None:
+    """The context a finished turn measured (its prompt plus its answer), as the upstream reported."""
+    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+        completion = usage.get("completion_tokens")
+        return usage["prompt_tokens"] + (completion if isinstance(completion, int) else 0)
+    return None
+
+
+def split_recent(items: Sequence[dict[str, Any]], keep: int,
+                 pinned_calls: frozenset[Any] = frozenset()) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(older, recent): the last ``keep`` items stay raw, moved back so that no tool result is
+    separated from the call it answers, and no call in ``pinned_calls`` (answered by items that
+    come later, outside ``items``) leaves the raw part."""
+    s = max(0, len(items) - keep)
+    while True:
+        calls_in_older: dict[Any, int] = {}
+        for i in range(s):
+            calls = items[i].get("tool_calls") if isinstance(items[i], dict) else None
+            for call in calls or ():
+                if isinstance(call, dict):
+                    calls_in_older[call.get("id")] = i
+        needed = [calls_in_older[c] for c in pinned_calls if c in calls_in_older]
+        needed += [calls_in_older[item.get("tool_call_id")] for item in items[s:]
+                   if _role(item) == "tool" and item.get("tool_call_id") in calls_in_older]
+        if not needed:
+            return list(items[:s]), list(items[s:])
+        s = min(needed)
+
+
+def unanswered_tail_calls(body: Sequence[dict[str, Any]]) -> frozenset[Any]:
+    """Tool calls of the last assistant message that have no result yet (a turn between rounds)."""
+    for item in reversed(body):
+        if _role(item) == "assistant":
+            answered = {i.get("tool_call_id") for i in body if _role(i) == "tool"}
+            return frozenset(c.get("id") for c in item.get("tool_calls") or () if isinstance(c, dict)) - answered
+    return frozenset()

@@ -1,0 +1,182 @@
+"""The summariser: turns the older part of a path into one summary text held to a token budget,
+by upstream calls of the configured summariser model (a transcript too long for one request is
+summarised in chunks first; a summary over budget is summarised again, then cut)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..assembly import build_body
+from ..completion import NotACompletion, parse_completion
+from ..errors import UpstreamFailure
+from ..tokens import TokenCounter
+from ..upstream import UpstreamClient
+
+__all__ = ["SUMMARY_PREFIX", "Summariser", "Summary", "is_summary", "render_transcript", "summariser_messages"]
+
+SUMMARY_PREFIX = (
+    "Summary of the earlier part of this conversation (older messages were compacted into it; "
+    "the most recent messages follow verbatim):\n\n"
+)
+
+_SYSTEM = (
+    "You compress the earlier part of a conversation between a user and an AI assistant into a "
+    "summary that replaces it in the assistant's context. The most recent messages are kept "
+    "verbatim and are not shown to you. Keep everything a later answer may need: facts, figures "
+    "and numbers exactly as given, names and identifiers, decisions made and why, the user's "
+    "goals, constraints and preferences, open tasks and unanswered questions, and the results of "
+    "tool calls that still matter (with their key values). Drop greetings and repetition. Write "
+    "compact notes in the language of the conversation. Stay under {budget} tokens."
+)
+_SHORTEN = (
+    "This summary is about {tokens} tokens; the limit is {budget}. Rewrite it shorter, keeping "
+    "facts, figures, names, decisions and open tasks:\n\n{summary}"
+)
+
+
+def _role(item: Any) -> Any:
+    return item.get("role") if isinstance(item, dict) else None
+
+
+def is_summary(item: Any) -> bool:
+    """Is this item a summary message of an earlier compaction?"""
+    return _role(item) == "user" and isinstance(item.get("content"), str) and item["content"].startswith(SUMMARY_PREFIX)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                if isinstance(part.get("text"), str):
+                    parts.append(part["text"])
+                elif part.get("type") in ("image_url", "input_image"):
+                    parts.append("[image]")
+                else:
+                    parts.append(msgspec.json.encode(part).decode())
+        return "\n".join(parts)
+    return "" if content is None else msgspec.json.encode(content).decode()
+
+
+def render_transcript(items: Sequence[dict[str, Any]]) -> str:
+    """The items as a plain-text transcript for the summariser (any provider reads it)."""
+    lines = []
+    for item in items:
+        role = _role(item) or "item"
+        if role == "tool":
+            lines.append(f"[tool result {item.get('tool_call_id', '')}]\n{_text(item.get('content'))}")
+            continue
+        text = _text(item.get("content"))
+        if text:
+            lines.append(f"[{role}]\n{text}")
+        for call in item.get("tool_calls") or ():
+            fn = call.get("function") or {}
+            lines.append(f"[{role} calls tool {fn.get('name')} ({call.get('id')})]\n{fn.get('arguments', '')}")
+        if item.get("refusal"):
+            lines.append(f"[{role} refused]\n{item['refusal']}")
+    return "\n\n".join(lines)
+
+
+def summariser_messages(transcript: str, budget: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": _SYSTEM.format(budget=budget)},
+        {"role": "user", "content": f"The conversation so far:\n\n{transcript}"},
+    ]
+
+
+@dataclass
+class Summary:
+    text: str
+    tokens: int
+    calls: int  # summariser calls it took
+    usage: dict[str, int] = field(default_factory=dict)  # summed over those calls
+    requests: list[bytes] = field(default_factory=list)  # their request bodies, in order
+
+
+class Summariser:
+    def __init__(self, upstream: UpstreamClient, tokens: TokenCounter) -> None:
+        self.upstream = upstream
+        self.tokens = tokens
+
+    def provider(self, model: str) -> str:
+        return self.upstream.route(model).name
+
+    async def summarise(self, older: Sequence[dict[str, Any]], *, model: str, client_key: str | None,
+                        budget: int, input_limit: int) -> Summary:
+        """A summary of ``older`` of at most ``budget`` tokens. Raises ``UpstreamFailure``."""
+        out = Summary("", 0, 0)
+        # what one summariser request may carry: its input limit less the prompt and a margin for
+        # estimate error (the summary itself counts against the model's reserved output)
+        room = max(1000, int(input_limit * 0.9) - 300)
+        transcript = render_transcript(older)
+        if self.tokens.text(transcript) > room:
+            # too long for one request: summarise it in chunks, then the summaries together
+            parts = [await self._call(summariser_messages(render_transcript(chunk), budget), model, client_key, out)
+                     for chunk in self._chunks(older, room)]
+            transcript = "\n\n".join(f"[summary of part {i + 1}]\n{p}" for i, p in enumerate(parts))
+        text = await self._call(summariser_messages(transcript, budget), model, client_key, out)
+        tokens = self.tokens.text(text)
+        if tokens > budget:
+            shorten = [{"role": "user", "content": _SHORTEN.format(tokens=tokens, budget=budget, summary=text)}]
+            text = await self._call(shorten, model, client_key, out)
+            tokens = self.tokens.text(text)
+        if tokens > budget:
+            text = self._cut(text, budget)
+            tokens = self.tokens.text(text)
+        out.text, out.tokens = text, tokens
+        return out
+
+    def _chunks(self, items: Sequence[dict[str, Any]], room: int) -> list[list[dict[str, Any]]]:
+        chunks: list[list[dict[str, Any]]] = []
+        current: list[dict[str, Any]] = []
+        size = 0
+        for item in items:
+            n = self.tokens.message(item)
+            if current and size + n > room:
+                chunks.append(current)
+                current, size = [], 0
+            current.append(item)
+            size += n
+        chunks.append(current)
+        return chunks
+
+    async def _call(self, messages: list[dict[str, Any]], model: str, client_key: str | None, out: Summary) -> str:
+        """One summariser call; its usage and request body are added to ``out``."""
+        upstream = self.upstream.route(model)
+        payload = build_body({"model": model, "temperature": 0}, messages, stream=False)
+        out.requests.append(payload)
+        out.calls += 1
+        headers = self.upstream.request_headers(upstream, [("content-type", "application/json")], client_key)
+        request = self.upstream.build("POST", upstream, "chat/completions", headers=headers, content=payload)
+        response = await self.upstream.send(request)
+        if response.status_code != 200:
+            raise UpstreamFailure(f"the summariser answered HTTP {response.status_code}")
+        try:
+            completion = parse_completion(response.content)
+        except NotACompletion as exc:
+            raise UpstreamFailure(f"the summariser's answer is not a completion ({exc})") from None
+        text = completion.message.get("content")
+        if not isinstance(text, str) or not text.strip():
+            raise UpstreamFailure("the summariser returned no text")
+        for key, value in (completion.usage or {}).items():
+            if isinstance(value, int):
+                out.usage[key] = out.usage.get(key, 0) + value
+        return text.strip()
+
+    def _cut(self, text: str, budget: int) -> str:
+        """Cut ``text`` to at most ``budget`` tokens (binary search on characters)."""
+        marker = " [...]"
+        lo, hi = 0, len(text)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.tokens.text(text[:mid] + marker) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return text[:lo] + marker

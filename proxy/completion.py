@@ -1,0 +1,38 @@
+"""The chat-completion answer as the proxy reads it: the assistant message, usage and finish
+reason of choice 0. Shared by the call lifecycle and the summariser."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgspec
+
+__all__ = ["Completion", "NotACompletion", "parse_completion"]
+
+_decode = msgspec.json.Decoder().decode
+
+
+class NotACompletion(ValueError):
+    """The body is not a chat completion; ``str(exc)`` says what was wrong with it."""
+
+
+class Completion(NamedTuple):
+    message: dict[str, Any]
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+
+
+def parse_completion(content: bytes) -> Completion:
+    try:
+        data = _decode(content)
+        choice = data["choices"][0]
+        message = choice["message"]
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
+    except (KeyError, IndexError, TypeError) as exc:
+        raise NotACompletion(f"no choices[0].message: {type(exc).__name__}") from None
+    if not isinstance(message, dict):
+        raise NotACompletion("choices[0].message is not an object")
+    usage = data.get("usage")
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    return Completion(message, usage if isinstance(usage, dict) else None, finish if isinstance(finish, str) else None)

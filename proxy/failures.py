@@ -1,0 +1,168 @@
+"""Failed calls: one ``NodeError`` (what a failed node stores) and one ``Failure`` (that error, its
+``Outcome`` -- the row of the failure table, docs/behaviour.md#failures -- and what the client
+gets). Every way a call can fail is built here:
+
+- ``classify``: an upstream HTTP answer that is not a success (the upstream boundary's job);
+- ``Failure.from_error``: a failure without an HTTP status (our ``UpstreamFailure``s, a client
+  that went away, the proxy's own error) -- always transient;
+- ``not_a_completion``: a 2xx that is not a chat completion (an error body in disguise, or garbage);
+- ``from_stream_error``: an error event inside a stream.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from storage import Outcome
+
+from .errors import BranchpointError, UpstreamBadResponse, error_body
+from .secrets import redact_bytes
+
+__all__ = ["Failure", "NodeError", "classify", "from_stream_error", "not_a_completion"]
+
+_decode = msgspec.json.Decoder().decode
+
+
+class NodeError(msgspec.Struct, omit_defaults=True):
+    """A failed node's ``error``. ``status`` is the upstream's HTTP status (None if it gave none)."""
+
+    type: str
+    code: str | None
+    message: str
+    status: int | None
+    upstream_code: str | None = None  # overflows: the provider's own code, when it differs
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A call that produced no answer: what the node stores and what the client gets."""
+
+    outcome: Outcome
+    error: NodeError
+    status: int  # the client's HTTP status
+    body: bytes  # the client's OpenAI-shaped error body
+
+    @classmethod
+    def from_error(cls, exc: BranchpointError, *, status: int | None = None) -> Failure:
+        """A failure without an upstream HTTP answer: transient (a retry may well succeed)."""
+        error = NodeError(type=exc.type, code=exc.code, message=exc.message, status=None)
+        return cls(Outcome.TRANSIENT, error, status or exc.status, exc.body())
+
+    @classmethod
+    def of(cls, outcome: Outcome, type_: str, code: str, message: str, status: int = 502) -> Failure:
+        """A failure of our own making (a cut stream, a client gone, the relay's own error)."""
+        return cls(outcome, NodeError(type=type_, code=code, message=message, status=None), status,
+                   error_body(message, type_, code))
+
+
+# How providers say "your prompt does not fit" (OpenAI, Azure, Anthropic-compatible, vLLM, Ollama,
+# Mistral, Groq, DeepSeek ...). Checked only on 400/413 answers.
+_OVERFLOW_CODES = frozenset({"context_length_exceeded", "context_window_exceeded", "prompt_too_long"})
+_OVERFLOW_TEXT = re.compile(
+    r"maximum context length|context[ _]length|context window|prompt is too long|"
+    r"too many (input )?tokens|input is too long|exceeds? the (model'?s? )?(maximum|max)|"
+    r"reduce the length of the (messages|prompt)",
+    re.IGNORECASE,
+)
+
+
+def _error_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
+    """(type, code, message) from an OpenAI-shaped (or close) error body; Nones if unreadable."""
+    try:
+        data = _decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None, None, None
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, str):
+        return None, None, err
+    if not isinstance(err, dict):
+        if isinstance(data, dict) and isinstance(data.get("message"), str):
+            return None, None, data["message"]
+        return None, None, None
+    code = err.get("code")
+    return (
+        err.get("type") if isinstance(err.get("type"), str) else None,
+        str(code) if code is not None else None,
+        err.get("message") if isinstance(err.get("message"), str) else None,
+    )
+
+
+def _is_overflow(code: str | None, message: str | None) -> bool:
+    return code in _OVERFLOW_CODES or bool(message and _OVERFLOW_TEXT.search(message))
+
+
+def classify(status: int, body: bytes, secrets: Iterable[str | None] = ()) -> Failure:
+    """A non-2xx upstream answer, by the failure table. The client gets the upstream's own status
+    and body when the body is an OpenAI-shaped error, else an OpenAI-shaped wrapper of it --
+    either way with any credential the upstream echoed back masked."""
+    body = redact_bytes(body, secrets)
+    type_, code, message = _error_fields(body)
+    if status in (400, 413) and _is_overflow(code, message):
+        outcome = Outcome.OVERFLOW
+    elif status in (408, 429) or status >= 500:
+        outcome = Outcome.TRANSIENT
+    elif 400 <= status < 500:
+        outcome = Outcome.INVALID
+    else:  # 1xx/3xx: not an answer we can use
+        outcome = Outcome.TRANSIENT
+    if message is None:
+        message = body[:500].decode("utf-8", "replace").strip() or f"upstream answered HTTP {status}"
+    error = NodeError(
+        type=type_ or "upstream_error",
+        code="context_overflow" if outcome is Outcome.OVERFLOW else (code or f"http_{status}"),
+        message=message[:2000],
+        status=status,
+        upstream_code=code if outcome is Outcome.OVERFLOW and code and code != "context_overflow" else None,
+    )
+    client_status = status if 400 <= status < 600 else 502
+    return Failure(outcome, error, client_status, _client_error_body(body, error))
+
+
+_ERROR_KEYS = ("message", "type", "param", "code")
+
+
+def _client_error_body(body: bytes, error: NodeError) -> bytes:
+    """The upstream's error body when it is OpenAI-shaped with all four keys (relayed byte for
+    byte); else the same error with the missing keys filled in; else a wrapper of what it said."""
+    try:
+        data = _decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        upstream_error = data["error"]
+        if all(k in upstream_error for k in _ERROR_KEYS):
+            return body
+        filled = {k: upstream_error.get(k) for k in _ERROR_KEYS}
+        if filled["message"] is None:
+            filled["message"] = error.message
+        if filled["type"] is None:
+            filled["type"] = error.type
+        return msgspec.json.encode({**data, "error": {**upstream_error, **filled}})
+    return error_body(error.message, error.type, error.code)
+
+
+def not_a_completion(content: bytes, reason: str, secrets: Iterable[str | None]) -> Failure:
+    """A 2xx whose body is not a completion: an error body in disguise (classified like a 502,
+    keeping the 200 it came with), or garbage (502 ``upstream_bad_response``)."""
+    try:
+        data = _decode(content)
+    except (msgspec.DecodeError, RecursionError):
+        data = None
+    if isinstance(data, dict) and data.get("error"):
+        failure = classify(502, content, secrets)
+        return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=200), 502, failure.body)
+    return Failure.from_error(UpstreamBadResponse(f"the upstream answered 2xx without a completion ({reason})"))
+
+
+def from_stream_error(error: Any, secrets: Iterable[str | None]) -> Failure:
+    """An error event inside a stream: an overflow if it says so, else transient."""
+    body = msgspec.json.encode({"error": error if isinstance(error, dict) else {"message": str(error)}})
+    failure = classify(400, body, secrets)
+    if failure.outcome is not Outcome.OVERFLOW:
+        failure = classify(502, body, secrets)
+    return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=None), failure.status, failure.body)

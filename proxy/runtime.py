@@ -1,0 +1,63 @@
+"""The composition root: every long-lived part of a running proxy, built once by ``create_app``
+from the settings (nothing is filled in later), each given only the collaborators it uses.
+``start()``/``stop()`` open and close what needs the event loop: the database pool (and the
+embedded server), the tokenizer, the lease keeper; the shared upstream client is closed last."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from config import Settings
+from storage import AdminStore, Database, OpsStore, TreeStore
+
+from .auth import Authenticator
+from .background import Background
+from .builder import RequestBuilder
+from .compaction import Compactor, Summariser, Thresholds
+from .leases import LeaseKeeper
+from .lifecycle import CallLifecycle
+from .metrics import Metrics
+from .tokens import TokenCounter
+from .upstream import UpstreamClient
+
+__all__ = ["Runtime"]
+
+
+class Runtime:
+    def __init__(self, settings: Settings, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> None:
+        server = settings.server
+        self.settings = settings
+        self.db = Database()
+        self.tree = TreeStore(self.db)
+        self.admin = AdminStore(self.db)
+        self.ops = OpsStore(self.db)
+        self.metrics = Metrics()
+        self.auth = Authenticator(settings.auth)
+        self.tokens = TokenCounter()
+        self.tasks = Background()
+        self.upstream = UpstreamClient(settings, transport=upstream_transport)
+        self.leases = LeaseKeeper(self.tree, self.metrics, lease_seconds=server.lease_seconds,
+                                  reaper_interval=server.reaper_interval)
+        self.builder = RequestBuilder(self.tree)
+        self.compactor = Compactor(tree=self.tree, summariser=Summariser(self.upstream, self.tokens),
+                                   thresholds=Thresholds(settings), tokens=self.tokens, metrics=self.metrics,
+                                   tasks=self.tasks, lease_seconds=server.lease_seconds)
+        self.calls = CallLifecycle(tree=self.tree, upstream=self.upstream, builder=self.builder,
+                                   compactor=self.compactor, leases=self.leases, metrics=self.metrics,
+                                   tasks=self.tasks, lease_seconds=server.lease_seconds)
+        self.metrics.watch_database(self.db)
+
+    async def start(self) -> None:
+        d = self.settings.database
+        await self.db.open(d.url, d.data_dir, migrate_first=True, min_size=d.pool_min, max_size=d.pool_max,
+                           command_timeout=d.command_timeout, connect_timeout=d.connect_timeout)
+        await asyncio.to_thread(self.tokens.load)
+        self.leases.start()
+
+    async def stop(self) -> None:
+        await self.leases.stop()
+        await self.tasks.wait(timeout=30)
+        await self.upstream.aclose()
+        await self.db.close()

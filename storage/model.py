@@ -1,0 +1,121 @@
+"""What storage hands out: typed rows (msgspec Structs, built from query rows by position) and the
+``Outcome`` of a call -- the enum shared with SQL (``nodes.outcome``'s CHECK constraint lists the
+same values; ``tests/test_schema.py`` keeps them equal)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import msgspec
+
+__all__ = [
+    "ConversationRow",
+    "NodeRow",
+    "Outcome",
+    "PathNode",
+    "PathRow",
+    "TreeRow",
+    "columns",
+    "rows",
+]
+
+
+class Outcome(StrEnum):
+    """How a call ended -- the row of the failure table that applied (docs/behaviour.md)."""
+
+    SUCCESS = "success"
+    TRANSIENT = "transient"  # upstream 5xx/429/408, timeout, connection error, cut stream, disconnect
+    OVERFLOW = "overflow"  # the context did not fit
+    INVALID = "invalid"  # the request itself was refused (other 4xx)
+
+
+class PathNode(msgspec.Struct, frozen=True):
+    """One node of a path, as assembly reads it (the ``bp_path_node`` SQL type, same order)."""
+
+    id: uuid.UUID
+    parent_id: uuid.UUID | None
+    kind: str
+    status: str
+    sent: list[dict[str, Any]]
+    received: list[dict[str, Any]] | None = None
+    provider: str | None = None
+    model: str | None = None
+    usage: dict[str, Any] | None = None
+    compacted_from: uuid.UUID | None = None
+
+
+class ConversationRow(msgspec.Struct, frozen=True):
+    tenant: str
+    id: str
+    tree_id: uuid.UUID
+    head_node_id: uuid.UUID | None
+    forked_from: str | None
+    fork_node_id: uuid.UUID | None
+    compactions: int
+    created_at: datetime
+    updated_at: datetime
+    busy: bool  # a turn call holds a live lease
+    node_count: int  # nodes this conversation made
+
+
+class NodeRow(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    conversation_id: str
+    parent_id: uuid.UUID | None
+    kind: str
+    status: str
+    outcome: str | None
+    sent: list[Any]
+    received: list[Any] | None
+    model: str | None
+    provider: str | None
+    params: dict[str, Any]
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+    error: dict[str, Any] | None
+    compacted_from: uuid.UUID | None
+    depth: int
+    created_at: datetime
+    finished_at: datetime | None
+    tenant: str
+    tree_id: uuid.UUID
+    request_hash: bytes | None
+
+
+class PathRow(NodeRow, frozen=True):
+    """A node of the head path with its place among its siblings (the "2/3" of branch arrows)."""
+
+    sibling_index: int = 1
+    sibling_count: int = 1
+
+
+class TreeRow(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    conversation_id: str
+    parent_id: uuid.UUID | None
+    kind: str
+    status: str
+    model: str | None
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+    compacted_from: uuid.UUID | None
+    created_at: datetime
+    preview: str | None
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def columns(struct: type[msgspec.Struct], alias: str, *, skip: Iterable[str] = ()) -> str:
+    """``alias.field, ...`` in the struct's field order: a query selects exactly what the struct holds."""
+    skipped = set(skip)
+    return ", ".join(f"{alias}.{name}" for name in struct.__struct_fields__ if name not in skipped)
+
+
+def rows(struct: type[S], records: Iterable[Any]) -> list[S]:
+    """Structs from query rows whose columns are in the struct's field order."""
+    return [struct(*r) for r in records]
