@@ -68,9 +68,6 @@ class Db:
         assert row is not None, f"node {node_id} not found"
         return row
 
-    def conversation(self, tenant_key: str | None, cid: str) -> asyncpg.Record | None:
-        return self.fetchrow("SELECT * FROM conversations WHERE id = $1", cid)
-
     def head(self, cid: str) -> str | None:
         head = self.fetchval("SELECT head_node_id FROM conversations WHERE id = $1", cid)
         return str(head) if head else None

@@ -5,20 +5,7 @@ import uuid
 import pytest
 
 from .fakes import Reply
-
-MODEL = "gpt-4o-mini"
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def say(client, cid, *messages, parent=None, **kw):
-    headers = {"X-Conversation-Id": cid}
-    if parent:
-        headers["X-Parent-Node-Id"] = parent
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=list(messages), extra_headers=headers, **kw)
-    return raw.parse(), raw.headers
+from .helpers import MODEL, say, user
 
 
 def test_list_conversations_newest_first_with_cursor_pagination(proxy, upstream, key):

@@ -6,6 +6,8 @@ from proxy.assembly import Target, assemble, pair_check, shape_received
 from proxy.lifecycle import sent_hash
 from storage import PathNode
 
+from .helpers import assistant, tool, user
+
 T = Target("openai")
 
 
@@ -14,20 +16,8 @@ def node(sent, received=None, status="success", provider="openai", parent=True):
                     sent=sent, received=received, provider=provider)
 
 
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def assistant(text, **kw):
-    return {"role": "assistant", "content": text, **kw}
-
-
 def call(id_, name="lookup", args="{}"):
     return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def tool(id_, text):
-    return {"role": "tool", "tool_call_id": id_, "content": text}
 
 
 def test_sent_then_received_root_first_then_new_items():

@@ -8,23 +8,7 @@ import openai
 import pytest
 
 from .fakes import Reply
-
-MODEL = "gpt-4o-mini"
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def say(client, cid, *messages, parent=None, kind=None, **kw):
-    headers = {"X-Conversation-Id": cid}
-    if parent is not None:
-        headers["X-Parent-Node-Id"] = parent
-    if kind is not None:
-        headers["X-Node-Kind"] = kind
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=list(messages), extra_headers=headers, **kw)
-    return raw.parse(), raw.headers
-
+from .helpers import say, user
 
 SQL_DOMESTIC = "SELECT customer, sum(amount) FROM sales_domestic WHERE month = '2026-10' GROUP BY 1 ORDER BY 2 DESC LIMIT 10"
 SQL_GLOBAL = "SELECT customer, sum(amount) FROM sales_all_entities WHERE month = '2026-10' GROUP BY 1 ORDER BY 2 DESC LIMIT 10"

@@ -10,24 +10,7 @@ import openai
 import pytest
 
 from .fakes import Reply
-
-MODEL = "gpt-4o-mini"
-
-
-def say(client, cid, *messages, **kw):
-    """One call in conversation ``cid``; returns (completion, response headers)."""
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=list(messages), extra_headers={"X-Conversation-Id": cid, **kw.pop("headers", {})}, **kw)
-    return raw.parse(), raw.headers
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def tool_call(id_, name="run_sql", args='{"sql": "select 1"}'):
-    return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
-
+from .helpers import MODEL, say, tool_call, user
 
 TOOLS = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}}]
 

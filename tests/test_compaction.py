@@ -14,6 +14,8 @@ from storage import PathNode
 
 from .conftest import Db, make_settings, serve_proxy, spawn_proxy, wait_for
 from .fakes import Reply
+from .helpers import say as _say
+from .helpers import user
 
 MODEL = "tiny-model"
 # input limit 3000 tokens: hard 2700, soft 2100, summary budget 450, keep 4 messages raw
@@ -22,20 +24,12 @@ LIMITS = {"models": {"tiny*": {"context_window": 4000, "max_output_tokens": 1000
 FILLER = "The quarterly revenue figures for the northern region were reviewed in detail. " * 14  # ~200 tokens
 
 
-def user(text):
-    return {"role": "user", "content": text}
+def say(client, cid, *messages, parent=None):
+    return _say(client, cid, *messages, parent=parent, model=MODEL)
 
 
 def usage(prompt, completion=20):
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def say(client, cid, *messages, parent=None):
-    headers = {"X-Conversation-Id": cid}
-    if parent:
-        headers["X-Parent-Node-Id"] = parent
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=list(messages), extra_headers=headers)
-    return raw.parse(), raw.headers
 
 
 def compaction_nodes(db, cid):
@@ -200,6 +194,8 @@ def test_admin_compact_now(small, upstream, key, cid):
     assert small.db.head(cid) == body["node_id"]
     r = small.http(key).post(f"/admin/conversations/{cid}/compact")
     assert r.json() == {"object": "compaction", "compacted": False, "reason": "nothing_to_compact"}
+    metrics = small.http(key).get("/metrics").text
+    assert 'branchpoint_compactions_total{mode="admin",result="ok"} 1.0' in metrics
     assert small.http(key).post(f"/admin/conversations/{cid}-none/compact").status_code == 404
 
 

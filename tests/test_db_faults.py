@@ -10,8 +10,7 @@ from storage import migrate, start_embedded
 
 from .conftest import Db, assert_invariants, make_settings, run, serve_proxy
 from .fakes import Reply
-
-MODEL = "gpt-4o-mini"
+from .helpers import MODEL
 
 
 def call(http, key, cid, text, timeout=10):

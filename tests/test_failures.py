@@ -7,20 +7,9 @@ import httpx
 import openai
 import pytest
 
-from .conftest import make_settings, serve_proxy
+from .conftest import Db, make_settings, serve_proxy
 from .fakes import Reply, free_port
-
-MODEL = "gpt-4o-mini"
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def say(client, cid, *messages, **kw):
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=list(messages), extra_headers={"X-Conversation-Id": cid, **kw.pop("headers", {})}, **kw)
-    return raw.parse(), raw.headers
+from .helpers import MODEL, say, user
 
 
 def fail(client, cid, *messages, exc=openai.APIStatusError):
@@ -218,10 +207,25 @@ def test_busy_conversation_is_409(proxy, upstream, key, cid, db):
     assert db.node(h["x-node-id"])["status"] == "success"
 
 
-def test_invariants_hold_after_the_failure_table(database_url):
+def test_invariants_hold_after_every_row_of_the_failure_table(fresh_database_url, upstream_url, upstream, key, cid):
     from .conftest import assert_invariants
 
-    assert_invariants(database_url)
+    overflow = {"message": "maximum context length exceeded", "type": "invalid_request_error", "param": None,
+                "code": "context_length_exceeded"}
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        client = p.openai(key)
+        say(client, cid, user("ok"))
+        for reply in (Reply(kind="error", status=503), Reply(kind="error", status=400, error=overflow),
+                      Reply(kind="error", status=401), Reply(kind="raw", status=200, body=b"garbage")):
+            upstream.enqueue(reply)
+            fail(client, cid, user("fails"))
+        say(client, cid, user("continue"))
+        stream, _ = say(client, cid, user("in a stream"), stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        outcomes = Db(fresh_database_url).fetch("SELECT outcome FROM nodes ORDER BY created_at")
+        assert [r["outcome"] for r in outcomes] == ["success", "transient", "overflow", "invalid", "transient",
+                                                    "success", "success"]
+    assert_invariants(fresh_database_url)
 
 
 def test_a_pathologically_nested_upstream_answer_is_a_clean_502(client, upstream, cid, db):

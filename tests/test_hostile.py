@@ -3,8 +3,6 @@
 import httpx
 import pytest
 
-MODEL = "gpt-4o-mini"
-
 CASES = [
     ("empty body", b"", {}),
     ("not json", b"model=gpt", {}),

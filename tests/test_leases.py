@@ -11,34 +11,27 @@ import pytest
 
 from .conftest import Db, make_settings, new_key, serve_proxy, spawn_proxy, wait_for
 from .fakes import Reply
-
-MODEL = "gpt-4o-mini"
-
-
-def user(text):
-    return {"role": "user", "content": text}
+from .helpers import say, user
 
 
-def say(client, cid, text, **kw):
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[user(text)], extra_headers={"X-Conversation-Id": cid}, **kw)
-    return raw.parse(), raw.headers
+def ask(client, cid, text, **kw):
+    return say(client, cid, user(text), **kw)
 
 
 def test_lease_holds_across_two_proxy_instances(fresh_database_url, upstream_url, upstream, key, cid):
     settings = make_settings(fresh_database_url, upstream_url)
     with serve_proxy(settings) as a, serve_proxy(settings) as b:
-        say(a.openai(key), cid, "setup")
+        ask(a.openai(key), cid, "setup")
         upstream.enqueue(Reply(content="slow", delay=1.0))
-        t = threading.Thread(target=lambda: say(a.openai(key), cid, "long call on A"))
+        t = threading.Thread(target=lambda: ask(a.openai(key), cid, "long call on A"))
         t.start()
         upstream.wait_for(2)
         with pytest.raises(openai.ConflictError) as e:
-            say(b.openai(key), cid, "meanwhile on B")
+            ask(b.openai(key), cid, "meanwhile on B")
         assert e.value.body["code"] == "conversation_busy"
         assert b.http(key).put(f"/admin/conversations/{cid}/head", json={"node_id": None}).status_code == 409
         t.join()
-        _, h = say(b.openai(key), cid, "after")
+        _, h = ask(b.openai(key), cid, "after")
         assert "long call on A" in upstream.last.text()  # B sees what A stored
         assert h["x-node-id"]
 
@@ -50,12 +43,12 @@ def test_a_live_call_keeps_its_lease_however_long_it_takes(fresh_database_url, u
     with serve_proxy(settings) as a, serve_proxy(settings) as b:
         upstream.enqueue(Reply(content="took a while", delay=4.0))  # more than three times the lease
         result = {}
-        t = threading.Thread(target=lambda: result.update(zip(("c", "h"), say(a.openai(key), cid, "slow"))))
+        t = threading.Thread(target=lambda: result.update(zip(("c", "h"), ask(a.openai(key), cid, "slow"))))
         t.start()
         upstream.wait_for(1)
         time.sleep(2.5)  # well past the lease: B's reaper ran many times
         with pytest.raises(openai.ConflictError):
-            say(b.openai(key), cid, "still busy?")
+            ask(b.openai(key), cid, "still busy?")
         assert db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND status = 'failed'", cid) == 0
         t.join()
         assert result["c"].choices[0].message.content == "took a while"
@@ -69,10 +62,17 @@ def test_a_crashed_process_is_reaped_as_interrupted(fresh_database_url, upstream
     proc, url = spawn_proxy(fresh_database_url, upstream_url, tmp_path, "[server]\nlease_seconds = 1.0\n")
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=30)
-        say(client, cid, "before the crash")
+        ask(client, cid, "before the crash")
         upstream.enqueue(Reply(kind="hang"))
-        t = threading.Thread(target=lambda: pytest.raises(openai.APIConnectionError, say, client, cid, "the call that dies"),
-                             daemon=True)
+        outcome: list[BaseException] = []
+
+        def dying_call() -> None:
+            try:
+                ask(client, cid, "the call that dies")
+            except BaseException as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=dying_call, daemon=True)
         t.start()
         upstream.wait_for(2)
         node = wait_for(lambda: db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND status = 'pending'", cid),
@@ -80,15 +80,18 @@ def test_a_crashed_process_is_reaped_as_interrupted(fresh_database_url, upstream
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # no finally blocks, no shutdown: a crash
         proc.wait()
+    t.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], openai.APIConnectionError), outcome  # the client saw the crash
     # a surviving instance's periodic reaper -- not a call -- marks it interrupted after the lease
     settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 1.0, "reaper_interval_seconds": 0.2})
     with serve_proxy(settings) as survivor:
         row = wait_for(lambda: (r := db.node(node["id"]))["status"] == "failed" and r, 15, "the reaper")
         assert row["error"]["code"] == "interrupted" and row["finished_at"] is not None
+        assert "branchpoint_reaped_total 1.0" in survivor.http(key).get("/metrics").text
         assert db.head(cid) == str(node["id"])  # a transient failure: the failed node is the head
         assert db.fetchval("SELECT lease_node_id FROM conversations WHERE id = $1", cid) is None
         # the SDK's retry of the same items hangs beside it; the conversation is usable again
-        _, h = say(survivor.openai(key), cid, "the call that dies")
+        _, h = ask(survivor.openai(key), cid, "the call that dies")
         assert h["x-parent-node-id"] == str(node["parent_id"])
         assert upstream.last.messages[-1] == user("the call that dies")
 
@@ -98,7 +101,7 @@ def test_the_next_call_reaps_an_expired_lease_itself(fresh_database_url, upstrea
     settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 0.5, "reaper_interval_seconds": 3600})
     db = Db(fresh_database_url)
     with serve_proxy(settings) as p:
-        say(p.openai(key), cid, "first")
+        ask(p.openai(key), cid, "first")
         # simulate a process that died mid-call: a pending node holding the lease, never renewed
         db.fetch("""
             WITH c AS (SELECT * FROM conversations WHERE id = $1), n AS (
@@ -109,7 +112,7 @@ def test_the_next_call_reaps_an_expired_lease_itself(fresh_database_url, upstrea
                 RETURNING id, tenant, conversation_id)
             UPDATE conversations SET lease_node_id = n.id, lease_until = now() - interval '1 second'
               FROM n WHERE conversations.tenant = n.tenant AND conversations.id = n.conversation_id""", cid)
-        _, h = say(p.openai(key), cid, "next")
+        _, h = ask(p.openai(key), cid, "next")
         lost = db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND sent->0->>'content' = 'lost'", cid)
         assert lost["status"] == "failed" and lost["error"]["code"] == "interrupted"
         assert h["x-parent-node-id"] == str(lost["id"])  # reaped, made the head, then built upon

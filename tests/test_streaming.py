@@ -7,12 +7,7 @@ import time
 import httpx
 
 from .fakes import Reply
-
-MODEL = "gpt-4o-mini"
-
-
-def user(text):
-    return {"role": "user", "content": text}
+from .helpers import MODEL, user
 
 
 def wait_status(db, node_id, status, timeout=10.0):

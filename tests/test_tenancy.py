@@ -14,18 +14,7 @@ from proxy.logs import JsonFormatter
 
 from .conftest import Db, make_settings, serve_proxy
 from .fakes import Reply
-
-MODEL = "gpt-4o-mini"
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def say(client, cid, *messages, **headers):
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=list(messages), extra_headers={"X-Conversation-Id": cid, **headers})
-    return raw.parse(), raw.headers
+from .helpers import MODEL, say, user
 
 
 def test_every_id_taking_endpoint_is_404_for_another_tenant(proxy, upstream, key, cid):
@@ -63,7 +52,7 @@ def test_every_id_taking_endpoint_is_404_for_another_tenant(proxy, upstream, key
     r = stranger.put(f"/admin/conversations/{cid}/head", json={"node_id": node})
     assert r.status_code == 404 and r.json()["error"]["code"] == "node_not_found"
     with pytest.raises(openai.NotFoundError):
-        say(proxy.openai(stranger.headers["authorization"][7:]), cid, user("x"), **{"X-Parent-Node-Id": b["x-node-id"]})
+        say(proxy.openai(stranger.headers["authorization"][7:]), cid, user("x"), parent=b["x-node-id"])
     # and the owner still sees everything
     assert owner.get(f"/admin/conversations/{other}").status_code == 200
     assert owner.get(f"/admin/nodes/{node}").status_code == 200

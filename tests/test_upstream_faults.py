@@ -6,8 +6,7 @@ import pytest
 
 from .conftest import Db, assert_invariants, make_settings, serve_proxy
 from .fakes import EvilUpstream
-
-MODEL = "gpt-4o-mini"
+from .helpers import MODEL
 
 
 @pytest.fixture(scope="module")
