@@ -4,6 +4,11 @@
 
 Nothing here is cached at import: ``load_settings()`` builds a fresh, immutable ``Settings`` each
 time, and the app factory takes it as an argument (tests build their own).
+
+Every default lives in ``defaults.toml``, once: the section structs below have no defaults of
+their own, so a key missing there is an error, not a silent second value. Only the entries of
+arrays a user writes -- ``[[upstreams]]`` and ``[[auth.keys]]`` -- default their optional fields
+in the struct, since no file entry exists to merge them with.
 """
 
 from __future__ import annotations
@@ -38,13 +43,13 @@ class SettingsError(ValueError):
 
 
 class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    host: str = "127.0.0.1"
-    port: int = 8080
-    lease_seconds: float = 300.0
-    reaper_interval_seconds: float = 0.0
-    max_body_bytes: int = 32 * 1024 * 1024
-    log_level: str = "info"
-    log_format: Literal["json", "text"] = "json"
+    host: str
+    port: int
+    lease_seconds: float
+    reaper_interval_seconds: float
+    max_body_bytes: int
+    log_level: str
+    log_format: Literal["json", "text"]
 
     @property
     def reaper_interval(self) -> float:
@@ -54,12 +59,12 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class DatabaseSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    url: str = ""
-    data_dir: str = ""
-    pool_min: int = 2
-    pool_max: int = 20
-    command_timeout: float = 10.0
-    connect_timeout: float = 3.0
+    url: str
+    data_dir: str
+    pool_min: int
+    pool_max: int
+    command_timeout: float
+    connect_timeout: float
 
 
 class AuthKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -69,19 +74,19 @@ class AuthKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    mode: Literal["passthrough", "keys", "none"] = "passthrough"
-    keys: tuple[AuthKey, ...] = ()
+    mode: Literal["passthrough", "keys", "none"]
+    keys: tuple[AuthKey, ...]
 
 
 class UpstreamDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    connect_timeout: float = 10.0
-    read_timeout: float = 600.0
-    write_timeout: float = 60.0
-    pool_timeout: float = 10.0
-    max_connections: int = 512
-    keepalive_expiry: float = 30.0
-    transport: Literal["builtin", "httpx"] = "builtin"
-    ca_bundle: str = ""  # PEM file of CAs to trust for https upstreams (empty: the certifi bundle)
+    connect_timeout: float
+    read_timeout: float
+    write_timeout: float
+    pool_timeout: float
+    max_connections: int
+    keepalive_expiry: float
+    transport: Literal["builtin", "httpx"]
+    ca_bundle: str  # PEM file of CAs to trust for https upstreams (empty: the certifi bundle)
 
 
 class Upstream(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,21 +110,21 @@ class ModelLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class CompactionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    soft: float = 0.7
-    hard: float = 0.9
-    keep_recent: int = 6
-    summary_budget: float = 0.15
-    model: str = ""
+    soft: float
+    hard: float
+    keep_recent: int
+    summary_budget: float
+    model: str
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    server: ServerSettings = ServerSettings()
-    database: DatabaseSettings = DatabaseSettings()
-    auth: AuthSettings = AuthSettings()
-    upstream_defaults: UpstreamDefaults = UpstreamDefaults()
-    upstreams: tuple[Upstream, ...] = ()
-    models: dict[str, ModelLimits] = {}
-    compaction: CompactionSettings = CompactionSettings()
+    server: ServerSettings
+    database: DatabaseSettings
+    auth: AuthSettings
+    upstream_defaults: UpstreamDefaults
+    upstreams: tuple[Upstream, ...]
+    models: dict[str, ModelLimits]
+    compaction: CompactionSettings
 
     def upstream_for(self, model: str) -> Upstream | None:
         """The first upstream whose model globs match ``model``."""
@@ -136,13 +141,9 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 score = sum(1 for ch in pattern if ch not in "*?[]")
                 if best is None or score > best[0]:
                     best = (score, limits)
-        if best is None:
-            return ModelLimits(context_window=128000, max_output_tokens=16384)
+        if best is None:  # unreachable while defaults.toml has [models."*"], which no file can remove
+            raise SettingsError(f"no [models] entry matches {model!r}")
         return best[1]
-
-    def replace(self, **sections: Any) -> Settings:
-        """A copy with whole sections replaced, e.g. ``settings.replace(server=...)``."""
-        return msgspec.structs.replace(self, **sections)
 
 
 def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:

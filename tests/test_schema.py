@@ -2,6 +2,7 @@
 runs are safe."""
 
 import asyncio
+import re
 
 import asyncpg
 
@@ -59,3 +60,48 @@ def test_concurrent_migrations_are_serialised(pg_server_url):
         assert applied == list(range(1, latest_version() + 1))  # each migration applied exactly once
 
     run(race())
+
+
+def test_the_outcome_enum_is_the_columns_check_and_status_follows_it(template_url):
+    from storage import Outcome
+
+    async def check():
+        conn = await asyncpg.connect(template_url)
+        try:
+            definition = await conn.fetchval(
+                "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c WHERE c.conrelid = 'nodes'::regclass "
+                "AND pg_get_constraintdef(c.oid) LIKE '%outcome = ANY%'")
+            listed = set(re.findall(r"'(\w+)'::text", definition))
+            assert listed == {o.value for o in Outcome}
+            derived = {r["o"]: r["s"] for r in await conn.fetch(
+                "SELECT o, CASE WHEN o IS NULL THEN 'pending' WHEN o = 'success' THEN 'success' ELSE 'failed' END AS s "
+                "FROM unnest($1::text[]) o", [None, *[o.value for o in Outcome]])}
+            generated = await conn.fetchval(
+                "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d JOIN pg_attribute a "
+                "ON a.attrelid = d.adrelid AND a.attnum = d.adnum WHERE d.adrelid = 'nodes'::regclass AND a.attname = 'status'")
+            assert "outcome" in generated and derived[None] == "pending" and derived["overflow"] == "failed"
+        finally:
+            await conn.close()
+
+    run(check())
+
+
+def test_the_head_rule_table(template_url):
+    """bp_can_be_head -- the one place that says whether the head may rest on a node."""
+    expected = {
+        ("turn", "success"): True, ("turn", "transient"): True,
+        ("turn", "overflow"): False, ("turn", "invalid"): False, ("turn", None): False,
+        ("compaction", "success"): True,
+        ("transform", "success"): False, ("transform", "transient"): False,
+        ("transform", "overflow"): False, ("transform", "invalid"): False,
+    }
+
+    async def check():
+        conn = await asyncpg.connect(template_url)
+        try:
+            for (kind, outcome), moves in expected.items():
+                assert await conn.fetchval("SELECT coalesce(bp_can_be_head($1, $2), false)", kind, outcome) is moves, (kind, outcome)
+        finally:
+            await conn.close()
+
+    run(check())
