@@ -1,4 +1,4 @@
-"""Assembly (SPEC §3): the upstream ``messages`` of a call, from the path (root first) and the
+"""Assembly (docs/behaviour.md#assembly): the upstream ``messages`` of a call, from the path (root first) and the
 call's new items. Pure functions over plain data -- no I/O, tested without a database.
 
 Rules, in order:

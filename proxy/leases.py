@@ -1,4 +1,4 @@
-"""In-flight lease upkeep (SPEC §2 step 2): keep the leases of this process's running calls
+"""In-flight lease upkeep (docs/behaviour.md#leases): keep the leases of this process's running calls
 alive, however long they take, and reap the calls of processes that died.
 
 One renewal loop for all calls of the process (a call costs nothing extra unless it outlives a

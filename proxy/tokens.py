@@ -1,4 +1,4 @@
-"""Token estimates, offline (SPEC §5).
+"""Token estimates, offline (docs/behaviour.md#compaction).
 
 The upstream's reported ``usage`` is the ground truth: the estimate of a request is the last
 successful call's ``prompt_tokens + completion_tokens`` (minus reasoning tokens, which are not

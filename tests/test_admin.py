@@ -1,4 +1,4 @@
-"""The admin API endpoints (SPEC §6), through HTTP, tenant-scoped."""
+"""The admin API endpoints (docs/behaviour.md#admin-api), through HTTP, tenant-scoped."""
 
 import uuid
 

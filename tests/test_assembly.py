@@ -1,4 +1,4 @@
-"""Assembly (SPEC §3) as a pure function: path rows + new items -> upstream messages."""
+"""Assembly (docs/behaviour.md#assembly) as a pure function: path rows + new items -> upstream messages."""
 
 import uuid
 

@@ -1,5 +1,5 @@
 """Edits, regenerations, branch switches, transforms and forks -- all by choosing a parent and
-moving a pointer (SPEC §2, §6), checked on what the upstream received."""
+moving a pointer (docs/behaviour.md), checked on what the upstream received."""
 
 import json
 import threading

@@ -1,4 +1,4 @@
-"""Compaction (SPEC §5) end to end: a small model limit, a fake upstream that also plays the
+"""Compaction (docs/behaviour.md#compaction) end to end: a small model limit, a fake upstream that also plays the
 summariser, and assertions on what the upstream received after the compaction."""
 
 import threading

@@ -1,4 +1,4 @@
-"""Settings: defaults < file (key by key) < environment (SPEC §9)."""
+"""Settings: defaults < file (key by key) < environment (docs/behaviour.md#configuration)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""SPEC §4, row by row: what happens to the node and the head after each kind of failure, what
+"""The failure table (docs/behaviour.md#failures), row by row: what happens to the node and the head after each kind of failure, what
 the client gets, and how retries are recognised."""
 
 import time

@@ -1,4 +1,4 @@
-"""Tenancy (SPEC §7): one tenant never sees another's conversations or nodes (404, never 403),
+"""Tenancy (docs/behaviour.md#auth-and-tenancy): one tenant never sees another's conversations or nodes (404, never 403),
 proxy-issued keys, an admin key, and keys never leaking into logs, bodies or storage."""
 
 import hashlib

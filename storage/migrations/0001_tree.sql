@@ -1,4 +1,4 @@
--- 0001: the conversation tree (SPEC §1).
+-- 0001: the conversation tree (docs/architecture.md#tables).
 --
 -- Why: every LLM call is one row of `nodes`, hung under its parent; a conversation is only a
 -- pointer (`head_node_id`) into that tree plus the in-flight lease of its running turn call.
