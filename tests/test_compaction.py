@@ -217,7 +217,10 @@ def test_unfolding_an_opaque_compaction_for_another_provider(fresh_database_url,
         sent = upstream.last.messages
         assert not any(str(m.get("content", "")).startswith(SUMMARY_PREFIX) for m in sent)
         assert sent[0]["content"].startswith("question 0") and sent[-1] == user("another provider")
-        assert raw.headers["x-node-id"]
+        # the replay of that request unfolds the same way, and matches what was sent byte for byte
+        replay = p.http(key).get(f"/admin/nodes/{raw.headers['x-node-id']}/request")
+        assert replay.headers["x-request-verified"] == "true"
+        assert replay.json()["messages"] == sent
 
 
 def test_a_tool_call_is_never_split_from_its_result():
