@@ -46,6 +46,7 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str
     port: int
     lease_seconds: float
+    context_mode: Literal["delta", "full"]
     reaper_interval_seconds: float
     max_body_bytes: int
     log_level: str

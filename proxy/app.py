@@ -23,14 +23,16 @@ from storage import Refused, StorageError, StorageUnavailable
 from .errors import BranchpointError, error_body, from_refusal
 from .observability import ObservabilityMiddleware, install_log_context
 from .routes.admin import AdminController
-from .routes.chat import chat_completions, chat_completions_prefixed
+from .routes.chat import chat_completions, chat_completions_auto, chat_completions_prefixed
 from .routes.health import healthz, metrics, readyz
 from .routes.passthrough import (
     Forwarder,
     chat_completions_list,
+    chat_completions_list_auto,
     chat_completions_list_prefixed,
     chat_completions_sub_prefixed,
     passthrough,
+    passthrough_auto,
     passthrough_prefixed,
 )
 from .runtime import Runtime
@@ -107,10 +109,13 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         route_handlers=[
             chat_completions,
             chat_completions_prefixed,
+            chat_completions_auto,
             passthrough,
             passthrough_prefixed,
+            passthrough_auto,
             chat_completions_list,
             chat_completions_list_prefixed,
+            chat_completions_list_auto,
             chat_completions_sub_prefixed,
             healthz,
             readyz,

@@ -322,8 +322,8 @@ def _outcome_of(node: dict[str, Any]) -> str | None:
 def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any, int]:
     """An export made importable: fresh node ids (parents and compaction origins follow), calls
     that were still pending marked interrupted. Returns (nodes, new head, compaction count)."""
-    from proxy.lifecycle import sent_hash
     from storage import uuid7
+    from storage.transcript import node_keys
 
     ids = {str(n["id"]): uuid7() for n in lines}
     head = None
@@ -338,7 +338,6 @@ def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any
         node["id"] = ids[str(n["id"])]
         node["parent_id"] = ids[str(n["parent_id"])] if n.get("parent_id") else None
         node["compacted_from"] = ids[str(n["compacted_from"])] if n.get("compacted_from") else None
-        node["sent_hash"] = sent_hash(n["sent"]).hex()
         if node["outcome"] is None:  # still pending when exported
             node["outcome"] = "transient"
             node["error"] = {"type": "interrupted", "code": "interrupted", "status": None,
@@ -347,6 +346,10 @@ def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any
         if n.get("head"):
             head = node["id"]
         nodes.append(node)
+    keys = node_keys(nodes)  # what each node is matched by, computed from its items
+    for node in nodes:
+        k = keys[node["id"]]
+        node.update(chain=k.chain.hex(), answered=k.answered, system_hash=k.system_hash.hex() if k.system_hash else None)
     return nodes, head, sum(1 for n in nodes if n["kind"] == "compaction")
 
 

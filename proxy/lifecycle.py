@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import time
 import uuid
@@ -24,9 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import msgspec
 
-from storage import BeforeCompaction, Busy, NodeMissing, Outcome, StorageError, TreeStore, uuid7
+from storage import BeforeCompaction, Busy, NodeMissing, Outcome, StorageError, TreeStore, transcript, uuid7
 
 from .background import Background
 from .builder import RequestBuilder
@@ -41,29 +39,23 @@ from .observability import current_request
 from .relay import StreamEnd, StreamRelay, client_disconnected
 from .upstream import UpstreamClient, map_exceptions, response_headers, target_of
 
-__all__ = ["CallLifecycle", "ChatCall", "sent_hash"]
+__all__ = ["CallLifecycle", "ChatCall"]
 
 log = logging.getLogger("branchpoint.call")
-
-_encode_sorted = msgspec.json.Encoder(order="sorted").encode
-
-
-def sent_hash(items: list[Any]) -> bytes:
-    """sha256 of the canonical JSON of a call's new items: retry recognition is one comparison."""
-    return hashlib.sha256(_encode_sorted(items)).digest()
 
 
 @dataclass(slots=True)
 class ChatCall:
-    """A parsed chat request with a conversation id (built by the route)."""
+    """A parsed chat request to be stored (built by the route)."""
 
     tenant: str
-    conversation_id: str
+    conversation_id: str | None  # None: full-history mode finds (or makes) the conversation by content
     kind: str  # "turn" | "transform"
-    parent_mode: str  # "head" | "root" | "node"
+    mode: str  # "delta": messages are the new items | "full": the client's whole history
+    parent_mode: str  # "head" | "root" | "node" (delta mode)
     parent_id: uuid.UUID | None
     body: dict[str, Any]  # the client's body; every field but messages is forwarded as is
-    items: list[dict[str, Any]]  # body["messages"]: this call's new items
+    items: list[dict[str, Any]]  # body["messages"]
     stream: bool
     client_key: str | None
     headers: list[tuple[str, str]]  # incoming request headers (filtered when forwarded)
@@ -76,18 +68,28 @@ class ChatCall:
 @dataclass(slots=True)
 class _Started:
     call: ChatCall
+    conversation_id: str
     node_id: uuid.UUID
     tree_id: uuid.UUID
     parent_id: uuid.UUID | None
+    mode: str  # the mode that handled the call (a delta call resending its history: full)
+    matched: int  # full mode: how many of the client's non-system messages matched stored nodes
+    new_items: list[dict[str, Any]]  # what this node adds to its parent's path
     secrets: tuple[str | None, ...]  # credentials an upstream error must never echo back
     request_hash: bytes | None = None
     finished: bool = False
 
+    @property
+    def leased(self) -> bool:
+        return self.mode == "delta" and self.call.kind == "turn"
+
     def headers(self) -> list[tuple[str, str]]:
         return [
-            ("x-conversation-id", self.call.conversation_id),
+            ("x-conversation-id", self.conversation_id),
             ("x-node-id", str(self.node_id)),
             ("x-parent-node-id", str(self.parent_id) if self.parent_id else "root"),
+            ("x-context-mode", self.mode),
+            ("x-context-matched", str(self.matched)),
         ]
 
 
@@ -105,7 +107,8 @@ async def _wait_for_disconnect(receive: Any) -> None:
 
 class CallLifecycle:
     def __init__(self, *, tree: TreeStore, upstream: UpstreamClient, builder: RequestBuilder, compactor: Compactor,
-                 leases: LeaseKeeper, metrics: Metrics, tasks: Background, lease_seconds: float) -> None:
+                 leases: LeaseKeeper, metrics: Metrics, tasks: Background, lease_seconds: float,
+                 default_mode: str = "delta") -> None:
         self.tree = tree
         self.upstream = upstream
         self.builder = builder
@@ -114,17 +117,24 @@ class CallLifecycle:
         self.metrics = metrics
         self.tasks = tasks
         self.lease_seconds = lease_seconds
+        self.default_mode = default_mode  # for calls that do not say (X-Context-Mode)
 
     # -- start -------------------------------------------------------------------------------
 
     async def _begin(self, call: ChatCall, provider: str, secrets: tuple[str | None, ...]) -> tuple[_Started, list[Any]]:
         node_id = uuid7()
+        digests = transcript.digests(call.items)
+        # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
+        # safety net recognise a client resending its history (it takes a user and an answer)
+        prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or len(digests) >= 2 else []
         try:
             begun = await self.tree.begin_call(
                 tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id, new_tree_id=uuid7(),
-                kind=call.kind, parent_mode=call.parent_mode,  # type: ignore[arg-type]
-                parent_id=call.parent_id, sent=call.items, sent_hash=sent_hash(call.items),
-                lease_seconds=self.lease_seconds, model=call.body.get("model"), provider=provider, params=call.params,
+                kind=call.kind, mode=call.mode, parent_mode=call.parent_mode,  # type: ignore[arg-type]
+                parent_id=call.parent_id, sent=call.items, digests=digests, prefixes=prefixes,
+                system_hash=transcript.system_hash(call.items), lease_seconds=self.lease_seconds,
+                model=call.body.get("model"), provider=provider, params=call.params,
+                new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}",
             )
         except Busy as exc:
             self.metrics.busy_rejections.inc()
@@ -133,7 +143,11 @@ class CallLifecycle:
             raise NodeNotFound(str(exc), param="X-Parent-Node-Id") from None
         except BeforeCompaction as exc:
             raise ParentBeforeCompaction(str(exc), param="X-Parent-Node-Id") from None
-        return _Started(call, node_id, begun.tree_id, begun.parent_id, secrets), begun.path
+        new_items = call.items if begun.mode == "delta" else \
+            transcript.tail(call.items, begun.start, with_system=begun.with_system)
+        started = _Started(call, begun.conversation_id, node_id, begun.tree_id, begun.parent_id, begun.mode,
+                           begun.matched, new_items, secrets)
+        return started, begun.path
 
     # -- finish ------------------------------------------------------------------------------
 
@@ -147,7 +161,7 @@ class CallLifecycle:
         store = functools.partial(
             self.tree.finish_call, tree_id=started.tree_id, node_id=started.node_id, outcome=outcome,
             received=received, usage=usage, finish_reason=finish_reason, error=error,
-            request_hash=started.request_hash,
+            request_hash=started.request_hash, leased=started.leased,
         )
         try:
             await store()
@@ -193,11 +207,11 @@ class CallLifecycle:
         call = started.call
         self.metrics.observe_call(call.kind, outcome.value, usage)
         if outcome is Outcome.SUCCESS and call.kind == "turn":
-            self.compactor.after_turn(tenant=call.tenant, conversation_id=call.conversation_id,
+            self.compactor.after_turn(tenant=call.tenant, conversation_id=started.conversation_id,
                                       tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
                                       usage=usage, client_key=call.client_key)
         if outcome is not Outcome.SUCCESS:
-            log.info("call failed", extra={"conversation_id": call.conversation_id, "node_id": str(started.node_id),
+            log.info("call failed", extra={"conversation_id": started.conversation_id, "node_id": str(started.node_id),
                                            "outcome": outcome.value, "code": error.code if error else None})
 
     # -- run ---------------------------------------------------------------------------------
@@ -208,18 +222,18 @@ class CallLifecycle:
         started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key))
         ctx = current_request.get()
         if ctx is not None:
-            ctx.conversation_id = call.conversation_id
+            ctx.conversation_id = started.conversation_id
             ctx.node_id = str(started.node_id)
         self.leases.track(started.tree_id, started.node_id)
         try:
             target = target_of(upstream)
             path = await self.builder.readable(started.tree_id, path, target)
             path = await self._compact_first(started, path)
-            built = self.builder.build(path, call.items, call.params, target, stream=call.stream)
+            built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream)
             if built.dropped:
                 self.metrics.pairing_drops.inc(len(built.dropped))
                 log.warning("pairing check dropped items", extra={
-                    "conversation_id": call.conversation_id, "node_id": str(started.node_id), "dropped": built.dropped})
+                    "conversation_id": started.conversation_id, "node_id": str(started.node_id), "dropped": built.dropped})
             started.request_hash = built.sha256
             headers = self.upstream.request_headers(upstream, call.headers, call.client_key)
             request = self.upstream.build("POST", upstream, "chat/completions", headers=headers, content=built.payload)
@@ -241,9 +255,11 @@ class CallLifecycle:
         if not path:
             return path
         call = started.call
+        # how the compaction is applied: a delta turn holds the lease; other calls hold none
+        apply_mode = call.kind if call.kind == "transform" or started.mode == "delta" else "full"
         compacted = await self.compactor.before_call(
-            tenant=call.tenant, conversation_id=call.conversation_id, tree_id=started.tree_id,
-            kind=call.kind, path=path, new_items=call.items, model=call.body["model"],
+            tenant=call.tenant, conversation_id=started.conversation_id, tree_id=started.tree_id,
+            kind=apply_mode, path=path, new_items=started.new_items, model=call.body["model"],
             client_key=call.client_key, call_node=started.node_id,
             extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
         )

@@ -46,7 +46,8 @@ class Runtime:
                                    tasks=self.tasks, lease_seconds=server.lease_seconds)
         self.calls = CallLifecycle(tree=self.tree, upstream=self.upstream, builder=self.builder,
                                    compactor=self.compactor, leases=self.leases, metrics=self.metrics,
-                                   tasks=self.tasks, lease_seconds=server.lease_seconds)
+                                   tasks=self.tasks, lease_seconds=server.lease_seconds,
+                                   default_mode=server.context_mode)
         self.metrics.watch_database(self.db)
 
     async def start(self) -> None:

@@ -6,6 +6,7 @@ rows and ``Outcome`` (``storage.model``), ``migrate``, the embedded server, and 
 (``StorageError`` and its subclasses, refusals included).
 """
 
+from . import transcript
 from .admin import AdminStore
 from .database import Database, open_database
 from .embedded import EmbeddedServer, start_embedded
@@ -25,13 +26,14 @@ from .ids import uuid7
 from .migrate import latest_version, migrate
 from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, TreeRow
 from .ops import OpsStore
-from .tree import Begun, ParentMode, TreeStore
+from .tree import Begun, ContextMode, ParentMode, TreeStore
 
 __all__ = [
     "AdminStore",
     "BeforeCompaction",
     "Begun",
     "Busy",
+    "ContextMode",
     "ConversationExists",
     "ConversationMissing",
     "ConversationRow",
@@ -55,5 +57,6 @@ __all__ = [
     "migrate",
     "open_database",
     "start_embedded",
+    "transcript",
     "uuid7",
 ]

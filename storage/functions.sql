@@ -204,17 +204,21 @@ BEGIN
 END
 $$;
 
--- bp_finish_call: store a call's outcome. A turn call that still holds its conversation's lease
--- releases it, and the head moves to its node when bp_can_be_head says so. Returns false when the
--- node was no longer pending (reaped meanwhile): nothing is written then.
+-- bp_finish_call: store a call's outcome. A delta turn call releases the conversation's lease if it
+-- still holds it; a full-history turn call never held one. Either way the head moves to its node
+-- when bp_can_be_head says so (last finisher wins). A success extends the node's transcript hash
+-- by what the model returned. Returns false when the node was no longer pending (reaped
+-- meanwhile): nothing is written then.
 --   p_tree, p_node         the node
 --   p_outcome              success | transient | overflow | invalid
 --   p_received             the items the model returned (success), else null
+--   p_received_digests     their digests (storage/transcript.py)
 --   p_usage, p_finish_reason, p_error ({type, code, message, status}, failures)
 --   p_request_hash         sha256 of the exact body sent upstream (null: none was sent)
+--   p_leased               whether the call took the conversation's lease (delta turn calls)
 CREATE OR REPLACE FUNCTION bp_finish_call(
-    p_tree uuid, p_node uuid, p_outcome text, p_received jsonb, p_usage jsonb,
-    p_finish_reason text, p_error jsonb, p_request_hash bytea)
+    p_tree uuid, p_node uuid, p_outcome text, p_received jsonb, p_received_digests bytea[], p_usage jsonb,
+    p_finish_reason text, p_error jsonb, p_request_hash bytea, p_leased boolean)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -231,6 +235,8 @@ BEGIN
        SET outcome = p_outcome, received = p_received, usage = p_usage,
            finish_reason = p_finish_reason, error = p_error,
            request_hash = coalesce(p_request_hash, n.request_hash),
+           chain = CASE WHEN p_outcome = 'success' THEN bp_fold(n.chain, p_received_digests) ELSE n.chain END,
+           answered = n.answered OR (p_outcome = 'success' AND jsonb_array_length(coalesce(p_received, '[]')) > 0),
            lease_until = NULL, finished_at = clock_timestamp()
      WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
     IF NOT FOUND THEN
@@ -239,8 +245,11 @@ BEGIN
     IF v.kind = 'turn' THEN
         UPDATE conversations c
            SET head_node_id = CASE WHEN bp_can_be_head(v.kind, p_outcome) THEN p_node ELSE c.head_node_id END,
-               lease_node_id = NULL, lease_until = NULL, updated_at = clock_timestamp()
-         WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
+               lease_node_id = CASE WHEN p_leased THEN NULL ELSE c.lease_node_id END,
+               lease_until = CASE WHEN p_leased THEN NULL ELSE c.lease_until END,
+               updated_at = clock_timestamp()
+         WHERE c.tenant = v.tenant AND c.id = v.conversation_id
+           AND (CASE WHEN p_leased THEN c.lease_node_id = p_node ELSE true END);
     END IF;
     RETURN true;
 END
@@ -268,23 +277,64 @@ BEGIN
 END
 $$;
 
--- bp_begin_call: start one call in one round trip -- the conversation (created by its first turn
--- or transform), the lease (turn calls only), the parent, the pending node, the parent's path.
---   p_tenant, p_conversation   who and which conversation
+-- bp_fold(start, digests): the transcript hash chain folded over message digests:
+-- h := sha256(h || d) for each d (storage/transcript.py computes the digests).
+CREATE OR REPLACE FUNCTION bp_fold(p_start bytea, p_digests bytea[])
+RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    h bytea := p_start;
+    d bytea;
+BEGIN
+    FOREACH d IN ARRAY coalesce(p_digests, '{}') LOOP
+        h := sha256(h || d);
+    END LOOP;
+    RETURN h;
+END
+$$;
+
+-- bp_tail(items, skip, with_system): the items after the first `skip` non-system ones, in their
+-- order; system/developer messages kept only when `with_system`.
+CREATE OR REPLACE FUNCTION bp_tail(p_items jsonb, p_skip integer, p_with_system boolean)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(jsonb_agg(e.v ORDER BY e.i), '[]'::jsonb)
+      FROM (SELECT x.v, x.i, x.sys, count(*) FILTER (WHERE NOT x.sys) OVER (ORDER BY x.i) AS nth
+              FROM (SELECT v, i, coalesce(v ->> 'role' IN ('system', 'developer'), false) AS sys
+                      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS t(v, i)) x) e
+     WHERE (e.sys AND p_with_system) OR (NOT e.sys AND e.nth > p_skip)
+$$;
+
+-- bp_begin_call: start one call in one round trip -- the conversation (created by its first call),
+-- the lease (delta turn calls only), the parent, the pending node, the parent's path.
+--   p_tenant, p_conversation   who and which conversation (full mode: null = find it by content)
+--   p_new_conversation         the id a conversation found by nothing gets (full mode, no id)
 --   p_new_tree                 the tree id a new conversation gets
 --   p_node                     the new node's id (made by the caller, so it is known even if
 --                              this statement's answer is lost)
 --   p_kind                     turn | transform
---   p_parent_mode              head | root | node (p_parent)
---   p_sent, p_sent_hash        the call's new items and the sha256 of their canonical JSON
+--   p_mode                     delta (p_sent are the new items) | full (p_sent is the whole history)
+--   p_parent_mode, p_parent    delta: head | root | node (p_parent)
+--   p_sent                     the call's messages
+--   p_digests                  the digests of its non-system messages, in order
+--   p_prefixes                 the transcript hashes of its first 1..m non-system messages (full
+--                              mode; in delta mode given when it could be a resent history: the
+--                              safety net below)
+--   p_system_hash              the hash of its system/developer messages (null: none)
 --   p_lease_seconds, p_model, p_provider, p_params (the request's other fields)
--- Returns the chosen parent's path root first as (tree_id, parent_id, node) rows -- one row with
--- a null node when the new node is a root. Refuses with BPBSY, BPNFN or BPPBC.
+-- Returns the chosen parent's path root first as rows (conversation_id, tree_id, parent_id, mode,
+-- matched, start, node) -- one row with a null node when the new node is a root. `mode` is the
+-- mode that handled the call, `matched` how many of its non-system messages matched stored nodes
+-- (full mode), `start` how many of them the new node does not repeat, `with_system` whether it
+-- stores the call's system messages (full mode: only when they differ from the path's). Refuses with BPBSY, BPNFN or
+-- BPPBC (delta mode).
 CREATE OR REPLACE FUNCTION bp_begin_call(
-    p_tenant text, p_conversation text, p_new_tree uuid, p_node uuid, p_kind text,
-    p_parent_mode text, p_parent uuid, p_sent jsonb, p_sent_hash bytea,
-    p_lease_seconds double precision, p_model text, p_provider text, p_params jsonb)
-RETURNS TABLE (tree_id uuid, parent_id uuid, node bp_path_node)
+    p_tenant text, p_conversation text, p_new_conversation text, p_new_tree uuid, p_node uuid,
+    p_kind text, p_mode text, p_parent_mode text, p_parent uuid, p_sent jsonb, p_digests bytea[],
+    p_prefixes bytea[], p_system_hash bytea, p_lease_seconds double precision, p_model text,
+    p_provider text, p_params jsonb)
+RETURNS TABLE (conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
+               start integer, with_system boolean, node bp_path_node)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -292,8 +342,15 @@ DECLARE
     v_parent uuid;
     v_depth integer := 0;
     v_head record;
+    v_up record;
     v_lease timestamptz := now() + make_interval(secs => p_lease_seconds);
 BEGIN
+    IF p_mode = 'full' THEN
+        RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree, p_node,
+            p_kind, p_sent, p_digests, p_prefixes, p_system_hash, p_lease_seconds, p_model, p_provider, p_params);
+        RETURN;
+    END IF;
+
     -- 1. the conversation, locked for the rest of this transaction (turns only: transforms take
     --    no lease and move no head, so any number of them run side by side)
     IF p_parent_mode = 'node' THEN
@@ -319,17 +376,31 @@ BEGIN
         END IF;
     END IF;
 
-    -- 2. the in-flight lease
+    -- 2. the safety net: a delta call whose messages begin with the parent's whole transcript,
+    --    holding an answer the proxy stored, resends its history -- a delta client never resends
+    --    the model's answers. It is handled in full-history mode.
+    IF cardinality(p_prefixes) > 0 AND p_parent_mode <> 'root' THEN
+        SELECT n.chain, n.answered INTO v_up FROM nodes n
+         WHERE n.tree_id = conv.tree_id
+           AND n.id = CASE WHEN p_parent_mode = 'node' THEN p_parent ELSE conv.head_node_id END;
+        IF FOUND AND v_up.answered AND v_up.chain = ANY(p_prefixes) THEN
+            RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree,
+                p_node, p_kind, p_sent, p_digests, p_prefixes, p_system_hash, p_lease_seconds, p_model, p_provider,
+                p_params);
+            RETURN;
+        END IF;
+    END IF;
+
+    -- 3. the in-flight lease
     IF p_kind = 'turn' THEN
         conv := bp_check_lease(conv);
     END IF;
 
-    -- 3. the parent
+    -- 4. the parent
     IF p_parent_mode = 'root' THEN
         v_parent := NULL;
     ELSIF p_parent_mode = 'node' THEN
-        SELECT n.depth INTO v_depth FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = p_parent;
-        IF NOT FOUND OR NOT bp_node_in_conversation(conv.tree_id, p_tenant, p_conversation, p_parent) THEN
+        IF NOT bp_node_in_conversation(conv.tree_id, p_tenant, p_conversation, p_parent) THEN
             PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_parent, p_conversation));
         END IF;
         IF conv.compactions > 0 AND conv.head_node_id IS NOT NULL
@@ -339,38 +410,144 @@ BEGIN
                 'here (fork from it, or move the head there first)', p_parent));
         END IF;
         v_parent := p_parent;
-        v_depth := v_depth + 1;
     ELSE
         v_parent := conv.head_node_id;
         IF v_parent IS NOT NULL THEN
-            SELECT n.parent_id, n.outcome, n.sent_hash, n.depth INTO v_head
+            SELECT n.parent_id, n.outcome, n.chain INTO v_head
               FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
-            v_depth := v_head.depth + 1;
-            -- the retry rule: an SDK retry of a failed call (same items) hangs beside the failed
-            -- node, so the items appear once and the failed attempt stays as a branch
-            IF p_kind = 'turn' AND v_head.outcome <> 'success' AND v_head.sent_hash = p_sent_hash THEN
+            -- the retry rule: an SDK retry of a failed call (the same items) hangs beside the
+            -- failed node, so the items appear once and the failed attempt stays as a branch
+            IF p_kind = 'turn' AND v_head.outcome <> 'success'
+               AND v_head.chain = bp_fold(coalesce((SELECT n.chain FROM nodes n WHERE n.tree_id = conv.tree_id
+                                                                              AND n.id = v_head.parent_id),
+                                                   '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea),
+                                          p_digests) THEN
                 v_parent := v_head.parent_id;
-                v_depth := v_head.depth;
             END IF;
         END IF;
     END IF;
 
-    -- 4. the pending node, and the lease it holds
-    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent,
-                       sent_hash, model, provider, params, depth, lease_until)
-    VALUES (conv.tree_id, p_node, p_tenant, p_conversation, v_parent, p_kind, p_sent,
-            p_sent_hash, p_model, p_provider, coalesce(p_params, '{}'::jsonb), v_depth, v_lease);
+    -- 5. the pending node, and the lease it holds
+    SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
+      FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
+                       depth, lease_until, chain, answered, system_hash)
+    VALUES (conv.tree_id, p_node, p_tenant, p_conversation, v_parent, p_kind, p_sent, p_model, p_provider,
+            coalesce(p_params, '{}'::jsonb), coalesce(v_up.depth + 1, 0), v_lease,
+            bp_fold(coalesce(v_up.chain, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea), p_digests),
+            coalesce(v_up.answered, false), coalesce(p_system_hash, v_up.system_hash));
 
     IF p_kind = 'turn' THEN
         UPDATE conversations c SET lease_node_id = p_node, lease_until = v_lease, updated_at = clock_timestamp()
          WHERE c.tenant = p_tenant AND c.id = p_conversation;
     END IF;
 
-    -- 5. the path the context is assembled from
+    -- 6. the path the context is assembled from
     IF v_parent IS NULL THEN
-        RETURN QUERY SELECT conv.tree_id, NULL::uuid, NULL::bp_path_node;
+        RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'delta', 0, 0, false, NULL::bp_path_node;
     ELSE
-        RETURN QUERY SELECT conv.tree_id, v_parent, p FROM bp_path_nodes(conv.tree_id, v_parent) p;
+        RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, p
+          FROM bp_path_nodes(conv.tree_id, v_parent) p;
+    END IF;
+END
+$$;
+
+-- bp_begin_full: start a call in full-history mode (called by bp_begin_call). The client sent its
+-- whole history; the parent is the node whose transcript equals the longest start of it:
+-- candidates are the nodes whose transcript hash is one of the client's prefix hashes -- in the
+-- conversation's reach, or, with no conversation named, anywhere in the tenant -- the deepest wins;
+-- ties: a node on the conversation's head path, then a compaction node over the node it replaced,
+-- then the newest. Nothing matched: a new root (a new conversation, p_new_conversation, when none
+-- was named). Everything matched and the node failed (or is in flight): the retry rule, beside it.
+-- The new node stores only what is new, and the client's system messages when they differ from
+-- those in effect on the parent's path. No lease, no conversation lock: concurrent calls become
+-- siblings.
+CREATE OR REPLACE FUNCTION bp_begin_full(
+    p_tenant text, p_conversation text, p_new_conversation text, p_new_tree uuid, p_node uuid,
+    p_kind text, p_sent jsonb, p_digests bytea[], p_prefixes bytea[], p_system_hash bytea,
+    p_lease_seconds double precision, p_model text, p_provider text, p_params jsonb)
+RETURNS TABLE (conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
+               start integer, with_system boolean, node bp_path_node)
+LANGUAGE plpgsql
+SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    conv conversations%ROWTYPE;
+    v_m integer := coalesce(cardinality(p_prefixes), 0);
+    v_visible uuid[] := '{}';
+    v_best record;
+    v_up record;
+    v_k integer := 0;
+    v_start integer := 0;
+    v_with_system boolean;
+    v_parent uuid;
+BEGIN
+    IF p_conversation IS NOT NULL THEN
+        INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
+        ON CONFLICT (tenant, id) DO NOTHING
+        RETURNING * INTO conv;
+        IF NOT FOUND THEN
+            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+        END IF;
+        IF conv.fork_node_id IS NOT NULL THEN
+            v_visible := ARRAY(SELECT bp_visible_foreign(conv.tree_id, p_tenant, p_conversation));
+        END IF;
+    END IF;
+
+    IF v_m > 0 THEN
+        SELECT max(array_position(p_prefixes, n.chain)) INTO v_k FROM nodes n
+         WHERE n.tenant = p_tenant AND n.chain = ANY(p_prefixes) AND n.kind <> 'transform'
+           AND (p_conversation IS NULL OR n.conversation_id = p_conversation
+                OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)));
+        v_k := coalesce(v_k, 0);
+    END IF;
+    IF v_k > 0 THEN
+        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome INTO v_best FROM nodes n
+         WHERE n.tenant = p_tenant AND n.chain = p_prefixes[v_k] AND n.kind <> 'transform'
+           AND (p_conversation IS NULL OR n.conversation_id = p_conversation
+                OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)))
+         ORDER BY EXISTS (SELECT 1 FROM conversations h, bp_path(h.tree_id, h.head_node_id) hp
+                           WHERE h.tenant = p_tenant AND h.id = coalesce(p_conversation, n.conversation_id)
+                             AND hp.id = n.id) DESC,
+                  (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+         LIMIT 1;
+        IF p_conversation IS NULL THEN
+            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = v_best.conversation_id;
+        END IF;
+        IF v_k = v_m AND v_best.outcome IS DISTINCT FROM 'success' THEN
+            v_parent := v_best.parent_id;  -- the retry rule: beside the failed (or in-flight) node
+        ELSE
+            v_parent := v_best.id;
+        END IF;
+    END IF;
+
+    IF conv.id IS NULL THEN  -- no conversation named and nothing matched: a new one
+        INSERT INTO conversations (tenant, id, tree_id) VALUES (p_tenant, p_new_conversation, p_new_tree)
+        RETURNING * INTO conv;
+    END IF;
+
+    SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
+      FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
+    IF v_parent IS NOT NULL THEN
+        v_start := coalesce(array_position(p_prefixes, v_up.chain), 0);
+    END IF;
+    v_with_system := p_system_hash IS NOT NULL AND p_system_hash IS DISTINCT FROM v_up.system_hash;
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
+                       depth, lease_until, chain, answered, system_hash)
+    VALUES (conv.tree_id, p_node, p_tenant, conv.id, v_parent, p_kind, bp_tail(p_sent, v_start, v_with_system),
+            p_model, p_provider, coalesce(p_params, '{}'::jsonb), coalesce(v_up.depth + 1, 0),
+            now() + make_interval(secs => p_lease_seconds),
+            CASE WHEN v_m = 0 THEN '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea
+                 ELSE p_prefixes[v_m] END,
+            coalesce(v_up.answered, false),
+            CASE WHEN v_with_system THEN p_system_hash ELSE v_up.system_hash END);
+
+    IF v_parent IS NULL THEN
+        RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'full', v_k, v_start, v_with_system, NULL::bp_path_node;
+    ELSE
+        RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, p
+          FROM bp_path_nodes(conv.tree_id, v_parent) p;
     END IF;
 END
 $$;
@@ -557,18 +734,19 @@ $$;
 -- transaction -- or write nothing. Modes:
 --   'turn'       the call's own synchronous compaction: it must still hold the lease; its pending
 --                node moves under the compaction node, and the head moves to it;
---   'transform'  the same for a side call (no lease): its node moves under the compaction node;
---                the head moves only if it still is the node compacted from and no turn is in flight;
+--   'transform', 'full'  the same for a call without a lease (a side call, a full-history call): its
+--                node moves under the compaction node; the head moves only if it still is the node
+--                compacted from and no turn is in flight;
 --   'background', 'admin'  applied only if the head still is the node compacted from and no turn
 --                call is in flight; else nothing is written ('moved' / 'busy').
 --   p_tenant, p_conversation, p_tree; p_node (the compaction node's id), p_compacted_from;
---   p_sent, p_sent_hash (summary + kept items); p_model, p_provider, p_params, p_usage (of the
+--   p_sent (summary + kept items), p_system_hash (of the system messages among them); p_model, p_provider, p_params, p_usage (of the
 --   summariser); p_mode; p_call_node (turn/transform: the call's pending node); p_request (the
 --   summariser's first request body, kept for GET /admin/nodes/{id}/request).
 -- Returns 'ok', 'moved', 'busy', 'lost_lease' or 'conversation_not_found'.
 CREATE OR REPLACE FUNCTION bp_apply_compaction(
     p_tenant text, p_conversation text, p_tree uuid, p_node uuid, p_compacted_from uuid,
-    p_sent jsonb, p_sent_hash bytea, p_model text, p_provider text, p_params jsonb, p_usage jsonb,
+    p_sent jsonb, p_system_hash bytea, p_model text, p_provider text, p_params jsonb, p_usage jsonb,
     p_mode text, p_call_node uuid, p_request bytea)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -576,6 +754,7 @@ DECLARE
     conv conversations%ROWTYPE;
     v_free boolean;
     v_move boolean;
+    v_from record;
 BEGIN
     SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
     IF NOT FOUND THEN
@@ -587,7 +766,7 @@ BEGIN
             RETURN 'lost_lease';
         END IF;
         v_move := true;
-    ELSIF p_mode = 'transform' THEN
+    ELSIF p_mode IN ('transform', 'full') THEN
         v_move := conv.head_node_id IS NOT DISTINCT FROM p_compacted_from AND v_free;
     ELSE
         IF conv.head_node_id IS DISTINCT FROM p_compacted_from THEN
@@ -599,12 +778,14 @@ BEGIN
         v_move := true;
     END IF;
 
-    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, sent_hash,
+    -- a compaction node stands for the conversation it replaced: it has that node's transcript
+    SELECT n.chain, n.answered INTO v_from FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_compacted_from;
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent,
                        model, provider, params, usage, compacted_from, depth, finished_at,
-                       summariser_request, request_hash)
-    VALUES (p_tree, p_node, p_tenant, p_conversation, NULL, 'compaction', 'success', p_sent, p_sent_hash,
+                       summariser_request, request_hash, chain, answered, system_hash)
+    VALUES (p_tree, p_node, p_tenant, p_conversation, NULL, 'compaction', 'success', p_sent,
             p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, clock_timestamp(),
-            p_request, sha256(p_request));
+            p_request, sha256(p_request), v_from.chain, coalesce(v_from.answered, false), p_system_hash);
     IF p_call_node IS NOT NULL THEN
         UPDATE nodes n SET parent_id = p_node, depth = 1
          WHERE n.tree_id = p_tree AND n.id = p_call_node AND n.outcome IS NULL;

@@ -1,6 +1,8 @@
-"""Schema migrations: numbered files in ``storage/migrations`` (``NNNN_name.sql``, applied once,
-in order, each in its own transaction) followed by ``functions.sql`` (server-side functions,
-``CREATE OR REPLACE``d on every run so they always match this code).
+"""Schema migrations: numbered files in ``storage/migrations`` -- ``NNNN_name.sql``, or
+``NNNN_name.py`` defining ``async def upgrade(conn)`` for a step SQL cannot do (e.g. computing
+transcript hashes) -- applied once, in order, each in its own transaction, followed by
+``functions.sql`` (server-side functions, ``CREATE OR REPLACE``d on every run so they always
+match this code).
 
 Safe when several processes start at once: the whole run holds a PostgreSQL advisory lock.
 """
@@ -11,6 +13,7 @@ import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import asyncpg
 
@@ -21,7 +24,7 @@ __all__ = ["Migration", "applied_versions", "latest_version", "load_migrations",
 log = logging.getLogger("branchpoint.storage")
 
 _LOCK_KEY = 0x6272_616E_6368  # "branch": one advisory lock for every migration run
-_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.(sql|py)$")
 
 _CREATE_LEDGER = """
 CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -36,7 +39,16 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 class Migration:
     version: int
     name: str
-    sql: str
+    source: str
+    python: bool = False
+
+    async def apply(self, conn: asyncpg.Connection) -> None:
+        if not self.python:
+            await conn.execute(self.source)
+            return
+        namespace: dict[str, Any] = {"__name__": f"storage.migrations.m{self.version:04d}"}
+        exec(compile(self.source, f"{self.version:04d}_{self.name}.py", "exec"), namespace)
+        await namespace["upgrade"](conn)
 
 
 def load_migrations() -> list[Migration]:
@@ -46,7 +58,8 @@ def load_migrations() -> list[Migration]:
     for entry in folder.iterdir():
         match = _NAME.match(entry.name)
         if match:
-            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8"),
+                                   python=match.group(3) == "py"))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
@@ -103,7 +116,7 @@ async def _migrate(conn: asyncpg.Connection, progress) -> list[int]:
             log.info("applying migration", extra={"version": m.version, "migration": m.name})
             try:
                 async with conn.transaction():
-                    await conn.execute(m.sql)
+                    await m.apply(conn)
                     await conn.execute(
                         "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name
                     )

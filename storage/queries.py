@@ -12,16 +12,17 @@ from .model import ConversationRow, NodeRow, TreeRow, columns
 
 # Start a call (conversation, lease, parent, pending node, path read: one round trip).
 BEGIN_CALL = """
-SELECT tree_id, parent_id, node FROM bp_begin_call(
-    p_tenant => $1, p_conversation => $2, p_new_tree => $3, p_node => $4, p_kind => $5,
-    p_parent_mode => $6, p_parent => $7, p_sent => $8, p_sent_hash => $9, p_lease_seconds => $10,
-    p_model => $11, p_provider => $12, p_params => $13)
+SELECT conversation_id, tree_id, parent_id, mode, matched, start, with_system, node FROM bp_begin_call(
+    p_tenant => $1, p_conversation => $2, p_new_conversation => $3, p_new_tree => $4, p_node => $5,
+    p_kind => $6, p_mode => $7, p_parent_mode => $8, p_parent => $9, p_sent => $10, p_digests => $11,
+    p_prefixes => $12, p_system_hash => $13, p_lease_seconds => $14, p_model => $15, p_provider => $16,
+    p_params => $17)
 """
 
 # Store a call's outcome, release the lease, move the head by the head rule.
 FINISH_CALL = """
-SELECT bp_finish_call(p_tree => $1, p_node => $2, p_outcome => $3, p_received => $4, p_usage => $5,
-                      p_finish_reason => $6, p_error => $7, p_request_hash => $8)
+SELECT bp_finish_call(p_tree => $1, p_node => $2, p_outcome => $3, p_received => $4, p_received_digests => $5,
+                      p_usage => $6, p_finish_reason => $7, p_error => $8, p_request_hash => $9, p_leased => $10)
 """
 
 # Keep a live call's leases from running out.  $1 tree, $2 node, $3 lease seconds
@@ -45,7 +46,7 @@ PATH_NODES = "SELECT * FROM bp_path_nodes(p_tree => $1, p_node => $2)"
 APPLY_COMPACTION = """
 SELECT bp_apply_compaction(
     p_tenant => $1, p_conversation => $2, p_tree => $3, p_node => $4, p_compacted_from => $5,
-    p_sent => $6, p_sent_hash => $7, p_model => $8, p_provider => $9, p_params => $10, p_usage => $11,
+    p_sent => $6, p_system_hash => $7, p_model => $8, p_provider => $9, p_params => $10, p_usage => $11,
     p_mode => $12, p_call_node => $13, p_request => $14)
 """
 
@@ -171,16 +172,17 @@ WITH conv AS (
     ON CONFLICT (tenant, id) DO NOTHING
     RETURNING tree_id
 ), ins AS (
-    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, sent_hash, received,
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, received,
                        model, provider, params, usage, finish_reason, error, compacted_from, depth,
-                       created_at, finished_at)
-    SELECT conv.tree_id, r.id, $1, $2, r.parent_id, r.kind, r.outcome, r.sent, decode(r.sent_hash, 'hex'),
-           r.received, r.model, r.provider, coalesce(r.params, '{}'::jsonb), r.usage, r.finish_reason, r.error,
-           r.compacted_from, r.depth, r.created_at, r.finished_at
+                       created_at, finished_at, chain, answered, system_hash)
+    SELECT conv.tree_id, r.id, $1, $2, r.parent_id, r.kind, r.outcome, r.sent, r.received, r.model, r.provider,
+           coalesce(r.params, '{}'::jsonb), r.usage, r.finish_reason, r.error, r.compacted_from, r.depth,
+           r.created_at, r.finished_at, decode(r.chain, 'hex'), r.answered, decode(r.system_hash, 'hex')
       FROM conv, jsonb_to_recordset($6) AS r(
-           id uuid, parent_id uuid, kind text, outcome text, sent jsonb, sent_hash text, received jsonb,
+           id uuid, parent_id uuid, kind text, outcome text, sent jsonb, received jsonb,
            model text, provider text, params jsonb, usage jsonb, finish_reason text, error jsonb,
-           compacted_from uuid, depth integer, created_at timestamptz, finished_at timestamptz)
+           compacted_from uuid, depth integer, created_at timestamptz, finished_at timestamptz,
+           chain text, answered boolean, system_hash text)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM conv) AS created, (SELECT count(*) FROM ins) AS nodes

@@ -10,18 +10,29 @@ from typing import Any, Literal
 from . import queries
 from .database import Database
 from .model import Outcome, PathNode, rows
+from .transcript import digests, system_hash
 
-__all__ = ["Begun", "ParentMode", "TreeStore"]
+__all__ = ["Begun", "ContextMode", "ParentMode", "TreeStore"]
 
 ParentMode = Literal["head", "root", "node"]
 
 
+ContextMode = Literal["delta", "full"]
+
+
 @dataclass(frozen=True, slots=True)
 class Begun:
-    """A started call: its tree, the parent it hangs under (None: a root) and that parent's path."""
+    """A started call: its conversation and tree, the parent it hangs under (None: a root) and that
+    parent's path; the mode that handled it, how many of its non-system messages matched stored
+    nodes (full mode) and how many of them the new node does not repeat (``start``)."""
 
+    conversation_id: str
     tree_id: uuid.UUID
     parent_id: uuid.UUID | None
+    mode: ContextMode
+    matched: int = 0
+    start: int = 0
+    with_system: bool = False
     path: list[PathNode] = field(default_factory=list)
 
 
@@ -33,28 +44,34 @@ class TreeStore:
         self,
         *,
         tenant: str,
-        conversation_id: str,
+        conversation_id: str | None,
         node_id: uuid.UUID,
         new_tree_id: uuid.UUID,
         kind: str,
+        mode: ContextMode,
         parent_mode: ParentMode,
         parent_id: uuid.UUID | None,
         sent: list[Any],
-        sent_hash: bytes,
+        digests: list[bytes],
+        prefixes: list[bytes],
+        system_hash: bytes | None,
         lease_seconds: float,
         model: str | None,
         provider: str | None,
         params: dict[str, Any],
+        new_conversation_id: str | None = None,
     ) -> Begun:
-        """Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule refuses the call."""
+        """Start a call (``bp_begin_call`` in functions.sql says how each argument is used).
+        Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule refuses it."""
         records = await self.db.fetch(
             queries.BEGIN_CALL,
-            tenant, conversation_id, new_tree_id, node_id, kind, parent_mode, parent_id,
-            sent, sent_hash, lease_seconds, model, provider, params,
+            tenant, conversation_id, new_conversation_id, new_tree_id, node_id, kind, mode, parent_mode, parent_id,
+            sent, digests, prefixes, system_hash, lease_seconds, model, provider, params,
         )
         first = records[0]
         path = rows(PathNode, (r["node"] for r in records)) if first["node"] is not None else []
-        return Begun(first["tree_id"], first["parent_id"], path)
+        return Begun(first["conversation_id"], first["tree_id"], first["parent_id"], first["mode"], first["matched"],
+                     first["start"], first["with_system"], path)
 
     async def finish_call(
         self,
@@ -67,12 +84,14 @@ class TreeStore:
         finish_reason: str | None,
         error: Any,
         request_hash: bytes | None,
+        leased: bool,
     ) -> bool:
         """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile."""
         return bool(
             await self.db.fetchval(
                 queries.FINISH_CALL,
-                tree_id, node_id, outcome.value, received, usage, finish_reason, error, request_hash,
+                tree_id, node_id, outcome.value, received, digests(received or ()), usage, finish_reason, error,
+                request_hash, leased,
             )
         )
 
@@ -91,12 +110,12 @@ class TreeStore:
         return rows(PathNode, await self.db.fetch(queries.PATH_NODES, tree_id, node_id))
 
     async def apply_compaction(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, node_id: uuid.UUID,
-                               compacted_from: uuid.UUID, sent: list[Any], sent_hash: bytes, model: str,
+                               compacted_from: uuid.UUID, sent: list[Any], model: str,
                                provider: str, params: dict[str, Any], usage: dict[str, Any] | None, mode: str,
                                call_node: uuid.UUID | None, request: bytes) -> str:
         """'ok', or why nothing was written: 'moved', 'busy', 'lost_lease', 'conversation_not_found'."""
         return await self.db.fetchval(
-            queries.APPLY_COMPACTION, tenant, conversation_id, tree_id, node_id, compacted_from, sent, sent_hash,
+            queries.APPLY_COMPACTION, tenant, conversation_id, tree_id, node_id, compacted_from, sent, system_hash(sent),
             model, provider, params, usage, mode, call_node, request,
         )
 

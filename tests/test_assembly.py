@@ -3,7 +3,6 @@
 import uuid
 
 from proxy.assembly import Target, assemble, pair_check, shape_received
-from proxy.lifecycle import sent_hash
 from storage import PathNode
 
 from .helpers import assistant, tool, user
@@ -107,8 +106,3 @@ def test_shape_received_keeps_portable_fields_and_reasoning_only_where_accepted(
     assert other["reasoning_content"] == "thinking" and "reasoning_details" not in other
     empty = shape_received({"role": "assistant", "content": None}, T, "openai")
     assert empty == {"role": "assistant", "content": ""}
-
-
-def test_sent_hash_is_canonical():
-    assert sent_hash([{"role": "user", "content": "a"}]) == sent_hash([{"content": "a", "role": "user"}])
-    assert sent_hash([user("a")]) != sent_hash([user("b")])

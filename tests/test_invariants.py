@@ -15,7 +15,7 @@ def test_checker_reports_each_kind_of_violation(fresh_database_url):
         VALUES ('t', 'dangling', gen_random_uuid(), gen_random_uuid())""")
     db.fetch("""
         WITH c AS (INSERT INTO conversations (tenant, id, tree_id) VALUES ('t', 'bad', gen_random_uuid()) RETURNING tree_id)
-        INSERT INTO nodes (tree_id, id, tenant, conversation_id, kind, outcome, sent, sent_hash, depth, lease_until)
+        INSERT INTO nodes (tree_id, id, tenant, conversation_id, kind, outcome, sent, chain, depth, lease_until)
         SELECT tree_id, gen_random_uuid(), 't', 'bad', 'turn', NULL, '[]'::jsonb, '\\x00'::bytea, 0, now() - interval '1 hour' FROM c
         UNION ALL
         SELECT tree_id, gen_random_uuid(), 't', 'bad', 'turn', 'success', '[]'::jsonb, '\\x00'::bytea, 0, NULL FROM c""")

@@ -105,7 +105,7 @@ def test_the_next_call_reaps_an_expired_lease_itself(fresh_database_url, upstrea
         # simulate a process that died mid-call: a pending node holding the lease, never renewed
         db.fetch("""
             WITH c AS (SELECT * FROM conversations WHERE id = $1), n AS (
-                INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, sent_hash,
+                INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, chain,
                                    depth, lease_until)
                 SELECT c.tree_id, gen_random_uuid(), c.tenant, c.id, c.head_node_id, 'turn',
                        '[{"role": "user", "content": "lost"}]', '\\x00', 1, now() - interval '1 second' FROM c

@@ -28,7 +28,7 @@ def test_migrate_empty_database_and_check_schema(pg_server_url):
             }
             for column in ("id", "tree_id", "tenant", "conversation_id", "parent_id", "kind", "status", "sent",
                            "received", "model", "provider", "params", "usage", "finish_reason", "error",
-                           "compacted_from", "depth", "created_at", "finished_at", "sent_hash", "request_hash"):
+                           "compacted_from", "depth", "created_at", "finished_at", "chain", "answered", "system_hash", "outcome", "request_hash"):
                 assert ("nodes", column) in cols, column
             assert cols[("nodes", "sent")] == "jsonb"
             assert cols[("nodes", "id")] == "uuid"

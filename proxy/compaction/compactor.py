@@ -15,14 +15,11 @@ A failed summarisation changes nothing.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgspec
 
 from storage import ConversationRow, PathNode, TreeStore, uuid7
 
@@ -149,7 +146,6 @@ class Compactor:
             tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, node_id=node_id,
             compacted_from=compacted_from, sent=sent, model=prepared.model, provider=prepared.provider,
             params=params, usage=prepared.usage or None,
-            sent_hash=hashlib.sha256(msgspec.json.encode(sent, order="sorted")).digest(),
             mode=mode, call_node=call_node, request=prepared.first_request,
         )
         if outcome != "ok":

@@ -20,10 +20,11 @@ from .common import RequestHeaders, parse_node_id, resolve_conversation_id
 from .docs import errors
 from .passthrough import Forwarder
 
-__all__ = ["chat_completions", "chat_completions_prefixed", "parse_chat_body"]
+__all__ = ["chat_completions", "chat_completions_auto", "chat_completions_prefixed", "parse_chat_body"]
 
 _decode = msgspec.json.Decoder().decode
 _KINDS = frozenset({"turn", "transform"})
+_MODES = frozenset({"delta", "full"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -58,20 +59,36 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _context_mode(headers: RequestHeaders, default: str) -> str:
+    value = headers.get("x-context-mode")
+    if value is None or not value.strip():
+        return default
+    mode = value.strip().lower()
+    if mode not in _MODES:
+        raise InvalidRequest("X-Context-Mode must be 'delta' or 'full'", param="X-Context-Mode")
+    return mode
+
+
 async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder: Forwarder, caller: Caller,
-                path_cid: str | None) -> ASGIApp:
+                path_cid: str | None, *, auto: bool = False) -> ASGIApp:
+    """A chat call: stored when it names a conversation (or comes through ``/auto/v1``, which finds
+    the conversation by content), passed through otherwise."""
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     raw = await request.body()
-    if cid is None:
+    if cid is None and not auto:
         return await forwarder.forward(request, "chat/completions", raw, headers, caller)
 
     kind = (headers.get("x-node-kind") or "turn").strip().lower()
     if kind not in _KINDS:
         raise InvalidRequest("X-Node-Kind must be 'turn' or 'transform'", param="X-Node-Kind")
+    mode = "full" if auto else _context_mode(headers, calls.default_mode)
     parent_header = headers.get("x-parent-node-id")
     if parent_header is None or not parent_header.strip():
         parent_mode, parent_id = "head", None
+    elif mode == "full":
+        raise InvalidRequest("X-Parent-Node-Id cannot be used in full-history mode: the messages decide the parent",
+                             param="X-Parent-Node-Id")
     elif parent_header.strip().lower() == "root":
         parent_mode, parent_id = "root", None
     else:
@@ -82,6 +99,7 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
         tenant=caller.tenant,
         conversation_id=cid,
         kind=kind,
+        mode=mode,
         parent_mode=parent_mode,
         parent_id=parent_id,
         body=body,
@@ -93,15 +111,25 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
     return await calls.run(call, request.receive)
 
 
+_ERRORS = errors(400, 401, 404, 409, 413, 502, 503, 504)
+
+
 @post("/v1/chat/completions", summary="Chat completion (stored when a conversation id is given)",
-      tags=["chat"], status_code=200, responses=errors(400, 401, 404, 409, 413, 502, 503, 504))
-async def chat_completions(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle], forwarder: NamedDependency[Forwarder],
-                           caller: NamedDependency[Caller]) -> ASGIApp:
+      tags=["chat"], status_code=200, responses=_ERRORS)
+async def chat_completions(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle],
+                           forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
     return await _chat(request, calls, forwarder, caller, None)
 
 
 @post("/c/{conversation_id:str}/v1/chat/completions", summary="Chat completion in the named conversation",
-      tags=["chat"], status_code=200, responses=errors(400, 401, 404, 409, 413, 502, 503, 504))
-async def chat_completions_prefixed(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle], forwarder: NamedDependency[Forwarder],
-                                    caller: NamedDependency[Caller]) -> ASGIApp:
+      tags=["chat"], status_code=200, responses=_ERRORS)
+async def chat_completions_prefixed(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle],
+                                    forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
     return await _chat(request, calls, forwarder, caller, request.path_params["conversation_id"])
+
+
+@post("/auto/v1/chat/completions", summary="Chat completion, full history, conversation found by content",
+      tags=["chat"], status_code=200, responses=_ERRORS)
+async def chat_completions_auto(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle],
+                                forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
+    return await _chat(request, calls, forwarder, caller, None, auto=True)

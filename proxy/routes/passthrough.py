@@ -25,9 +25,11 @@ from .common import RequestHeaders, valid_conversation_id
 __all__ = [
     "Forwarder",
     "chat_completions_list",
+    "chat_completions_list_auto",
     "chat_completions_list_prefixed",
     "chat_completions_sub_prefixed",
     "passthrough",
+    "passthrough_auto",
     "passthrough_prefixed",
 ]
 
@@ -116,6 +118,19 @@ async def passthrough(request: Request[Any, Any, Any], forwarder: NamedDependenc
 async def passthrough_prefixed(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
     return await _passthrough(request, forwarder, caller, request.path_params["path"],
                               request.path_params["conversation_id"])
+
+
+@route("/auto/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream", tags=["pass-through"],
+       include_in_schema=False)
+async def passthrough_auto(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
+                           caller: NamedDependency[Caller]) -> ASGIApp:
+    return await _passthrough(request, forwarder, caller, request.path_params["path"], None)
+
+
+@route("/auto/v1/chat/completions", http_method=["GET"], include_in_schema=False)
+async def chat_completions_list_auto(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
+                                     caller: NamedDependency[Caller]) -> ASGIApp:
+    return await _passthrough(request, forwarder, caller, "chat/completions", None)
 
 
 # The chat endpoint's static path shadows the catch-all for its other methods and sub-paths

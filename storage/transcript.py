@@ -1,0 +1,220 @@
+"""Transcript hashes: how a conversation so far is recognised by its meaning, in one indexed lookup
+(docs/behaviour.md#full-history-mode).
+
+A node's **transcript** is what a client that resends its history would send to continue after it:
+the non-system items of its path root first -- ``sent``, then ``received`` when the node succeeded
+-- read through compaction nodes as the conversation they replaced. Its hash is a chain over the
+messages' *canonical forms*:
+
+    h_0 = 32 zero bytes            h_i = sha256(h_{i-1} || sha256(canonical(message_i)))
+
+Every node stores ``chain`` (the hash of its transcript) and the same fold is computed over a
+client's messages, so "the deepest node whose transcript is a prefix of what the client sent" is
+``chain = ANY(h_1..h_m)`` with the largest i. The fold is done in SQL too (``bp_fold``), from the
+per-message digests this module computes.
+
+Canonical form (what compares, and what does not):
+- system/developer messages take no part (``None``);
+- ``role`` compares; ``content``: a string equals a list of text parts with the same text joined;
+  null, ``""`` and absent are equal; other parts compare by their JSON;
+- ``tool_calls`` by id, function name and arguments as parsed JSON (key order and whitespace do
+  not matter; arguments that are not JSON compare as strings); a missing ``type`` is ``function``;
+  the legacy ``function_call`` the same way; ``tool`` messages by ``tool_call_id`` and content;
+- ``name`` compares; everything else -- null fields, ``refusal``, ``annotations``, ``audio``,
+  reasoning fields, unknown extras -- is ignored (clients drop or add them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "EMPTY",
+    "SYSTEM_ROLES",
+    "canonical",
+    "chain",
+    "digest",
+    "digests",
+    "fold",
+    "is_system",
+    "prefix_hashes",
+    "system_hash",
+    "tail",
+]
+
+EMPTY = bytes(32)  # the hash of an empty transcript
+SYSTEM_ROLES = frozenset({"system", "developer"})
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+
+_encode = msgspec.json.Encoder(order="sorted").encode
+_decode = msgspec.json.Decoder().decode
+
+
+def is_system(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("role") in SYSTEM_ROLES
+
+
+def _json_value(value: Any) -> Any:
+    """Arguments as parsed JSON when they are JSON, else the string itself."""
+    if isinstance(value, str):
+        try:
+            return ["json", _decode(value)]
+        except (msgspec.DecodeError, RecursionError):
+            return ["text", value]
+    return ["json", value]
+
+
+def _content(content: Any) -> Any:
+    if content is None or content == "":
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type", "text") in _TEXT_PARTS and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                break
+        else:
+            return "".join(texts)
+        return [
+            ["text", part["text"]]
+            if isinstance(part, dict) and part.get("type", "text") in _TEXT_PARTS and isinstance(part.get("text"), str)
+            else ["part", part]
+            for part in content
+        ]
+    return ["other", content]
+
+
+def _call(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return ["other", call]
+    fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+    return [call.get("id"), call.get("type") or "function", fn.get("name"), _json_value(fn.get("arguments"))]
+
+
+def canonical(message: Any) -> Any | None:
+    """The comparable meaning of a message; None for system/developer messages."""
+    if not isinstance(message, dict):
+        return ["other", message]
+    role = message.get("role")
+    if role in SYSTEM_ROLES:
+        return None
+    out: dict[str, Any] = {"role": role, "content": _content(message.get("content"))}
+    if message.get("name") is not None:
+        out["name"] = message["name"]
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [_call(c) for c in calls] if isinstance(calls, list) else ["other", calls]
+    fc = message.get("function_call")
+    if isinstance(fc, dict):
+        out["function_call"] = [fc.get("name"), _json_value(fc.get("arguments"))]
+    if message.get("tool_call_id") is not None:
+        out["tool_call_id"] = message["tool_call_id"]
+    return out
+
+
+def digest(message: Any) -> bytes:
+    """sha256 of a (non-system) message's canonical form."""
+    return hashlib.sha256(_encode(canonical(message))).digest()
+
+
+def digests(items: Iterable[Any]) -> list[bytes]:
+    """The digests of the non-system items, in order."""
+    return [digest(i) for i in items if not is_system(i)]
+
+
+def fold(start: bytes, message_digests: Iterable[bytes]) -> bytes:
+    h = start
+    for d in message_digests:
+        h = hashlib.sha256(h + d).digest()
+    return h
+
+
+def chain(items: Iterable[Any], start: bytes = EMPTY) -> bytes:
+    """The transcript hash after ``items`` (system messages skipped), from ``start``."""
+    return fold(start, digests(items))
+
+
+def prefix_hashes(message_digests: Iterable[bytes]) -> list[bytes]:
+    """h_1..h_m over the digests of the non-system items: h_i is the hash of the first i of them."""
+    out = []
+    h = EMPTY
+    for d in message_digests:
+        h = hashlib.sha256(h + d).digest()
+        out.append(h)
+    return out
+
+
+def tail(items: Sequence[Any], skip: int, *, with_system: bool) -> list[Any]:
+    """The items after the first ``skip`` non-system ones, in order; system/developer messages
+    kept only when ``with_system`` (the SQL twin: ``bp_tail``)."""
+    out = []
+    seen = 0
+    for item in items:
+        if is_system(item):
+            if with_system:
+                out.append(item)
+            continue
+        seen += 1
+        if seen > skip:
+            out.append(item)
+    return out
+
+
+def system_hash(items: Iterable[Any]) -> bytes | None:
+    """The hash of the system/developer messages among ``items`` (None when there are none):
+    two calls whose system prompts compare equal by role and content have the same hash."""
+    system = [[i.get("role"), _content(i.get("content"))] for i in items if is_system(i)]
+    return hashlib.sha256(_encode(system)).digest() if system else None
+
+
+class NodeKeys(msgspec.Struct, frozen=True):
+    """What a node is indexed and matched by: its transcript hash, whether that transcript holds an
+    answer the proxy stored, and the hash of the system prompt in effect on its path."""
+
+    chain: bytes
+    answered: bool
+    system_hash: bytes | None
+
+
+def node_keys(nodes: Iterable[dict[str, Any]]) -> dict[Any, NodeKeys]:
+    """The keys of stored nodes (dicts with id, parent_id, kind, outcome, sent, received,
+    compacted_from), computed from their items -- for a migration or an import, where no parent's
+    keys are stored yet. Parents and compaction origins must be among ``nodes``."""
+    by_id = {n["id"]: n for n in nodes}
+    keys: dict[Any, NodeKeys] = {}
+
+    def source(n: dict[str, Any]) -> Any:
+        return n.get("compacted_from") if n["kind"] == "compaction" else n.get("parent_id")
+
+    for start in by_id:
+        stack = [start]
+        while stack:  # iterative: paths can be thousands of nodes long
+            n = by_id[stack[-1]]
+            up = source(n)
+            if up is not None and up not in keys:
+                stack.append(up)
+                continue
+            stack.pop()
+            if n["id"] in keys:
+                continue
+            base = keys.get(up) if up is not None else None
+            own_system = system_hash(n.get("sent") or [])
+            if n["kind"] == "compaction":
+                assert base is not None, "a compaction node needs the node it replaced"
+                keys[n["id"]] = NodeKeys(base.chain, base.answered, own_system)
+                continue
+            h = fold(base.chain if base else EMPTY, digests(n.get("sent") or []))
+            received = n.get("received") or []
+            succeeded = n.get("outcome") == "success"
+            if succeeded:
+                h = fold(h, digests(received))
+            keys[n["id"]] = NodeKeys(h, bool(base and base.answered) or (succeeded and bool(received)),
+                                     own_system or (base.system_hash if base else None))
+    return keys
