@@ -7,9 +7,9 @@ Rules, in order:
 2. the new items are appended;
 3. system rule: system/developer messages are not repeated in place; the most recent ones found
    (this call's, if it sent any, else those of the last node that sent any) go first, once;
-4. pairing check: an assistant ``tool_calls`` entry without a later ``tool`` result, or a ``tool``
-   message without an earlier call, is dropped -- and reported, because on the normal path this
-   changes nothing.
+4. pairing check: tool results must directly follow the assistant message whose calls they
+   answer; a call without its result there, a result anywhere else and a second result for the
+   same call are dropped -- and reported, because on the normal path this changes nothing.
 """
 
 from __future__ import annotations
@@ -110,55 +110,54 @@ def _role(item: Any) -> Any:
 
 
 def pair_check(items: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Drop unanswered tool calls and orphan tool results. Returns (kept, dropped); ``dropped``
-    lists ``{"tool_call_id", "reason"}`` entries (and whole messages that became empty)."""
-    called: set[Any] = set()
-    answered: set[Any] = set()
-    for item in items:
-        role = _role(item)
-        if role == "assistant":
-            for tc in item.get("tool_calls") or ():
-                if isinstance(tc, dict):
-                    called.add(tc.get("id"))
-        elif role == "tool":
-            tid = item.get("tool_call_id")
-            if tid in called:
-                answered.add(tid)
-    if len(answered) == len(called) and not any(
-        _role(i) == "tool" and i.get("tool_call_id") not in answered for i in items
-    ):
-        return list(items), []
-
+    """The rule the OpenAI API enforces: the messages right after an assistant message with
+    ``tool_calls`` are the ``tool`` results of those calls (any order), before any other message.
+    Dropped: a call whose result is not in that run, a result that is not in the run right after
+    its call, a second result for the same call (and an assistant message left with neither
+    content nor calls). Returns (kept, dropped); ``dropped`` lists what went and why."""
     kept: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
-    seen_calls: set[Any] = set()
-    for item in items:
+    i, n = 0, len(items)
+    while i < n:
+        item = items[i]
         role = _role(item)
-        if role == "assistant" and item.get("tool_calls"):
-            calls = [tc for tc in item["tool_calls"] if isinstance(tc, dict)]
-            good = [tc for tc in calls if tc.get("id") in answered]
-            for tc in calls:
-                if tc.get("id") not in answered:
-                    dropped.append({"tool_call_id": tc.get("id"), "reason": "tool call without a result"})
-            seen_calls.update(tc.get("id") for tc in good)
-            if len(good) == len(calls):
-                kept.append(item)
-                continue
+        if role == "tool":
+            dropped.append({"tool_call_id": item.get("tool_call_id"), "reason": "tool result not right after its call"})
+            i += 1
+            continue
+        if role != "assistant" or not item.get("tool_calls"):
+            kept.append(item)
+            i += 1
+            continue
+        calls = [tc for tc in item["tool_calls"] if isinstance(tc, dict)]
+        ids = {tc.get("id") for tc in calls}
+        results: dict[Any, dict[str, Any]] = {}
+        j = i + 1
+        while j < n and _role(items[j]) == "tool":
+            tid = items[j].get("tool_call_id")
+            if tid in ids and tid not in results:
+                results[tid] = items[j]
+            else:
+                reason = "a second result for the same call" if tid in results else "tool result not right after its call"
+                dropped.append({"tool_call_id": tid, "reason": reason})
+            j += 1
+        good = [tc for tc in calls if tc.get("id") in results]
+        for tc in calls:
+            if tc.get("id") not in results:
+                dropped.append({"tool_call_id": tc.get("id"), "reason": "tool call without a result"})
+        if len(good) == len(item["tool_calls"]):
+            kept.append(item)
+        else:
             trimmed = {k: v for k, v in item.items() if k != "tool_calls"}
             if good:
                 trimmed["tool_calls"] = good
-            elif not trimmed.get("content") and not trimmed.get("refusal"):
-                dropped.append({"message": "assistant", "reason": "empty after dropping its tool calls"})
-                continue
-            kept.append(trimmed)
-        elif role == "tool":
-            tid = item.get("tool_call_id")
-            if tid in answered and tid in seen_calls:
-                kept.append(item)
+                kept.append(trimmed)
+            elif trimmed.get("content") or trimmed.get("refusal"):
+                kept.append(trimmed)
             else:
-                dropped.append({"tool_call_id": tid, "reason": "tool result without a call before it"})
-        else:
-            kept.append(item)
+                dropped.append({"message": "assistant", "reason": "empty after dropping its tool calls"})
+        kept.extend(r for r in items[i + 1:j] if r.get("tool_call_id") in results and results[r.get("tool_call_id")] is r)
+        i = j
     return kept, dropped
 
 

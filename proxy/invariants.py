@@ -26,19 +26,22 @@ class Violation:
 
 
 def _paired(messages: list[dict[str, Any]]) -> str | None:
-    """Independent of ``pair_check``: None if well paired, else what is wrong."""
-    called: set[Any] = set()
-    answered: set[Any] = set()
+    """Independent of ``pair_check``: None if every assistant message's tool calls are answered by
+    the tool messages right after it (and no tool message stands anywhere else), else what is wrong."""
+    open_calls: set[Any] = set()
+    in_run = False
     for m in messages:
-        if m.get("role") == "assistant":
-            for tc in m.get("tool_calls") or ():
-                called.add(tc.get("id"))
-        elif m.get("role") == "tool":
-            if m.get("tool_call_id") not in called:
-                return f"tool result {m.get('tool_call_id')} without an earlier call"
-            answered.add(m.get("tool_call_id"))
-    missing = called - answered
-    return f"tool calls without results: {sorted(map(str, missing))}" if missing else None
+        if m.get("role") == "tool":
+            if not in_run or m.get("tool_call_id") not in open_calls:
+                return f"tool result {m.get('tool_call_id')} not right after its call"
+            open_calls.discard(m.get("tool_call_id"))
+            continue
+        if open_calls:
+            return f"tool calls without results: {sorted(map(str, open_calls))}"
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        open_calls = {tc.get("id") for tc in calls or ()}
+        in_run = bool(open_calls)
+    return f"tool calls without results: {sorted(map(str, open_calls))}" if open_calls else None
 
 
 async def check_invariants(db: Database, *, grace: float = 30.0, assemble_heads: bool = True,

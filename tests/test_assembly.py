@@ -106,3 +106,26 @@ def test_shape_received_keeps_portable_fields_and_reasoning_only_where_accepted(
     assert other["reasoning_content"] == "thinking" and "reasoning_details" not in other
     empty = shape_received({"role": "assistant", "content": None}, T, "openai")
     assert empty == {"role": "assistant", "content": ""}
+
+
+def test_pairing_is_strict_a_late_result_is_dropped_with_its_call():
+    # a turn abandoned between rounds, then a late tool result: the API refuses
+    # assistant(tool_calls) -> user -> ... -> tool, so both the call and the late result go
+    items = [user("q"), assistant(None, tool_calls=[call("c1")]), user("never mind"), assistant("ok"),
+             tool("c1", "late result"), user("next")]
+    kept, dropped = pair_check(items)
+    assert kept == [user("q"), user("never mind"), assistant("ok"), user("next")]
+    assert sorted(d.get("tool_call_id") or d["message"] for d in dropped) == ["assistant", "c1", "c1"]
+
+
+def test_pairing_drops_a_second_result_for_the_same_call():
+    items = [user("q"), assistant(None, tool_calls=[call("c1"), call("c2")]), tool("c2", "b"), tool("c1", "a"),
+             tool("c1", "again"), assistant("done")]
+    kept, dropped = pair_check(items)
+    assert kept == items[:4] + [assistant("done")]  # results in any order; the duplicate goes
+    assert dropped == [{"tool_call_id": "c1", "reason": "a second result for the same call"}]
+
+
+def test_a_well_paired_list_is_unchanged():
+    items = [user("q"), assistant(None, tool_calls=[call("c1")]), tool("c1", "r"), assistant("a"), user("more")]
+    assert pair_check(items) == (items, [])

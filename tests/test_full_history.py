@@ -1,0 +1,287 @@
+"""Full-history mode end to end: clients that resend their whole history (X-Context-Mode: full,
+/auto/v1, and the delta safety net), driven through the openai SDK; the assertions are on what the
+fake upstream received and on what was stored."""
+
+import json
+import threading
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from .conftest import Db, make_settings, serve_proxy
+from .fakes import Reply
+from .helpers import MODEL, assistant, system, tool, tool_call, user
+
+FULL = {"X-Context-Mode": "full"}
+
+
+def chat(client, messages, headers=None, **kw):
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages,
+                                                          extra_headers=headers or {}, **kw)
+    return raw.parse(), raw.headers
+
+
+def answer_of(completion):
+    return {"role": "assistant", "content": completion.choices[0].message.content}
+
+
+def stored(db, node_id):
+    return db.node(node_id)
+
+
+def test_a_client_resending_its_history_is_matched_and_only_new_items_are_stored(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    history = [system("Be brief."), user("one")]
+    sizes, nodes = [], []
+    for i, text in enumerate(["two", "three", "four"]):
+        completion, h = chat(client, history, FULL)
+        sizes.append(len(upstream.last.messages))
+        nodes.append(h["x-node-id"])
+        assert h["x-context-mode"] == "full" and h["x-context-matched"] == str(2 * i)
+        assert h["x-conversation-id"] == cid
+        if i:
+            assert h["x-parent-node-id"] == nodes[i - 1]
+        # the upstream got exactly the client's messages, once each
+        assert [m["content"] for m in upstream.last.messages] == [m["content"] for m in history]
+        history += [answer_of(completion), user(text)]
+    assert sizes == [2, 4, 6]  # system + 1, 3, 5 -- not 2, 6, 12
+    # storage grows with what is new: one user message per node, the system prompt once
+    assert stored(db, nodes[0])["sent"] == [system("Be brief."), user("one")]
+    assert stored(db, nodes[1])["sent"] == [user("two")]
+    assert stored(db, nodes[2])["sent"] == [user("three")]
+    assert db.head(cid) == nodes[2]
+
+
+def test_auto_v1_finds_the_conversation_by_content(proxy, upstream):
+    key = f"sk-auto-{uuid.uuid4().hex}"
+    client = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0)
+    first, h1 = chat(client, [user("hello from an app")])
+    cid = h1["x-conversation-id"]
+    assert cid.startswith("auto-") and h1["x-context-mode"] == "full" and h1["x-context-matched"] == "0"
+    history = [user("hello from an app"), answer_of(first), user("and a follow-up")]
+    _, h2 = chat(client, history)
+    assert h2["x-conversation-id"] == cid and h2["x-context-matched"] == "2"
+    assert h2["x-parent-node-id"] == h1["x-node-id"]
+    assert len(upstream.last.messages) == 3
+    # another chat of the same tenant starts a conversation of its own
+    _, h3 = chat(client, [user("a different chat")])
+    assert h3["x-conversation-id"] not in (cid, None)
+    # another tenant resending the same history finds nothing of the first
+    stranger = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=f"sk-auto-{uuid.uuid4().hex}", max_retries=0)
+    _, h4 = chat(stranger, history)
+    assert h4["x-conversation-id"] != cid and h4["x-context-matched"] == "0"
+    # other routes under /auto/v1 pass through
+    assert stranger.models.list().data[0].id == "fake-model"
+    # with a conversation id, /auto/v1 uses that conversation
+    named = f"named-{uuid.uuid4().hex[:8]}"
+    _, h5 = chat(client, [user("named")], {"X-Conversation-Id": named})
+    assert h5["x-conversation-id"] == named and h5["x-context-mode"] == "full"
+
+
+def test_an_edit_and_a_regenerate_in_the_app_become_branches(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    a1, h1 = chat(client, [user("q1")], FULL)
+    base = [user("q1"), answer_of(a1)]
+    _, h2 = chat(client, [*base, user("q2")], FULL)
+    _, edit = chat(client, [*base, user("q2, edited")], FULL)
+    _, regen = chat(client, [*base, user("q2")], FULL)
+    for h in (h2, edit, regen):
+        assert h["x-parent-node-id"] == h1["x-node-id"] and h["x-context-matched"] == "2"
+    assert "q2" not in json.dumps(upstream.requests[-2].body["messages"][:2])
+    path = proxy.http(key).get(f"/admin/conversations/{cid}/path").json()["data"]
+    assert [n["id"] for n in path] == [h1["x-node-id"], regen["x-node-id"]]  # the head: the last finisher
+    assert path[-1]["sibling_index"] == 3 and path[-1]["sibling_count"] == 3
+    # the edit's request never saw the other branches' question
+    edit_request = proxy.http(key).get(f"/admin/nodes/{edit['x-node-id']}/request")
+    assert edit_request.headers["x-request-verified"] == "true"
+    assert [m["content"] for m in edit_request.json()["messages"]] == ["q1", a1.choices[0].message.content, "q2, edited"]
+
+
+def test_concurrent_calls_never_409_they_become_siblings(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    a1, h1 = chat(client, [user("q1")], FULL)
+    history = [user("q1"), answer_of(a1), user("q2")]
+    gate = threading.Event()
+    upstream.enqueue(Reply(content="main answer", hold=gate))
+    results = {}
+    main = threading.Thread(target=lambda: results.update(main=chat(client, history, FULL)))
+    main.start()
+    upstream.wait_for(2)
+    # the agent's parallel guardrail: same history, its own instructions, while the main call runs
+    guard, hg = chat(client, [system("You are a guardrail. Answer SAFE or UNSAFE."), *history], FULL)
+    gate.set()
+    main.join()
+    _, hm = results["main"]
+    assert hg["x-parent-node-id"] == hm["x-parent-node-id"] == h1["x-node-id"]
+    assert hg["x-node-id"] != hm["x-node-id"]
+    guard_sent = stored(db, hg["x-node-id"])["sent"]
+    assert guard_sent[0]["role"] == "system" and guard_sent[1:] == [user("q2")]
+    assert db.head(cid) == hm["x-node-id"]  # the main call finished last
+
+
+def test_a_failed_call_retried_hangs_beside_it(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    a1, h1 = chat(client, [user("q1")], FULL)
+    history = [user("q1"), answer_of(a1), user("q2")]
+    upstream.enqueue(Reply(kind="error", status=503))
+    with pytest.raises(openai.InternalServerError) as e:
+        chat(client, history, FULL)
+    failed = e.value.response.headers["x-node-id"]
+    assert db.head(cid) == failed and e.value.response.headers["x-context-mode"] == "full"
+    _, h = chat(client, history, FULL)  # the SDK's (or the user's) retry
+    assert h["x-parent-node-id"] == h1["x-node-id"] and h["x-context-matched"] == "3"
+    assert [m["content"] for m in upstream.last.messages].count("q2") == 1
+    assert stored(db, failed)["status"] == "failed" and db.head(cid) == h["x-node-id"]
+
+
+def test_a_history_ending_with_an_answer_hangs_under_it_with_no_new_items(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    a1, h1 = chat(client, [user("q1")], FULL)
+    _, h = chat(client, [user("q1"), answer_of(a1)], FULL)  # e.g. an assistant prefill
+    assert h["x-parent-node-id"] == h1["x-node-id"] and h["x-context-matched"] == "2"
+    assert stored(db, h["x-node-id"])["sent"] == []
+    assert [m["role"] for m in upstream.last.messages] == ["user", "assistant"]
+
+
+def test_echoes_are_compared_by_meaning(proxy, upstream, key, cid, db):
+    """Frameworks re-serialise what they echo: argument JSON, text parts, null vs absent content,
+    refusal/annotations -- none of it breaks the match."""
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_1", "weather", '{"city":"Paris" ,"unit":"C"}')]))
+    _, h1 = chat(client, [user([{"type": "text", "text": "weather in "}, {"type": "text", "text": "Paris?"}])], FULL)
+    echoed = {"role": "assistant", "tool_calls": [{"id": "call_1", "function": {"name": "weather",
+                                                                                  "arguments": '{"unit": "C", "city": "Paris"}'}}]}
+    upstream.enqueue(Reply(content="It is 21 C."))
+    second, h2 = chat(client, [user("weather in Paris?"), echoed, tool("call_1", "21 C")], FULL)
+    assert h2["x-context-matched"] == "2" and h2["x-parent-node-id"] == h1["x-node-id"]
+    assert stored(db, h2["x-node-id"])["sent"] == [tool("call_1", "21 C")]
+    # the upstream got the tool call as it produced it, and the result right after it
+    sent = upstream.last.messages
+    assert sent[1]["tool_calls"][0]["function"]["arguments"] == '{"city":"Paris" ,"unit":"C"}'
+    assert sent[2] == tool("call_1", "21 C")
+    again = [user("weather in Paris?"), echoed, tool("call_1", "21 C"),
+             {"role": "assistant", "content": [{"type": "text", "text": "It is 21 C."}], "refusal": None,
+              "annotations": []},
+             user("thanks")]
+    _, h3 = chat(client, again, FULL)
+    assert h3["x-context-matched"] == "4" and h3["x-parent-node-id"] == h2["x-node-id"]
+
+
+def test_system_prompts_are_stored_only_when_they_change(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    a1, h1 = chat(client, [system("v1"), user("q1")], FULL)
+    history = [user("q1"), answer_of(a1), user("q2")]
+    _, same = chat(client, [system("v1"), *history], FULL)
+    assert stored(db, same["x-node-id"])["sent"] == [user("q2")]
+    assert upstream.last.messages[0] == system("v1")
+    _, changed = chat(client, [system("v2 -- today is Tuesday"), *history], FULL)
+    assert stored(db, changed["x-node-id"])["sent"] == [system("v2 -- today is Tuesday"), user("q2")]
+    assert upstream.last.messages[0] == system("v2 -- today is Tuesday")
+    assert system("v1") not in upstream.last.messages
+
+
+def test_parent_header_is_refused_and_transforms_work(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    a1, h1 = chat(client, [user("q1")], FULL)
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, [user("q1")], {**FULL, "X-Parent-Node-Id": h1["x-node-id"]})
+    assert e.value.body["code"] == "invalid_request" and e.value.body["param"] == "X-Parent-Node-Id"
+    _, t = chat(client, [user("q1"), answer_of(a1), user("summarise as JSON")], {**FULL, "X-Node-Kind": "transform"})
+    assert t["x-parent-node-id"] == h1["x-node-id"] and stored(db, t["x-node-id"])["kind"] == "transform"
+    assert db.head(cid) == h1["x-node-id"]  # a transform never moves the head
+    with pytest.raises(openai.BadRequestError):
+        chat(client, [user("q1")], {"X-Context-Mode": "sideways"})
+
+
+def test_streamed_full_history_calls_carry_the_headers(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    a1, h1 = chat(client, [user("q1")], FULL)
+    with client.chat.completions.with_streaming_response.create(
+            model=MODEL, messages=[user("q1"), answer_of(a1), user("q2")], stream=True, extra_headers=FULL) as r:
+        assert r.headers["x-context-mode"] == "full" and r.headers["x-context-matched"] == "2"
+        assert r.headers["x-parent-node-id"] == h1["x-node-id"]
+        text = "".join(c.choices[0].delta.content or "" for c in r.parse() if c.choices)
+        node = r.headers["x-node-id"]
+    assert stored(db, node)["received"][0]["content"] == text
+    assert db.head(cid) == node
+
+
+def test_the_safety_net_handles_a_resent_history_in_delta_mode(proxy, upstream, key, cid, db):
+    """A client in delta mode (the default) that resends its history is recognised: its messages
+    begin with the head's whole transcript, which holds an answer the proxy stored."""
+    client = proxy.openai(key, conversation=cid)
+    a1, h1 = chat(client, [user("q1")])
+    assert h1["x-context-mode"] == "delta"
+    _, h2 = chat(client, [user("q1"), answer_of(a1), user("q2")])
+    assert h2["x-context-mode"] == "full" and h2["x-context-matched"] == "2"
+    assert [m["content"] for m in upstream.last.messages] == ["q1", a1.choices[0].message.content, "q2"]
+    assert stored(db, h2["x-node-id"])["sent"] == [user("q2")]
+    # a genuine delta call that merely repeats a question is not mistaken for a resent history
+    _, h3 = chat(client, [user("q1")])
+    assert h3["x-context-mode"] == "delta" and h3["x-parent-node-id"] == h2["x-node-id"]
+
+
+def test_a_late_tool_result_after_an_abandoned_turn_never_breaks_the_request(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_x")]))
+    chat(client, [user("run it")], {"X-Conversation-Id": cid})
+    chat(client, [user("never mind, something else")])  # the turn is abandoned between rounds
+    chat(client, [tool("call_x", "late result")])  # and the result arrives late
+    roles = [m["role"] for m in upstream.last.messages]
+    assert "tool" not in roles and all(not m.get("tool_calls") for m in upstream.last.messages)
+
+
+LIMITS = {"models": {"tiny*": {"context_window": 4000, "max_output_tokens": 1000}}, "compaction": {"keep_recent": 4}}
+FILLER = "The quarterly revenue figures for the northern region were reviewed in detail. " * 14
+
+
+def test_compaction_shrinks_what_the_upstream_receives(fresh_database_url, upstream_url, upstream, key, cid):
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, **LIMITS)) as p:
+        db = Db(fresh_database_url)
+        client = p.openai(key, conversation=cid)
+        history = []
+        heads = []
+        for i in range(7):
+            upstream.enqueue(Reply(content=f"answer {i}", usage={"prompt_tokens": 300 + 300 * i, "completion_tokens": 20}))
+            history.append(user(f"question {i}: {FILLER[:200]}"))
+            raw = client.chat.completions.with_raw_response.create(model="tiny-model", messages=history, extra_headers=FULL)
+            heads.append(raw.headers["x-node-id"])
+            history.append(answer_of(raw.parse()))
+        compaction = _wait_compaction(db, cid)
+        assert str(compaction["compacted_from"]) == heads[-1]
+        history.append(user("what now?"))
+        raw = client.chat.completions.with_raw_response.create(model="tiny-model", messages=history, extra_headers=FULL)
+        # matched onto the compaction (it stands for the conversation it replaced)
+        assert raw.headers["x-parent-node-id"] == str(compaction["id"])
+        assert raw.headers["x-context-matched"] == str(len(history) - 1)
+        sent = upstream.last.messages
+        assert sent[0]["content"].startswith("Summary of the earlier part")
+        assert len(sent) == 6 and sent[-1] == user("what now?")  # summary + 4 recent + new, not 15
+        # an edit of a question the compaction replaced lands on the original branch: no 409
+        edited = [*history[:4], user("question 2, edited")]
+        raw = client.chat.completions.with_raw_response.create(model="tiny-model", messages=edited, extra_headers=FULL)
+        assert raw.headers["x-parent-node-id"] == heads[1]
+        assert [m["content"][:10] for m in upstream.last.messages] == ["question 0", "answer 0", "question 1",
+                                                                     "answer 1", "question 2"]
+
+
+def _wait_compaction(db, cid):
+    from .conftest import wait_for
+
+    return wait_for(lambda: (db.fetch("SELECT * FROM nodes WHERE conversation_id = $1 AND kind = 'compaction'", cid)
+                             or [None])[0], what="the compaction")
+
+
+def test_context_mode_full_by_configuration(fresh_database_url, upstream_url, upstream, key, cid):
+    settings = make_settings(fresh_database_url, upstream_url, server={"context_mode": "full"})
+    with serve_proxy(settings) as p:
+        client = p.openai(key, conversation=cid)
+        a1, h1 = chat(client, [user("q1")])
+        _, h2 = chat(client, [user("q1"), answer_of(a1), user("q2")])
+        assert h1["x-context-mode"] == h2["x-context-mode"] == "full" and h2["x-context-matched"] == "2"
+        _, h3 = chat(client, [user("just this")], {"X-Context-Mode": "delta"})
+        assert h3["x-context-mode"] == "delta" and h3["x-parent-node-id"] == h2["x-node-id"]
+        r = httpx.get(f"{p.url}/admin/conversations/{cid}/path", headers={"Authorization": f"Bearer {key}"})
+        assert [n["sent"][-1]["content"] for n in r.json()["data"]] == ["q1", "q2", "just this"]
