@@ -12,7 +12,7 @@ import pytest
 
 from .conftest import Db, make_settings, serve_proxy
 from .fakes import Reply
-from .helpers import MODEL, assistant, system, tool, tool_call, user
+from .helpers import MODEL, system, tool, tool_call, user
 
 FULL = {"X-Context-Mode": "full"}
 

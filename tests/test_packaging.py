@@ -69,7 +69,7 @@ def test_the_wheel_carries_sql_and_toml(tmp_path):
     wheel = next(tmp_path.glob("*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "storage/functions.sql" in names and "config/defaults.toml" in names
-    assert {f"storage/migrations/{p.name}" for p in (ROOT / "storage" / "migrations").glob("*.sql")} <= names
+    assert {f"storage/migrations/{p.name}" for p in (ROOT / "storage" / "migrations").glob("*.*")} <= names
     assert not any(n.startswith("tests/") for n in names)
 
 

@@ -105,3 +105,63 @@ def test_the_head_rule_table(template_url):
             await conn.close()
 
     run(check())
+
+
+def test_the_transcript_backfill_gives_existing_nodes_their_keys(pg_server_url):
+    """A database from before transcript hashes (version 5, nodes with sent_hash) is migrated: every
+    node gets the chain that node_keys computes from its items, and sent_hash is gone."""
+    import json
+
+    from storage.migrate import load_migrations
+    from storage.transcript import node_keys
+
+    url = new_database(pg_server_url)
+
+    async def check():
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
+                               "applied_at timestamptz NOT NULL DEFAULT now())")
+            for m in load_migrations()[:5]:
+                await m.apply(conn)
+                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name)
+            await conn.execute("""
+                INSERT INTO conversations (tenant, id, tree_id) VALUES ('t', 'c', '00000000-0000-7000-8000-000000000001');
+                INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, sent_hash,
+                                   received, depth, created_at, compacted_from) VALUES
+                ('00000000-0000-7000-8000-000000000001', '00000000-0000-7000-8000-0000000000a1', 't', 'c', NULL,
+                 'turn', 'success', '[{"role": "system", "content": "s"}, {"role": "user", "content": "q1"}]', '\\x00',
+                 '[{"role": "assistant", "content": "a1"}]', 0, now(), NULL),
+                ('00000000-0000-7000-8000-000000000001', '00000000-0000-7000-8000-0000000000a2', 't', 'c',
+                 '00000000-0000-7000-8000-0000000000a1', 'turn', 'transient', '[{"role": "user", "content": "q2"}]',
+                 '\\x00', NULL, 1, now(), NULL),
+                ('00000000-0000-7000-8000-000000000001', '00000000-0000-7000-8000-0000000000a3', 't', 'c', NULL,
+                 'compaction', 'success', '[{"role": "user", "content": "summary"}]', '\\x00', NULL, 0, now(),
+                 '00000000-0000-7000-8000-0000000000a1');
+            """)
+        finally:
+            await conn.close()
+        assert await migrate(url) == list(range(6, latest_version() + 1))
+        conn = await asyncpg.connect(url)
+        try:
+            rows = [dict(r) for r in await conn.fetch(
+                "SELECT id, parent_id, kind, outcome, sent::text, received::text, compacted_from, chain, answered, "
+                "system_hash FROM nodes")]
+            columns = {r["column_name"] for r in await conn.fetch(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'nodes'")}
+        finally:
+            await conn.close()
+        assert "sent_hash" not in columns
+        for r in rows:
+            r["sent"] = json.loads(r["sent"])
+            r["received"] = json.loads(r["received"]) if r["received"] else None
+        keys = node_keys(rows)
+        by_id = {str(r["id"]): r for r in rows}
+        for r in rows:
+            k = keys[r["id"]]
+            assert (r["chain"], r["answered"], r["system_hash"]) == (k.chain, k.answered, k.system_hash)
+        compaction = by_id["00000000-0000-7000-8000-0000000000a3"]
+        assert compaction["chain"] == by_id["00000000-0000-7000-8000-0000000000a1"]["chain"]  # stands for what it replaced
+        assert by_id["00000000-0000-7000-8000-0000000000a2"]["answered"] is True
+
+    run(check())
