@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent / "node"
 
 
 def _node_modules() -> None:
-    if (HERE / "node_modules" / "openai").exists():
+    if all((HERE / "node_modules" / name).exists() for name in ("openai", "ai", "@ai-sdk/openai", "zod")):
         return
     result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=HERE, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"npm ci failed (the npm registry must be reachable): {result.stderr[-2000:]}"
@@ -33,3 +33,31 @@ def test_the_node_sdk_drives_branchpoint(proxy, upstream, key, cid):
     # what the upstream received for the edit: the first turn and the edited question, not turn two
     assert [m["content"] for m in upstream.last.messages] == ["node turn one", "echo: node turn one", "node turn two, edited"]
     assert upstream.chat_requests[1].body["stream"] is True
+
+
+def test_the_vercel_ai_sdk_chat_provider_resending_its_history(proxy, upstream, key, cid, db):
+    """The Vercel AI SDK (npm ``ai`` + ``@ai-sdk/openai``, ``provider.chat()``) resends its whole
+    history: a tool loop, then a follow-up. The upstream receives what the SDK sent, once."""
+    from storage.transcript import canonical
+
+    from .fakes import Reply
+    from .helpers import tool_call
+
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js (node and npm) is not installed here; the Vercel AI SDK test needs it")
+    _node_modules()
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_v1", "weather", '{"city": "Paris"}')]),
+                     Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
+    env = {**os.environ, "BASE_URL": proxy.url, "API_KEY": key, "CONVERSATION": cid}
+    result = subprocess.run(["node", "vercel.mjs"], cwd=HERE, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["first"]["text"] == "It is 21 C in Paris." and seen["second"]["text"] == "Tomorrow too."
+    assert len(seen["sent"]) == 3
+    received = upstream.turn_requests[-3:]
+    assert [len(r.messages) for r in received] == [1, 3, 5]
+    for sent, got in zip(seen["sent"], received, strict=True):
+        assert [canonical(m) for m in got.messages] == [canonical(m) for m in sent["messages"]]
+    assert seen["second"]["mode"] == "full" and seen["second"]["matched"] == "4"
+    rows = db.fetch("SELECT sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
+    assert [len(r["sent"]) for r in rows] == [1, 1, 1]

@@ -1,0 +1,175 @@
+"""Real frameworks, unmodified but for their base URL, resending their whole history as they do:
+LangChain, the OpenAI Agents SDK, pydantic-ai and LiteLLM (as a client). Each test records what
+the framework sent (an httpx event hook on its own client) and asserts that the upstream received
+exactly that, by meaning, once -- no history appended twice -- and that the calls were stored as a
+line of nodes holding only what was new."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from storage.transcript import canonical
+
+from .fakes import Reply
+from .helpers import tool_call
+
+WEATHER = tool_call("call_w1", "weather", '{"city":"Paris"}')
+
+
+def meaning(messages: list[dict[str, Any]]) -> list[Any]:
+    """Messages by meaning, system messages first (the system rule) -- what a model would see."""
+    system = [[m["role"], m.get("content")] for m in messages if m.get("role") in ("system", "developer")]
+    return system + [canonical(m) for m in messages if canonical(m) is not None]
+
+
+class Recorder:
+    """Records the chat request bodies a framework's httpx client sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def _hook(self, request: httpx.Request) -> None:
+        if request.url.path.endswith("/chat/completions"):
+            self.sent.append(json.loads(request.content))
+
+    async def _ahook(self, request: httpx.Request) -> None:
+        self._hook(request)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(event_hooks={"request": [self._hook]}, timeout=30)
+
+    def async_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(event_hooks={"request": [self._ahook]}, timeout=30)
+
+
+def assert_received_what_was_sent(upstream, recorder: Recorder) -> None:
+    received = upstream.turn_requests[-len(recorder.sent):]
+    assert len(received) == len(recorder.sent)
+    for sent, got in zip(recorder.sent, received, strict=True):
+        assert meaning(got.messages) == meaning(sent["messages"])
+
+
+def stored_line(db, cid: str) -> list[Any]:
+    rows = db.fetch("SELECT id, parent_id, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
+    for prev, row in zip(rows, rows[1:], strict=False):
+        assert row["parent_id"] == prev["id"]  # one line: every call hangs under the previous one
+    return [r["sent"] for r in rows]
+
+
+def test_langchain_chatopenai_with_a_tool_loop(proxy, upstream, key, cid, db):
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return f"21 C in {city}"
+
+    recorder = Recorder()
+    llm = ChatOpenAI(model="gpt-4o-mini", base_url=f"{proxy.url}/c/{cid}/v1", api_key=key, max_retries=0,
+                     http_client=recorder.client()).bind_tools([weather])
+    upstream.enqueue(Reply(content=None, tool_calls=[WEATHER]), Reply(content="It is 21 C in Paris."),
+                     Reply(content="Tomorrow too."))
+    messages: list[Any] = [HumanMessage("What is the weather in Paris?")]
+    ai = llm.invoke(messages)
+    messages.append(ai)
+    for call in ai.tool_calls:
+        messages.append(ToolMessage(weather.invoke(call["args"]), tool_call_id=call["id"]))
+    messages.append(llm.invoke(messages))
+    messages.append(HumanMessage("And tomorrow?"))
+    assert llm.invoke(messages).content == "Tomorrow too."
+    assert [len(r.messages) for r in upstream.turn_requests[-3:]] == [1, 3, 5]  # not 1, 4, 9
+    assert_received_what_was_sent(upstream, recorder)
+    assert [len(sent) for sent in stored_line(db, cid)] == [1, 1, 1]
+
+
+def test_the_agents_sdk_with_a_function_tool_over_three_turns(proxy, upstream, key, db):
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    cid = f"agents-{uuid.uuid4().hex[:8]}"
+    recorder = Recorder()
+
+    @function_tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return f"21 C in {city}"
+
+    async def conversation() -> None:
+        client = AsyncOpenAI(base_url=f"{proxy.url}/c/{cid}/v1", api_key=key, max_retries=0,
+                             http_client=recorder.async_client())
+        agent = Agent(name="forecaster", instructions="You answer weather questions.", tools=[weather],
+                      model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client))
+        items: list[Any] = []
+        for i, city in enumerate(["Paris", "Rome", "Oslo"]):
+            upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"call_{i}", "weather", json.dumps({"city": city}))]),
+                             Reply(content=f"It is 21 C in {city}."))
+            result = await Runner.run(agent, [*items, {"role": "user", "content": f"Weather in {city}?"}])
+            assert result.final_output == f"It is 21 C in {city}."
+            items = result.to_input_list()
+
+    asyncio.run(conversation())
+    assert len(recorder.sent) == 6
+    assert [len(r.messages) for r in upstream.turn_requests[-6:]] == [2, 4, 6, 8, 10, 12]  # system + the history
+    assert_received_what_was_sent(upstream, recorder)
+    line = stored_line(db, cid)
+    assert len(line) == 6 and line[0][0]["role"] == "system" and all(len(sent) == 1 for sent in line[1:])
+
+
+def test_pydantic_ai_over_two_turns(proxy, upstream, key, db):
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    cid = f"pyd-{uuid.uuid4().hex[:8]}"
+    recorder = Recorder()
+
+    async def conversation() -> None:
+        client = AsyncOpenAI(base_url=f"{proxy.url}/c/{cid}/v1", api_key=key, max_retries=0,
+                             http_client=recorder.async_client())
+        agent = Agent(OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(openai_client=client)),
+                      instructions="Be brief.")
+        upstream.enqueue(Reply(content="Paris."), Reply(content="About 2.1 million."))
+        first = await agent.run("Capital of France?")
+        second = await agent.run("How many people live there?", message_history=first.all_messages())
+        assert second.output == "About 2.1 million."
+
+    asyncio.run(conversation())
+    assert [len(r.messages) for r in upstream.turn_requests[-2:]] == [2, 4]
+    assert_received_what_was_sent(upstream, recorder)
+    assert len(stored_line(db, cid)) == 2
+
+
+def test_litellm_as_a_client(proxy, upstream, key, db):
+    import litellm
+
+    cid = f"llm-{uuid.uuid4().hex[:8]}"
+    base = f"{proxy.url}/c/{cid}/v1"
+    upstream.enqueue(Reply(content=None, tool_calls=[WEATHER]), Reply(content="21 C."))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    first = litellm.completion(model="openai/gpt-4o-mini", api_base=base, api_key=key, messages=messages, tools=tools)
+    assert first._hidden_params["additional_headers"]["llm_provider-x-context-mode"] == "delta"
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": "call_w1", "content": "21 C"})
+    second = litellm.completion(model="openai/gpt-4o-mini", api_base=base, api_key=key, messages=messages, tools=tools)
+    headers = second._hidden_params["additional_headers"]
+    assert headers["llm_provider-x-context-mode"] == "full" and headers["llm_provider-x-context-matched"] == "2"
+    assert len(upstream.last.messages) == 3
+    assert meaning(upstream.last.messages) == meaning(messages)
+    assert [len(sent) for sent in stored_line(db, cid)] == [1, 1]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_litellm(monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
