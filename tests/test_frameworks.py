@@ -1,5 +1,6 @@
 """Real frameworks, unmodified but for their base URL, resending their whole history as they do:
-LangChain, the OpenAI Agents SDK, pydantic-ai and LiteLLM (as a client). Each test records what
+LangChain, the OpenAI Agents SDK and LiteLLM (as a client) through ``/auto/v1``, pydantic-ai
+through ``/c/<id>/v1`` with ``X-Context-Mode: full`` -- the set-ups the README gives. Each test records what
 the framework sent (an httpx event hook on its own client) and asserts that the upstream received
 exactly that, by meaning, once -- no history appended twice -- and that the calls were stored as a
 line of nodes holding only what was new."""
@@ -7,6 +8,7 @@ line of nodes holding only what was new."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 from typing import Any
@@ -29,23 +31,37 @@ def meaning(messages: list[dict[str, Any]]) -> list[Any]:
 
 
 class Recorder:
-    """Records the chat request bodies a framework's httpx client sends."""
+    """Records the chat request bodies a framework's httpx client sends, and the conversation ids
+    the answers name."""
 
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
+        self.conversations: list[str] = []
 
     def _hook(self, request: httpx.Request) -> None:
         if request.url.path.endswith("/chat/completions"):
             self.sent.append(json.loads(request.content))
 
+    def _response(self, response: httpx.Response) -> None:
+        if "x-conversation-id" in response.headers:
+            self.conversations.append(response.headers["x-conversation-id"])
+
     async def _ahook(self, request: httpx.Request) -> None:
         self._hook(request)
 
+    async def _aresponse(self, response: httpx.Response) -> None:
+        self._response(response)
+
     def client(self) -> httpx.Client:
-        return httpx.Client(event_hooks={"request": [self._hook]}, timeout=30)
+        return httpx.Client(event_hooks={"request": [self._hook], "response": [self._response]}, timeout=30)
 
     def async_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(event_hooks={"request": [self._ahook]}, timeout=30)
+        return httpx.AsyncClient(event_hooks={"request": [self._ahook], "response": [self._aresponse]}, timeout=30)
+
+    @property
+    def conversation(self) -> str:
+        assert len(set(self.conversations)) == 1, self.conversations  # every call landed in one conversation
+        return self.conversations[0]
 
 
 def assert_received_what_was_sent(upstream, recorder: Recorder) -> None:
@@ -57,12 +73,12 @@ def assert_received_what_was_sent(upstream, recorder: Recorder) -> None:
 
 def stored_line(db, cid: str) -> list[Any]:
     rows = db.fetch("SELECT id, parent_id, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
-    for prev, row in zip(rows, rows[1:], strict=False):
+    for prev, row in itertools.pairwise(rows):
         assert row["parent_id"] == prev["id"]  # one line: every call hangs under the previous one
     return [r["sent"] for r in rows]
 
 
-def test_langchain_chatopenai_with_a_tool_loop(proxy, upstream, key, cid, db):
+def test_langchain_chatopenai_with_a_tool_loop_through_auto(proxy, upstream, key, db):
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -73,7 +89,7 @@ def test_langchain_chatopenai_with_a_tool_loop(proxy, upstream, key, cid, db):
         return f"21 C in {city}"
 
     recorder = Recorder()
-    llm = ChatOpenAI(model="gpt-4o-mini", base_url=f"{proxy.url}/c/{cid}/v1", api_key=key, max_retries=0,
+    llm = ChatOpenAI(model="gpt-4o-mini", base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0,
                      http_client=recorder.client()).bind_tools([weather])
     upstream.enqueue(Reply(content=None, tool_calls=[WEATHER]), Reply(content="It is 21 C in Paris."),
                      Reply(content="Tomorrow too."))
@@ -87,7 +103,7 @@ def test_langchain_chatopenai_with_a_tool_loop(proxy, upstream, key, cid, db):
     assert llm.invoke(messages).content == "Tomorrow too."
     assert [len(r.messages) for r in upstream.turn_requests[-3:]] == [1, 3, 5]  # not 1, 4, 9
     assert_received_what_was_sent(upstream, recorder)
-    assert [len(sent) for sent in stored_line(db, cid)] == [1, 1, 1]
+    assert [len(sent) for sent in stored_line(db, recorder.conversation)] == [1, 1, 1]
 
 
 def test_the_agents_sdk_with_a_function_tool_over_three_turns(proxy, upstream, key, db):
@@ -95,7 +111,6 @@ def test_the_agents_sdk_with_a_function_tool_over_three_turns(proxy, upstream, k
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
-    cid = f"agents-{uuid.uuid4().hex[:8]}"
     recorder = Recorder()
 
     @function_tool
@@ -104,7 +119,7 @@ def test_the_agents_sdk_with_a_function_tool_over_three_turns(proxy, upstream, k
         return f"21 C in {city}"
 
     async def conversation() -> None:
-        client = AsyncOpenAI(base_url=f"{proxy.url}/c/{cid}/v1", api_key=key, max_retries=0,
+        client = AsyncOpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0,
                              http_client=recorder.async_client())
         agent = Agent(name="forecaster", instructions="You answer weather questions.", tools=[weather],
                       model=OpenAIChatCompletionsModel(model="gpt-4o-mini", openai_client=client))
@@ -120,7 +135,7 @@ def test_the_agents_sdk_with_a_function_tool_over_three_turns(proxy, upstream, k
     assert len(recorder.sent) == 6
     assert [len(r.messages) for r in upstream.turn_requests[-6:]] == [2, 4, 6, 8, 10, 12]  # system + the history
     assert_received_what_was_sent(upstream, recorder)
-    line = stored_line(db, cid)
+    line = stored_line(db, recorder.conversation)
     assert len(line) == 6 and line[0][0]["role"] == "system" and all(len(sent) == 1 for sent in line[1:])
 
 
@@ -135,7 +150,7 @@ def test_pydantic_ai_over_two_turns(proxy, upstream, key, db):
 
     async def conversation() -> None:
         client = AsyncOpenAI(base_url=f"{proxy.url}/c/{cid}/v1", api_key=key, max_retries=0,
-                             http_client=recorder.async_client())
+                             default_headers={"X-Context-Mode": "full"}, http_client=recorder.async_client())
         agent = Agent(OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(openai_client=client)),
                       instructions="Be brief.")
         upstream.enqueue(Reply(content="Paris."), Reply(content="About 2.1 million."))
@@ -152,19 +167,20 @@ def test_pydantic_ai_over_two_turns(proxy, upstream, key, db):
 def test_litellm_as_a_client(proxy, upstream, key, db):
     import litellm
 
-    cid = f"llm-{uuid.uuid4().hex[:8]}"
-    base = f"{proxy.url}/c/{cid}/v1"
+    base = f"{proxy.url}/auto/v1"
     upstream.enqueue(Reply(content=None, tool_calls=[WEATHER]), Reply(content="21 C."))
     tools = [{"type": "function", "function": {"name": "weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
     messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
     first = litellm.completion(model="openai/gpt-4o-mini", api_base=base, api_key=key, messages=messages, tools=tools)
-    assert first._hidden_params["additional_headers"]["llm_provider-x-context-mode"] == "delta"
+    first_headers = first._hidden_params["additional_headers"]
+    assert first_headers["llm_provider-x-context-mode"] == "full"
+    cid = first_headers["llm_provider-x-conversation-id"]
     messages.append(first.choices[0].message.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": "call_w1", "content": "21 C"})
     second = litellm.completion(model="openai/gpt-4o-mini", api_base=base, api_key=key, messages=messages, tools=tools)
     headers = second._hidden_params["additional_headers"]
-    assert headers["llm_provider-x-context-mode"] == "full" and headers["llm_provider-x-context-matched"] == "2"
+    assert headers["llm_provider-x-context-matched"] == "2" and headers["llm_provider-x-conversation-id"] == cid
     assert len(upstream.last.messages) == 3
     assert meaning(upstream.last.messages) == meaning(messages)
     assert [len(sent) for sent in stored_line(db, cid)] == [1, 1]

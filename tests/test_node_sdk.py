@@ -35,7 +35,7 @@ def test_the_node_sdk_drives_branchpoint(proxy, upstream, key, cid):
     assert upstream.chat_requests[1].body["stream"] is True
 
 
-def test_the_vercel_ai_sdk_chat_provider_resending_its_history(proxy, upstream, key, cid, db):
+def test_the_vercel_ai_sdk_chat_provider_resending_its_history(proxy, upstream, key, db):
     """The Vercel AI SDK (npm ``ai`` + ``@ai-sdk/openai``, ``provider.chat()``) resends its whole
     history: a tool loop, then a follow-up. The upstream receives what the SDK sent, once."""
     from storage.transcript import canonical
@@ -48,7 +48,7 @@ def test_the_vercel_ai_sdk_chat_provider_resending_its_history(proxy, upstream, 
     _node_modules()
     upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_v1", "weather", '{"city": "Paris"}')]),
                      Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
-    env = {**os.environ, "BASE_URL": proxy.url, "API_KEY": key, "CONVERSATION": cid}
+    env = {**os.environ, "BASE_URL": proxy.url, "API_KEY": key}
     result = subprocess.run(["node", "vercel.mjs"], cwd=HERE, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
@@ -59,5 +59,7 @@ def test_the_vercel_ai_sdk_chat_provider_resending_its_history(proxy, upstream, 
     for sent, got in zip(seen["sent"], received, strict=True):
         assert [canonical(m) for m in got.messages] == [canonical(m) for m in sent["messages"]]
     assert seen["second"]["mode"] == "full" and seen["second"]["matched"] == "4"
+    cid = seen["second"]["conversation"]
+    assert cid.startswith("auto-") and seen["first"]["conversation"] == cid
     rows = db.fetch("SELECT sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
     assert [len(r["sent"]) for r in rows] == [1, 1, 1]

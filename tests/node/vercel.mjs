@@ -1,14 +1,14 @@
-// Drives Branchpoint with the Vercel AI SDK's chat-completions provider (provider.chat(model)): a
+// Drives Branchpoint at /auto/v1 with the Vercel AI SDK's chat-completions provider (provider.chat(model)): a
 // tool loop and a follow-up turn, resending the whole history as the SDK does. Prints what it sent
 // (recorded by a fetch wrapper) and the response headers it saw (tests/test_node_sdk.py checks it).
 import { createOpenAI } from "@ai-sdk/openai";
 import { generateText, stepCountIs, tool } from "ai";
 import { z } from "zod";
 
-const { BASE_URL, API_KEY, CONVERSATION } = process.env;
+const { BASE_URL, API_KEY } = process.env;
 const sent = [];
 const provider = createOpenAI({
-  baseURL: `${BASE_URL}/c/${CONVERSATION}/v1`,
+  baseURL: `${BASE_URL}/auto/v1`,
   apiKey: API_KEY,
   fetch: async (url, init) => {
     if (String(url).endsWith("/chat/completions")) sent.push(JSON.parse(init.body));
@@ -29,6 +29,7 @@ messages.push(...first.responseMessages, { role: "user", content: "And tomorrow?
 const second = await generateText({ model: provider.chat("gpt-4o-mini"), messages, tools: { weather }, maxRetries: 0 });
 
 const headers = (r) => ({
+  conversation: r.response.headers["x-conversation-id"],
   node: r.response.headers["x-node-id"], parent: r.response.headers["x-parent-node-id"],
   mode: r.response.headers["x-context-mode"], matched: r.response.headers["x-context-matched"],
 });
