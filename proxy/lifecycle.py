@@ -93,6 +93,10 @@ class _Started:
         ]
 
 
+# full-history mode first matches the last this many messages of a longer history
+_WINDOW = 32
+
+
 def _upstream_time(seconds: float) -> None:
     ctx = current_request.get()
     if ctx is not None:
@@ -127,15 +131,24 @@ class CallLifecycle:
         # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
         # safety net recognise a client resending its history (it takes a user and an answer)
         prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or len(digests) >= 2 else []
+        begin = functools.partial(
+            self.tree.begin_call, tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id,
+            new_tree_id=uuid7(), kind=call.kind, mode=call.mode, parent_mode=call.parent_mode,
+            parent_id=call.parent_id, system_hash=transcript.system_hash(call.items), lease_seconds=self.lease_seconds,
+            model=call.body.get("model"), provider=provider, params=call.params,
+            new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}",
+        )
         try:
-            begun = await self.tree.begin_call(
-                tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id, new_tree_id=uuid7(),
-                kind=call.kind, mode=call.mode, parent_mode=call.parent_mode,  # type: ignore[arg-type]
-                parent_id=call.parent_id, sent=call.items, digests=digests, prefixes=prefixes,
-                system_hash=transcript.system_hash(call.items), lease_seconds=self.lease_seconds,
-                model=call.body.get("model"), provider=provider, params=call.params,
-                new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}",
-            )
+            if call.mode == "full" and len(prefixes) > _WINDOW:
+                # the deepest match is almost always near the end (the new question, a round of
+                # tool results): try a window there first, and the whole history only if needed
+                skip = len(prefixes) - _WINDOW
+                begun = await begin(sent=transcript.tail(call.items, skip, with_system=True), digests=[],
+                                    prefixes=prefixes[skip:], prefix_offset=skip)
+                if begun.mode == "window":
+                    begun = await begin(sent=call.items, digests=[], prefixes=prefixes)
+            else:
+                begun = await begin(sent=call.items, digests=digests if call.mode == "delta" else [], prefixes=prefixes)
         except Busy as exc:
             self.metrics.busy_rejections.inc()
             raise ConversationBusy(str(exc)) from None

@@ -317,22 +317,26 @@ $$;
 --   p_parent_mode, p_parent    delta: head | root | node (p_parent)
 --   p_sent                     the call's messages
 --   p_digests                  the digests of its non-system messages, in order
---   p_prefixes                 the transcript hashes of its first 1..m non-system messages (full
---                              mode; in delta mode given when it could be a resent history: the
---                              safety net below)
+--   p_prefixes                 the transcript hashes of its first 1..m non-system messages (in delta
+--                              mode given when it could be a resent history: the safety net below)
+--   p_prefix_offset            full mode: the prefixes and p_sent's non-system messages start after
+--                              this many (a window at the end of a long history: the deepest match
+--                              is almost always there); 0 = complete
 --   p_system_hash              the hash of its system/developer messages (null: none)
 --   p_lease_seconds, p_model, p_provider, p_params (the request's other fields)
 -- Returns the chosen parent's path root first as rows (conversation_id, tree_id, parent_id, mode,
 -- matched, start, node) -- one row with a null node when the new node is a root. `mode` is the
 -- mode that handled the call, `matched` how many of its non-system messages matched stored nodes
 -- (full mode), `start` how many of them the new node does not repeat, `with_system` whether it
--- stores the call's system messages (full mode: only when they differ from the path's). Refuses with BPBSY, BPNFN or
+-- stores the call's system messages (full mode: only when they differ from the path's). `mode` is
+-- 'window' (nothing written) when a window at the end did not suffice: call again with the whole
+-- history. Refuses with BPBSY, BPNFN or
 -- BPPBC (delta mode).
 CREATE OR REPLACE FUNCTION bp_begin_call(
     p_tenant text, p_conversation text, p_new_conversation text, p_new_tree uuid, p_node uuid,
     p_kind text, p_mode text, p_parent_mode text, p_parent uuid, p_sent jsonb, p_digests bytea[],
-    p_prefixes bytea[], p_system_hash bytea, p_lease_seconds double precision, p_model text,
-    p_provider text, p_params jsonb)
+    p_prefixes bytea[], p_prefix_offset integer, p_system_hash bytea, p_lease_seconds double precision,
+    p_model text, p_provider text, p_params jsonb)
 RETURNS TABLE (conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
                start integer, with_system boolean, node bp_path_node)
 LANGUAGE plpgsql AS $$
@@ -347,7 +351,7 @@ DECLARE
 BEGIN
     IF p_mode = 'full' THEN
         RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree, p_node,
-            p_kind, p_sent, p_digests, p_prefixes, p_system_hash, p_lease_seconds, p_model, p_provider, p_params);
+            p_kind, p_sent, p_prefixes, p_prefix_offset, p_system_hash, p_lease_seconds, p_model, p_provider, p_params);
         RETURN;
     END IF;
 
@@ -385,7 +389,7 @@ BEGIN
            AND n.id = CASE WHEN p_parent_mode = 'node' THEN p_parent ELSE conv.head_node_id END;
         IF FOUND AND v_up.answered AND v_up.chain = ANY(p_prefixes) THEN
             RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree,
-                p_node, p_kind, p_sent, p_digests, p_prefixes, p_system_hash, p_lease_seconds, p_model, p_provider,
+                p_node, p_kind, p_sent, p_prefixes, 0, p_system_hash, p_lease_seconds, p_model, p_provider,
                 p_params);
             RETURN;
         END IF;
@@ -452,6 +456,29 @@ BEGIN
 END
 $$;
 
+-- bp_on_head_path(tenant, conversation, node): does `node` lie on the conversation's head path?
+-- Walks up from the head only as far as the node's depth (depth falls by one per step).
+CREATE OR REPLACE FUNCTION bp_on_head_path(p_tenant text, p_conversation text, p_node uuid)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
+AS $$
+    WITH RECURSIVE target AS (
+        SELECT c.tree_id, c.head_node_id, n.depth
+          FROM conversations c JOIN nodes n ON n.tree_id = c.tree_id AND n.id = p_node
+         WHERE c.tenant = p_tenant AND c.id = p_conversation
+    ), up AS (
+        SELECT n.id, n.parent_id, n.depth FROM target t JOIN nodes n ON n.tree_id = t.tree_id AND n.id = t.head_node_id
+         WHERE n.depth >= t.depth
+        UNION ALL
+        SELECT step.id, step.parent_id, step.depth FROM up, target t
+         CROSS JOIN LATERAL (SELECT n.id, n.parent_id, n.depth FROM nodes n
+                              WHERE n.tree_id = t.tree_id AND n.id = up.parent_id LIMIT 1) step
+         WHERE up.depth > t.depth
+    )
+    SELECT EXISTS (SELECT 1 FROM up WHERE up.id = p_node)
+$$;
+
 -- bp_begin_full: start a call in full-history mode (called by bp_begin_call). The client sent its
 -- whole history; the parent is the node whose transcript equals the longest start of it:
 -- candidates are the nodes whose transcript hash is one of the client's prefix hashes -- in the
@@ -464,7 +491,7 @@ $$;
 -- siblings.
 CREATE OR REPLACE FUNCTION bp_begin_full(
     p_tenant text, p_conversation text, p_new_conversation text, p_new_tree uuid, p_node uuid,
-    p_kind text, p_sent jsonb, p_digests bytea[], p_prefixes bytea[], p_system_hash bytea,
+    p_kind text, p_sent jsonb, p_prefixes bytea[], p_prefix_offset integer, p_system_hash bytea,
     p_lease_seconds double precision, p_model text, p_provider text, p_params jsonb)
 RETURNS TABLE (conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
                start integer, with_system boolean, node bp_path_node)
@@ -474,44 +501,63 @@ AS $$
 #variable_conflict use_column
 DECLARE
     conv conversations%ROWTYPE;
-    v_m integer := coalesce(cardinality(p_prefixes), 0);
+    v_given integer := coalesce(cardinality(p_prefixes), 0);
+    v_m integer := p_prefix_offset + coalesce(cardinality(p_prefixes), 0);
     v_visible uuid[] := '{}';
     v_best record;
+    v_row record;
     v_up record;
+    v_ties integer := 1;
     v_k integer := 0;
     v_start integer := 0;
     v_with_system boolean;
     v_parent uuid;
 BEGIN
     IF p_conversation IS NOT NULL THEN
-        INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
-        ON CONFLICT (tenant, id) DO NOTHING
-        RETURNING * INTO conv;
+        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
         IF NOT FOUND THEN
-            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+            INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
+            ON CONFLICT (tenant, id) DO NOTHING
+            RETURNING * INTO conv;
+            IF NOT FOUND THEN  -- created meanwhile by a concurrent first call
+                SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+            END IF;
         END IF;
         IF conv.fork_node_id IS NOT NULL THEN
             v_visible := ARRAY(SELECT bp_visible_foreign(conv.tree_id, p_tenant, p_conversation));
         END IF;
     END IF;
 
-    IF v_m > 0 THEN
-        SELECT max(array_position(p_prefixes, n.chain)) INTO v_k FROM nodes n
-         WHERE n.tenant = p_tenant AND n.chain = ANY(p_prefixes) AND n.kind <> 'transform'
-           AND (p_conversation IS NULL OR n.conversation_id = p_conversation
-                OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)));
-        v_k := coalesce(v_k, 0);
-    END IF;
-    IF v_k > 0 THEN
-        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome INTO v_best FROM nodes n
-         WHERE n.tenant = p_tenant AND n.chain = p_prefixes[v_k] AND n.kind <> 'transform'
+    -- the candidates, deepest first; the tie rules are only worked out when the two deepest tie
+    -- (a compaction and the node it replaced, a failed attempt and its retry ...): the head-path
+    -- test walks the path
+    FOR v_row IN
+        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome,
+               p_prefix_offset + array_position(p_prefixes, n.chain) AS k
+          FROM nodes n
+         WHERE v_given > 0 AND n.tenant = p_tenant AND n.chain = ANY(p_prefixes) AND n.kind <> 'transform'
            AND (p_conversation IS NULL OR n.conversation_id = p_conversation
                 OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)))
-         ORDER BY EXISTS (SELECT 1 FROM conversations h, bp_path(h.tree_id, h.head_node_id) hp
-                           WHERE h.tenant = p_tenant AND h.id = coalesce(p_conversation, n.conversation_id)
-                             AND hp.id = n.id) DESC,
+         ORDER BY k DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+         LIMIT 2
+    LOOP
+        IF v_k = 0 THEN
+            v_best := v_row;
+            v_k := v_row.k;
+        ELSIF v_row.k = v_k THEN
+            v_ties := 2;
+        END IF;
+    END LOOP;
+    IF v_ties > 1 THEN
+        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, v_k AS k INTO v_best FROM nodes n
+         WHERE n.tenant = p_tenant AND n.chain = p_prefixes[v_k - p_prefix_offset] AND n.kind <> 'transform'
+           AND (p_conversation IS NULL OR n.conversation_id = p_conversation
+                OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)))
+         ORDER BY bp_on_head_path(p_tenant, coalesce(p_conversation, n.conversation_id), n.id) DESC,
                   (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
          LIMIT 1;
+    END IF;
+    IF v_k > 0 THEN
         IF p_conversation IS NULL THEN
             SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = v_best.conversation_id;
         END IF;
@@ -519,6 +565,20 @@ BEGIN
             v_parent := v_best.parent_id;  -- the retry rule: beside the failed (or in-flight) node
         ELSE
             v_parent := v_best.id;
+        END IF;
+    END IF;
+
+    IF p_prefix_offset > 0 THEN
+        -- a window at the end of the history was given: enough unless nothing matched in it, or
+        -- the parent's own position (the retry rule) lies before it
+        IF v_k = 0 THEN
+            RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'window', 0, 0, false, NULL::bp_path_node;
+            RETURN;
+        END IF;
+        IF v_parent IS DISTINCT FROM v_best.id AND (v_parent IS NULL OR NOT EXISTS (
+                SELECT 1 FROM nodes n WHERE n.tree_id = v_best.tree_id AND n.id = v_parent AND n.chain = ANY(p_prefixes))) THEN
+            RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'window', 0, 0, false, NULL::bp_path_node;
+            RETURN;
         END IF;
     END IF;
 
@@ -530,16 +590,17 @@ BEGIN
     SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
       FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
     IF v_parent IS NOT NULL THEN
-        v_start := coalesce(array_position(p_prefixes, v_up.chain), 0);
+        v_start := p_prefix_offset + coalesce(array_position(p_prefixes, v_up.chain), 0);
     END IF;
     v_with_system := p_system_hash IS NOT NULL AND p_system_hash IS DISTINCT FROM v_up.system_hash;
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
                        depth, lease_until, chain, answered, system_hash)
-    VALUES (conv.tree_id, p_node, p_tenant, conv.id, v_parent, p_kind, bp_tail(p_sent, v_start, v_with_system),
+    VALUES (conv.tree_id, p_node, p_tenant, conv.id, v_parent, p_kind,
+            bp_tail(p_sent, v_start - p_prefix_offset, v_with_system),
             p_model, p_provider, coalesce(p_params, '{}'::jsonb), coalesce(v_up.depth + 1, 0),
             now() + make_interval(secs => p_lease_seconds),
-            CASE WHEN v_m = 0 THEN '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea
-                 ELSE p_prefixes[v_m] END,
+            CASE WHEN v_given = 0 THEN '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea
+                 ELSE p_prefixes[v_given] END,
             coalesce(v_up.answered, false),
             CASE WHEN v_with_system THEN p_system_hash ELSE v_up.system_hash END);
 

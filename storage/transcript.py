@@ -51,6 +51,7 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
 _encode = msgspec.json.Encoder(order="sorted").encode
+_sha256 = hashlib.sha256
 _decode = msgspec.json.Decoder().decode
 
 
@@ -119,14 +120,23 @@ def canonical(message: Any) -> Any | None:
     return out
 
 
+_PLAIN_EXTRAS = ("name", "tool_calls", "function_call", "tool_call_id")
+
+
 def digest(message: Any) -> bytes:
     """sha256 of a (non-system) message's canonical form."""
-    return hashlib.sha256(_encode(canonical(message))).digest()
+    if type(message) is dict:
+        content = message.get("content")
+        if type(content) is str and not any(message.get(k) for k in _PLAIN_EXTRAS):
+            # the common case, without building the general form: the same bytes as canonical()
+            # ({"content": ..., "role": ...}, keys sorted) -- tests/test_matching.py checks it
+            return _sha256(b'{"content":' + _encode(content) + b',"role":' + _encode(message.get("role")) + b"}").digest()
+    return _sha256(_encode(canonical(message))).digest()
 
 
 def digests(items: Iterable[Any]) -> list[bytes]:
     """The digests of the non-system items, in order."""
-    return [digest(i) for i in items if not is_system(i)]
+    return [digest(i) for i in items if not (type(i) is dict and i.get("role") in SYSTEM_ROLES)]
 
 
 def fold(start: bytes, message_digests: Iterable[bytes]) -> bytes:
@@ -146,7 +156,7 @@ def prefix_hashes(message_digests: Iterable[bytes]) -> list[bytes]:
     out = []
     h = EMPTY
     for d in message_digests:
-        h = hashlib.sha256(h + d).digest()
+        h = _sha256(h + d).digest()
         out.append(h)
     return out
 

@@ -17,7 +17,7 @@ __all__ = ["Begun", "ContextMode", "ParentMode", "TreeStore"]
 ParentMode = Literal["head", "root", "node"]
 
 
-ContextMode = Literal["delta", "full"]
+ContextMode = Literal["delta", "full", "window"]  # window: the window did not suffice, nothing written
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +60,14 @@ class TreeStore:
         provider: str | None,
         params: dict[str, Any],
         new_conversation_id: str | None = None,
+        prefix_offset: int = 0,
     ) -> Begun:
         """Start a call (``bp_begin_call`` in functions.sql says how each argument is used).
         Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule refuses it."""
         records = await self.db.fetch(
             queries.BEGIN_CALL,
             tenant, conversation_id, new_conversation_id, new_tree_id, node_id, kind, mode, parent_mode, parent_id,
-            sent, digests, prefixes, system_hash, lease_seconds, model, provider, params,
+            sent, digests, prefixes, prefix_offset, system_hash, lease_seconds, model, provider, params,
         )
         first = records[0]
         path = rows(PathNode, (r["node"] for r in records)) if first["node"] is not None else []

@@ -186,3 +186,14 @@ def test_match_plus_remainder_is_what_the_client_sent(fresh_database_url, nodes,
     assert begun.matched >= len(_meaning(history))  # at least the target itself matched
     assert begun.mode == "full"
 
+
+
+def test_the_fast_digest_is_the_general_one():
+    import hashlib
+
+    from storage.transcript import _encode
+
+    for m in (user("plain"), assistant("x", refusal=None, tool_calls=None), {"role": "user", "content": ""},
+              {"role": "user", "content": 'quote " and \\u00e9 \u00e9'}, {"role": None, "content": "no role"},
+              {"role": "assistant", "content": "named", "name": None}):
+        assert digest(m) == hashlib.sha256(_encode(canonical(m))).digest(), m
