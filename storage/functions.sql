@@ -509,6 +509,7 @@ DECLARE
     v_up record;
     v_ties integer := 1;
     v_k integer := 0;
+    i integer;
     v_start integer := 0;
     v_with_system boolean;
     v_parent uuid;
@@ -528,25 +529,28 @@ BEGIN
         END IF;
     END IF;
 
-    -- the candidates, deepest first; the tie rules are only worked out when the two deepest tie
-    -- (a compaction and the node it replaced, a failed attempt and its retry ...): the head-path
-    -- test walks the path
-    FOR v_row IN
-        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome,
-               p_prefix_offset + array_position(p_prefixes, n.chain) AS k
-          FROM nodes n
-         WHERE v_given > 0 AND n.tenant = p_tenant AND n.chain = ANY(p_prefixes) AND n.kind <> 'transform'
-           AND (p_conversation IS NULL OR n.conversation_id = p_conversation
-                OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)))
-         ORDER BY k DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
-         LIMIT 2
-    LOOP
-        IF v_k = 0 THEN
-            v_best := v_row;
-            v_k := v_row.k;
-        ELSIF v_row.k = v_k THEN
-            v_ties := 2;
-        END IF;
+    -- the deepest candidate: probe the prefixes from the longest down, one equality lookup on
+    -- (tenant, chain) each -- a resent history almost always matches at its first or second
+    -- probe. The tie rules are only worked out when two candidates tie (a compaction and the node
+    -- it replaced, a failed attempt and its retry ...): the head-path test walks the path.
+    FOR i IN REVERSE v_given..1 LOOP
+        FOR v_row IN
+            SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome
+              FROM nodes n
+             WHERE n.tenant = p_tenant AND n.chain = p_prefixes[i] AND n.kind <> 'transform'
+               AND (p_conversation IS NULL OR n.conversation_id = p_conversation
+                    OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)))
+             ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+             LIMIT 2
+        LOOP
+            IF v_k = 0 THEN
+                v_best := v_row;
+                v_k := p_prefix_offset + i;
+            ELSE
+                v_ties := 2;
+            END IF;
+        END LOOP;
+        EXIT WHEN v_k > 0;
     END LOOP;
     IF v_ties > 1 THEN
         SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, v_k AS k INTO v_best FROM nodes n
