@@ -49,6 +49,11 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     context_mode: Literal["delta", "full"]
     reaper_interval_seconds: float
     max_body_bytes: int
+    max_response_bytes: int
+    client_body_timeout: float
+    client_header_timeout: float
+    max_connections: int
+    metrics_token: str
     log_level: str
     log_format: Literal["json", "text"]
 
@@ -229,6 +234,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("compaction.keep_recent must be >= 0")
     if settings.server.lease_seconds <= 0:
         raise SettingsError("server.lease_seconds must be > 0")
+    if settings.server.max_response_bytes <= 0 or settings.server.max_body_bytes <= 0:
+        raise SettingsError("server.max_response_bytes and server.max_body_bytes must be > 0")
     if not settings.upstreams:
         raise SettingsError("at least one [[upstreams]] entry is needed")
     names = [u.name for u in settings.upstreams]

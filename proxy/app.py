@@ -21,6 +21,7 @@ from config import Settings
 from storage import Refused, StorageError, StorageUnavailable
 
 from .errors import BranchpointError, error_body, from_refusal
+from .limits import BodyTimeout
 from .observability import ObservabilityMiddleware, install_log_context
 from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_auto, chat_completions_prefixed
@@ -133,9 +134,12 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             "upstream": _given(runtime.upstream),
             "metrics": _given(runtime.metrics),
             "leases": _given(runtime.leases),
+            "auth": _given(runtime.auth),
+            "metrics_token": _given(settings.server.metrics_token),
         },
         lifespan=[lifespan],
-        middleware=[DefineMiddleware(ObservabilityMiddleware, metrics=runtime.metrics)],
+        middleware=[DefineMiddleware(ObservabilityMiddleware, metrics=runtime.metrics),
+                    DefineMiddleware(BodyTimeout, timeout=settings.server.client_body_timeout)],
         exception_handlers={
             BranchpointError: _on_branchpoint_error,
             StorageError: _on_storage_error,

@@ -87,29 +87,38 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
     import uvicorn
 
     from proxy.app import create_app
+    from proxy.limits import HeaderTimeoutHttpTools
     from proxy.logs import configure_logging
 
     settings = _settings(config_file)
     configure_logging(settings.server.log_level, settings.server.log_format)
-    host = host or settings.server.host
-    port = port or settings.server.port
-    options: dict[str, Any] = dict(host=host, port=port, log_config=None, access_log=False, loop="uvloop",
-                                   http="httptools", timeout_graceful_shutdown=30)
-    if workers == 1:
-        uvicorn.run(create_app(settings), **options)
-        return
+    server = settings.server
     # several workers: the embedded server (if any) is started once, here, and shared
     embedded = None
-    if not settings.database.url:
+    if workers > 1 and not settings.database.url:
         from storage import migrate, start_embedded
 
         embedded = start_embedded(settings.database.data_dir or None)
         os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
         asyncio.run(migrate(embedded.uri))
-    if config_file:
+    if workers > 1 and config_file:
         os.environ["BRANCHPOINT_CONFIG"] = os.path.abspath(config_file)
+    config = uvicorn.Config(
+        create_app(settings) if workers == 1 else "proxy.app:app_from_environment", factory=workers > 1,
+        workers=workers, host=host or server.host, port=port or server.port, log_config=None, access_log=False,
+        loop="uvloop", http=HeaderTimeoutHttpTools, timeout_graceful_shutdown=30,
+        # what the ASGI server guards (docs/behaviour.md#limits-and-hostile-peers): idle keep-alive
+        # connections close after 5 s, at most max_connections connections and requests (more: 503)
+        timeout_keep_alive=5, limit_concurrency=server.max_connections,
+    )
+    config.client_header_timeout = server.client_header_timeout  # read by HeaderTimeoutHttpTools
     try:
-        uvicorn.run("proxy.app:app_from_environment", factory=True, workers=workers, **options)
+        if workers == 1:
+            uvicorn.Server(config).run()
+        else:
+            from uvicorn.supervisors import Multiprocess
+
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
     finally:
         if embedded:
             embedded.stop()

@@ -11,9 +11,11 @@
      ├── Conflict                       409 (conversation_exists, node_pending)
      │    ├── ConversationBusy          409 conversation_busy
      │    └── ParentBeforeCompaction    409 parent_before_compaction
+     ├── RequestTimeout                 408 request_timeout (the client's body did not arrive in time)
      └── UpstreamFailure                (the upstream could not give an answer)
           ├── UpstreamUnreachable       502 upstream_unreachable
           ├── UpstreamBadResponse       502 upstream_bad_response
+          ├── UpstreamTooLarge          502 upstream_response_too_large
           └── UpstreamTimeout           504 upstream_timeout
 
 Errors of other layers are translated once, where they cross into the HTTP layer: httpx errors
@@ -41,9 +43,11 @@ __all__ = [
     "NodeNotFound",
     "NotFound",
     "ParentBeforeCompaction",
+    "RequestTimeout",
     "UpstreamBadResponse",
     "UpstreamFailure",
     "UpstreamTimeout",
+    "UpstreamTooLarge",
     "UpstreamUnreachable",
     "error_body",
     "from_refusal",
@@ -137,6 +141,16 @@ class UpstreamUnreachable(UpstreamFailure):
 
 class UpstreamBadResponse(UpstreamFailure):
     code = "upstream_bad_response"
+
+
+class UpstreamTooLarge(UpstreamFailure):
+    code = "upstream_response_too_large"
+
+
+class RequestTimeout(BranchpointError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class UpstreamTimeout(UpstreamFailure):

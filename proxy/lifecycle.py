@@ -18,13 +18,23 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from storage import BeforeCompaction, Busy, NodeMissing, Outcome, StorageError, TreeStore, transcript, uuid7
+from storage import (
+    BeforeCompaction,
+    Busy,
+    NodeMissing,
+    Outcome,
+    StorageError,
+    StorageUnavailable,
+    TreeStore,
+    transcript,
+    uuid7,
+)
 
 from .background import Background
 from .builder import RequestBuilder
@@ -37,7 +47,7 @@ from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
 from .relay import StreamEnd, StreamRelay, client_disconnected
-from .upstream import UpstreamClient, map_exceptions, response_headers, target_of
+from .upstream import UpstreamClient, response_headers, target_of
 
 __all__ = ["CallLifecycle", "ChatCall"]
 
@@ -59,6 +69,7 @@ class ChatCall:
     stream: bool
     client_key: str | None
     headers: list[tuple[str, str]]  # incoming request headers (filtered when forwarded)
+    credentials: tuple[str, ...] = ()  # every credential the client sent: masked wherever echoed
 
     @property
     def params(self) -> dict[str, Any]:
@@ -149,6 +160,12 @@ class CallLifecycle:
                     begun = await begin(sent=call.items, digests=[], prefixes=prefixes)
             else:
                 begun = await begin(sent=call.items, digests=digests if call.mode == "delta" else [], prefixes=prefixes)
+        except StorageUnavailable as exc:
+            if exc.sent:
+                # the database may have started the call after we stopped waiting for it: then a
+                # pending node holds the conversation; release it as soon as the database answers
+                self.tasks.spawn(self._abandon(node_id))
+            raise
         except Busy as exc:
             self.metrics.busy_rejections.inc()
             raise ConversationBusy(str(exc)) from None
@@ -162,6 +179,25 @@ class CallLifecycle:
                            begun.matched, new_items, secrets)
         return started, begun.path
 
+    async def _abandon(self, node_id: uuid.UUID) -> None:
+        """Reap the node of a call whose start was not confirmed, if the database did create it.
+        Tried until it is found reaped or finished, or for ``lease_seconds`` (the reaper's turn)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.lease_seconds
+        delay = 0.1
+        while loop.time() < give_up:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                outcome = await self.tree.abandon(node_id)
+            except StorageError:
+                continue
+            if outcome != "missing":  # reaped now, or finished some other way
+                if outcome == "reaped":
+                    log.warning("released the node of a call whose start was not confirmed", extra={"node_id": str(node_id)})
+                return
+            # missing: the start never committed -- or has not yet; look again a little later
+
     # -- finish ------------------------------------------------------------------------------
 
     async def _finish(self, started: _Started, outcome: Outcome, *, received: list[Any] | None = None,
@@ -171,6 +207,8 @@ class CallLifecycle:
         away, the outcome is stored in the background as soon as it is back (the lease is kept
         alive meanwhile); a node that still cannot be stored is reaped as interrupted in the end."""
         started.finished = True
+        if finish_reason is not None and "\x00" in finish_reason:
+            finish_reason = finish_reason.replace("\x00", "")  # a text column; the answer itself keeps it
         store = functools.partial(
             self.tree.finish_call, tree_id=started.tree_id, node_id=started.node_id, outcome=outcome,
             received=received, usage=usage, finish_reason=finish_reason, error=error,
@@ -232,7 +270,7 @@ class CallLifecycle:
     async def run(self, call: ChatCall, receive: Any) -> Any:
         """Run one call; returns the ASGI response (a ``RawResponse`` or a ``StreamRelay``)."""
         upstream = self.upstream.route(call.body.get("model"))
-        started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key))
+        started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
         ctx = current_request.get()
         if ctx is not None:
             ctx.conversation_id = started.conversation_id
@@ -282,7 +320,7 @@ class CallLifecycle:
         return path
 
     async def _run_json(self, started: _Started, request: httpx.Request, receive: Any) -> RawResponse:
-        send_task = asyncio.ensure_future(self.upstream.send(request))
+        send_task = asyncio.ensure_future(self.upstream.fetch(request))
         watch = asyncio.ensure_future(_wait_for_disconnect(receive))
         t0 = time.perf_counter()
         try:
@@ -295,12 +333,11 @@ class CallLifecycle:
             await asyncio.gather(send_task, return_exceptions=True)
             return await self._fail(started, client_disconnected())
         try:
-            response = send_task.result()
+            response, content = send_task.result()
         except UpstreamFailure as exc:
             return await self._fail(started, Failure.from_error(exc))
 
         relay_headers = response_headers(response.headers) + started.headers()
-        content = response.content
         if not 200 <= response.status_code < 300:
             return await self._fail(started, classify(response.status_code, content, started.secrets), relay_headers)
         try:
@@ -314,7 +351,7 @@ class CallLifecycle:
     async def _run_stream(self, started: _Started, request: httpx.Request) -> Any:
         t0 = time.perf_counter()
         try:
-            response = await self.upstream.send(request, stream=True)
+            response = await self.upstream.send(request)
         except UpstreamFailure as exc:
             return await self._fail(started, Failure.from_error(exc))
         if response.status_code != 200:
@@ -335,11 +372,6 @@ class CallLifecycle:
         options = started.call.body.get("stream_options")
         wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
-        async def chunks() -> AsyncIterator[bytes]:
-            with map_exceptions():
-                async for chunk in response.aiter_bytes():
-                    yield chunk
-
         async def on_end(end: StreamEnd) -> None:
             _upstream_time(time.perf_counter() - t0)
             acc = end.accumulator
@@ -353,7 +385,7 @@ class CallLifecycle:
         if not any(k.lower() == "content-type" for k, _ in headers):
             headers.append(("content-type", "text/event-stream"))
         return StreamRelay(
-            chunks(),
+            self.upstream.chunks(response),
             headers=encode_headers(headers),
             on_end=on_end,
             close_upstream=response.aclose,

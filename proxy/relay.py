@@ -20,7 +20,7 @@ import msgspec
 from storage import Outcome
 
 from .background import Background
-from .errors import UpstreamFailure, error_body
+from .errors import UpstreamFailure, UpstreamTooLarge, error_body
 from .failures import Failure
 
 __all__ = ["BytesRelay", "SSEParser", "StreamAccumulator", "StreamEnd", "StreamRelay", "client_disconnected", "sse_error_event"]
@@ -36,26 +36,48 @@ def sse_error_event(message: str, type_: str, code: str | None) -> bytes:
 
 
 class SSEParser:
-    """Splits a byte stream into complete SSE events (``\\n\\n``-terminated, ``\\r\\n`` tolerated)."""
+    """Splits a byte stream into complete SSE events (``\\n\\n``-terminated, ``\\r\\n`` tolerated).
 
-    __slots__ = ("_buf",)
+    Linear in the bytes fed, however they are cut: each chunk is normalised on its own (a ``\\r``
+    at its end waits for the next chunk), and the search for the end of an event resumes where
+    the last one stopped -- an event that never ends costs no more than its bytes."""
+
+    __slots__ = ("_buf", "_cr", "_scanned")
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = bytearray()
+        self._scanned = 0  # bytes of _buf known to hold no event end
+        self._cr = False  # the last chunk ended with \r
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buf = self._buf + chunk if self._buf else chunk
-        if b"\r" in buf:  # on the joined buffer: a CRLF may be split across two chunks
-            buf = buf.replace(b"\r\n", b"\n")
-        if b"\n\n" not in buf:
-            self._buf = buf
+        if self._cr:
+            chunk = b"\r" + chunk
+            self._cr = False
+        if chunk.endswith(b"\r"):
+            chunk = chunk[:-1]
+            self._cr = True
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        buf = self._buf
+        buf += chunk
+        pos = buf.find(b"\n\n", max(self._scanned - 1, 0))
+        if pos < 0:
+            self._scanned = len(buf)
             return []
-        *events, self._buf = buf.split(b"\n\n")
-        return [e for e in events if e]
+        events = []
+        start = 0
+        while pos >= 0:
+            if pos > start:
+                events.append(bytes(buf[start:pos]))
+            start = pos + 2
+            pos = buf.find(b"\n\n", start)
+        del buf[:start]
+        self._scanned = len(buf)
+        return events
 
     @property
     def pending(self) -> bytes:
-        return self._buf
+        return bytes(self._buf)
 
     @staticmethod
     def data(event: bytes) -> bytes | None:
@@ -322,7 +344,8 @@ class StreamRelay:
                 if acc.error is not None or self.done:
                     break
         except UpstreamFailure as exc:
-            return Failure.of(Outcome.TRANSIENT, exc.type, "stream_interrupted", exc.message)
+            code = exc.code if isinstance(exc, UpstreamTooLarge) else "stream_interrupted"
+            return Failure.of(Outcome.TRANSIENT, exc.type, code, exc.message)
         except (OSError, RuntimeError):
             raise  # the client side failed: handled by __call__
         except Exception as exc:
@@ -376,5 +399,6 @@ class BytesRelay:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamFailure as exc:
             log.info("pass-through stream cut", extra={"error": exc.message})
-            return sse_error_event(exc.message, exc.type, "stream_interrupted") if sse else b""
+            code = exc.code if isinstance(exc, UpstreamTooLarge) else "stream_interrupted"
+            return sse_error_event(exc.message, exc.type, code) if sse else b""
         return None

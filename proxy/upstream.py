@@ -8,7 +8,7 @@ classified by the failure table in ``proxy.failures``.
 from __future__ import annotations
 
 import ssl
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 
 import httpx
@@ -16,28 +16,33 @@ import httpx
 from config import Settings, Upstream
 
 from .assembly import Target
-from .errors import InvalidRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamUnreachable
+from .errors import InvalidRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamTooLarge, UpstreamUnreachable
 from .transport import UpstreamTransport
 
 __all__ = ["UpstreamClient", "map_exceptions", "response_headers", "target_of"]
 
-# Request headers never forwarded upstream: hop-by-hop, ours, and the ones httpx sets itself.
+# Request headers never forwarded upstream: hop-by-hop, ours, the ones httpx sets itself, and
+# every credential header -- the upstream gets one credential, ours (docs/behaviour.md#auth-and-tenancy).
 _DROP_REQUEST = frozenset(
     {
         "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
         "proxy-authorization", "proxy-connection", "accept-encoding", "expect", "cookie",
-        "x-conversation-id", "x-parent-node-id", "x-node-kind", "authorization", "api-key",
+        "x-conversation-id", "x-parent-node-id", "x-node-kind", "x-context-mode", "authorization", "api-key",
+        "x-api-key",
     }
 )
 # Headers only meaningful with the client's own upstream account.
 _ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project"})
-# Response headers not relayed: framing (we re-frame), and the server's own identity/cookies.
+# Response headers not relayed: framing (we re-frame), the server's own identity/cookies, and any
+# that would replace or duplicate ours.
 _DROP_RESPONSE = frozenset(
     {
         "content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive",
         "date", "server", "set-cookie", "alt-svc",
+        "x-conversation-id", "x-node-id", "x-parent-node-id",
     }
 )
+_OWN_PREFIXES = ("x-context-", "x-branchpoint-")
 
 
 @contextmanager
@@ -60,7 +65,8 @@ def target_of(upstream: Upstream) -> Target:
 
 def response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
     """The upstream response headers worth relaying to the client."""
-    return [(k, v) for k, v in headers.multi_items() if k.lower() not in _DROP_RESPONSE]
+    return [(k, v) for k, v in headers.multi_items()
+            if (lk := k.lower()) not in _DROP_RESPONSE and not lk.startswith(_OWN_PREFIXES)]
 
 
 class UpstreamClient:
@@ -86,6 +92,7 @@ class UpstreamClient:
         self.default = default[0] if default else settings.upstreams[0]
         self._route_cache: dict[str, Upstream | None] = {}
         self._by_name = {u.name: u for u in settings.upstreams}
+        self.max_response_bytes = settings.server.max_response_bytes
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -115,41 +122,60 @@ class UpstreamClient:
     @staticmethod
     def request_headers(
         upstream: Upstream, incoming: Iterable[tuple[str, str]], client_key: str | None
-    ) -> list[tuple[str, str]]:
-        """Client headers to forward, with the upstream's key (or the client's, passthrough)."""
+    ) -> list[tuple[bytes, bytes]]:
+        """Client headers to forward, with the upstream's key (or the client's, passthrough).
+        Values go out as the bytes they came as (latin-1 round trip), whatever they hold."""
         own_key = bool(upstream.api_key)
         out = [
-            (k, v)
+            (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in incoming
             if (lk := k.lower()) not in _DROP_REQUEST and not (own_key and lk in _ACCOUNT_HEADERS)
         ]
         key = upstream.api_key or client_key
         if key:
-            out.append(("authorization", f"Bearer {key}"))
+            try:
+                raw = key.encode("latin-1")  # a client's key: the bytes it came as
+            except UnicodeEncodeError:
+                raw = key.encode("utf-8")  # a configured key beyond latin-1
+            out.append((b"authorization", b"Bearer " + raw))
         return out
 
-    def build(self, method: str, upstream: Upstream, path: str, *, headers: list[tuple[str, str]],
+    def build(self, method: str, upstream: Upstream, path: str, *, headers: list[tuple[bytes, bytes]],
               content: bytes | None = None, params: str | bytes | None = None) -> httpx.Request:
         url = self.url(upstream, path)
         if params:
             url = f"{url}?{params.decode() if isinstance(params, bytes) else params}"
         return self.http.build_request(method, url, headers=headers, content=content)
 
-    async def send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """Send; with ``stream=True`` the body is left unread (the caller must ``aclose()``)."""
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """Send; the body is left unread: read it with ``read_rest`` or ``chunks`` (which bound
+        it), or ``aclose()`` the response."""
         with map_exceptions():
-            response = await self.http.send(request, stream=True)
-            if stream:
-                return response
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
-            return response
+            return await self.http.send(request, stream=True)
+
+    async def fetch(self, request: httpx.Request) -> tuple[httpx.Response, bytes]:
+        """Send and read the whole (bounded) body."""
+        response = await self.send(request)
+        return response, await self.read_rest(response)
 
     async def read_rest(self, response: httpx.Response) -> bytes:
+        """The rest of the body, at most ``max_response_bytes`` (else ``UpstreamTooLarge``)."""
+        parts: list[bytes] = []
+        try:
+            async for chunk in self.chunks(response):
+                parts.append(chunk)
+        finally:
+            await response.aclose()
+        return b"".join(parts)
+
+    async def chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The body as it arrives, cut with ``UpstreamTooLarge`` past ``max_response_bytes``:
+        whatever an upstream sends, a call holds at most that much of it."""
+        limit = self.max_response_bytes
+        seen = 0
         with map_exceptions():
-            try:
-                return await response.aread()
-            finally:
-                await response.aclose()
+            async for chunk in response.aiter_bytes():
+                seen += len(chunk)
+                if seen > limit:
+                    raise UpstreamTooLarge(f"the upstream's answer is larger than {limit} bytes (server.max_response_bytes)")
+                yield chunk

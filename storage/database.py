@@ -8,6 +8,7 @@ runs; ``open()`` connects it (starting the embedded PostgreSQL when no URL is co
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,12 +25,46 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 
+# PostgreSQL's jsonb cannot hold the character U+0000, which an upstream (or a client) may well
+# send. Such values are kept losslessly: a string holding it -- or an object with such a key --
+# is stored as {MARK: base64 of its JSON}, and turned back on the way out. Everything else is
+# stored as it is, so SQL still sees roles, arrays and the rest of the structure.
+_MARK = "$branchpoint:json"
+_NUL = b"\\u0000"
+
+
+def _shield(value: Any) -> Any:
+    if isinstance(value, str):
+        return {_MARK: base64.b64encode(_encode(value)).decode()} if "\x00" in value else value
+    if isinstance(value, list):
+        return [_shield(v) for v in value]
+    if isinstance(value, dict):
+        if any("\x00" in k for k in value):
+            return {_MARK: base64.b64encode(_encode(value)).decode()}
+        return {k: _shield(v) for k, v in value.items()}
+    return value
+
+
+def _unshield(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_unshield(v) for v in value]
+    if isinstance(value, dict):
+        if len(value) == 1 and _MARK in value:
+            return _decode(base64.b64decode(value[_MARK]))
+        return {k: _unshield(v) for k, v in value.items()}
+    return value
+
+
 def _jsonb_encode(value: Any) -> bytes:
-    return b"\x01" + _encode(value)  # jsonb binary format: version byte 1, then JSON text
+    data = _encode(value)
+    if _NUL in data:
+        data = _encode(_shield(value))
+    return b"\x01" + data  # jsonb binary format: version byte 1, then JSON text
 
 
 def _jsonb_decode(data: bytes) -> Any:
-    return _decode(memoryview(data)[1:])
+    value = _decode(memoryview(data)[1:])
+    return _unshield(value) if b"$branchpoint:json" in data else value
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -107,29 +142,34 @@ class Database:
             async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
                 yield conn
 
+    async def _run(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
+        """One statement on a pooled connection. A failure after it was sent (even one that
+        surfaces while the connection goes back to the pool) is ``StorageUnavailable(sent=True)``:
+        the database may have carried it out."""
+        sent = False
+        try:
+            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
+                sent = True
+                return await getattr(conn, method)(query, *args)
+        except BaseException:
+            with map_db_errors(sent=sent):
+                raise
+
     async def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         self.statements += 1
-        with map_db_errors():
-            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
-                return await conn.fetch(query, *args)
+        return await self._run("fetch", query, args)
 
     async def fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
         self.statements += 1
-        with map_db_errors():
-            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
-                return await conn.fetchrow(query, *args)
+        return await self._run("fetchrow", query, args)
 
     async def fetchval(self, query: str, *args: Any) -> Any:
         self.statements += 1
-        with map_db_errors():
-            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
-                return await conn.fetchval(query, *args)
+        return await self._run("fetchval", query, args)
 
     async def execute(self, query: str, *args: Any) -> str:
         self.statements += 1
-        with map_db_errors():
-            async with self.pool.acquire(timeout=self.acquire_timeout) as conn:
-                return await conn.execute(query, *args)
+        return await self._run("execute", query, args)
 
 
 async def open_database(url: str, data_dir: str | None = None, **options: Any) -> Database:

@@ -43,7 +43,12 @@ class StorageError(Exception):
 
 
 class StorageUnavailable(StorageError):
-    """The database is unreachable, restarting, overloaded or too slow to answer."""
+    """The database is unreachable, restarting, overloaded or too slow to answer. ``sent``: the
+    statement had been sent when it happened (it may still have been carried out)."""
+
+    def __init__(self, message: str, *, sent: bool = False) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class MigrationError(StorageError):
@@ -101,14 +106,15 @@ _UNAVAILABLE = (
 
 
 @contextmanager
-def map_db_errors() -> Iterator[None]:
-    """Translate asyncpg/OS errors raised inside the block into ``StorageError``s."""
+def map_db_errors(*, sent: bool = False) -> Iterator[None]:
+    """Translate asyncpg/OS errors raised inside the block into ``StorageError``s (``sent``: the
+    block sends a statement)."""
     try:
         yield
     except StorageError:
         raise
     except _UNAVAILABLE as exc:
-        raise StorageUnavailable(f"database unavailable: {type(exc).__name__}") from exc
+        raise StorageUnavailable(f"database unavailable: {type(exc).__name__}", sent=sent) from exc
     except asyncpg.PostgresError as exc:
         refusal = _REFUSALS.get(getattr(exc, "sqlstate", "") or "")
         if refusal is not None:

@@ -146,10 +146,12 @@ AS $$
     SELECT coalesce(min(phase) > 0, false) FROM hist WHERE id = p_node
 $$;
 
--- bp_reap(tree, node): mark one pending node whose lease ran out failed -- outcome transient,
--- code `interrupted` (its process died). A turn node that still holds its conversation's lease
--- becomes the head by the head rule, and the lease is released. Returns whether it reaped.
-CREATE OR REPLACE FUNCTION bp_reap(p_tree uuid, p_node uuid)
+-- bp_reap(tree, node, abandoned): mark one pending node failed -- outcome transient, code
+-- `interrupted` -- when its lease ran out (its process died), or at once when `abandoned` (the
+-- process that started it lost the database's answer and will never finish it). A turn node that
+-- still holds its conversation's lease becomes the head by the head rule, and the lease is
+-- released. Returns whether it reaped.
+CREATE OR REPLACE FUNCTION bp_reap(p_tree uuid, p_node uuid, p_abandoned boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -164,8 +166,10 @@ BEGIN
        SET outcome = 'transient', lease_until = NULL, finished_at = clock_timestamp(),
            error = jsonb_build_object(
                'type', 'interrupted', 'code', 'interrupted', 'status', NULL,
-               'message', 'the proxy process handling this call stopped before it finished')
-     WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL AND n.lease_until < now();
+               'message', CASE WHEN p_abandoned
+                               THEN 'the database did not confirm the start of this call in time; it was never sent upstream'
+                               ELSE 'the proxy process handling this call stopped before it finished' END)
+     WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL AND (p_abandoned OR n.lease_until < now());
     IF NOT FOUND THEN
         -- finished, or still alive: at most a stale conversation lease remains to clear
         UPDATE conversations c SET lease_node_id = NULL, lease_until = NULL
@@ -180,6 +184,27 @@ BEGIN
            lease_node_id = NULL, lease_until = NULL, updated_at = clock_timestamp()
      WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
     RETURN true;
+END
+$$;
+
+-- bp_abandon(node): a call whose start the proxy could not confirm (the database answered too
+-- late): if its node exists and is still pending, reap it now -- the conversation is released at
+-- once instead of after lease_seconds. Returns 'reaped', 'missing' (not there: the start never
+-- committed, or not yet) or 'finished'.
+CREATE OR REPLACE FUNCTION bp_abandon(p_node uuid)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v record;
+BEGIN
+    SELECT n.tree_id, n.outcome INTO v FROM nodes n WHERE n.id = p_node;
+    IF NOT FOUND THEN
+        RETURN 'missing';
+    END IF;
+    IF v.outcome IS NOT NULL THEN
+        RETURN 'finished';
+    END IF;
+    RETURN CASE WHEN bp_reap(v.tree_id, p_node, true) THEN 'reaped' ELSE 'finished' END;
 END
 $$;
 
@@ -362,7 +387,7 @@ BEGIN
         IF p_kind = 'turn' THEN
             SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
         ELSE
-            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
         END IF;
         IF NOT FOUND THEN
             PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_parent, p_conversation));
@@ -372,11 +397,16 @@ BEGIN
         ON CONFLICT (tenant, id) DO UPDATE SET updated_at = c.updated_at
         RETURNING * INTO conv;
     ELSE
-        INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
-        ON CONFLICT (tenant, id) DO NOTHING
-        RETURNING * INTO conv;
+        -- a key-share lock: side calls run side by side, but never beside a delete of their
+        -- conversation (which could otherwise remove the parent they are hanging under)
+        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
         IF NOT FOUND THEN
-            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+            INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
+            ON CONFLICT (tenant, id) DO NOTHING
+            RETURNING * INTO conv;
+            IF NOT FOUND THEN
+                SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
+            END IF;
         END IF;
     END IF;
 
@@ -515,13 +545,14 @@ DECLARE
     v_parent uuid;
 BEGIN
     IF p_conversation IS NOT NULL THEN
-        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+        -- key-share locked: calls run side by side, but never beside a delete of the conversation
+        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
         IF NOT FOUND THEN
             INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
             ON CONFLICT (tenant, id) DO NOTHING
             RETURNING * INTO conv;
             IF NOT FOUND THEN  -- created meanwhile by a concurrent first call
-                SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+                SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
             END IF;
         END IF;
         IF conv.fork_node_id IS NOT NULL THEN
@@ -538,8 +569,8 @@ BEGIN
             SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome
               FROM nodes n
              WHERE n.tenant = p_tenant AND n.chain = p_prefixes[i] AND n.kind <> 'transform'
-               AND (p_conversation IS NULL OR n.conversation_id = p_conversation
-                    OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)))
+               AND (p_conversation IS NULL
+                    OR (n.tree_id = conv.tree_id AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))))
              ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
              LIMIT 2
         LOOP
@@ -555,16 +586,20 @@ BEGIN
     IF v_ties > 1 THEN
         SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, v_k AS k INTO v_best FROM nodes n
          WHERE n.tenant = p_tenant AND n.chain = p_prefixes[v_k - p_prefix_offset] AND n.kind <> 'transform'
-           AND (p_conversation IS NULL OR n.conversation_id = p_conversation
-                OR (n.tree_id = conv.tree_id AND n.id = ANY(v_visible)))
+           AND (p_conversation IS NULL
+                OR (n.tree_id = conv.tree_id AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))))
          ORDER BY bp_on_head_path(p_tenant, coalesce(p_conversation, n.conversation_id), n.id) DESC,
                   (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
          LIMIT 1;
     END IF;
-    IF v_k > 0 THEN
-        IF p_conversation IS NULL THEN
-            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = v_best.conversation_id;
+    IF v_k > 0 AND p_conversation IS NULL THEN
+        SELECT * INTO conv FROM conversations c
+         WHERE c.tenant = p_tenant AND c.id = v_best.conversation_id AND c.tree_id = v_best.tree_id FOR KEY SHARE;
+        IF NOT FOUND THEN  -- deleted meanwhile (nodes a fork still reaches stay): start afresh
+            v_k := 0;
         END IF;
+    END IF;
+    IF v_k > 0 THEN
         IF v_k = v_m AND v_best.outcome IS DISTINCT FROM 'success' THEN
             v_parent := v_best.parent_id;  -- the retry rule: beside the failed (or in-flight) node
         ELSE

@@ -39,6 +39,9 @@ SELECT tree_id, id FROM nodes
 # Mark one expired pending node failed/interrupted (and make a turn node the head).  $1 tree, $2 node
 REAP_NODE = "SELECT bp_reap(p_tree => $1, p_node => $2)"
 
+# A call whose start was not confirmed in time: reap its node now if it exists.  $1 node
+ABANDON = "SELECT bp_abandon(p_node => $1)"
+
 # The path from a node to its top, root first, as assembly reads it.  $1 tree, $2 node
 PATH_NODES = "SELECT * FROM bp_path_nodes(p_tree => $1, p_node => $2)"
 

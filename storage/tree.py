@@ -107,6 +107,10 @@ class TreeStore:
                 reaped += 1
         return reaped
 
+    async def abandon(self, node_id: uuid.UUID) -> str:
+        """'reaped', 'missing' or 'finished' (``bp_abandon``)."""
+        return await self.db.fetchval(queries.ABANDON, node_id)
+
     async def path(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> list[PathNode]:
         return rows(PathNode, await self.db.fetch(queries.PATH_NODES, tree_id, node_id))
 

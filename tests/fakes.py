@@ -97,6 +97,7 @@ class Reply:
     gate: threading.Event | None = None  # stream: wait for this before the events from gate_after on
     gate_after: int = 2
     hold: threading.Event | None = None  # wait for this before answering at all
+    headers: list[tuple[str, str]] = field(default_factory=list)  # extra response headers
 
 
 def completion(reply: Reply, model: str, prompt_tokens: int) -> dict[str, Any]:
@@ -199,7 +200,7 @@ class FakeUpstream:
             raw += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             body: Any = json.loads(raw) if raw else None
         except ValueError:
@@ -238,28 +239,30 @@ class FakeUpstream:
         model = body.get("model", "fake") if isinstance(body, dict) else "fake"
         if reply.kind == "hang":
             await asyncio.sleep(3600)
+        extra = [(k.encode(), v.encode()) for k, v in reply.headers]
         if reply.kind == "raw":
-            await self._raw(send, reply.status, reply.body, reply.content_type)
+            await self._raw(send, reply.status, reply.body, reply.content_type, extra)
         elif reply.kind == "error":
             await self._json(send, reply.status, {"error": reply.error or {
-                "message": "fake failure", "type": "server_error", "param": None, "code": None}})
+                "message": "fake failure", "type": "server_error", "param": None, "code": None}}, extra)
         elif reply.kind == "stream" or (reply.kind == "json" and isinstance(body, dict) and body.get("stream")):
             await self._stream(send, reply, body if isinstance(body, dict) else {}, model)
         else:
-            await self._json(send, reply.status, completion(reply, model, _estimate_prompt(body or {})))
+            await self._json(send, reply.status, completion(reply, model, _estimate_prompt(body or {})), extra)
 
-    async def _json(self, send: Any, status: int, data: Any) -> None:
-        await self._raw(send, status, json.dumps(data).encode(), "application/json")
+    async def _json(self, send: Any, status: int, data: Any, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
+        await self._raw(send, status, json.dumps(data).encode(), "application/json", extra)
 
     @staticmethod
-    async def _raw(send: Any, status: int, body: bytes, content_type: str) -> None:
+    async def _raw(send: Any, status: int, body: bytes, content_type: str, extra: Any = ()) -> None:
         await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", content_type.encode()), (b"x-request-id", b"req_fake")]})
+                    "headers": [(b"content-type", content_type.encode()), (b"x-request-id", b"req_fake"), *extra]})
         await send({"type": "http.response.body", "body": body})
 
     async def _stream(self, send: Any, reply: Reply, body: dict[str, Any], model: str) -> None:
+        extra = [(k.encode(), v.encode()) for k, v in reply.headers]
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"x-request-id", b"req_fake")]})
+                    "headers": [(b"content-type", b"text/event-stream"), (b"x-request-id", b"req_fake"), *extra]})
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
 

@@ -154,11 +154,11 @@ class Summariser:
         out.calls += 1
         headers = self.upstream.request_headers(upstream, [("content-type", "application/json")], client_key)
         request = self.upstream.build("POST", upstream, "chat/completions", headers=headers, content=payload)
-        response = await self.upstream.send(request)
+        response, content = await self.upstream.fetch(request)
         if response.status_code != 200:
             raise UpstreamFailure(f"the summariser answered HTTP {response.status_code}")
         try:
-            completion = parse_completion(response.content)
+            completion = parse_completion(content)
         except NotACompletion as exc:
             raise UpstreamFailure(f"the summariser's answer is not a completion ({exc})") from None
         text = completion.message.get("content")

@@ -39,7 +39,7 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str) or not model or "\x00" in model:
         raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
     messages = body.get("messages")
     if not isinstance(messages, list):
@@ -107,6 +107,7 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
         stream=body.get("stream") is True,
         client_key=caller.client_key,
         headers=headers.items,
+        credentials=headers.credentials(),
     )
     return await calls.run(call, request.receive)
 

@@ -8,28 +8,52 @@ from typing import Any
 
 from ..errors import InvalidConversationId, InvalidRequest
 
-__all__ = ["RequestHeaders", "parse_node_id", "resolve_conversation_id", "valid_conversation_id"]
+__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "parse_node_id", "resolve_conversation_id", "valid_conversation_id"]
 
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
+# Our own request headers: each may be given once (or repeated with the same value).
+_SINGLE = frozenset({"x-conversation-id", "x-parent-node-id", "x-node-kind", "x-context-mode"})
+# Headers that carry a credential: never forwarded as they came, masked wherever echoed back.
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "proxy-authorization"})
+
+
 class RequestHeaders:
-    """The raw ASGI headers, decoded once: a list to forward and a dict to look up."""
+    """The raw ASGI headers, decoded once (latin-1: every byte is kept, whatever it is): a list to
+    forward and a dict to look up. Our own headers may not disagree with themselves."""
 
     __slots__ = ("items", "lookup")
 
     def __init__(self, scope: Any) -> None:
         self.items = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
-        self.lookup = {k.lower(): v for k, v in self.items}
+        self.lookup: dict[str, str] = {}
+        for k, v in self.items:
+            name = k.lower()
+            if name in _SINGLE and self.lookup.get(name, v) != v:
+                raise InvalidConversationId(f"{k} is given twice with different values", param=k) \
+                    if name == "x-conversation-id" else InvalidRequest(f"{k} is given twice with different values", param=k)
+            self.lookup[name] = v
 
     def get(self, name: str) -> str | None:
         return self.lookup.get(name)
 
+    def credentials(self) -> tuple[str, ...]:
+        """Every credential the client sent (whole header values, and a bearer token alone)."""
+        found: list[str] = []
+        for k, v in self.items:
+            if k.lower() in CREDENTIAL_HEADERS and v:
+                found.append(v)
+                scheme, _, token = v.partition(" ")
+                if token.strip() and scheme.lower() in ("bearer", "basic"):
+                    found.append(token.strip())
+        return tuple(found)
+
 
 def valid_conversation_id(value: str, *, source: str) -> str:
-    if not _CONVERSATION_ID.fullmatch(value):
+    if not _CONVERSATION_ID.fullmatch(value) or value in (".", ".."):
         raise InvalidConversationId(
-            f"invalid conversation id in {source}: 1-128 characters of A-Za-z0-9._:- expected",
+            f"invalid conversation id in {source}: 1-128 characters of A-Za-z0-9._:- expected (not . or ..)",
             param=source,
         )
     return value

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import hmac
 import os
 from typing import Any
 
 import msgspec
-from litestar import Response, get
+from litestar import Request, Response, get
 from litestar.di import NamedDependency
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ASGIApp
 
 from storage import OpsStore, StorageError, latest_version
 
+from ..auth import Authenticator
+from ..errors import AuthenticationFailed
 from ..http import RawResponse
 from ..leases import LeaseKeeper
 from ..metrics import Metrics
@@ -45,8 +48,24 @@ async def readyz(ops: NamedDependency[OpsStore]) -> Response[Readiness]:
     return Response(Readiness("ready", "ok", schema_version=version))
 
 
+def _may_read_metrics(request: Request[Any, Any, Any], auth: Authenticator, token: str) -> None:
+    """Open unless ``[server] metrics_token`` is set; then that token, or an admin key (keys mode)."""
+    if not token:
+        return
+    authorization = request.headers.get("authorization")
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return
+    if auth.mode == "keys" and auth(authorization).admin:
+        return
+    raise AuthenticationFailed("/metrics needs the metrics token (server.metrics_token) or an admin key")
+
+
 @get("/metrics", summary="Prometheus metrics", tags=["operations"], media_type="text/plain")
-async def metrics(ops: NamedDependency[OpsStore], metrics: NamedDependency[Metrics], leases: NamedDependency[LeaseKeeper]) -> ASGIApp:
+async def metrics(request: Request[Any, Any, Any], ops: NamedDependency[OpsStore], metrics: NamedDependency[Metrics],
+                  leases: NamedDependency[LeaseKeeper], auth: NamedDependency[Authenticator],
+                  metrics_token: NamedDependency[str]) -> ASGIApp:
+    _may_read_metrics(request, auth, metrics_token)
     try:
         metrics.pending_nodes.set(await ops.pending_count())
     except StorageError:

@@ -4,9 +4,10 @@ name (to pick the upstream) and nothing is stored."""
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 from litestar import Request, route
@@ -14,12 +15,12 @@ from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
 from ..auth import Caller
-from ..errors import UpstreamFailure
+from ..errors import InvalidRequest, UpstreamFailure
 from ..http import RawResponse, encode_headers
 from ..observability import current_request
 from ..relay import BytesRelay
 from ..secrets import redact_bytes
-from ..upstream import UpstreamClient, map_exceptions, response_headers
+from ..upstream import UpstreamClient, response_headers
 from .common import RequestHeaders, valid_conversation_id
 
 __all__ = [
@@ -73,7 +74,7 @@ class Forwarder:
                 ctx.upstream_seconds = time.perf_counter() - t0
 
         try:
-            response = await self.upstream.send(upstream_request, stream=True)
+            response = await self.upstream.send(upstream_request)
         except UpstreamFailure as exc:
             upstream_done()
             return RawResponse(exc.status, exc.body())
@@ -84,53 +85,71 @@ class Forwarder:
                 return RawResponse(exc.status, exc.body())
             finally:
                 upstream_done()
-            return RawResponse(response.status_code, redact_bytes(content, (caller.client_key, upstream.api_key)),
+            secrets = (caller.client_key, upstream.api_key, *headers.credentials())
+            return RawResponse(response.status_code, redact_bytes(content, secrets),
                                response_headers(response.headers))
-
-        async def chunks() -> AsyncIterator[bytes]:
-            with map_exceptions():
-                async for chunk in response.aiter_bytes():
-                    yield chunk
 
         async def close() -> None:
             upstream_done()
             await response.aclose()
 
-        return BytesRelay(response.status_code, encode_headers(response_headers(response.headers)), chunks(), close)
+        return BytesRelay(response.status_code, encode_headers(response_headers(response.headers)),
+                          self.upstream.chunks(response), close)
 
 
-async def _passthrough(request: Request[Any, Any, Any], forwarder: Forwarder, caller: Caller, path: str,
+def upstream_path(scope: Any, skip: int) -> str:
+    """The path to forward: the request's raw (still percent-encoded) path after its first ``skip``
+    segments -- forwarded as it came, never decoded and re-encoded. It must stay under the
+    upstream's base path: a ``.`` or ``..`` segment (encoded once, twice or not at all, or hidden
+    behind an encoded slash or a backslash) or a control character is refused, and nothing is sent."""
+    raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+    rest = raw.split("?", 1)[0].split("/")[skip:]
+    for segment in rest:
+        text = segment
+        for _ in range(3):  # %252e%252e -> %2e%2e -> ..
+            decoded = unquote(text)
+            if decoded == text:
+                break
+            text = decoded
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+            raise InvalidRequest("the path contains a control character", param="path")
+        if any(part in (".", "..") for part in re.split(r"[/\\]", text)):
+            raise InvalidRequest("the path may not contain '.' or '..' segments", param="path")
+    return "/".join(rest)
+
+
+async def _passthrough(request: Request[Any, Any, Any], forwarder: Forwarder, caller: Caller, skip: int,
                        prefix_cid: str | None) -> ASGIApp:
     if prefix_cid is not None:
         valid_conversation_id(prefix_cid, source="path")
+    path = upstream_path(request.scope, skip)
     body = await request.body()
-    return await forwarder.forward(request, path.lstrip("/"), body, RequestHeaders(request.scope), caller)
+    return await forwarder.forward(request, path, body, RequestHeaders(request.scope), caller)
 
 
 @route("/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream", tags=["pass-through"],
        include_in_schema=False)
 async def passthrough(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, request.path_params["path"], None)
+    return await _passthrough(request, forwarder, caller, 2, None)  # /v1/...
 
 
 @route("/c/{conversation_id:str}/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream",
        tags=["pass-through"], include_in_schema=False)
 async def passthrough_prefixed(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, request.path_params["path"],
-                              request.path_params["conversation_id"])
+    return await _passthrough(request, forwarder, caller, 4, request.path_params["conversation_id"])  # /c/{id}/v1/...
 
 
 @route("/auto/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream", tags=["pass-through"],
        include_in_schema=False)
 async def passthrough_auto(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
                            caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, request.path_params["path"], None)
+    return await _passthrough(request, forwarder, caller, 3, None)  # /auto/v1/...
 
 
 @route("/auto/v1/chat/completions", http_method=["GET"], include_in_schema=False)
 async def chat_completions_list_auto(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
                                      caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, "chat/completions", None)
+    return await _passthrough(request, forwarder, caller, 3, None)
 
 
 # The chat endpoint's static path shadows the catch-all for its other methods and sub-paths
@@ -140,17 +159,16 @@ async def chat_completions_list_auto(request: Request[Any, Any, Any], forwarder:
 
 @route("/v1/chat/completions", http_method=["GET"], include_in_schema=False)
 async def chat_completions_list(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, "chat/completions", None)
+    return await _passthrough(request, forwarder, caller, 2, None)
 
 
 @route("/c/{conversation_id:str}/v1/chat/completions", http_method=["GET"], include_in_schema=False)
 async def chat_completions_list_prefixed(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
                                          caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, "chat/completions", request.path_params["conversation_id"])
+    return await _passthrough(request, forwarder, caller, 4, request.path_params["conversation_id"])
 
 
 @route("/c/{conversation_id:str}/v1/chat/completions/{rest:path}", http_method=_METHODS, include_in_schema=False)
 async def chat_completions_sub_prefixed(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
                                         caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, "chat/completions/" + request.path_params["rest"].lstrip("/"),
-                              request.path_params["conversation_id"])
+    return await _passthrough(request, forwarder, caller, 4, request.path_params["conversation_id"])

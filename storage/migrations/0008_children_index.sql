@@ -8,3 +8,6 @@
 
 DROP INDEX nodes_by_parent;
 CREATE INDEX nodes_by_parent ON nodes (tree_id, parent_id, created_at);
+
+-- bp_reap gained a third parameter (p_abandoned); the two-parameter one goes
+DROP FUNCTION IF EXISTS bp_reap(uuid, uuid);

@@ -1,0 +1,415 @@
+"""Hostile clients and hostile upstreams (docs/behaviour.md#limits-and-hostile-peers): each defect
+of an outside review, reproduced through the real HTTP API. Every test here failed on the code
+before the fix."""
+
+import http.client
+import json
+import socket
+import threading
+import time
+import uuid
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import pytest
+
+from .conftest import Db, assert_invariants, make_settings, new_key, serve_proxy, spawn_proxy, wait_for
+from .fakes import Reply
+from .helpers import MODEL, say, user
+
+
+def raw_request(url: str, method: str, path: str, headers: dict | None = None, body: bytes | None = None):
+    """A request whose path goes out exactly as written (no client-side normalisation)."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        for k, v in (headers or {}).items():
+            conn.putheader(k, v)
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+# -- 1. the pass-through never leaves the upstream's base path ----------------------------------
+
+TRAVERSALS = [
+    "/v1/../internal/admin", "/v1/..%2F..%2Finternal%2Fadmin", "/v1/%2e%2e/%2e%2e/internal", "/v1/%2E%2E/x",
+    "/v1/%252e%252e/%252e%252e/x", "/v1/models/..", "/v1/models/./x", "/v1/..%5C..%5Cadmin", "/c/conv-1/v1/..%2F..%2Fadmin",
+    "/c/conv-1/v1/chat/completions/..%2F..%2F..%2Fadmin", "/auto/v1/..%2F..%2Fadmin", "/v1/a%0d%0ab", "/v1/a%00b",
+    "/v1/a%09b",
+]
+
+
+@pytest.mark.parametrize("path", TRAVERSALS)
+def test_pass_through_paths_that_leave_the_base_are_refused_and_nothing_is_sent(proxy, upstream, key, path):
+    status, body = raw_request(proxy.url, "GET", path, {"Authorization": f"Bearer {key}"})
+    assert status == 400, body
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_request" and set(error) == {"message", "type", "param", "code"}
+    assert upstream.requests == []
+
+
+def test_ordinary_pass_through_paths_still_pass(proxy, upstream, key):
+    assert raw_request(proxy.url, "GET", "/v1/models", {"Authorization": f"Bearer {key}"})[0] == 200
+    status, _ = raw_request(proxy.url, "GET", "/v1/files/file-a%2Fb?limit=2", {"Authorization": f"Bearer {key}"})
+    assert status == 404  # the fake has no such route, but it was asked -- raw, as the client wrote it
+    assert upstream.requests[-1].path == "/v1/files/file-a/b"
+
+
+# -- 2. a fork racing a delete of its source ----------------------------------------------------
+
+def test_forks_racing_deletes_never_dangle_and_never_500(fresh_database_url, upstream_url, upstream):
+    key = new_key()
+    statuses = []
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        http_ = p.http(key)
+        for round_ in range(12):
+            source = f"src-{round_}"
+            say(p.openai(key), source, user("one"))
+            say(p.openai(key), source, user("two"))
+            barrier = threading.Barrier(5)
+
+            def fork(i: int, source: str = source, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                r = http_.post(f"/admin/conversations/{source}/fork", json={"conversation_id": f"{source}-f{i}"})
+                statuses.append(r.status_code)
+
+            def delete(source: str = source, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                statuses.append(http_.delete(f"/admin/conversations/{source}").status_code)
+
+            threads = [threading.Thread(target=fork, args=(i,)) for i in range(4)] + [threading.Thread(target=delete)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            # every fork that exists has its context: a turn on it works
+            for i in range(4):
+                if http_.get(f"/admin/conversations/{source}-f{i}").status_code == 200:
+                    _, h = say(p.openai(key), f"{source}-f{i}", user("after the race"))
+                    assert "one" in upstream.last.text() and "two" in upstream.last.text()
+    assert all(s < 500 for s in statuses), statuses
+    assert set(statuses) <= {200, 404}
+    assert_invariants(fresh_database_url)
+
+
+def test_a_delete_racing_side_calls_never_500(fresh_database_url, upstream_url, upstream):
+    key = new_key()
+    statuses = []
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        client = p.openai(key)
+        for round_ in range(8):
+            cid = f"side-{round_}"
+            say(client, cid, user("base"))
+            barrier = threading.Barrier(4)
+
+            def side(cid: str = cid, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                r = p.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Node-Kind": "transform"},
+                                     json={"model": MODEL, "messages": [user("side")]})
+                statuses.append(r.status_code)
+
+            def delete(cid: str = cid, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                statuses.append(p.http(key).delete(f"/admin/conversations/{cid}").status_code)
+
+            threads = [threading.Thread(target=side) for _ in range(3)] + [threading.Thread(target=delete)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    assert all(s < 500 for s in statuses), statuses
+    assert_invariants(fresh_database_url)
+
+
+# -- 3. an answer the database cannot hold as it is ---------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_with_nul_characters_is_stored_losslessly(proxy, upstream, key, cid, db, stream):
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content="before\u0000after", extra_message={"annotations": [{"k\u0000": "v"}]}))
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[user("nul please")], stream=stream)
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+    else:
+        text = raw.parse().choices[0].message.content
+    assert text == "before\u0000after"
+    node = proxy.http(key).get(f"/admin/nodes/{raw.headers['x-node-id']}").json()
+    assert node["status"] == "success" and node["received"][0]["content"] == "before\u0000after"
+    # the conversation is free and the answer is in the next call's context, as the client saw it
+    say(client, None, user("next"))
+    assert upstream.last.messages[1]["content"] == "before\u0000after"
+    assert db.head(cid) != raw.headers["x-node-id"]
+
+
+def test_nul_characters_sent_by_a_client_are_stored_and_a_nul_model_is_refused(proxy, upstream, key, cid):
+    client = proxy.openai(key, conversation=cid)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("a\u0000b")], extra_body={"metadata": {"k\u0000ey": "v\u0000"}})
+    node = proxy.http(key).get(f"/admin/nodes/{raw.headers['x-node-id']}").json()
+    assert node["sent"] == [user("a\u0000b")] and node["params"]["metadata"] == {"k\u0000ey": "v\u0000"}
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="gpt\u0000", messages=[user("x")])
+
+
+# -- 4. a database that answers too late ---------------------------------------------------------
+
+class StallingRelay:
+    """A Unix-socket relay in front of PostgreSQL that can stall: requests still reach the
+    database, its answers are held back (and new connections wait) until ``flow()``."""
+
+    def __init__(self, target_dir: str, directory: str, port: int = 5432) -> None:
+        self.target = f"{target_dir}/.s.PGSQL.{port}"
+        self.path = f"{directory}/.s.PGSQL.{port}"
+        self.open = threading.Event()
+        self.open.set()
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(self.path)
+        self.sock.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stall(self) -> None:
+        self.open.clear()
+
+    def flow(self) -> None:
+        self.open.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        self.open.wait()
+        server = socket.socket(socket.AF_UNIX)
+        server.connect(self.target)
+        threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+        self._pump(server, client, True)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if answers:
+                    self.open.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):  # shutdown, not just close: the other pump is blocked in recv()
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+
+def test_a_call_whose_start_the_database_confirmed_too_late_releases_its_conversation(
+        fresh_database_url, upstream_url, upstream, key, cid, tmp_path):
+    import tempfile
+
+    parts = urlsplit(fresh_database_url)
+    pgdir = parts.query.split("host=")[1]
+    short = tempfile.mkdtemp(prefix="bp-relay-", dir="/tmp")  # a socket path must stay short
+    relay = StallingRelay(pgdir, short)
+    relayed = fresh_database_url.replace(f"host={pgdir}", f"host={short}")
+    settings = make_settings(relayed, upstream_url, database={"command_timeout": 1.0, "pool_min": 2})
+    db = Db(fresh_database_url)
+    with serve_proxy(settings) as p:
+        client = p.openai(key, conversation=cid)
+        say(client, None, user("before"))
+        relay.stall()
+        threading.Timer(2.5, relay.flow).start()
+        with pytest.raises(openai.APIStatusError) as e:
+            say(client, None, user("during the stall"))
+        assert e.value.status_code == 503
+        # the start did commit: a pending node holding the lease -- released once the database answers
+        wait_for(lambda: db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND sent->0->>'content' = "
+                                     "'during the stall'", cid) == 1, 10, "the late start")
+        node = wait_for(lambda: (r := db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND sent->0->>'content' "
+                                                  "= 'during the stall'", cid)) and r["status"] == "failed" and r, 15,
+                        "the release")
+        assert node["error"]["code"] == "interrupted"
+        _, h = say(client, None, user("during the stall"))  # the retry: no 409, beside the released node
+        assert h["x-parent-node-id"] == str(node["parent_id"])
+    assert_invariants(fresh_database_url)
+
+
+# -- 5. hostile input is a clean 4xx, never a 500 ------------------------------------------------
+
+def test_non_ascii_header_values_are_forwarded_as_they_came(proxy, upstream, key, cid):
+    headers = {"Authorization": f"Bearer {key}", "X-Title": "caf\xe9", "Content-Type": "application/json"}
+    body = json.dumps({"model": MODEL, "messages": [user("hi")]}).encode()
+    for path, extra in (("/v1/chat/completions", {"X-Conversation-Id": cid}), ("/v1/chat/completions", {})):
+        status, answer = raw_request(proxy.url, "POST", path, {**headers, **extra}, body)
+        assert status == 200, answer
+        assert upstream.last.headers["x-title"] == "caf\xe9"
+    assert raw_request(proxy.url, "GET", "/v1/models", headers)[0] == 200
+    # a non-ASCII bearer key is just a key (passthrough): it is forwarded byte for byte
+    status, _ = raw_request(proxy.url, "GET", "/v1/models", {"Authorization": "Bearer sk-caf\xe9-0123456789"})
+    assert status == 200 and upstream.requests[-1].headers["authorization"] == "Bearer sk-caf\xe9-0123456789"
+
+
+def test_our_headers_may_not_disagree_and_dot_ids_are_refused(proxy, upstream, key):
+    body = json.dumps({"model": MODEL, "messages": [user("hi")]}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", int(urlsplit(proxy.url).port), timeout=10)
+    conn.putrequest("POST", "/v1/chat/completions")
+    for k, v in (("Authorization", f"Bearer {key}"), ("X-Conversation-Id", "a"), ("X-Conversation-Id", "b"),
+                 ("Content-Type", "application/json"), ("Content-Length", str(len(body)))):
+        conn.putheader(k, v)
+    conn.endheaders(body)
+    r = conn.getresponse()
+    assert r.status == 400 and json.loads(r.read())["error"]["code"] == "invalid_conversation_id"
+    conn.close()
+    for cid in (".", ".."):
+        r = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+                       json={"model": MODEL, "messages": [user("hi")]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_conversation_id"
+    assert upstream.requests == []
+
+
+# -- 6. bounded answers -----------------------------------------------------------------------------
+
+@pytest.fixture
+def small_answers(fresh_database_url, upstream_url):
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, server={"max_response_bytes": 100_000})) as p:
+        p.db = Db(fresh_database_url)
+        yield p
+
+
+def test_an_answer_above_max_response_bytes_is_cut(small_answers, upstream, key, cid):
+    client = small_answers.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content="x" * 200_000))
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model=MODEL, messages=[user("a huge answer")])
+    assert e.value.status_code == 502 and e.value.body["code"] == "upstream_response_too_large"
+    node = small_answers.db.node(e.value.response.headers["x-node-id"])
+    assert node["outcome"] == "transient" and node["received"] is None
+    # an error body is bounded the same way
+    upstream.enqueue(Reply(kind="raw", status=500, body=b"e" * 200_000, content_type="text/plain"))
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model=MODEL, messages=[user("a huge error")])
+    assert e.value.status_code == 502 and e.value.body["code"] == "upstream_response_too_large"
+
+
+def test_a_stream_above_max_response_bytes_ends_with_an_error_event(small_answers, upstream, key, cid):
+    client = small_answers.openai(key, conversation=cid)
+    upstream.enqueue(Reply(pieces=["y" * 1000] * 400))  # ~400 KB of events: an endless stream, for our limit
+    seen, error = 0, None
+    with client.chat.completions.with_streaming_response.create(model=MODEL, messages=[user("go on")], stream=True) as r:
+        node = r.headers["x-node-id"]
+        for line in r.iter_lines():
+            if line.startswith("data: ") and "error" in line:
+                error = json.loads(line[6:])["error"]
+            elif line.startswith("data: {"):
+                seen += 1
+    assert error is not None and error["code"] == "upstream_response_too_large"
+    assert 0 < seen < 400
+    row = small_answers.db.node(node)
+    assert row["outcome"] == "transient" and row["received"] is None
+
+
+def test_the_sse_parser_never_rescans_what_it_has_seen():
+    """Fed an event that never ends, the parser resumes its search where it stopped (linear; the
+    old one joined and rescanned the whole buffer on every chunk: 16 MB took 3.5 s)."""
+    from proxy.relay import SSEParser
+
+    parser = SSEParser()
+    piece = b"data: " + b"z" * 100
+    for i in range(2000):
+        assert parser.feed(piece) == []
+        assert parser._scanned == len(parser._buf) == (i + 1) * len(piece)
+    assert parser.feed(b"\r") == []  # a CR at a chunk's end waits for its LF
+    assert parser.feed(b"\n\r\ndata: next") == [piece * 2000]
+    assert parser.pending == b"data: next"
+
+
+# -- 8. slow clients ---------------------------------------------------------------------------
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408(fresh_database_url, upstream_url, key):
+    settings = make_settings(fresh_database_url, upstream_url, server={"client_body_timeout": 1.0})
+    with serve_proxy(settings) as p:
+        port = int(urlsplit(p.url).port)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode()
+                      + b"\r\nX-Conversation-Id: slow\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"mo")
+            t0 = time.monotonic()
+            answer = b""
+            while b"request_timeout" not in answer and (chunk := s.recv(65536)):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+        assert time.monotonic() - t0 < 5
+
+
+def test_slow_headers_and_idle_connections_are_closed(fresh_database_url, upstream_url, tmp_path):
+    proc, url = spawn_proxy(fresh_database_url, upstream_url, tmp_path, "[server]\nclient_header_timeout = 1.0\n")
+    try:
+        port = int(urlsplit(url).port)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as idle, \
+                socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
+            slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
+            t0 = time.monotonic()
+            assert idle.recv(100) == b"" and slow.recv(100) == b""  # closed by the server
+            assert time.monotonic() - t0 < 5
+        # a request that arrives in time is served, and its keep-alive connection too
+        with httpx.Client(base_url=url) as c:
+            assert c.get("/healthz").status_code == 200
+            time.sleep(0.5)
+            assert c.get("/healthz").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+# -- 9, 10. headers: ours are the only ones; credentials never travel back -------------------------
+
+def test_upstream_headers_never_replace_or_duplicate_ours(proxy, upstream, key, cid):
+    evil = [("X-Node-Id", "evil"), ("X-Conversation-Id", "evil"), ("X-Parent-Node-Id", "evil"),
+            ("X-Branchpoint-Request-Id", "evil"), ("X-Context-Mode", "evil")]
+    for stream in (False, True):
+        upstream.enqueue(Reply(headers=evil))
+        r = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10,
+                       headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+                       json={"model": MODEL, "messages": [user("hi")], "stream": stream})
+        for name, _ in evil:
+            values = r.headers.get_list(name)
+            assert len(values) == 1 and values[0] != "evil", (name, values)
+    upstream.enqueue(Reply(headers=evil))
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": MODEL, "messages": [user("pass-through")]})
+    assert r.headers.get("x-node-id") is None and len(r.headers.get_list("x-branchpoint-request-id")) == 1
+
+
+def test_every_credential_a_client_sends_is_kept_from_the_upstream_and_masked(proxy, upstream, key, cid, db):
+    secret = f"anthropic-style-secret-{uuid.uuid4().hex}"
+    azure = f"azure-style-{uuid.uuid4().hex}"
+    upstream.enqueue(Reply(kind="error", status=401, error={"message": f"bad keys {secret} and {azure}",
+                                                            "type": "auth", "param": None, "code": None}))
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "messages": [user("hi")]},
+                   headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid, "x-api-key": secret, "api-key": azure})
+    assert r.status_code == 401
+    assert "x-api-key" not in upstream.last.headers and "api-key" not in upstream.last.headers
+    assert secret not in r.text and azure not in r.text and "[redacted]" in r.text
+    assert secret not in json.dumps(db.node(r.headers["x-node-id"])["error"])
+    upstream.enqueue(Reply(kind="error", status=401, error={"message": f"echo {secret}", "type": "auth"}))
+    r = httpx.get(f"{proxy.url}/v1/models", headers={"Authorization": f"Bearer {key}", "x-api-key": secret})
+    assert secret not in r.text
+
+
+# -- 11. /metrics can be protected ------------------------------------------------------------------
+
+def test_metrics_can_require_a_token(fresh_database_url, upstream_url):
+    settings = make_settings(fresh_database_url, upstream_url, server={"metrics_token": "scrape-me-0123"})
+    with serve_proxy(settings) as p:
+        assert httpx.get(f"{p.url}/metrics").status_code == 401
+        assert httpx.get(f"{p.url}/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = httpx.get(f"{p.url}/metrics", headers={"Authorization": "Bearer scrape-me-0123"})
+        assert ok.status_code == 200 and "branchpoint_requests_total" in ok.text
