@@ -46,7 +46,7 @@ from .http import RawResponse, encode_headers
 from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
-from .relay import StreamEnd, StreamRelay, client_disconnected
+from .relay import ChatStream, StreamEnd, StreamRelay, client_disconnected
 from .upstream import UpstreamClient, response_headers, target_of
 
 __all__ = ["CallLifecycle", "ChatCall"]
@@ -374,12 +374,12 @@ class CallLifecycle:
 
         async def on_end(end: StreamEnd) -> None:
             _upstream_time(time.perf_counter() - t0)
-            acc = end.accumulator
+            t = end.translator
             if end.failure is None:
-                await self._finish(started, Outcome.SUCCESS, received=[acc.message()], usage=acc.usage,
-                                   finish_reason=acc.finish_reason)
+                await self._finish(started, Outcome.SUCCESS, received=t.received(), usage=t.usage,
+                                   finish_reason=t.finish_reason)
             else:
-                await self._finish(started, end.failure.outcome, error=end.failure.error, usage=acc.usage)
+                await self._finish(started, end.failure.outcome, error=end.failure.error, usage=t.usage)
 
         headers = response_headers(response.headers) + started.headers()
         if not any(k.lower() == "content-type" for k, _ in headers):
@@ -390,7 +390,7 @@ class CallLifecycle:
             on_end=on_end,
             close_upstream=response.aclose,
             classify_error=lambda error: from_stream_error(error, started.secrets),
-            strip_usage=not wants_usage,
+            translator=ChatStream(strip_usage=not wants_usage),
             background=self.tasks,
         )
 

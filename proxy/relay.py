@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -23,7 +23,17 @@ from .background import Background
 from .errors import UpstreamFailure, UpstreamTooLarge, error_body
 from .failures import Failure
 
-__all__ = ["BytesRelay", "SSEParser", "StreamAccumulator", "StreamEnd", "StreamRelay", "client_disconnected", "sse_error_event"]
+__all__ = [
+    "BytesRelay",
+    "ChatStream",
+    "SSEParser",
+    "StreamAccumulator",
+    "StreamEnd",
+    "StreamRelay",
+    "Translator",
+    "client_disconnected",
+    "sse_error_event",
+]
 
 log = logging.getLogger("branchpoint.relay")
 
@@ -190,12 +200,86 @@ class StreamAccumulator:
         return msg
 
 
+class Translator(Protocol):
+    """What a relayed stream becomes for the client, event by event, and what is stored of it.
+    ``ChatStream`` relays a chat-completions stream as it is; ``proxy.responses.stream`` turns
+    one into Responses events, or relays a Responses upstream's own."""
+
+    finished: bool  # the upstream's stream ended properly
+    error: Any  # an error event's payload: the stream failed
+
+    def opening(self) -> bytes: ...  # sent before the first upstream event
+
+    def event(self, raw: bytes) -> bytes: ...  # what the client gets for one upstream event
+
+    def closing(self) -> bytes: ...  # the end of the stream, sent once the node is stored
+
+    def failing(self, failure: Failure) -> bytes: ...  # the end of a stream that failed
+
+    def received(self) -> list[dict[str, Any]]: ...  # the answer, as stored
+
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class ChatStream:
+    """A chat-completions stream relayed as it arrives; ``[DONE]`` is held back until the node
+    is stored; the usage chunk the proxy asked for is stripped unless the client asked too."""
+
+    def __init__(self, *, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+        self.acc = StreamAccumulator()
+        self.finished = False
+        self.error: Any = None
+        self._tail = b""
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.acc.usage
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.acc.finish_reason
+
+    def opening(self) -> bytes:
+        return b""
+
+    def event(self, raw: bytes) -> bytes:
+        data = SSEParser.data(raw)
+        if data is None:
+            return raw + b"\n\n"  # comment / keep-alive: relayed as is
+        if data == b"[DONE]":
+            self.finished = True
+            self._tail = raw + b"\n\n"
+            return b""
+        try:
+            chunk = _decode(data)
+        except (msgspec.DecodeError, RecursionError):
+            return raw + b"\n\n"
+        self.acc.feed(chunk)
+        if self.acc.error is not None:
+            self.error = self.acc.error
+            return b""  # not relayed: our own final error event replaces it
+        if self.strip_usage and isinstance(chunk, dict) and chunk.get("usage") and not chunk.get("choices"):
+            return b""  # we asked for usage; the client did not
+        return raw + b"\n\n"
+
+    def closing(self) -> bytes:
+        return self._tail
+
+    def failing(self, failure: Failure) -> bytes:
+        err = failure.error
+        return sse_error_event(err.message, err.type, err.code)
+
+    def received(self) -> list[dict[str, Any]]:
+        return [self.acc.message()]
+
+
 @dataclass(slots=True)
 class StreamEnd:
     """How a relayed stream ended. ``failure`` is None on success."""
 
-    accumulator: StreamAccumulator
-    done: bool  # saw ``[DONE]``
+    translator: Translator
     disconnected: bool
     failure: Failure | None
 
@@ -205,7 +289,7 @@ ClassifyError = Callable[[Any], Failure]
 
 
 class StreamRelay:
-    """ASGI app relaying ``chunks`` (upstream SSE bytes) to the client."""
+    """ASGI app relaying ``chunks`` (upstream SSE bytes) to the client through a translator."""
 
     def __init__(
         self,
@@ -215,7 +299,7 @@ class StreamRelay:
         on_end: OnEnd,
         close_upstream: Callable[[], Awaitable[None]],
         classify_error: ClassifyError,
-        strip_usage: bool,
+        translator: Translator,
         background: Background,
     ) -> None:
         self.chunks = chunks
@@ -223,11 +307,8 @@ class StreamRelay:
         self.on_end = on_end
         self.close_upstream = close_upstream
         self.classify_error = classify_error
-        self.strip_usage = strip_usage
+        self.translator = translator
         self.background = background
-        self.acc = StreamAccumulator()
-        self.done = False
-        self.tail = b""  # the [DONE] event, sent once the node is stored
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         failure: Failure | None = None
@@ -247,13 +328,12 @@ class StreamRelay:
                 failure = pump.result()
                 # The node is stored (and the head moved, the lease released) before the client
                 # sees the end of the stream: a client that sends its next call the moment it
-                # reads [DONE] must find the conversation free and the head on this answer.
+                # reads the end must find the conversation free and the head on this answer.
                 finished = True
-                await self._finish_shielded(StreamEnd(self.acc, self.done, False, failure))
-                if failure is not None:
-                    await self._send_final_error(send, failure)
-                elif self.tail:
-                    await send({"type": "http.response.body", "body": self.tail, "more_body": True})
+                await self._finish_shielded(StreamEnd(self.translator, False, failure))
+                end = self.translator.failing(failure) if failure is not None else self.translator.closing()
+                if end:
+                    await send({"type": "http.response.body", "body": end, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, RuntimeError) as exc:  # the client went away under our send()
             disconnected = True
@@ -267,15 +347,15 @@ class StreamRelay:
             if not pump.done():
                 pump.cancel()
             if not finished:
-                await self._finish_shielded(StreamEnd(self.acc, self.done, disconnected, failure))
+                await self._finish_shielded(StreamEnd(self.translator, disconnected, failure))
 
     async def _finish_shielded(self, end: StreamEnd) -> None:
         """Close the upstream and store the outcome, even if this task is being cancelled."""
         await asyncio.shield(self.background.spawn(self._finish(end)))
 
     async def _finish(self, end: StreamEnd) -> None:
-        if end.done and end.failure is None:
-            # the body's last bytes (the chunked terminator) usually follow [DONE] at once: read
+        if end.translator.finished and end.failure is None:
+            # the body's last bytes (the chunked terminator) usually follow the end at once: read
             # them in the background so the connection goes back to the pool, without waiting
             self.background.spawn(self._drain_then_close())
         else:
@@ -287,7 +367,7 @@ class StreamRelay:
             async with asyncio.timeout(5):
                 async for _ in self.chunks:
                     pass
-        except Exception:  # noqa: BLE001 - whatever follows [DONE] does not matter any more
+        except Exception:  # noqa: BLE001 - whatever follows the end does not matter any more
             pass
         finally:
             await self._close()
@@ -305,43 +385,26 @@ class StreamRelay:
             if message["type"] == "http.disconnect":
                 return
 
-    @staticmethod
-    async def _send_final_error(send: Any, failure: Failure) -> None:
-        err = failure.error
-        await send({"type": "http.response.body", "body": sse_error_event(err.message, err.type, err.code),
-                    "more_body": True})
-
     async def _pump(self, send: Any) -> Failure | None:
-        """Relay events as they arrive, up to ``[DONE]`` (kept back in ``self.tail``); returns
-        the failure, if any (None: success)."""
+        """Relay events as they arrive, up to the stream's end (held back by the translator);
+        returns the failure, if any (None: success)."""
         parser = SSEParser()
-        acc = self.acc
+        translator = self.translator
         try:
+            opening = translator.opening()
+            if opening:
+                await send({"type": "http.response.body", "body": opening, "more_body": True})
             async for raw in self.chunks:
                 out = []
                 for event in parser.feed(raw):
-                    data = SSEParser.data(event)
-                    if data is None:
-                        out.append(event + b"\n\n")  # comment / keep-alive: relay as is
-                        continue
-                    if data == b"[DONE]":
-                        self.done = True
-                        self.tail = event + b"\n\n"
+                    piece = translator.event(event)
+                    if piece:
+                        out.append(piece)
+                    if translator.error is not None or translator.finished:
                         break
-                    try:
-                        chunk = _decode(data)
-                    except (msgspec.DecodeError, RecursionError):
-                        out.append(event + b"\n\n")
-                        continue
-                    acc.feed(chunk)
-                    if acc.error is not None:
-                        break  # not relayed: our own final error event replaces it
-                    if self.strip_usage and isinstance(chunk, dict) and chunk.get("usage") and not chunk.get("choices"):
-                        continue  # we asked for usage; the client did not
-                    out.append(event + b"\n\n")
                 if out:
                     await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-                if acc.error is not None or self.done:
+                if translator.error is not None or translator.finished:
                     break
         except UpstreamFailure as exc:
             code = exc.code if isinstance(exc, UpstreamTooLarge) else "stream_interrupted"
@@ -351,11 +414,11 @@ class StreamRelay:
         except Exception as exc:
             log.exception("stream relay failed")
             return Failure.of(Outcome.TRANSIENT, "server_error", "relay_error", type(exc).__name__, 500)
-        if acc.error is not None:
-            return self.classify_error(acc.error)
-        if not self.done:
+        if translator.error is not None:
+            return self.classify_error(translator.error)
+        if not translator.finished:
             return Failure.of(Outcome.TRANSIENT, "upstream_error", "stream_interrupted",
-                              "the upstream stream ended without [DONE]")
+                              "the upstream stream ended without its end event")
         return None
 
 

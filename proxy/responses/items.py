@@ -1,0 +1,285 @@
+"""Responses items <-> chat messages: what lets one conversation mix both APIs
+(docs/behaviour.md#the-responses-api). Pure functions.
+
+Inside the proxy a path is read as chat messages (assembly, compaction, token estimates, matching
+all speak them). A node stored by a Responses call holds items; ``to_messages`` turns them into
+messages, keeping the original items beside them under ``ITEMS`` so that a request to a
+Responses upstream can send them back natively (``to_items``); anything a chat upstream cannot
+read is dropped there by ``strip``.
+
+    message (input or output) item        -> user / system / developer / assistant message
+    function_call items after a message    -> that assistant message's tool_calls
+    function_call_output                   -> tool message
+    reasoning (summary only)               -> reasoning_content of the next assistant message
+    reasoning with encrypted_content, and
+    any other item (web search calls ...)  -> kept under ITEMS only: a Responses upstream gets them
+                                              back (reasoning: only the provider that produced it)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "ITEMS",
+    "PRODUCER",
+    "convert",
+    "input_items",
+    "node_id_of",
+    "response_id",
+    "strip",
+    "tail",
+    "to_items",
+    "to_messages",
+]
+
+ITEMS = "_bp_items"  # the native items a message was made from
+PRODUCER = "_bp_producer"  # the provider that produced them (opaque reasoning goes back only there)
+_PRIVATE = (ITEMS, PRODUCER)
+_TEXT_IN = frozenset({"input_text", "text"})
+_TEXT_OUT = frozenset({"output_text", "text"})
+
+_encode = msgspec.json.Encoder().encode
+
+
+def response_id(node_id: uuid.UUID) -> str:
+    """The Responses id naming a node: ``resp_`` + the node id's 32 hex digits."""
+    return f"resp_{node_id.hex}"
+
+
+def node_id_of(value: str | None) -> uuid.UUID | None:
+    """The node a Responses id names (None when it does not name one of ours)."""
+    if not value or not value.startswith("resp_") or len(value) != 37:
+        return None
+    try:
+        return uuid.UUID(hex=value[5:])
+    except ValueError:
+        return None
+
+
+def input_items(value: Any) -> list[dict[str, Any]]:
+    """A request's ``input``: a string is one user message."""
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, dict)]
+    return []
+
+
+# -- items -> messages ----------------------------------------------------------------------------
+
+
+def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
+    """(chat content, refusal) of a message item's content."""
+    if content is None or isinstance(content, str):
+        return content, None
+    if not isinstance(content, list):
+        return content, None
+    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
+    refusal = None
+    only_text = True
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind in (_TEXT_OUT if output else _TEXT_IN) and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "refusal":
+            refusal = (refusal or "") + str(part.get("refusal") or "")
+        elif kind == "input_image":
+            only_text = False
+            url = part.get("image_url") or (f"file:{part['file_id']}" if part.get("file_id") else None)
+            image: dict[str, Any] = {"url": url}
+            if part.get("detail"):
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        elif kind == "input_file":
+            only_text = False
+            parts.append({"type": "file", "file": {k: part[k] for k in ("file_id", "file_data", "filename") if k in part}})
+        else:
+            only_text = False
+            parts.append(part)
+    if only_text:
+        return "".join(texts), refusal
+    return parts, refusal
+
+
+def to_messages(items: Iterable[Any], producer: str | None = None) -> list[dict[str, Any]]:
+    """Chat messages standing for Responses ``items`` (see the module docstring)."""
+    return convert(items, producer)[0]
+
+
+def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dict[str, Any]], list[int]]:
+    """(messages, ordinals): the messages standing for ``items``, and for each item the
+    1-based number of the non-system message it belongs to (0: a system/developer message) --
+    how many of the client's messages a stored tail of items starts after."""
+    out: list[dict[str, Any]] = []
+    ordinals: list[int] = []
+    waiting: list[int] = []  # indexes (into ordinals) of items that belong to the next message
+    counted = 0
+    pending: list[dict[str, Any]] = []  # items waiting for the message they belong to
+    reasoning: list[str] = []
+    last_assistant: dict[str, Any] | None = None  # function calls join the assistant message before them
+
+    def attach(message: dict[str, Any], *native: dict[str, Any]) -> dict[str, Any]:
+        nonlocal counted
+        message[ITEMS] = [*pending, *native]
+        if producer is not None:
+            message[PRODUCER] = producer
+        pending.clear()
+        if message.get("role") in ("system", "developer"):
+            number = 0
+        else:
+            counted += 1
+            number = counted
+        for w in waiting:
+            ordinals[w] = number
+        waiting.clear()
+        return message
+
+    for item in items:
+        if not isinstance(item, dict):
+            ordinals.append(counted)
+            continue
+        ordinals.append(-1)
+        waiting.append(len(ordinals) - 1)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role") or "user"
+            content, refusal = _parts_to_content(item.get("content"), output=role == "assistant")
+            message: dict[str, Any] = {"role": role, "content": content}
+            if refusal:
+                message["refusal"] = refusal
+            if role == "assistant" and reasoning:
+                message["reasoning_content"] = "".join(reasoning)
+                reasoning.clear()
+            out.append(attach(message, item))
+            last_assistant = message if role == "assistant" else None
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""}}
+            if last_assistant is None:
+                last_assistant = {"role": "assistant", "content": None}
+                if reasoning:
+                    last_assistant["reasoning_content"] = "".join(reasoning)
+                    reasoning.clear()
+                out.append(attach(last_assistant))
+            last_assistant.setdefault("tool_calls", []).append(call)
+            last_assistant[ITEMS] = [*last_assistant.get(ITEMS, []), *pending, item]
+            pending.clear()
+            for w in waiting:
+                ordinals[w] = counted
+            waiting.clear()
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if isinstance(output, list):
+                output, _ = _parts_to_content(output, output=False)
+            out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}, item))
+            last_assistant = None
+        elif kind == "reasoning":
+            if not item.get("encrypted_content"):
+                reasoning.extend(s.get("text", "") for s in item.get("summary") or () if isinstance(s, dict))
+            pending.append(item)
+        else:  # an item chat cannot express: kept for a Responses upstream only
+            pending.append(item)
+    if pending and out:
+        out[-1][ITEMS] = [*out[-1].get(ITEMS, []), *pending]
+    for w in waiting:  # trailing items no message follows: they go with the last one
+        ordinals[w] = counted
+    return out, ordinals
+
+
+def tail(items: Sequence[Any], ordinals: Sequence[int], skip: int, *, with_system: bool) -> list[Any]:
+    """The items after the first ``skip`` non-system messages they stand for; system/developer
+    items kept only when ``with_system`` (the twin of ``storage.transcript.tail`` for items, and
+    of ``bp_tail`` given ordinals)."""
+    return [item for item, n in zip(items, ordinals, strict=True) if (n > skip if n else with_system)]
+
+
+def strip(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a chat upstream gets them: without the private keys."""
+    return [{k: v for k, v in m.items() if k not in _PRIVATE} if any(k in m for k in _PRIVATE) else m
+            for m in messages]
+
+
+# -- messages -> items ----------------------------------------------------------------------------
+
+
+def _content_to_parts(content: Any, *, output: bool) -> Any:
+    if content is None:
+        return [] if output else ""
+    if isinstance(content, str):
+        return [{"type": "output_text", "text": content, "annotations": []}] if output else content
+    parts = []
+    for part in content if isinstance(content, list) else [content]:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind == "text":
+            parts.append({"type": "output_text", "text": part.get("text", ""), "annotations": []} if output
+                         else {"type": "input_text", "text": part.get("text", "")})
+        elif kind == "image_url":
+            image = part.get("image_url") or {}
+            parts.append({"type": "input_image", "image_url": image.get("url"), "detail": image.get("detail", "auto")})
+        elif kind == "file":
+            parts.append({"type": "input_file", **(part.get("file") or {})})
+        else:
+            parts.append(part)
+    return parts
+
+
+def _native(items: Sequence[dict[str, Any]], message: dict[str, Any], provider: str | None) -> list[dict[str, Any]]:
+    """A message's own items, fit to send back: item ids dropped (nothing is stored upstream),
+    reasoning only to the provider that produced it and only with its encrypted content."""
+    same = provider is not None and message.get(PRODUCER) == provider
+    out = []
+    for item in items:
+        if item.get("type") == "reasoning":
+            if same and item.get("encrypted_content"):
+                out.append(item)
+            continue
+        if item.get("type") in ("message", "function_call", "function_call_output") or "role" in item:
+            out.append({k: v for k, v in item.items() if k not in ("id", "status")})
+        elif same:
+            out.append(item)
+    return out
+
+
+def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) -> list[dict[str, Any]]:
+    """Responses input items for assembled chat messages (those made from items get their own
+    items back, as ``_native`` allows)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        native = m.get(ITEMS)
+        if native:
+            kept = _native(native, m, provider)
+            calls_kept = {i.get("call_id") for i in kept if i.get("type") == "function_call"}
+            calls_now = {c.get("id") for c in m.get("tool_calls") or () if isinstance(c, dict)}
+            if calls_kept == calls_now:  # the pairing check left the message whole
+                out.extend(kept)
+                continue
+        role = m.get("role")
+        if role == "tool":
+            output = m.get("content")
+            out.append({"type": "function_call_output", "call_id": m.get("tool_call_id"),
+                        "output": output if isinstance(output, str) else _encode(output).decode()})
+            continue
+        if role == "assistant":
+            if m.get("content") or m.get("refusal"):
+                parts = _content_to_parts(m.get("content"), output=True)
+                if m.get("refusal"):
+                    parts.append({"type": "refusal", "refusal": m["refusal"]})
+                out.append({"type": "message", "role": "assistant", "content": parts})
+            for call in m.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                out.append({"type": "function_call", "call_id": call.get("id"), "name": fn.get("name"),
+                            "arguments": fn.get("arguments") or ""})
+            continue
+        out.append({"type": "message", "role": role or "user", "content": _content_to_parts(m.get("content"), output=False)})
+    return out

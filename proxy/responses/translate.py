@@ -1,0 +1,166 @@
+"""The Responses API over a chat-completions upstream, and the Responses objects the proxy serves
+(docs/behaviour.md#the-responses-api). Pure functions.
+
+- ``chat_params``: a Responses request's other fields as chat-completions fields (function tools,
+  ``tool_choice``, ``text.format`` -> ``response_format``, ``max_output_tokens``, reasoning effort);
+- ``native_params``: the same request for a Responses upstream (``store: false``, no
+  ``previous_response_id``: the proxy owns the state);
+- ``output_items``: a chat answer as output items, with ids derived from the node id;
+- ``response_object``: the response a client gets (and ``GET /v1/responses/{id}`` serves);
+- ``usage``: chat usage in Responses terms.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from ..errors import InvalidRequest
+
+__all__ = ["chat_params", "native_params", "output_items", "response_object", "usage_of"]
+
+# Responses fields with a chat-completions equivalent of the same name and meaning.
+_SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "prompt_cache_key",
+         "safety_identifier", "top_logprobs", "stream")
+# Fields only the proxy uses (or a Responses upstream must not get).
+_OURS = ("input", "instructions", "previous_response_id", "store", "conversation")
+
+
+def _tool(tool: Any) -> dict[str, Any]:
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        raise InvalidRequest(f"tool type {kind!r} needs an upstream that speaks the Responses API "
+                             "(api = \"responses\"); this model's upstream speaks chat completions", param="tools")
+    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        return choice.get("mode", "auto")
+    return choice
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+        return None
+    if fmt.get("type") == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    return {"type": fmt["type"]}
+
+
+def chat_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The chat-completions fields for a Responses request's other fields."""
+    out = {k: params[k] for k in _SAME if k in params}
+    if params.get("max_output_tokens") is not None:
+        out["max_completion_tokens"] = params["max_output_tokens"]
+    if params.get("tools"):
+        out["tools"] = [_tool(t) for t in params["tools"]]
+    if params.get("tool_choice") is not None:
+        out["tool_choice"] = _tool_choice(params["tool_choice"])
+    fmt = _response_format(params.get("text"))
+    if fmt is not None:
+        out["response_format"] = fmt
+    reasoning = params.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort"):
+        out["reasoning_effort"] = reasoning["effort"]
+    if isinstance(params.get("metadata"), dict) and params["metadata"]:
+        out["metadata"] = params["metadata"]
+    return out
+
+
+def native_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The fields a Responses upstream gets: the client's own, but never stored upstream and never
+    pointing at upstream state -- the proxy sends the whole assembled input every time."""
+    out = {k: v for k, v in params.items() if k not in _OURS}
+    out["store"] = False
+    return out
+
+
+def usage_of(chat_usage: Any) -> dict[str, Any] | None:
+    """Chat-completions usage in Responses terms."""
+    if not isinstance(chat_usage, dict):
+        return None
+    prompt = chat_usage.get("prompt_tokens") or 0
+    completion = chat_usage.get("completion_tokens") or 0
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": chat_usage.get("total_tokens") or prompt + completion}
+
+
+def message_item_id(node_id: uuid.UUID) -> str:
+    return f"msg_{node_id.hex}"
+
+
+def call_item_id(node_id: uuid.UUID, index: int) -> str:
+    return f"fc_{node_id.hex}_{index}"
+
+
+def output_items(message: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, Any]]:
+    """A chat answer (assistant message) as Responses output items."""
+    out: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        out.append({"id": f"rs_{node_id.hex}", "type": "reasoning",
+                    "summary": [{"type": "summary_text", "text": reasoning}]})
+    content = message.get("content")
+    text = content if isinstance(content, str) else "".join(
+        p.get("text", "") for p in content or () if isinstance(p, dict))
+    if text or message.get("refusal") or not message.get("tool_calls"):
+        parts: list[dict[str, Any]] = []
+        if text or not message.get("refusal"):
+            parts.append({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+        if message.get("refusal"):
+            parts.append({"type": "refusal", "refusal": message["refusal"]})
+        out.append({"id": message_item_id(node_id), "type": "message", "role": "assistant", "status": "completed",
+                    "content": parts})
+    for i, call in enumerate(message.get("tool_calls") or ()):
+        fn = call.get("function") or {}
+        out.append({"id": call_item_id(node_id, i), "type": "function_call", "status": "completed",
+                    "call_id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments") or ""})
+    return out
+
+
+def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[dict[str, Any]],
+                    usage: dict[str, Any] | None, status: str = "completed", model: str | None = None,
+                    error: dict[str, Any] | None = None, finish_reason: str | None = None,
+                    instructions: Any = None, created_at: float | None = None) -> dict[str, Any]:
+    """A Responses ``response`` object for a node."""
+    from .items import response_id
+
+    incomplete = {"reason": "max_output_tokens"} if finish_reason == "length" else None
+    if incomplete and status == "completed":
+        status = "incomplete"
+    text = params.get("text") if isinstance(params.get("text"), dict) else {"format": {"type": "text"}}
+    return {
+        "id": response_id(node_id),
+        "object": "response",
+        "created_at": int(created_at if created_at is not None else time.time()),
+        "status": status,
+        "error": error,
+        "incomplete_details": incomplete,
+        "instructions": instructions,
+        "max_output_tokens": params.get("max_output_tokens"),
+        "model": model or params.get("model"),
+        "output": output,
+        "parallel_tool_calls": params.get("parallel_tool_calls", True),
+        "previous_response_id": params.get("previous_response_id"),
+        "reasoning": params.get("reasoning") or {"effort": None, "summary": None},
+        "store": params.get("store", True),
+        "temperature": params.get("temperature", 1.0),
+        "text": text,
+        "tool_choice": params.get("tool_choice", "auto"),
+        "tools": params.get("tools") or [],
+        "top_p": params.get("top_p", 1.0),
+        "truncation": params.get("truncation", "disabled"),
+        "usage": usage,
+        "user": params.get("user"),
+        "metadata": params.get("metadata") or {},
+    }
