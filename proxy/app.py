@@ -36,6 +36,7 @@ from .routes.passthrough import (
     passthrough_auto,
     passthrough_prefixed,
 )
+from .routes.responses import response_input_items, response_resource, responses_create
 from .runtime import Runtime
 
 __all__ = ["create_app"]
@@ -118,6 +119,9 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             chat_completions_list_prefixed,
             chat_completions_list_auto,
             chat_completions_sub_prefixed,
+            responses_create,
+            response_resource,
+            response_input_items,
             healthz,
             readyz,
             metrics,

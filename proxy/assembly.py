@@ -57,10 +57,11 @@ class PathLike(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """The provider a request goes to."""
+    """The provider a request goes to, and the API it speaks (chat | responses)."""
 
     provider: str
     accepts_reasoning: bool = False
+    api: str = "chat"
 
 
 @dataclass(slots=True)
@@ -90,7 +91,8 @@ def shape_received(msg: dict[str, Any], target: Target, producer: str | None) ->
     for key, value in msg.items():
         if value is None:
             continue
-        if key in _PORTABLE or (key in _REASONING and keep_reasoning) or (key in _OPAQUE and keep_opaque):
+        if key in _PORTABLE or (key in _REASONING and keep_reasoning) or (key in _OPAQUE and keep_opaque) \
+                or key.startswith("_bp_"):  # native items a Responses node was read from (proxy.responses.items)
             out[key] = value
     if "tool_calls" in out:
         calls = out["tool_calls"]

@@ -19,7 +19,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -39,14 +39,16 @@ from storage import (
 from .background import Background
 from .builder import RequestBuilder
 from .compaction import Compactor
-from .completion import NotACompletion, parse_completion
+from .completion import NotACompletion
 from .errors import BranchpointError, ConversationBusy, NodeNotFound, ParentBeforeCompaction, UpstreamFailure
+from .exchanges import Exchange, exchange_for
 from .failures import Failure, NodeError, classify, from_stream_error, not_a_completion
 from .http import RawResponse, encode_headers
 from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
-from .relay import ChatStream, StreamEnd, StreamRelay, client_disconnected
+from .relay import StreamEnd, StreamRelay, client_disconnected
+from .responses import items as responses_items
 from .upstream import UpstreamClient, response_headers, target_of
 
 __all__ = ["CallLifecycle", "ChatCall"]
@@ -56,7 +58,7 @@ log = logging.getLogger("branchpoint.call")
 
 @dataclass(slots=True)
 class ChatCall:
-    """A parsed chat request to be stored (built by the route)."""
+    """A parsed request to be stored (built by the route): a chat call, or a Responses call."""
 
     tenant: str
     conversation_id: str | None  # None: full-history mode finds (or makes) the conversation by content
@@ -70,10 +72,26 @@ class ChatCall:
     client_key: str | None
     headers: list[tuple[str, str]]  # incoming request headers (filtered when forwarded)
     credentials: tuple[str, ...] = ()  # every credential the client sent: masked wherever echoed
+    api: str = "chat"  # "chat" | "responses": the client's API, and the format of ``items``
+    messages: list[dict[str, Any]] = field(default_factory=list)  # ``items`` read as chat messages
+    ordinals: list[int] | None = None  # Responses: the message each item stands for (items.convert)
+
+    def __post_init__(self) -> None:
+        if self.api == "chat":
+            self.messages = self.items
 
     @property
     def params(self) -> dict[str, Any]:
-        return {k: v for k, v in self.body.items() if k != "messages"}
+        """The request's other fields, stored with the node (a Responses call's ``instructions``
+        are also its first item, a system message: the system rule treats them as such)."""
+        skip = ("input",) if self.api == "responses" else ("messages",)
+        return {k: v for k, v in self.body.items() if k not in skip}
+
+    def tail(self, skip: int, *, with_system: bool) -> list[dict[str, Any]]:
+        """The items after the first ``skip`` non-system messages they stand for."""
+        if self.ordinals is None:
+            return transcript.tail(self.items, skip, with_system=with_system)
+        return responses_items.tail(self.items, self.ordinals, skip, with_system=with_system)
 
 
 @dataclass(slots=True)
@@ -138,28 +156,32 @@ class CallLifecycle:
 
     async def _begin(self, call: ChatCall, provider: str, secrets: tuple[str | None, ...]) -> tuple[_Started, list[Any]]:
         node_id = uuid7()
-        digests = transcript.digests(call.items)
+        digests = transcript.digests(call.messages)
         # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
         # safety net recognise a client resending its history (it takes a user and an answer)
         prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or len(digests) >= 2 else []
         begin = functools.partial(
             self.tree.begin_call, tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id,
             new_tree_id=uuid7(), kind=call.kind, mode=call.mode, parent_mode=call.parent_mode,
-            parent_id=call.parent_id, system_hash=transcript.system_hash(call.items), lease_seconds=self.lease_seconds,
+            parent_id=call.parent_id, system_hash=transcript.system_hash(call.messages), lease_seconds=self.lease_seconds,
             model=call.body.get("model"), provider=provider, params=call.params,
-            new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}",
+            new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}", api=call.api,
         )
         try:
             if call.mode == "full" and len(prefixes) > _WINDOW:
                 # the deepest match is almost always near the end (the new question, a round of
                 # tool results): try a window there first, and the whole history only if needed
                 skip = len(prefixes) - _WINDOW
-                begun = await begin(sent=transcript.tail(call.items, skip, with_system=True), digests=[],
-                                    prefixes=prefixes[skip:], prefix_offset=skip)
+                window_ordinals = None
+                if call.ordinals is not None:
+                    window_ordinals = [n - skip if n else 0 for n in call.ordinals if n == 0 or n > skip]
+                begun = await begin(sent=call.tail(skip, with_system=True), digests=[], prefixes=prefixes[skip:],
+                                    prefix_offset=skip, ordinals=window_ordinals)
                 if begun.mode == "window":
-                    begun = await begin(sent=call.items, digests=[], prefixes=prefixes)
+                    begun = await begin(sent=call.items, digests=[], prefixes=prefixes, ordinals=call.ordinals)
             else:
-                begun = await begin(sent=call.items, digests=digests if call.mode == "delta" else [], prefixes=prefixes)
+                begun = await begin(sent=call.items, digests=digests if call.mode == "delta" else [], prefixes=prefixes,
+                                    ordinals=call.ordinals)
         except StorageUnavailable as exc:
             if exc.sent:
                 # the database may have started the call after we stopped waiting for it: then a
@@ -173,8 +195,8 @@ class CallLifecycle:
             raise NodeNotFound(str(exc), param="X-Parent-Node-Id") from None
         except BeforeCompaction as exc:
             raise ParentBeforeCompaction(str(exc), param="X-Parent-Node-Id") from None
-        new_items = call.items if begun.mode == "delta" else \
-            transcript.tail(call.items, begun.start, with_system=begun.with_system)
+        stored = call.items if begun.mode == "delta" else call.tail(begun.start, with_system=begun.with_system)
+        new_items = responses_items.to_messages(stored, provider) if call.api == "responses" else stored
         started = _Started(call, begun.conversation_id, node_id, begun.tree_id, begun.parent_id, begun.mode,
                            begun.matched, new_items, secrets)
         return started, begun.path
@@ -202,7 +224,7 @@ class CallLifecycle:
 
     async def _finish(self, started: _Started, outcome: Outcome, *, received: list[Any] | None = None,
                       usage: dict[str, Any] | None = None, finish_reason: str | None = None,
-                      error: NodeError | None = None) -> None:
+                      error: NodeError | None = None, received_messages: list[Any] | None = None) -> None:
         """Store the outcome; the head follows the head rule. Never raises. If the database is
         away, the outcome is stored in the background as soon as it is back (the lease is kept
         alive meanwhile); a node that still cannot be stored is reaped as interrupted in the end."""
@@ -213,6 +235,7 @@ class CallLifecycle:
             self.tree.finish_call, tree_id=started.tree_id, node_id=started.node_id, outcome=outcome,
             received=received, usage=usage, finish_reason=finish_reason, error=error,
             request_hash=started.request_hash, leased=started.leased,
+            received_digests=transcript.digests(received_messages if received_messages is not None else received or ()),
         )
         try:
             await store()
@@ -280,17 +303,19 @@ class CallLifecycle:
             target = target_of(upstream)
             path = await self.builder.readable(started.tree_id, path, target)
             path = await self._compact_first(started, path)
-            built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream)
+            built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream, api=call.api)
             if built.dropped:
                 self.metrics.pairing_drops.inc(len(built.dropped))
                 log.warning("pairing check dropped items", extra={
                     "conversation_id": started.conversation_id, "node_id": str(started.node_id), "dropped": built.dropped})
             started.request_hash = built.sha256
             headers = self.upstream.request_headers(upstream, call.headers, call.client_key)
-            request = self.upstream.build("POST", upstream, "chat/completions", headers=headers, content=built.payload)
+            request = self.upstream.build("POST", upstream, built.endpoint, headers=headers, content=built.payload)
+            exchange = exchange_for(call.api, target.api, node_id=started.node_id, params=call.params,
+                                    instructions=call.body.get("instructions"), provider=upstream.name)
             if call.stream:
-                return await self._run_stream(started, request)
-            return await self._run_json(started, request, receive)
+                return await self._run_stream(started, request, exchange)
+            return await self._run_json(started, request, receive, exchange)
         except BaseException as exc:
             if not started.finished:
                 failure = Failure.from_error(exc if isinstance(exc, BranchpointError) else BranchpointError(
@@ -319,7 +344,7 @@ class CallLifecycle:
             return [compacted.node]
         return path
 
-    async def _run_json(self, started: _Started, request: httpx.Request, receive: Any) -> RawResponse:
+    async def _run_json(self, started: _Started, request: httpx.Request, receive: Any, exchange: Exchange) -> RawResponse:
         send_task = asyncio.ensure_future(self.upstream.fetch(request))
         watch = asyncio.ensure_future(_wait_for_disconnect(receive))
         t0 = time.perf_counter()
@@ -341,14 +366,14 @@ class CallLifecycle:
         if not 200 <= response.status_code < 300:
             return await self._fail(started, classify(response.status_code, content, started.secrets), relay_headers)
         try:
-            completion = parse_completion(content)
+            answer = exchange.answer(content)
         except NotACompletion as exc:
             return await self._fail(started, not_a_completion(content, str(exc), started.secrets))
-        await self._finish(started, Outcome.SUCCESS, received=[completion.message], usage=completion.usage,
-                           finish_reason=completion.finish_reason)
-        return RawResponse(response.status_code, content, relay_headers)
+        await self._finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
+                           finish_reason=answer.finish_reason, received_messages=answer.messages)
+        return RawResponse(response.status_code, answer.body, relay_headers)
 
-    async def _run_stream(self, started: _Started, request: httpx.Request) -> Any:
+    async def _run_stream(self, started: _Started, request: httpx.Request, exchange: Exchange) -> Any:
         t0 = time.perf_counter()
         try:
             response = await self.upstream.send(request)
@@ -376,8 +401,9 @@ class CallLifecycle:
             _upstream_time(time.perf_counter() - t0)
             t = end.translator
             if end.failure is None:
-                await self._finish(started, Outcome.SUCCESS, received=t.received(), usage=t.usage,
-                                   finish_reason=t.finish_reason)
+                received = t.received()
+                await self._finish(started, Outcome.SUCCESS, received=received, usage=t.usage,
+                                   finish_reason=t.finish_reason, received_messages=exchange.messages(received))
             else:
                 await self._finish(started, end.failure.outcome, error=end.failure.error, usage=t.usage)
 
@@ -390,7 +416,7 @@ class CallLifecycle:
             on_end=on_end,
             close_upstream=response.aclose,
             classify_error=lambda error: from_stream_error(error, started.secrets),
-            translator=ChatStream(strip_usage=not wants_usage),
+            translator=exchange.translator(wants_usage=wants_usage),
             background=self.tasks,
         )
 

@@ -41,8 +41,8 @@ class Metrics:
     def observe_call(self, kind: str, outcome: str, usage: dict[str, Any] | None) -> None:
         self.calls.labels(kind, outcome).inc()
         if usage:
-            prompt = usage.get("prompt_tokens")
-            completion = usage.get("completion_tokens")
+            prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+            completion = usage.get("completion_tokens", usage.get("output_tokens"))
             if isinstance(prompt, int):
                 self.tokens.labels("in").inc(prompt)
             if isinstance(completion, int):

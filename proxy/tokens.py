@@ -116,11 +116,12 @@ def _measured(usage: dict[str, Any] | None) -> int | None:
     """Tokens of a call's request + answer as the upstream reported them (reasoning excluded)."""
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens")
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))  # chat or Responses usage
     if not isinstance(prompt, int):
         return None
-    completion = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
-    details = usage.get("completion_tokens_details")
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    completion = completion if isinstance(completion, int) else 0
+    details = usage.get("completion_tokens_details") or usage.get("output_tokens_details")
     if isinstance(details, dict) and isinstance(details.get("reasoning_tokens"), int):
         completion = max(0, completion - details["reasoning_tokens"])
     return prompt + completion

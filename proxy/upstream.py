@@ -60,7 +60,7 @@ def map_exceptions() -> Iterator[None]:
 
 def target_of(upstream: Upstream) -> Target:
     """The provider a request goes to, as assembly needs to know it."""
-    return Target(upstream.name, upstream.accepts_reasoning)
+    return Target(upstream.name, upstream.accepts_reasoning, upstream.api)
 
 
 def response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:

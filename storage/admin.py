@@ -75,6 +75,11 @@ class AdminStore:
         found = rows(NodeRow, await self.db.fetch(queries.NODE, node_id, tenant))
         return found[0] if found else None
 
+    async def delete_response(self, tenant: str, node_id: uuid.UUID) -> str:
+        """'deleted' (the node went), 'withdrawn' (other nodes need it: kept, hidden from the
+        Responses API) or 'not_found'."""
+        return await self.db.fetchval(queries.DELETE_RESPONSE, tenant, node_id)
+
     async def summariser_request(self, node: NodeRow) -> bytes | None:
         value = await self.db.fetchval(queries.SUMMARISER_REQUEST, node.tree_id, node.id)
         return bytes(value) if value is not None else None

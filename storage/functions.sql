@@ -76,7 +76,7 @@ CREATE OR REPLACE FUNCTION bp_path_nodes(p_tree uuid, p_node uuid)
 RETURNS SETOF bp_path_node
 LANGUAGE sql STABLE AS $$
     SELECT p.id, p.parent_id, p.kind, p.status, p.sent, p.received, p.provider, p.model, p.usage,
-           p.compacted_from
+           p.compacted_from, p.api
       FROM bp_path(p_tree, p_node) p
 $$;
 
@@ -318,14 +318,19 @@ BEGIN
 END
 $$;
 
--- bp_tail(items, skip, with_system): the items after the first `skip` non-system ones, in their
--- order; system/developer messages kept only when `with_system`.
-CREATE OR REPLACE FUNCTION bp_tail(p_items jsonb, p_skip integer, p_with_system boolean)
+-- bp_tail(items, skip, with_system, ordinals): the items after the first `skip` non-system
+-- messages, in their order; system/developer messages kept only when `with_system`. Chat
+-- messages count one each; Responses items say, in `ordinals`, which message they stand for
+-- (0: a system/developer message; several items can make one message).
+CREATE OR REPLACE FUNCTION bp_tail(p_items jsonb, p_skip integer, p_with_system boolean, p_ordinals integer[] DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce(jsonb_agg(e.v ORDER BY e.i), '[]'::jsonb)
-      FROM (SELECT x.v, x.i, x.sys, count(*) FILTER (WHERE NOT x.sys) OVER (ORDER BY x.i) AS nth
-              FROM (SELECT v, i, coalesce(v ->> 'role' IN ('system', 'developer'), false) AS sys
+      FROM (SELECT x.v, x.i, x.sys,
+                   coalesce(p_ordinals[x.i], count(*) FILTER (WHERE NOT x.sys) OVER (ORDER BY x.i)) AS nth
+              FROM (SELECT v, i, CASE WHEN p_ordinals IS NULL
+                                      THEN coalesce(v ->> 'role' IN ('system', 'developer'), false)
+                                      ELSE p_ordinals[i] = 0 END AS sys
                       FROM jsonb_array_elements(p_items) WITH ORDINALITY AS t(v, i)) x) e
      WHERE (e.sys AND p_with_system) OR (NOT e.sys AND e.nth > p_skip)
 $$;
@@ -349,6 +354,8 @@ $$;
 --                              is almost always there); 0 = complete
 --   p_system_hash              the hash of its system/developer messages (null: none)
 --   p_lease_seconds, p_model, p_provider, p_params (the request's other fields)
+--   p_ordinals                 Responses items: the message each item of p_sent stands for (bp_tail)
+--   p_api                      chat | responses: the format p_sent is in
 -- Returns the chosen parent's path root first as rows (conversation_id, tree_id, parent_id, mode,
 -- matched, start, node) -- one row with a null node when the new node is a root. `mode` is the
 -- mode that handled the call, `matched` how many of its non-system messages matched stored nodes
@@ -361,7 +368,7 @@ CREATE OR REPLACE FUNCTION bp_begin_call(
     p_tenant text, p_conversation text, p_new_conversation text, p_new_tree uuid, p_node uuid,
     p_kind text, p_mode text, p_parent_mode text, p_parent uuid, p_sent jsonb, p_digests bytea[],
     p_prefixes bytea[], p_prefix_offset integer, p_system_hash bytea, p_lease_seconds double precision,
-    p_model text, p_provider text, p_params jsonb)
+    p_model text, p_provider text, p_params jsonb, p_ordinals integer[] DEFAULT NULL, p_api text DEFAULT 'chat')
 RETURNS TABLE (conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
                start integer, with_system boolean, node bp_path_node)
 LANGUAGE plpgsql AS $$
@@ -376,7 +383,8 @@ DECLARE
 BEGIN
     IF p_mode = 'full' THEN
         RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree, p_node,
-            p_kind, p_sent, p_prefixes, p_prefix_offset, p_system_hash, p_lease_seconds, p_model, p_provider, p_params);
+            p_kind, p_sent, p_prefixes, p_prefix_offset, p_system_hash, p_lease_seconds, p_model, p_provider, p_params,
+            p_ordinals, p_api);
         RETURN;
     END IF;
 
@@ -420,7 +428,7 @@ BEGIN
         IF FOUND AND v_up.answered AND v_up.chain = ANY(p_prefixes) THEN
             RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree,
                 p_node, p_kind, p_sent, p_prefixes, 0, p_system_hash, p_lease_seconds, p_model, p_provider,
-                p_params);
+                p_params, p_ordinals, p_api);
             RETURN;
         END IF;
     END IF;
@@ -465,11 +473,11 @@ BEGIN
     SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
       FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
-                       depth, lease_until, chain, answered, system_hash)
+                       depth, lease_until, chain, answered, system_hash, api)
     VALUES (conv.tree_id, p_node, p_tenant, p_conversation, v_parent, p_kind, p_sent, p_model, p_provider,
             coalesce(p_params, '{}'::jsonb), coalesce(v_up.depth + 1, 0), v_lease,
             bp_fold(coalesce(v_up.chain, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea), p_digests),
-            coalesce(v_up.answered, false), coalesce(p_system_hash, v_up.system_hash));
+            coalesce(v_up.answered, false), coalesce(p_system_hash, v_up.system_hash), p_api);
 
     IF p_kind = 'turn' THEN
         UPDATE conversations c SET lease_node_id = p_node, lease_until = v_lease, updated_at = clock_timestamp()
@@ -522,7 +530,8 @@ $$;
 CREATE OR REPLACE FUNCTION bp_begin_full(
     p_tenant text, p_conversation text, p_new_conversation text, p_new_tree uuid, p_node uuid,
     p_kind text, p_sent jsonb, p_prefixes bytea[], p_prefix_offset integer, p_system_hash bytea,
-    p_lease_seconds double precision, p_model text, p_provider text, p_params jsonb)
+    p_lease_seconds double precision, p_model text, p_provider text, p_params jsonb,
+    p_ordinals integer[] DEFAULT NULL, p_api text DEFAULT 'chat')
 RETURNS TABLE (conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
                start integer, with_system boolean, node bp_path_node)
 LANGUAGE plpgsql
@@ -633,15 +642,15 @@ BEGIN
     END IF;
     v_with_system := p_system_hash IS NOT NULL AND p_system_hash IS DISTINCT FROM v_up.system_hash;
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
-                       depth, lease_until, chain, answered, system_hash)
+                       depth, lease_until, chain, answered, system_hash, api)
     VALUES (conv.tree_id, p_node, p_tenant, conv.id, v_parent, p_kind,
-            bp_tail(p_sent, v_start - p_prefix_offset, v_with_system),
+            bp_tail(p_sent, v_start - p_prefix_offset, v_with_system, p_ordinals),
             p_model, p_provider, coalesce(p_params, '{}'::jsonb), coalesce(v_up.depth + 1, 0),
             now() + make_interval(secs => p_lease_seconds),
             CASE WHEN v_given = 0 THEN '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea
                  ELSE p_prefixes[v_given] END,
             coalesce(v_up.answered, false),
-            CASE WHEN v_with_system THEN p_system_hash ELSE v_up.system_hash END);
+            CASE WHEN v_with_system THEN p_system_hash ELSE v_up.system_hash END, p_api);
 
     IF v_parent IS NULL THEN
         RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'full', v_k, v_start, v_with_system, NULL::bp_path_node;
@@ -896,5 +905,40 @@ BEGIN
            updated_at = clock_timestamp()
      WHERE c.tenant = p_tenant AND c.id = p_conversation;
     RETURN 'ok';
+END
+$$;
+
+-- bp_delete_response(tenant, node): DELETE /v1/responses/{id}. A response no other node needs is
+-- deleted with its node: no children, nothing compacted from it, no conversation's head, fork
+-- point or lease on it. Otherwise the node stays -- it is part of other calls' context -- and only
+-- the response is withdrawn: GET /v1/responses/{id} and previous_response_id no longer find it.
+-- Returns 'deleted', 'withdrawn' or 'not_found'.
+CREATE OR REPLACE FUNCTION bp_delete_response(p_tenant text, p_node uuid)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v record;
+BEGIN
+    SELECT n.tree_id, n.conversation_id, n.outcome INTO v FROM nodes n
+     WHERE n.id = p_node AND n.tenant = p_tenant AND NOT n.response_deleted;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    END IF;
+    PERFORM 1 FROM conversations c WHERE c.tenant = p_tenant AND c.id = v.conversation_id FOR UPDATE;
+    IF v.outcome IS NULL
+       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v.tree_id AND n.parent_id = p_node)
+       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v.tree_id AND n.compacted_from = p_node)
+       OR EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = v.tree_id
+                     AND p_node IN (c.head_node_id, c.fork_node_id, c.lease_node_id)) THEN
+        UPDATE nodes n SET response_deleted = true WHERE n.tree_id = v.tree_id AND n.id = p_node;
+        RETURN 'withdrawn';
+    END IF;
+    BEGIN
+        DELETE FROM nodes n WHERE n.tree_id = v.tree_id AND n.id = p_node;
+    EXCEPTION WHEN foreign_key_violation THEN  -- a call hung under it meanwhile: it is context now
+        UPDATE nodes n SET response_deleted = true WHERE n.tree_id = v.tree_id AND n.id = p_node;
+        RETURN 'withdrawn';
+    END;
+    RETURN 'deleted';
 END
 $$;

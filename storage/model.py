@@ -46,6 +46,7 @@ class PathNode(msgspec.Struct, frozen=True):
     model: str | None = None
     usage: dict[str, Any] | None = None
     compacted_from: uuid.UUID | None = None
+    api: str = "chat"  # the format of sent/received: chat messages, or Responses items
 
 
 class ConversationRow(msgspec.Struct, frozen=True):
@@ -84,6 +85,8 @@ class NodeRow(msgspec.Struct, frozen=True):
     tenant: str
     tree_id: uuid.UUID
     request_hash: bytes | None
+    api: str
+    response_deleted: bool
 
 
 class PathRow(NodeRow, frozen=True):

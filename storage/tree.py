@@ -61,13 +61,15 @@ class TreeStore:
         params: dict[str, Any],
         new_conversation_id: str | None = None,
         prefix_offset: int = 0,
+        ordinals: list[int] | None = None,
+        api: str = "chat",
     ) -> Begun:
         """Start a call (``bp_begin_call`` in functions.sql says how each argument is used).
         Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule refuses it."""
         records = await self.db.fetch(
             queries.BEGIN_CALL,
             tenant, conversation_id, new_conversation_id, new_tree_id, node_id, kind, mode, parent_mode, parent_id,
-            sent, digests, prefixes, prefix_offset, system_hash, lease_seconds, model, provider, params,
+            sent, digests, prefixes, prefix_offset, system_hash, lease_seconds, model, provider, params, ordinals, api,
         )
         first = records[0]
         path = rows(PathNode, (r["node"] for r in records)) if first["node"] is not None else []
@@ -86,12 +88,17 @@ class TreeStore:
         error: Any,
         request_hash: bytes | None,
         leased: bool,
+        received_digests: list[bytes] | None = None,
     ) -> bool:
-        """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile."""
+        """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile.
+        ``received_digests``: the transcript digests of the answer (default: of ``received`` read
+        as chat messages)."""
+        if received_digests is None:
+            received_digests = digests(received or ())
         return bool(
             await self.db.fetchval(
                 queries.FINISH_CALL,
-                tree_id, node_id, outcome.value, received, digests(received or ()), usage, finish_reason, error,
+                tree_id, node_id, outcome.value, received, received_digests, usage, finish_reason, error,
                 request_hash, leased,
             )
         )

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from storage import PathNode
 
 from ..background import Background
+from ..responses.items import message_path
 
 if TYPE_CHECKING:
     from .compactor import CompactionResult, Compactor, Prepared
@@ -83,7 +84,7 @@ class BackgroundCompactions:
         future: asyncio.Future[Prepared | str] = loop.create_future()
         self.summarising[job.key] = (job.head, future)
         try:
-            path = await c.tree.path(job.tree_id, job.head)
+            path = message_path(await c.tree.path(job.tree_id, job.head))
             prepared = await c.prepare(path, job.model, job.client_key, "soft")
             future.set_result(prepared)
             if isinstance(prepared, str):

@@ -27,6 +27,7 @@ from ..assembly import Target, path_items
 from ..background import Background
 from ..errors import ConversationBusy, UpstreamFailure
 from ..metrics import Metrics
+from ..responses.items import message_path
 from ..tokens import TokenCounter, estimate_request
 from .background import BackgroundCompactions, Job
 from .policy import Thresholds, measured_context, split_recent, unanswered_tail_calls
@@ -215,7 +216,7 @@ class Compactor:
             raise ConversationBusy(f"conversation {conv.id!r} has a turn call in flight")
         if conv.head_node_id is None:
             return CompactionResult(False, "empty")
-        path = await self.tree.path(conv.tree_id, conv.head_node_id)
+        path = message_path(await self.tree.path(conv.tree_id, conv.head_node_id))
         model = next((n.model for n in reversed(path) if n.kind != "compaction" and n.model), None)
         model = model or self.thresholds.compaction.model or default_model
         result = await self.compact(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id, path=path,

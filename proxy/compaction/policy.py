@@ -41,10 +41,14 @@ class Thresholds:
 
 
 def measured_context(usage: dict[str, Any] | None) -> int | None:
-    """The context a finished turn measured (its prompt plus its answer), as the upstream reported."""
-    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-        completion = usage.get("completion_tokens")
-        return usage["prompt_tokens"] + (completion if isinstance(completion, int) else 0)
+    """The context a finished turn measured (its prompt plus its answer), as the upstream reported
+    (chat-completions or Responses usage)."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    if isinstance(prompt, int):
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
+        return prompt + (completion if isinstance(completion, int) else 0)
     return None
 
 

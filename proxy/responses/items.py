@@ -29,6 +29,7 @@ __all__ = [
     "PRODUCER",
     "convert",
     "input_items",
+    "message_path",
     "node_id_of",
     "response_id",
     "strip",
@@ -282,4 +283,20 @@ def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) ->
                             "arguments": fn.get("arguments") or ""})
             continue
         out.append({"type": "message", "role": role or "user", "content": _content_to_parts(m.get("content"), output=False)})
+    return out
+
+
+def message_path(path: Sequence[Any]) -> list[Any]:
+    """A stored path read as chat messages: the nodes a Responses call made are converted (their
+    items kept beside the messages); chat nodes are returned as they are."""
+    import msgspec.structs
+
+    out = []
+    for node in path:
+        if getattr(node, "api", "chat") != "responses":
+            out.append(node)
+            continue
+        out.append(msgspec.structs.replace(
+            node, api="chat", sent=to_messages(node.sent, node.provider),
+            received=to_messages(node.received, node.provider) if node.received else node.received))
     return out

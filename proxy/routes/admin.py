@@ -94,6 +94,7 @@ class Node(msgspec.Struct):
     depth: int
     created_at: datetime
     finished_at: datetime | None
+    api: str  # the format of sent/received: "chat" messages, or "responses" items
     object: str = "node"
 
 

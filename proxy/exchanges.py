@@ -1,0 +1,119 @@
+"""How one stored call speaks to its client and its upstream -- the only part of the call
+lifecycle that depends on the APIs involved:
+
+    client API   upstream API   exchange
+    chat         (any)          ChatExchange         relayed as it is
+    responses    chat           ResponsesOverChat    translated both ways (proxy.responses)
+    responses    responses      ResponsesNative      relayed, with the node's response id
+
+Each turns the upstream's answer into what the client gets and what is stored (``answer``), and
+gives the stream relay its translator.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+from .completion import NotACompletion, parse_completion
+from .relay import ChatStream, Translator
+from .responses import stream as responses_stream
+from .responses import translate
+from .responses.items import response_id, to_messages
+
+__all__ = ["Answer", "ChatExchange", "Exchange", "ResponsesNative", "ResponsesOverChat", "exchange_for"]
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    body: bytes  # what the client gets
+    received: list[dict[str, Any]]  # what is stored, in the client API's format
+    messages: list[dict[str, Any]]  # the same read as chat messages (the node's transcript)
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class Exchange(Protocol):
+    def answer(self, content: bytes) -> Answer: ...  # raises NotACompletion
+
+    def translator(self, *, wants_usage: bool) -> Translator: ...
+
+    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+
+
+class ChatExchange:
+    def answer(self, content: bytes) -> Answer:
+        completion = parse_completion(content)
+        return Answer(content, [completion.message], [completion.message], completion.usage, completion.finish_reason)
+
+    def translator(self, *, wants_usage: bool) -> Translator:
+        return ChatStream(strip_usage=not wants_usage)
+
+    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return received
+
+
+class ResponsesOverChat:
+    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any, provider: str) -> None:
+        self.node_id = node_id
+        self.params = params
+        self.instructions = instructions
+        self.provider = provider
+
+    def answer(self, content: bytes) -> Answer:
+        completion = parse_completion(content)
+        output = translate.output_items(completion.message, self.node_id)
+        usage = translate.usage_of(completion.usage)
+        response = translate.response_object(node_id=self.node_id, params=self.params, output=output, usage=usage,
+                                             instructions=self.instructions, finish_reason=completion.finish_reason,
+                                             model=_decode(content).get("model"))
+        return Answer(_encode(response), output, self.messages(output), usage, completion.finish_reason)
+
+    def translator(self, *, wants_usage: bool) -> Translator:
+        return responses_stream.FromChat(node_id=self.node_id, params=self.params, instructions=self.instructions)
+
+    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return to_messages(received, self.provider)
+
+
+class ResponsesNative:
+    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> None:
+        self.node_id = node_id
+        self.params = params
+        self.provider = provider
+
+    def answer(self, content: bytes) -> Answer:
+        try:
+            data = _decode(content)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("output"), list) or data.get("status") == "failed":
+            raise NotACompletion("not a completed response")
+        data.update(id=response_id(self.node_id), previous_response_id=self.params.get("previous_response_id"),
+                    store=self.params.get("store", True))
+        output = [item for item in data["output"] if isinstance(item, dict)]
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+        finish = "length" if data.get("status") == "incomplete" else "stop"
+        return Answer(_encode(data), output, self.messages(output), usage, finish)
+
+    def translator(self, *, wants_usage: bool) -> Translator:
+        return responses_stream.Native(node_id=self.node_id, previous_response_id=self.params.get("previous_response_id"),
+                                       store=self.params.get("store", True))
+
+    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return to_messages(received, self.provider)
+
+
+def exchange_for(api: str, upstream_api: str, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any,
+                 provider: str) -> Exchange:
+    if api != "responses":
+        return ChatExchange()
+    if upstream_api == "responses":
+        return ResponsesNative(node_id=node_id, params=params, provider=provider)
+    return ResponsesOverChat(node_id=node_id, params=params, instructions=instructions, provider=provider)

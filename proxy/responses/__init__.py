@@ -1,0 +1,6 @@
+"""The Responses API on the tree (docs/behaviour.md#the-responses-api).
+
+    items.py      Responses items <-> chat messages; response ids <-> node ids
+    translate.py  a Responses request for a chat upstream, and the response objects we serve
+    stream.py     Responses event streams: translated from a chat stream, or relayed natively
+"""

@@ -1,0 +1,248 @@
+"""Streams for Responses clients (relay translators, see ``proxy.relay.Translator``).
+
+- ``FromChat``: a chat-completions stream turned into Responses events as it arrives:
+  ``response.created``, ``response.in_progress``, then per output item ``response.output_item.added``,
+  ``response.content_part.added`` / ``response.output_text.delta`` ... ``.done`` for text,
+  ``response.function_call_arguments.delta`` / ``.done`` for a tool call, ``response.output_item.done``,
+  and ``response.completed`` (the whole response) once the node is stored. A failure ends it with
+  ``response.failed`` and an ``error`` event.
+- ``Native``: a Responses upstream's own events, relayed with the response id replaced by the
+  node's and the output items collected for storage; ``response.completed`` is held back until the
+  node is stored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+
+from ..failures import Failure
+from ..relay import SSEParser, StreamAccumulator
+from . import translate
+from .items import response_id
+
+__all__ = ["FromChat", "Native"]
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+
+
+class _Events:
+    """Numbered Responses SSE events."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def __call__(self, type_: str, **fields: Any) -> bytes:
+        data = {"type": type_, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return b"event: " + type_.encode() + b"\ndata: " + _encode(data) + b"\n\n"
+
+
+class FromChat:
+    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any) -> None:
+        self.node_id = node_id
+        self.params = params
+        self.instructions = instructions
+        self.acc = StreamAccumulator()
+        self.finished = False
+        self.error: Any = None
+        self.emit = _Events()
+        self.items: list[dict[str, Any]] = []  # output items as added, by output_index
+        self.text_index: int | None = None  # the open message item
+        self.text = ""
+        self.calls: dict[int, int] = {}  # chat tool-call index -> output_index
+        self.closed: set[int] = set()
+
+    # -- the Translator protocol --------------------------------------------------------------
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return translate.usage_of(self.acc.usage)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.acc.finish_reason
+
+    def _response(self, status: str, output: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return translate.response_object(node_id=self.node_id, params=self.params, output=output, status=status,
+                                         usage=extra.pop("usage", None), instructions=self.instructions,
+                                         model=self.acc.model or self.params.get("model"), **extra)
+
+    def opening(self) -> bytes:
+        response = self._response("in_progress", [])
+        return self.emit("response.created", response=response) + self.emit("response.in_progress", response=response)
+
+    def event(self, raw: bytes) -> bytes:
+        data = SSEParser.data(raw)
+        if data is None:
+            return b""
+        if data == b"[DONE]":
+            self.finished = True
+            return b""
+        try:
+            chunk = _decode(data)
+        except (msgspec.DecodeError, RecursionError):
+            return b""
+        before_text = "".join(self.acc.content)
+        before_args = {i: tc["function"]["arguments"] for i, tc in self.acc.tool_calls.items()}
+        self.acc.feed(chunk)
+        if self.acc.error is not None:
+            self.error = self.acc.error
+            return b""
+        out = []
+        text = "".join(self.acc.content)
+        if len(text) > len(before_text):
+            out.append(self._text_delta(text[len(before_text):]))
+        for i, call in sorted(self.acc.tool_calls.items()):
+            arguments = call["function"]["arguments"]
+            if i not in self.calls:
+                out.append(self._close_text())
+                out.append(self._open_call(i, call))
+            added = arguments[len(before_args.get(i, "")):]
+            if added:
+                out.append(self.emit("response.function_call_arguments.delta", item_id=self.items[self.calls[i]]["id"],
+                                     output_index=self.calls[i], delta=added))
+        return b"".join(out)
+
+    def _text_delta(self, delta: str) -> bytes:
+        out = b""
+        if self.text_index is None:
+            self.text_index = len(self.items)
+            item = {"id": translate.message_item_id(self.node_id), "type": "message", "role": "assistant",
+                    "status": "in_progress", "content": []}
+            self.items.append(item)
+            out += self.emit("response.output_item.added", output_index=self.text_index, item=item)
+            out += self.emit("response.content_part.added", item_id=item["id"], output_index=self.text_index,
+                             content_index=0, part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        self.text += delta
+        return out + self.emit("response.output_text.delta", item_id=self.items[self.text_index]["id"],
+                               output_index=self.text_index, content_index=0, delta=delta, logprobs=[])
+
+    def _close_text(self) -> bytes:
+        index = self.text_index
+        if index is None or index in self.closed:
+            return b""
+        self.closed.add(index)
+        item = self.items[index]
+        part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+        item.update(status="completed", content=[part])
+        return (self.emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                          text=self.text, logprobs=[])
+                + self.emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                            part=part)
+                + self.emit("response.output_item.done", output_index=index, item=item))
+
+    def _open_call(self, i: int, call: dict[str, Any]) -> bytes:
+        index = len(self.items)
+        self.calls[i] = index
+        item = {"id": translate.call_item_id(self.node_id, i), "type": "function_call", "status": "in_progress",
+                "call_id": call.get("id"), "name": call["function"]["name"], "arguments": ""}
+        self.items.append(item)
+        return self.emit("response.output_item.added", output_index=index, item=item)
+
+    def _close_calls(self) -> bytes:
+        out = b""
+        for i, index in sorted(self.calls.items(), key=lambda kv: kv[1]):
+            if index in self.closed:
+                continue
+            self.closed.add(index)
+            call = self.acc.tool_calls[i]
+            item = self.items[index]
+            item.update(status="completed", arguments=call["function"]["arguments"], call_id=call.get("id"),
+                        name=call["function"]["name"])
+            out += self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                             arguments=item["arguments"])
+            out += self.emit("response.output_item.done", output_index=index, item=item)
+        return out
+
+    def received(self) -> list[dict[str, Any]]:
+        return translate.output_items(self.acc.message(), self.node_id)
+
+    def closing(self) -> bytes:
+        out = self._close_text() + self._close_calls()
+        if not self.items:  # an empty answer is still one (empty) message
+            out += self._text_delta("") + self._close_text()
+        final = self._response("completed", self.received(), usage=self.usage, finish_reason=self.finish_reason)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        return out + self.emit(kind, response=final)
+
+    def failing(self, failure: Failure) -> bytes:
+        err = failure.error
+        error = {"code": err.code or "server_error", "message": err.message}
+        response = self._response("failed", [dict(i) for i in self.items], error=error, usage=self.usage)
+        return (self.emit("response.failed", response=response)
+                + self.emit("error", code=err.code, message=err.message, param=None))
+
+
+class Native:
+    """A Responses upstream's stream, relayed with the node's response id."""
+
+    def __init__(self, *, node_id: uuid.UUID, previous_response_id: str | None, store: Any) -> None:
+        self.rid = response_id(node_id)
+        self.previous = previous_response_id
+        self.store = store
+        self.finished = False
+        self.error: Any = None
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.done_items: dict[int, dict[str, Any]] = {}
+        self.final: dict[str, Any] | None = None
+        self._tail = b""
+        self.emit = _Events()
+
+    def opening(self) -> bytes:
+        return b""
+
+    def _rewrite(self, response: dict[str, Any]) -> dict[str, Any]:
+        return {**response, "id": self.rid, "previous_response_id": self.previous, "store": self.store}
+
+    def event(self, raw: bytes) -> bytes:
+        data = SSEParser.data(raw)
+        if data is None:
+            return raw + b"\n\n"
+        if data == b"[DONE]":
+            self.finished = True
+            return b""
+        try:
+            event = _decode(data)
+        except (msgspec.DecodeError, RecursionError):
+            return raw + b"\n\n"
+        if not isinstance(event, dict):
+            return raw + b"\n\n"
+        kind = event.get("type")
+        if isinstance(event.get("response"), dict):
+            event["response"] = self._rewrite(event["response"])
+        if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
+            self.done_items[int(event.get("output_index", len(self.done_items)))] = event["item"]
+        if kind in ("response.failed", "error"):
+            response = event.get("response") or {}
+            self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
+            return b""
+        line = b"event: " + str(kind).encode() + b"\ndata: " + _encode(event) + b"\n\n"
+        if kind in ("response.completed", "response.incomplete"):
+            self.final = event["response"]
+            usage = self.final.get("usage")
+            self.usage = usage if isinstance(usage, dict) else None
+            self.finish_reason = "length" if kind == "response.incomplete" else "stop"
+            self.finished = True
+            self._tail = line
+            return b""
+        return line
+
+    def received(self) -> list[dict[str, Any]]:
+        if self.final is not None and isinstance(self.final.get("output"), list):
+            return self.final["output"]
+        return [self.done_items[i] for i in sorted(self.done_items)]
+
+    def closing(self) -> bytes:
+        return self._tail
+
+    def failing(self, failure: Failure) -> bytes:
+        err = failure.error
+        response = {"id": self.rid, "object": "response", "status": "failed", "output": self.received(),
+                    "error": {"code": err.code or "server_error", "message": err.message}}
+        return (self.emit("response.failed", response=response)
+                + self.emit("error", code=err.code, message=err.message, param=None))
