@@ -139,7 +139,8 @@ PATH = f"SELECT {_P_NODE} FROM bp_path($1, $2) p"
 # short preview instead of the full items.  $1 tree, $2 tenant, $3 conversation, $4 visible foreign
 TREE = f"""
 SELECT {columns(TreeRow, "n", skip=("preview",))},
-       left(coalesce(n.received -> 0 ->> 'content', n.sent -> -1 ->> 'content'), 200) AS preview
+       left(coalesce(n.received -> 0 -> 'content' -> 0 ->> 'text', n.received -> 0 ->> 'content',
+                     n.sent -> -1 -> 'content' -> 0 ->> 'text', n.sent -> -1 ->> 'content'), 200) AS preview
   FROM nodes n
  WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))
  ORDER BY n.created_at, n.id

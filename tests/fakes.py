@@ -68,6 +68,11 @@ class Recorded:
     def messages(self) -> list[dict[str, Any]]:
         return self.body.get("messages", []) if isinstance(self.body, dict) else []
 
+    @property
+    def input(self) -> list[dict[str, Any]]:
+        """A Responses request's input items."""
+        return self.body.get("input", []) if isinstance(self.body, dict) else []
+
     def text(self) -> str:
         """Every message's content joined: handy for 'does X appear anywhere?' assertions."""
         return json.dumps(self.messages)
@@ -174,6 +179,10 @@ class FakeUpstream:
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
 
     @property
+    def responses_requests(self) -> list[Recorded]:
+        return [r for r in self.requests if r.path.endswith("/responses") and r.method == "POST"]
+
+    @property
     def last(self) -> Recorded:
         """The last chat request that was not one of Branchpoint's summariser requests."""
         return self.turn_requests[-1]
@@ -214,7 +223,8 @@ class FakeUpstream:
                 reply = self.summaries.popleft() if self.summaries else Reply(
                     content="Facts so far: the user discussed sales figures; open task: none.")
             else:
-                reply = self.queue.popleft() if (self.queue and path.endswith("/chat/completions")) else None
+                answering = path.endswith(("/chat/completions", "/responses"))
+                reply = self.queue.popleft() if (self.queue and answering) else None
 
         if path.endswith("/models"):
             await self._json(send, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
@@ -222,6 +232,9 @@ class FakeUpstream:
         if path.endswith("/embeddings"):
             await self._json(send, 200, {"object": "list", "data": [{"object": "embedding", "index": 0,
                                                                    "embedding": [0.1, 0.2]}], "model": "e"})
+            return
+        if path.endswith("/responses") and scope["method"] == "POST":
+            await self._responses(send, reply, body if isinstance(body, dict) else {})
             return
         if not path.endswith("/chat/completions"):
             await self._json(send, 404, {"error": {"message": "no such route", "type": "invalid_request_error",
@@ -304,6 +317,66 @@ class FakeUpstream:
         if reply.done and not reply.error_event:
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+def response_output(reply: Reply) -> list[dict[str, Any]]:
+    """A Responses upstream's output items for a scripted reply (``extra_message['reasoning_item']``
+    adds a reasoning item first)."""
+    output: list[dict[str, Any]] = []
+    if reply.extra_message.get("reasoning_item"):
+        output.append(reply.extra_message["reasoning_item"])
+    if reply.content is not None:
+        output.append({"id": "msg_upstream_1", "type": "message", "role": "assistant", "status": "completed",
+                       "content": [{"type": "output_text", "text": reply.content, "annotations": []}]})
+    for i, tc in enumerate(reply.tool_calls or []):
+        output.append({"id": f"fc_upstream_{i}", "type": "function_call", "status": "completed", "call_id": tc["id"],
+                       "name": tc["function"]["name"], "arguments": tc["function"]["arguments"]})
+    return output
+
+
+async def _responses_answer(self: FakeUpstream, send: Any, reply: Reply | None, body: dict[str, Any]) -> None:
+    """Answer a Responses request natively (JSON, or the event stream when asked)."""
+    if reply is None:
+        last = body.get("input", [{}])[-1] if isinstance(body.get("input"), list) and body["input"] else {}
+        text = last.get("content") if isinstance(last.get("content"), str) else json.dumps(last.get("content"))
+        reply = Reply(content=f"echo: {text}")
+    if reply.kind == "error":
+        await self._json(send, reply.status, {"error": reply.error or {"message": "fake failure", "type": "server_error",
+                                                                       "param": None, "code": None}})
+        return
+    output = response_output(reply)
+    response = {"id": "resp_upstream_fake", "object": "response", "created_at": int(time.time()), "status": "completed",
+                "model": body.get("model"), "output": output, "error": None, "incomplete_details": None,
+                "usage": reply.usage or {"input_tokens": 11, "output_tokens": 7, "total_tokens": 18},
+                "previous_response_id": body.get("previous_response_id"), "store": body.get("store", True),
+                "parallel_tool_calls": True, "tool_choice": "auto", "tools": body.get("tools", [])}
+    if not body.get("stream"):
+        await self._json(send, 200, response)
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    seq = 0
+
+    async def event(kind: str, **data: Any) -> None:
+        nonlocal seq
+        payload = json.dumps({"type": kind, "sequence_number": seq, **data})
+        seq += 1
+        await send({"type": "http.response.body", "body": f"event: {kind}\ndata: {payload}\n\n".encode(), "more_body": True})
+
+    await event("response.created", response={**response, "status": "in_progress", "output": []})
+    for index, item in enumerate(output):
+        await event("response.output_item.added", output_index=index, item=item)
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            await event("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0, delta=text)
+        await event("response.output_item.done", output_index=index, item=item)
+    if reply.error_event:
+        await event("response.failed", response={**response, "status": "failed", "error": reply.error_event})
+    else:
+        await event("response.completed", response=response)
+    await send({"type": "http.response.body", "body": b""})
+
+
+FakeUpstream._responses = _responses_answer  # type: ignore[attr-defined]
 
 
 class EvilUpstream:

@@ -89,10 +89,11 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     raw = await request.body()
     body = parse_responses_body(raw)
     previous = body.get("previous_response_id")
-    parent = await _stored_response(admin, caller, previous) if previous else None
-    if cid is None and not auto and parent is None:
+    ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
+    parent = await _stored_response(admin, caller, previous) if ours else None
+    if cid is None and not auto and not ours:
         return await forwarder.forward(request, "responses", raw, headers, caller)
-    if previous and parent is None:
+    if previous and parent is None:  # another tenant's, deleted, or an upstream's in a stored call
         raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
 
     kind = (headers.get("x-node-kind") or "turn").strip().lower()

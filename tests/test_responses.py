@@ -1,0 +1,230 @@
+"""The Responses API on the tree, driven by the official openai SDK: stored calls, branching with
+previous_response_id, translation over a chat upstream (plain, streamed, tools, formats), a native
+Responses upstream, retrieval, input items, deletion, tenancy -- asserted on what the fake
+upstream received."""
+
+import json
+import uuid
+
+import httpx
+import openai
+import pytest
+
+from .conftest import Db, make_settings, new_key, serve_proxy
+from .fakes import Reply
+from .helpers import MODEL, tool_call
+
+WEATHER_TOOL = {"type": "function", "name": "weather", "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def raw_create(client, **kw):
+    raw = client.responses.with_raw_response.create(model=MODEL, **kw)
+    return raw.parse(), raw.headers
+
+
+def test_a_stored_response_and_its_continuation(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    first, h1 = raw_create(client, input="What is the capital of France?")
+    assert first.id == "resp_" + uuid.UUID(h1["x-node-id"]).hex and first.object == "response"
+    assert first.status == "completed" and first.output_text == "echo: What is the capital of France?"
+    assert h1["x-conversation-id"] == cid and h1["x-parent-node-id"] == "root"
+    assert upstream.last.messages == [{"role": "user", "content": "What is the capital of France?"}]
+    node = db.node(h1["x-node-id"])
+    assert node["api"] == "responses" and node["kind"] == "turn" and node["status"] == "success"
+    assert node["sent"] == [{"type": "message", "role": "user", "content": "What is the capital of France?"}]
+    assert node["received"][0]["type"] == "message" and node["usage"]["input_tokens"] > 0
+    # continuing: the conversation's head (delta), or explicitly from the first response
+    second, h2 = raw_create(client, input="And of Italy?", previous_response_id=first.id)
+    assert h2["x-parent-node-id"] == h1["x-node-id"] and second.previous_response_id == first.id
+    assert [m["content"] for m in upstream.last.messages] == [
+        "What is the capital of France?", "echo: What is the capital of France?", "And of Italy?"]
+    assert db.head(cid) == h2["x-node-id"]
+
+
+def test_previous_response_id_alone_continues_and_branches(proxy, upstream, key, cid, db):
+    named = proxy.openai(key, conversation=cid)
+    first, h1 = raw_create(named, input="one")
+    second, _ = raw_create(named, input="two")
+    plain = proxy.openai(key)  # no conversation named: the previous response's conversation
+    branch, hb = raw_create(plain, input="two, edited", previous_response_id=first.id)
+    assert hb["x-conversation-id"] == cid and hb["x-parent-node-id"] == h1["x-node-id"]
+    assert "two" not in [m["content"] for m in upstream.last.messages]  # the other branch is not context
+    assert db.head(cid) == hb["x-node-id"]  # a turn like any other
+    # a response that names no conversation and continues nothing stored passes through
+    passed, hp = raw_create(plain, input="just passing")
+    assert passed.id == "resp_upstream_fake" and "x-node-id" not in hp
+    assert upstream.responses_requests[-1].body["input"] == "just passing"
+
+
+def test_another_tenants_response_is_not_found(proxy, upstream, key, cid):
+    first, _ = raw_create(proxy.openai(key, conversation=cid), input="private")
+    stranger = proxy.openai(new_key())
+    for client in (stranger, proxy.openai(new_key(), conversation=cid)):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.responses.create(model=MODEL, input="peek", previous_response_id=first.id)
+        assert e.value.body["code"] == "node_not_found"
+    with pytest.raises(openai.NotFoundError):
+        stranger.responses.retrieve(first.id)
+
+
+def test_instructions_are_the_system_message(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    raw_create(client, input="hi", instructions="Answer in French.")
+    assert upstream.last.messages[0] == {"role": "system", "content": "Answer in French."}
+    raw_create(client, input="and again")  # no instructions: the path's system prompt still applies
+    assert upstream.last.messages[0] == {"role": "system", "content": "Answer in French."}
+    assert [m["role"] for m in upstream.last.messages] == ["system", "user", "assistant", "user"]
+
+
+def test_a_function_tool_round_trip_over_a_chat_upstream(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_1", "weather", '{"city": "Paris"}')]))
+    first, _ = raw_create(client, input="Weather in Paris?", tools=[WEATHER_TOOL], tool_choice="auto",
+                          text={"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}})
+    sent = upstream.last.body
+    assert sent["tools"] == [{"type": "function", "function": {k: WEATHER_TOOL[k] for k in ("name", "description", "parameters")}}]
+    assert sent["tool_choice"] == "auto"
+    assert sent["response_format"] == {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
+    call = next(o for o in first.output if o.type == "function_call")
+    assert call.call_id == "call_1" and call.name == "weather" and json.loads(call.arguments) == {"city": "Paris"}
+    upstream.enqueue(Reply(content="It is 21 C in Paris."))
+    second, _ = raw_create(client, previous_response_id=first.id, tools=[WEATHER_TOOL],
+                           input=[{"type": "function_call_output", "call_id": "call_1", "output": "21 C"}])
+    assert second.output_text == "It is 21 C in Paris."
+    messages = upstream.last.messages
+    assert messages[1]["tool_calls"][0]["id"] == "call_1" and messages[2] == {"role": "tool", "tool_call_id": "call_1",
+                                                                             "content": "21 C"}
+
+
+def test_streamed_responses_over_a_chat_upstream(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content="Streaming works.", pieces=["Stream", "ing ", "works."]))
+    with client.responses.stream(model=MODEL, input="stream please") as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert kinds.count("response.output_text.delta") == 3 and "response.output_item.done" in kinds
+    assert final.output_text == "Streaming works." and final.usage.input_tokens > 0
+    node = db.node(uuid.UUID(final.id[5:]))
+    assert node["status"] == "success" and node["received"][0]["content"][0]["text"] == "Streaming works."
+    assert upstream.last.body["stream"] is True
+    # a tool call streams as function_call events
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_s", "weather", '{"city": "Oslo"}')]))
+    with client.responses.stream(model=MODEL, input="weather?", tools=[WEATHER_TOOL]) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
+    assert final.output[0].type == "function_call" and json.loads(final.output[0].arguments) == {"city": "Oslo"}
+
+
+def test_a_failure_mid_stream_ends_with_response_failed(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(pieces=["part"], error_event={"message": "upstream broke", "type": "server_error"}))
+    with client.responses.with_streaming_response.create(model=MODEL, input="go", stream=True) as r:
+        node = r.headers["x-node-id"]
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "response.created" and kinds[-2:] == ["response.failed", "error"]
+    assert events[-2]["response"]["status"] == "failed"
+    assert db.node(node)["status"] == "failed"
+    upstream.enqueue(Reply(kind="error", status=503))
+    with pytest.raises(openai.InternalServerError):
+        client.responses.create(model=MODEL, input="fails")
+
+
+def test_retrieve_input_items_and_delete(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    first, _ = raw_create(client, input=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                                         {"role": "user", "content": "c"}], instructions="Be brief.")
+    second, h2 = raw_create(client, input="d")
+    got = client.responses.retrieve(first.id)
+    assert got.id == first.id and got.output_text == first.output_text and got.instructions == "Be brief."
+    page = client.responses.input_items.list(first.id, limit=2, order="asc")
+    assert [i.content[0].text for i in page.data] == ["a", "b"] and page.has_more
+    rest = client.responses.input_items.list(first.id, limit=2, order="asc", after=page.data[-1].id)
+    assert [i.content[0].text for i in rest.data] == ["c"] and not rest.has_more
+    assert [i.content[0].text for i in client.responses.input_items.list(first.id).data] == ["c", "b", "a"]
+    # the first response is context of the second: withdrawn, never cut out of the tree
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, input="x", previous_response_id=first.id)
+    raw_create(client, input="e")  # the withdrawn response's items are still this call's context
+    assert [m["content"] for m in upstream.last.messages][:4] == ["Be brief.", "a", "b", "c"]
+    # a leaf nobody needs goes with its node
+    third, h3 = raw_create(client, input="side", extra_headers={"X-Node-Kind": "transform"})
+    client.responses.delete(third.id)
+    assert db.fetchval("SELECT count(*) FROM nodes WHERE id = $1", uuid.UUID(h3["x-node-id"])) == 0
+
+
+def test_chat_and_responses_mix_in_one_conversation(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "chat first"}])
+    response, _ = raw_create(client, input="then a response")
+    assert [m["content"] for m in upstream.last.messages] == ["chat first", "echo: chat first", "then a response"]
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "chat again"}])
+    assert [m["content"] for m in upstream.last.messages] == [
+        "chat first", "echo: chat first", "then a response", response.output_text, "chat again"]
+    path = proxy.http(key).get(f"/admin/conversations/{cid}/path").json()["data"]
+    assert [n["api"] for n in path] == ["chat", "responses", "chat"]
+
+
+def test_full_history_responses_through_auto(proxy, upstream):
+    client = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=new_key(), max_retries=0)
+    first, h1 = raw_create(client, input=[{"role": "user", "content": "first question"}])
+    history = [{"role": "user", "content": "first question"}, *[o.model_dump(exclude_none=True) for o in first.output],
+               {"role": "user", "content": "second question"}]
+    second, h2 = raw_create(client, input=history)
+    assert h2["x-conversation-id"] == h1["x-conversation-id"] and h2["x-context-matched"] == "2"
+    assert h2["x-parent-node-id"] == h1["x-node-id"]
+    assert [m["content"] for m in upstream.last.messages] == ["first question", first.output_text, "second question"]
+
+
+@pytest.fixture
+def native(fresh_database_url, upstream_url):
+    settings = make_settings(fresh_database_url, upstream_url, upstreams=[
+        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
+        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
+    ])
+    with serve_proxy(settings) as p:
+        p.db = Db(fresh_database_url)
+        yield p
+
+
+def test_a_responses_upstream_gets_the_assembled_input_natively(native, upstream, key, cid):
+    client = native.openai(key, conversation=cid)
+    reasoning = {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": "gAAAA-secret"}
+    upstream.enqueue(Reply(content="first answer", extra_message={"reasoning_item": reasoning}))
+    first = client.responses.create(model="native-1", input="one", instructions="Be exact.", store=True)
+    request = upstream.responses_requests[-1].body
+    assert request["store"] is False and "previous_response_id" not in request and request["model"] == "native-1"
+    assert request["input"] == [{"type": "message", "role": "system", "content": "Be exact."},
+                                {"type": "message", "role": "user", "content": "one"}]
+    assert first.id.startswith("resp_") and first.id != "resp_upstream_fake" and first.store is True
+    second = client.responses.create(model="native-1", input="two", previous_response_id=first.id)
+    request = upstream.responses_requests[-1].body
+    assert "previous_response_id" not in request and request["store"] is False
+    kinds = [i.get("type") for i in request["input"]]
+    assert kinds == ["message", "message", "reasoning", "message", "message"]
+    assert request["input"][2]["encrypted_content"] == "gAAAA-secret"  # back to the provider that made it
+    assert request["input"][3] == {"type": "message", "role": "assistant",
+                                   "content": [{"type": "output_text", "text": "first answer", "annotations": []}]}
+    assert second.previous_response_id == first.id
+    # the same conversation on a chat upstream: the encrypted reasoning stays behind
+    client.responses.create(model="gpt-4o-mini", input="three")
+    assert "gAAAA-secret" not in json.dumps(upstream.last.body)
+    with client.responses.stream(model="native-1", input="four") as stream:
+        final = stream.get_final_response()
+    assert final.id.startswith("resp_") and final.id != "resp_upstream_fake" and final.output_text.startswith("echo")
+    node = native.db.node(uuid.UUID(final.id[5:]))
+    assert node["status"] == "success" and node["received"][0]["type"] == "message"
+
+
+def test_request_replay_verifies_for_responses(proxy, upstream, key, cid):
+    client = proxy.openai(key, conversation=cid)
+    raw_create(client, input="one", instructions="Be brief.")
+    _, h = raw_create(client, input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]}])
+    r = httpx.get(f"{proxy.url}/admin/nodes/{h['x-node-id']}/request", headers={"Authorization": f"Bearer {key}"})
+    assert r.headers["x-request-verified"] == "true" and r.json()["messages"][-1]["content"] == "two"
