@@ -331,6 +331,7 @@ def _outcome_of(node: dict[str, Any]) -> str | None:
 def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any, int]:
     """An export made importable: fresh node ids (parents and compaction origins follow), calls
     that were still pending marked interrupted. Returns (nodes, new head, compaction count)."""
+    from proxy.responses.items import to_messages
     from storage import uuid7
     from storage.transcript import node_keys
 
@@ -343,6 +344,7 @@ def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any
                 raise click.ClickException(f"node {n['id']} refers to {n[ref]}, which is not in the file")
         node = {k: n.get(k) for k in ("kind", "sent", "received", "model", "provider", "params", "usage",
                                       "finish_reason", "error", "depth", "created_at", "finished_at")}
+        node["api"] = n.get("api") or "chat"
         node["outcome"] = _outcome_of(n)
         node["id"] = ids[str(n["id"])]
         node["parent_id"] = ids[str(n["parent_id"])] if n.get("parent_id") else None
@@ -355,7 +357,10 @@ def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any
         if n.get("head"):
             head = node["id"]
         nodes.append(node)
-    keys = node_keys(nodes)  # what each node is matched by, computed from its items
+    def as_messages(node: dict[str, Any], items: list[Any]) -> list[Any]:
+        return to_messages(items, node.get("provider")) if node.get("api") == "responses" else items
+
+    keys = node_keys(nodes, as_messages)  # what each node is matched by, computed from its items
     for node in nodes:
         k = keys[node["id"]]
         node.update(chain=k.chain.hex(), answered=k.answered, system_hash=k.system_hash.hex() if k.system_hash else None)

@@ -97,7 +97,8 @@ class ResponsesNative:
             raise NotACompletion("not a completed response")
         data.update(id=response_id(self.node_id), previous_response_id=self.params.get("previous_response_id"),
                     store=self.params.get("store", True))
-        output = [item for item in data["output"] if isinstance(item, dict)]
+        output = own_item_ids([item for item in data["output"] if isinstance(item, dict)], self.node_id)
+        data["output"] = output
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
         finish = "length" if data.get("status") == "incomplete" else "stop"
         return Answer(_encode(data), output, self.messages(output), usage, finish)
@@ -108,6 +109,20 @@ class ResponsesNative:
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)
+
+
+def own_item_ids(output: list[dict[str, Any]], node_id: uuid.UUID) -> list[dict[str, Any]]:
+    """Output items with ids of the node's (messages and function calls; reasoning items keep the
+    provider's, which their encrypted content belongs to): a client that later references one
+    (``item_reference``) names a stored node, which the proxy resolves."""
+    out = []
+    for i, item in enumerate(output):
+        if item.get("type") == "message":
+            item = {**item, "id": f"msg_{node_id.hex}_{i}"}
+        elif item.get("type") == "function_call":
+            item = {**item, "id": f"fc_{node_id.hex}_{i}"}
+        out.append(item)
+    return out
 
 
 def exchange_for(api: str, upstream_api: str, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any,

@@ -181,15 +181,16 @@ WITH conv AS (
 ), ins AS (
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, received,
                        model, provider, params, usage, finish_reason, error, compacted_from, depth,
-                       created_at, finished_at, chain, answered, system_hash)
+                       created_at, finished_at, chain, answered, system_hash, api)
     SELECT conv.tree_id, r.id, $1, $2, r.parent_id, r.kind, r.outcome, r.sent, r.received, r.model, r.provider,
            coalesce(r.params, '{}'::jsonb), r.usage, r.finish_reason, r.error, r.compacted_from, r.depth,
-           r.created_at, r.finished_at, decode(r.chain, 'hex'), r.answered, decode(r.system_hash, 'hex')
+           r.created_at, r.finished_at, decode(r.chain, 'hex'), r.answered, decode(r.system_hash, 'hex'),
+           coalesce(r.api, 'chat')
       FROM conv, jsonb_to_recordset($6) AS r(
            id uuid, parent_id uuid, kind text, outcome text, sent jsonb, received jsonb,
            model text, provider text, params jsonb, usage jsonb, finish_reason text, error jsonb,
            compacted_from uuid, depth integer, created_at timestamptz, finished_at timestamptz,
-           chain text, answered boolean, system_hash text)
+           chain text, answered boolean, system_hash text, api text)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM conv) AS created, (SELECT count(*) FROM ins) AS nodes

@@ -27,7 +27,7 @@ Canonical form (what compares, and what does not):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -193,10 +193,12 @@ class NodeKeys(msgspec.Struct, frozen=True):
     system_hash: bytes | None
 
 
-def node_keys(nodes: Iterable[dict[str, Any]]) -> dict[Any, NodeKeys]:
+def node_keys(nodes: Iterable[dict[str, Any]],
+              as_messages: Callable[[dict[str, Any], list[Any]], list[Any]] | None = None) -> dict[Any, NodeKeys]:
     """The keys of stored nodes (dicts with id, parent_id, kind, outcome, sent, received,
     compacted_from), computed from their items -- for a migration or an import, where no parent's
-    keys are stored yet. Parents and compaction origins must be among ``nodes``."""
+    keys are stored yet. Parents and compaction origins must be among ``nodes``.
+    ``as_messages(node, items)`` reads a node's items as chat messages (Responses nodes)."""
     by_id = {n["id"]: n for n in nodes}
     keys: dict[Any, NodeKeys] = {}
 
@@ -215,13 +217,16 @@ def node_keys(nodes: Iterable[dict[str, Any]]) -> dict[Any, NodeKeys]:
             if n["id"] in keys:
                 continue
             base = keys.get(up) if up is not None else None
-            own_system = system_hash(n.get("sent") or [])
+            sent = n.get("sent") or []
+            received = n.get("received") or []
+            if as_messages is not None:
+                sent, received = as_messages(n, sent), as_messages(n, received)
+            own_system = system_hash(sent)
             if n["kind"] == "compaction":
                 assert base is not None, "a compaction node needs the node it replaced"
                 keys[n["id"]] = NodeKeys(base.chain, base.answered, own_system)
                 continue
-            h = fold(base.chain if base else EMPTY, digests(n.get("sent") or []))
-            received = n.get("received") or []
+            h = fold(base.chain if base else EMPTY, digests(sent))
             succeeded = n.get("outcome") == "success"
             if succeeded:
                 h = fold(h, digests(received))

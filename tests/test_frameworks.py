@@ -39,7 +39,7 @@ class Recorder:
         self.conversations: list[str] = []
 
     def _hook(self, request: httpx.Request) -> None:
-        if request.url.path.endswith("/chat/completions"):
+        if request.url.path.endswith(("/chat/completions", "/responses")):
             self.sent.append(json.loads(request.content))
 
     def _response(self, response: httpx.Response) -> None:
@@ -189,3 +189,60 @@ def test_litellm_as_a_client(proxy, upstream, key, db):
 @pytest.fixture(autouse=True)
 def _quiet_litellm(monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
+
+
+def test_the_agents_sdk_default_responses_model(proxy, upstream, key, db):
+    """The Agents SDK's default model speaks the Responses API: over several turns chained by
+    previous_response_id (a named conversation), and resending its input list (/auto/v1)."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    @function_tool
+    def weather(city: str) -> str:
+        """The weather in a city."""
+        return f"21 C in {city}"
+
+    cid = f"agents-resp-{uuid.uuid4().hex[:8]}"
+
+    async def chained() -> list[str]:
+        client = AsyncOpenAI(base_url=f"{proxy.url}/c/{cid}/v1", api_key=key, max_retries=0)
+        agent = Agent(name="forecaster", instructions="You answer weather questions.", tools=[weather],
+                      model=OpenAIResponsesModel(model="gpt-4o-mini", openai_client=client))
+        previous, outputs = None, []
+        for i, city in enumerate(["Paris", "Rome", "Oslo"]):
+            upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"call_{i}", "weather", json.dumps({"city": city}))]),
+                             Reply(content=f"It is 21 C in {city}."))
+            result = await Runner.run(agent, f"Weather in {city}?", previous_response_id=previous)
+            outputs.append(result.final_output)
+            previous = result.last_response_id
+        return outputs
+
+    assert asyncio.run(chained()) == ["It is 21 C in Paris.", "It is 21 C in Rome.", "It is 21 C in Oslo."]
+    # six calls, one line: each round hangs under the previous one; the upstream saw each message once
+    received = upstream.turn_requests[-6:]
+    assert [len(r.messages) for r in received] == [2, 4, 6, 8, 10, 12]
+    assert received[-1].messages[0] == {"role": "system", "content": "You answer weather questions."}
+    rows = db.fetch("SELECT api FROM nodes WHERE conversation_id = $1", cid)
+    assert len(rows) == 6 and {r["api"] for r in rows} == {"responses"}
+    stored_line(db, cid)
+
+    recorder = Recorder()
+
+    async def resending() -> None:
+        client = AsyncOpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0, http_client=recorder.async_client())
+        agent = Agent(name="forecaster", instructions="You answer weather questions.", tools=[weather],
+                      model=OpenAIResponsesModel(model="gpt-4o-mini", openai_client=client))
+        items: list[Any] = []
+        for i, city in enumerate(["Lima", "Quito"]):
+            upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"call_r{i}", "weather", json.dumps({"city": city}))]),
+                             Reply(content=f"It is 21 C in {city}."))
+            result = await Runner.run(agent, [*items, {"role": "user", "content": f"Weather in {city}?"}])
+            items = result.to_input_list()
+
+    asyncio.run(resending())
+    assert [len(r.messages) for r in upstream.turn_requests[-4:]] == [2, 4, 6, 8]
+    assert len(set(recorder.conversations)) == 1
+    line = stored_line(db, recorder.conversation)
+    assert len(line) == 4 and all(len([i for i in sent if i.get("role") != "system"]) <= 2 for sent in line)

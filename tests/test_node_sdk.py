@@ -63,3 +63,31 @@ def test_the_vercel_ai_sdk_chat_provider_resending_its_history(proxy, upstream, 
     assert cid.startswith("auto-") and seen["first"]["conversation"] == cid
     rows = db.fetch("SELECT sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
     assert [len(r["sent"]) for r in rows] == [1, 1, 1]
+
+
+def test_the_vercel_ai_sdk_default_provider_speaks_responses(proxy, upstream, key, db):
+    """The Vercel AI SDK's default provider (``provider(model)``) calls ``/v1/responses``: stored,
+    translated over the chat upstream, the history matched by content."""
+    from .fakes import Reply
+    from .helpers import tool_call
+
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("Node.js (node and npm) is not installed here; the Vercel AI SDK test needs it")
+    _node_modules()
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_r1", "weather", '{"city": "Paris"}')]),
+                     Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
+    env = {**os.environ, "BASE_URL": proxy.url, "API_KEY": key}
+    result = subprocess.run(["node", "vercel_responses.mjs"], cwd=HERE, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["first"]["text"] == "It is 21 C in Paris." and seen["second"]["text"] == "Tomorrow too."
+    assert len(seen["sent"]) == 3 and all("input" in body for body in seen["sent"])
+    # the SDK takes store: true at its word and references the stored answer; the proxy resolves it
+    assert any(i.get("type") == "item_reference" for i in seen["sent"][2]["input"])
+    received = upstream.turn_requests[-3:]
+    assert [len(r.messages) for r in received] == [1, 3, 5]
+    assert received[2].messages[-1] == {"role": "user", "content": "And tomorrow?"}
+    cid = seen["second"]["conversation"]
+    assert seen["first"]["conversation"] == cid and seen["second"]["mode"] == "full"
+    rows = db.fetch("SELECT api, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
+    assert [r["api"] for r in rows] == ["responses"] * 3

@@ -228,3 +228,15 @@ def test_request_replay_verifies_for_responses(proxy, upstream, key, cid):
     _, h = raw_create(client, input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]}])
     r = httpx.get(f"{proxy.url}/admin/nodes/{h['x-node-id']}/request", headers={"Authorization": f"Bearer {key}"})
     assert r.headers["x-request-verified"] == "true" and r.json()["messages"][-1]["content"] == "two"
+
+
+def test_item_references_to_stored_items_are_resolved(proxy, upstream, key, cid):
+    client = proxy.openai(key, conversation=cid)
+    first, _ = raw_create(client, input="remember 42")
+    message_id = first.output[0].id
+    raw_create(client, input=[{"role": "user", "content": "remember 42"}, {"type": "item_reference", "id": message_id},
+                              {"role": "user", "content": "what number?"}], extra_headers={"X-Context-Mode": "full"})
+    assert [m["content"] for m in upstream.last.messages] == ["remember 42", first.output_text, "what number?"]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_" + "0" * 32}])
+    assert e.value.body["code"] == "item_not_found"

@@ -192,6 +192,7 @@ class Native:
         self.final: dict[str, Any] | None = None
         self._tail = b""
         self.emit = _Events()
+        self.ids: dict[str, str] = {}  # the upstream's item ids -> ours
 
     def opening(self) -> bytes:
         return b""
@@ -215,6 +216,7 @@ class Native:
         kind = event.get("type")
         if isinstance(event.get("response"), dict):
             event["response"] = self._rewrite(event["response"])
+        self._own_ids(event)
         if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
             self.done_items[int(event.get("output_index", len(self.done_items)))] = event["item"]
         if kind in ("response.failed", "error"):
@@ -236,6 +238,25 @@ class Native:
         if self.final is not None and isinstance(self.final.get("output"), list):
             return self.final["output"]
         return [self.done_items[i] for i in sorted(self.done_items)]
+
+    def _own(self, item: Any, index: int) -> Any:
+        if isinstance(item, dict) and item.get("type") in ("message", "function_call"):
+            prefix = "msg" if item["type"] == "message" else "fc"
+            ours = f"{prefix}_{self.rid[5:]}_{index}"
+            if isinstance(item.get("id"), str):
+                self.ids[item["id"]] = ours
+            return {**item, "id": ours}
+        return item
+
+    def _own_ids(self, event: dict[str, Any]) -> None:
+        """Our item ids, as ``exchanges.own_item_ids`` gives them for a whole answer."""
+        if isinstance(event.get("item"), dict):
+            event["item"] = self._own(event["item"], int(event.get("output_index", 0)))
+        if isinstance(event.get("item_id"), str):
+            event["item_id"] = self.ids.get(event["item_id"], event["item_id"])
+        response = event.get("response")
+        if isinstance(response, dict) and isinstance(response.get("output"), list):
+            response["output"] = [self._own(item, i) for i, item in enumerate(response["output"])]
 
     def closing(self) -> bytes:
         return self._tail

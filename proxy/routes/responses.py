@@ -9,6 +9,7 @@ HTTP only: the call itself is the lifecycle's, like a chat call.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import msgspec
@@ -74,6 +75,40 @@ def _items(body: dict[str, Any]) -> list[dict[str, Any]]:
     return head + responses_items.input_items(body["input"])
 
 
+def _node_of_item(item_id: Any) -> uuid.UUID | None:
+    """The node an output item id of ours names (``msg_``/``fc_``/``rs_`` + the node's hex ...)."""
+    if not isinstance(item_id, str) or "_" not in item_id:
+        return None
+    rest = item_id.split("_", 1)[1][:32]
+    try:
+        return uuid.UUID(hex=rest) if len(rest) == 32 else None
+    except ValueError:
+        return None
+
+
+async def _resolve_references(items: list[dict[str, Any]], admin: AdminStore, caller: Caller) -> list[dict[str, Any]]:
+    """Input items that reference stored output items (``item_reference``, as clients send when
+    they take ``store: true`` at its word) replaced by the items themselves -- the proxy stores
+    them, so it resolves them."""
+    if not any(i.get("type") == "item_reference" for i in items):
+        return items
+    found: dict[str, dict[str, Any]] = {}
+    for node_id in {_node_of_item(i.get("id")) for i in items if i.get("type") == "item_reference"} - {None}:
+        node = await admin.node(caller.tenant, node_id)
+        if node is not None and node.api == "responses":
+            for item in [*(node.received or []), *node.sent]:
+                if isinstance(item, dict) and isinstance(item.get("id"), str):
+                    found.setdefault(item["id"], item)
+    out = []
+    for item in items:
+        if item.get("type") == "item_reference":
+            if item.get("id") not in found:
+                raise NotFound(f"no stored item {item.get('id')!r}", code="item_not_found", param="input")
+            item = found[item["id"]]
+        out.append(item)
+    return out
+
+
 async def _stored_response(admin: AdminStore, caller: Caller, response_id: str | None) -> NodeRow | None:
     node_id = responses_items.node_id_of(response_id)
     if node_id is None:
@@ -107,7 +142,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     else:
         mode = "full" if auto else _mode(headers, calls.default_mode)
         parent_mode, parent_id = "head", None
-    items = _items(body)
+    items = await _resolve_references(_items(body), admin, caller)
     messages, ordinals = responses_items.convert(items)
     call = ChatCall(
         tenant=caller.tenant, conversation_id=cid, kind=kind, mode=mode, parent_mode=parent_mode, parent_id=parent_id,
