@@ -23,7 +23,7 @@ def blocks(language):
 
 
 def test_the_python_example_and_every_shell_command(fresh_database_url, upstream_url, upstream, key, tmp_path):
-    (example,) = blocks("python")
+    example, responses_example = blocks("python")
     code = example.replace("http://127.0.0.1:8080", "{URL}").replace("sk-your-upstream-key", key)
     with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
         scope: dict = {}
@@ -34,6 +34,12 @@ def test_the_python_example_and_every_shell_command(fresh_database_url, upstream
         # the switch made the second turn the head again
         db = Db(fresh_database_url)
         assert db.head("my-chat") == scope["second"].headers["x-node-id"]
+        # the Responses example: previous_response_id branches the same way
+        responses_code = responses_example.replace("http://127.0.0.1:8080", p.url).replace("sk-your-upstream-key", key)
+        exec(compile(responses_code, "README.md", "exec"), scope)
+        edited = [r for r in upstream.turn_requests if r.messages[-1]["content"] == "And two months before?"][-1]
+        assert "And the month before?" not in [m["content"] for m in edited.messages[-3:]]
+        assert db.node(scope["edit"].id[5:])["parent_id"] == db.node(scope["first"].id[5:])["id"]
 
         env = {**os.environ, "BRANCHPOINT_DATABASE_URL": fresh_database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
                "BRANCHPOINT_CONFIG": ""}
@@ -74,5 +80,5 @@ def test_the_python_example_and_every_shell_command(fresh_database_url, upstream
             else:
                 raise AssertionError(f"README command not exercised by any test: {command}")
             ran.append(command)
-        assert (tmp_path / "my-chat.jsonl").read_text().count("\n") == 3  # the export wrote every node
+        assert (tmp_path / "my-chat.jsonl").read_text().count("\n") == 6  # every node: 3 chat calls, 3 responses
         assert len(ran) == len(commands)
