@@ -182,3 +182,27 @@ def test_export_then_import_restores_the_tree(populated, tmp_path, upstream_url,
         from_original = upstream.last.messages
         client.chat.completions.create(model=MODEL, messages=[user("next")], extra_headers={"X-Conversation-Id": "sales-restored"})
         assert upstream.last.messages == from_original
+
+
+def test_export_and_import_keep_responses_nodes_and_their_matching(fresh_database_url, upstream_url, upstream, tmp_path):
+    key = "sk-cli-responses"
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        client = p.openai(key, conversation="mixed")
+        first = client.responses.create(model=MODEL, input="a Responses question", instructions="Be brief.")
+        client.chat.completions.create(model=MODEL, messages=[user("a chat question")])
+        tenant = Db(fresh_database_url).fetchval("SELECT tenant FROM conversations WHERE id = 'mixed'")
+        out = tmp_path / "mixed.jsonl"
+        assert cli(fresh_database_url, "conversations", "export", "mixed", "--tenant", tenant, "-o", str(out)).exit_code == 0
+        assert [json.loads(line)["api"] for line in out.read_text().splitlines()] == ["responses", "chat"]
+        shown = cli(fresh_database_url, "conversations", "show", "mixed", "--tenant", tenant)
+        assert shown.exit_code == 0 and "echo: a Responses question" in shown.output  # its output item previewed
+        result = cli(fresh_database_url, "conversations", "import", str(out), "--as", "mixed-copy", "--key", key)
+        assert result.exit_code == 0, result.output
+        # the copy is matched by content like the original: its transcript keys were computed
+        history = [{"role": "system", "content": "Be brief."}, user("a Responses question"),
+                   {"role": "assistant", "content": first.output_text}, user("a chat question"),
+                   {"role": "assistant", "content": "echo: a chat question"}, user("next")]
+        raw = p.openai(key, conversation="mixed-copy").chat.completions.with_raw_response.create(
+            model=MODEL, messages=history, extra_headers={"X-Context-Mode": "full"})
+        assert raw.headers["x-context-matched"] == "4"
+        assert [m["content"] for m in upstream.last.messages] == [m["content"] for m in history]
