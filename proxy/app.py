@@ -37,6 +37,7 @@ from .routes.passthrough import (
     passthrough_prefixed,
 )
 from .routes.responses import response_input_items, response_resource, responses_create
+from .routes.ui import ui_router
 from .runtime import Runtime
 
 __all__ = ["create_app"]
@@ -126,6 +127,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             readyz,
             metrics,
             AdminController,
+            ui_router(),
         ],
         dependencies={
             "caller": Provide(runtime.auth.caller, sync_to_thread=False),

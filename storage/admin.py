@@ -27,9 +27,11 @@ class AdminStore:
         return found[0] if found else None
 
     async def conversations(self, tenant: str | None, *, after: tuple[datetime, str] | None,
-                            limit: int) -> list[ConversationRow]:
+                            limit: int, search: str | None = None) -> list[ConversationRow]:
+        """Newest first; ``search`` keeps ids containing it (case-insensitive)."""
         created, cid = after if after else (None, None)
-        return rows(ConversationRow, await self.db.fetch(queries.CONVERSATIONS_PAGE, tenant, created, cid, limit))
+        return rows(ConversationRow,
+                    await self.db.fetch(queries.CONVERSATIONS_PAGE, tenant, created, cid, limit, search or None))
 
     async def tenants_of(self, conversation_id: str) -> list[str]:
         return [r["tenant"] for r in await self.db.fetch(queries.TENANTS_OF, conversation_id)]

@@ -102,11 +102,15 @@ class TreeRow(msgspec.Struct, frozen=True):
     parent_id: uuid.UUID | None
     kind: str
     status: str
+    outcome: str | None
     model: str | None
     usage: dict[str, Any] | None
     finish_reason: str | None
     compacted_from: uuid.UUID | None
+    depth: int
     created_at: datetime
+    finished_at: datetime | None
+    api: str
     preview: str | None
 
 

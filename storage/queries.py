@@ -75,10 +75,13 @@ SELECT {columns(ConversationRow, "c", skip=("busy", "node_count"))},
 # One conversation.  $1 tenant, $2 conversation
 CONVERSATION = _CONVERSATION + " WHERE c.tenant = $1 AND c.id = $2"
 
-# A page of conversations, newest first, after the cursor (created_at, id).
-# $1 tenant (null: every tenant -- admin keys), $2 cursor created_at (null: first page), $3 cursor id, $4 limit
+# A page of conversations, newest first, after the cursor (created_at, id), optionally only ids
+# containing a search string (case-insensitive).
+# $1 tenant (null: every tenant -- admin keys), $2 cursor created_at (null: first page), $3 cursor id, $4 limit,
+# $5 search (null: all)
 CONVERSATIONS_PAGE = _CONVERSATION + """
  WHERE ($1::text IS NULL OR c.tenant = $1) AND ($2::timestamptz IS NULL OR (c.created_at, c.id) < ($2, $3))
+   AND ($5::text IS NULL OR strpos(lower(c.id), lower($5)) > 0)
  ORDER BY c.created_at DESC, c.id DESC
  LIMIT $4
 """
@@ -140,6 +143,8 @@ PATH = f"SELECT {_P_NODE} FROM bp_path($1, $2) p"
 TREE = f"""
 SELECT {columns(TreeRow, "n", skip=("preview",))},
        left(coalesce(n.received -> 0 -> 'content' -> 0 ->> 'text', n.received -> 0 ->> 'content',
+                     n.received -> 0 -> 'tool_calls' -> 0 -> 'function' ->> 'name' || '(…)',
+                     n.received -> 0 ->> 'name' || '(…)',
                      n.sent -> -1 -> 'content' -> 0 ->> 'text', n.sent -> -1 ->> 'content'), 200) AS preview
   FROM nodes n
  WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))

@@ -62,13 +62,15 @@ def test_the_images_entry_command_serves_outside_docker(database_url, upstream_u
         proc.wait(20)
 
 
-def test_the_wheel_carries_sql_and_toml(tmp_path):
+def test_the_wheel_carries_sql_toml_and_the_viewer(tmp_path):
     uv = shutil.which("uv")
     result = subprocess.run([uv, "build", "--wheel", "--out-dir", str(tmp_path), str(ROOT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     wheel = next(tmp_path.glob("*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "storage/functions.sql" in names and "config/defaults.toml" in names
+    viewer = {f"proxy/ui/{p.name}" for p in (ROOT / "proxy" / "ui").iterdir()}
+    assert "proxy/ui/index.html" in viewer and viewer <= names
     assert {f"storage/migrations/{p.name}" for p in (ROOT / "storage" / "migrations").glob("*.*")} <= names
     assert not any(n.startswith("tests/") for n in names)
 

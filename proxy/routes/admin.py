@@ -122,11 +122,15 @@ class TreeNode(msgspec.Struct):
     parent_id: uuid.UUID | None
     kind: str
     status: str
+    outcome: str | None
     model: str | None
     usage: dict[str, Any] | None
     finish_reason: str | None
     compacted_from: uuid.UUID | None
+    depth: int
     created_at: datetime
+    finished_at: datetime | None
+    api: str
     preview: str | None
     object: str = "node"
 
@@ -238,9 +242,12 @@ class AdminController(Controller):
         admin: NamedDependency[AdminStore],
         limit: int = Parameter(default=20, ge=1, le=100),
         cursor: str | None = Parameter(default=None, max_length=512),
+        search: str | None = Parameter(default=None, max_length=256,
+                                       description="only ids containing this (case-insensitive)"),
     ) -> ConversationList:
         rows = await admin.conversations(None if reach.any_tenant else reach.tenant,
-                                         after=_decode_cursor(cursor) if cursor else None, limit=limit + 1)
+                                         after=_decode_cursor(cursor) if cursor else None, limit=limit + 1,
+                                         search=search)
         page = rows[:limit]
         next_cursor = _encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
         return ConversationList(data=[_conversation(r, reach) for r in page], next_cursor=next_cursor)

@@ -1,0 +1,415 @@
+// The viewer's entry point (docs/viewer.md): sign-in, the conversation list and one conversation.
+// Routes live in the URL hash: `#/` the list, `#/c/<id>` a conversation.
+
+import { Api, ApiError, storedKey, storeKey } from "./api.js";
+import { drawChat, drawPending } from "./chat.js";
+import { drawDetail } from "./detail.js";
+import { asChatMessages, el, fill, lastUserText, withQuestion } from "./messages.js";
+import { TreeView } from "./tree.js";
+
+const POLL_MS = 2000;
+const PAGE = 25;
+const main = document.getElementById("main");
+const crumb = document.getElementById("crumb");
+const signOutButton = document.getElementById("signout");
+
+let api = storedKey() ? new Api(storedKey()) : null;
+let current = null; // the open view: {stop()}
+
+function signOut(message) {
+  storeKey(null);
+  api = null;
+  current?.stop();
+  current = null;
+  signIn(message);
+}
+
+// Any call may learn that the key stopped working (revoked, or the server restarted with other
+// keys): back to the sign-in form with the reason.
+function refused(error) {
+  if (error instanceof ApiError && error.status === 401) {
+    signOut(`The key was refused: ${error.message}. Sign in again.`);
+    return true;
+  }
+  return false;
+}
+
+function signIn(message) {
+  signOutButton.hidden = true;
+  crumb.textContent = "";
+  const key = el("input", { type: "password", id: "key", name: "key", autocomplete: "off", required: true,
+                            placeholder: "sk-…", "aria-label": "API key" });
+  const error = el("p", { class: "error", id: "signin-error", role: "alert" }, message ?? "");
+  const form = el("form", { class: "signin" },
+    el("h2", {}, "Sign in"),
+    el("p", { class: "notice" }, "Use the bearer key your clients send to Branchpoint. It stays in this tab only."),
+    key, el("button", { class: "primary", type: "submit" }, "Sign in"), error);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    error.textContent = "";
+    const candidate = new Api(key.value.trim());
+    try {
+      await candidate.conversations(null, null);
+    } catch (failure) {
+      error.textContent = failure instanceof ApiError && failure.status === 401
+        ? `This key was refused (${failure.code ?? "401"}): ${failure.message}`
+        : `Could not reach Branchpoint: ${failure.message}`;
+      return;
+    }
+    storeKey(candidate.key);
+    api = candidate;
+    route();
+  });
+  fill(main, form);
+  key.focus();
+}
+
+function route() {
+  current?.stop();
+  current = null;
+  if (!api) return signIn();
+  signOutButton.hidden = false;
+  const match = location.hash.match(/^#\/c\/(.+)$/);
+  current = match ? new ConversationView(decodeURIComponent(match[1])) : new ListView();
+}
+
+// -- the conversation list ---------------------------------------------------------------------
+
+class ListView {
+  constructor() {
+    crumb.textContent = "conversations";
+    this.search = el("input", { type: "search", placeholder: "search by id", "aria-label": "search by id" });
+    this.rows = el("tbody");
+    this.more = el("button", { hidden: true, onclick: () => this.load() }, "Load more");
+    this.status = el("p", { class: "notice", role: "status" });
+    let timer = null;
+    this.search.addEventListener("input", () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => this.reset(), 250);
+    });
+    fill(main, el("div", { class: "list" },
+      el("div", { class: "row" }, this.search, el("button", { onclick: () => this.reset() }, "Refresh")),
+      el("table", {}, el("thead", {}, el("tr", {}, ...["conversation", "nodes", "state", "created", "updated"].map((h) => el("th", {}, h)))), this.rows),
+      this.more, this.status));
+    this.reset();
+    this.search.focus();
+  }
+
+  stop() {}
+
+  reset() {
+    this.cursor = null;
+    fill(this.rows);
+    this.load();
+  }
+
+  async load() {
+    const term = this.search.value.trim();
+    let page;
+    try {
+      page = await api.conversations(this.cursor, term);
+    } catch (error) {
+      if (!refused(error)) this.status.textContent = error.message;
+      return;
+    }
+    if (term !== this.search.value.trim()) return; // a newer search is on its way
+    for (const c of page.data) {
+      const open = `#/c/${encodeURIComponent(c.id)}`;
+      this.rows.append(el("tr", { class: "row", onclick: () => { location.hash = open; } },
+        el("td", {}, el("a", { href: open }, c.id), c.forked_from ? el("span", { class: "badge" }, `fork of ${c.forked_from}`) : null),
+        el("td", {}, String(c.node_count)),
+        el("td", {}, c.busy ? el("span", { class: "badge" }, "call in flight") : ""),
+        el("td", {}, new Date(c.created_at).toLocaleString()),
+        el("td", {}, new Date(c.updated_at).toLocaleString())));
+    }
+    this.cursor = page.next_cursor;
+    this.more.hidden = !this.cursor;
+    this.status.textContent = this.rows.children.length ? ""
+      : term ? `No conversation id contains "${term}".`
+        : "No conversations for this key yet. (Without configured keys every key is a tenant of its own: use the key your clients send.)";
+  }
+}
+
+// -- one conversation --------------------------------------------------------------------------
+
+class ConversationView {
+  constructor(id) {
+    this.id = id;
+    this.expanded = new Set();
+    this.selected = null;
+    this.mode = { kind: "head" };
+    this.signature = null;
+    fill(crumb, el("a", { href: "#/" }, "conversations"), " / ", id);
+
+    this.meta = el("span", { class: "meta" });
+    this.status = el("span", { class: "status", role: "status" });
+    this.graph = el("div", { class: "graph", tabindex: "-1" });
+    this.messages = el("div", { class: "messages" });
+    this.detail = el("aside", { class: "detail" }, el("p", { class: "notice" }, "Select a node to see it in full."));
+    this.modeLabel = el("span", { class: "mode" });
+    this.cancelMode = el("button", { class: "quiet", hidden: true, onclick: () => this.setMode({ kind: "head" }) }, "× back to the head");
+    this.model = el("input", { class: "model", "aria-label": "model", placeholder: "model" });
+    this.input = el("textarea", { "aria-label": "message", placeholder: "Message (Ctrl+Enter sends)" });
+    this.send = el("button", { class: "primary", onclick: () => this.submit() }, "Send");
+    this.input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) this.submit();
+    });
+    this.tree = new TreeView(this.graph, {
+      onSelect: (node) => this.select(node),
+      onExpand: (run) => {
+        this.expanded.add(run);
+        this.drawGraph();
+      },
+    });
+    fill(main,
+      el("div", { class: "toolbar" }, this.meta, el("span", { class: "spacer" }), this.status,
+        el("button", { onclick: () => this.reload() }, "Refresh"),
+        el("button", { onclick: () => this.compact() }, "Compact now"),
+        el("button", { class: "danger", onclick: () => this.confirmDelete() }, "Delete…")),
+      el("div", { class: "workspace" },
+        el("div", { class: "graph-pane" }, el("div", { class: "legend" },
+          ...[["turn", "turn"], ["transform", "side call"], ["compaction", "compaction"], ["failed", "failed"], ["pending", "in flight"]]
+            .map(([cls, label]) => el("span", {}, el("i", { class: cls }), label))), this.graph),
+        el("div", { class: "chat" }, this.messages,
+          el("div", { class: "composer" }, el("div", { class: "row" }, this.modeLabel, this.cancelMode, el("span", { class: "spacer" }), this.model),
+            this.input, el("div", { class: "row" }, el("span", { class: "spacer" }), this.send))),
+        this.detail));
+    this.setMode({ kind: "head" });
+    this.opened = performance.now();
+    this.reload().then(() => this.graph.querySelector("svg")?.setAttribute("data-open-ms", (performance.now() - this.opened).toFixed(1)));
+    this.timer = setInterval(() => this.poll(), POLL_MS);
+  }
+
+  stop() {
+    clearInterval(this.timer);
+    this.stopped = true;
+  }
+
+  say(text, isError = false) {
+    this.status.textContent = text;
+    this.status.classList.toggle("error", isError);
+  }
+
+  failed(error) {
+    if (!refused(error)) this.say(error.message, true);
+  }
+
+  async reload() {
+    let conv, tree, path;
+    try {
+      [conv, tree, path] = await Promise.all([api.conversation(this.id), api.tree(this.id), api.path(this.id)]);
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 404) {
+        this.stop();
+        fill(main, el("div", { class: "list" }, el("p", { class: "error" }, `Conversation ${this.id} does not exist (or was deleted).`),
+          el("a", { href: "#/" }, "Back to the conversations")));
+        return;
+      }
+      return this.failed(error);
+    }
+    if (this.stopped) return;
+    this.conv = conv;
+    this.nodes = tree.data;
+    this.path = path.data;
+    this.signature = this.signatureOf(conv);
+    fill(this.meta, el("strong", {}, conv.id), ` · ${conv.node_count} nodes`,
+      conv.busy ? el("span", { class: "badge" }, "call in flight") : null,
+      conv.forked_from ? [" · fork of ", el("a", { href: `#/c/${encodeURIComponent(conv.forked_from)}` }, conv.forked_from)] : null);
+    if (this.selected && !this.nodes.some((n) => n.id === this.selected)) this.selected = null;
+    this.drawGraph();
+    drawChat(this.messages, this.path, this.tree.index, {
+      selected: this.selected,
+      onSelect: (node) => this.select(node),
+      onSwitch: (node) => this.act(() => api.switchTo(this.id, node), "switched branch"),
+    });
+    if (!this.model.value) this.model.value = this.defaultModel();
+    if (this.selected) await this.showDetail(this.selected);
+  }
+
+  signatureOf(conv) {
+    return `${conv.node_count}|${conv.head_node_id}|${conv.updated_at}|${conv.busy}`;
+  }
+
+  // New nodes from other clients: the conversation's counters change, then the views reload.
+  async poll() {
+    if (document.hidden || this.sending || this.stopped) return;
+    try {
+      const conv = await api.conversation(this.id);
+      if (this.signatureOf(conv) !== this.signature) await this.reload();
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 404) return this.reload();
+      if (!refused(error)) this.say(`refresh failed: ${error.message}`, true);
+    }
+  }
+
+  drawGraph() {
+    this.tree.render(this.nodes, { head: this.conv.head_node_id, selected: this.selected, expanded: this.expanded,
+                                   conversation: this.id });
+  }
+
+  defaultModel() {
+    const withModel = [...this.path].reverse().find((n) => n.model) ?? [...this.nodes].reverse().find((n) => n.model);
+    return withModel?.model ?? "";
+  }
+
+  async select(nodeId) {
+    this.selected = nodeId;
+    if (!this.tree.elements.has(nodeId)) this.drawGraph(); // inside a fold: unfold it
+    else if (this.tree.selected !== nodeId) this.tree.select(nodeId, { quiet: true });
+    for (const section of this.messages.querySelectorAll("[data-node]")) {
+      section.classList.toggle("selected", section.dataset.node === nodeId);
+    }
+    await this.showDetail(nodeId);
+  }
+
+  async showDetail(nodeId) {
+    let node;
+    try {
+      node = await api.node(nodeId);
+    } catch (error) {
+      return this.failed(error);
+    }
+    if (this.selected !== nodeId) return; // another node was chosen meanwhile
+    this.selectedNode = node;
+    drawDetail(this.detail, node, {
+      head: this.conv.head_node_id,
+      conversation: this.id,
+      actions: {
+        select: (id) => this.select(id),
+        request: (id) => api.request(id),
+        switchTo: (id) => this.act(() => api.switchTo(this.id, id), "switched branch"),
+        setHead: (id) => this.act(() => api.setHead(this.id, id), "head moved"),
+        fork: (id) => this.fork(id),
+        reply: () => this.setMode({ kind: "reply", node }),
+        edit: () => this.setMode({ kind: "edit", node }),
+        regenerate: () => this.regenerate(node),
+      },
+    });
+  }
+
+  async act(call, done) {
+    try {
+      await call();
+      this.say(done);
+      await this.reload();
+    } catch (error) {
+      this.failed(error);
+    }
+  }
+
+  async fork(nodeId) {
+    try {
+      const fork = await api.fork(this.id, nodeId);
+      location.hash = `#/c/${encodeURIComponent(fork.id)}`;
+    } catch (error) {
+      this.failed(error);
+    }
+  }
+
+  async compact() {
+    this.say("compacting…");
+    try {
+      const result = await api.compact(this.id);
+      this.say(result.compacted ? "compacted" : `not compacted: ${result.reason ?? "nothing to do"}`);
+      await this.reload();
+    } catch (error) {
+      this.failed(error);
+    }
+  }
+
+  confirmDelete() {
+    const dialog = el("dialog", { class: "confirm" },
+      el("p", {}, `Delete conversation ${this.id} and its ${this.conv?.node_count ?? ""} nodes?`),
+      el("p", { class: "notice" }, "Nodes that a fork of it still reaches are kept for the fork."),
+      el("form", { method: "dialog", class: "row" },
+        el("button", { value: "cancel", autofocus: true }, "Cancel"),
+        el("button", { value: "delete", class: "danger" }, "Delete")));
+    dialog.addEventListener("close", async () => {
+      dialog.remove();
+      if (dialog.returnValue !== "delete") return;
+      try {
+        await api.remove(this.id);
+        location.hash = "#/";
+      } catch (error) {
+        this.failed(error);
+      }
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+  }
+
+  // -- the composer --------------------------------------------------------------------------
+
+  setMode(mode) {
+    this.mode = mode;
+    const short = (node) => node.id.slice(-8);
+    this.modeLabel.textContent = {
+      head: "Send from the head",
+      reply: mode.node ? `Reply under node …${short(mode.node)} (a new branch)` : "",
+      edit: mode.node ? `Edit the question of node …${short(mode.node)} (a new branch beside it)` : "",
+    }[mode.kind];
+    this.cancelMode.hidden = mode.kind === "head";
+    if (mode.kind === "edit") this.input.value = lastUserText(mode.node.sent, mode.node.api);
+    if (mode.node?.model) this.model.value = mode.node.model;
+    if (mode.kind !== "head") this.input.focus();
+  }
+
+  parentFor(node) {
+    return node.parent_id ?? "root";
+  }
+
+  async submit() {
+    const text = this.input.value.trim();
+    if (!text || this.sending) return;
+    const { kind, node } = this.mode;
+    const call = kind === "edit"
+      ? { messages: withQuestion(node.sent, node.api, text), parent: this.parentFor(node) }
+      : { messages: [{ role: "user", content: text }], parent: kind === "reply" ? node.id : null };
+    if (await this.stream(call, text)) {
+      this.input.value = "";
+      this.setMode({ kind: "head" });
+    }
+  }
+
+  regenerate(node) {
+    return this.stream({ messages: asChatMessages(node.sent, node.api), parent: this.parentFor(node), model: node.model },
+      lastUserText(node.sent, node.api));
+  }
+
+  // One chat call through the chat endpoint, its answer streamed into the chat; then the views
+  // reload and the new node is selected.
+  async stream({ messages, parent, model }, shown) {
+    const chosen = model || this.model.value.trim();
+    if (!chosen) {
+      this.say("Name a model first.", true);
+      this.model.focus();
+      return false;
+    }
+    this.sending = true;
+    this.send.disabled = true;
+    const pending = drawPending(this.messages, shown);
+    this.say("answering…");
+    let created = null;
+    let ok = true;
+    try {
+      const headers = await api.chat(this.id, { model: chosen, messages, parent, onDelta: (t) => pending.answer(t) });
+      created = headers.get("x-node-id");
+      this.say("answered");
+    } catch (error) {
+      ok = false;
+      if (refused(error)) return false;
+      pending.fail(error.message);
+      this.say(error.message, true);
+    } finally {
+      this.sending = false;
+      this.send.disabled = false;
+    }
+    if (created) this.selected = created;
+    await this.reload();
+    return ok;
+  }
+}
+
+signOutButton.addEventListener("click", () => signOut());
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,117 @@
+// What a node's items say, in a form the views draw: chat messages and Responses items alike.
+
+export function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  return fill(node, ...children);
+}
+
+// Replaces a node's children; nested arrays are flattened, null/undefined/false left out.
+export function fill(node, ...children) {
+  node.replaceChildren(...children.flat(Infinity).filter((c) => c !== undefined && c !== null && c !== false)
+    .map((c) => (c instanceof Node ? c : document.createTextNode(String(c)))));
+  return node;
+}
+
+export function pretty(value) {
+  if (typeof value === "string") {
+    try {
+      return JSON.stringify(JSON.parse(value), null, 2);
+    } catch {
+      return value;
+    }
+  }
+  return JSON.stringify(value, null, 2);
+}
+
+function textOf(content) {
+  if (content === null || content === undefined) return "";
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) {
+    return content.map((part) => {
+      if (typeof part === "string") return part;
+      if (typeof part?.text === "string") return part.text;
+      if (part?.type === "refusal") return `[refused] ${part.refusal}`;
+      if (part?.type === "image_url" || part?.type === "input_image") return "[image]";
+      return JSON.stringify(part);
+    }).join("");
+  }
+  return JSON.stringify(content);
+}
+
+// -> [{role, text, calls: [{id, name, arguments}], callId, output}]
+export function readItems(items, api) {
+  const out = [];
+  for (const item of items || []) {
+    if (!item || typeof item !== "object") continue;
+    const type = item.type ?? (item.role ? "message" : null);
+    if (api === "responses" && type === "function_call") {
+      out.push({ role: "assistant", text: "", calls: [{ id: item.call_id, name: item.name, arguments: item.arguments }] });
+    } else if (api === "responses" && type === "function_call_output") {
+      out.push({ role: "tool", callId: item.call_id, output: item.output });
+    } else if (api === "responses" && type === "reasoning") {
+      const summary = (item.summary || []).map((s) => s.text).join("");
+      if (summary) out.push({ role: "reasoning", text: summary });
+    } else if (type === "message" || item.role) {
+      const calls = (item.tool_calls || []).map((c) => ({ id: c.id, name: c.function?.name, arguments: c.function?.arguments }));
+      if (item.role === "tool") out.push({ role: "tool", callId: item.tool_call_id, output: item.content });
+      else out.push({ role: item.role, text: textOf(item.content), calls, refusal: item.refusal });
+    } else {
+      out.push({ role: "item", text: JSON.stringify(item) });
+    }
+  }
+  return out;
+}
+
+export function drawMessage(m) {
+  const body = [];
+  if (m.text) body.push(el("div", { class: "text" }, m.text));
+  if (m.refusal) body.push(el("div", { class: "text error" }, `Refused: ${m.refusal}`));
+  for (const call of m.calls || []) {
+    body.push(el("div", { class: "role" }, `tool call ${call.name} (${call.id})`), el("pre", {}, pretty(call.arguments ?? "")));
+  }
+  if (m.role === "tool") {
+    body.push(el("div", { class: "role" }, `result of ${m.callId}`), el("pre", {}, pretty(m.output ?? "")));
+  }
+  return body;
+}
+
+// Items as chat messages for the chat endpoint (chat nodes keep theirs exactly).
+export function asChatMessages(items, api) {
+  if (api !== "responses") return structuredClone(items || []);
+  const out = [];
+  for (const m of readItems(items, api)) {
+    if (m.role === "tool") {
+      out.push({ role: "tool", tool_call_id: m.callId, content: typeof m.output === "string" ? m.output : JSON.stringify(m.output) });
+    } else if (m.calls?.length) {
+      out.push({ role: "assistant", content: m.text || null,
+                 tool_calls: m.calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments ?? "" } })) });
+    } else if (["user", "assistant", "system", "developer"].includes(m.role)) {
+      out.push({ role: m.role, content: m.text });
+    }
+  }
+  return out;
+}
+
+// A node's messages with its (last) question replaced by `text`: an edit keeps the system prompt.
+export function withQuestion(items, api, text) {
+  const messages = asChatMessages(items, api);
+  for (let i = messages.length - 1; i >= 0; i--) {
+    if (messages[i].role === "user") {
+      messages[i] = { ...messages[i], content: text };
+      return messages;
+    }
+  }
+  messages.push({ role: "user", content: text });
+  return messages;
+}
+
+export function lastUserText(items, api) {
+  const users = readItems(items, api).filter((m) => m.role === "user");
+  return users.length ? users[users.length - 1].text : "";
+}

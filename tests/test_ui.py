@@ -1,0 +1,528 @@
+"""The web viewer at /ui (docs/viewer.md), driven in a real browser: Playwright with Debian's
+chromium. Every scenario checks what the server then holds (admin API) or what the fake upstream
+received -- the picture alone proves nothing.
+
+Screenshots go to ``tests/artifacts/ui`` (``BRANCHPOINT_UI_ARTIFACTS`` elsewhere); the two in
+``docs/img`` are refreshed with ``BRANCHPOINT_UI_DOCS=1 uv run pytest tests/test_ui.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from proxy.routes.ui import UI_DIRECTORY
+from storage import AdminStore, open_database, transcript
+
+from .conftest import make_settings, serve_proxy, wait_for
+from .fakes import Reply
+from .helpers import MODEL, assistant, say, tool, tool_call, user
+
+KEY = "sk-ui-viewer-0123456789"
+ARTIFACTS = Path(os.environ.get("BRANCHPOINT_UI_ARTIFACTS") or Path(__file__).parent / "artifacts" / "ui")
+CHROMIUM_FLAGS = ["--no-sandbox", "--headless=new", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+def chromium() -> str:
+    for candidate in (os.environ.get("BRANCHPOINT_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")):
+        if candidate:
+            return candidate
+    pytest.fail("no chromium to drive: `apt-get install chromium` (.ci/run does) or set BRANCHPOINT_CHROMIUM",
+                pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def tenant() -> str:
+    return f"ui-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def ui(database_url: str, upstream_url: str, tenant: str) -> Iterator[Any]:
+    """Branchpoint with configured keys (so a wrong key is refused), one tenant of this module's own."""
+    settings = make_settings(database_url, upstream_url, auth={"mode": "keys", "keys": [{"key": KEY, "tenant": tenant}]},
+                             compaction={"keep_recent": 2})
+    with serve_proxy(settings) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_FLAGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """A fresh tab (its own sessionStorage); any script error in it fails the test."""
+    context = browser.new_context(viewport={"width": 1500, "height": 900})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.set_default_timeout(10_000)
+    yield tab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    tab.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
+    context.close()
+    assert errors == [], errors
+
+
+def shot(page: Page, name: str, *, docs: bool = False) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    if docs and os.environ.get("BRANCHPOINT_UI_DOCS"):
+        page.screenshot(path=str(Path(__file__).parent.parent / "docs" / "img" / f"viewer-{name}.png"))
+
+
+def sign_in(page: Page, ui: Any, key: str = KEY) -> None:
+    page.goto(f"{ui.url}/ui/")
+    page.fill("#key", key)
+    page.click("form.signin button[type=submit]")
+
+
+def open_conversation(page: Page, ui: Any, cid: str) -> None:
+    sign_in(page, ui)
+    expect(page.locator("table")).to_be_visible()
+    page.goto(f"{ui.url}/ui/#/c/{cid}")
+    expect(page.locator(".graph svg")).to_be_visible()
+
+
+def admin(ui: Any) -> httpx.Client:
+    return ui.http(KEY)
+
+
+def head_of(ui: Any, cid: str) -> str | None:
+    return admin(ui).get(f"/admin/conversations/{cid}").json()["head_node_id"]
+
+
+def node_el(page: Page, node_id: str) -> Any:
+    return page.locator(f'.graph [data-id="{node_id}"]')
+
+
+def centre(page: Page, node_id: str) -> tuple[float, float]:
+    x, y = re.fullmatch(r"translate\((.+),(.+)\)", node_el(page, node_id).get_attribute("transform")).groups()
+    return float(x), float(y)
+
+
+def edited_conversation(ui: Any) -> tuple[str, dict[str, str]]:
+    """q1 -> a1, q2 -> a2, then q2 edited (a sibling of the q2 node): head on the edit."""
+    cid = f"edit-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    _, h1 = say(client, cid, user("What is the capital of France?"))
+    _, h2 = say(client, cid, user("And of Italy?"))
+    _, h3 = say(client, cid, user("And of Spain?"), parent=h1["x-node-id"])
+    return cid, {"q1": h1["x-node-id"], "q2": h2["x-node-id"], "q2_edit": h3["x-node-id"]}
+
+
+# -- serving ------------------------------------------------------------------------------------
+
+
+def test_the_viewer_is_served_offline_with_a_strict_policy(ui):
+    with httpx.Client(base_url=ui.url) as http:
+        r = http.get("/ui")
+        assert r.status_code == 308 and r.headers["location"].endswith("/ui/")
+        page = http.get("/ui/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        policy = page.headers["content-security-policy"]
+        assert "default-src 'none'" in policy and "connect-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assert page.headers["x-content-type-options"] == "nosniff"
+        for asset in UI_DIRECTORY.iterdir():
+            served = http.get(f"/ui/{asset.name}")
+            assert served.status_code == 200 and served.content == asset.read_bytes(), asset.name
+        assert http.get("/ui/../pyproject.toml").status_code == 404
+        assert http.get("/ui/%2e%2e/app.py").status_code == 404
+    # nothing is fetched from elsewhere: no absolute URL in any asset but the SVG namespace
+    for asset in UI_DIRECTORY.iterdir():
+        urls = set(re.findall(r"https?://[^\s\"'`)]+", asset.read_text()))
+        assert urls <= {"http://www.w3.org/2000/svg"}, (asset.name, urls)
+
+
+def test_conversation_search(ui):
+    client, http = ui.openai(KEY), admin(ui)
+    marker = uuid.uuid4().hex[:6]
+    for name in (f"Alpha-{marker}", f"beta-{marker}", f"alphabet-{marker}"):
+        say(client, name, user("hi"))
+    found = http.get("/admin/conversations", params={"search": "ALPHA"}).json()["data"]
+    assert {c["id"] for c in found} >= {f"Alpha-{marker}", f"alphabet-{marker}"}
+    assert f"beta-{marker}" not in {c["id"] for c in found}
+    page1 = http.get("/admin/conversations", params={"search": marker, "limit": 2}).json()
+    page2 = http.get("/admin/conversations", params={"search": marker, "limit": 2, "cursor": page1["next_cursor"]}).json()
+    assert [c["id"] for c in page1["data"] + page2["data"]] == [f"alphabet-{marker}", f"beta-{marker}", f"Alpha-{marker}"]
+    assert page2["next_cursor"] is None
+    # another tenant's ids are not found by searching
+    assert ui.http("sk-wrong").get("/admin/conversations", params={"search": marker}).status_code == 401
+
+
+# -- in the browser -----------------------------------------------------------------------------
+
+
+def test_sign_in_refuses_a_wrong_key_clearly_then_remembers_the_right_one(ui, page):
+    sign_in(page, ui, "sk-not-a-key")
+    expect(page.locator("#signin-error")).to_contain_text("This key was refused")
+    assert page.evaluate("sessionStorage.length") == 0
+    shot(page, "sign-in-refused")
+    page.fill("#key", KEY)
+    page.click("form.signin button[type=submit]")
+    expect(page.locator("table")).to_be_visible()
+    page.reload()  # the key stays for this tab
+    expect(page.locator("table")).to_be_visible()
+    page.click("#signout")
+    expect(page.locator("#key")).to_be_visible()
+    assert page.evaluate("sessionStorage.length") == 0
+
+
+def test_conversation_list_newest_first_search_and_paging(ui, page):
+    marker = uuid.uuid4().hex[:6]
+    client = ui.openai(KEY)
+    ids = [f"list-{marker}-{i:02d}" for i in range(28)]
+    for cid in ids:
+        say(client, cid, user("hi"))
+    sign_in(page, ui)
+    page.fill("input[type=search]", f"list-{marker}")
+    rows = page.locator("tbody tr")
+    expect(rows).to_have_count(25)
+    assert rows.first.locator("a").inner_text() == ids[-1]  # newest first
+    page.click("text=Load more")
+    expect(rows).to_have_count(28)
+    assert rows.last.locator("a").inner_text() == ids[0]
+    expect(page.locator("text=Load more")).to_be_hidden()
+    page.fill("input[type=search]", f"list-{marker}-07")
+    expect(rows).to_have_count(1)
+    rows.first.locator("a").click()
+    expect(page.locator(".toolbar .meta")).to_contain_text(f"list-{marker}-07")
+
+
+def test_a_branched_conversation_and_its_arrows_move_the_head(ui, page):
+    cid, n = edited_conversation(ui)
+    open_conversation(page, ui, cid)
+    graph = page.locator(".graph svg")
+    expect(graph.locator(".node")).to_have_count(3)
+    expect(node_el(page, n["q2_edit"])).to_have_class(re.compile(r"\bhead\b"))
+    expect(graph.locator(".node.onpath")).to_have_count(2)
+    # branches side by side: the edit sits in its own column on the row of the node it replaces
+    at = {k: centre(page, v) for k, v in n.items()}
+    assert at["q2"][1] == at["q2_edit"][1] and at["q2"][0] < at["q2_edit"][0]
+    assert at["q1"] == (at["q2"][0], at["q2"][1] - 30)  # above its first child
+    # the chat reads the head path with the position among the siblings
+    chat = page.locator(".messages")
+    expect(chat).to_contain_text("And of Spain?")
+    expect(chat).not_to_contain_text("And of Italy?")
+    expect(chat.locator(".arrows .position")).to_have_text("2/2")
+    shot(page, "branched-conversation")
+
+    chat.get_by_role("button", name="previous branch").click()
+    wait_for(lambda: head_of(ui, cid) == n["q2"], what="the head on the first branch")
+    expect(chat).to_contain_text("And of Italy?")
+    expect(chat.locator(".arrows .position")).to_have_text("1/2")
+    expect(node_el(page, n["q2"])).to_have_class(re.compile(r"\bhead\b"))
+    # the same arrows by keyboard
+    chat.get_by_role("button", name="next branch").focus()
+    page.keyboard.press("Enter")
+    wait_for(lambda: head_of(ui, cid) == n["q2_edit"], what="the head back on the edit")
+    expect(chat.locator(".arrows .position")).to_have_text("2/2")
+
+
+def test_keyboard_walks_the_tree_and_opens_nodes(ui, page):
+    cid, n = edited_conversation(ui)
+    open_conversation(page, ui, cid)
+    node_el(page, n["q2"]).click()
+    expect(page.locator(".detail")).to_contain_text(n["q2"])
+    page.keyboard.press("ArrowRight")  # the next sibling
+    expect(page.locator(".detail")).to_contain_text(n["q2_edit"])
+    expect(node_el(page, n["q2_edit"])).to_be_focused()
+    page.keyboard.press("ArrowUp")  # the parent
+    expect(page.locator(".detail")).to_contain_text(n["q1"])
+    page.keyboard.press("ArrowDown")  # down along the head path
+    expect(page.locator(".detail")).to_contain_text(n["q2_edit"])
+    page.keyboard.press("ArrowLeft")
+    expect(page.locator(".detail")).to_contain_text(n["q2"])
+    # Tab reaches the detail's actions: set the head from the keyboard
+    page.locator(".detail button", has_text="Set head").focus()
+    page.keyboard.press("Enter")
+    wait_for(lambda: head_of(ui, cid) == n["q2"], what="the head on the selected node")
+
+
+def test_node_detail_shows_tool_calls_usage_and_the_exact_request(ui, page, upstream):
+    cid = f"tools-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    tools = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object", "properties": {}}}}]
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_1", args='{"sql": "select count(*) from sales"}')],
+                           usage={"prompt_tokens": 31, "completion_tokens": 9, "total_tokens": 40}))
+    _, first = say(client, cid, {"role": "system", "content": "You are a careful analyst."},
+                   user("How many sales?"), tools=tools)
+    upstream.enqueue(Reply(content="There were 42 sales."))
+    _, second = say(client, cid, tool("call_1", '{"count": 42}'), tools=tools, temperature=0.2)
+    sent_upstream = upstream.chat_requests[-1].body
+
+    page.set_viewport_size({"width": 1500, "height": 1100})
+    open_conversation(page, ui, cid)
+    node_el(page, first["x-node-id"]).click()
+    detail = page.locator(".detail")
+    expect(detail).to_contain_text("tool call run_sql (call_1)")
+    expect(detail).to_contain_text('"sql": "select count(*) from sales"')  # arguments as formatted JSON
+    expect(detail).to_contain_text("31 in · 9 out · 40 total")
+    expect(detail).to_contain_text("tool_calls")  # finish reason
+    expect(detail).to_contain_text(MODEL)
+
+    node_el(page, second["x-node-id"]).click()
+    expect(detail).to_contain_text("result of call_1")
+    expect(detail).to_contain_text('"count": 42')
+    detail.get_by_role("button", name="Show the request the model saw").click()
+    expect(detail.locator(".badge.ok", has_text="verified")).to_be_visible()
+    shown = json.loads(detail.locator("pre.exact-request").inner_text())
+    assert shown == sent_upstream  # exactly what the upstream received for this node
+    assert shown["messages"][0] == {"role": "system", "content": "You are a careful analyst."}
+    shot(page, "node-detail", docs=True)
+    detail.locator("details summary", has_text="request parameters").click()
+    expect(detail).to_contain_text('"temperature": 0.2')
+
+
+def test_nodes_are_coloured_by_kind_and_status(ui, page, upstream):
+    """A working session: a side call, an edit, a failure and a call still in flight."""
+    cid = f"trip-{uuid.uuid4().hex[:6]}"
+    client = ui.openai(KEY)
+    upstream.enqueue(Reply(content="Day 1: Alfama and the castle. Day 2: Belém. Day 3: Sintra."))
+    _, q1 = say(client, cid, {"role": "system", "content": "You are a travel planner."}, user("Plan 3 days in Lisbon."))
+    upstream.enqueue(Reply(content="Morning at São Jorge castle, lunch in Alfama, fado in the evening."))
+    say(client, cid, user("Day 1 in more detail?"))
+    upstream.enqueue(Reply(content="Lisbon in 3 days: old town, river, hills."))
+    _, side = say(client, cid, user("Give the plan a title."), kind="transform")
+    upstream.enqueue(Reply(content="The Jerónimos monastery, the tower, pastéis de Belém."))
+    say(client, cid, user("Day 2 in more detail?"), parent=q1["x-node-id"])
+    upstream.enqueue(Reply(kind="error", status=400, error={"message": "bad tool schema", "type": "invalid_request_error",
+                                                            "param": None, "code": "bad_schema"}))
+    with pytest.raises(openai.BadRequestError):
+        say(client, cid, user("Book the tickets."), tools=[{"type": "function", "function": {"name": "book"}}])
+    release = threading.Event()
+    upstream.enqueue(Reply(content="Sintra: Pena palace and the Moorish castle.", hold=release))
+    in_flight = threading.Thread(target=say, args=(client, cid, user("And day 3?")))
+    in_flight.start()
+    try:
+        wait_for(lambda: admin(ui).get(f"/admin/conversations/{cid}").json()["busy"], what="a call in flight")
+        tree = admin(ui).get(f"/admin/conversations/{cid}/tree").json()["data"]
+        failed = next(n["id"] for n in tree if n["status"] == "failed")
+        pending = next(n["id"] for n in tree if n["status"] == "pending")
+        open_conversation(page, ui, cid)
+        expect(page.locator(".graph .node")).to_have_count(6)
+        expect(node_el(page, side["x-node-id"])).to_have_class(re.compile(r"\btransform\b"))
+        expect(node_el(page, failed)).to_have_class(re.compile(r"\bfailed\b"))
+        expect(node_el(page, pending)).to_have_class(re.compile(r"\bpending\b"))
+        expect(page.locator(".toolbar .meta")).to_contain_text("call in flight")
+        node_el(page, failed).click()
+        expect(page.locator(".detail")).to_contain_text("bad tool schema")
+        expect(page.locator(".detail .badge.bad")).to_contain_text("failed (invalid)")
+        shot(page, "branched", docs=True)
+    finally:
+        release.set()
+        in_flight.join(10)
+    # the answer lands: the node turns into a success and becomes the head, without a reload
+    expect(node_el(page, pending)).to_have_class(re.compile(r"\bok\b"), timeout=10_000)
+    expect(node_el(page, pending)).to_have_class(re.compile(r"\bhead\b"))
+    expect(page.locator(".messages")).to_contain_text("Pena palace")
+
+
+def test_sending_from_a_node_streams_in_and_branches(ui, page, upstream):
+    cid, n = edited_conversation(ui)
+    open_conversation(page, ui, cid)
+    gate = threading.Event()
+    upstream.enqueue(Reply(kind="stream", pieces=["Rome ", "is the ", "capital."], gate=gate, gate_after=2))
+    node_el(page, n["q1"]).click()
+    page.locator(".detail button", has_text="Reply from here").click()
+    expect(page.locator(".composer .mode")).to_contain_text("Reply under node")
+    page.fill(".composer textarea", "What about Rome?")
+    page.click(".composer button.primary")
+    # the answer appears while the upstream is still sending it
+    expect(page.locator(".msg.streaming")).to_contain_text("Rome")
+    assert "capital" not in page.locator(".msg.streaming").inner_text()
+    gate.set()
+    expect(page.locator(".graph .node")).to_have_count(4)
+    sent = upstream.chat_requests[-1].messages
+    assert [m["content"] for m in sent] == ["What is the capital of France?", "echo: What is the capital of France?",
+                                            "What about Rome?"]
+    new = head_of(ui, cid)
+    assert new not in n.values()
+    assert admin(ui).get(f"/admin/nodes/{new}").json()["parent_id"] == n["q1"]
+    expect(node_el(page, new)).to_have_class(re.compile(r"\bhead\b"))
+    expect(page.locator(".messages")).to_contain_text("Rome is the capital.")
+    expect(page.locator(".messages .arrows .position")).to_have_text("3/3")
+
+    # edit a question: prefilled, sent beside the original with the same context before it
+    node_el(page, n["q2"]).click()
+    page.locator(".detail button", has_text="Edit question").click()
+    expect(page.locator(".composer textarea")).to_have_value("And of Italy?")
+    page.fill(".composer textarea", "And of Portugal?")
+    page.keyboard.press("Control+Enter")
+    wait_for(lambda: len(admin(ui).get(f"/admin/conversations/{cid}/tree").json()["data"]) == 5, what="the edit stored")
+    assert [m["content"] for m in upstream.chat_requests[-1].messages][-1] == "And of Portugal?"
+    assert len(upstream.chat_requests[-1].messages) == 3
+    edit = head_of(ui, cid)
+    assert admin(ui).get(f"/admin/nodes/{edit}").json()["parent_id"] == n["q1"]
+
+    # regenerate an answer: the same messages again, a sibling of that node
+    node_el(page, n["q1"]).click()
+    page.locator(".detail button", has_text="Regenerate").click()
+    wait_for(lambda: len(admin(ui).get(f"/admin/conversations/{cid}/tree").json()["data"]) == 6, what="the regeneration")
+    assert upstream.chat_requests[-1].messages == [user("What is the capital of France?")]
+    regenerated = admin(ui).get(f"/admin/nodes/{head_of(ui, cid)}").json()
+    assert regenerated["parent_id"] is None and regenerated["sent"] == [user("What is the capital of France?")]
+    expect(page.locator(".graph .node")).to_have_count(6)
+
+
+def test_set_head_fork_compact_and_delete(ui, page, upstream):
+    cid, n = edited_conversation(ui)
+    open_conversation(page, ui, cid)
+    detail = page.locator(".detail")
+    node_el(page, n["q1"]).click()
+    detail.locator("button", has_text="Set head").click()
+    wait_for(lambda: head_of(ui, cid) == n["q1"], what="head on q1")
+    expect(node_el(page, n["q1"])).to_have_class(re.compile(r"\bhead\b"))
+
+    detail.locator("button", has_text="Fork from here").click()
+    expect(page).to_have_url(re.compile(rf"#/c/{re.escape(cid)}\.fork-"))
+    fork_id = page.url.split("#/c/", 1)[1]
+    fork = admin(ui).get(f"/admin/conversations/{fork_id}").json()
+    assert fork["head_node_id"] == n["q1"] and fork["forked_from"] == cid
+    expect(page.locator(".graph .node.inherited")).to_have_count(1)  # the source's node it sees
+
+    page.goto(f"{ui.url}/ui/#/c/{cid}")
+    node_el(page, n["q2"]).click()
+    detail.locator("button", has_text="Switch here").click()
+    wait_for(lambda: head_of(ui, cid) == n["q2"], what="head on q2")
+    page.click(".toolbar >> text=Compact now")
+    expect(page.locator(".graph .node.compaction")).to_have_count(1)
+    expect(page.locator(".graph path.edge.compacted")).to_have_count(1)
+    compaction = head_of(ui, cid)
+    assert admin(ui).get(f"/admin/nodes/{compaction}").json()["compacted_from"] == n["q2"]
+    expect(page.locator(".messages")).to_contain_text("compaction")
+
+    page.click(".toolbar >> text=Delete…")
+    page.locator("dialog button", has_text="Cancel").click()
+    assert admin(ui).get(f"/admin/conversations/{cid}").status_code == 200
+    page.click(".toolbar >> text=Delete…")
+    page.locator("dialog button", has_text="Delete").click()
+    expect(page).to_have_url(re.compile(r"#/$"))
+    assert admin(ui).get(f"/admin/conversations/{cid}").status_code == 404
+    assert admin(ui).get(f"/admin/conversations/{fork_id}").json()["head_node_id"] == n["q1"]  # the fork keeps its context
+
+
+def test_nodes_from_other_clients_appear_without_a_reload(ui, page):
+    cid, n = edited_conversation(ui)
+    open_conversation(page, ui, cid)
+    expect(page.locator(".graph .node")).to_have_count(3)
+    _, h = say(ui.openai(KEY), cid, user("Another client asks"))
+    expect(page.locator(".graph .node")).to_have_count(4)
+    expect(node_el(page, h["x-node-id"])).to_have_class(re.compile(r"\bhead\b"))
+    expect(page.locator(".messages")).to_contain_text("Another client asks")
+
+
+# -- a big tree ---------------------------------------------------------------------------------
+
+
+def _big_tree(size: int) -> list[dict[str, Any]]:
+    """A 1,000-node conversation: a long main line with edits, regenerations and failures off it,
+    a compaction half way."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    nodes: list[dict[str, Any]] = []
+
+    def add(parent: dict[str, Any] | None, *, kind: str = "turn", outcome: str = "success",
+            compacted_from: dict[str, Any] | None = None) -> dict[str, Any]:
+        i = len(nodes)
+        question = f"question {i}"
+        node = {"id": str(uuid.UUID(int=i + 1)), "parent_id": parent["id"] if parent else None, "kind": kind,
+                "outcome": outcome, "sent": [user(question)], "received": [assistant(f"answer {i}")] if outcome == "success" else None,
+                "compacted_from": compacted_from["id"] if compacted_from else None}
+        if kind == "compaction":
+            node["sent"] = [user("Summary of the earlier part of this conversation: many questions.")]
+            node["received"] = None
+        nodes.append(node)
+        return node
+
+    main = add(None)
+    while len(nodes) < size:
+        i = len(nodes)
+        if i == size // 2:
+            main = add(None, kind="compaction", compacted_from=main)
+        elif i % 37 == 0:
+            add(main)  # an edit beside the next main node
+        elif i % 53 == 0:
+            add(main, outcome="transient")
+        elif i % 41 == 0:
+            side = add(main)
+            for _ in range(3):
+                if len(nodes) < size - 1:
+                    side = add(side)
+        else:
+            main = add(main)
+    keys = transcript.node_keys(nodes)
+    depth: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        up = node["parent_id"]
+        depth[node["id"]] = depth[up] + 1 if up else 0
+        node.update(depth=depth[node["id"]], created_at=(start + timedelta(seconds=i)).isoformat(),
+                    finished_at=(start + timedelta(seconds=i, milliseconds=500)).isoformat(), model=MODEL,
+                    provider="fake", params={}, usage={"prompt_tokens": i, "completion_tokens": 3, "total_tokens": i + 3},
+                    finish_reason="stop" if node["outcome"] == "success" else None,
+                    error=None if node["outcome"] == "success" else {"type": "server_error", "code": "upstream_error",
+                                                                      "message": "fake", "kind": node["outcome"]},
+                    chain=keys[node["id"]].chain.hex(), answered=keys[node["id"]].answered,
+                    system_hash=None, api="chat")
+    return nodes
+
+
+def test_a_thousand_node_tree_renders_within_a_second_and_stays_usable(ui, page, database_url, tenant):
+    cid = f"big-{uuid.uuid4().hex[:8]}"
+    nodes = _big_tree(1000)
+    head = nodes[-1]["id"]
+
+    async def load() -> int | None:
+        db = await open_database(database_url, min_size=1, max_size=1)
+        try:
+            return await AdminStore(db).import_tree(tenant, cid, nodes, uuid.UUID(head), 1)
+        finally:
+            await db.close()
+
+    with ThreadPoolExecutor(1) as thread:  # Playwright's loop runs in this one
+        assert thread.submit(asyncio.run, load()).result() == 1000
+    open_conversation(page, ui, cid)
+    svg = page.locator(".graph svg")
+    expect(svg).to_have_attribute("data-nodes", "1000")
+    expect(svg).to_have_attribute("data-open-ms", re.compile(r"\d"))
+    opened = float(svg.get_attribute("data-open-ms"))  # fetching tree + path, layout, drawing, the chat
+    drawn = float(svg.get_attribute("data-render-ms"))  # layout + drawing alone
+    print(f"1,000 nodes: opened in {opened:.0f} ms, graph drawn in {drawn:.0f} ms")
+    assert opened < 1000, opened
+    # long single-child runs are folded; what is drawn never overlaps
+    folds = page.locator(".graph .fold")
+    assert folds.count() >= 1
+    positions = page.evaluate("""() => [...document.querySelectorAll('.graph .node, .graph .fold')]
+                                         .map((g) => g.getAttribute('transform'))""")
+    assert len(positions) == len(set(positions))
+    drawn_nodes = page.locator(".graph .node").count()
+    assert drawn_nodes < 1000
+    folds.first.click()
+    expect(page.locator(".graph .node")).not_to_have_count(drawn_nodes)  # unfolded
+    # still usable: select, walk up by keyboard, the compaction link is drawn
+    node_el(page, head).click()
+    expect(page.locator(".detail")).to_contain_text(head)
+    for _ in range(3):
+        page.keyboard.press("ArrowUp")
+    expect(page.locator(".detail")).not_to_contain_text(head)
+    expect(page.locator(".graph path.edge.compacted")).to_have_count(1)
+    shot(page, "thousand-nodes")
