@@ -34,6 +34,7 @@ from .fakes import Reply
 from .helpers import MODEL, assistant, say, tool, tool_call, user
 
 KEY = "sk-ui-viewer-0123456789"
+ADMIN_KEY = "sk-ui-admin-0123456789"
 ARTIFACTS = Path(os.environ.get("BRANCHPOINT_UI_ARTIFACTS") or Path(__file__).parent / "artifacts" / "ui")
 CHROMIUM_FLAGS = ["--no-sandbox", "--headless=new", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
@@ -55,7 +56,8 @@ def tenant() -> str:
 @pytest.fixture(scope="module")
 def ui(database_url: str, upstream_url: str, tenant: str) -> Iterator[Any]:
     """Branchpoint with configured keys (so a wrong key is refused), one tenant of this module's own."""
-    settings = make_settings(database_url, upstream_url, auth={"mode": "keys", "keys": [{"key": KEY, "tenant": tenant}]},
+    settings = make_settings(database_url, upstream_url, auth={"mode": "keys", "keys": [
+                                 {"key": KEY, "tenant": tenant}, {"key": ADMIN_KEY, "tenant": f"{tenant}-ops", "admin": True}]},
                              compaction={"keep_recent": 2})
     with serve_proxy(settings) as proxy:
         yield proxy
@@ -430,6 +432,24 @@ def test_nodes_from_other_clients_appear_without_a_reload(ui, page):
     expect(page.locator(".graph .node")).to_have_count(4)
     expect(node_el(page, h["x-node-id"])).to_have_class(re.compile(r"\bhead\b"))
     expect(page.locator(".messages")).to_contain_text("Another client asks")
+
+
+def test_an_admin_key_reads_and_steers_other_tenants(ui, page, tenant):
+    cid, n = edited_conversation(ui)
+    sign_in(page, ui, ADMIN_KEY)
+    page.fill("input[type=search]", cid)
+    row = page.locator("tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text(f"tenant {tenant}")
+    row.locator("a").click()
+    expect(page).to_have_url(re.compile(rf"#/t/{tenant}/c/{cid}$"))
+    expect(page.locator(".graph .node")).to_have_count(3)
+    expect(page.locator(".composer")).to_contain_text("Read-only")
+    page.locator(".messages").get_by_role("button", name="previous branch").click()
+    wait_for(lambda: head_of(ui, cid) == n["q2"], what="the head moved by the admin")
+    node_el(page, n["q1"]).click()
+    expect(page.locator(".detail")).to_contain_text(n["q1"])
+    expect(page.locator(".detail button", has_text="Regenerate")).to_have_count(0)
 
 
 # -- a big tree ---------------------------------------------------------------------------------

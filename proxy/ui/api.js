@@ -26,11 +26,20 @@ const enc = encodeURIComponent;
 const ROOT = new URL("..", import.meta.url).pathname.replace(/\/$/, "");
 
 export class Api {
-  constructor(key) {
+  // tenant: set when an admin key looks into another tenant's conversation (`?tenant=`).
+  constructor(key, tenant = null) {
     this.key = key;
+    this.tenant = tenant;
+  }
+
+  within(tenant) {
+    return new Api(this.key, tenant);
   }
 
   async raw(method, path, body, headers = {}) {
+    if (this.tenant && path.startsWith("/admin/conversations/")) {
+      path += `${path.includes("?") ? "&" : "?"}tenant=${enc(this.tenant)}`;
+    }
     const init = { method, headers: { Authorization: `Bearer ${this.key}`, ...headers } };
     if (body !== undefined) {
       init.body = JSON.stringify(body);

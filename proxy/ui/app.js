@@ -69,8 +69,14 @@ function route() {
   current = null;
   if (!api) return signIn();
   signOutButton.hidden = false;
-  const match = location.hash.match(/^#\/c\/(.+)$/);
-  current = match ? new ConversationView(decodeURIComponent(match[1])) : new ListView();
+  // #/c/<id>, or #/t/<tenant>/c/<id> for an admin key looking into another tenant
+  const match = location.hash.match(/^#\/(?:t\/([^/]+)\/)?c\/(.+)$/);
+  current = match ? new ConversationView(decodeURIComponent(match[2]), match[1] ? decodeURIComponent(match[1]) : null)
+    : new ListView();
+}
+
+function conversationLink(id, tenant) {
+  return tenant ? `#/t/${encodeURIComponent(tenant)}/c/${encodeURIComponent(id)}` : `#/c/${encodeURIComponent(id)}`;
 }
 
 // -- the conversation list ---------------------------------------------------------------------
@@ -114,9 +120,10 @@ class ListView {
     }
     if (term !== this.search.value.trim()) return; // a newer search is on its way
     for (const c of page.data) {
-      const open = `#/c/${encodeURIComponent(c.id)}`;
+      const open = conversationLink(c.id, c.tenant);
       this.rows.append(el("tr", { class: "row", onclick: () => { location.hash = open; } },
-        el("td", {}, el("a", { href: open }, c.id), c.forked_from ? el("span", { class: "badge" }, `fork of ${c.forked_from}`) : null),
+        el("td", {}, el("a", { href: open }, c.id), c.tenant ? el("span", { class: "badge" }, `tenant ${c.tenant}`) : null,
+          c.forked_from ? el("span", { class: "badge" }, `fork of ${c.forked_from}`) : null),
         el("td", {}, String(c.node_count)),
         el("td", {}, c.busy ? el("span", { class: "badge" }, "call in flight") : ""),
         el("td", {}, new Date(c.created_at).toLocaleString()),
@@ -133,8 +140,10 @@ class ListView {
 // -- one conversation --------------------------------------------------------------------------
 
 class ConversationView {
-  constructor(id) {
+  constructor(id, tenant) {
     this.id = id;
+    this.tenant = tenant; // an admin key looking into another tenant
+    this.api = tenant ? api.within(tenant) : api;
     this.expanded = new Set();
     this.selected = null;
     this.mode = { kind: "head" };
@@ -171,8 +180,12 @@ class ConversationView {
           ...[["turn", "turn"], ["transform", "side call"], ["compaction", "compaction"], ["failed", "failed"], ["pending", "in flight"]]
             .map(([cls, label]) => el("span", {}, el("i", { class: cls }), label))), this.graph),
         el("div", { class: "chat" }, this.messages,
-          el("div", { class: "composer" }, el("div", { class: "row" }, this.modeLabel, this.cancelMode, el("span", { class: "spacer" }), this.model),
-            this.input, el("div", { class: "row" }, el("span", { class: "spacer" }), this.send))),
+          this.tenant
+            // the chat endpoint works in the key's own tenant only
+            ? el("p", { class: "composer notice" }, `Read-only: an admin key sees tenant ${this.tenant}'s conversations; `
+                + "to send in this one, sign in with a key of that tenant.")
+            : el("div", { class: "composer" }, el("div", { class: "row" }, this.modeLabel, this.cancelMode, el("span", { class: "spacer" }), this.model),
+              this.input, el("div", { class: "row" }, el("span", { class: "spacer" }), this.send))),
         this.detail));
     this.setMode({ kind: "head" });
     this.opened = performance.now();
@@ -197,7 +210,7 @@ class ConversationView {
   async reload() {
     let conv, tree, path;
     try {
-      [conv, tree, path] = await Promise.all([api.conversation(this.id), api.tree(this.id), api.path(this.id)]);
+      [conv, tree, path] = await Promise.all([this.api.conversation(this.id), this.api.tree(this.id), this.api.path(this.id)]);
     } catch (error) {
       if (error instanceof ApiError && error.status === 404) {
         this.stop();
@@ -214,13 +227,14 @@ class ConversationView {
     this.signature = this.signatureOf(conv);
     fill(this.meta, el("strong", {}, conv.id), ` · ${conv.node_count} nodes`,
       conv.busy ? el("span", { class: "badge" }, "call in flight") : null,
-      conv.forked_from ? [" · fork of ", el("a", { href: `#/c/${encodeURIComponent(conv.forked_from)}` }, conv.forked_from)] : null);
+      conv.forked_from ? [" · fork of ", el("a", { href: conversationLink(conv.forked_from, this.tenant) }, conv.forked_from)] : null,
+      this.tenant ? el("span", { class: "badge" }, `tenant ${this.tenant}`) : null);
     if (this.selected && !this.nodes.some((n) => n.id === this.selected)) this.selected = null;
     this.drawGraph();
     drawChat(this.messages, this.path, this.tree.index, {
       selected: this.selected,
       onSelect: (node) => this.select(node),
-      onSwitch: (node) => this.act(() => api.switchTo(this.id, node), "switched branch"),
+      onSwitch: (node) => this.act(() => this.api.switchTo(this.id, node), "switched branch"),
     });
     if (!this.model.value) this.model.value = this.defaultModel();
     if (this.selected) await this.showDetail(this.selected);
@@ -234,7 +248,7 @@ class ConversationView {
   async poll() {
     if (document.hidden || this.sending || this.stopped) return;
     try {
-      const conv = await api.conversation(this.id);
+      const conv = await this.api.conversation(this.id);
       if (this.signatureOf(conv) !== this.signature) await this.reload();
     } catch (error) {
       if (error instanceof ApiError && error.status === 404) return this.reload();
@@ -265,7 +279,7 @@ class ConversationView {
   async showDetail(nodeId) {
     let node;
     try {
-      node = await api.node(nodeId);
+      node = await this.api.node(nodeId);
     } catch (error) {
       return this.failed(error);
     }
@@ -274,11 +288,12 @@ class ConversationView {
     drawDetail(this.detail, node, {
       head: this.conv.head_node_id,
       conversation: this.id,
+      canSend: !this.tenant,
       actions: {
         select: (id) => this.select(id),
-        request: (id) => api.request(id),
-        switchTo: (id) => this.act(() => api.switchTo(this.id, id), "switched branch"),
-        setHead: (id) => this.act(() => api.setHead(this.id, id), "head moved"),
+        request: (id) => this.api.request(id),
+        switchTo: (id) => this.act(() => this.api.switchTo(this.id, id), "switched branch"),
+        setHead: (id) => this.act(() => this.api.setHead(this.id, id), "head moved"),
         fork: (id) => this.fork(id),
         reply: () => this.setMode({ kind: "reply", node }),
         edit: () => this.setMode({ kind: "edit", node }),
@@ -299,8 +314,8 @@ class ConversationView {
 
   async fork(nodeId) {
     try {
-      const fork = await api.fork(this.id, nodeId);
-      location.hash = `#/c/${encodeURIComponent(fork.id)}`;
+      const fork = await this.api.fork(this.id, nodeId);
+      location.hash = conversationLink(fork.id, this.tenant);
     } catch (error) {
       this.failed(error);
     }
@@ -309,7 +324,7 @@ class ConversationView {
   async compact() {
     this.say("compacting…");
     try {
-      const result = await api.compact(this.id);
+      const result = await this.api.compact(this.id);
       this.say(result.compacted ? "compacted" : `not compacted: ${result.reason ?? "nothing to do"}`);
       await this.reload();
     } catch (error) {
@@ -328,7 +343,7 @@ class ConversationView {
       dialog.remove();
       if (dialog.returnValue !== "delete") return;
       try {
-        await api.remove(this.id);
+        await this.api.remove(this.id);
         location.hash = "#/";
       } catch (error) {
         this.failed(error);
@@ -392,7 +407,7 @@ class ConversationView {
     let created = null;
     let ok = true;
     try {
-      const headers = await api.chat(this.id, { model: chosen, messages, parent, onDelta: (t) => pending.answer(t) });
+      const headers = await this.api.chat(this.id, { model: chosen, messages, parent, onDelta: (t) => pending.answer(t) });
       created = headers.get("x-node-id");
       this.say("answered");
     } catch (error) {

@@ -30,9 +30,10 @@ function badge(text, kind) {
   return el("span", { class: `badge ${kind ?? ""}` }, text);
 }
 
-// node: the full /admin/nodes/{id} row. actions: {setHead, switchTo, fork, reply, edit, regenerate,
-// request, select} -- each a function of the node id (request resolves to {body, verified}).
-export function drawDetail(container, node, { head, conversation, actions }) {
+// node: the full /admin/nodes/{id} row; canSend: the composer can call the chat endpoint here.
+// actions: {setHead, switchTo, fork, reply, edit, regenerate, request, select}, each a function
+// of the node id (request resolves to {body, verified}).
+export function drawDetail(container, node, { head, conversation, canSend, actions }) {
   const link = (id) => (id ? el("button", { class: "link", onclick: () => actions.select(id) }, id.slice(-12)) : "—");
   const status = node.status === "success" ? badge("success", "ok")
     : node.status === "failed" ? badge(`failed (${node.outcome})`, "bad") : badge(node.status);
@@ -41,7 +42,7 @@ export function drawDetail(container, node, { head, conversation, actions }) {
   // the head rule: a turn or compaction that succeeded or failed transiently (a retry hangs beside it)
   const headable = node.kind !== "transform";
   const canBeHead = headable && (node.outcome === "success" || node.outcome === "transient");
-  const canReply = headable && node.outcome === "success";
+  const canReply = canSend && headable && node.outcome === "success";
 
   const requestBox = el("div", { class: "request" });
   const showRequest = async () => {
@@ -76,8 +77,8 @@ export function drawDetail(container, node, { head, conversation, actions }) {
       canBeHead ? el("button", { onclick: () => actions.setHead(node.id) }, "Set head") : null,
       el("button", { onclick: () => actions.fork(node.id) }, "Fork from here"),
       canReply ? el("button", { onclick: () => actions.reply(node.id) }, "Reply from here") : null,
-      hasQuestion && node.kind === "turn" ? el("button", { onclick: () => actions.edit(node.id) }, "Edit question") : null,
-      node.kind !== "compaction" ? el("button", { onclick: () => actions.regenerate(node.id) }, "Regenerate") : null),
+      canSend && hasQuestion && node.kind === "turn" ? el("button", { onclick: () => actions.edit(node.id) }, "Edit question") : null,
+      canSend && node.kind !== "compaction" ? el("button", { onclick: () => actions.regenerate(node.id) }, "Regenerate") : null),
     node.error ? el("section", {}, el("h4", { class: "error" }, "error"), el("pre", { class: "error" }, pretty(node.error))) : null,
     items("sent", node.sent, node.api),
     node.status === "success" ? items("received", node.received, node.api) : null,
