@@ -25,8 +25,8 @@ function arrows(index, node, onSwitch) {
                    disabled: at === siblings.length - 1, onclick: go(at + 1) }, "›"));
 }
 
-function message(m, { node, extra, classes = [] }) {
-  return el("div", { class: ["msg", m.role, ...classes].join(" ") },
+function message(m, extra = null) {
+  return el("div", { class: `msg ${m.role}` },
     el("div", { class: "role" }, roleLabel(m.role), extra),
     ...drawMessage(m));
 }
@@ -39,22 +39,21 @@ export function drawChat(container, path, index, { selected, onSelect, onSwitch 
     const received = node.status === "success" ? readItems(node.received, node.api) : [];
     const branch = arrows(index, node, onSwitch);
     const parts = [];
-    const classes = node.id === selected ? ["selected"] : [];
     if (node.kind === "compaction") {
       parts.push(el("details", { class: "msg system compaction" },
         el("summary", {}, `compaction: ${sent.length} items stand for the conversation before this point`),
-        ...sent.map((m) => message(m, { node }))));
+        ...sent.map((m) => message(m))));
       if (branch) parts.unshift(el("div", { class: "msg system" }, branch));
     } else {
       let first = true;
       for (const m of sent) {
         // a system prompt the client repeats each call is still shown once per node that sent it
-        parts.push(message(m, { node, extra: first ? branch : null, classes }));
+        parts.push(message(m, first ? branch : null));
         first = false;
       }
       if (first && branch) parts.push(el("div", { class: "msg system" }, branch));
       if (node.kind === "transform") parts.unshift(el("div", { class: "msg system" }, "side call (transform)"));
-      for (const m of received) parts.push(message(m, { node, classes }));
+      for (const m of received) parts.push(message(m));
       if (node.status === "pending") parts.push(el("div", { class: "msg assistant pending" }, "… answering"));
       if (node.error) {
         parts.push(el("div", { class: "msg failed" },
@@ -62,7 +61,8 @@ export function drawChat(container, path, index, { selected, onSelect, onSwitch 
           el("div", { class: "text" }, node.error.message ?? JSON.stringify(node.error))));
       }
     }
-    const block = el("section", { class: `turn ${node.kind}`, "data-node": node.id, onclick: () => onSelect(node.id) }, ...parts);
+    const block = el("section", { class: `turn ${node.kind}${node.id === selected ? " selected" : ""}`, "data-node": node.id,
+                                  onclick: () => onSelect(node.id) }, ...parts);
     blocks.push(block);
   }
   if (!blocks.length) blocks.push(el("p", { class: "notice" }, "No context yet: the next message starts a new root."));
