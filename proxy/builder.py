@@ -5,6 +5,10 @@ against the hash stored with the node.
     path (from storage)  ->  readable()  ->  assemble()  ->  build_body()
                              unfold opaque      pure: system rule, pairing,
                              compactions        provider shaping
+
+A live call whose path is in the path cache takes a shortcut with the same result: the kept
+nodes' encoded items are spliced into the body (``proxy.splice``). The replay always takes the
+long way, so ``/request`` checks the shortcut too.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from storage import NodeRow, PathNode, TreeStore
 from .assembly import Target, assemble, build_body
 from .responses import items as responses_items
 from .responses import translate
+from .splice import EMPTY, Prefix, Segment, segment, splice
 
 __all__ = ["Built", "RequestBuilder"]
 
@@ -56,12 +61,18 @@ class RequestBuilder:
             path = original + path[1:]
         return responses_items.message_path(path)
 
-    @staticmethod
-    def build(path: Sequence[PathNode], new_items: Sequence[dict[str, Any]], params: dict[str, Any],
-              target: Target, *, stream: bool, api: str = "chat") -> Built:
+    def build(self, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]], params: dict[str, Any],
+              target: Target, *, stream: bool, api: str = "chat", tree_id: uuid.UUID | None = None) -> Built:
         """The upstream body of a call of ``api`` (the client's) for ``target``: a chat call goes
         to chat completions; a Responses call goes natively to a Responses upstream, or is
-        translated for a chat one."""
+        translated for a chat one. ``tree_id``: the path is the tree's stored chain (as
+        ``readable`` returns it), so kept nodes may be spliced in."""
+        chat = translate.chat_params(params) if api == "responses" else params
+        if tree_id is not None and path and not (api == "responses" and target.api == "responses"):
+            spliced = self._spliced(tree_id, path, new_items, target)
+            if spliced is not None:
+                messages, dropped = spliced
+                return Built(build_body(chat, messages, stream=stream), dropped)
         assembled = assemble(path, new_items, target)
         if api == "responses" and target.api == "responses":
             body = {**translate.native_params(params), "input": responses_items.to_items(assembled.messages, target.provider)}
@@ -69,8 +80,48 @@ class RequestBuilder:
                 body["stream"] = True
             return Built(_encode_sorted(body), assembled.dropped, "responses")
         messages = responses_items.strip(assembled.messages)
-        chat = translate.chat_params(params) if api == "responses" else params
         return Built(build_body(chat, messages, stream=stream), assembled.dropped)
+
+    def _spliced(self, tree_id: uuid.UUID, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]],
+                 target: Target) -> tuple[list[Any], list[dict[str, Any]]] | None:
+        """Messages from the kept nodes' encoded items (``proxy.splice``), or None when a node is
+        not kept, the path is not one chain of the tree, or its pairing needs the long way.
+        Work is proportional to the nodes since the last path this process spliced in the tree:
+        the encoded prefix of the last few paths is kept with their last node."""
+        cache = self.tree.cache
+        key = (target.provider, target.accepts_reasoning)
+        i = len(path) - 1
+        prefix: Prefix | None = None
+        while i >= 0:
+            prefix = cache.tip_memo(tree_id, (path[i].id, key))
+            if prefix is not None:
+                break
+            i -= 1
+        start, prefix = (i + 1, prefix) if prefix is not None else (0, EMPTY)
+        before: Segment | None = None
+        if start > 0:
+            entry = cache.entry(tree_id, path[start - 1].id)
+            before = entry.memo.get(key) if entry is not None else None
+            if before is None:
+                return None
+        parent = path[start - 1].id if start > 0 else None
+        added = 0
+        for node in path[start:]:
+            entry = cache.entry(tree_id, node.id)
+            if entry is None or node.parent_id != parent:
+                return None
+            seg = entry.memo.get(key)
+            if seg is None:
+                seg = entry.memo[key] = segment(node, before, target)
+                added += 200 + 3 * sum(len(r) for r in seg.tail_raws) + 3 * sum(len(r) for r in seg.settled)
+            prefix = prefix.extend(seg.settled)
+            before, parent = seg, node.id
+        if added:
+            cache.charge(tree_id, added)
+        assert before is not None
+        if start < len(path):
+            cache.set_tip_memo(tree_id, (path[-1].id, key), prefix, len(prefix.joined))
+        return splice(prefix, before, new_items)
 
     async def replay(self, node: NodeRow, path: Sequence[NodeRow], target: Target) -> Built:
         """Rebuild the body sent for ``node`` from the path of its parent (``path``, root first) as

@@ -303,7 +303,8 @@ class CallLifecycle:
             target = target_of(upstream)
             path = await self.builder.readable(started.tree_id, path, target)
             path = await self._compact_first(started, path)
-            built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream, api=call.api)
+            built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream, api=call.api,
+                                       tree_id=started.tree_id)
             if built.dropped:
                 self.metrics.pairing_drops.inc(len(built.dropped))
                 log.warning("pairing check dropped items", extra={

@@ -10,7 +10,7 @@ import asyncio
 import httpx
 
 from config import Settings
-from storage import AdminStore, Database, OpsStore, TreeStore
+from storage import AdminStore, Database, OpsStore, PathCache, TreeStore
 
 from .auth import Authenticator
 from .background import Background
@@ -30,7 +30,7 @@ class Runtime:
         server = settings.server
         self.settings = settings
         self.db = Database()
-        self.tree = TreeStore(self.db)
+        self.tree = TreeStore(self.db, PathCache(server.path_cache_mb * 1024 * 1024))
         self.admin = AdminStore(self.db)
         self.ops = OpsStore(self.db)
         self.metrics = Metrics()

@@ -26,6 +26,7 @@ from .ids import uuid7
 from .migrate import latest_version, migrate
 from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, TreeRow
 from .ops import OpsStore
+from .pathcache import PathCache
 from .tree import Begun, ContextMode, ParentMode, TreeStore
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "OpsStore",
     "Outcome",
     "ParentMode",
+    "PathCache",
     "PathNode",
     "PathRow",
     "Refused",

@@ -54,30 +54,46 @@ BEGIN
 END
 $$;
 
--- bp_path(tree, node): the path from `node` up to the first node without a parent, root first,
--- whole rows (admin API, replay). One recursive CTE.
-CREATE OR REPLACE FUNCTION bp_path(p_tree uuid, p_node uuid)
-RETURNS SETOF nodes
+-- bp_path_up(tree, node, known): the ids on the path from `node` up to the first node without a
+-- parent -- or up to, not including, the first node in `known` (nodes whose path the caller has
+-- already: docs/architecture.md#the-path-cache) -- with their distance from `node`. One recursive
+-- CTE over (id, parent_id) only: one primary-key lookup per step, no row carried along.
+CREATE OR REPLACE FUNCTION bp_path_up(p_tree uuid, p_node uuid, p_known uuid[] DEFAULT '{}')
+RETURNS TABLE (id uuid, lvl integer)
 LANGUAGE sql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
-    WITH RECURSIVE up (node, lvl) AS (
-        SELECT first, 0 FROM nodes first WHERE first.tree_id = p_tree AND first.id = p_node
+    WITH RECURSIVE up (id, parent_id, lvl) AS (
+        SELECT n.id, n.parent_id, 0 FROM nodes n
+         WHERE n.tree_id = p_tree AND n.id = p_node AND n.id <> ALL (coalesce(p_known, '{}'))
         UNION ALL
-        SELECT step.parent, up.lvl + 1 FROM up
-         CROSS JOIN LATERAL (SELECT parent FROM nodes parent  -- LIMIT: a fence, one PK lookup per step
-                              WHERE parent.tree_id = p_tree AND parent.id = (up.node).parent_id LIMIT 1) step
+        SELECT step.id, step.parent_id, up.lvl + 1 FROM up
+         CROSS JOIN LATERAL (SELECT n.id, n.parent_id FROM nodes n  -- LIMIT: a fence, one PK lookup per step
+                              WHERE n.tree_id = p_tree AND n.id = up.parent_id LIMIT 1) step
+         WHERE up.parent_id <> ALL (coalesce(p_known, '{}'))
     )
-    SELECT (up.node).* FROM up ORDER BY up.lvl DESC
+    SELECT up.id, up.lvl FROM up
 $$;
 
--- bp_path_nodes(tree, node): the same path as assembly needs it (bp_path_node rows).
-CREATE OR REPLACE FUNCTION bp_path_nodes(p_tree uuid, p_node uuid)
+-- bp_path(tree, node): the path from `node` to its root, root first, whole rows (admin API, replay).
+CREATE OR REPLACE FUNCTION bp_path(p_tree uuid, p_node uuid)
+RETURNS SETOF nodes
+LANGUAGE sql STABLE
+AS $$
+    SELECT n.* FROM bp_path_up(p_tree, p_node) u JOIN nodes n ON n.tree_id = p_tree AND n.id = u.id
+     ORDER BY u.lvl DESC
+$$;
+
+-- bp_path_nodes(tree, node, known): the path as assembly needs it (bp_path_node rows), root first,
+-- ending above the first node in `known` (the first row's parent_id is then that node).
+CREATE OR REPLACE FUNCTION bp_path_nodes(p_tree uuid, p_node uuid, p_known uuid[] DEFAULT '{}')
 RETURNS SETOF bp_path_node
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+AS $$
     SELECT p.id, p.parent_id, p.kind, p.status, p.sent, p.received, p.provider, p.model, p.usage,
            p.compacted_from, p.api
-      FROM bp_path(p_tree, p_node) p
+      FROM bp_path_up(p_tree, p_node, p_known) u JOIN nodes p ON p.tree_id = p_tree AND p.id = u.id
+     ORDER BY u.lvl DESC
 $$;
 
 -- bp_visible_foreign(tree, tenant, conversation): the nodes another conversation made that this
@@ -356,8 +372,11 @@ $$;
 --   p_lease_seconds, p_model, p_provider, p_params (the request's other fields)
 --   p_ordinals                 Responses items: the message each item of p_sent stands for (bp_tail)
 --   p_api                      chat | responses: the format p_sent is in
+--   p_known                    nodes whose path the caller already has (its path cache): the
+--                              returned path ends above the first of them it meets
 -- Returns the chosen parent's path root first as rows (conversation_id, tree_id, parent_id, mode,
--- matched, start, node) -- one row with a null node when the new node is a root. `mode` is the
+-- matched, start, node) -- one row with a null node when the new node is a root, or when the
+-- parent itself is known. `mode` is the
 -- mode that handled the call, `matched` how many of its non-system messages matched stored nodes
 -- (full mode), `start` how many of them the new node does not repeat, `with_system` whether it
 -- stores the call's system messages (full mode: only when they differ from the path's). `mode` is
@@ -368,7 +387,8 @@ CREATE OR REPLACE FUNCTION bp_begin_call(
     p_tenant text, p_conversation text, p_new_conversation text, p_new_tree uuid, p_node uuid,
     p_kind text, p_mode text, p_parent_mode text, p_parent uuid, p_sent jsonb, p_digests bytea[],
     p_prefixes bytea[], p_prefix_offset integer, p_system_hash bytea, p_lease_seconds double precision,
-    p_model text, p_provider text, p_params jsonb, p_ordinals integer[] DEFAULT NULL, p_api text DEFAULT 'chat')
+    p_model text, p_provider text, p_params jsonb, p_ordinals integer[] DEFAULT NULL, p_api text DEFAULT 'chat',
+    p_known uuid[] DEFAULT '{}')
 RETURNS TABLE (conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
                start integer, with_system boolean, node bp_path_node)
 LANGUAGE plpgsql AS $$
@@ -384,7 +404,7 @@ BEGIN
     IF p_mode = 'full' THEN
         RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree, p_node,
             p_kind, p_sent, p_prefixes, p_prefix_offset, p_system_hash, p_lease_seconds, p_model, p_provider, p_params,
-            p_ordinals, p_api);
+            p_ordinals, p_api, p_known);
         RETURN;
     END IF;
 
@@ -428,7 +448,7 @@ BEGIN
         IF FOUND AND v_up.answered AND v_up.chain = ANY(p_prefixes) THEN
             RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree,
                 p_node, p_kind, p_sent, p_prefixes, 0, p_system_hash, p_lease_seconds, p_model, p_provider,
-                p_params, p_ordinals, p_api);
+                p_params, p_ordinals, p_api, p_known);
             RETURN;
         END IF;
     END IF;
@@ -488,8 +508,12 @@ BEGIN
     IF v_parent IS NULL THEN
         RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'delta', 0, 0, false, NULL::bp_path_node;
     ELSE
-        RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, p
-          FROM bp_path_nodes(conv.tree_id, v_parent) p;
+        IF v_parent = ANY (p_known) THEN  -- the caller has the parent's whole path
+            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, NULL::bp_path_node;
+        ELSE
+            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, p
+              FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
+        END IF;
     END IF;
 END
 $$;
@@ -531,7 +555,7 @@ CREATE OR REPLACE FUNCTION bp_begin_full(
     p_tenant text, p_conversation text, p_new_conversation text, p_new_tree uuid, p_node uuid,
     p_kind text, p_sent jsonb, p_prefixes bytea[], p_prefix_offset integer, p_system_hash bytea,
     p_lease_seconds double precision, p_model text, p_provider text, p_params jsonb,
-    p_ordinals integer[] DEFAULT NULL, p_api text DEFAULT 'chat')
+    p_ordinals integer[] DEFAULT NULL, p_api text DEFAULT 'chat', p_known uuid[] DEFAULT '{}')
 RETURNS TABLE (conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
                start integer, with_system boolean, node bp_path_node)
 LANGUAGE plpgsql
@@ -655,8 +679,12 @@ BEGIN
     IF v_parent IS NULL THEN
         RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'full', v_k, v_start, v_with_system, NULL::bp_path_node;
     ELSE
-        RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, p
-          FROM bp_path_nodes(conv.tree_id, v_parent) p;
+        IF v_parent = ANY (p_known) THEN  -- the caller has the parent's whole path
+            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, NULL::bp_path_node;
+        ELSE
+            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, p
+              FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
+        END IF;
     END IF;
 END
 $$;

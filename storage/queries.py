@@ -16,7 +16,7 @@ SELECT conversation_id, tree_id, parent_id, mode, matched, start, with_system, n
     p_tenant => $1, p_conversation => $2, p_new_conversation => $3, p_new_tree => $4, p_node => $5,
     p_kind => $6, p_mode => $7, p_parent_mode => $8, p_parent => $9, p_sent => $10, p_digests => $11,
     p_prefixes => $12, p_prefix_offset => $13, p_system_hash => $14, p_lease_seconds => $15, p_model => $16,
-    p_provider => $17, p_params => $18, p_ordinals => $19, p_api => $20)
+    p_provider => $17, p_params => $18, p_ordinals => $19, p_api => $20, p_known => $21)
 """
 
 # Store a call's outcome, release the lease, move the head by the head rule.

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from . import queries
 from .database import Database
 from .model import Outcome, PathNode, rows
+from .pathcache import PathCache
 from .transcript import digests, system_hash
 
 __all__ = ["Begun", "ContextMode", "ParentMode", "TreeStore"]
@@ -37,8 +38,9 @@ class Begun:
 
 
 class TreeStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, cache: PathCache | None = None) -> None:
         self.db = db
+        self.cache = cache if cache is not None else PathCache(0)
 
     async def begin_call(
         self,
@@ -65,15 +67,32 @@ class TreeStore:
         api: str = "chat",
     ) -> Begun:
         """Start a call (``bp_begin_call`` in functions.sql says how each argument is used).
-        Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule refuses it."""
+        Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule refuses it.
+
+        The parent's path is read only below the nodes this process keeps (``PathCache``)
+        and completed from them."""
+        known = self.cache.known(tenant, conversation_id, parent_id if parent_mode == "node" else None)
         records = await self.db.fetch(
             queries.BEGIN_CALL,
             tenant, conversation_id, new_conversation_id, new_tree_id, node_id, kind, mode, parent_mode, parent_id,
             sent, digests, prefixes, prefix_offset, system_hash, lease_seconds, model, provider, params, ordinals, api,
+            known,
         )
         first = records[0]
-        path = rows(PathNode, (r["node"] for r in records)) if first["node"] is not None else []
-        return Begun(first["conversation_id"], first["tree_id"], first["parent_id"], first["mode"], first["matched"],
+        fresh = rows(PathNode, (r["node"] for r in records)) if first["node"] is not None else []
+        parent = first["parent_id"]
+        path: list[PathNode] = []
+        if parent is not None:
+            # the read stopped above a kept node (or the parent itself is kept), or reached the root
+            stop = fresh[0].parent_id if fresh else parent
+            completed = self.cache.complete(tenant, first["conversation_id"], first["tree_id"], stop, fresh)
+            if completed is None:  # the kept part was evicted meanwhile: read it all
+                completed = await self.path(first["tree_id"], parent)
+                self.cache.complete(tenant, first["conversation_id"], first["tree_id"], None, completed)
+            path = completed
+        elif first["conversation_id"] is not None:
+            self.cache.complete(tenant, first["conversation_id"], first["tree_id"], None, [])
+        return Begun(first["conversation_id"], first["tree_id"], parent, first["mode"], first["matched"],
                      first["start"], first["with_system"], path)
 
     async def finish_call(
