@@ -92,7 +92,7 @@ class UpstreamDefaults(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pool_timeout: float
     max_connections: int
     keepalive_expiry: float
-    transport: Literal["builtin", "httpx"]
+    transport: Literal["builtin", "httpx", "aiohttp"]
     ca_bundle: str  # PEM file of CAs to trust for https upstreams (empty: the certifi bundle)
 
 

@@ -76,15 +76,20 @@ class UpstreamClient:
         d = settings.upstream_defaults
         self.settings = settings
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=d.ca_bundle) if d.ca_bundle else True
+        limits = httpx.Limits(max_connections=d.max_connections, max_keepalive_connections=d.max_connections,
+                              keepalive_expiry=d.keepalive_expiry)
         if transport is None and d.transport == "builtin":
             transport = UpstreamTransport(max_connections=d.max_connections, keepalive_expiry=d.keepalive_expiry,
                                           ssl_context=verify if isinstance(verify, ssl.SSLContext) else None)
+        elif transport is None and d.transport == "aiohttp":
+            from .aiohttp_transport import AiohttpTransport
+
+            transport = AiohttpTransport(verify=verify, limits=limits, trust_env=False)
         self.transport = transport
         self.http = httpx.AsyncClient(
             verify=verify,
             timeout=httpx.Timeout(connect=d.connect_timeout, read=d.read_timeout, write=d.write_timeout, pool=d.pool_timeout),
-            limits=httpx.Limits(max_connections=d.max_connections, max_keepalive_connections=d.max_connections,
-                                keepalive_expiry=d.keepalive_expiry),
+            limits=limits,
             follow_redirects=False,
             transport=transport,
         )

@@ -382,7 +382,8 @@ FakeUpstream._responses = _responses_answer  # type: ignore[attr-defined]
 class EvilUpstream:
     """A raw TCP 'upstream' that misbehaves at the protocol level, one way per ``mode``:
     close (no answer), reset (RST), partial_headers, short_body, garbage, stream_reset (RST after
-    two SSE events)."""
+    two SSE events), hang (reads the request, never answers), stream_stall (two SSE events,
+    then silence)."""
 
     def __init__(self) -> None:
         import socket as _socket
@@ -439,14 +440,17 @@ class EvilUpstream:
             elif mode == "garbage":
                 conn.sendall(b"\x00\x01NOT HTTP AT ALL\r\n\r\n")
                 conn.close()
-            elif mode == "stream_reset":
+            elif mode == "hang":
+                time.sleep(5)
+                conn.close()
+            elif mode in ("stream_reset", "stream_stall"):
                 event = json.dumps({"id": "c", "object": "chat.completion.chunk", "model": "m",
                                     "choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": None}]})
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
                 for _ in range(2):
                     payload = f"data: {event}\n\n".encode()
                     conn.sendall(b"%x\r\n%s\r\n" % (len(payload), payload))
-                time.sleep(0.05)
+                time.sleep(5 if mode == "stream_stall" else 0.05)
                 reset()
         except OSError:
             pass

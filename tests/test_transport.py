@@ -80,20 +80,22 @@ def tls_upstream(tmp_path_factory):
         yield fake, f"https://localhost:{server.port}/v1", str(ca_file)
 
 
-def test_https_upstream_behind_a_private_ca(tls_upstream, database_url, key, cid):
+@pytest.mark.parametrize("transport", ["builtin", "httpx", "aiohttp"])
+def test_https_upstream_behind_a_private_ca(tls_upstream, database_url, key, cid, transport):
     from .conftest import make_settings, serve_proxy
 
     fake, url, ca_file = tls_upstream
-    trusted = make_settings(database_url, url, upstream_defaults={"ca_bundle": ca_file})
+    trusted = make_settings(database_url, url, upstream_defaults={"ca_bundle": ca_file, "transport": transport})
     with serve_proxy(trusted) as p:
         client = p.openai(key)
         for i in range(3):
             c = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"tls {i}"}],
                                                extra_headers={"X-Conversation-Id": cid})
             assert c.choices[0].message.content == f"echo: tls {i}"
-        assert p.runtime.upstream.transport.connects == 1  # one TLS handshake, then keep-alive
+        if transport == "builtin":
+            assert p.runtime.upstream.transport.connects == 1  # one TLS handshake, then keep-alive
     # without the CA the certificate is refused: a clean 502, never a plaintext fallback
-    with serve_proxy(make_settings(database_url, url)) as p:
+    with serve_proxy(make_settings(database_url, url, upstream_defaults={"transport": transport})) as p:
         r = httpx.post(f"{p.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid + "-x"},
                        json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"

@@ -16,12 +16,21 @@ def evil():
     server.close()
 
 
+TRANSPORTS = ["builtin", "httpx", "aiohttp"]  # every one [upstream_defaults] transport can select
+
+
+def _settings(url, upstream, transport, read_timeout=10.0):
+    return make_settings(url, upstream, upstream_defaults={"read_timeout": read_timeout, "connect_timeout": 2.0,
+                                                           "transport": transport})
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("mode", ["close", "reset", "partial_headers", "short_body", "garbage"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_protocol_faults_fail_cleanly(fresh_database_url, evil, key, cid, mode, stream):
+def test_protocol_faults_fail_cleanly(fresh_database_url, evil, key, cid, mode, stream, transport):
     evil.mode = mode
     db = Db(fresh_database_url)
-    with serve_proxy(make_settings(fresh_database_url, evil.url)) as p, httpx.Client(base_url=p.url, timeout=10) as http:
+    with serve_proxy(_settings(fresh_database_url, evil.url, transport)) as p, httpx.Client(base_url=p.url, timeout=10) as http:
         r = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
                       json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream})
         assert r.status_code == 502, r.text
@@ -34,10 +43,11 @@ def test_protocol_faults_fail_cleanly(fresh_database_url, evil, key, cid, mode, 
     assert_invariants(fresh_database_url)
 
 
-def test_connection_reset_mid_stream(fresh_database_url, evil, key, cid):
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_connection_reset_mid_stream(fresh_database_url, evil, key, cid, transport):
     evil.mode = "stream_reset"
     db = Db(fresh_database_url)
-    with serve_proxy(make_settings(fresh_database_url, evil.url)) as p, httpx.Client(base_url=p.url, timeout=10) as http:
+    with serve_proxy(_settings(fresh_database_url, evil.url, transport)) as p, httpx.Client(base_url=p.url, timeout=10) as http:
         with http.stream("POST", "/v1/chat/completions",
                          headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
                          json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}) as r:
@@ -50,4 +60,27 @@ def test_connection_reset_mid_stream(fresh_database_url, evil, key, cid):
         assert node["status"] == "failed" and node["error"]["code"] == "stream_interrupted"
         assert node["received"] is None  # the partial answer never becomes context
         assert db.head(cid) == r.headers["x-node-id"]
+    assert_invariants(fresh_database_url)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("mode", ["hang", "stream_stall"])
+def test_an_upstream_that_stops_answering_times_out(fresh_database_url, evil, key, cid, transport, mode):
+    evil.mode = mode
+    db = Db(fresh_database_url)
+    stream = mode == "stream_stall"
+    with serve_proxy(_settings(fresh_database_url, evil.url, transport, read_timeout=0.5)) as p, \
+            httpx.Client(base_url=p.url, timeout=10) as http:
+        with http.stream("POST", "/v1/chat/completions",
+                         headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+                         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream}) as r:
+            body = r.read()
+        node = db.node(r.headers["x-node-id"])
+        if stream:  # the stream had begun: one final error event, the node failed as interrupted
+            assert r.status_code == 200 and body.rstrip().split(b"\n\n")[-1].startswith(b'data: {"error"')
+            assert node["error"]["code"] in ("stream_interrupted", "upstream_timeout")
+        else:
+            assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+            assert node["error"]["code"] == "upstream_timeout"
+        assert node["status"] == "failed" and node["outcome"] == "transient"
     assert_invariants(fresh_database_url)
