@@ -20,11 +20,13 @@ from litestar.openapi import OpenAPIConfig
 from config import Settings
 from storage import Refused, StorageError, StorageUnavailable
 
+from .auth import Caller
 from .errors import BranchpointError, error_body, from_refusal
 from .limits import BodyTimeout
 from .observability import ObservabilityMiddleware, install_log_context
 from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_auto, chat_completions_prefixed
+from .routes.context import CallContext
 from .routes.health import healthz, metrics, readyz
 from .routes.passthrough import (
     Forwarder,
@@ -108,6 +110,11 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         finally:
             await runtime.stop()
 
+    forwarder = Forwarder(runtime.upstream)
+
+    def call_context(caller: Caller) -> CallContext:
+        return CallContext(caller, runtime.calls, forwarder, runtime.admin)
+
     app = Litestar(
         route_handlers=[
             chat_completions,
@@ -131,8 +138,9 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         ],
         dependencies={
             "caller": Provide(runtime.auth.caller, sync_to_thread=False),
+            "call": Provide(call_context, sync_to_thread=False),
             "calls": _given(runtime.calls),
-            "forwarder": _given(Forwarder(runtime.upstream)),
+            "forwarder": _given(forwarder),
             "admin": _given(runtime.admin),
             "ops": _given(runtime.ops),
             "compactor": _given(runtime.compactor),

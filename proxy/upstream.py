@@ -85,14 +85,13 @@ class UpstreamClient:
             from .aiohttp_transport import AiohttpTransport
 
             transport = AiohttpTransport(verify=verify, limits=limits, trust_env=False)
+        if transport is None:  # "httpx": httpcore's pool
+            transport = httpx.AsyncHTTPTransport(verify=verify, limits=limits, trust_env=True)
+        # Requests go straight to the transport, without an httpx.AsyncClient: a client would keep
+        # the upstreams' Set-Cookie in one jar and send it on with every tenant's later requests.
         self.transport = transport
-        self.http = httpx.AsyncClient(
-            verify=verify,
-            timeout=httpx.Timeout(connect=d.connect_timeout, read=d.read_timeout, write=d.write_timeout, pool=d.pool_timeout),
-            limits=limits,
-            follow_redirects=False,
-            transport=transport,
-        )
+        self._timeout = httpx.Timeout(connect=d.connect_timeout, read=d.read_timeout, write=d.write_timeout,
+                                      pool=d.pool_timeout).as_dict()
         default = [u for u in settings.upstreams if "*" in u.models]
         self.default = default[0] if default else settings.upstreams[0]
         self._route_cache: dict[str, Upstream | None] = {}
@@ -100,7 +99,7 @@ class UpstreamClient:
         self.max_response_bytes = settings.server.max_response_bytes
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        await self.transport.aclose()
 
     def route(self, model: str | None) -> Upstream:
         """The upstream for ``model`` (first glob match); the default one when no model is named."""
@@ -150,13 +149,15 @@ class UpstreamClient:
         url = self.url(upstream, path)
         if params:
             url = f"{url}?{params.decode() if isinstance(params, bytes) else params}"
-        return self.http.build_request(method, url, headers=headers, content=content)
+        return httpx.Request(method, url, headers=headers, content=content, extensions={"timeout": self._timeout})
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """Send; the body is left unread: read it with ``read_rest`` or ``chunks`` (which bound
         it), or ``aclose()`` the response."""
         with map_exceptions():
-            return await self.http.send(request, stream=True)
+            response = await self.transport.handle_async_request(request)
+        response.request = request
+        return response
 
     async def fetch(self, request: httpx.Request) -> tuple[httpx.Response, bytes]:
         """Send and read the whole (bounded) body."""

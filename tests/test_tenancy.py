@@ -144,3 +144,21 @@ def test_auth_mode_none_is_one_local_tenant(fresh_database_url, upstream_url, up
         assert upstream.last.messages[0] == user("first")
         assert upstream.last.headers["authorization"] == "Bearer sk-anything-0123456789"
         assert httpx.get(f"{p.url}/admin/conversations/{cid}").json()["node_count"] == 2
+
+
+@pytest.mark.parametrize("transport", ["builtin", "httpx", "aiohttp"])
+def test_an_upstream_cookie_never_reaches_another_tenant(database_url, upstream_url, upstream, cid, transport):
+    """The proxy keeps no cookie jar: a Set-Cookie an upstream sends in one tenant's answer is not
+    sent back with anyone's later request (the client's own Cookie header passes through)."""
+    from .fakes import Reply
+
+    settings = make_settings(database_url, upstream_url, upstream_defaults={"transport": transport})
+    with serve_proxy(settings) as p:
+        upstream.enqueue(Reply(headers=[("set-cookie", "session=tenant-a-secret; Path=/")]))
+        p.openai("sk-tenant-a").chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}],
+                                                        extra_headers={"X-Conversation-Id": cid})
+        p.openai("sk-tenant-b").chat.completions.create(model="m", messages=[{"role": "user", "content": "b"}],
+                                                        extra_headers={"X-Conversation-Id": cid})
+        assert "cookie" not in upstream.last.headers
+        httpx.get(f"{p.url}/v1/models", headers={"Authorization": "Bearer sk-tenant-b"})
+        assert "cookie" not in upstream.last.headers

@@ -17,6 +17,7 @@ from ..auth import Caller
 from ..errors import InvalidRequest
 from ..lifecycle import CallLifecycle, ChatCall
 from .common import RequestHeaders, parse_node_id, resolve_conversation_id
+from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder
 
@@ -117,20 +118,17 @@ _ERRORS = errors(400, 401, 404, 409, 413, 502, 503, 504)
 
 @post("/v1/chat/completions", summary="Chat completion (stored when a conversation id is given)",
       tags=["chat"], status_code=200, responses=_ERRORS)
-async def chat_completions(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle],
-                           forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _chat(request, calls, forwarder, caller, None)
+async def chat_completions(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _chat(request, call.calls, call.forwarder, call.caller, None)
 
 
 @post("/c/{conversation_id:str}/v1/chat/completions", summary="Chat completion in the named conversation",
       tags=["chat"], status_code=200, responses=_ERRORS)
-async def chat_completions_prefixed(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle],
-                                    forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _chat(request, calls, forwarder, caller, request.path_params["conversation_id"])
+async def chat_completions_prefixed(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _chat(request, call.calls, call.forwarder, call.caller, request.path_params["conversation_id"])
 
 
 @post("/auto/v1/chat/completions", summary="Chat completion, full history, conversation found by content",
       tags=["chat"], status_code=200, responses=_ERRORS)
-async def chat_completions_auto(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle],
-                                forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _chat(request, calls, forwarder, caller, None, auto=True)
+async def chat_completions_auto(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _chat(request, call.calls, call.forwarder, call.caller, None, auto=True)

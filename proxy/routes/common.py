@@ -79,3 +79,4 @@ def parse_node_id(value: str, *, param: str) -> uuid.UUID:
         return uuid.UUID(value.strip())
     except ValueError:
         raise InvalidRequest(f"{param} is not a node id (a UUID)", param=param) from None
+

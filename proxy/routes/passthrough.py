@@ -22,6 +22,7 @@ from ..relay import BytesRelay
 from ..secrets import redact_bytes
 from ..upstream import UpstreamClient, response_headers
 from .common import RequestHeaders, valid_conversation_id
+from .context import CallContext
 
 __all__ = [
     "Forwarder",
@@ -129,27 +130,25 @@ async def _passthrough(request: Request[Any, Any, Any], forwarder: Forwarder, ca
 
 @route("/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream", tags=["pass-through"],
        include_in_schema=False)
-async def passthrough(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, 2, None)  # /v1/...
+async def passthrough(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _passthrough(request, call.forwarder, call.caller, 2, None)  # /v1/...
 
 
 @route("/c/{conversation_id:str}/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream",
        tags=["pass-through"], include_in_schema=False)
-async def passthrough_prefixed(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, 4, request.path_params["conversation_id"])  # /c/{id}/v1/...
+async def passthrough_prefixed(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _passthrough(request, call.forwarder, call.caller, 4, request.path_params["conversation_id"])  # /c/{id}/v1/...
 
 
 @route("/auto/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream", tags=["pass-through"],
        include_in_schema=False)
-async def passthrough_auto(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
-                           caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, 3, None)  # /auto/v1/...
+async def passthrough_auto(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _passthrough(request, call.forwarder, call.caller, 3, None)  # /auto/v1/...
 
 
 @route("/auto/v1/chat/completions", http_method=["GET"], include_in_schema=False)
-async def chat_completions_list_auto(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
-                                     caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, 3, None)
+async def chat_completions_list_auto(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _passthrough(request, call.forwarder, call.caller, 3, None)
 
 
 # The chat endpoint's static path shadows the catch-all for its other methods and sub-paths
@@ -158,17 +157,15 @@ async def chat_completions_list_auto(request: Request[Any, Any, Any], forwarder:
 
 
 @route("/v1/chat/completions", http_method=["GET"], include_in_schema=False)
-async def chat_completions_list(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, 2, None)
+async def chat_completions_list(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _passthrough(request, call.forwarder, call.caller, 2, None)
 
 
 @route("/c/{conversation_id:str}/v1/chat/completions", http_method=["GET"], include_in_schema=False)
-async def chat_completions_list_prefixed(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
-                                         caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, 4, request.path_params["conversation_id"])
+async def chat_completions_list_prefixed(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _passthrough(request, call.forwarder, call.caller, 4, request.path_params["conversation_id"])
 
 
 @route("/c/{conversation_id:str}/v1/chat/completions/{rest:path}", http_method=_METHODS, include_in_schema=False)
-async def chat_completions_sub_prefixed(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
-                                        caller: NamedDependency[Caller]) -> ASGIApp:
-    return await _passthrough(request, forwarder, caller, 4, request.path_params["conversation_id"])
+async def chat_completions_sub_prefixed(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _passthrough(request, call.forwarder, call.caller, 4, request.path_params["conversation_id"])

@@ -26,6 +26,7 @@ from ..lifecycle import CallLifecycle, ChatCall
 from ..responses import items as responses_items
 from ..responses import translate
 from .common import RequestHeaders, resolve_conversation_id, valid_conversation_id
+from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder, upstream_path
 
@@ -168,11 +169,9 @@ _ERRORS = errors(400, 401, 404, 409, 413, 502, 503, 504)
 @route(["/v1/responses", "/c/{conversation_id:str}/v1/responses", "/auto/v1/responses"], http_method=["POST"],
        summary="Create a response (stored when it names a conversation or continues a stored response)",
        tags=["responses"], status_code=200, responses=_ERRORS)
-async def responses_create(request: Request[Any, Any, Any], calls: NamedDependency[CallLifecycle],
-                           forwarder: NamedDependency[Forwarder], caller: NamedDependency[Caller],
-                           admin: NamedDependency[AdminStore]) -> ASGIApp:
+async def responses_create(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
     path_cid = request.path_params.get("conversation_id")
-    return await _create(request, calls, forwarder, caller, admin, path_cid,
+    return await _create(request, call.calls, call.forwarder, call.caller, call.admin, path_cid,
                          auto=request.scope["path"].startswith("/auto/"))
 
 
@@ -202,8 +201,8 @@ def _skip_prefix(scope: Any) -> int:
 @route(["/v1/responses/{response_id:str}", "/c/{conversation_id:str}/v1/responses/{response_id:str}",
         "/auto/v1/responses/{response_id:str}"], http_method=["GET", "DELETE", "POST"],
        summary="Retrieve or delete a response (served from the tree)", tags=["responses"], responses=errors(400, 404))
-async def response_resource(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
-                            caller: NamedDependency[Caller], admin: NamedDependency[AdminStore]) -> ASGIApp:
+async def response_resource(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    forwarder, caller, admin = call.forwarder, call.caller, call.admin
     if request.path_params.get("conversation_id") is not None:
         valid_conversation_id(request.path_params["conversation_id"], source="path")
     response_id = request.path_params["response_id"]
@@ -245,8 +244,8 @@ def _input_items(node: NodeRow) -> list[dict[str, Any]]:
 @route(["/v1/responses/{response_id:str}/input_items", "/c/{conversation_id:str}/v1/responses/{response_id:str}/input_items",
         "/auto/v1/responses/{response_id:str}/input_items"], http_method=["GET"],
        summary="The input items of a response, paginated", tags=["responses"], responses=errors(400, 404))
-async def response_input_items(request: Request[Any, Any, Any], forwarder: NamedDependency[Forwarder],
-                               caller: NamedDependency[Caller], admin: NamedDependency[AdminStore]) -> ASGIApp:
+async def response_input_items(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    forwarder, caller, admin = call.forwarder, call.caller, call.admin
     response_id = request.path_params["response_id"]
     if responses_items.node_id_of(response_id) is None:
         path = upstream_path(request.scope, _skip_prefix(request.scope))
