@@ -95,6 +95,7 @@ class UpstreamClient:
         default = [u for u in settings.upstreams if "*" in u.models]
         self.default = default[0] if default else settings.upstreams[0]
         self._route_cache: dict[str, Upstream | None] = {}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._by_name = {u.name: u for u in settings.upstreams}
         self.max_response_bytes = settings.server.max_response_bytes
 
@@ -146,9 +147,14 @@ class UpstreamClient:
 
     def build(self, method: str, upstream: Upstream, path: str, *, headers: list[tuple[bytes, bytes]],
               content: bytes | None = None, params: str | bytes | None = None) -> httpx.Request:
-        url = self.url(upstream, path)
         if params:
-            url = f"{url}?{params.decode() if isinstance(params, bytes) else params}"
+            url: str | httpx.URL = f"{self.url(upstream, path)}?{params.decode() if isinstance(params, bytes) else params}"
+        else:  # the call endpoints: parsed once per upstream
+            url = self._urls.get((upstream.name, path))
+            if url is None:
+                url = httpx.URL(self.url(upstream, path))
+                if len(self._urls) < 1024:
+                    self._urls[(upstream.name, path)] = url
         return httpx.Request(method, url, headers=headers, content=content, extensions={"timeout": self._timeout})
 
     async def send(self, request: httpx.Request) -> httpx.Response:

@@ -33,11 +33,17 @@ class Thresholds:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.compaction: CompactionSettings = settings.compaction
+        self._limits: dict[str, Limits] = {}
 
     def limits(self, model: str) -> Limits:
-        limit = self.settings.limits_for(model).input_limit
-        c = self.compaction
-        return Limits(limit, int(limit * c.hard), int(limit * c.soft), max(64, int(limit * c.summary_budget)))
+        found = self._limits.get(model)
+        if found is None:
+            limit = self.settings.limits_for(model).input_limit
+            c = self.compaction
+            found = Limits(limit, int(limit * c.hard), int(limit * c.soft), max(64, int(limit * c.summary_budget)))
+            if len(self._limits) < 4096:  # model names come from clients: bounded
+                self._limits[model] = found
+        return found
 
 
 def measured_context(usage: dict[str, Any] | None) -> int | None:
