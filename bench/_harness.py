@@ -79,9 +79,9 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) ->
 
 
 def start_stack(procs: Procs, work: Path, *, up_port: int, port: int, bench: Path, config: str = "",
-                args: tuple[str, ...] = ()) -> tuple[str, str, subprocess.Popen]:
-    """Fake upstream on CPU 0, Branchpoint (embedded PostgreSQL in ``work``) on CPU 1.
-    ``config``: more TOML for Branchpoint; ``args``: more ``serve`` arguments.
+                args: tuple[str, ...] = (), proxy_cpus: str = "1", pg_cpus: str = "0") -> tuple[str, str, subprocess.Popen]:
+    """Fake upstream on CPU 0, Branchpoint on ``proxy_cpus``, its embedded PostgreSQL (in ``work``)
+    on ``pg_cpus``. ``config``: more TOML for Branchpoint; ``args``: more ``serve`` arguments.
     Returns (upstream base URL, proxy URL, proxy process)."""
     upstream_url = f"http://127.0.0.1:{up_port}/v1"
     up = procs.start([sys.executable, str(bench / "fake_upstream.py"), "--port", str(up_port)], cpus="0",
@@ -92,12 +92,12 @@ def start_stack(procs: Procs, work: Path, *, up_port: int, port: int, bench: Pat
     env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(work / "data"), "BRANCHPOINT_UPSTREAM_URL": upstream_url,
            "BRANCHPOINT_CONFIG": str(config_file)}
     env.pop("BRANCHPOINT_DATABASE_URL", None)
-    px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(port), *args], cpus="1",
+    px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(port), *args], cpus=proxy_cpus,
                      log_file=work / "proxy.log", env=env)
     proxy = f"http://127.0.0.1:{port}"
     wait_http(f"{proxy}/readyz", 60, px)
     if (os.cpu_count() or 1) >= 2:
-        pin_postgres(work / "data", "0")
+        pin_postgres(work / "data", pg_cpus)
     return upstream_url, proxy, px
 
 

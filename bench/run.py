@@ -177,6 +177,8 @@ def main() -> None:
     ap.add_argument("--up-port", type=int, default=18080)
     ap.add_argument("--port", type=int, default=14001)
     ap.add_argument("--ttfb", action="store_true")
+    ap.add_argument("--pg-cpus", default="1", help="where the embedded PostgreSQL runs: 1 = on the proxy's core "
+                    "(the proxy and its database together on one core, as LiteLLM gets one), 0 = beside the load")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "results.json"))
     args = ap.parse_args()
     args.upstream_url = f"http://127.0.0.1:{args.up_port}/v1"
@@ -190,7 +192,8 @@ def main() -> None:
     procs = Procs()
     results: dict = {"meta": {"duration_s": args.duration, "path_len": PATH_LEN, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
     try:
-        _, proxy, px = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=bench)
+        _, proxy, px = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=bench, pg_cpus=args.pg_cpus)
+        results["meta"]["pg_cpus"] = args.pg_cpus
         log(f"branchpoint pid {px.pid}; seeding 32 conversations x {PATH_LEN} turns")
         convs = seed(proxy, 32)
         results["meta"]["db_statements_per_turn_call"] = round(statements_per_call(proxy, convs[0][0], convs[0][1]), 2)
@@ -247,7 +250,32 @@ def table(r: dict) -> str:
         rows.append(cells("LiteLLM", sc))
     rows.append("")
     rows.append(f"database statements per turn call: {r['meta'].get('db_statements_per_turn_call')}")
-    rows.append(f"PostgreSQL CPU ms per request (turn c32; pinned to CPU 0, not in the proxy's column): {pg}")
+    rows.append(f"PostgreSQL CPU ms per request (turn c32, CPU {r['meta'].get('pg_cpus')}; not in the proxy's column): {pg}")
+    peer = {sc["name"]: sc for sc in r.get("litellm", {}).get("scenarios", [])}
+    ours = {sc["name"]: sc for sc in r.get("turn_c1", {}).get("scenarios", [])}
+    if peer and ours:
+        rows.append("")
+        rows.append("| ratio (ours / LiteLLM, same run) | ours | LiteLLM | ratio |")
+        rows.append("|---|---|---|---|")
+        for name in ("c1 non-stream", "c1 stream"):
+            if name in peer and name in ours:
+                a, b = ours[name]["added_p50_ms"], peer[name]["added_p50_ms"]
+                rows.append(f"| {name} added p50 ms (turn) | {a:.2f} | {b:.2f} | {a / b:.3f} |")
+        ttfb_a = r.get("turn_c1", {}).get("ttfb_c1_stream", {}).get("added_ttfb_p50_ms")
+        ttfb_b = r.get("litellm", {}).get("ttfb_c1_stream", {}).get("added_ttfb_p50_ms")
+        if ttfb_a and ttfb_b:
+            rows.append(f"| c1 stream added time to first byte ms | {ttfb_a:.2f} | {ttfb_b:.2f} | {ttfb_a / ttfb_b:.3f} |")
+        for t in r.get("turn_c32", []):
+            name = "c32 stream" if t["stream"] else "c32 non-stream"
+            if name in peer:
+                p = peer[name]
+                rows.append(f"| {name} req/s (32 conversations, turns) | {t['rps']:.0f} | {p['proxy']['rps']:.0f} | "
+                            f"{t['rps'] / p['proxy']['rps']:.1f}x |")
+                cpu_b = p.get("proxy_resources", {}).get("cpu_ms_per_req")
+                if cpu_b:
+                    both = t["cpu_ms_per_req"] + (t.get("postgres_cpu_ms_per_req") or 0)
+                    rows.append(f"| {name} CPU ms per call (ours: proxy + PostgreSQL) | {both:.2f} | {cpu_b:.2f} | "
+                                f"1/{cpu_b / both:.1f} |")
     return "\n".join(rows)
 
 
