@@ -32,6 +32,7 @@ def shared_bench() -> Path:
 class Procs:
     def __init__(self) -> None:
         self.pids: list[int] = []
+        self.upstream_pid: int | None = None  # the fake upstream's (start_stack)
 
     def start(self, cmd: list[str], *, cpus: str | None, log_file: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
         if cpus and shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
@@ -86,6 +87,7 @@ def start_stack(procs: Procs, work: Path, *, up_port: int, port: int, bench: Pat
     upstream_url = f"http://127.0.0.1:{up_port}/v1"
     up = procs.start([sys.executable, str(bench / "fake_upstream.py"), "--port", str(up_port)], cpus="0",
                      log_file=work / "upstream.log")
+    procs.upstream_pid = up.pid
     wait_http(f"{upstream_url}/models", 20, up)
     config_file = work / "bench.toml"
     config_file.write_text('[server]\nlog_level = "warning"\n' + config)

@@ -81,6 +81,11 @@ def run_compare(bench: Path, label: str, proxy_url: str, headers: list[str], pid
     cmd = [sys.executable, str(bench / "compare.py"), "--direct-url", args.upstream_url, "--proxy-url", proxy_url,
            "--label", label, "--proxy-pid", str(pid), "--concurrency", concurrency, "--modes", args.modes,
            "-d", str(args.duration), "--load-cpus", "0", "--out", str(out), "--repeats", str(args.repeats)]
+    if getattr(args, "upstream_pid", None):  # so compare.py does not count its CPU as another process's
+        cmd += ["--upstream-pid", str(args.upstream_pid)]
+    # the embedded PostgreSQL is not in the proxy's process tree: compare.py would count its CPU as
+    # a disturbance and redo every cell
+    cmd += ["--foreign-max", "100"]
     for h in headers:
         cmd += ["--proxy-header", h]
     if args.ttfb:
@@ -116,11 +121,6 @@ end
 """
 
 
-def proc_cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def proc_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -129,7 +129,9 @@ def proc_rss_mb(pid: int) -> float:
 
 
 def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, duration: float, pid: int,
-                  data_dir: Path | None = None) -> dict:
+                  data_dir: Path | None = None, extra_pids: list[int] | None = None) -> dict:
+    """``extra_pids``: more proxy processes (the workers of ``serve --workers N``), counted with ``pid``."""
+    pids = [pid, *(extra_pids or [])]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
             "max_tokens": 64, "temperature": 0.2}
     if stream:
@@ -146,10 +148,10 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
     ticks_hz = os.sysconf("SC_CLK_TCK")
     pg_before = postgres_pids(data_dir) if data_dir else []
     pg0 = cpu_ticks(pg_before)
-    t0, c0 = time.time(), proc_cpu_ticks(pid)
+    t0, c0 = time.time(), cpu_ticks(pids)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
     time.sleep(0.5)
-    t1, c1 = time.time(), proc_cpu_ticks(pid)
+    t1, c1 = time.time(), cpu_ticks(pids)
     pg1 = cpu_ticks(postgres_pids(data_dir)) if data_dir else 0
     os.unlink(f.name)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
@@ -163,7 +165,7 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
         "errors": r["err_status"] + r["err_other"],
         "cpu_pct": round((c1 - c0) / ticks_hz / (t1 - t0) * 100, 1),
         "cpu_ms_per_req": round((c1 - c0) / ticks_hz * 1000 / max(1, r["requests"]), 3),
-        "rss_mb": round(proc_rss_mb(pid), 1),
+        "rss_mb": round(max(proc_rss_mb(p) for p in pids), 1),
         "postgres_cpu_ms_per_req": round((pg1 - pg0) / ticks_hz * 1000 / max(1, r["requests"]), 3) if data_dir else None,
     }
 
@@ -194,6 +196,7 @@ def main() -> None:
     try:
         _, proxy, px = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=bench, pg_cpus=args.pg_cpus)
         results["meta"]["pg_cpus"] = args.pg_cpus
+        args.upstream_pid = procs.upstream_pid
         log(f"branchpoint pid {px.pid}; seeding 32 conversations x {PATH_LEN} turns")
         convs = seed(proxy, 32)
         results["meta"]["db_statements_per_turn_call"] = round(statements_per_call(proxy, convs[0][0], convs[0][1]), 2)

@@ -6,7 +6,7 @@ connection included -- to ``httpx.ConnectTimeout``, which would report a dead up
 timeout (504). Here the aiohttp error it keeps as ``__cause__`` decides: a refused connection or
 certificate is a connect error, a disconnect or a malformed answer a protocol error, a reset a
 read error; a real timeout stays a timeout.
-Measured against the built-in transport in bench/transport.py (docs/performance.md).
+Measured against the built-in transport by bench/transport.py (results in bench/README.md).
 """
 
 from __future__ import annotations

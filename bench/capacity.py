@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Capacity for sizing a deployment (docs/scaling.md): stored calls per second, the proxy's and
+PostgreSQL's CPU per call, and the WAL bytes PostgreSQL writes per call -- with one worker (proxy
+and database sharing one core) and with ``serve --workers 2`` (both cores, shared with the load).
+
+    uv run python bench/capacity.py [-d 10] [--workers 1,2]
+
+Load: wrk with 32 connections making turn calls on 32 conversations whose paths are 20 nodes
+long, against the fast fake upstream (0 ms). RSS is the largest proxy process's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import ROOT, Procs, log, shared_bench, start_stack
+from run import run_wrk_turns, seed
+
+
+async def _wal_lsn(data_dir: Path) -> int:
+    import asyncpg
+
+    lines = (data_dir / "pgdata" / "postmaster.pid").read_text().split("\n")
+    conn = await asyncpg.connect(host=lines[4], port=int(lines[3]), user="postgres", database="postgres")
+    try:
+        return int(await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')"))
+    finally:
+        await conn.close()
+
+
+def wal_lsn(data_dir: Path) -> int:
+    return asyncio.run(_wal_lsn(data_dir))
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def rss_soak(calls: int) -> dict:
+    """RSS of one worker under 32 concurrent streams, sampled every 20 s until ``calls`` were made."""
+    from run import proc_rss_mb
+
+    work = Path(tempfile.mkdtemp(prefix="bp-rss-"))
+    procs = Procs()
+    samples: list[tuple[int, float]] = []
+    try:
+        _, proxy, px = start_stack(procs, work, up_port=18088, port=14008, bench=shared_bench(), pg_cpus="1")
+        convs = seed(proxy, 32)
+        done = 0
+        samples.append((0, proc_rss_mb(px.pid)))
+        while done < calls:
+            r = run_wrk_turns(f"{proxy}/v1", convs, True, 20, px.pid, work / "data")
+            done += r["requests"] + r["rps"] * 2  # the 2 s warm-up before each measurement counts too
+            samples.append((int(done), proc_rss_mb(px.pid)))
+            log(f"rss: {int(done)} calls, {samples[-1][1]:.0f} MB, errors {r['errors']}")
+    finally:
+        procs.stop()
+    return {"calls": int(samples[-1][0]), "samples": samples, "first_mb": samples[1][1] if len(samples) > 1 else None,
+            "last_mb": samples[-1][1], "max_mb": max(s for _, s in samples)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-d", "--duration", type=float, default=10.0)
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--rss-calls", type=int, default=0,
+                    help="then (one worker) stream this many calls at c=32 and sample the proxy's RSS as it goes")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "capacity.json"))
+    args = ap.parse_args()
+    results = {}
+    for workers in (int(w) for w in args.workers.split(",")):
+        work = Path(tempfile.mkdtemp(prefix=f"bp-capacity-{workers}-"))
+        procs = Procs()
+        cpus = "1" if workers == 1 else "0,1"
+        try:
+            _, proxy, px = start_stack(procs, work, up_port=18087, port=14007, bench=shared_bench(),
+                                       args=("--workers", str(workers)) if workers > 1 else (),
+                                       proxy_cpus=cpus, pg_cpus=cpus)
+            convs = seed(proxy, 32)
+            row: dict = {"workers": workers, "proxy_cpus": cpus, "postgres_cpus": cpus}
+            for stream in (False, True):
+                wal0 = wal_lsn(work / "data")
+                # with several workers the supervisor's children do the work: count all of them
+                r = run_wrk_turns(f"{proxy}/v1", convs, stream, args.duration, px.pid, work / "data",
+                                  extra_pids=children(px.pid))
+                wal1 = wal_lsn(work / "data")
+                r["wal_bytes_per_call"] = round((wal1 - wal0) / max(1, r["requests"]))
+                row["stream" if stream else "nonstream"] = r
+                log(f"workers {workers} {'stream' if stream else 'non-stream'}: {r['rps']:.0f} calls/s, proxy "
+                    f"{r['cpu_ms_per_req']:.2f} + PostgreSQL {r['postgres_cpu_ms_per_req']:.2f} CPU ms/call, "
+                    f"WAL {r['wal_bytes_per_call']} B/call, RSS {r['rss_mb']} MB")
+            results[str(workers)] = row
+        finally:
+            procs.stop()
+    if args.rss_calls:
+        results["rss"] = rss_soak(args.rss_calls)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print("| workers | cores (proxy + PostgreSQL) | mode | stored calls/s | proxy CPU ms/call | PostgreSQL CPU ms/call | WAL bytes/call |")
+    print("|---|---|---|---|---|---|---|")
+    for w, row in results.items():
+        if w == "rss":
+            continue
+        for mode in ("nonstream", "stream"):
+            r = row[mode]
+            print(f"| {w} | {row['proxy_cpus']} | {mode} | {r['rps']:.0f} | {r['cpu_ms_per_req']:.2f} | "
+                  f"{r['postgres_cpu_ms_per_req']:.2f} | {r['wal_bytes_per_call']} |")
+    if "rss" in results:
+        rss = results["rss"]
+        print(f"RSS under 32 concurrent streams: {rss['first_mb']:.0f} MB after the first 20 s, {rss['last_mb']:.0f} MB "
+              f"after {rss['calls']} calls, at most {rss['max_mb']:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
