@@ -54,6 +54,46 @@ BEGIN
 END
 $$;
 
+-- bp_conversation_tree(tenant, conversation): the tree a conversation lives in -- or would be
+-- made in: its derived tree bp_tree_of(tenant, id), unless an alias row there says otherwise (a
+-- fork, or a name made again while its old tree is still used: docs/scaling.md). Reads only rows
+-- of that derived tree.
+CREATE OR REPLACE FUNCTION bp_conversation_tree(p_tenant text, p_conversation text)
+RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT a.target FROM conversation_aliases a
+                      WHERE a.tree_id = bp_tree_of(p_tenant, p_conversation)
+                        AND a.tenant = p_tenant AND a.id = p_conversation),
+                    bp_tree_of(p_tenant, p_conversation))
+$$;
+
+-- bp_claim_name(tenant, conversation, spare): make room for a new conversation of this name and
+-- return the tree it is made in: its derived tree, or -- when that tree still holds nodes (of a
+-- deleted conversation of this name, kept for its forks) -- `spare`, recorded in an alias row.
+-- Takes the name's lock (a transaction advisory lock on the derived tree), so two first calls,
+-- or a first call and a fork, of one name never both create it. Returns null when the name is
+-- taken meanwhile (re-read the conversation).
+CREATE OR REPLACE FUNCTION bp_claim_name(p_tenant text, p_conversation text, p_spare uuid)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_tree uuid := bp_tree_of(p_tenant, p_conversation);
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(v_tree::text, 0));
+    IF EXISTS (SELECT 1 FROM conversation_aliases a WHERE a.tree_id = v_tree AND a.tenant = p_tenant
+                                                     AND a.id = p_conversation)
+       OR EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = v_tree AND c.tenant = p_tenant
+                                                 AND c.id = p_conversation) THEN
+        RETURN NULL;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v_tree) THEN
+        RETURN v_tree;
+    END IF;
+    INSERT INTO conversation_aliases (tree_id, tenant, id, target) VALUES (v_tree, p_tenant, p_conversation, p_spare);
+    RETURN p_spare;
+END
+$$;
+
 -- bp_path_up(tree, node, known): the ids on the path from `node` up to the first node without a
 -- parent -- or up to, not including, the first node in `known` (nodes whose path the caller has
 -- already: docs/architecture.md#the-path-cache) -- with their distance from `node`. One recursive
@@ -107,13 +147,16 @@ SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
     WITH RECURSIVE seeds AS (
         SELECT n.parent_id AS id FROM nodes n
-         WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation AND n.parent_id IS NOT NULL
+         WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation
+           AND n.parent_id IS NOT NULL
         UNION
         SELECT n.compacted_from FROM nodes n
-         WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation AND n.compacted_from IS NOT NULL
+         WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation
+           AND n.compacted_from IS NOT NULL
         UNION
         SELECT x.id FROM conversations c, LATERAL (VALUES (c.head_node_id), (c.fork_node_id)) x(id)
-         WHERE c.tenant = p_tenant AND c.id = p_conversation AND c.fork_node_id IS NOT NULL AND x.id IS NOT NULL
+         WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation AND c.fork_node_id IS NOT NULL
+           AND x.id IS NOT NULL
     ), up AS (
         SELECT n.id, n.parent_id, n.compacted_from, n.conversation_id
           FROM seeds JOIN nodes n ON n.tree_id = p_tree AND n.id = seeds.id
@@ -124,7 +167,7 @@ AS $$
                WHERE n.tree_id = p_tree AND n.id IN (up.parent_id, up.compacted_from) LIMIT 2) step
     )
     SELECT up.id FROM up, conversations c
-     WHERE c.tenant = p_tenant AND c.id = p_conversation AND c.fork_node_id IS NOT NULL
+     WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation AND c.fork_node_id IS NOT NULL
        AND up.conversation_id <> p_conversation
 $$;
 
@@ -177,7 +220,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    PERFORM 1 FROM conversations c WHERE c.tenant = v.tenant AND c.id = v.conversation_id FOR UPDATE;
+    PERFORM 1 FROM conversations c WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
+       FOR UPDATE;
     UPDATE nodes n
        SET outcome = 'transient', lease_until = NULL, finished_at = clock_timestamp(),
            error = jsonb_build_object(
@@ -189,7 +233,7 @@ BEGIN
     IF NOT FOUND THEN
         -- finished, or still alive: at most a stale conversation lease remains to clear
         UPDATE conversations c SET lease_node_id = NULL, lease_until = NULL
-         WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node
+         WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node
            AND c.lease_until < now()
            AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node
                                                     AND n.outcome IS NULL);
@@ -198,7 +242,7 @@ BEGIN
     UPDATE conversations c
        SET head_node_id = CASE WHEN bp_can_be_head(v.kind, 'transient') THEN p_node ELSE c.head_node_id END,
            lease_node_id = NULL, lease_until = NULL, updated_at = clock_timestamp()
-     WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
+     WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
     RETURN true;
 END
 $$;
@@ -238,7 +282,7 @@ BEGIN
         RETURN false;
     END IF;
     UPDATE conversations c SET lease_until = v_until
-     WHERE c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
+     WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
     UPDATE nodes n SET lease_until = v_until
      WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
     RETURN FOUND;
@@ -270,7 +314,8 @@ BEGIN
         RETURN false;
     END IF;
     IF v.kind = 'turn' THEN
-        PERFORM 1 FROM conversations c WHERE c.tenant = v.tenant AND c.id = v.conversation_id FOR UPDATE;
+        PERFORM 1 FROM conversations c WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
+           FOR UPDATE;
     END IF;
     UPDATE nodes n
        SET outcome = p_outcome, received = p_received, usage = p_usage,
@@ -289,7 +334,7 @@ BEGIN
                lease_node_id = CASE WHEN p_leased THEN NULL ELSE c.lease_node_id END,
                lease_until = CASE WHEN p_leased THEN NULL ELSE c.lease_until END,
                updated_at = clock_timestamp()
-         WHERE c.tenant = v.tenant AND c.id = v.conversation_id
+         WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
            AND (CASE WHEN p_leased THEN c.lease_node_id = p_node ELSE true END);
     END IF;
     RETURN true;
@@ -309,7 +354,7 @@ BEGIN
             PERFORM bp_refuse('BPBSY', format('conversation %L has a turn call in flight; retry when it has finished', conv.id));
         END IF;
         PERFORM bp_reap(conv.tree_id, conv.lease_node_id);
-        SELECT * INTO conv FROM conversations c WHERE c.tenant = conv.tenant AND c.id = conv.id;
+        SELECT * INTO conv FROM conversations c WHERE c.tree_id = conv.tree_id AND c.tenant = conv.tenant AND c.id = conv.id;
         IF conv.lease_node_id IS NOT NULL THEN
             PERFORM bp_refuse('BPBSY', format('conversation %L has a turn call in flight; retry when it has finished', conv.id));
         END IF;
@@ -349,6 +394,39 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                                       ELSE p_ordinals[i] = 0 END AS sys
                       FROM jsonb_array_elements(p_items) WITH ORDINALITY AS t(v, i)) x) e
      WHERE (e.sys AND p_with_system) OR (NOT e.sys AND e.nth > p_skip)
+$$;
+
+-- bp_open_conversation(tenant, conversation, tree, spare, for update): the conversation's row,
+-- locked FOR UPDATE (turn calls) or FOR KEY SHARE -- made now if this is its first call, in the
+-- tree bp_claim_name gives it. `tree`: bp_conversation_tree(tenant, conversation).
+CREATE OR REPLACE FUNCTION bp_open_conversation(p_tenant text, p_conversation text, p_tree uuid, p_spare uuid,
+                                                p_for_update boolean)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+    v_tree uuid := p_tree;
+BEGIN
+    LOOP
+        IF p_for_update THEN
+            SELECT * INTO conv FROM conversations c
+             WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+        ELSE
+            SELECT * INTO conv FROM conversations c
+             WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
+        END IF;
+        IF FOUND THEN
+            RETURN conv;
+        END IF;
+        v_tree := bp_claim_name(p_tenant, p_conversation, p_spare);
+        IF v_tree IS NOT NULL THEN
+            INSERT INTO conversations (tenant, id, tree_id) VALUES (p_tenant, p_conversation, v_tree)
+            RETURNING * INTO conv;
+            RETURN conv;
+        END IF;
+        v_tree := bp_conversation_tree(p_tenant, p_conversation);  -- made meanwhile: read it there
+    END LOOP;
+END
 $$;
 
 -- bp_begin_call: start one call in one round trip -- the conversation (created by its first call),
@@ -400,6 +478,7 @@ DECLARE
     v_head record;
     v_up record;
     v_lease timestamptz := now() + make_interval(secs => p_lease_seconds);
+    v_ctree uuid := bp_conversation_tree(p_tenant, p_conversation);
 BEGIN
     IF p_mode = 'full' THEN
         RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree, p_node,
@@ -410,32 +489,22 @@ BEGIN
 
     -- 1. the conversation, locked for the rest of this transaction (turns only: transforms take
     --    no lease and move no head, so any number of them run side by side)
+    --    (a key-share lock for side calls: they run side by side, but never beside a delete of
+    --    their conversation, which could otherwise remove the parent they are hanging under)
     IF p_parent_mode = 'node' THEN
         -- a given parent needs an existing conversation: never create one just to answer 404
         IF p_kind = 'turn' THEN
-            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+            SELECT * INTO conv FROM conversations c
+             WHERE c.tree_id = v_ctree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
         ELSE
-            SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
+            SELECT * INTO conv FROM conversations c
+             WHERE c.tree_id = v_ctree AND c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
         END IF;
         IF NOT FOUND THEN
             PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_parent, p_conversation));
         END IF;
-    ELSIF p_kind = 'turn' THEN
-        INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
-        ON CONFLICT (tenant, id) DO UPDATE SET updated_at = c.updated_at
-        RETURNING * INTO conv;
     ELSE
-        -- a key-share lock: side calls run side by side, but never beside a delete of their
-        -- conversation (which could otherwise remove the parent they are hanging under)
-        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
-        IF NOT FOUND THEN
-            INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
-            ON CONFLICT (tenant, id) DO NOTHING
-            RETURNING * INTO conv;
-            IF NOT FOUND THEN
-                SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
-            END IF;
-        END IF;
+        conv := bp_open_conversation(p_tenant, p_conversation, v_ctree, p_new_tree, p_kind = 'turn');
     END IF;
 
     -- 2. the safety net: a delta call whose messages begin with the parent's whole transcript,
@@ -501,7 +570,7 @@ BEGIN
 
     IF p_kind = 'turn' THEN
         UPDATE conversations c SET lease_node_id = p_node, lease_until = v_lease, updated_at = clock_timestamp()
-         WHERE c.tenant = p_tenant AND c.id = p_conversation;
+         WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
     END IF;
 
     -- 6. the path the context is assembled from
@@ -518,9 +587,10 @@ BEGIN
 END
 $$;
 
--- bp_on_head_path(tenant, conversation, node): does `node` lie on the conversation's head path?
--- Walks up from the head only as far as the node's depth (depth falls by one per step).
-CREATE OR REPLACE FUNCTION bp_on_head_path(p_tenant text, p_conversation text, p_node uuid)
+-- bp_on_head_path(tree, tenant, conversation, node): does `node` lie on the head path of the
+-- conversation (in `tree`)? Walks up from the head only as far as the node's depth (depth falls
+-- by one per step).
+CREATE OR REPLACE FUNCTION bp_on_head_path(p_tree uuid, p_tenant text, p_conversation text, p_node uuid)
 RETURNS boolean
 LANGUAGE sql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
@@ -528,7 +598,7 @@ AS $$
     WITH RECURSIVE target AS (
         SELECT c.tree_id, c.head_node_id, n.depth
           FROM conversations c JOIN nodes n ON n.tree_id = c.tree_id AND n.id = p_node
-         WHERE c.tenant = p_tenant AND c.id = p_conversation
+         WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation
     ), up AS (
         SELECT n.id, n.parent_id, n.depth FROM target t JOIN nodes n ON n.tree_id = t.tree_id AND n.id = t.head_node_id
          WHERE n.depth >= t.depth
@@ -579,15 +649,8 @@ DECLARE
 BEGIN
     IF p_conversation IS NOT NULL THEN
         -- key-share locked: calls run side by side, but never beside a delete of the conversation
-        SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
-        IF NOT FOUND THEN
-            INSERT INTO conversations AS c (tenant, id, tree_id) VALUES (p_tenant, p_conversation, p_new_tree)
-            ON CONFLICT (tenant, id) DO NOTHING
-            RETURNING * INTO conv;
-            IF NOT FOUND THEN  -- created meanwhile by a concurrent first call
-                SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
-            END IF;
-        END IF;
+        conv := bp_open_conversation(p_tenant, p_conversation, bp_conversation_tree(p_tenant, p_conversation),
+                                     p_new_tree, false);
         IF conv.fork_node_id IS NOT NULL THEN
             v_visible := ARRAY(SELECT bp_visible_foreign(conv.tree_id, p_tenant, p_conversation));
         END IF;
@@ -599,12 +662,19 @@ BEGIN
     -- it replaced, a failed attempt and its retry ...): the head-path test walks the path.
     FOR i IN REVERSE v_given..1 LOOP
         FOR v_row IN
-            SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome
-              FROM nodes n
-             WHERE n.tenant = p_tenant AND n.chain = p_prefixes[i] AND n.kind <> 'transform'
-               AND (p_conversation IS NULL
-                    OR (n.tree_id = conv.tree_id AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))))
-             ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+            SELECT m.id, m.parent_id, m.tree_id, m.conversation_id, m.outcome FROM (
+                -- a named conversation: its own tree only; none named: the whole tenant
+                SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
+                  FROM nodes n
+                 WHERE p_conversation IS NOT NULL AND n.tree_id = conv.tree_id AND n.chain = p_prefixes[i]
+                   AND n.kind <> 'transform' AND n.tenant = p_tenant
+                   AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))
+                UNION ALL
+                SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
+                  FROM nodes n
+                 WHERE p_conversation IS NULL AND n.tenant = p_tenant AND n.chain = p_prefixes[i]
+                   AND n.kind <> 'transform') m
+             ORDER BY (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC
              LIMIT 2
         LOOP
             IF v_k = 0 THEN
@@ -617,17 +687,24 @@ BEGIN
         EXIT WHEN v_k > 0;
     END LOOP;
     IF v_ties > 1 THEN
-        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, v_k AS k INTO v_best FROM nodes n
-         WHERE n.tenant = p_tenant AND n.chain = p_prefixes[v_k - p_prefix_offset] AND n.kind <> 'transform'
-           AND (p_conversation IS NULL
-                OR (n.tree_id = conv.tree_id AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))))
-         ORDER BY bp_on_head_path(p_tenant, coalesce(p_conversation, n.conversation_id), n.id) DESC,
-                  (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+        SELECT m.id, m.parent_id, m.tree_id, m.conversation_id, m.outcome, v_k AS k INTO v_best FROM (
+            SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
+              FROM nodes n
+             WHERE p_conversation IS NOT NULL AND n.tree_id = conv.tree_id
+               AND n.chain = p_prefixes[v_k - p_prefix_offset] AND n.kind <> 'transform' AND n.tenant = p_tenant
+               AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))
+            UNION ALL
+            SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
+              FROM nodes n
+             WHERE p_conversation IS NULL AND n.tenant = p_tenant AND n.chain = p_prefixes[v_k - p_prefix_offset]
+               AND n.kind <> 'transform') m
+         ORDER BY bp_on_head_path(m.tree_id, p_tenant, coalesce(p_conversation, m.conversation_id), m.id) DESC,
+                  (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC
          LIMIT 1;
     END IF;
     IF v_k > 0 AND p_conversation IS NULL THEN
         SELECT * INTO conv FROM conversations c
-         WHERE c.tenant = p_tenant AND c.id = v_best.conversation_id AND c.tree_id = v_best.tree_id FOR KEY SHARE;
+         WHERE c.tree_id = v_best.tree_id AND c.tenant = p_tenant AND c.id = v_best.conversation_id FOR KEY SHARE;
         IF NOT FOUND THEN  -- deleted meanwhile (nodes a fork still reaches stay): start afresh
             v_k := 0;
         END IF;
@@ -655,7 +732,8 @@ BEGIN
     END IF;
 
     IF conv.id IS NULL THEN  -- no conversation named and nothing matched: a new one
-        INSERT INTO conversations (tenant, id, tree_id) VALUES (p_tenant, p_new_conversation, p_new_tree)
+        INSERT INTO conversations (tenant, id, tree_id)
+        VALUES (p_tenant, p_new_conversation, bp_claim_name(p_tenant, p_new_conversation, p_new_tree))
         RETURNING * INTO conv;
     END IF;
 
@@ -698,7 +776,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     conv conversations%ROWTYPE;
 BEGIN
-    SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    SELECT * INTO conv FROM conversations c
+     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_conversation) AND c.tenant = p_tenant AND c.id = p_conversation
+       FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
     END IF;
@@ -735,7 +815,7 @@ BEGIN
         PERFORM bp_check_head(conv.tree_id, p_tenant, p_conversation, p_node);
     END IF;
     UPDATE conversations c SET head_node_id = p_node, updated_at = clock_timestamp()
-     WHERE c.tenant = p_tenant AND c.id = p_conversation;
+     WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
 END
 $$;
 
@@ -773,7 +853,7 @@ BEGIN
     END LOOP;
     PERFORM bp_check_head(conv.tree_id, p_tenant, p_conversation, v_head);
     UPDATE conversations c SET head_node_id = v_head, updated_at = clock_timestamp()
-     WHERE c.tenant = p_tenant AND c.id = p_conversation;
+     WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
     RETURN v_head;
 END
 $$;
@@ -790,7 +870,8 @@ DECLARE
     src conversations%ROWTYPE;
     v_node uuid := p_node;
 BEGIN
-    SELECT * INTO src FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_source FOR SHARE;
+    SELECT * INTO src FROM conversations c
+     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_source) AND c.tenant = p_tenant AND c.id = p_source FOR SHARE;
     IF NOT FOUND THEN
         PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_source));
     END IF;
@@ -799,12 +880,15 @@ BEGIN
     ELSIF v_node IS NULL OR NOT bp_node_in_conversation(src.tree_id, p_tenant, p_source, v_node) THEN
         PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_node, p_source));
     END IF;
-    INSERT INTO conversations (tenant, id, tree_id, head_node_id, forked_from, fork_node_id, compactions)
-    VALUES (p_tenant, p_new, src.tree_id, v_node, p_source, v_node, src.compactions)
-    ON CONFLICT (tenant, id) DO NOTHING;
-    IF NOT FOUND THEN
+    -- the fork lives in its source's tree; its name points there from its own derived tree
+    IF bp_claim_name(p_tenant, p_new, src.tree_id) IS NULL THEN
         PERFORM bp_refuse('BPEXI', format('conversation %L already exists', p_new));
     END IF;
+    INSERT INTO conversation_aliases (tree_id, tenant, id, target)
+    VALUES (bp_tree_of(p_tenant, p_new), p_tenant, p_new, src.tree_id)
+    ON CONFLICT (tree_id, tenant, id) DO NOTHING;
+    INSERT INTO conversations (tenant, id, tree_id, head_node_id, forked_from, fork_node_id, compactions)
+    VALUES (p_tenant, p_new, src.tree_id, v_node, p_source, v_node, src.compactions);
     RETURN v_node;
 END
 $$;
@@ -824,16 +908,21 @@ DECLARE
 BEGIN
     deleted := 0;
     kept := 0;
-    SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    SELECT * INTO conv FROM conversations c
+     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_conversation) AND c.tenant = p_tenant AND c.id = p_conversation
+       FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
     END IF;
     IF (conv.lease_node_id IS NOT NULL AND conv.lease_until > now())
-       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation
+       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = conv.tree_id AND n.tenant = p_tenant
+                                          AND n.conversation_id = p_conversation
                                           AND n.outcome IS NULL AND n.lease_until > now()) THEN
         PERFORM bp_refuse('BPBSY', format('conversation %L has a call in flight; retry when it has finished', p_conversation));
     END IF;
-    DELETE FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation;
+    DELETE FROM conversations c WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
+    DELETE FROM conversation_aliases a
+     WHERE a.tree_id = bp_tree_of(p_tenant, p_conversation) AND a.tenant = p_tenant AND a.id = p_conversation;
 
     IF NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = conv.tree_id) THEN
         DELETE FROM nodes n WHERE n.tree_id = conv.tree_id;  -- the tree has no other conversation
@@ -843,7 +932,7 @@ BEGIN
 
     WITH RECURSIVE seeds AS (
         SELECT n.id FROM nodes n
-          JOIN conversations c ON c.tenant = n.tenant AND c.id = n.conversation_id
+          JOIN conversations c ON c.tree_id = n.tree_id AND c.tenant = n.tenant AND c.id = n.conversation_id
          WHERE n.tree_id = conv.tree_id
         UNION
         SELECT x.id FROM conversations c, LATERAL (VALUES (c.head_node_id), (c.fork_node_id)) x(id)
@@ -859,11 +948,13 @@ BEGIN
         DELETE FROM nodes n
          WHERE n.tree_id = conv.tree_id
            AND NOT EXISTS (SELECT 1 FROM live WHERE live.id = n.id)
-           AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tenant = n.tenant AND c.id = n.conversation_id)
+           AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant
+                                                           AND c.id = n.conversation_id)
         RETURNING 1
     )
     SELECT count(*) INTO deleted FROM gone;
-    SELECT count(*) INTO kept FROM nodes n WHERE n.tenant = p_tenant AND n.conversation_id = p_conversation;
+    SELECT count(*) INTO kept FROM nodes n
+     WHERE n.tree_id = conv.tree_id AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
 END
 $$;
 
@@ -893,7 +984,8 @@ DECLARE
     v_move boolean;
     v_from record;
 BEGIN
-    SELECT * INTO conv FROM conversations c WHERE c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    SELECT * INTO conv FROM conversations c
+     WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
     IF NOT FOUND THEN
         RETURN 'conversation_not_found';
     END IF;
@@ -931,7 +1023,7 @@ BEGIN
        SET compactions = c.compactions + 1,
            head_node_id = CASE WHEN v_move THEN p_node ELSE c.head_node_id END,
            updated_at = clock_timestamp()
-     WHERE c.tenant = p_tenant AND c.id = p_conversation;
+     WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation;
     RETURN 'ok';
 END
 $$;
@@ -952,7 +1044,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'not_found';
     END IF;
-    PERFORM 1 FROM conversations c WHERE c.tenant = p_tenant AND c.id = v.conversation_id FOR UPDATE;
+    PERFORM 1 FROM conversations c WHERE c.tree_id = v.tree_id AND c.tenant = p_tenant AND c.id = v.conversation_id
+       FOR UPDATE;
     IF v.outcome IS NULL
        OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v.tree_id AND n.parent_id = p_node)
        OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v.tree_id AND n.compacted_from = p_node)

@@ -59,7 +59,7 @@ NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"
 # Where a conversation's head is, and whether a turn call is in flight.  $1 tenant, $2 conversation
 CONVERSATION_STATE = """
 SELECT head_node_id, (lease_node_id IS NOT NULL AND lease_until > now()) AS busy
-  FROM conversations WHERE tenant = $1 AND id = $2
+  FROM conversations WHERE tree_id = bp_conversation_tree($1, $2) AND tenant = $1 AND id = $2
 """
 
 # ---- admin API --------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ SELECT {columns(ConversationRow, "c", skip=("busy", "node_count"))},
 """
 
 # One conversation.  $1 tenant, $2 conversation
-CONVERSATION = _CONVERSATION + " WHERE c.tenant = $1 AND c.id = $2"
+CONVERSATION = _CONVERSATION + " WHERE c.tree_id = bp_conversation_tree($1, $2) AND c.tenant = $1 AND c.id = $2"
 
 # A page of conversations, newest first, after the cursor (created_at, id), optionally only ids
 # containing a search string (case-insensitive).
@@ -175,13 +175,16 @@ SELECT {_NODE} FROM nodes n
  ORDER BY n.created_at, n.id
 """
 
-# Re-create an exported tree as a new conversation of a tenant: a new tree, node ids already
-# remapped by the caller; nothing is written if the conversation id is taken.
-# $1 tenant, $2 conversation, $3 tree, $4 head, $5 compactions, $6 nodes (jsonb array of objects)
+# Re-create an exported tree as a new conversation of a tenant: in the tree its name gives it
+# (bp_claim_name; $3 if that one is still used), node ids already remapped by the caller; nothing
+# is written if the conversation id is taken.
+# $1 tenant, $2 conversation, $3 spare tree, $4 head, $5 compactions, $6 nodes (jsonb array of objects)
 IMPORT_TREE = """
-WITH conv AS (
-    INSERT INTO conversations (tenant, id, tree_id, head_node_id, compactions) VALUES ($1, $2, $3, $4, $5)
-    ON CONFLICT (tenant, id) DO NOTHING
+WITH claim AS (
+    SELECT bp_claim_name($1, $2, $3) AS tree_id
+), conv AS (
+    INSERT INTO conversations (tenant, id, tree_id, head_node_id, compactions)
+    SELECT $1, $2, claim.tree_id, $4, $5 FROM claim WHERE claim.tree_id IS NOT NULL
     RETURNING tree_id
 ), ins AS (
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, received,

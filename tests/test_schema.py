@@ -165,3 +165,61 @@ def test_the_transcript_backfill_gives_existing_nodes_their_keys(pg_server_url):
         assert by_id["00000000-0000-7000-8000-0000000000a2"]["answered"] is True
 
     run(check())
+
+
+def test_tree_keys_migration_moves_trees_to_their_owners_names(pg_server_url, upstream_url, upstream):
+    """A database from before derived tree ids (version 10): each tree is renamed after its owner
+    (the conversation that is not a fork; else the oldest), forks get alias rows, and every
+    conversation goes on with its context intact."""
+    from storage.migrate import load_migrations
+
+    from .conftest import make_settings, serve_proxy
+    from .helpers import say, user
+
+    url = new_database(pg_server_url)
+    t1, t2 = "00000000-0000-7000-8000-0000000000f1", "00000000-0000-7000-8000-0000000000f2"
+    node = "00000000-0000-7000-8000-0000000000{}".format
+    tenant = "t_" + "ab" * 16
+
+    async def setup():
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
+                               "applied_at timestamptz NOT NULL DEFAULT now())")
+            for m in load_migrations()[:10]:
+                await m.apply(conn)
+                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name)
+            rows = [  # tree, id, conversation, parent, question, depth
+                (t1, node("a1"), "src", None, "q1", 0), (t1, node("a2"), "src", node("a1"), "q2", 1),
+                (t1, node("a3"), "fork", node("a1"), "fq", 1), (t2, node("b1"), "orphan", None, "oq", 0)]
+            for tree, nid, conv, parent, q, depth in rows:
+                await conn.execute(
+                    "INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, received, "
+                    "depth, chain, answered) VALUES ($1, $2, $3, $4, $5, 'turn', 'success', $6::jsonb, $7::jsonb, $8, "
+                    "'\\x00', true)", tree, nid, tenant, conv, parent, f'[{{"role": "user", "content": "{q}"}}]',
+                    f'[{{"role": "assistant", "content": "echo: {q}"}}]', depth)
+            await conn.execute(f"""
+                INSERT INTO conversations (tenant, id, tree_id, head_node_id, forked_from, fork_node_id, created_at) VALUES
+                ('{tenant}', 'src', '{t1}', '{node("a2")}', NULL, NULL, now() - interval '3 min'),
+                ('{tenant}', 'fork', '{t1}', '{node("a3")}', 'src', '{node("a1")}', now() - interval '2 min'),
+                ('{tenant}', 'orphan', '{t2}', '{node("b1")}', 'gone', '{node("b1")}', now() - interval '1 min')""")
+            assert await migrate(url) == [11]
+            trees = {r["id"]: r["tree_id"] for r in await conn.fetch("SELECT id, tree_id FROM conversations")}
+            aliases = {r["id"]: r["target"] for r in await conn.fetch("SELECT id, target FROM conversation_aliases")}
+            derived = {c: await conn.fetchval("SELECT bp_tree_of($1, $2)", tenant, c) for c in trees}
+            node_trees = {r["id"]: r["tree_id"] for r in await conn.fetch("SELECT id, tree_id FROM nodes")}
+        finally:
+            await conn.close()
+        assert trees == {"src": derived["src"], "fork": derived["src"], "orphan": derived["orphan"]}
+        assert aliases == {"fork": derived["src"]}
+        assert set(node_trees.values()) == {derived["src"], derived["orphan"]}
+
+    run(setup())
+    # the three conversations go on where they were, through the API
+    with serve_proxy(make_settings(url, upstream_url, auth={"mode": "keys", "keys": [{"key": "sk-k", "tenant": tenant}]})) as p:
+        client = p.openai("sk-k")
+        for conv, expected in (("src", ["q1", "echo: q1", "q2", "echo: q2", "next"]),
+                               ("fork", ["q1", "echo: q1", "fq", "echo: fq", "next"]),
+                               ("orphan", ["oq", "echo: oq", "next"])):
+            say(client, conv, user("next"))
+            assert [m["content"] for m in upstream.last.body["messages"]] == expected, conv
