@@ -119,6 +119,7 @@ $$;
 CREATE OR REPLACE FUNCTION bp_path(p_tree uuid, p_node uuid)
 RETURNS SETOF nodes
 LANGUAGE sql STABLE
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off SET enable_seqscan = off
 AS $$
     SELECT n.* FROM bp_path_up(p_tree, p_node) u JOIN nodes n ON n.tree_id = p_tree AND n.id = u.id
      ORDER BY u.lvl DESC
@@ -129,6 +130,8 @@ $$;
 CREATE OR REPLACE FUNCTION bp_path_nodes(p_tree uuid, p_node uuid, p_known uuid[] DEFAULT '{}')
 RETURNS SETOF bp_path_node
 LANGUAGE sql STABLE
+-- the join back to the rows must be one primary-key lookup per id, never a scan of the table
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off SET enable_seqscan = off
 AS $$
     SELECT p.id, p.parent_id, p.kind, p.status, p.sent, p.received, p.provider, p.model, p.usage,
            p.compacted_from, p.api

@@ -50,5 +50,8 @@ ALTER TABLE conversations ADD PRIMARY KEY (tree_id, tenant, id);
 DROP INDEX conversations_by_tree;  -- the primary key's first column now
 -- admin and CLI lookups by name across trees (not on a call's path)
 CREATE INDEX conversations_by_name ON conversations (tenant, id);
+-- full-history matching inside a named conversation's tree (nodes_by_chain stays for /auto/v1,
+-- which looks across the tenant's trees)
+CREATE INDEX nodes_by_tree_chain ON nodes (tree_id, chain);
 
 DROP FUNCTION IF EXISTS bp_on_head_path(text, text, uuid);
