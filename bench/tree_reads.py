@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reading big trees: the admin path and tree of a conversation with 1,000 nodes on one branch,
 and of one with 1,000 nodes in 50 branches; plus a chat call whose context is that 1,000-node
-path (one recursive CTE reads it).
+path, and the proxy's and PostgreSQL's CPU per call on it against a 20-node path.
 
     uv run python bench/tree_reads.py [--nodes 1000] [--branches 50] [--reads 50]
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, Procs, log, shared_bench, start_stack
+from _harness import KEY, MODEL, Procs, cpu_ticks, log, postgres_pids, shared_bench, start_stack
 
 
 def turn(http: httpx.Client, cid: str, text: str, parent: str | None = None) -> str:
@@ -68,6 +69,28 @@ def timed(http: httpx.Client, method: str, url: str, reads: int, **kw) -> dict:
             "max_ms": round(samples[-1], 2), "bytes": size}
 
 
+def cpu_per_call(http: httpx.Client, pid: int, data_dir: Path, cids: tuple[str, ...], calls: int) -> dict:
+    """Proxy and PostgreSQL CPU per side call on the head of each conversation (a 20-node and the
+    1,000-node path), interleaved in 4 rounds; medians."""
+    hz = os.sysconf("SC_CLK_TCK")
+    pg = postgres_pids(data_dir)
+    samples: dict[str, list[tuple[float, float, float]]] = {c: [] for c in cids}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "summarise"}]}
+    for _ in range(4):
+        for cid in cids:
+            headers = {"X-Conversation-Id": cid, "X-Node-Kind": "transform"}
+            for _ in range(10):  # warm: the path cache holds the path now
+                http.post("/v1/chat/completions", headers=headers, json=body).raise_for_status()
+            t0, c0, g0 = time.perf_counter(), cpu_ticks([pid]), cpu_ticks(pg)
+            for _ in range(calls):
+                http.post("/v1/chat/completions", headers=headers, json=body).raise_for_status()
+            t1, c1, g1 = time.perf_counter(), cpu_ticks([pid]), cpu_ticks(pg)
+            samples[cid].append(((t1 - t0) * 1000 / calls, (c1 - c0) * 1000 / hz / calls, (g1 - g0) * 1000 / hz / calls))
+    return {cid: {k: round(statistics.median(s[i] for s in rows), 2)
+                  for i, k in enumerate(("latency_ms", "proxy_cpu_ms", "postgres_cpu_ms"))}
+            for cid, rows in samples.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1000)
@@ -81,7 +104,7 @@ def main() -> None:
     procs = Procs()
     results: dict = {"nodes": args.nodes, "branches": args.branches, "reads": args.reads}
     try:
-        _, proxy, _ = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=shared_bench())
+        _, proxy, px = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=shared_bench())
         with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
             t0 = time.time()
             build_line(http, "line", args.nodes)
@@ -102,6 +125,9 @@ def main() -> None:
                                                headers={"X-Conversation-Id": cid, "X-Node-Kind": "transform"},
                                                json={"model": MODEL, "messages": [{"role": "user", "content": "summarise"}]}),
                 }
+            build_line(http, "short", 20)
+            results["cpu_per_call"] = cpu_per_call(http, px.pid, work / "data", ("short", "line"), args.reads)
+            log(f"CPU per call: {results['cpu_per_call']}")
     finally:
         procs.stop()
     print(json.dumps(results, indent=2))
