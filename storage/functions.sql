@@ -94,49 +94,46 @@ BEGIN
 END
 $$;
 
--- bp_path_up(tree, node, known): the ids on the path from `node` up to the first node without a
--- parent -- or up to, not including, the first node in `known` (nodes whose path the caller has
--- already: docs/architecture.md#the-path-cache) -- with their distance from `node`. One recursive
--- CTE over (id, parent_id) only: one primary-key lookup per step, no row carried along.
-CREATE OR REPLACE FUNCTION bp_path_up(p_tree uuid, p_node uuid, p_known uuid[] DEFAULT '{}')
-RETURNS TABLE (id uuid, lvl integer)
-LANGUAGE sql STABLE
-SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
-AS $$
-    WITH RECURSIVE up (id, parent_id, lvl) AS (
-        SELECT n.id, n.parent_id, 0 FROM nodes n
-         WHERE n.tree_id = p_tree AND n.id = p_node AND n.id <> ALL (coalesce(p_known, '{}'))
-        UNION ALL
-        SELECT step.id, step.parent_id, up.lvl + 1 FROM up
-         CROSS JOIN LATERAL (SELECT n.id, n.parent_id FROM nodes n  -- LIMIT: a fence, one PK lookup per step
-                              WHERE n.tree_id = p_tree AND n.id = up.parent_id LIMIT 1) step
-         WHERE up.parent_id <> ALL (coalesce(p_known, '{}'))
-    )
-    SELECT up.id, up.lvl FROM up
-$$;
-
--- bp_path(tree, node): the path from `node` to its root, root first, whole rows (admin API, replay).
+-- bp_path(tree, node): the path from `node` to its root, root first, whole rows (admin API,
+-- replay). One recursive CTE carrying the rows: for the admin API's reads of whole paths it
+-- measured faster than walking ids and joining back (bench/tree_reads.py).
 CREATE OR REPLACE FUNCTION bp_path(p_tree uuid, p_node uuid)
 RETURNS SETOF nodes
 LANGUAGE sql STABLE
-SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off SET enable_seqscan = off
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
-    SELECT n.* FROM bp_path_up(p_tree, p_node) u JOIN nodes n ON n.tree_id = p_tree AND n.id = u.id
-     ORDER BY u.lvl DESC
+    WITH RECURSIVE up (node, lvl) AS (
+        SELECT first, 0 FROM nodes first WHERE first.tree_id = p_tree AND first.id = p_node
+        UNION ALL
+        SELECT step.parent, up.lvl + 1 FROM up
+         CROSS JOIN LATERAL (SELECT parent FROM nodes parent  -- LIMIT: a fence, one PK lookup per step
+                              WHERE parent.tree_id = p_tree AND parent.id = (up.node).parent_id LIMIT 1) step
+    )
+    SELECT (up.node).* FROM up ORDER BY up.lvl DESC
 $$;
 
 -- bp_path_nodes(tree, node, known): the path as assembly needs it (bp_path_node rows), root first,
--- ending above the first node in `known` (the first row's parent_id is then that node).
+-- ending above the first node in `known` -- nodes whose path the caller has already
+-- (docs/architecture.md#the-path-cache); the first row's parent_id is then that node. The walk
+-- of bp_path, stopping there.
 CREATE OR REPLACE FUNCTION bp_path_nodes(p_tree uuid, p_node uuid, p_known uuid[] DEFAULT '{}')
 RETURNS SETOF bp_path_node
 LANGUAGE sql STABLE
--- the join back to the rows must be one primary-key lookup per id, never a scan of the table
-SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off SET enable_seqscan = off
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
-    SELECT p.id, p.parent_id, p.kind, p.status, p.sent, p.received, p.provider, p.model, p.usage,
-           p.compacted_from, p.api
-      FROM bp_path_up(p_tree, p_node, p_known) u JOIN nodes p ON p.tree_id = p_tree AND p.id = u.id
-     ORDER BY u.lvl DESC
+    WITH RECURSIVE up (node, lvl) AS (
+        SELECT first, 0 FROM nodes first
+         WHERE first.tree_id = p_tree AND first.id = p_node AND first.id <> ALL (coalesce(p_known, '{}'))
+        UNION ALL
+        SELECT step.parent, up.lvl + 1 FROM up
+         CROSS JOIN LATERAL (SELECT parent FROM nodes parent  -- LIMIT: a fence, one PK lookup per step
+                              WHERE parent.tree_id = p_tree AND parent.id = (up.node).parent_id LIMIT 1) step
+         WHERE (up.node).parent_id <> ALL (coalesce(p_known, '{}'))
+    )
+    SELECT (up.node).id, (up.node).parent_id, (up.node).kind, (up.node).status, (up.node).sent,
+           (up.node).received, (up.node).provider, (up.node).model, (up.node).usage,
+           (up.node).compacted_from, (up.node).api
+      FROM up ORDER BY up.lvl DESC
 $$;
 
 -- bp_visible_foreign(tree, tenant, conversation): the nodes another conversation made that this

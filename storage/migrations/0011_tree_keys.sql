@@ -55,3 +55,5 @@ CREATE INDEX conversations_by_name ON conversations (tenant, id);
 CREATE INDEX nodes_by_tree_chain ON nodes (tree_id, chain);
 
 DROP FUNCTION IF EXISTS bp_on_head_path(text, text, uuid);
+
+DROP FUNCTION IF EXISTS bp_path_up(uuid, uuid, uuid[]);
