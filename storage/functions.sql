@@ -396,6 +396,27 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
      WHERE (e.sys AND p_with_system) OR (NOT e.sys AND e.nth > p_skip)
 $$;
 
+-- bp_lock_conversation(tree, tenant, conversation, for update): the conversation's row locked FOR
+-- UPDATE (turn calls) or FOR KEY SHARE (side calls: they run side by side, but never beside a
+-- delete of their conversation, which could otherwise remove the parent they hang under); a row
+-- of nulls when there is none.
+CREATE OR REPLACE FUNCTION bp_lock_conversation(p_tree uuid, p_tenant text, p_conversation text, p_for_update boolean)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+BEGIN
+    IF p_for_update THEN
+        SELECT * INTO conv FROM conversations c
+         WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    ELSE
+        SELECT * INTO conv FROM conversations c
+         WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
+    END IF;
+    RETURN conv;
+END
+$$;
+
 -- bp_open_conversation(tenant, conversation, tree, spare, for update): the conversation's row,
 -- locked FOR UPDATE (turn calls) or FOR KEY SHARE -- made now if this is its first call, in the
 -- tree bp_claim_name gives it. `tree`: bp_conversation_tree(tenant, conversation).
@@ -408,14 +429,8 @@ DECLARE
     v_tree uuid := p_tree;
 BEGIN
     LOOP
-        IF p_for_update THEN
-            SELECT * INTO conv FROM conversations c
-             WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
-        ELSE
-            SELECT * INTO conv FROM conversations c
-             WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
-        END IF;
-        IF FOUND THEN
+        conv := bp_lock_conversation(v_tree, p_tenant, p_conversation, p_for_update);
+        IF conv.id IS NOT NULL THEN
             RETURN conv;
         END IF;
         v_tree := bp_claim_name(p_tenant, p_conversation, p_spare);
@@ -489,18 +504,10 @@ BEGIN
 
     -- 1. the conversation, locked for the rest of this transaction (turns only: transforms take
     --    no lease and move no head, so any number of them run side by side)
-    --    (a key-share lock for side calls: they run side by side, but never beside a delete of
-    --    their conversation, which could otherwise remove the parent they are hanging under)
     IF p_parent_mode = 'node' THEN
         -- a given parent needs an existing conversation: never create one just to answer 404
-        IF p_kind = 'turn' THEN
-            SELECT * INTO conv FROM conversations c
-             WHERE c.tree_id = v_ctree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
-        ELSE
-            SELECT * INTO conv FROM conversations c
-             WHERE c.tree_id = v_ctree AND c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
-        END IF;
-        IF NOT FOUND THEN
+        conv := bp_lock_conversation(v_ctree, p_tenant, p_conversation, p_kind = 'turn');
+        IF conv.id IS NULL THEN
             PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_parent, p_conversation));
         END IF;
     ELSE

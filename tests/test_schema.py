@@ -107,12 +107,22 @@ def test_the_head_rule_table(template_url):
     run(check())
 
 
+async def _migrate_to(conn: asyncpg.Connection, version: int) -> None:
+    """Bring an empty database to an old schema version (migrations 1..version, no functions)."""
+    from storage.migrate import load_migrations
+
+    await conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
+                       "applied_at timestamptz NOT NULL DEFAULT now())")
+    for m in load_migrations()[:version]:
+        await m.apply(conn)
+        await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name)
+
+
 def test_the_transcript_backfill_gives_existing_nodes_their_keys(pg_server_url):
     """A database from before transcript hashes (version 5, nodes with sent_hash) is migrated: every
     node gets the chain that node_keys computes from its items, and sent_hash is gone."""
     import json
 
-    from storage.migrate import load_migrations
     from storage.transcript import node_keys
 
     url = new_database(pg_server_url)
@@ -120,11 +130,7 @@ def test_the_transcript_backfill_gives_existing_nodes_their_keys(pg_server_url):
     async def check():
         conn = await asyncpg.connect(url)
         try:
-            await conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
-                               "applied_at timestamptz NOT NULL DEFAULT now())")
-            for m in load_migrations()[:5]:
-                await m.apply(conn)
-                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name)
+            await _migrate_to(conn, 5)
             await conn.execute("""
                 INSERT INTO conversations (tenant, id, tree_id) VALUES ('t', 'c', '00000000-0000-7000-8000-000000000001');
                 INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, sent_hash,
@@ -171,7 +177,6 @@ def test_tree_keys_migration_moves_trees_to_their_owners_names(pg_server_url, up
     """A database from before derived tree ids (version 10): each tree is renamed after its owner
     (the conversation that is not a fork; else the oldest), forks get alias rows, and every
     conversation goes on with its context intact."""
-    from storage.migrate import load_migrations
 
     from .conftest import make_settings, serve_proxy
     from .helpers import say, user
@@ -184,11 +189,7 @@ def test_tree_keys_migration_moves_trees_to_their_owners_names(pg_server_url, up
     async def setup():
         conn = await asyncpg.connect(url)
         try:
-            await conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, "
-                               "applied_at timestamptz NOT NULL DEFAULT now())")
-            for m in load_migrations()[:10]:
-                await m.apply(conn)
-                await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name)
+            await _migrate_to(conn, 10)
             rows = [  # tree, id, conversation, parent, question, depth
                 (t1, node("a1"), "src", None, "q1", 0), (t1, node("a2"), "src", node("a1"), "q2", 1),
                 (t1, node("a3"), "fork", node("a1"), "fq", 1), (t2, node("b1"), "orphan", None, "oq", 0)]
