@@ -7,26 +7,27 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).resolve().parent / "node"
 
 
-def _node_modules() -> None:
-    if all((HERE / "node_modules" / name).exists() for name in ("openai", "ai", "@ai-sdk/openai", "zod")):
-        return
-    result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=HERE, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"npm ci failed (the npm registry must be reachable): {result.stderr[-2000:]}"
+def _run_node(script: str, env: dict[str, str]) -> dict:
+    """Run ``tests/node/<script>`` with its npm packages (installed on first use) and return the
+    JSON it prints. Node.js is required, not optional: .ci/run installs it (Debian's nodejs and
+    npm), and a machine without it fails here rather than skipping what the README claims."""
+    assert shutil.which("node") and shutil.which("npm"), \
+        "Node.js (node and npm) is needed for the Node SDK tests: apt-get install nodejs npm"
+    if not all((HERE / "node_modules" / name).exists() for name in ("openai", "ai", "@ai-sdk/openai", "zod")):
+        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=HERE, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, f"npm ci failed (the npm registry must be reachable): {result.stderr[-2000:]}"
+    result = subprocess.run(["node", script], cwd=HERE, env={**os.environ, **env}, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def test_the_node_sdk_drives_branchpoint(proxy, upstream, key, cid):
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js (node and npm) is not installed here; the Node SDK test needs it")
-    _node_modules()
-    env = {**os.environ, "BASE_URL": proxy.url, "API_KEY": key, "CONVERSATION": cid}
-    result = subprocess.run(["node", "sdk.mjs"], cwd=HERE, env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    seen = json.loads(result.stdout)
+    seen = _run_node("sdk.mjs", {"BASE_URL": proxy.url, "API_KEY": key, "CONVERSATION": cid})
     assert seen["first"]["text"] == "echo: node turn one"
     assert seen["second"]["text"] == "echo: node turn two" and seen["second"]["parent"] == seen["first"]["node"]
     assert seen["edit"]["parent"] == seen["first"]["node"]
@@ -43,15 +44,9 @@ def test_the_vercel_ai_sdk_chat_provider_resending_its_history(proxy, upstream, 
     from .fakes import Reply
     from .helpers import tool_call
 
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js (node and npm) is not installed here; the Vercel AI SDK test needs it")
-    _node_modules()
     upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_v1", "weather", '{"city": "Paris"}')]),
                      Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
-    env = {**os.environ, "BASE_URL": proxy.url, "API_KEY": key}
-    result = subprocess.run(["node", "vercel.mjs"], cwd=HERE, env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    seen = json.loads(result.stdout)
+    seen = _run_node("vercel.mjs", {"BASE_URL": proxy.url, "API_KEY": key})
     assert seen["first"]["text"] == "It is 21 C in Paris." and seen["second"]["text"] == "Tomorrow too."
     assert len(seen["sent"]) == 3
     received = upstream.turn_requests[-3:]
@@ -71,15 +66,9 @@ def test_the_vercel_ai_sdk_default_provider_speaks_responses(proxy, upstream, ke
     from .fakes import Reply
     from .helpers import tool_call
 
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js (node and npm) is not installed here; the Vercel AI SDK test needs it")
-    _node_modules()
     upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_r1", "weather", '{"city": "Paris"}')]),
                      Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
-    env = {**os.environ, "BASE_URL": proxy.url, "API_KEY": key}
-    result = subprocess.run(["node", "vercel_responses.mjs"], cwd=HERE, env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    seen = json.loads(result.stdout)
+    seen = _run_node("vercel_responses.mjs", {"BASE_URL": proxy.url, "API_KEY": key})
     assert seen["first"]["text"] == "It is 21 C in Paris." and seen["second"]["text"] == "Tomorrow too."
     assert len(seen["sent"]) == 3 and all("input" in body for body in seen["sent"])
     # the SDK takes store: true at its word and references the stored answer; the proxy resolves it
