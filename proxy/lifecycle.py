@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,15 +201,21 @@ class CallLifecycle:
                            begun.matched, new_items, secrets)
         return started, begun.path
 
-    async def _abandon(self, node_id: uuid.UUID) -> None:
-        """Reap the node of a call whose start was not confirmed, if the database did create it.
-        Tried until it is found reaped or finished, or for ``lease_seconds`` (the reaper's turn)."""
+    async def _attempts(self) -> AsyncIterator[None]:
+        """Retries while the database is away: one attempt after 0.1 s, then doubling up to 5 s,
+        for ``lease_seconds`` -- after that, the reaper finishes what is left."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.lease_seconds
         delay = 0.1
         while loop.time() < give_up:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+            yield
+
+    async def _abandon(self, node_id: uuid.UUID) -> None:
+        """Reap the node of a call whose start was not confirmed, if the database did create it.
+        Tried until it is found reaped or finished, or for ``lease_seconds`` (the reaper's turn)."""
+        async for _ in self._attempts():
             try:
                 outcome = await self.tree.abandon(node_id)
             except StorageError:
@@ -258,12 +264,7 @@ class CallLifecycle:
 
     async def _store_later(self, started: _Started, store: Callable[[], Any], outcome: Outcome,
                            usage: dict[str, Any] | None) -> None:
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.lease_seconds
-        delay = 0.1
-        while loop.time() < give_up:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        async for _ in self._attempts():
             try:
                 await store()
             except StorageError:

@@ -71,6 +71,19 @@ class _HeaderTimeout:
             self._header_timer.cancel()
             self._header_timer = None
 
+    # armed while a connection waits for a request's headers: from the start, and after each response
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _header_timeout_fired(self) -> None:
         self._header_timer = None
         cycle = getattr(self, "cycle", None)
@@ -81,38 +94,14 @@ class _HeaderTimeout:
 
 
 class HeaderTimeoutHttpTools(_HeaderTimeout, HttpToolsProtocol):
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm()
-
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
 
 class HeaderTimeoutH11(_HeaderTimeout, H11Protocol):
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm()
-
     def handle_events(self) -> None:
         before = self.cycle
         super().handle_events()
         if self.cycle is not before and self.cycle is not None:  # a new request's headers arrived
             self._disarm()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)

@@ -493,7 +493,7 @@ DECLARE
     v_head record;
     v_up record;
     v_lease timestamptz := now() + make_interval(secs => p_lease_seconds);
-    v_ctree uuid := bp_conversation_tree(p_tenant, p_conversation);
+    v_ctree uuid;
 BEGIN
     IF p_mode = 'full' THEN
         RETURN QUERY SELECT * FROM bp_begin_full(p_tenant, p_conversation, p_new_conversation, p_new_tree, p_node,
@@ -501,6 +501,8 @@ BEGIN
             p_ordinals, p_api, p_known);
         RETURN;
     END IF;
+
+    v_ctree := bp_conversation_tree(p_tenant, p_conversation);  -- (full mode resolves it itself)
 
     -- 1. the conversation, locked for the rest of this transaction (turns only: transforms take
     --    no lease and move no head, so any number of them run side by side)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp
@@ -16,14 +15,13 @@ from litestar.types import ASGIApp
 from ..auth import Caller
 from ..errors import InvalidRequest
 from ..lifecycle import CallLifecycle, ChatCall
-from .common import RequestHeaders, parse_node_id, resolve_conversation_id
+from .common import RequestHeaders, parse_model_request, parse_node_id, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder
 
 __all__ = ["chat_completions", "chat_completions_auto", "chat_completions_prefixed", "parse_chat_body"]
 
-_decode = msgspec.json.Decoder().decode
 _KINDS = frozenset({"turn", "transform"})
 _MODES = frozenset({"delta", "full"})
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -31,17 +29,7 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 
 def parse_chat_body(raw: bytes) -> dict[str, Any]:
     """The client's body as a dict (every field kept); refuses what cannot be a chat request."""
-    try:
-        body = _decode(raw)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidRequest("the request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model or "\x00" in model:
-        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    body = parse_model_request(raw)
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' is required and must be an array", param="messages")

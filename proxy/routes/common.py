@@ -6,6 +6,8 @@ import re
 import uuid
 from typing import Any
 
+import msgspec
+
 from ..errors import InvalidConversationId, InvalidRequest
 
 __all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "parse_node_id", "resolve_conversation_id", "valid_conversation_id"]
@@ -80,3 +82,23 @@ def parse_node_id(value: str, *, param: str) -> uuid.UUID:
     except ValueError:
         raise InvalidRequest(f"{param} is not a node id (a UUID)", param=param) from None
 
+
+
+_decode = msgspec.json.Decoder().decode
+
+
+def parse_model_request(raw: bytes) -> dict[str, Any]:
+    """A call's body (chat completions, Responses) as a dict, every field kept: a JSON object
+    naming a model; anything else is refused with 400."""
+    try:
+        body = _decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("the request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model or "\x00" in model:
+        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    return body

@@ -25,30 +25,19 @@ from ..http import RawResponse
 from ..lifecycle import CallLifecycle, ChatCall
 from ..responses import items as responses_items
 from ..responses import translate
-from .common import RequestHeaders, resolve_conversation_id, valid_conversation_id
+from .common import RequestHeaders, parse_model_request, resolve_conversation_id, valid_conversation_id
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder, upstream_path
 
 __all__ = ["response_input_items", "response_resource", "responses_create"]
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 _KINDS = frozenset({"turn", "transform"})
 
 
 def parse_responses_body(raw: bytes) -> dict[str, Any]:
-    try:
-        body = _decode(raw)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidRequest("the request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model or "\x00" in model:
-        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    body = parse_model_request(raw)
     value = body.get("input")
     if not isinstance(value, (str, list)):
         raise InvalidRequest("'input' is required: a string or an array of items", param="input")
