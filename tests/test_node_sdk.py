@@ -46,7 +46,7 @@ def test_the_vercel_ai_sdk_chat_provider_resending_its_history(proxy, upstream, 
 
     upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_v1", "weather", '{"city": "Paris"}')]),
                      Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
-    seen = _run_node("vercel.mjs", {"BASE_URL": proxy.url, "API_KEY": key})
+    seen = _run_node("vercel.mjs", {"BASE_URL": proxy.url, "API_KEY": key, "PROVIDER_API": "chat"})
     assert seen["first"]["text"] == "It is 21 C in Paris." and seen["second"]["text"] == "Tomorrow too."
     assert len(seen["sent"]) == 3
     received = upstream.turn_requests[-3:]
@@ -68,7 +68,7 @@ def test_the_vercel_ai_sdk_default_provider_speaks_responses(proxy, upstream, ke
 
     upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_r1", "weather", '{"city": "Paris"}')]),
                      Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
-    seen = _run_node("vercel_responses.mjs", {"BASE_URL": proxy.url, "API_KEY": key})
+    seen = _run_node("vercel.mjs", {"BASE_URL": proxy.url, "API_KEY": key, "PROVIDER_API": "responses"})
     assert seen["first"]["text"] == "It is 21 C in Paris." and seen["second"]["text"] == "Tomorrow too."
     assert len(seen["sent"]) == 3 and all("input" in body for body in seen["sent"])
     # the SDK takes store: true at its word and references the stored answer; the proxy resolves it

@@ -1,20 +1,24 @@
-// Drives Branchpoint at /auto/v1 with the Vercel AI SDK's chat-completions provider (provider.chat(model)): a
-// tool loop and a follow-up turn, resending the whole history as the SDK does. Prints what it sent
-// (recorded by a fetch wrapper) and the response headers it saw (tests/test_node_sdk.py checks it).
+// Drives Branchpoint at /auto/v1 with the Vercel AI SDK: a tool loop and a follow-up turn, resending
+// the whole history as the SDK does. PROVIDER_API=chat uses the chat-completions provider
+// (provider.chat(model)); PROVIDER_API=responses the default one (provider(model): the Responses
+// API). Prints what it sent (recorded by a fetch wrapper) and the response headers it saw
+// (tests/test_node_sdk.py checks it).
 import { createOpenAI } from "@ai-sdk/openai";
 import { generateText, stepCountIs, tool } from "ai";
 import { z } from "zod";
 
-const { BASE_URL, API_KEY } = process.env;
+const { BASE_URL, API_KEY, PROVIDER_API } = process.env;
+const endpoint = PROVIDER_API === "responses" ? "/responses" : "/chat/completions";
 const sent = [];
 const provider = createOpenAI({
   baseURL: `${BASE_URL}/auto/v1`,
   apiKey: API_KEY,
   fetch: async (url, init) => {
-    if (String(url).endsWith("/chat/completions")) sent.push(JSON.parse(init.body));
+    if (String(url).endsWith(endpoint)) sent.push(JSON.parse(init.body));
     return fetch(url, init);
   },
 });
+const model = PROVIDER_API === "responses" ? provider("gpt-4o-mini") : provider.chat("gpt-4o-mini");
 const weather = tool({
   description: "The weather in a city",
   inputSchema: z.object({ city: z.string() }),
@@ -23,10 +27,10 @@ const weather = tool({
 
 const messages = [{ role: "user", content: "What is the weather in Paris?" }];
 const first = await generateText({
-  model: provider.chat("gpt-4o-mini"), messages, tools: { weather }, stopWhen: stepCountIs(5), maxRetries: 0,
+  model, messages, tools: { weather }, stopWhen: stepCountIs(5), maxRetries: 0,
 });
 messages.push(...first.responseMessages, { role: "user", content: "And tomorrow?" });
-const second = await generateText({ model: provider.chat("gpt-4o-mini"), messages, tools: { weather }, maxRetries: 0 });
+const second = await generateText({ model, messages, tools: { weather }, maxRetries: 0 });
 
 const headers = (r) => ({
   conversation: r.response.headers["x-conversation-id"],
