@@ -139,3 +139,20 @@ def cpu_ticks(pids: list[int]) -> int:
             continue
         total += int(fields[11]) + int(fields[12])
     return total
+
+
+async def asgi_body(scope, receive, send) -> bytes | None:
+    """For the in-process fake upstreams (ASGI apps): the request's whole body, or None after
+    answering a lifespan scope."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return None
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body

@@ -32,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _harness import KEY, ROOT, Procs, log, wait_http
+from _harness import KEY, ROOT, Procs, asgi_body, log, wait_http
 
 from proxy.tokens import TokenCounter
 
@@ -58,18 +58,9 @@ class FakeLLM:
         self.lock = threading.Lock()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await asgi_body(scope, receive, send)
+        if body is None:
+            return
         if scope["method"] != "POST":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
             await send({"type": "http.response.body", "body": b"ok"})

@@ -36,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _harness import ROOT, Procs, log, wait_http
+from _harness import ROOT, Procs, asgi_body, log, wait_http
 
 MODEL = "gpt-4o-mini"
 OWN_5XX = {"internal_error", "storage_error", "database_unavailable", "relay_error"}
@@ -61,18 +61,9 @@ class FaultyLLM:
         return "ok"
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await asgi_body(scope, receive, send)
+        if body is None:
+            return
         request = json.loads(body) if body else {}
         fault = self.pick()
         self.calls[fault] += 1
