@@ -568,7 +568,7 @@ BEGIN
     END IF;
 
     -- 5. the pending node, and the lease it holds
-    SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
+    SELECT n.parent_id, n.depth, n.chain, n.answered, n.system_hash INTO v_up
       FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
                        depth, lease_until, chain, answered, system_hash, api)
@@ -588,6 +588,13 @@ BEGIN
     ELSE
         IF v_parent = ANY (p_known) THEN  -- the caller has the parent's whole path
             RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, NULL::bp_path_node;
+        ELSIF v_up.parent_id IS NULL OR v_up.parent_id = ANY (p_known) THEN
+            -- the usual next turn: the caller has everything above the parent, one row is missing
+            -- (read directly: the walk's set-up costs more than the row)
+            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false,
+                                ROW(n.id, n.parent_id, n.kind, n.status, n.sent, n.received, n.provider, n.model,
+                                    n.usage, n.compacted_from, n.api)::bp_path_node
+              FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
         ELSE
             RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, p
               FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
