@@ -121,6 +121,12 @@ def postgres_pids(data_dir: Path) -> list[int]:
     return pids
 
 
+def postgres_dsn(data_dir: Path) -> str:
+    """A superuser connection string for the embedded PostgreSQL of a stack (from its pid file)."""
+    lines = (data_dir / "pgdata" / "postmaster.pid").read_text().split("\n")
+    return f"postgresql://postgres@/postgres?host={lines[4]}&port={int(lines[3])}"  # host: the socket directory
+
+
 def pin_postgres(data_dir: Path, cpus: str) -> list[int]:
     """Move PostgreSQL off the proxy's core (new backends inherit the postmaster's affinity):
     the database is a service of its own, as in production; its CPU is reported apart."""

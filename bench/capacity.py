@@ -19,15 +19,14 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, Procs, log, shared_bench, start_stack
+from _harness import ROOT, Procs, log, postgres_dsn, shared_bench, start_stack
 from run import run_wrk_turns, seed
 
 
 async def _wal_lsn(data_dir: Path) -> int:
     import asyncpg
 
-    lines = (data_dir / "pgdata" / "postmaster.pid").read_text().split("\n")
-    conn = await asyncpg.connect(host=lines[4], port=int(lines[3]), user="postgres", database="postgres")
+    conn = await asyncpg.connect(postgres_dsn(data_dir))
     try:
         return int(await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')"))
     finally:

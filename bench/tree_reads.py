@@ -3,7 +3,10 @@
 and of one with 1,000 nodes in 50 branches; plus a chat call whose context is that 1,000-node
 path, and the proxy's and PostgreSQL's CPU per call on it against a 20-node path.
 
-    uv run python bench/tree_reads.py [--nodes 1000] [--branches 50] [--reads 50]
+    uv run python bench/tree_reads.py [--nodes 1000] [--branches 50] [--reads 50] [--fill 10000000]
+
+``--fill N`` first loads N other nodes (lines of 100 in N/100 conversations of another tenant)
+with COPY, so the measured conversations live in a big table.
 
 Trees are built through the chat API against the fast fake upstream (about 5 s per 1,000 calls).
 Latency is measured sequentially from this process (one request at a time), so it is the time
@@ -24,7 +27,70 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, Procs, cpu_ticks, log, postgres_pids, shared_bench, start_stack
+from _harness import KEY, MODEL, Procs, cpu_ticks, log, postgres_dsn, postgres_pids, shared_bench, start_stack
+
+FILL_LINE = 100  # nodes per filler conversation
+
+
+def _fill_rows(count: int):
+    """Filler nodes and conversations: finished turns, lines of FILL_LINE, in tree order (so the
+    load appends to most indexes, as live traffic does); ids time-ordered like uuid7."""
+    import hashlib
+    import uuid
+
+    sent = json.dumps([{"role": "user", "content": "filler question " * 8}])
+    received = json.dumps([{"role": "assistant", "content": "filler answer " * 12}])
+    base = (int(time.time() * 1000) - 86_400_000) << 80 | 0x7 << 76 | 0b10 << 62
+    node_rows, conv_rows = [], []
+    for k in range(count // FILL_LINE):
+        tree = uuid.UUID(int=(k + 1) << 64 | 0x4000 << 48 | 0x8000 << 32)
+        cid, parent = f"fill-{k}", None
+        for depth in range(FILL_LINE):
+            n = k * FILL_LINE + depth
+            node = uuid.UUID(int=base | (n // 4096) << 80 | (n % 4096) << 64 | n)
+            chain = hashlib.sha256(node.bytes).digest()
+            node_rows.append((tree, node, "fill", cid, parent, "turn", "success", sent, received, "gpt-4o-mini",
+                              "default", depth, chain, True))
+            parent = node
+        conv_rows.append(("fill", cid, tree, parent))
+        if len(node_rows) >= 100_000:
+            yield node_rows, conv_rows
+            node_rows, conv_rows = [], []
+    if node_rows:
+        yield node_rows, conv_rows
+
+
+def fill(data_dir: Path, count: int) -> None:
+    """COPY ``count`` filler nodes into the stack's database (triggers -- the foreign-key checks --
+    off for the load: the rows are consistent by construction), then VACUUM ANALYZE."""
+    import asyncio
+
+    import asyncpg
+
+    async def load() -> None:
+        conn = await asyncpg.connect(postgres_dsn(data_dir))
+        try:
+            await conn.execute("SET session_replication_role = replica")
+            done, t0 = 0, time.time()
+            for nodes, convs in _fill_rows(count):
+                await conn.copy_records_to_table(
+                    "nodes", records=nodes,
+                    columns=("tree_id", "id", "tenant", "conversation_id", "parent_id", "kind", "outcome", "sent",
+                             "received", "model", "provider", "depth", "chain", "answered"))
+                await conn.copy_records_to_table("conversations", records=convs,
+                                                 columns=("tenant", "id", "tree_id", "head_node_id"))
+                done += len(nodes)
+                if done % 1_000_000 == 0:
+                    log(f"fill: {done:,} nodes in {time.time() - t0:.0f} s")
+            await conn.execute("RESET session_replication_role")
+            await conn.execute("VACUUM ANALYZE nodes")
+            await conn.execute("VACUUM ANALYZE conversations")
+            size = await conn.fetchval("SELECT pg_size_pretty(pg_total_relation_size('nodes'))")
+            log(f"fill: {done:,} nodes loaded and analysed in {time.time() - t0:.0f} s; table with indexes {size}")
+        finally:
+            await conn.close()
+
+    asyncio.run(load())
 
 
 def turn(http: httpx.Client, cid: str, text: str, parent: str | None = None) -> str:
@@ -98,13 +164,16 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=50)
     ap.add_argument("--up-port", type=int, default=18081)
     ap.add_argument("--port", type=int, default=14002)
+    ap.add_argument("--fill", type=int, default=0, help="first COPY this many other nodes into the table")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bp-tree-bench-"))
     procs = Procs()
-    results: dict = {"nodes": args.nodes, "branches": args.branches, "reads": args.reads}
+    results: dict = {"nodes": args.nodes, "branches": args.branches, "reads": args.reads, "fill": args.fill}
     try:
         _, proxy, px = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=shared_bench())
+        if args.fill:
+            fill(work / "data", args.fill)
         with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
             t0 = time.time()
             build_line(http, "line", args.nodes)
