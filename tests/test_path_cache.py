@@ -3,12 +3,21 @@ only the nodes below those its process keeps, and what the upstream receives is 
 path -- with two processes writing the same conversation, edits, head moves, failures, tool
 rounds and a conversation deleted and made again under the same id."""
 
+import uuid
+
 import openai
 import pytest
 
-from .conftest import make_settings, serve_proxy
+from storage import queries
+from storage.database import Database
+from storage.ids import uuid7
+from storage.model import Outcome
+from storage.transcript import digests
+from storage.tree import TreeStore
+
+from .conftest import make_settings, run, serve_proxy
 from .fakes import Reply
-from .helpers import say, tool, tool_call, user
+from .helpers import MODEL, say, tool, tool_call, user
 
 
 def _messages(upstream):
@@ -89,3 +98,56 @@ def test_with_the_cache_off_every_call_reads_its_whole_path(database_url, upstre
             say(client, cid, user(f"q{i}"))
         assert len(upstream.last.body["messages"]) == 7
         assert p.runtime.tree.cache.hits == 0 and p.runtime.tree.cache.nbytes == 0
+
+
+def test_the_usual_next_turn_reads_its_parent_by_key_without_the_walk(database_url, cid):
+    """When the caller keeps everything above the parent, bp_begin_call returns the parent's row
+    read by its key; the recursive walk (bp_path_nodes) runs only when more is missing. Counted
+    with the backend's function statistics."""
+    async def scenario():
+        db = await Database().open(database_url, min_size=1, max_size=1)
+        try:
+            store = TreeStore(db)  # no cache: the test says what is known
+            first = await _turn(store, cid, "q0", [])
+            second = await _turn(store, cid, "q1", [])
+            async with db.connection() as conn:
+                for known, rows, walks in (([first], [second], 0),      # only the parent is missing
+                                           ([], [first, second], 1),   # the whole path is missing
+                                           ([second], [None], 0)):     # the parent itself is kept
+                    tx = conn.transaction()
+                    await tx.start()
+                    try:
+                        await conn.execute("SET LOCAL track_functions = 'all'")
+                        before = await conn.fetchval(WALKS)  # (counts not yet reported may be there)
+                        got = await conn.fetch(queries.BEGIN_CALL, *_begin_args(cid, "q2", known))
+                        assert [r["node"]["id"] if r["node"] else None for r in got] == rows
+                        assert got[-1]["parent_id"] == second
+                        assert await conn.fetchval(WALKS) - before == walks, known
+                    finally:
+                        await tx.rollback()
+        finally:
+            await db.close()
+
+    run(scenario())
+
+
+WALKS = "SELECT coalesce(pg_stat_get_xact_function_calls('bp_path_nodes(uuid,uuid,uuid[])'::regprocedure), 0)"
+
+
+def _begin_args(cid, text, known):
+    sent = [user(text)]
+    return ("t_walk", cid, None, uuid.uuid4(), uuid7(), "turn", "delta", "head", None, sent, digests(sent), [], 0,
+            None, 60.0, MODEL, "default", {}, None, "chat", known)
+
+
+async def _turn(store, cid, text, known):
+    sent = [user(text)]
+    node = uuid7()
+    begun = await store.begin_call(tenant="t_walk", conversation_id=cid, node_id=node, new_tree_id=uuid.uuid4(),
+                                   kind="turn", mode="delta", parent_mode="head", parent_id=None, sent=sent,
+                                   digests=digests(sent), prefixes=[], system_hash=None, lease_seconds=60,
+                                   model=MODEL, provider="default", params={})
+    assert await store.finish_call(tree_id=begun.tree_id, node_id=node, outcome=Outcome.SUCCESS,
+                                   received=[{"role": "assistant", "content": "a"}], usage=None,
+                                   finish_reason="stop", error=None, request_hash=None, leased=True)
+    return node
