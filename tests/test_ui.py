@@ -506,7 +506,7 @@ def _big_tree(size: int) -> list[dict[str, Any]]:
     return nodes
 
 
-def test_a_thousand_node_tree_renders_within_a_second_and_stays_usable(ui, page, database_url, tenant):
+def test_a_thousand_node_tree_renders_and_stays_usable(ui, page, database_url, tenant):
     cid = f"big-{uuid.uuid4().hex[:8]}"
     nodes = _big_tree(1000)
     head = nodes[-1]["id"]
@@ -523,11 +523,9 @@ def test_a_thousand_node_tree_renders_within_a_second_and_stays_usable(ui, page,
     open_conversation(page, ui, cid)
     svg = page.locator(".graph svg")
     expect(svg).to_have_attribute("data-nodes", "1000")
-    expect(svg).to_have_attribute("data-open-ms", re.compile(r"\d"))
-    opened = float(svg.get_attribute("data-open-ms"))  # fetching tree + path, layout, drawing, the chat
-    drawn = float(svg.get_attribute("data-render-ms"))  # layout + drawing alone
-    print(f"1,000 nodes: opened in {opened:.0f} ms, graph drawn in {drawn:.0f} ms")
-    assert opened < 1000, opened
+    # the page times itself (bench/viewer.py reads these; the speed goal lives there, not here)
+    expect(svg).to_have_attribute("data-open-ms", re.compile(r"^\d+(\.\d+)?$"))
+    expect(svg).to_have_attribute("data-render-ms", re.compile(r"^\d+(\.\d+)?$"))
     # long single-child runs are folded; what is drawn never overlaps
     folds = page.locator(".graph .fold")
     assert folds.count() >= 1
