@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""PostgreSQL's share of a stored call, without HTTP: one connection makes begin + finish pairs
+through ``TreeStore`` (as the call lifecycle does, path cache on) on 32 conversations with
+20-node paths, and reports per pair the backend's CPU (from /proc/<pid>/schedstat), this
+process's CPU (asyncpg and the store), and each server-side function's own time
+(``track_functions = all``).
+
+    uv run python bench/pg_calls.py [--pairs 2000] [--rounds 5]
+
+Rounds are medianed: on a shared machine the CPU's speed drifts within seconds. To compare two
+versions of a function, run this on each and compare ratios, or interleave rounds in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from storage import migrate, start_embedded
+from storage.database import Database
+from storage.ids import uuid7
+from storage.model import Outcome
+from storage.pathcache import PathCache
+from storage.transcript import digests
+from storage.tree import TreeStore
+
+
+def backend_cpu_ns(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
+async def turn(store: TreeStore, cid: str, i: int) -> None:
+    sent = [{"role": "user", "content": f"question {i} " + "x" * 200}]
+    node = uuid7()
+    begun = await store.begin_call(
+        tenant="bench", conversation_id=cid, node_id=node, new_tree_id=uuid.uuid4(), kind="turn", mode="delta",
+        parent_mode="head", parent_id=None, sent=sent, digests=digests(sent), prefixes=[], system_hash=None,
+        lease_seconds=60, model="gpt-4o-mini", provider="default", params={"temperature": 0.5})
+    await store.finish_call(
+        tree_id=begun.tree_id, node_id=node, outcome=Outcome.SUCCESS,
+        received=[{"role": "assistant", "content": f"answer {i} " + "y" * 300}],
+        usage={"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}, finish_reason="stop", error=None,
+        request_hash=b"\0" * 32, leased=True)
+
+
+async def measure(pairs: int, rounds: int) -> dict:
+    server = start_embedded(tempfile.mkdtemp(prefix="bp-pg-calls-"), delete_on_stop=True)
+    try:
+        await migrate(server.uri)
+        db = await Database().open(server.uri, min_size=1, max_size=1)
+        try:
+            store = TreeStore(db, PathCache(64 << 20))
+            pid = await db.fetchval("SELECT pg_backend_pid()")
+            cids = [f"c{i}" for i in range(32)]
+            n = 0
+            for _ in range(20):  # 20-node paths, and a warm cache and plan cache
+                for cid in cids:
+                    await turn(store, cid, n)
+                    n += 1
+            await db.execute("SET track_functions = 'all'")  # (one connection: this session is it)
+            await db.execute("SELECT pg_stat_reset()")
+            backend, client, wall = [], [], []
+            for _ in range(rounds):
+                b0, c0, w0 = backend_cpu_ns(pid), time.process_time(), time.perf_counter()
+                for _ in range(pairs // rounds):
+                    await turn(store, cids[n % 32], n)
+                    n += 1
+                k = pairs // rounds
+                backend.append((backend_cpu_ns(pid) - b0) / k / 1e6)
+                client.append((time.process_time() - c0) / k * 1e3)
+                wall.append((time.perf_counter() - w0) / k * 1e3)
+            # the backend reports its statistics when it goes idle: ask for it, go idle once
+            await db.execute("SELECT pg_stat_force_next_flush()")
+            await db.execute("SELECT 1")
+            functions = [dict(r) for r in await db.fetch(
+                "SELECT funcname AS function, calls, round((self_time / calls * 1000)::numeric, 1)::float AS self_us, "
+                "round((total_time / calls * 1000)::numeric, 1)::float AS total_us "
+                "FROM pg_stat_user_functions WHERE calls > 0 ORDER BY self_time DESC")]
+        finally:
+            await db.close()
+    finally:
+        server.stop()
+    return {"pairs": pairs, "rounds": rounds,
+            "postgres_cpu_ms_per_pair": round(statistics.median(backend), 3),
+            "client_cpu_ms_per_pair": round(statistics.median(client), 3),
+            "wall_ms_per_pair": round(statistics.median(wall), 3),
+            "rounds_postgres_cpu_ms": [round(x, 3) for x in backend],
+            "functions": functions}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    try:
+        import uvloop
+        result = uvloop.run(measure(args.pairs, args.rounds))
+    except ImportError:
+        result = asyncio.run(measure(args.pairs, args.rounds))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
