@@ -114,9 +114,35 @@ $$;
 
 -- bp_path_nodes(tree, node, known): the path as assembly needs it (bp_path_node rows), root first,
 -- ending above the first node in `known` -- nodes whose path the caller has already
--- (docs/architecture.md#the-path-cache); the first row's parent_id is then that node. The walk
--- of bp_path, stopping there.
+-- (docs/architecture.md#the-path-cache); the first row's parent_id is then that node. No rows
+-- when `node` itself is known (or null). When only `node` is missing -- the usual next turn -- its
+-- row is read by its key: setting up the walk costs more than the row.
 CREATE OR REPLACE FUNCTION bp_path_nodes(p_tree uuid, p_node uuid, p_known uuid[] DEFAULT '{}')
+RETURNS SETOF bp_path_node
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v bp_path_node;
+BEGIN
+    IF p_node IS NULL OR p_node = ANY (p_known) THEN
+        RETURN;
+    END IF;
+    SELECT n.id, n.parent_id, n.kind, n.status, n.sent, n.received, n.provider, n.model, n.usage,
+           n.compacted_from, n.api INTO v
+      FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v.parent_id IS NULL OR v.parent_id = ANY (p_known) THEN
+        RETURN NEXT v;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM bp_path_walk(p_tree, p_node, p_known);
+END
+$$;
+
+-- bp_path_walk(tree, node, known): bp_path_nodes' walk -- the walk of bp_path, stopping above the
+-- first node in `known`.
+CREATE OR REPLACE FUNCTION bp_path_walk(p_tree uuid, p_node uuid, p_known uuid[])
 RETURNS SETOF bp_path_node
 LANGUAGE sql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
@@ -568,7 +594,7 @@ BEGIN
     END IF;
 
     -- 5. the pending node, and the lease it holds
-    SELECT n.parent_id, n.depth, n.chain, n.answered, n.system_hash INTO v_up
+    SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
       FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
                        depth, lease_until, chain, answered, system_hash, api)
@@ -582,23 +608,12 @@ BEGIN
          WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
     END IF;
 
-    -- 6. the path the context is assembled from
-    IF v_parent IS NULL THEN
-        RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'delta', 0, 0, false, NULL::bp_path_node;
-    ELSE
-        IF v_parent = ANY (p_known) THEN  -- the caller has the parent's whole path
-            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, NULL::bp_path_node;
-        ELSIF v_up.parent_id IS NULL OR v_up.parent_id = ANY (p_known) THEN
-            -- the usual next turn: the caller has everything above the parent, one row is missing
-            -- (read directly: the walk's set-up costs more than the row)
-            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false,
-                                ROW(n.id, n.parent_id, n.kind, n.status, n.sent, n.received, n.provider, n.model,
-                                    n.usage, n.compacted_from, n.api)::bp_path_node
-              FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
-        ELSE
-            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, p
-              FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
-        END IF;
+    -- 6. the path the context is assembled from (one row with a null node when there is none
+    --    to read: a root, or a parent the caller has)
+    RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, p
+      FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, NULL::bp_path_node;
     END IF;
 END
 $$;
@@ -770,15 +785,10 @@ BEGIN
             coalesce(v_up.answered, false),
             CASE WHEN v_with_system THEN p_system_hash ELSE v_up.system_hash END, p_api);
 
-    IF v_parent IS NULL THEN
-        RETURN QUERY SELECT conv.id, conv.tree_id, NULL::uuid, 'full', v_k, v_start, v_with_system, NULL::bp_path_node;
-    ELSE
-        IF v_parent = ANY (p_known) THEN  -- the caller has the parent's whole path
-            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, NULL::bp_path_node;
-        ELSE
-            RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, p
-              FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
-        END IF;
+    RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, p
+      FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, NULL::bp_path_node;
     END IF;
 END
 $$;

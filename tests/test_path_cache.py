@@ -102,7 +102,7 @@ def test_with_the_cache_off_every_call_reads_its_whole_path(database_url, upstre
 
 def test_the_usual_next_turn_reads_its_parent_by_key_without_the_walk(database_url, cid):
     """When the caller keeps everything above the parent, bp_begin_call returns the parent's row
-    read by its key; the recursive walk (bp_path_nodes) runs only when more is missing. Counted
+    read by its key; the recursive walk (bp_path_walk) runs only when more is missing. Counted
     with the backend's function statistics."""
     async def scenario():
         db = await Database().open(database_url, min_size=1, max_size=1)
@@ -131,7 +131,7 @@ def test_the_usual_next_turn_reads_its_parent_by_key_without_the_walk(database_u
     run(scenario())
 
 
-WALKS = "SELECT coalesce(pg_stat_get_xact_function_calls('bp_path_nodes(uuid,uuid,uuid[])'::regprocedure), 0)"
+WALKS = "SELECT coalesce(pg_stat_get_xact_function_calls('bp_path_walk(uuid,uuid,uuid[])'::regprocedure), 0)"
 
 
 def _begin_args(cid, text, known):
