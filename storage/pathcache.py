@@ -210,9 +210,8 @@ class PathCache:
         while self.nbytes > self.max_bytes and self._trees:
             oldest = next(iter(self._trees))
             if oldest == keep:
-                if len(self._trees) == 1:
-                    if self.nbytes > self.max_bytes:  # one tree above the whole budget: not kept
-                        self.forget(oldest)
+                if len(self._trees) == 1:  # one tree above the whole budget: not kept
+                    self.forget(oldest)
                     return
                 self._trees.move_to_end(oldest)
                 continue

@@ -127,6 +127,13 @@ def test_whole_trees_are_evicted_least_recently_used_first():
     assert cache.complete("t", "a", uuid.UUID(int=1), line_a[9].id, line_a[10:]) is None
 
 
+def test_a_tree_larger_than_the_whole_budget_is_not_kept():
+    line = _line(20)
+    cache = PathCache(1000)
+    assert cache.complete("t", "c", uuid.UUID(int=3), None, line) == line  # the caller still gets its path
+    assert cache.nbytes == 0 and cache.chain(uuid.UUID(int=3), line[-1].id) is None
+
+
 def test_a_zero_budget_keeps_nothing():
     cache = PathCache(0)
     line = _line(3)

@@ -10,7 +10,8 @@ import msgspec
 
 from ..errors import InvalidConversationId, InvalidRequest
 
-__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "parse_node_id", "resolve_conversation_id", "valid_conversation_id"]
+__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "parse_model_request", "parse_node_id", "resolve_conversation_id",
+           "valid_conversation_id"]
 
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -81,7 +82,6 @@ def parse_node_id(value: str, *, param: str) -> uuid.UUID:
         return uuid.UUID(value.strip())
     except ValueError:
         raise InvalidRequest(f"{param} is not a node id (a UUID)", param=param) from None
-
 
 
 _decode = msgspec.json.Decoder().decode
