@@ -11,13 +11,17 @@ close enough for a threshold. Fallback when no encoding can be loaded: 4 charact
 (OpenAI's rule of thumb for English; it overestimates code and underestimates CJK text).
 Per message, 3 tokens of framing are added (OpenAI's published chat format), plus 3 for the
 reply's priming.
+
+Most calls are far below any threshold, so the question "above the threshold?" is first asked of
+an upper bound that tokenises nothing: a token of cl100k (and of the fallback) covers at least one
+byte of UTF-8, so a text of n characters has at most 4n tokens.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -31,6 +35,12 @@ log = logging.getLogger("branchpoint.tokens")
 _encode_json = msgspec.json.Encoder().encode
 _PER_MESSAGE = 3
 _PRIMING = 3
+
+
+def _text_bound(text: str) -> int:
+    """At least as many tokens as ``TokenCounter.text`` counts, without tokenising: a token is
+    one byte of UTF-8 or more, a character at most four bytes."""
+    return 4 * len(text)
 
 
 class _Encoding(Protocol):
@@ -73,36 +83,38 @@ class TokenCounter:
             return len(self._encoding.encode_ordinary(text))
         return (len(text) + 3) // 4
 
-    def _value(self, value: Any) -> int:
+    def _value(self, value: Any, text: Callable[[str], int] | None = None) -> int:
+        text = text or self.text
         if isinstance(value, str):
-            return self.text(value)
+            return text(value)
         if value is None:
             return 0
         if isinstance(value, list):  # content parts
             total = 0
             for part in value:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += self.text(part["text"])
+                    total += text(part["text"])
                 elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image"):
                     total += 765  # a high-detail 512x512 tile set; images are rare in long contexts
                 else:
-                    total += self.text(_encode_json(part).decode())
+                    total += text(_encode_json(part).decode())
             return total
-        return self.text(_encode_json(value).decode())
+        return text(_encode_json(value).decode())
 
-    def message(self, message: Any) -> int:
+    def message(self, message: Any, text: Callable[[str], int] | None = None) -> int:
+        """Tokens of one message; ``text`` counts its texts (default: the tokeniser)."""
         if not isinstance(message, dict):
-            return self._value(message)
+            return self._value(message, text)
         total = _PER_MESSAGE
         for key, value in message.items():
             if key == "role":
                 total += 1
             elif key in ("content", "reasoning_content", "refusal", "name", "tool_call_id") or key in ("tool_calls", "function_call"):
-                total += self._value(value)
+                total += self._value(value, text)
         return total
 
-    def messages(self, messages: Iterable[Any]) -> int:
-        return sum(self.message(m) for m in messages)
+    def messages(self, messages: Iterable[Any], text: Callable[[str], int] | None = None) -> int:
+        return sum(self.message(m, text) for m in messages)
 
 
 class _PathNode(PathLike, Protocol):
@@ -128,8 +140,10 @@ def _measured(usage: dict[str, Any] | None) -> int | None:
 
 
 def estimate_request(counter: TokenCounter, path: Sequence[_PathNode], new_items: Sequence[Any],
-                     extra: Sequence[Any] = ()) -> int:
-    """Input tokens of a request assembled from ``path`` + ``new_items`` (+ ``extra``, e.g. tools)."""
+                     extra: Sequence[Any] = (), *, upper_bound: bool = False) -> int:
+    """Input tokens of a request assembled from ``path`` + ``new_items`` (+ ``extra``, e.g. tools).
+    ``upper_bound``: a number never below that estimate, found without tokenising anything."""
+    text = _text_bound if upper_bound else None
     base = 0
     start = 0
     for i in range(len(path) - 1, -1, -1):
@@ -141,10 +155,10 @@ def estimate_request(counter: TokenCounter, path: Sequence[_PathNode], new_items
                 break
     total = base
     for node in path[start:]:
-        total += counter.messages(node.sent)
+        total += counter.messages(node.sent, text)
         if node.status == "success" and node.received:
-            total += counter.messages(node.received)
-    total += counter.messages(new_items)
+            total += counter.messages(node.received, text)
+    total += counter.messages(new_items, text)
     if base == 0:
-        total += _PRIMING + sum(counter._value(x) for x in extra)
+        total += _PRIMING + sum(counter._value(x, text) for x in extra)
     return total

@@ -7,6 +7,8 @@ import uuid
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.compaction import SUMMARY_PREFIX, split_recent
 from proxy.tokens import TokenCounter, estimate_request
@@ -249,6 +251,34 @@ def test_token_estimates_work_offline():
     later = PathNode(id=uuid.uuid4(), parent_id=node.id, kind="turn", status="failed", sent=[user("hello world")])
     # reported usage (minus reasoning, never sent back) + only what was added since
     assert estimate_request(counter, [node, later], [user("hello world")]) == 1100 + 2 * (3 + 1 + 2)
+
+
+_texts = st.text(st.characters(codec="utf-8"), max_size=300)
+_contents = st.one_of(_texts, st.lists(st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": _texts}),
+    st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.fixed_dictionaries({"url": _texts})}),
+    st.dictionaries(st.text(max_size=5), _texts, max_size=3)), max_size=4))
+_messages = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool", "system"]), "content": _contents},
+    optional={"name": _texts, "tool_calls": st.lists(st.fixed_dictionaries(
+        {"id": _texts, "function": st.fixed_dictionaries({"name": _texts, "arguments": _texts})}), max_size=2)}),
+    max_size=4)
+_COUNTERS = (TokenCounter(), TokenCounter(use_tiktoken=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(sent=_messages, received=_messages, new=_messages, tools=st.lists(st.dictionaries(st.text(max_size=5), _texts)),
+       measured=st.booleans())
+def test_the_quick_upper_bound_is_never_below_the_estimate(sent, received, new, tools, measured):
+    """Calls far below the threshold skip tokenising: that shortcut must never hide a request above it."""
+    usage = {"prompt_tokens": 40, "completion_tokens": 7} if measured else None
+    first = PathNode(id=uuid.uuid4(), parent_id=None, kind="turn", status="success", sent=sent, received=received,
+                     usage=usage)
+    second = PathNode(id=uuid.uuid4(), parent_id=first.id, kind="turn", status="success", sent=new, received=received)
+    for counter in _COUNTERS:
+        for path in ([], [first], [first, second]):
+            exact = estimate_request(counter, path, new, tools)
+            assert estimate_request(counter, path, new, tools, upper_bound=True) >= exact
 
 
 def test_a_process_dying_mid_compaction_leaves_no_trace(fresh_database_url, upstream_url, upstream, key, cid, tmp_path):

@@ -196,8 +196,11 @@ class Compactor:
         """Before a call: compact synchronously if the request would be above the hard threshold."""
         if not path:
             return None
+        hard = self.thresholds.limits(model).hard
+        if estimate_request(self.tokens, path, new_items, extra, upper_bound=True) <= hard:
+            return None  # far below: nothing to tokenise (proxy/tokens.py)
         estimate = estimate_request(self.tokens, path, new_items, extra)
-        if estimate <= self.thresholds.limits(model).hard:
+        if estimate <= hard:
             return None
         taken = await self.jobs.take_over(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, kind=kind,
                                           path=path, call_node=call_node)

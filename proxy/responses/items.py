@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
+import msgspec.structs
 
 __all__ = [
     "ITEMS",
@@ -289,8 +290,8 @@ def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) ->
 def message_path(path: Sequence[Any]) -> list[Any]:
     """A stored path read as chat messages: the nodes a Responses call made are converted (their
     items kept beside the messages); chat nodes are returned as they are."""
-    import msgspec.structs
-
+    if all(getattr(node, "api", "chat") != "responses" for node in path):
+        return list(path)  # the usual case: nothing to convert
     out = []
     for node in path:
         if getattr(node, "api", "chat") != "responses":
