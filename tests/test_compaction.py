@@ -1,6 +1,7 @@
 """Compaction (docs/behaviour.md#compaction) end to end: a small model limit, a fake upstream that also plays the
 summariser, and assertions on what the upstream received after the compaction."""
 
+import asyncio
 import threading
 import time
 import uuid
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy import tokens as tokens_module
 from proxy.compaction import SUMMARY_PREFIX, split_recent
 from proxy.tokens import TokenCounter, estimate_request
 from storage import PathNode
@@ -279,6 +281,52 @@ def test_the_quick_upper_bound_is_never_below_the_estimate(sent, received, new, 
         for path in ([], [first], [first, second]):
             exact = estimate_request(counter, path, new, tools)
             assert estimate_request(counter, path, new, tools, upper_bound=True) >= exact
+
+
+@pytest.fixture
+def counted_texts(monkeypatch):
+    """Every text the token counter tokenises: (characters, whether it ran on an event loop's thread)."""
+    seen = []
+    count = TokenCounter.text
+
+    def text(self, value):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        seen.append((len(value or ""), on_loop))
+        return count(self, value)
+
+    monkeypatch.setattr(TokenCounter, "text", text)
+    return seen
+
+
+def test_a_big_message_is_tokenised_off_the_event_loop(fresh_database_url, upstream_url, upstream, key, cid,
+                                                         counted_texts):
+    """A client may send megabytes: counting them must not hold every other request of the process."""
+    roomy = {"models": {"tiny*": {"context_window": 60000, "max_output_tokens": 1000}}}
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, **roomy)) as p:
+        client = p.openai(key)
+        upstream.enqueue(Reply(content="first", usage=usage(300)))
+        say(client, cid, user("hello"))
+        assert counted_texts == []  # far below the threshold: nothing tokenised at all
+        big = FILLER * 20  # ~23,000 characters, ~4,000 tokens: its bound (4 per character) is above hard
+        upstream.enqueue(Reply(content="second"))
+        say(client, cid, user(big))
+        assert upstream.last.messages[-1]["content"] == big
+        big_counts = [on_loop for n, on_loop in counted_texts if n >= len(big)]
+        assert big_counts and not any(big_counts)
+        assert not compaction_nodes(Db(fresh_database_url), cid)
+
+
+def test_the_summariser_counts_a_long_transcript_off_the_event_loop(small, upstream, key, cid, counted_texts,
+                                                                     monkeypatch):
+    monkeypatch.setattr(tokens_module, "_OFF_LOOP_CHARS", 1000)  # this test's transcripts are a few KB
+    grow(small, upstream, key, cid, 7)
+    wait_for(lambda: compaction_nodes(small.db, cid), what="the background compaction")
+    transcript_counts = [on_loop for n, on_loop in counted_texts if n >= 1000]
+    assert transcript_counts and not any(transcript_counts)
 
 
 def test_a_process_dying_mid_compaction_leaves_no_trace(fresh_database_url, upstream_url, upstream, key, cid, tmp_path):

@@ -28,7 +28,7 @@ from ..background import Background
 from ..errors import ConversationBusy, UpstreamFailure
 from ..metrics import Metrics
 from ..responses.items import message_path
-from ..tokens import TokenCounter, estimate_request
+from ..tokens import TokenCounter, estimate_request, off_loop
 from .background import BackgroundCompactions, Job
 from .policy import Thresholds, measured_context, split_recent, unanswered_tail_calls
 from .summariser import SUMMARY_PREFIX, Summariser, is_summary
@@ -197,9 +197,11 @@ class Compactor:
         if not path:
             return None
         hard = self.thresholds.limits(model).hard
-        if estimate_request(self.tokens, path, new_items, extra, upper_bound=True) <= hard:
+        bound = estimate_request(self.tokens, path, new_items, extra, upper_bound=True)
+        if bound <= hard:
             return None  # far below: nothing to tokenise (proxy/tokens.py)
-        estimate = estimate_request(self.tokens, path, new_items, extra)
+        # (the bound is 4 per character: a quarter of it, the characters to count at most)
+        estimate = await off_loop(estimate_request, self.tokens, path, new_items, extra, chars=bound // 4)
         if estimate <= hard:
             return None
         taken = await self.jobs.take_over(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, kind=kind,

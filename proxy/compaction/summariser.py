@@ -13,7 +13,7 @@ import msgspec
 from ..assembly import build_body
 from ..completion import NotACompletion, parse_completion
 from ..errors import UpstreamFailure
-from ..tokens import TokenCounter
+from ..tokens import TokenCounter, off_loop
 from ..upstream import UpstreamClient
 
 __all__ = ["SUMMARY_PREFIX", "Summariser", "Summary", "is_summary", "render_transcript", "summariser_messages"]
@@ -115,10 +115,11 @@ class Summariser:
         # estimate error (the summary itself counts against the model's reserved output)
         room = max(1000, int(input_limit * 0.9) - 300)
         transcript = render_transcript(older)
-        if self.tokens.text(transcript) > room:
+        if await off_loop(self.tokens.text, transcript, chars=len(transcript)) > room:
             # too long for one request: summarise it in chunks, then the summaries together
+            chunks = await off_loop(self._chunks, older, room, chars=len(transcript))
             parts = [await self._call(summariser_messages(render_transcript(chunk), budget), model, client_key, out)
-                     for chunk in self._chunks(older, room)]
+                     for chunk in chunks]
             transcript = "\n\n".join(f"[summary of part {i + 1}]\n{p}" for i, p in enumerate(parts))
         text = await self._call(summariser_messages(transcript, budget), model, client_key, out)
         tokens = self.tokens.text(text)
