@@ -210,7 +210,7 @@ SELECT (SELECT count(*) FROM conv) AS created, (SELECT count(*) FROM ins) AS nod
 SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM schema_migrations"
 
 # Pending nodes in the database, every process (a gauge).
-PENDING_COUNT = "SELECT count(*) FROM nodes WHERE outcome IS NULL"
+PENDING_COUNT = "SELECT count(*) FROM nodes WHERE lease_until IS NOT NULL"  # = pending: nodes_pending_lease
 
 # ---- invariants (``branchpoint check``, the fault tests) -------------------------------------
 
