@@ -27,7 +27,8 @@ def _index_reads(url: str) -> dict[str, tuple[int, int]]:
     return run(read())
 
 
-def test_lookups_by_key_read_one_entry_however_the_tables_grow(fresh_database_url, upstream_url, key, cid):
+def test_lookups_by_key_read_one_entry_however_the_tables_grow(fresh_database_url, upstream_url, upstream, key, cid):
+    """(``upstream``: the shared fake, reset to answer every call plainly.)"""
     with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
         http = p.http(key)
 
