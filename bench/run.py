@@ -129,15 +129,16 @@ def proc_rss_mb(pid: int) -> float:
 
 
 def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, duration: float, pid: int,
-                  data_dir: Path | None = None, extra_pids: list[int] | None = None) -> dict:
-    """``extra_pids``: more proxy processes (the workers of ``serve --workers N``), counted with ``pid``."""
+                  data_dir: Path | None = None, extra_pids: list[int] | None = None, key: str = KEY) -> dict:
+    """``extra_pids``: more proxy processes (the workers of ``serve --workers N``), counted with ``pid``;
+    ``key``: the bearer key sent (another proxy's, for bench/versus.py)."""
     pids = [pid, *(extra_pids or [])]
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one short sentence."}],
             "max_tokens": 64, "temperature": 0.2}
     if stream:
         body["stream"] = True
     lua = (WRK_LUA.replace("CONVERSATIONS", ", ".join(f'{{"{c}", "{n}"}}' for c, n in convs))
-           .replace("BODY", json.dumps(body)).replace("KEY", KEY))
+           .replace("BODY", json.dumps(body)).replace("KEY", key))
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(lua)
     n = len(convs)
