@@ -5,8 +5,10 @@ import threading
 import time
 
 import httpx
+import pytest
 
-from storage import migrate, start_embedded
+from storage import StorageUnavailable, migrate, start_embedded
+from storage.database import Database
 
 from .conftest import Db, assert_invariants, make_settings, run, serve_proxy
 from .fakes import Reply
@@ -77,3 +79,24 @@ def test_database_restart_under_traffic(tmp_path, upstream_url, upstream, key, c
         assert_invariants(url)
     finally:
         server.stop()
+
+
+def test_waiting_for_a_pooled_connection_gives_up_without_losing_it(database_url):
+    """All connections busy for longer than ``acquire_timeout``: the statement is refused as
+    unavailable (not sent), and the pool afterwards still has every connection."""
+    async def scenario():
+        db = await Database().open(database_url, min_size=1, max_size=1)
+        db.acquire_timeout = 0.2
+        try:
+            async with db.connection() as held:
+                for _ in range(3):
+                    with pytest.raises(StorageUnavailable) as refused:
+                        await db.fetchval("SELECT 1")
+                    assert refused.value.sent is False
+                assert await held.fetchval("SELECT 2") == 2
+            assert [await db.fetchval("SELECT $1::int", i) for i in range(3)] == [0, 1, 2]
+            assert db.pool.get_idle_size() == 1
+        finally:
+            await db.close()
+
+    run(scenario())
