@@ -25,7 +25,8 @@
 -- tree prefix -- a full-history call may then read its conversation's nodes -- until the first
 -- ANALYZE, autovacuum's within a minute, re-plans it; while the table is young its trees are small.)
 --
--- On a big table this rebuilds three indexes (minutes at 10 million nodes; writes wait).
+-- On a big table this rebuilds three indexes, and writes wait meanwhile: run `branchpoint migrate`
+-- before rolling out (README).
 DROP INDEX nodes_by_tree_chain;
 DROP INDEX nodes_by_chain;
 CREATE INDEX nodes_by_chain ON nodes (chain, tenant, tree_id);
