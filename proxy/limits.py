@@ -42,7 +42,8 @@ class BodyTimeout:
             if complete:
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):  # (not wait_for: no task per message)
+                    message = await receive()
             except TimeoutError:
                 raise RequestTimeout(f"the request body did not arrive within {self.timeout:g} s "
                                      "(server.client_body_timeout)") from None
