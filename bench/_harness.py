@@ -34,10 +34,11 @@ class Procs:
         self.pids: list[int] = []
         self.upstream_pid: int | None = None  # the fake upstream's (start_stack)
 
-    def start(self, cmd: list[str], *, cpus: str | None, log_file: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(self, cmd: list[str], *, cpus: str | None, log_file: Path, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.Popen:
         if cpus and shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
             cmd = ["taskset", "-c", cpus, *cmd]
-        proc = subprocess.Popen(cmd, stdout=log_file.open("w"), stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(cmd, stdout=log_file.open("w"), stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                 start_new_session=True)
         self.pids.append(proc.pid)
         return proc

@@ -60,13 +60,9 @@ def start_litellm(procs: Procs, work: Path, upstream: str, port: int) -> tuple[s
                LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS="True", LITELLM_LOCAL_AUTOROUTER_PRESETS="True",
                LITELLM_LOCAL_POLICY_TEMPLATES="True", LITELLM_MODE="PRODUCTION", LITELLM_LOG="ERROR",
                LITELLM_DONT_SHOW_FEEDBACK_BOX="true", NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    cwd = os.getcwd()
-    os.chdir(work)  # LiteLLM writes next to where it runs
-    try:
-        proc = procs.start([str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-                            "--num_workers", "1"], cpus="1", log_file=work / "litellm.log", env=env)
-    finally:
-        os.chdir(cwd)
+    proc = procs.start([str(litellm), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+                        "--num_workers", "1"], cpus="1", log_file=work / "litellm.log", env=env,
+                       cwd=work)  # LiteLLM writes next to where it runs
     wait_http(f"http://127.0.0.1:{port}/health/liveliness", 180, proc)
     return f"http://127.0.0.1:{port}", proc.pid
 

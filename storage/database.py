@@ -139,33 +139,31 @@ class Database:
         """One pooled connection for several statements (a transaction, a cursor)."""
         self.statements += 1
         with map_db_errors():
-            pool = self.pool
-            conn = await self._acquire(pool)
-            try:
+            async with self._borrow() as conn:
                 yield conn
-            finally:
-                await pool.release(conn)
 
-    async def _acquire(self, pool: asyncpg.Pool) -> asyncpg.Connection:
-        """A connection, waiting at most ``acquire_timeout`` for one. (``asyncio.timeout``: asyncpg's
-        own ``acquire(timeout=)`` runs each wait as a task of its own -- 9 % of the client's CPU per
-        stored call, by bench/pg_calls.py.)"""
+    @asynccontextmanager
+    async def _borrow(self) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection, waited for at most ``acquire_timeout``, given back afterwards.
+        (``asyncio.timeout``: asyncpg's own ``acquire(timeout=)`` runs each wait as a task of its
+        own -- 9 % of the client's CPU per stored call, by bench/pg_calls.py.)"""
+        pool = self.pool
         async with asyncio.timeout(self.acquire_timeout):
-            return await pool.acquire()
+            conn = await pool.acquire()
+        try:
+            yield conn
+        finally:
+            await pool.release(conn)
 
     async def _run(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
         """One statement on a pooled connection. A failure after it was sent (even one that
         surfaces while the connection goes back to the pool) is ``StorageUnavailable(sent=True)``:
         the database may have carried it out."""
         sent = False
-        pool = self.pool
         try:
-            conn = await self._acquire(pool)
-            try:
+            async with self._borrow() as conn:
                 sent = True
                 return await getattr(conn, method)(query, *args)
-            finally:
-                await pool.release(conn)
         except BaseException:
             with map_db_errors(sent=sent):
                 raise

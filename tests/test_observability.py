@@ -3,6 +3,7 @@
 import json
 import logging
 import re
+import time
 
 import httpx
 import openai
@@ -71,6 +72,30 @@ def test_metrics_move(proxy, upstream, key, cid):
         assert f"\n{name}" in text, name  # a sample line, not only its HELP
     for family in ("branchpoint_compactions", "branchpoint_reaped"):  # no samples until one happens
         assert f"# TYPE {family}_total counter" in text or f"# TYPE {family} counter" in text, family
+
+
+def test_the_pending_gauge_counts_calls_in_flight(fresh_database_url, upstream_url, upstream, key, cid):
+    """``branchpoint_pending_nodes``: the database's pending nodes, read on every scrape."""
+    import threading
+
+    from .conftest import make_settings, serve_proxy
+
+    hold = threading.Event()
+    upstream.enqueue(Reply(hold=hold))
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        assert metric(p, "branchpoint_pending_nodes") == 0
+        call = threading.Thread(target=lambda: p.openai(key).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "wait"}], extra_headers={"X-Conversation-Id": cid}))
+        call.start()
+        try:
+            deadline = time.monotonic() + 10
+            while metric(p, "branchpoint_pending_nodes") != 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert metric(p, "branchpoint_pending_nodes") == 1
+        finally:
+            hold.set()
+            call.join(10)
+        assert metric(p, "branchpoint_pending_nodes") == 0
 
 
 def test_structured_logs_with_ids_and_no_contents(proxy, upstream, key, cid, caplog):
