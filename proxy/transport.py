@@ -35,6 +35,29 @@ _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+class _Expired(Exception):
+    """A wait of ``_wait_at_most`` ran out."""
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(_Expired())
+
+
+async def _wait_at_most(waiter: asyncio.Future[None], timeout: float | None) -> None:
+    """Await a future of our own for at most ``timeout`` seconds (``_Expired`` after that). One
+    timer that fails the future: a third of what ``asyncio.timeout`` costs, which cancels and
+    un-cancels the waiting task -- and this runs at least once per upstream call."""
+    if timeout is None:
+        await waiter
+        return
+    timer = asyncio.get_running_loop().call_later(timeout, _expire, waiter)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection, parsing one response at a time."""
 
@@ -144,12 +167,10 @@ class _Connection(asyncio.Protocol):
 
     async def wait(self, timeout: float | None) -> None:
         """Wait until more data, the end of the response, or the end of the connection."""
-        loop = asyncio.get_running_loop()
-        self._waiter = loop.create_future()
+        self._waiter = asyncio.get_running_loop().create_future()
         try:
-            async with asyncio.timeout(timeout):
-                await self._waiter
-        except TimeoutError:
+            await _wait_at_most(self._waiter, timeout)
+        except _Expired:
             raise httpx.ReadTimeout("the upstream did not send data in time") from None
         finally:
             self._waiter = None
@@ -160,9 +181,8 @@ class _Connection(asyncio.Protocol):
         if self._write_paused and not self.closed:
             self._drain = asyncio.get_running_loop().create_future()
             try:
-                async with asyncio.timeout(timeout):
-                    await self._drain
-            except TimeoutError:
+                await _wait_at_most(self._drain, timeout)
+            except _Expired:
                 raise httpx.WriteTimeout("the upstream did not accept the request body in time") from None
             finally:
                 self._drain = None
@@ -298,11 +318,14 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         if pool is None:
             pool = self._pools[key] = _Pool(self.max_connections)
 
-        try:
-            async with asyncio.timeout(timeouts.get("pool")):
-                await pool.slots.acquire()
-        except TimeoutError:
-            raise httpx.PoolTimeout("no upstream connection became free in time") from None
+        if pool.slots.locked():  # all connections busy: wait, for at most the pool timeout
+            try:
+                async with asyncio.timeout(timeouts.get("pool")):
+                    await pool.slots.acquire()
+            except TimeoutError:
+                raise httpx.PoolTimeout("no upstream connection became free in time") from None
+        else:
+            await pool.slots.acquire()  # a free slot is taken at once
 
         try:
             body = request.content

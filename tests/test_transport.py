@@ -1,6 +1,7 @@
 """The built-in upstream transport: keep-alive reuse, streaming bodies, errors in httpx's terms."""
 
 import asyncio
+import threading
 
 import httpx
 import pytest
@@ -99,3 +100,57 @@ def test_https_upstream_behind_a_private_ca(tls_upstream, database_url, key, cid
         r = httpx.post(f"{p.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid + "-x"},
                        json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_transport_waits_are_bounded(upstream_url, upstream):
+    """Every wait of the transport ends in httpx's own timeout error: a body that stalls between
+    chunks (read), no free connection (pool), an upstream that stops reading the request (write)
+    -- and a timer left over from a wait that ended in time fires into nothing."""
+
+    async def silent_server() -> tuple[asyncio.Server, int]:
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(30)  # never reads: the request's bytes pile up in the buffers
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        return server, server.sockets[0].getsockname()[1]
+
+    async def go():
+        t = UpstreamTransport(max_connections=1, keepalive_expiry=30)
+        async with httpx.AsyncClient(transport=t) as c:
+            # read: the head arrives, then the body stalls longer than the read timeout
+            upstream.enqueue(Reply(content="x" * 40, pieces=["a", "b", "c"], chunk_delay=1.0))
+            timeout = httpx.Timeout(5, read=0.3)
+            async with c.stream("POST", f"{upstream_url}/chat/completions", timeout=timeout,
+                                json={"model": "m", "messages": [], "stream": True}) as s:
+                with pytest.raises(httpx.ReadTimeout):
+                    async for _ in s.aiter_bytes():
+                        pass
+            # pool: the only connection is busy with a held answer; a second call waits at most
+            # the pool timeout, and gets the connection once the first is done
+            hold = threading.Event()
+            upstream.enqueue(Reply(hold=hold))
+            first = asyncio.ensure_future(c.post(f"{upstream_url}/chat/completions", json={"model": "m", "messages": []},
+                                                 timeout=20))
+            await asyncio.sleep(0.2)
+            with pytest.raises(httpx.PoolTimeout):  # (wait_for: a broken wait fails, not hangs)
+                await asyncio.wait_for(c.post(f"{upstream_url}/chat/completions", json={"model": "m", "messages": []},
+                                              timeout=httpx.Timeout(5, pool=0.2)), 3)
+            hold.set()
+            assert (await first).status_code == 200
+            r = await c.post(f"{upstream_url}/chat/completions", json={"model": "m", "messages": []},
+                             timeout=httpx.Timeout(5, pool=0.2))
+            assert r.status_code == 200
+            # write: 64 MiB to a peer that reads nothing fills the socket buffers
+            server, port = await silent_server()
+            try:
+                with pytest.raises(httpx.WriteTimeout):
+                    await asyncio.wait_for(c.post(f"http://127.0.0.1:{port}/v1/x", content=b"x" * (64 << 20),
+                                                  timeout=httpx.Timeout(5, write=0.3)), 5)
+            finally:
+                server.close()
+            # the timers of waits that ended in time are gone or harmless: the loop runs past
+            # them (the read timeout above was 0.3 s) with nothing logged or raised
+            await asyncio.sleep(0.4)
+            r = await c.post(f"{upstream_url}/chat/completions", json={"model": "m", "messages": []})
+            assert r.status_code == 200
+
+    asyncio.run(go())
