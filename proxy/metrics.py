@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = ["Metrics"]
@@ -60,3 +60,12 @@ class _StatementCollector(Collector):
         family = CounterMetricFamily("branchpoint_db_statements", "Database statements (round trips) sent by this process")
         family.add_metric([], self.db.statements)
         yield family
+        state = self.db.pool_state()
+        if state is not None:
+            idle, lent, waiting = state
+            connections = GaugeMetricFamily("branchpoint_db_connections", "Database connections of this process's pool",
+                                            labels=["state"])
+            connections.add_metric(["idle"], idle)
+            connections.add_metric(["lent"], lent)
+            yield connections
+            yield GaugeMetricFamily("branchpoint_db_waiting", "Callers waiting for a database connection", value=waiting)

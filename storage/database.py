@@ -1,5 +1,6 @@
-"""The asyncpg pool: one per app (its lifespan opens and closes it), JSON codecs set up on every
-connection, and every query run through ``map_db_errors`` so callers only see storage errors.
+"""The database: one connection pool per app (its lifespan opens and closes it; ``pool.py``), JSON
+codecs set up on every connection, and every query run through ``map_db_errors`` so callers only
+see storage errors.
 
 ``Database()`` is made unopened, so everything that uses it can be built before the event loop
 runs; ``open()`` connects it (starting the embedded PostgreSQL when no URL is configured).
@@ -18,6 +19,7 @@ import msgspec
 
 from .embedded import EmbeddedServer
 from .errors import StorageError, map_db_errors
+from .pool import ConnectionPool
 
 __all__ = ["Database", "open_database"]
 
@@ -67,12 +69,6 @@ def _jsonb_decode(data: bytes) -> Any:
     return _unshield(value) if b"$branchpoint:json" in data else value
 
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Pool reset hook: nothing to undo. Pooled connections never change session state (no SET,
-    LISTEN, advisory locks or open cursors outside a transaction -- migrations use a connection of
-    their own), so the default reset query would only cost a round trip on every release."""
-
-
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=_jsonb_encode, decoder=_jsonb_decode, format="binary")
     await conn.set_type_codec("json", schema="pg_catalog", encoder=lambda v: _encode(v).decode(), decoder=_decode, format="text")
@@ -82,16 +78,22 @@ class Database:
     """A pool of connections; each method borrows one connection for one statement."""
 
     def __init__(self) -> None:
-        self._pool: asyncpg.Pool | None = None
+        self._pool: ConnectionPool | None = None
         self.embedded: EmbeddedServer | None = None  # started by open() when no URL was given
         self.statements = 0  # round trips made through this pool (exported as a metric)
         self.acquire_timeout = 10.0
 
     @property
-    def pool(self) -> asyncpg.Pool:
+    def pool(self) -> ConnectionPool:
         if self._pool is None:
             raise StorageError("the database is not open")
         return self._pool
+
+    def pool_state(self) -> tuple[int, int, int] | None:
+        """(idle, lent, waiting): the pool's connections and the callers waiting for one; None
+        while the database is not open."""
+        pool = self._pool
+        return None if pool is None else (pool.idle, pool.size - pool.idle, pool.waiting)
 
     async def open(self, url: str, data_dir: str | None = None, *, migrate_first: bool = False,
                    min_size: int = 2, max_size: int = 20, command_timeout: float = 10.0,
@@ -107,12 +109,17 @@ class Database:
         try:
             if migrate_first:
                 await migrate(url)
+            async def connect() -> asyncpg.Connection:
+                conn = await asyncpg.connect(url, command_timeout=command_timeout, timeout=connect_timeout)
+                try:
+                    await _init_connection(conn)
+                except BaseException:
+                    conn.terminate()
+                    raise
+                return conn
+
             with map_db_errors():
-                self._pool = await asyncpg.create_pool(
-                    url, min_size=min_size, max_size=max_size, command_timeout=command_timeout,
-                    timeout=connect_timeout, init=_init_connection, reset=_keep_session,
-                    max_inactive_connection_lifetime=300.0,
-                )
+                self._pool = await ConnectionPool(connect, min_size=min_size, max_size=max_size, max_idle=300.0).open()
         except BaseException:
             await self._stop_embedded()
             raise
@@ -144,16 +151,19 @@ class Database:
 
     @asynccontextmanager
     async def _borrow(self) -> AsyncIterator[asyncpg.Connection]:
-        """A pooled connection, waited for at most ``acquire_timeout``, given back afterwards.
-        (``asyncio.timeout``: asyncpg's own ``acquire(timeout=)`` runs each wait as a task of its
-        own -- 9 % of the client's CPU per stored call, by bench/pg_calls.py.)"""
+        """A pooled connection, waited for at most ``acquire_timeout``, given back afterwards --
+        closed instead when its use was interrupted (cancelled, timed out) or broke it."""
         pool = self.pool
-        async with asyncio.timeout(self.acquire_timeout):
-            conn = await pool.acquire()
+        conn = await pool.acquire(self.acquire_timeout)
         try:
             yield conn
-        finally:
-            await pool.release(conn)
+        except (asyncpg.PostgresError, StorageError):
+            pool.release(conn)  # the server refused a statement: the connection is fine
+            raise
+        except BaseException:
+            pool.discard(conn)
+            raise
+        pool.release(conn)
 
     async def _run(self, method: str, query: str, args: tuple[Any, ...]) -> Any:
         """One statement on a pooled connection. A failure after it was sent (even one that

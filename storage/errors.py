@@ -23,6 +23,8 @@ from contextlib import contextmanager
 
 import asyncpg
 
+from .pool import PoolClosed
+
 __all__ = [
     "BeforeCompaction",
     "Busy",
@@ -89,6 +91,7 @@ _REFUSALS = {cls.sqlstate: cls for cls in (Busy, ConversationMissing, NodeMissin
                                            ConversationExists, NodePending)}
 
 _UNAVAILABLE = (
+    PoolClosed,
     OSError,
     asyncio.TimeoutError,
     ConnectionError,

@@ -95,7 +95,7 @@ def test_waiting_for_a_pooled_connection_gives_up_without_losing_it(database_url
                     assert refused.value.sent is False
                 assert await held.fetchval("SELECT 2") == 2
             assert [await db.fetchval("SELECT $1::int", i) for i in range(3)] == [0, 1, 2]
-            assert db.pool.get_idle_size() == 1
+            assert db.pool.idle == 1 and db.pool.size == 1
         finally:
             await db.close()
 

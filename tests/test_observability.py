@@ -66,9 +66,14 @@ def test_metrics_move(proxy, upstream, key, cid):
     assert metric(proxy, "branchpoint_busy_rejections_total") == before["busy"] + 1
     assert metric(proxy, "branchpoint_pairing_drops_total") >= before["drops"] + 1
     assert metric(proxy, "branchpoint_db_statements_total") > before["statements"]
+    # the pool at rest: its connections idle (a background job may hold one a moment), nobody waiting
+    idle, lent = (metric(proxy, "branchpoint_db_connections", state=s) for s in ("idle", "lent"))
+    assert idle >= 1 and 1 <= idle + lent <= proxy.runtime.settings.database.pool_max
+    assert metric(proxy, "branchpoint_db_waiting") == 0
     assert metric(proxy, "branchpoint_requests_total", route="/v1/{path}", status="200") == before["passthrough"] + 1
     text = httpx.get(f"{proxy.url}/metrics").text
-    for name in ("branchpoint_request_seconds_bucket", "branchpoint_pending_nodes ", "branchpoint_inflight_calls "):
+    for name in ("branchpoint_request_seconds_bucket", "branchpoint_pending_nodes ", "branchpoint_inflight_calls ",
+                 "branchpoint_db_waiting "):
         assert f"\n{name}" in text, name  # a sample line, not only its HELP
     for family in ("branchpoint_compactions", "branchpoint_reaped"):  # no samples until one happens
         assert f"# TYPE {family}_total counter" in text or f"# TYPE {family} counter" in text, family
