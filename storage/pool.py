@@ -2,8 +2,8 @@
 
 Why not asyncpg's own ``Pool``: a stored call borrows a connection twice (its start and its
 finish), and each borrow through asyncpg's pool ran a task (the ``asyncio.shield`` around every
-release), a timer (the idle-connection callback), a proxy object, a queue and two futures -- 15 %
-of the proxy's CPU per stored call (bench/README.md). Lending a connection here is popping it
+release), a timer (the idle-connection callback), a proxy object, a queue and two futures -- a
+fifth of the proxy's CPU per stored call (bench/README.md). Lending a connection here is popping it
 from a list; giving it back is appending it, or handing it straight to the longest waiter.
 
 Rules:
