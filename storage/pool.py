@@ -52,6 +52,7 @@ class ConnectionPool:
         self.max_size = max_size
         self.max_idle = max_idle
         self._idle: list[tuple[asyncpg.Connection, float]] = []  # (connection, idle since), newest last
+        self._open: set[asyncpg.Connection] = set()  # every connection made and not yet closed: lent or idle
         self._size = 0  # open or opening, lent or idle
         self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
         self._closing: set[asyncio.Task[None]] = set()
@@ -62,13 +63,18 @@ class ConnectionPool:
         for _ in range(max(1, self.min_size)):
             self._size += 1
             try:
-                conn = await self._connect()
+                conn = await self._new()
             except BaseException:
                 self._size -= 1
                 await self.close()
                 raise
             self._idle.append((conn, time.monotonic()))
         return self
+
+    async def _new(self) -> asyncpg.Connection:
+        conn = await self._connect()
+        self._open.add(conn)
+        return conn
 
     @property
     def size(self) -> int:
@@ -95,10 +101,11 @@ class ConnectionPool:
                 if not conn.is_closed():
                     return conn
                 self._size -= 1  # dropped by the server while idle
+                self._open.discard(conn)
             if self._size < self.max_size:
                 self._size += 1
                 try:
-                    return await self._connect()
+                    return await self._new()
                 except BaseException:
                     self._size -= 1
                     self._wake_one()  # the room is free again: someone else may try
@@ -145,7 +152,9 @@ class ConnectionPool:
     def discard(self, conn: asyncpg.Connection) -> None:
         """Give back a connection whose borrow did not end cleanly: it is closed at once."""
         conn.terminate()
-        self._size -= 1
+        if conn in self._open:  # (not when terminate() closed it already)
+            self._open.discard(conn)
+            self._size -= 1
         self._wake_one()
 
     def _wake_one(self) -> None:
@@ -161,6 +170,7 @@ class ConnectionPool:
         while len(self._idle) > self.min_size and now - self._idle[0][1] > self.max_idle:
             conn, _ = self._idle.pop(0)
             self._size -= 1
+            self._open.discard(conn)
             self._close_later(conn)
 
     def _close_later(self, conn: asyncpg.Connection) -> None:
@@ -184,12 +194,14 @@ class ConnectionPool:
                 waiter.set_exception(PoolClosed("the database pool is closed"))
         idle, self._idle = self._idle, []
         self._size -= len(idle)
+        self._open.difference_update(conn for conn, _ in idle)
         await asyncio.gather(*(self._close_one(conn) for conn, _ in idle), *self._closing)
 
     def terminate(self) -> None:
-        """Close every idle connection at once, without waiting for the server."""
+        """Close every connection at once, lent ones too, without waiting for the server."""
         self._closed = True
-        for conn, _ in self._idle:
+        for conn in self._open:
             conn.terminate()
-        self._size -= len(self._idle)
+        self._open.clear()
         self._idle = []
+        self._size = 0

@@ -191,3 +191,18 @@ def test_a_closed_pool_refuses_and_closes_what_comes_back(database_url):
         assert lent.is_closed() and pool.size == 0
 
     run(scenario())
+
+
+def test_terminate_closes_lent_connections_too(database_url):
+    async def scenario():
+        pool = await pool_for(database_url, min_size=1, max_size=3).open()
+        lent = [await pool.acquire(1), await pool.acquire(1)]
+        pool.release(lent.pop())
+        pool.terminate()
+        assert all(conn.is_closed() for conn in pool.opened) and pool.size == 0
+        pool.release(lent[0])  # coming back afterwards changes nothing
+        assert pool.size == 0 and pool.idle == 0
+        with pytest.raises(PoolClosed):
+            await pool.acquire(1)
+
+    run(scenario())
