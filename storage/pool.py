@@ -24,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -133,6 +134,9 @@ class ConnectionPool:
             raise
         finally:
             timer.cancel()
+            if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
+                with contextlib.suppress(ValueError):  # given up on (timed out, cancelled): out of line now
+                    self._waiters.remove(waiter)
 
     def release(self, conn: asyncpg.Connection) -> None:
         """Give back a connection whose borrow ended cleanly."""

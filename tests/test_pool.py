@@ -69,7 +69,7 @@ def test_waiters_are_served_in_order_and_give_up_after_their_timeout(database_ur
             await asyncio.sleep(0.05)
             with pytest.raises(TimeoutError):  # a fourth gives up after its own timeout
                 await pool.acquire(0.1)
-            assert order == []
+            assert order == [] and pool.waiting == 3
             pool.release(held)
             await asyncio.gather(*waiting)
             assert order == [0, 1, 2]
