@@ -86,7 +86,7 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
     """Serve the proxy. Without a database URL, an embedded PostgreSQL is started."""
     import uvicorn
 
-    from proxy.app import create_app
+    from proxy.app import create_app, tune_gc
     from proxy.limits import HeaderTimeoutHttpTools
     from proxy.logs import configure_logging
 
@@ -114,6 +114,7 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
     config.client_header_timeout = server.client_header_timeout  # read by HeaderTimeoutHttpTools
     try:
         if workers == 1:
+            tune_gc()
             uvicorn.Server(config).run()
         else:
             from uvicorn.supervisors import Multiprocess

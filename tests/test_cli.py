@@ -206,3 +206,30 @@ def test_export_and_import_keep_responses_nodes_and_their_matching(fresh_databas
             model=MODEL, messages=history, extra_headers={"X-Context-Mode": "full"})
         assert raw.headers["x-context-matched"] == "4"
         assert [m["content"] for m in upstream.last.messages] == [m["content"] for m in history]
+
+
+def test_serve_tunes_the_garbage_collector(monkeypatch, fresh_database_url):
+    """A serving process keeps what exists once the app is built out of later collections and
+    collects its youngest generation less often (docs/architecture.md#the-garbage-collector)."""
+    import gc
+
+    import uvicorn
+
+    import proxy.logs
+
+    seen = {}
+
+    def run_server(self):  # instead of serving: look at the collector as the server would start
+        seen["threshold"], seen["frozen"] = gc.get_threshold(), gc.get_freeze_count()
+
+    monkeypatch.setattr(uvicorn.Server, "run", run_server)
+    monkeypatch.setattr(proxy.logs, "configure_logging", lambda *a, **k: None)  # keep the test's logging
+    before = gc.get_threshold()
+    try:
+        result = CliRunner().invoke(main, ["serve", "--port", str(free_port())],
+                                    env={"BRANCHPOINT_DATABASE_URL": fresh_database_url, "BRANCHPOINT_CONFIG": ""})
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
+    assert result.exit_code == 0, result.output
+    assert seen["threshold"] == (10_000, 10, 10) and seen["frozen"] > 1000
