@@ -43,7 +43,7 @@ from .routes.responses import response_input_items, response_resource, responses
 from .routes.ui import ui_router
 from .runtime import Runtime
 
-__all__ = ["create_app"]
+__all__ = ["app_from_environment", "create_app", "tune_gc"]
 
 log = logging.getLogger("branchpoint")
 
