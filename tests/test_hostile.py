@@ -40,6 +40,8 @@ def test_hostile_chat_input(proxy, key, name, body, headers):
     ("get", "/admin/conversations?limit=-1", None),
     ("get", "/admin/conversations?limit=abc", None),
     ("get", "/admin/conversations?cursor=%ff%fe", None),
+    ("get", "/admin/conversations?search=a%00b", None),  # PostgreSQL's text cannot hold NUL
+    ("get", "/admin/conversations?cursor=WyIyMDI2LTAxLTAxVDAwOjAwOjAwKzAwOjAwIiwgImFcdTAwMDBiIl0", None),  # a cursor naming an id with NUL
     ("put", "/admin/conversations/x/head", b"{not json"),
     ("put", "/admin/conversations/x/head", b'{"node_id": 12}'),
     ("post", "/admin/conversations/x/fork", b'{"node_id": "x", "extra": true}'),

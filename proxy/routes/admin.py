@@ -27,7 +27,7 @@ from ..assembly import Target
 from ..auth import Caller
 from ..builder import RequestBuilder
 from ..compaction import Compactor
-from ..errors import ConversationNotFound, InvalidRequest, NodeNotFound
+from ..errors import ConversationNotFound, InvalidConversationId, InvalidRequest, NodeNotFound
 from ..http import RawResponse
 from ..upstream import UpstreamClient, target_of
 from .common import valid_conversation_id
@@ -208,8 +208,8 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, cid = msgspec.json.decode(raw, type=tuple[str, str])
-        return datetime.fromisoformat(created), cid
-    except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        return datetime.fromisoformat(created), valid_conversation_id(cid, source="cursor")
+    except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError, InvalidConversationId):
         raise InvalidRequest("invalid cursor", param="cursor") from None
 
 
@@ -245,6 +245,8 @@ class AdminController(Controller):
         search: str | None = Parameter(default=None, max_length=256,
                                        description="only ids containing this (case-insensitive)"),
     ) -> ConversationList:
+        if search is not None and "\x00" in search:  # no id holds one, and PostgreSQL's text cannot
+            raise InvalidRequest("search must not contain NUL characters", param="search")
         rows = await admin.conversations(None if reach.any_tenant else reach.tenant,
                                          after=_decode_cursor(cursor) if cursor else None, limit=limit + 1,
                                          search=search)
