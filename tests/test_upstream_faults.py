@@ -84,3 +84,38 @@ def test_an_upstream_that_stops_answering_times_out(fresh_database_url, evil, ke
             assert node["error"]["code"] == "upstream_timeout"
         assert node["status"] == "failed" and node["outcome"] == "transient"
     assert_invariants(fresh_database_url)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_compressed_answer_is_stored_and_relayed_decoded(fresh_database_url, upstream_url, upstream, key, cid,
+                                                          transport):
+    """An upstream that gzips its answer: the stored call keeps the decoded message and answers the
+    client plain JSON (no Content-Encoding left over); the pass-through relays it readably; a body
+    that says gzip and is not fails the call as a bad response (502), not as a proxy error."""
+    import gzip
+    import json
+
+    from .fakes import Reply, completion
+    from .helpers import user
+
+    squeezed = gzip.compress(json.dumps(completion(Reply(content="squeezed"), MODEL, 3)).encode())
+    auth = {"Authorization": f"Bearer {key}"}
+    with serve_proxy(_settings(fresh_database_url, upstream_url, transport)) as p, \
+            httpx.Client(base_url=p.url, timeout=10) as http:
+        upstream.enqueue(Reply(kind="raw", body=squeezed, headers=[("content-encoding", "gzip")]))
+        r = http.post("/v1/chat/completions", headers={**auth, "X-Conversation-Id": cid},
+                      json={"model": MODEL, "messages": [user("hi")]})
+        assert r.status_code == 200, r.text
+        assert "content-encoding" not in r.headers and r.json()["choices"][0]["message"]["content"] == "squeezed"
+        node = Db(fresh_database_url).node(r.headers["x-node-id"])
+        assert node["status"] == "success" and node["received"][0]["content"] == "squeezed"
+
+        upstream.enqueue(Reply(kind="raw", body=squeezed, headers=[("content-encoding", "gzip")]))
+        r = http.post("/v1/chat/completions", headers=auth, json={"model": MODEL, "messages": [user("hi")]})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "squeezed"
+
+        upstream.enqueue(Reply(kind="raw", body=b"not gzip at all", headers=[("content-encoding", "gzip")]))
+        r = http.post("/v1/chat/completions", headers={**auth, "X-Conversation-Id": cid},
+                      json={"model": MODEL, "messages": [user("again")]})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_bad_response", r.text
+        assert Db(fresh_database_url).node(r.headers["x-node-id"])["status"] == "failed"
