@@ -93,7 +93,7 @@ class Database:
         """(idle, lent, waiting): the pool's connections and the callers waiting for one; None
         while the database is not open."""
         pool = self._pool
-        return None if pool is None else (pool.idle, pool.size - pool.idle, pool.waiting)
+        return None if pool is None else (pool.idle, pool.lent, pool.waiting)
 
     async def open(self, url: str, data_dir: str | None = None, *, migrate_first: bool = False,
                    min_size: int = 2, max_size: int = 20, command_timeout: float = 10.0,

@@ -54,7 +54,7 @@ class ConnectionPool:
         self.max_idle = max_idle
         self._idle: list[tuple[asyncpg.Connection, float]] = []  # (connection, idle since), newest last
         self._open: set[asyncpg.Connection] = set()  # every connection made and not yet closed: lent or idle
-        self._size = 0  # open or opening, lent or idle
+        self._opening = 0  # connections being made
         self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -62,29 +62,35 @@ class ConnectionPool:
     async def open(self) -> ConnectionPool:
         """Open ``min_size`` connections (at least one: a pool that cannot connect fails here)."""
         for _ in range(max(1, self.min_size)):
-            self._size += 1
             try:
                 conn = await self._new()
             except BaseException:
-                self._size -= 1
                 await self.close()
                 raise
             self._idle.append((conn, time.monotonic()))
         return self
 
     async def _new(self) -> asyncpg.Connection:
-        conn = await self._connect()
+        self._opening += 1  # (before the first await: it counts against max_size at once)
+        try:
+            conn = await self._connect()
+        finally:
+            self._opening -= 1
         self._open.add(conn)
         return conn
 
     @property
     def size(self) -> int:
         """Connections open or being opened, lent or idle."""
-        return self._size
+        return len(self._open) + self._opening
 
     @property
     def idle(self) -> int:
         return len(self._idle)
+
+    @property
+    def lent(self) -> int:
+        return len(self._open) - len(self._idle)
 
     @property
     def waiting(self) -> int:
@@ -101,14 +107,11 @@ class ConnectionPool:
                 conn, _ = self._idle.pop()
                 if not conn.is_closed():
                     return conn
-                self._size -= 1  # dropped by the server while idle
-                self._open.discard(conn)
-            if self._size < self.max_size:
-                self._size += 1
+                self._open.discard(conn)  # dropped by the server while idle
+            if self.size < self.max_size:
                 try:
                     return await self._new()
                 except BaseException:
-                    self._size -= 1
                     self._wake_one()  # the room is free again: someone else may try
                     raise
             conn = await self._wait(deadline)
@@ -123,20 +126,20 @@ class ConnectionPool:
         timer = loop.call_at(deadline, _expire, waiter)
         try:
             return await waiter
-        except asyncio.CancelledError:
-            # cancelled just after being handed a connection (or room): pass it on, not lose it
+        except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                # served, then cancelled before it ran: pass the connection (or the room) on
                 conn = waiter.result()
                 if conn is not None:
                     self.release(conn)
                 else:
                     self._wake_one()
+            else:  # gave up (timed out, cancelled) or the pool closed: out of the line now
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
             raise
         finally:
             timer.cancel()
-            if not waiter.done() or waiter.cancelled() or waiter.exception() is not None:
-                with contextlib.suppress(ValueError):  # given up on (timed out, cancelled): out of line now
-                    self._waiters.remove(waiter)
 
     def release(self, conn: asyncpg.Connection) -> None:
         """Give back a connection whose borrow ended cleanly."""
@@ -156,9 +159,7 @@ class ConnectionPool:
     def discard(self, conn: asyncpg.Connection) -> None:
         """Give back a connection whose borrow did not end cleanly: it is closed at once."""
         conn.terminate()
-        if conn in self._open:  # (not when terminate() closed it already)
-            self._open.discard(conn)
-            self._size -= 1
+        self._open.discard(conn)  # (gone already when terminate() closed it)
         self._wake_one()
 
     def _wake_one(self) -> None:
@@ -173,7 +174,6 @@ class ConnectionPool:
         """Close the connections idle for longer than ``max_idle`` (the oldest come first)."""
         while len(self._idle) > self.min_size and now - self._idle[0][1] > self.max_idle:
             conn, _ = self._idle.pop(0)
-            self._size -= 1
             self._open.discard(conn)
             self._close_later(conn)
 
@@ -197,7 +197,6 @@ class ConnectionPool:
             if not waiter.done():
                 waiter.set_exception(PoolClosed("the database pool is closed"))
         idle, self._idle = self._idle, []
-        self._size -= len(idle)
         self._open.difference_update(conn for conn, _ in idle)
         await asyncio.gather(*(self._close_one(conn) for conn, _ in idle), *self._closing)
 
@@ -208,4 +207,3 @@ class ConnectionPool:
             conn.terminate()
         self._open.clear()
         self._idle = []
-        self._size = 0

@@ -2,6 +2,8 @@
 and what happens to connections whose use was interrupted or that the server dropped."""
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import asyncpg
 import pytest
@@ -26,14 +28,23 @@ def pool_for(url: str, *, min_size: int = 1, max_size: int = 2, max_idle: float 
     return pool
 
 
+@asynccontextmanager
+async def opened(url: str, **sizes: float) -> AsyncIterator[ConnectionPool]:
+    """A pool, open for the block, closed after it."""
+    pool = await pool_for(url, **sizes).open()  # type: ignore[arg-type]
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
 async def pid(conn: asyncpg.Connection) -> int:
     return await conn.fetchval("SELECT pg_backend_pid()")
 
 
 def test_lends_the_warmest_connection_and_opens_no_more_than_needed(database_url):
     async def scenario():
-        pool = await pool_for(database_url, min_size=1, max_size=3).open()
-        try:
+        async with opened(database_url, min_size=1, max_size=3) as pool:
             assert (pool.size, pool.idle) == (1, 1)
             a = await pool.acquire(1)
             b = await pool.acquire(1)  # none idle: a second one is opened
@@ -45,8 +56,6 @@ def test_lends_the_warmest_connection_and_opens_no_more_than_needed(database_url
                 assert conn is b
                 pool.release(conn)
             assert len(pool.opened) == 2 and pool.size == 2
-        finally:
-            await pool.close()
         assert all(conn.is_closed() for conn in pool.opened)
 
     run(scenario())
@@ -54,8 +63,7 @@ def test_lends_the_warmest_connection_and_opens_no_more_than_needed(database_url
 
 def test_waiters_are_served_in_order_and_give_up_after_their_timeout(database_url):
     async def scenario():
-        pool = await pool_for(database_url, min_size=1, max_size=1).open()
-        try:
+        async with opened(database_url, min_size=1, max_size=1) as pool:
             held = await pool.acquire(1)
             order: list[int] = []
 
@@ -74,16 +82,13 @@ def test_waiters_are_served_in_order_and_give_up_after_their_timeout(database_ur
             await asyncio.gather(*waiting)
             assert order == [0, 1, 2]
             assert (pool.size, pool.idle) == (1, 1) and len(pool.opened) == 1
-        finally:
-            await pool.close()
 
     run(scenario())
 
 
 def test_a_waiter_cancelled_as_it_is_served_passes_the_connection_on(database_url):
     async def scenario():
-        pool = await pool_for(database_url, min_size=1, max_size=1).open()
-        try:
+        async with opened(database_url, min_size=1, max_size=1) as pool:
             held = await pool.acquire(1)
             first = asyncio.ensure_future(pool.acquire(5))
             second = asyncio.ensure_future(pool.acquire(5))
@@ -96,8 +101,6 @@ def test_a_waiter_cancelled_as_it_is_served_passes_the_connection_on(database_ur
             assert conn is held
             pool.release(conn)
             assert (pool.size, pool.idle) == (1, 1)
-        finally:
-            await pool.close()
 
     run(scenario())
 
@@ -129,35 +132,33 @@ def test_an_interrupted_statement_closes_its_connection_and_a_waiter_opens_a_new
 
 def test_connections_dropped_by_the_server_or_left_in_a_transaction_are_never_lent(database_url):
     async def scenario():
-        pool = await pool_for(database_url, min_size=2, max_size=2).open()
-        admin = await asyncpg.connect(database_url)
-        try:
-            a, b = await pool.acquire(1), await pool.acquire(1)
-            pids = {await pid(a), await pid(b)}
-            await a.execute("BEGIN")  # given back inside a transaction
-            pool.release(a)
-            pool.release(b)
-            assert a.is_closed() and pool.size == 1
-            await admin.fetchval("SELECT pg_terminate_backend($1)", await pid(b))  # the server drops it
-            for _ in range(50):
-                if b.is_closed():
-                    break
-                await asyncio.sleep(0.05)
-            conn = await pool.acquire(1)
-            assert await pid(conn) not in pids  # neither: a new connection
-            pool.release(conn)
-            assert (pool.size, pool.idle) == (1, 1)
-        finally:
-            await admin.close()
-            await pool.close()
+        async with opened(database_url, min_size=2, max_size=2) as pool:
+            admin = await asyncpg.connect(database_url)
+            try:
+                a, b = await pool.acquire(1), await pool.acquire(1)
+                pids = {await pid(a), await pid(b)}
+                await a.execute("BEGIN")  # given back inside a transaction
+                pool.release(a)
+                pool.release(b)
+                assert a.is_closed() and pool.size == 1
+                await admin.fetchval("SELECT pg_terminate_backend($1)", await pid(b))  # the server drops it
+                for _ in range(50):
+                    if b.is_closed():
+                        break
+                    await asyncio.sleep(0.05)
+                conn = await pool.acquire(1)
+                assert await pid(conn) not in pids  # neither: a new connection
+                pool.release(conn)
+                assert (pool.size, pool.idle) == (1, 1)
+            finally:
+                await admin.close()
 
     run(scenario())
 
 
 def test_idle_connections_age_out_down_to_the_minimum(database_url):
     async def scenario():
-        pool = await pool_for(database_url, min_size=1, max_size=3, max_idle=0.2).open()
-        try:
+        async with opened(database_url, min_size=1, max_size=3, max_idle=0.2) as pool:
             conns = [await pool.acquire(1) for _ in range(3)]
             for conn in conns:
                 pool.release(conn)
@@ -171,8 +172,6 @@ def test_idle_connections_age_out_down_to_the_minimum(database_url):
                     break
                 await asyncio.sleep(0.02)
             assert sum(c.is_closed() for c in conns) == 2
-        finally:
-            await pool.close()
 
     run(scenario())
 
