@@ -104,6 +104,26 @@ def start_stack(procs: Procs, work: Path, *, up_port: int, port: int, bench: Pat
     return upstream_url, proxy, px
 
 
+def machine() -> dict:
+    """What the figures were measured on: ratios to another proxy move with the machine (a cache
+    that holds one side's working set and not the other's), so every result file records it."""
+    info: dict = {"cpus": os.cpu_count()}
+    try:
+        info["cpu"] = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                           if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    caches = {}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches[f"L{level}" + ("" if kind == "Unified" else kind[0].lower())] = size
+    info["caches"] = caches
+    return info
+
+
 def postgres_pids(data_dir: Path) -> list[int]:
     """The embedded PostgreSQL's postmaster and its children (backends, writer, WAL ...)."""
     pid_file = data_dir / "pgdata" / "postmaster.pid"

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, Procs, log, postgres_dsn, shared_bench, start_stack
+from _harness import ROOT, Procs, log, machine, postgres_dsn, shared_bench, start_stack
 from run import run_wrk_turns, seed
 
 
@@ -75,7 +75,7 @@ def main() -> None:
                     help="then (one worker) stream this many calls at c=32 and sample the proxy's RSS as it goes")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "capacity.json"))
     args = ap.parse_args()
-    results = {}
+    results: dict = {"machine": machine()}
     for workers in (int(w) for w in args.workers.split(",")):
         work = Path(tempfile.mkdtemp(prefix=f"bp-capacity-{workers}-"))
         procs = Procs()
@@ -108,7 +108,7 @@ def main() -> None:
     print("| workers | cores (proxy + PostgreSQL) | mode | stored calls/s | proxy CPU ms/call | PostgreSQL CPU ms/call | WAL bytes/call |")
     print("|---|---|---|---|---|---|---|")
     for w, row in results.items():
-        if w == "rss":
+        if w in ("rss", "machine"):
             continue
         for mode in ("nonstream", "stream"):
             r = row[mode]

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, ROOT, Procs, cpu_ticks, log, postgres_pids, shared_bench, start_stack
+from _harness import KEY, MODEL, ROOT, Procs, cpu_ticks, log, machine, postgres_pids, shared_bench, start_stack
 
 PATH_LEN = 20
 
@@ -193,7 +193,8 @@ def main() -> None:
         raise SystemExit("wrk is needed: apt-get install wrk")
 
     procs = Procs()
-    results: dict = {"meta": {"duration_s": args.duration, "path_len": PATH_LEN, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    results: dict = {"meta": {"duration_s": args.duration, "path_len": PATH_LEN, "machine": machine(),
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
     try:
         _, proxy, px = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=bench, pg_cpus=args.pg_cpus)
         results["meta"]["pg_cpus"] = args.pg_cpus
@@ -255,6 +256,8 @@ def table(r: dict) -> str:
     rows.append("")
     rows.append(f"database statements per turn call: {r['meta'].get('db_statements_per_turn_call')}")
     rows.append(f"PostgreSQL CPU ms per request (turn c32, CPU {r['meta'].get('pg_cpus')}; not in the proxy's column): {pg}")
+    m = r["meta"].get("machine") or {}
+    rows.append(f"machine: {m.get('cpus')} x {m.get('cpu')}, caches {m.get('caches')}")
     peer = {sc["name"]: sc for sc in r.get("litellm", {}).get("scenarios", [])}
     ours = {sc["name"]: sc for sc in r.get("turn_c1", {}).get("scenarios", [])}
     if peer and ours:
