@@ -53,6 +53,7 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     client_body_timeout: float
     client_header_timeout: float
     max_connections: int
+    shutdown_grace_seconds: float
     path_cache_mb: int
     metrics_token: str
     log_level: str
@@ -238,6 +239,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("server.lease_seconds must be > 0")
     if settings.server.max_response_bytes <= 0 or settings.server.max_body_bytes <= 0:
         raise SettingsError("server.max_response_bytes and server.max_body_bytes must be > 0")
+    if settings.server.shutdown_grace_seconds < 0:
+        raise SettingsError("server.shutdown_grace_seconds must be >= 0")
     if settings.server.path_cache_mb < 0:
         raise SettingsError("server.path_cache_mb must be >= 0")
     if not settings.upstreams:

@@ -106,7 +106,7 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
     config = uvicorn.Config(
         create_app(settings) if workers == 1 else "proxy.app:app_from_environment", factory=workers > 1,
         workers=workers, host=host or server.host, port=port or server.port, log_config=None, access_log=False,
-        loop="uvloop", http=HeaderTimeoutHttpTools, timeout_graceful_shutdown=30,
+        loop="uvloop", http=HeaderTimeoutHttpTools, timeout_graceful_shutdown=server.shutdown_grace_seconds,
         # what the ASGI server guards (docs/behaviour.md#limits-and-hostile-peers): idle keep-alive
         # connections close after 5 s, at most max_connections connections and requests (more: 503)
         timeout_keep_alive=5, limit_concurrency=server.max_connections,

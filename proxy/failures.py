@@ -6,7 +6,8 @@ gets). Every way a call can fail is built here:
 - ``Failure.from_error``: a failure without an HTTP status (our ``UpstreamFailure``s, a client
   that went away, the proxy's own error) -- always transient;
 - ``not_a_completion``: a 2xx that is not a chat completion (an error body in disguise, or garbage);
-- ``from_stream_error``: an error event inside a stream.
+- ``from_stream_error``: an error event inside a stream;
+- ``interrupted``: a call the proxy stopped itself, its shutdown grace having run out.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from storage import Outcome
 from .errors import BranchpointError, UpstreamBadResponse, error_body
 from .secrets import redact_bytes
 
-__all__ = ["Failure", "NodeError", "classify", "from_stream_error", "not_a_completion"]
+__all__ = ["Failure", "NodeError", "classify", "from_stream_error", "interrupted", "not_a_completion"]
 
 _decode = msgspec.json.Decoder().decode
 
@@ -166,3 +167,10 @@ def from_stream_error(error: Any, secrets: Iterable[str | None]) -> Failure:
     if failure.outcome is not Outcome.OVERFLOW:
         failure = classify(502, body, secrets)
     return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=None), failure.status, failure.body)
+
+
+def interrupted(message: str) -> Failure:
+    """A call still running when the proxy's shutdown grace ran out (docs/behaviour.md#shutdown):
+    transient, like a call the reaper finds after its process died -- the same type and code --,
+    and 503 to the client, whose SDK retries it elsewhere."""
+    return Failure.of(Outcome.TRANSIENT, "interrupted", "interrupted", message, 503)

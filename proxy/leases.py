@@ -42,6 +42,15 @@ class LeaseKeeper:
             asyncio.create_task(self._reap_loop(), name="branchpoint-reaper"),
         ]
 
+    async def settle(self, timeout: float) -> None:
+        """Wait until every call of this process has stored its outcome, at most ``timeout``: at
+        shutdown, the calls the server has just stopped are still storing theirs (an outcome the
+        database refuses for now is retried in the background, which the shutdown waits for too)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.inflight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

@@ -42,7 +42,7 @@ from .compaction import Compactor
 from .completion import NotACompletion
 from .errors import BranchpointError, ConversationBusy, NodeNotFound, ParentBeforeCompaction, UpstreamFailure
 from .exchanges import Exchange, exchange_for
-from .failures import Failure, NodeError, classify, from_stream_error, not_a_completion
+from .failures import Failure, NodeError, classify, from_stream_error, interrupted, not_a_completion
 from .http import RawResponse, encode_headers
 from .leases import LeaseKeeper
 from .metrics import Metrics
@@ -132,6 +132,14 @@ def _upstream_time(seconds: float) -> None:
         ctx.upstream_seconds += seconds
 
 
+def _stop_cancelling() -> None:
+    """The cancellation of this task is handled (answered): undo it, so that later waits in the
+    task (timeouts) are not taken for cancelled ones."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
 async def _wait_for_disconnect(receive: Any) -> None:
     while True:
         if (await receive())["type"] == "http.disconnect":
@@ -187,6 +195,9 @@ class CallLifecycle:
                 # the database may have started the call after we stopped waiting for it: then a
                 # pending node holds the conversation; release it as soon as the database answers
                 self.tasks.spawn(self._abandon(node_id))
+            raise
+        except asyncio.CancelledError:
+            self.tasks.spawn(self._abandon(node_id))  # (the same: stopped while the start was in flight)
             raise
         except Busy as exc:
             self.metrics.busy_rejections.inc()
@@ -250,6 +261,11 @@ class CallLifecycle:
                         extra={"node_id": str(started.node_id), "error": str(exc)})
             self.tasks.spawn(self._store_later(started, store, outcome, usage))
             return
+        except asyncio.CancelledError:
+            # stopped with the statement in flight (the shutdown's grace ran out): the outcome is
+            # stored in the background, which the shutdown waits for
+            self.tasks.spawn(self._store_later(started, store, outcome, usage))
+            raise
         except Exception:
             log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
             self.leases.untrack(started.node_id)
@@ -292,9 +308,18 @@ class CallLifecycle:
     # -- run ---------------------------------------------------------------------------------
 
     async def run(self, call: ChatCall, receive: Any) -> Any:
-        """Run one call; returns the ASGI response (a ``RawResponse`` or a ``StreamRelay``)."""
+        """Run one call; returns the ASGI response (a ``RawResponse`` or a ``StreamRelay``).
+
+        Only the server cancels a call's task: when its shutdown grace runs out
+        (docs/behaviour.md#shutdown). The call then ends as ``interrupted`` -- its node stored
+        failed, the client answered 503 -- instead of the cancellation escaping as a bare 500."""
         upstream = self.upstream.route(call.body.get("model"))
-        started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
+        try:
+            started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
+        except asyncio.CancelledError:
+            _stop_cancelling()
+            failure = interrupted("the proxy shut down while the call was starting")
+            return RawResponse(failure.status, failure.body, [])
         ctx = current_request.get()
         if ctx is not None:
             ctx.conversation_id = started.conversation_id
@@ -318,6 +343,14 @@ class CallLifecycle:
             if call.stream:
                 return await self._run_stream(started, request, exchange)
             return await self._run_json(started, request, receive, exchange)
+        except asyncio.CancelledError:
+            if started.finished:  # its outcome is being stored already (in the background if need be)
+                raise
+            _stop_cancelling()
+            failure = interrupted("the proxy shut down before the upstream answered")
+            log.warning("call interrupted by the shutdown", extra={"node_id": str(started.node_id)})
+            await self._finish(started, failure.outcome, error=failure.error)
+            return RawResponse(failure.status, failure.body, started.headers())
         except BaseException as exc:
             if not started.finished:
                 failure = Failure.from_error(exc if isinstance(exc, BranchpointError) else BranchpointError(
@@ -352,6 +385,9 @@ class CallLifecycle:
         t0 = time.perf_counter()
         try:
             await asyncio.wait((send_task, watch), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            send_task.cancel()  # (stopped while waiting: the upstream request goes too)
+            raise
         finally:
             watch.cancel()
             _upstream_time(time.perf_counter() - t0)

@@ -21,7 +21,7 @@ from storage import Outcome
 
 from .background import Background
 from .errors import UpstreamFailure, UpstreamTooLarge, error_body
-from .failures import Failure
+from .failures import Failure, interrupted
 
 __all__ = [
     "BytesRelay",
@@ -339,9 +339,19 @@ class StreamRelay:
             disconnected = True
             failure = failure or client_disconnected(f"the client connection failed: {type(exc).__name__}")
         except asyncio.CancelledError:
-            disconnected = True
-            failure = failure or client_disconnected("the response was cancelled")
-            raise
+            # only the server cancels a response: its shutdown grace ran out (docs/behaviour.md#shutdown)
+            if finished:
+                raise
+            failure = interrupted("the proxy shut down during the stream")
+            log.warning("stream interrupted by the shutdown")
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # handled: the client gets the stream's end, an error event
+            try:
+                await send({"type": "http.response.body", "body": self.translator.failing(failure), "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except (OSError, RuntimeError):
+                disconnected = True
         finally:
             watch.cancel()
             if not pump.done():

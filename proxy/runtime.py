@@ -58,6 +58,9 @@ class Runtime:
         self.leases.start()
 
     async def stop(self) -> None:
+        # the server has stopped the calls its shutdown grace did not see finish; each stores its
+        # outcome (interrupted) before the database goes (docs/behaviour.md#shutdown)
+        await self.leases.settle(timeout=2)
         await self.leases.stop()
         await self.tasks.wait(timeout=30)
         await self.upstream.aclose()

@@ -7,6 +7,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -84,3 +85,6 @@ def test_compose_file_wires_postgres_and_the_binding_variables():
     assert "BRANCHPOINT_UPSTREAM_URL" in env
     assert services["branchpoint"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert shlex.join(services["branchpoint"]["command"]).startswith("serve --host 0.0.0.0")
+    # Docker's stop waits past the proxy's shutdown grace, or calls in flight are killed, not interrupted
+    grace = tomllib.loads((ROOT / "config" / "defaults.toml").read_text())["server"]["shutdown_grace_seconds"]
+    assert int(services["branchpoint"]["stop_grace_period"].removesuffix("s")) > grace

@@ -1,0 +1,111 @@
+"""Stopping ``branchpoint serve`` with calls in flight (docs/behaviour.md#shutdown): calls that end
+within ``[server] shutdown_grace_seconds`` finish normally; the rest are answered as interrupted --
+503 with an OpenAI-shaped error, or a stream's final error event -- and their nodes are stored
+failed (``interrupted``) with the conversation released, before the process exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from .conftest import Db
+from .fakes import Reply, free_port
+from .helpers import MODEL, user
+
+
+def _serve(database_url: str, upstream_url: str, tmp_path: Any, grace: float) -> tuple[subprocess.Popen, str]:
+    config = tmp_path / "shutdown.toml"
+    config.write_text(f"[server]\nshutdown_grace_seconds = {grace}\nlog_level = \"warning\"\n")
+    port = free_port()
+    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+           "BRANCHPOINT_CONFIG": str(config)}
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 40
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"serve did not come up: {proc.stdout.read() if proc.stdout else ''}")
+        time.sleep(0.2)
+
+
+def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_url, upstream_url, upstream, tmp_path):
+    quick, never = threading.Event(), threading.Event()
+    upstream.enqueue(
+        Reply(kind="stream", pieces=["Hel", "lo", " there"], gate=never, gate_after=2),  # stalls after "Hel"
+        Reply(content="too late", hold=never),
+        Reply(content="in time", hold=quick),
+    )
+    proc, base = _serve(fresh_database_url, upstream_url, tmp_path, grace=1.5)
+    answers: dict[str, Any] = {}
+
+    def call(cid: str, stream: bool) -> None:
+        body = {"model": MODEL, "messages": [user(f"question of {cid}")], "stream": stream}
+        headers = {"Authorization": "Bearer sk-shutdown", "X-Conversation-Id": cid}
+        try:
+            with httpx.Client(base_url=base, timeout=30) as http, http.stream("POST", "/v1/chat/completions",
+                                                                              json=body, headers=headers) as r:
+                answers[cid] = (r.status_code, r.headers.get("x-node-id"), r.read().decode())
+        except httpx.HTTPError as exc:  # (no answer at all: the assertions below say which call)
+            answers[cid] = (None, None, repr(exc))
+
+    threads = []
+    try:
+        for n, (cid, stream) in enumerate((("sd-stream", True), ("sd-slow", False), ("sd-quick", False)), start=1):
+            threads.append(threading.Thread(target=call, args=(cid, stream)))
+            threads[-1].start()
+            upstream.wait_for(n)  # one at a time, so each meets its scripted reply
+        os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        quick.set()  # this one answers within the grace
+        for t in threads:
+            t.join(20)
+        assert proc.wait(20) is not None  # the process ends once the grace is over
+    finally:
+        never.set()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    db = Db(fresh_database_url)
+
+    def node(cid: str) -> Any:
+        return db.fetchrow("SELECT id, status, error FROM nodes WHERE conversation_id = $1", cid)
+
+    status, node_id, text = answers["sd-quick"]
+    assert status == 200 and json.loads(text)["choices"][0]["message"]["content"] == "in time"
+    assert node("sd-quick")["status"] == "success"
+
+    status, node_id, text = answers["sd-slow"]
+    assert status == 503, text
+    error = json.loads(text)["error"]
+    assert error["code"] == "interrupted" and set(error) == {"message", "type", "param", "code"}
+    stored = node("sd-slow")
+    assert str(stored["id"]) == node_id and stored["status"] == "failed" and stored["error"]["code"] == "interrupted"
+
+    status, node_id, text = answers["sd-stream"]
+    assert status == 200
+    events = [line.removeprefix("data: ") for line in text.split("\n") if line.startswith("data: ")]
+    assert json.loads(events[1])["choices"][0]["delta"]["content"] == "Hel"  # relayed before the stop
+    assert json.loads(events[-1])["error"]["code"] == "interrupted" and "[DONE]" not in events
+    stored = node("sd-stream")
+    assert str(stored["id"]) == node_id and stored["status"] == "failed" and stored["error"]["code"] == "interrupted"
+
+    # nothing is left holding a conversation: the next process finds them free
+    assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
+    assert db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0
+    log = proc.stdout.read().decode() if proc.stdout else ""
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log
