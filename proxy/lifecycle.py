@@ -47,7 +47,7 @@ from .http import RawResponse, encode_headers
 from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
-from .relay import StreamEnd, StreamRelay, client_disconnected
+from .relay import StreamEnd, StreamRelay, cancellation_handled, client_disconnected
 from .responses import items as responses_items
 from .upstream import UpstreamClient, response_headers, target_of
 
@@ -130,14 +130,6 @@ def _upstream_time(seconds: float) -> None:
     ctx = current_request.get()
     if ctx is not None:
         ctx.upstream_seconds += seconds
-
-
-def _stop_cancelling() -> None:
-    """The cancellation of this task is handled (answered): undo it, so that later waits in the
-    task (timeouts) are not taken for cancelled ones."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
 
 
 async def _wait_for_disconnect(receive: Any) -> None:
@@ -317,7 +309,7 @@ class CallLifecycle:
         try:
             started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
         except asyncio.CancelledError:
-            _stop_cancelling()
+            cancellation_handled()
             failure = interrupted("the proxy shut down while the call was starting")
             return RawResponse(failure.status, failure.body, [])
         ctx = current_request.get()
@@ -346,7 +338,7 @@ class CallLifecycle:
         except asyncio.CancelledError:
             if started.finished:  # its outcome is being stored already (in the background if need be)
                 raise
-            _stop_cancelling()
+            cancellation_handled()
             failure = interrupted("the proxy shut down before the upstream answered")
             log.warning("call interrupted by the shutdown", extra={"node_id": str(started.node_id)})
             await self._finish(started, failure.outcome, error=failure.error)

@@ -31,6 +31,7 @@ __all__ = [
     "StreamEnd",
     "StreamRelay",
     "Translator",
+    "cancellation_handled",
     "client_disconnected",
     "sse_error_event",
 ]
@@ -344,9 +345,7 @@ class StreamRelay:
                 raise
             failure = interrupted("the proxy shut down during the stream")
             log.warning("stream interrupted by the shutdown")
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # handled: the client gets the stream's end, an error event
+            cancellation_handled()  # the client gets the stream's end: an error event
             try:
                 await send({"type": "http.response.body", "body": self.translator.failing(failure), "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -430,6 +429,14 @@ class StreamRelay:
             return Failure.of(Outcome.TRANSIENT, "upstream_error", "stream_interrupted",
                               "the upstream stream ended without its end event")
         return None
+
+
+def cancellation_handled() -> None:
+    """The cancellation of the current task has been handled (the call answered as interrupted):
+    undo it, so that later waits in the task (timeouts) are not taken for cancelled ones."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def client_disconnected(message: str = "the client disconnected before the answer arrived") -> Failure:
