@@ -459,20 +459,33 @@ class BytesRelay:
         watch = asyncio.ensure_future(StreamRelay._watch(receive))
         pump = asyncio.ensure_future(self._pump(send))
         try:
-            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
-            if pump.done():
+            try:
+                await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the shutdown's grace ran out: ended like a cut upstream
+                cancellation_handled()
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+                message = "the proxy shut down during the answer"
+                failed = sse_error_event(message, "interrupted", "interrupted") if self._sse else b""
+            else:
+                if not pump.done():
+                    return
                 failed = pump.result()
-                if failed is not None:  # cut mid-body: tell an SSE client, else just end
-                    await send({"type": "http.response.body", "body": failed, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if failed is not None:  # cut mid-body: tell an SSE client, else just end
+                await send({"type": "http.response.body", "body": failed, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watch.cancel()
             pump.cancel()
             await asyncio.shield(self.close_upstream())
 
+    @property
+    def _sse(self) -> bool:
+        return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in self.headers)
+
     async def _pump(self, send: Any) -> bytes | None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-        sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in self.headers)
+        sse = self._sse
         try:
             async for chunk in self.chunks:
                 if chunk:

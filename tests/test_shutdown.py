@@ -47,6 +47,8 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
     upstream.enqueue(
         Reply(kind="stream", pieces=["Hel", "lo", " there"], gate=never, gate_after=2),  # stalls after "Hel"
         Reply(content="too late", hold=never),
+        Reply(kind="stream", pieces=["Hel", "lo", " there"], gate=never, gate_after=2),  # (passed through)
+        Reply(content="too late", hold=never),  # (passed through)
         Reply(content="in time", hold=quick),
     )
     proc, base = _serve(fresh_database_url, upstream_url, tmp_path, grace=1.5)
@@ -54,7 +56,9 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
 
     def call(cid: str, stream: bool) -> None:
         body = {"model": MODEL, "messages": [user(f"question of {cid}")], "stream": stream}
-        headers = {"Authorization": "Bearer sk-shutdown", "X-Conversation-Id": cid}
+        headers = {"Authorization": "Bearer sk-shutdown"}
+        if not cid.startswith("pass"):  # (no conversation: a pass-through call, nothing stored)
+            headers["X-Conversation-Id"] = cid
         try:
             with httpx.Client(base_url=base, timeout=30) as http, http.stream("POST", "/v1/chat/completions",
                                                                               json=body, headers=headers) as r:
@@ -64,7 +68,8 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
 
     threads = []
     try:
-        for n, (cid, stream) in enumerate((("sd-stream", True), ("sd-slow", False), ("sd-quick", False)), start=1):
+        calls = (("sd-stream", True), ("sd-slow", False), ("pass-stream", True), ("pass-slow", False), ("sd-quick", False))
+        for n, (cid, stream) in enumerate(calls, start=1):
             threads.append(threading.Thread(target=call, args=(cid, stream)))
             threads[-1].start()
             upstream.wait_for(n)  # one at a time, so each meets its scripted reply
@@ -103,6 +108,15 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
     assert json.loads(events[-1])["error"]["code"] == "interrupted" and "[DONE]" not in events
     stored = node("sd-stream")
     assert str(stored["id"]) == node_id and stored["status"] == "failed" and stored["error"]["code"] == "interrupted"
+
+    # calls passed through end the same way, with nothing stored
+    status, node_id, text = answers["pass-slow"]
+    assert status == 503 and node_id is None and json.loads(text)["error"]["code"] == "interrupted", text
+    status, node_id, text = answers["pass-stream"]
+    events = [line.removeprefix("data: ") for line in text.split("\n") if line.startswith("data: ")]
+    assert status == 200 and json.loads(events[1])["choices"][0]["delta"]["content"] == "Hel"
+    assert json.loads(events[-1])["error"]["code"] == "interrupted", text
+    assert db.fetchval("SELECT count(*) FROM nodes") == 3
 
     # nothing is left holding a conversation: the next process finds them free
     assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
