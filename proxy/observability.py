@@ -2,13 +2,16 @@
 up, and sent back as ``X-Branchpoint-Request-Id`` -- the upstream's own ``x-request-id`` is
 relayed untouched, providers' support desks ask for it), the conversation/node ids once known, Prometheus metrics by route and status, the
 upstream's share of the time (so the proxy's own overhead is visible in production), and one
-access-log line per request -- ids, status and timings, never message contents.
+access-log line per request -- ids, status and timings, never message contents. Being the
+outermost of our layers, it also answers a request the shutdown cut before its answer began
+(docs/behaviour.md#shutdown): 503 ``interrupted``, not the ASGI server's bare 500.
 
 ``RequestContext`` travels in a context variable; the call lifecycle fills in what it learns.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import os
@@ -16,7 +19,10 @@ import re
 import time
 from typing import Any
 
+from .failures import interrupted
+from .http import RawResponse
 from .metrics import Metrics
+from .relay import cancellation_handled
 
 __all__ = ["ObservabilityMiddleware", "RequestContext", "current_request", "install_log_context"]
 
@@ -84,17 +90,24 @@ class ObservabilityMiddleware:
         token = current_request.set(ctx)
         start = time.perf_counter()
         status = 500
+        started = False
         rid = ctx.request_id.encode()
 
         async def send_with_id(message: Any) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 message = {**message, "headers": [*message.get("headers", ()), (b"x-branchpoint-request-id", rid)]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            if started:  # (an answer under way ends as its own layer decided)
+                raise
+            cancellation_handled()
+            failure = interrupted("the proxy shut down before it could answer")
+            await RawResponse(failure.status, failure.body)(scope, receive, send_with_id)
         finally:
             elapsed = time.perf_counter() - start
             route = scope.get("path_template") or "unmatched"

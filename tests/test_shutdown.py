@@ -123,3 +123,43 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
     assert db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0
     log = proc.stdout.read().decode() if proc.stdout else ""
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
+
+
+def test_any_request_the_shutdown_cuts_is_answered_503(fresh_database_url, upstream_url, upstream, tmp_path):
+    """Not only chat calls: an admin compaction waiting on its summariser is answered 503
+    ``interrupted`` (OpenAI-shaped) when the grace runs out, not with the ASGI server's bare 500."""
+    never = threading.Event()
+    proc, base = _serve(fresh_database_url, upstream_url, tmp_path, grace=1)
+    answer: dict[str, Any] = {}
+    try:
+        with httpx.Client(base_url=base, timeout=30, headers={"Authorization": "Bearer sk-shutdown"}) as http:
+            for n in range(4):
+                http.post("/v1/chat/completions", headers={"X-Conversation-Id": "sd-admin"},
+                          json={"model": MODEL, "messages": [user(f"question {n} " + "words " * 50)]}).raise_for_status()
+            head = http.get("/admin/conversations/sd-admin").json()["head_node_id"]
+        upstream.enqueue_summary(Reply(content="a summary", hold=never))
+
+        def compact() -> None:
+            with httpx.Client(base_url=base, timeout=30, headers={"Authorization": "Bearer sk-shutdown"}) as http:
+                r = http.post("/admin/conversations/sd-admin/compact")
+                answer["compact"] = (r.status_code, r.text)
+
+        thread = threading.Thread(target=compact)
+        thread.start()
+        upstream.wait_for(5)  # the four turns, then the summariser's request
+        os.killpg(proc.pid, signal.SIGTERM)
+        thread.join(20)
+        assert proc.wait(20) is not None
+    finally:
+        never.set()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    status, text = answer["compact"]
+    assert status == 503, text
+    assert json.loads(text)["error"]["code"] == "interrupted"
+    db = Db(fresh_database_url)
+    assert str(db.fetchval("SELECT head_node_id FROM conversations WHERE id = 'sd-admin'")) == head  # nothing compacted
+    assert db.fetchval("SELECT count(*) FROM nodes WHERE kind = 'compaction'") == 0
+    log = proc.stdout.read().decode() if proc.stdout else ""
+    assert "Traceback" not in log, log

@@ -4,7 +4,6 @@ name (to pick the upstream) and nothing is stored."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from typing import Any
@@ -17,10 +16,9 @@ from litestar.types import ASGIApp
 
 from ..auth import Caller
 from ..errors import InvalidRequest, UpstreamFailure
-from ..failures import interrupted
 from ..http import RawResponse, encode_headers
 from ..observability import current_request
-from ..relay import BytesRelay, cancellation_handled
+from ..relay import BytesRelay
 from ..secrets import redact_bytes
 from ..upstream import UpstreamClient, response_headers
 from .common import RequestHeaders, valid_conversation_id
@@ -81,10 +79,6 @@ class Forwarder:
         except UpstreamFailure as exc:
             upstream_done()
             return RawResponse(exc.status, exc.body())
-        except asyncio.CancelledError:  # the shutdown's grace ran out (docs/behaviour.md#shutdown)
-            cancellation_handled()
-            failure = interrupted("the proxy shut down before the upstream answered")
-            return RawResponse(failure.status, failure.body)
         if response.status_code >= 400:  # an error body is small: read it, mask echoed keys
             try:
                 content = await self.upstream.read_rest(response)
