@@ -399,8 +399,13 @@ class CallLifecycle:
             answer = exchange.answer(content)
         except NotACompletion as exc:
             return await self._fail(started, not_a_completion(content, str(exc), started.secrets))
-        await self._finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
-                           finish_reason=answer.finish_reason, received_messages=answer.messages)
+        try:
+            await self._finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
+                               finish_reason=answer.finish_reason, received_messages=answer.messages)
+        except asyncio.CancelledError:
+            # stopped while storing it (the shutdown's grace ran out): the answer is stored in the
+            # background (``_finish``), so the client gets it -- a 503 would make its SDK ask again
+            cancellation_handled()
         return RawResponse(response.status_code, answer.body, relay_headers)
 
     async def _run_stream(self, started: _Started, request: httpx.Request, exchange: Exchange) -> Any:

@@ -331,7 +331,12 @@ class StreamRelay:
                 # sees the end of the stream: a client that sends its next call the moment it
                 # reads the end must find the conversation free and the head on this answer.
                 finished = True
-                await self._finish_shielded(StreamEnd(self.translator, False, failure))
+                try:
+                    await self._finish_shielded(StreamEnd(self.translator, False, failure))
+                except asyncio.CancelledError:
+                    # stopped while storing it (the shutdown's grace ran out): the storing goes on in
+                    # the background, the client gets the end of its stream
+                    cancellation_handled()
                 end = self.translator.failing(failure) if failure is not None else self.translator.closing()
                 if end:
                     await send({"type": "http.response.body", "body": end, "more_body": True})

@@ -5,6 +5,7 @@ failed (``interrupted``) with the conversation released, before the process exit
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+import asyncpg
 import httpx
 
 from .conftest import Db
@@ -163,3 +165,84 @@ def test_any_request_the_shutdown_cuts_is_answered_503(fresh_database_url, upstr
     assert db.fetchval("SELECT count(*) FROM nodes WHERE kind = 'compaction'") == 0
     log = proc.stdout.read().decode() if proc.stdout else ""
     assert "Traceback" not in log, log
+
+
+class _RowLocks:
+    """Holds ``FOR UPDATE`` locks on conversation rows from another session until ``release()``:
+    a call's finish, which moves the head, waits for them."""
+
+    def __init__(self, url: str, conversation_ids: list[str]) -> None:
+        self.url, self.ids = url, conversation_ids
+        self.locked, self.released = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._hold()), daemon=True)
+
+    async def _hold(self) -> None:
+        conn = await asyncpg.connect(self.url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT 1 FROM conversations WHERE id = ANY($1::text[]) FOR UPDATE", self.ids)
+                self.locked.set()
+                await asyncio.to_thread(self.released.wait, 30)
+        finally:
+            await conn.close()
+
+    def __enter__(self) -> _RowLocks:
+        self.thread.start()
+        assert self.locked.wait(10)
+        return self
+
+    def release(self) -> None:
+        self.released.set()
+        self.thread.join(10)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client(
+        fresh_database_url, upstream_url, upstream, tmp_path):
+    """The grace runs out while the answers' nodes are being stored (their finishes wait for a row
+    lock): the clients get their answers -- a 503 would make their SDKs ask again, with the answer
+    already stored -- and the answers are stored before the process exits."""
+    answered = threading.Event()
+    upstream.enqueue(Reply(content="stored late", hold=answered),
+                     Reply(kind="stream", pieces=["stored", " late"], gate=answered, gate_after=1))
+    proc, base = _serve(fresh_database_url, upstream_url, tmp_path, grace=1)
+    answers: dict[str, Any] = {}
+
+    def call(cid: str, stream: bool) -> None:
+        body = {"model": MODEL, "messages": [user(f"question of {cid}")], "stream": stream}
+        with httpx.Client(base_url=base, timeout=30) as http, http.stream(
+                "POST", "/v1/chat/completions", json=body,
+                headers={"Authorization": "Bearer sk-shutdown", "X-Conversation-Id": cid}) as r:
+            answers[cid] = (r.status_code, r.read().decode())
+
+    threads = [threading.Thread(target=call, args=("sd-store", False)),
+               threading.Thread(target=call, args=("sd-store-stream", True))]
+    try:
+        for n, thread in enumerate(threads, start=1):
+            thread.start()
+            upstream.wait_for(n)  # started: its node is pending, its conversation row free again
+        with _RowLocks(fresh_database_url, ["sd-store", "sd-store-stream"]) as locks:
+            answered.set()  # the upstream answers; storing them waits for the locks
+            time.sleep(0.3)
+            os.killpg(proc.pid, signal.SIGTERM)
+            for thread in threads:
+                thread.join(20)
+            locks.release()  # now the stores in the background go through
+        assert proc.wait(30) is not None
+    finally:
+        answered.set()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    status, text = answers["sd-store"]
+    assert status == 200 and json.loads(text)["choices"][0]["message"]["content"] == "stored late", text
+    status, text = answers["sd-store-stream"]
+    assert status == 200 and text.rstrip().endswith("data: [DONE]"), text
+    db = Db(fresh_database_url)
+    rows = db.fetch("SELECT conversation_id, status, received FROM nodes ORDER BY conversation_id")
+    assert [(r["conversation_id"], r["status"]) for r in rows] == [("sd-store", "success"), ("sd-store-stream", "success")]
+    assert all(r["received"][0]["content"] == "stored late" for r in rows)
+    assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
