@@ -225,7 +225,11 @@ def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client
             upstream.wait_for(n)  # started: its node is pending, its conversation row free again
         with _RowLocks(fresh_database_url, ["sd-store", "sd-store-stream"]) as locks:
             answered.set()  # the upstream answers; storing them waits for the locks
-            time.sleep(0.3)
+            db = Db(fresh_database_url)
+            deadline = time.monotonic() + 10
+            while db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'") < 2:
+                assert time.monotonic() < deadline, "the finishes never waited for the locks"
+                time.sleep(0.05)
             os.killpg(proc.pid, signal.SIGTERM)
             for thread in threads:
                 thread.join(20)
@@ -241,7 +245,6 @@ def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client
     assert status == 200 and json.loads(text)["choices"][0]["message"]["content"] == "stored late", text
     status, text = answers["sd-store-stream"]
     assert status == 200 and text.rstrip().endswith("data: [DONE]"), text
-    db = Db(fresh_database_url)
     rows = db.fetch("SELECT conversation_id, status, received FROM nodes ORDER BY conversation_id")
     assert [(r["conversation_id"], r["status"]) for r in rows] == [("sd-store", "success"), ("sd-store-stream", "success")]
     assert all(r["received"][0]["content"] == "stored late" for r in rows)
