@@ -12,6 +12,7 @@ gets). Every way a call can fail is built here:
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,7 +25,8 @@ from storage import Outcome
 from .errors import BranchpointError, UpstreamBadResponse, error_body
 from .secrets import redact_bytes
 
-__all__ = ["Failure", "NodeError", "classify", "from_stream_error", "interrupted", "not_a_completion"]
+__all__ = ["Failure", "NodeError", "cancellation_handled", "classify", "from_stream_error", "interrupted",
+           "not_a_completion"]
 
 _decode = msgspec.json.Decoder().decode
 
@@ -174,3 +176,12 @@ def interrupted(message: str) -> Failure:
     transient, like a call the reaper finds after its process died -- the same type and code --,
     and 503 to the client, whose SDK retries it elsewhere."""
     return Failure.of(Outcome.TRANSIENT, "interrupted", "interrupted", message, 503)
+
+
+def cancellation_handled() -> None:
+    """The server's cancellation of the current task has been answered (``interrupted``, or the
+    answer itself when it was being stored): undo it, so that later waits in the task are not
+    taken for cancelled ones."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()

@@ -42,12 +42,12 @@ from .compaction import Compactor
 from .completion import NotACompletion
 from .errors import BranchpointError, ConversationBusy, NodeNotFound, ParentBeforeCompaction, UpstreamFailure
 from .exchanges import Exchange, exchange_for
-from .failures import Failure, NodeError, classify, from_stream_error, interrupted, not_a_completion
+from .failures import Failure, NodeError, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion
 from .http import RawResponse, encode_headers
 from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
-from .relay import StreamEnd, StreamRelay, cancellation_handled, client_disconnected
+from .relay import StreamEnd, StreamRelay, client_disconnected
 from .responses import items as responses_items
 from .upstream import UpstreamClient, response_headers, target_of
 
@@ -303,15 +303,11 @@ class CallLifecycle:
         """Run one call; returns the ASGI response (a ``RawResponse`` or a ``StreamRelay``).
 
         Only the server cancels a call's task: when its shutdown grace runs out
-        (docs/behaviour.md#shutdown). The call then ends as ``interrupted`` -- its node stored
-        failed, the client answered 503 -- instead of the cancellation escaping as a bare 500."""
+        (docs/behaviour.md#shutdown). A started call then ends as ``interrupted`` -- its node stored
+        failed, the client answered 503 -- instead of the cancellation escaping as a bare 500 (one
+        not started yet is answered so by the outermost layer, ``ObservabilityMiddleware``)."""
         upstream = self.upstream.route(call.body.get("model"))
-        try:
-            started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
-        except asyncio.CancelledError:
-            cancellation_handled()
-            failure = interrupted("the proxy shut down while the call was starting")
-            return RawResponse(failure.status, failure.body, [])
+        started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
         ctx = current_request.get()
         if ctx is not None:
             ctx.conversation_id = started.conversation_id

@@ -19,10 +19,9 @@ import re
 import time
 from typing import Any
 
-from .failures import interrupted
+from .failures import cancellation_handled, interrupted
 from .http import RawResponse
 from .metrics import Metrics
-from .relay import cancellation_handled
 
 __all__ = ["ObservabilityMiddleware", "RequestContext", "current_request", "install_log_context"]
 

@@ -21,7 +21,7 @@ from storage import Outcome
 
 from .background import Background
 from .errors import UpstreamFailure, UpstreamTooLarge, error_body
-from .failures import Failure, interrupted
+from .failures import Failure, cancellation_handled, interrupted
 
 __all__ = [
     "BytesRelay",
@@ -31,7 +31,6 @@ __all__ = [
     "StreamEnd",
     "StreamRelay",
     "Translator",
-    "cancellation_handled",
     "client_disconnected",
     "sse_error_event",
 ]
@@ -434,14 +433,6 @@ class StreamRelay:
             return Failure.of(Outcome.TRANSIENT, "upstream_error", "stream_interrupted",
                               "the upstream stream ended without its end event")
         return None
-
-
-def cancellation_handled() -> None:
-    """The cancellation of the current task has been handled (the call answered as interrupted):
-    undo it, so that later waits in the task (timeouts) are not taken for cancelled ones."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
 
 
 def client_disconnected(message: str = "the client disconnected before the answer arrived") -> Failure:
