@@ -6,6 +6,7 @@ failed (``interrupted``) with the conversation released, before the process exit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -44,6 +46,46 @@ def _serve(database_url: str, upstream_url: str, tmp_path: Any, grace: float) ->
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def _serving(database_url: str, upstream_url: str, tmp_path: Any, grace: float,
+             held: threading.Event) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A ``serve`` process; on the way out ``held`` is set (whatever the fake upstream still holds
+    goes) and a process still alive is killed."""
+    proc, base = _serve(database_url, upstream_url, tmp_path, grace)
+    try:
+        yield proc, base
+    finally:
+        held.set()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _chat(base: str, cid: str, stream: bool) -> tuple[int | None, str | None, str]:
+    """One chat call (``pass-*``: no conversation, passed through): status, X-Node-Id, body."""
+    body = {"model": MODEL, "messages": [user(f"question of {cid}")], "stream": stream}
+    headers = {"Authorization": "Bearer sk-shutdown"}
+    if not cid.startswith("pass"):
+        headers["X-Conversation-Id"] = cid
+    try:
+        with httpx.Client(base_url=base, timeout=30) as http, http.stream("POST", "/v1/chat/completions",
+                                                                          json=body, headers=headers) as r:
+            return r.status_code, r.headers.get("x-node-id"), r.read().decode()
+    except httpx.HTTPError as exc:  # (no answer at all: the assertions say which call)
+        return None, None, repr(exc)
+
+
+def _in_threads(base: str, calls: Any, answers: dict[str, Any], upstream: Any) -> list[threading.Thread]:
+    """Start the calls one at a time -- each once the upstream has the one before, so each meets
+    its scripted reply -- in threads that put their answers in ``answers``."""
+    threads = []
+    for n, (cid, stream) in enumerate(calls, start=1):
+        threads.append(threading.Thread(target=lambda c=cid, s=stream: answers.__setitem__(c, _chat(base, c, s))))
+        threads[-1].start()
+        upstream.wait_for(n)
+    return threads
+
+
 def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_url, upstream_url, upstream, tmp_path):
     quick, never = threading.Event(), threading.Event()
     upstream.enqueue(
@@ -53,39 +95,16 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
         Reply(content="too late", hold=never),  # (passed through)
         Reply(content="in time", hold=quick),
     )
-    proc, base = _serve(fresh_database_url, upstream_url, tmp_path, grace=1.5)
     answers: dict[str, Any] = {}
-
-    def call(cid: str, stream: bool) -> None:
-        body = {"model": MODEL, "messages": [user(f"question of {cid}")], "stream": stream}
-        headers = {"Authorization": "Bearer sk-shutdown"}
-        if not cid.startswith("pass"):  # (no conversation: a pass-through call, nothing stored)
-            headers["X-Conversation-Id"] = cid
-        try:
-            with httpx.Client(base_url=base, timeout=30) as http, http.stream("POST", "/v1/chat/completions",
-                                                                              json=body, headers=headers) as r:
-                answers[cid] = (r.status_code, r.headers.get("x-node-id"), r.read().decode())
-        except httpx.HTTPError as exc:  # (no answer at all: the assertions below say which call)
-            answers[cid] = (None, None, repr(exc))
-
-    threads = []
-    try:
+    with _serving(fresh_database_url, upstream_url, tmp_path, 1.5, never) as (proc, base):
         calls = (("sd-stream", True), ("sd-slow", False), ("pass-stream", True), ("pass-slow", False), ("sd-quick", False))
-        for n, (cid, stream) in enumerate(calls, start=1):
-            threads.append(threading.Thread(target=call, args=(cid, stream)))
-            threads[-1].start()
-            upstream.wait_for(n)  # one at a time, so each meets its scripted reply
+        threads = _in_threads(base, calls, answers, upstream)
         os.killpg(proc.pid, signal.SIGTERM)
         time.sleep(0.5)
         quick.set()  # this one answers within the grace
         for t in threads:
             t.join(20)
         assert proc.wait(20) is not None  # the process ends once the grace is over
-    finally:
-        never.set()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
     db = Db(fresh_database_url)
 
@@ -131,9 +150,8 @@ def test_any_request_the_shutdown_cuts_is_answered_503(fresh_database_url, upstr
     """Not only chat calls: an admin compaction waiting on its summariser is answered 503
     ``interrupted`` (OpenAI-shaped) when the grace runs out, not with the ASGI server's bare 500."""
     never = threading.Event()
-    proc, base = _serve(fresh_database_url, upstream_url, tmp_path, grace=1)
     answer: dict[str, Any] = {}
-    try:
+    with _serving(fresh_database_url, upstream_url, tmp_path, 1, never) as (proc, base):
         with httpx.Client(base_url=base, timeout=30, headers={"Authorization": "Bearer sk-shutdown"}) as http:
             for n in range(4):
                 http.post("/v1/chat/completions", headers={"X-Conversation-Id": "sd-admin"},
@@ -152,11 +170,6 @@ def test_any_request_the_shutdown_cuts_is_answered_503(fresh_database_url, upstr
         os.killpg(proc.pid, signal.SIGTERM)
         thread.join(20)
         assert proc.wait(20) is not None
-    finally:
-        never.set()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
     status, text = answer["compact"]
     assert status == 503, text
     assert json.loads(text)["error"]["code"] == "interrupted"
@@ -207,22 +220,10 @@ def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client
     answered = threading.Event()
     upstream.enqueue(Reply(content="stored late", hold=answered),
                      Reply(kind="stream", pieces=["stored", " late"], gate=answered, gate_after=1))
-    proc, base = _serve(fresh_database_url, upstream_url, tmp_path, grace=1)
     answers: dict[str, Any] = {}
-
-    def call(cid: str, stream: bool) -> None:
-        body = {"model": MODEL, "messages": [user(f"question of {cid}")], "stream": stream}
-        with httpx.Client(base_url=base, timeout=30) as http, http.stream(
-                "POST", "/v1/chat/completions", json=body,
-                headers={"Authorization": "Bearer sk-shutdown", "X-Conversation-Id": cid}) as r:
-            answers[cid] = (r.status_code, r.read().decode())
-
-    threads = [threading.Thread(target=call, args=("sd-store", False)),
-               threading.Thread(target=call, args=("sd-store-stream", True))]
-    try:
-        for n, thread in enumerate(threads, start=1):
-            thread.start()
-            upstream.wait_for(n)  # started: its node is pending, its conversation row free again
+    with _serving(fresh_database_url, upstream_url, tmp_path, 1, answered) as (proc, base):
+        # (once the upstream has a call, its start is stored and its conversation row free again)
+        threads = _in_threads(base, (("sd-store", False), ("sd-store-stream", True)), answers, upstream)
         with _RowLocks(fresh_database_url, ["sd-store", "sd-store-stream"]) as locks:
             answered.set()  # the upstream answers; storing them waits for the locks
             db = Db(fresh_database_url)
@@ -235,15 +236,10 @@ def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client
                 thread.join(20)
             locks.release()  # now the stores in the background go through
         assert proc.wait(30) is not None
-    finally:
-        answered.set()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
 
-    status, text = answers["sd-store"]
+    status, _, text = answers["sd-store"]
     assert status == 200 and json.loads(text)["choices"][0]["message"]["content"] == "stored late", text
-    status, text = answers["sd-store-stream"]
+    status, _, text = answers["sd-store-stream"]
     assert status == 200 and text.rstrip().endswith("data: [DONE]"), text
     rows = db.fetch("SELECT conversation_id, status, received FROM nodes ORDER BY conversation_id")
     assert [(r["conversation_id"], r["status"]) for r in rows] == [("sd-store", "success"), ("sd-store-stream", "success")]
