@@ -33,20 +33,44 @@ class Metrics:
         self.inflight = Gauge("branchpoint_inflight_calls", "Calls of this process with a pending node", registry=r)
         self.pending_nodes = Gauge("branchpoint_pending_nodes", "Pending nodes in the database (all processes)", registry=r)
         self.reaped = Counter("branchpoint_reaped", "Pending nodes reaped as interrupted by this process", registry=r)
+        # labelled children, looked up once (the label sets are few: routes, statuses, outcomes)
+        self._per_request: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}
+        self._per_call: dict[tuple[str, str], Any] = {}
+        self._tokens_in, self._tokens_out = self.tokens.labels("in"), self.tokens.labels("out")
+
+    def observe_request(self, route: str, status: int, seconds: float, upstream_seconds: float) -> None:
+        """One answered request. The labelled children are kept per route (and status): looked up
+        through ``labels()`` seven times a stored call, they showed as ~2 % of the proxy's CPU in
+        a profile (an A/B of the whole proxy: −1 %, within its noise)."""
+        key = (route, status)
+        children = self._per_request.get(key)
+        if children is None:
+            children = self._per_request[key] = (
+                self.requests.labels(route, str(status)), self.request_seconds.labels(route),
+                self.upstream_seconds.labels(route), self.overhead_seconds.labels(route))
+        requests, whole, upstream, overhead = children
+        requests.inc()
+        whole.observe(seconds)
+        if upstream_seconds:
+            upstream.observe(upstream_seconds)
+            overhead.observe(max(0.0, seconds - upstream_seconds))
 
     def watch_database(self, db: Any) -> None:
         """Export the pool's statement count: database round trips, to compare with calls."""
         self.registry.register(_StatementCollector(db))
 
     def observe_call(self, kind: str, outcome: str, usage: dict[str, Any] | None) -> None:
-        self.calls.labels(kind, outcome).inc()
+        calls = self._per_call.get((kind, outcome))
+        if calls is None:
+            calls = self._per_call[(kind, outcome)] = self.calls.labels(kind, outcome)
+        calls.inc()
         if usage:
             prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
             completion = usage.get("completion_tokens", usage.get("output_tokens"))
             if isinstance(prompt, int):
-                self.tokens.labels("in").inc(prompt)
+                self._tokens_in.inc(prompt)
             if isinstance(completion, int):
-                self.tokens.labels("out").inc(completion)
+                self._tokens_out.inc(completion)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

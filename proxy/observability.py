@@ -110,12 +110,7 @@ class ObservabilityMiddleware:
         finally:
             elapsed = time.perf_counter() - start
             route = scope.get("path_template") or "unmatched"
-            m = self.metrics
-            m.requests.labels(route, str(status)).inc()
-            m.request_seconds.labels(route).observe(elapsed)
-            if ctx.upstream_seconds:
-                m.upstream_seconds.labels(route).observe(ctx.upstream_seconds)
-                m.overhead_seconds.labels(route).observe(max(0.0, elapsed - ctx.upstream_seconds))
+            self.metrics.observe_request(route, status, elapsed, ctx.upstream_seconds)
             if log.isEnabledFor(logging.INFO):
                 log.info("request", extra={
                     "method": scope["method"], "path": scope["path"], "route": route, "status": status,
