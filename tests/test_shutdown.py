@@ -245,3 +245,36 @@ def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client
     assert [(r["conversation_id"], r["status"]) for r in rows] == [("sd-store", "success"), ("sd-store-stream", "success")]
     assert all(r["received"][0]["content"] == "stored late" for r in rows)
     assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
+
+
+def test_a_call_stopped_while_starting_is_answered_and_leaves_nothing_behind(
+        fresh_database_url, upstream_url, upstream, tmp_path):
+    """The grace runs out while a call's start waits for its conversation's row (another session
+    holds it): the client gets 503 ``interrupted`` -- and the start, which commits once the row is
+    free, after the client was answered, is released at once (its node reaped as interrupted), not
+    left pending with the conversation leased until the reaper's turn."""
+    never = threading.Event()
+    answers: dict[str, Any] = {}
+    with _serving(fresh_database_url, upstream_url, tmp_path, 1, never) as (proc, base):
+        assert _chat(base, "sd-start", False)[0] == 200  # the conversation exists
+        with _RowLocks(fresh_database_url, ["sd-start"]) as locks:
+            thread = threading.Thread(target=lambda: answers.__setitem__("sd-start", _chat(base, "sd-start", False)))
+            thread.start()
+            db = Db(fresh_database_url)
+            deadline = time.monotonic() + 10
+            while db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                              "AND wait_event_type = 'Lock'") < 1:
+                assert time.monotonic() < deadline, "the start never waited for the lock"
+                time.sleep(0.05)
+            stopped = time.monotonic()
+            os.killpg(proc.pid, signal.SIGTERM)
+            thread.join(20)
+            locks.release()
+        assert proc.wait(30) is not None
+        assert time.monotonic() - stopped < 10
+    status, _, text = answers["sd-start"]
+    assert status == 503 and json.loads(text)["error"]["code"] == "interrupted", text
+    assert db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0
+    assert db.fetchval("SELECT count(*) FROM nodes WHERE error->>'code' = 'interrupted'") == 1
+    assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
+    assert len(upstream.chat_requests) == 1  # the stopped call never reached the upstream
