@@ -62,14 +62,16 @@ def _serving(database_url: str, upstream_url: str, tmp_path: Any, grace: float,
 
 
 def _chat(base: str, cid: str, stream: bool) -> tuple[int | None, str | None, str]:
-    """One chat call (``pass-*``: no conversation, passed through): status, X-Node-Id, body."""
-    body = {"model": MODEL, "messages": [user(f"question of {cid}")], "stream": stream}
+    """One call -- a chat call; ``pass-*``: no conversation, passed through; ``resp-*``: a
+    Responses call -- as status, X-Node-Id, body."""
+    path, body = "/v1/chat/completions", {"model": MODEL, "messages": [user(f"question of {cid}")], "stream": stream}
+    if cid.startswith("resp"):
+        path, body = "/v1/responses", {"model": MODEL, "input": f"question of {cid}", "stream": stream}
     headers = {"Authorization": "Bearer sk-shutdown"}
     if not cid.startswith("pass"):
         headers["X-Conversation-Id"] = cid
     try:
-        with httpx.Client(base_url=base, timeout=30) as http, http.stream("POST", "/v1/chat/completions",
-                                                                          json=body, headers=headers) as r:
+        with httpx.Client(base_url=base, timeout=30) as http, http.stream("POST", path, json=body, headers=headers) as r:
             return r.status_code, r.headers.get("x-node-id"), r.read().decode()
     except httpx.HTTPError as exc:  # (no answer at all: the assertions say which call)
         return None, None, repr(exc)
@@ -93,11 +95,13 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
         Reply(content="too late", hold=never),
         Reply(kind="stream", pieces=["Hel", "lo", " there"], gate=never, gate_after=2),  # (passed through)
         Reply(content="too late", hold=never),  # (passed through)
+        Reply(kind="stream", pieces=["Hel", "lo", " there"], gate=never, gate_after=2),  # (a Responses call)
         Reply(content="in time", hold=quick),
     )
     answers: dict[str, Any] = {}
     with _serving(fresh_database_url, upstream_url, tmp_path, 1.5, never) as (proc, base):
-        calls = (("sd-stream", True), ("sd-slow", False), ("pass-stream", True), ("pass-slow", False), ("sd-quick", False))
+        calls = (("sd-stream", True), ("sd-slow", False), ("pass-stream", True), ("pass-slow", False),
+                 ("resp-stream", True), ("sd-quick", False))
         threads = _in_threads(base, calls, answers, upstream)
         os.killpg(proc.pid, signal.SIGTERM)
         time.sleep(0.5)
@@ -130,6 +134,15 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
     stored = node("sd-stream")
     assert str(stored["id"]) == node_id and stored["status"] == "failed" and stored["error"]["code"] == "interrupted"
 
+    # a Responses stream ends with its own failure events
+    status, node_id, text = answers["resp-stream"]
+    data = [json.loads(line.removeprefix("data: ")) for line in text.split("\n") if line.startswith("data: ")]
+    assert status == 200 and any(d["type"] == "response.output_text.delta" and d["delta"] == "Hel" for d in data)
+    failed = next(d for d in data if d["type"] == "response.failed")
+    assert failed["response"]["error"]["code"] == "interrupted" and data[-1]["type"] == "error", text
+    stored = node("resp-stream")
+    assert str(stored["id"]) == node_id and stored["status"] == "failed" and stored["error"]["code"] == "interrupted"
+
     # calls passed through end the same way, with nothing stored
     status, node_id, text = answers["pass-slow"]
     assert status == 503 and node_id is None and json.loads(text)["error"]["code"] == "interrupted", text
@@ -137,7 +150,7 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
     events = [line.removeprefix("data: ") for line in text.split("\n") if line.startswith("data: ")]
     assert status == 200 and json.loads(events[1])["choices"][0]["delta"]["content"] == "Hel"
     assert json.loads(events[-1])["error"]["code"] == "interrupted", text
-    assert db.fetchval("SELECT count(*) FROM nodes") == 3
+    assert db.fetchval("SELECT count(*) FROM nodes") == 4
 
     # nothing is left holding a conversation: the next process finds them free
     assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
