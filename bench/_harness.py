@@ -125,6 +125,23 @@ def machine() -> dict:
     return info
 
 
+def cores_busy(seconds: float = 1.0) -> list[float]:
+    """Each core's busy share (%) over ``seconds``, from /proc/stat: taken before anything of the
+    bench starts, it is whatever else the machine runs -- a stray load skews every figure."""
+    def sample() -> list[tuple[int, int]]:
+        out = []
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("cpu") and line[3:4].isdigit():
+                ticks = [int(x) for x in line.split()[1:]]
+                idle = ticks[3] + ticks[4]  # idle + iowait
+                out.append((sum(ticks) - idle, sum(ticks)))
+        return out
+    before = sample()
+    time.sleep(seconds)
+    after = sample()
+    return [round(100 * (b1 - b0) / max(1, t1 - t0), 1) for (b0, t0), (b1, t1) in zip(before, after, strict=True)]
+
+
 def postgres_pids(data_dir: Path) -> list[int]:
     """The embedded PostgreSQL's postmaster and its children (backends, writer, WAL ...)."""
     pid_file = data_dir / "pgdata" / "postmaster.pid"

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import MODEL, ROOT, Procs, cpu_ticks, log, machine, postgres_pids, shared_bench, start_stack, wait_http
+from _harness import MODEL, ROOT, Procs, cores_busy, cpu_ticks, log, machine, postgres_pids, shared_bench, start_stack, wait_http
 from run import run_wrk_turns, seed
 
 LITELLM_VENV = Path(os.environ.get("LITELLM_VENV", f"{os.environ.get('TMPDIR', '/tmp')}/branchpoint-bench-litellm-venv"))
@@ -77,6 +77,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "versus.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bp-versus-"))
+    busy = cores_busy()
+    log(f"cores busy before the bench starts, %: {busy}")
+    if max(busy) > 10:
+        log("WARNING: the machine is not idle -- something else runs; the figures will be skewed")
     procs = Procs()
     rounds: list[dict] = []
     idle: dict = {}
@@ -131,7 +135,8 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": {"duration_s": args.duration, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                        "idle_cpu_pct": idle, "machine": machine()},
+                                        "idle_cpu_pct": idle, "machine": machine(),
+                                        "cores_busy_before_pct": busy},
                                "rounds": rounds, "summary": summary}, indent=2))
     print("| scenario | req/s ours : LiteLLM (median, range) | CPU per call LiteLLM : ours (median, range) | p50 ours / LiteLLM |")
     print("|---|---|---|---|")
