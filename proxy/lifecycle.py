@@ -236,7 +236,9 @@ class CallLifecycle:
                       error: NodeError | None = None, received_messages: list[Any] | None = None) -> None:
         """Store the outcome; the head follows the head rule. Never raises. If the database is
         away, the outcome is stored in the background as soon as it is back (the lease is kept
-        alive meanwhile); a node that still cannot be stored is reaped as interrupted in the end."""
+        alive meanwhile); a node that still cannot be stored is reaped as interrupted in the end.
+        Stopped in flight (the shutdown's grace ran out), it goes on in the background too, and the
+        cancellation counts as handled: the caller answers its client as if it had finished."""
         started.finished = True
         if finish_reason is not None and "\x00" in finish_reason:
             finish_reason = finish_reason.replace("\x00", "")  # a text column; the answer itself keeps it
@@ -253,11 +255,10 @@ class CallLifecycle:
                         extra={"node_id": str(started.node_id), "error": str(exc)})
             self.tasks.spawn(self._store_later(started, store, outcome, usage))
             return
-        except asyncio.CancelledError:
-            # stopped with the statement in flight (the shutdown's grace ran out): the outcome is
-            # stored in the background, which the shutdown waits for
+        except asyncio.CancelledError:  # (the shutdown waits for the background)
             self.tasks.spawn(self._store_later(started, store, outcome, usage))
-            raise
+            cancellation_handled()
+            return
         except Exception:
             log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
             self.leases.untrack(started.node_id)
@@ -332,7 +333,7 @@ class CallLifecycle:
                 return await self._run_stream(started, request, exchange)
             return await self._run_json(started, request, receive, exchange)
         except asyncio.CancelledError:
-            if started.finished:  # its outcome is being stored already (in the background if need be)
+            if started.finished:  # (a node is finished once; ``_finish`` handles its own cancellation)
                 raise
             cancellation_handled()
             failure = interrupted("the proxy shut down before the upstream answered")
@@ -395,13 +396,8 @@ class CallLifecycle:
             answer = exchange.answer(content)
         except NotACompletion as exc:
             return await self._fail(started, not_a_completion(content, str(exc), started.secrets))
-        try:
-            await self._finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
-                               finish_reason=answer.finish_reason, received_messages=answer.messages)
-        except asyncio.CancelledError:
-            # stopped while storing it (the shutdown's grace ran out): the answer is stored in the
-            # background (``_finish``), so the client gets it -- a 503 would make its SDK ask again
-            cancellation_handled()
+        await self._finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
+                           finish_reason=answer.finish_reason, received_messages=answer.messages)
         return RawResponse(response.status_code, answer.body, relay_headers)
 
     async def _run_stream(self, started: _Started, request: httpx.Request, exchange: Exchange) -> Any:

@@ -330,12 +330,7 @@ class StreamRelay:
                 # sees the end of the stream: a client that sends its next call the moment it
                 # reads the end must find the conversation free and the head on this answer.
                 finished = True
-                try:
-                    await self._finish_shielded(StreamEnd(self.translator, False, failure))
-                except asyncio.CancelledError:
-                    # stopped while storing it (the shutdown's grace ran out): the storing goes on in
-                    # the background, the client gets the end of its stream
-                    cancellation_handled()
+                await self._finish_shielded(StreamEnd(self.translator, False, failure))
                 end = self.translator.failing(failure) if failure is not None else self.translator.closing()
                 if end:
                     await send({"type": "http.response.body", "body": end, "more_body": True})
@@ -363,8 +358,13 @@ class StreamRelay:
                 await self._finish_shielded(StreamEnd(self.translator, disconnected, failure))
 
     async def _finish_shielded(self, end: StreamEnd) -> None:
-        """Close the upstream and store the outcome, even if this task is being cancelled."""
-        await asyncio.shield(self.background.spawn(self._finish(end)))
+        """Close the upstream and store the outcome, even if this task is being cancelled: then
+        (the shutdown's grace ran out) the storing goes on in the background, which the shutdown
+        waits for, and the cancellation counts as handled -- the client still gets its stream's end."""
+        try:
+            await asyncio.shield(self.background.spawn(self._finish(end)))
+        except asyncio.CancelledError:
+            cancellation_handled()
 
     async def _finish(self, end: StreamEnd) -> None:
         if end.translator.finished and end.failure is None:
@@ -450,6 +450,8 @@ class BytesRelay:
         self.headers = headers
         self.chunks = chunks
         self.close_upstream = close_upstream
+        # an event stream is ended with an error event when cut; any other body just ends
+        self.sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         watch = asyncio.ensure_future(StreamRelay._watch(receive))
@@ -462,7 +464,7 @@ class BytesRelay:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
                 message = "the proxy shut down during the answer"
-                failed = sse_error_event(message, "interrupted", "interrupted") if self._sse else b""
+                failed = sse_error_event(message, "interrupted", "interrupted") if self.sse else b""
             else:
                 if not pump.done():
                     return
@@ -475,13 +477,8 @@ class BytesRelay:
             pump.cancel()
             await asyncio.shield(self.close_upstream())
 
-    @property
-    def _sse(self) -> bool:
-        return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in self.headers)
-
     async def _pump(self, send: Any) -> bytes | None:
         await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-        sse = self._sse
         try:
             async for chunk in self.chunks:
                 if chunk:
@@ -489,5 +486,5 @@ class BytesRelay:
         except UpstreamFailure as exc:
             log.info("pass-through stream cut", extra={"error": exc.message})
             code = exc.code if isinstance(exc, UpstreamTooLarge) else "stream_interrupted"
-            return sse_error_event(exc.message, exc.type, code) if sse else b""
+            return sse_error_event(exc.message, exc.type, code) if self.sse else b""
         return None

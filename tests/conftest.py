@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -71,6 +72,39 @@ class Db:
     def head(self, cid: str) -> str | None:
         head = self.fetchval("SELECT head_node_id FROM conversations WHERE id = $1", cid)
         return str(head) if head else None
+
+
+class RowLocks:
+    """Holds ``FOR UPDATE`` locks on conversation rows from another session until ``release()``
+    (or the end of the ``with``): a turn's start and a call's finish, which lock their
+    conversation's row, wait for them."""
+
+    def __init__(self, url: str, conversation_ids: list[str]) -> None:
+        self.url, self.ids = url, conversation_ids
+        self.locked, self.released = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._hold()), daemon=True)
+
+    async def _hold(self) -> None:
+        conn = await asyncpg.connect(self.url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT 1 FROM conversations WHERE id = ANY($1::text[]) FOR UPDATE", self.ids)
+                self.locked.set()
+                await asyncio.to_thread(self.released.wait, 30)
+        finally:
+            await conn.close()
+
+    def __enter__(self) -> RowLocks:
+        self.thread.start()
+        assert self.locked.wait(10)
+        return self
+
+    def release(self) -> None:
+        self.released.set()
+        self.thread.join(10)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 @pytest.fixture(scope="session")

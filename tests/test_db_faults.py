@@ -10,7 +10,7 @@ import pytest
 from storage import StorageUnavailable, migrate, start_embedded
 from storage.database import Database
 
-from .conftest import Db, assert_invariants, make_settings, run, serve_proxy
+from .conftest import Db, RowLocks, assert_invariants, make_settings, run, serve_proxy
 from .fakes import Reply
 from .helpers import MODEL
 
@@ -107,39 +107,19 @@ def test_an_exhausted_pool_answers_503_in_time_and_recovers(fresh_database_url, 
     holds): the stuck call and one waiting for a connection are both answered 503 within the
     statement timeout -- never a hang, never a 500 -- and once the lock is gone the pool, whose
     stuck connection was given up, serves calls again."""
-    import asyncio
     import concurrent.futures
-
-    import asyncpg
 
     settings = make_settings(fresh_database_url, upstream_url,
                              database={"pool_min": 1, "pool_max": 1, "command_timeout": 1.0},
                              server={"lease_seconds": 2})  # (the stuck start's release is looked for that long)
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_conversation() -> None:
-        async def hold() -> None:
-            conn = await asyncpg.connect(fresh_database_url)
-            async with conn.transaction():
-                await conn.execute("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE", cid)
-                locked.set()
-                await asyncio.to_thread(release.wait, 30)
-            await conn.close()
-        asyncio.run(hold())
 
     with serve_proxy(settings) as p, httpx.Client(base_url=p.url, timeout=15) as http:
         assert call(http, key, cid, "first").status_code == 200
-        holder = threading.Thread(target=hold_the_conversation)
-        holder.start()
-        try:
-            assert locked.wait(10)
+        with RowLocks(fresh_database_url, [cid]):
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 answers = list(pool.map(lambda text: call(http, key, cid, text), ["stuck", "waiting"]))
             for r in answers:
                 assert r.status_code == 503, r.text
                 assert r.json()["error"]["code"] == "database_unavailable"
-        finally:
-            release.set()
-            holder.join(30)
         r = call(http, key, f"{cid}-after", "after")  # (another conversation: the stuck start may hold a lease a moment)
         assert r.status_code == 200, r.text

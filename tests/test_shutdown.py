@@ -5,7 +5,6 @@ failed (``interrupted``) with the conversation released, before the process exit
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -17,10 +16,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import asyncpg
 import httpx
 
-from .conftest import Db
+from .conftest import Db, RowLocks
 from .fakes import Reply, free_port
 from .helpers import MODEL, user
 
@@ -193,38 +191,6 @@ def test_any_request_the_shutdown_cuts_is_answered_503(fresh_database_url, upstr
     assert "Traceback" not in log, log
 
 
-class _RowLocks:
-    """Holds ``FOR UPDATE`` locks on conversation rows from another session until ``release()``:
-    a call's finish, which moves the head, waits for them."""
-
-    def __init__(self, url: str, conversation_ids: list[str]) -> None:
-        self.url, self.ids = url, conversation_ids
-        self.locked, self.released = threading.Event(), threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._hold()), daemon=True)
-
-    async def _hold(self) -> None:
-        conn = await asyncpg.connect(self.url)
-        try:
-            async with conn.transaction():
-                await conn.execute("SELECT 1 FROM conversations WHERE id = ANY($1::text[]) FOR UPDATE", self.ids)
-                self.locked.set()
-                await asyncio.to_thread(self.released.wait, 30)
-        finally:
-            await conn.close()
-
-    def __enter__(self) -> _RowLocks:
-        self.thread.start()
-        assert self.locked.wait(10)
-        return self
-
-    def release(self) -> None:
-        self.released.set()
-        self.thread.join(10)
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
-
 def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client(
         fresh_database_url, upstream_url, upstream, tmp_path):
     """The grace runs out while the answers' nodes are being stored (their finishes wait for a row
@@ -237,7 +203,7 @@ def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client
     with _serving(fresh_database_url, upstream_url, tmp_path, 1, answered) as (proc, base):
         # (once the upstream has a call, its start is stored and its conversation row free again)
         threads = _in_threads(base, (("sd-store", False), ("sd-store-stream", True)), answers, upstream)
-        with _RowLocks(fresh_database_url, ["sd-store", "sd-store-stream"]) as locks:
+        with RowLocks(fresh_database_url, ["sd-store", "sd-store-stream"]) as locks:
             answered.set()  # the upstream answers; storing them waits for the locks
             db = Db(fresh_database_url)
             deadline = time.monotonic() + 10
@@ -270,7 +236,7 @@ def test_a_call_stopped_while_starting_is_answered_and_leaves_nothing_behind(
     answers: dict[str, Any] = {}
     with _serving(fresh_database_url, upstream_url, tmp_path, 1, never) as (proc, base):
         assert _chat(base, "sd-start", False)[0] == 200  # the conversation exists
-        with _RowLocks(fresh_database_url, ["sd-start"]) as locks:
+        with RowLocks(fresh_database_url, ["sd-start"]) as locks:
             thread = threading.Thread(target=lambda: answers.__setitem__("sd-start", _chat(base, "sd-start", False)))
             thread.start()
             db = Db(fresh_database_url)
