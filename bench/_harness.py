@@ -186,6 +186,20 @@ def cpu_ticks(pids: list[int]) -> int:
     return total
 
 
+def preemptions(pids: list[int]) -> int:
+    """How often the kernel took the CPU from these processes while they could still run
+    (involuntary context switches): a proxy and a database sharing a core alternate per statement
+    under Linux's default policy (docs/scaling.md#the-embedded-database)."""
+    total = 0
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in status.splitlines() if line.startswith("nonvoluntary_ctxt_switches"))
+    return total
+
+
 async def asgi_body(scope, receive, send) -> bytes | None:
     """For the in-process fake upstreams (ASGI apps): the request's whole body, or None after
     answering a lifespan scope."""

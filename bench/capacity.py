@@ -3,10 +3,13 @@
 PostgreSQL's CPU per call, and the WAL bytes PostgreSQL writes per call -- with one worker (proxy
 and database sharing one core) and with ``serve --workers 2`` (both cores, shared with the load).
 
-    uv run python bench/capacity.py [-d 10] [--workers 1,2]
+    uv run python bench/capacity.py [-d 10] [--workers 1,2] [--scheduling batch,normal]
 
 Load: wrk with 32 connections making turn calls on 32 conversations whose paths are 20 nodes
-long, against the fast fake upstream (0 ms). RSS is the largest proxy process's.
+long, against the fast fake upstream (0 ms). RSS is the largest proxy process's. ``--scheduling``:
+the embedded PostgreSQL's scheduling policy (``[database] embedded_batch_scheduling``, batch by
+default; docs/scaling.md#the-embedded-database) -- with both, each worker count runs both ways,
+alternating fresh stacks ``--repeats`` times.
 """
 
 from __future__ import annotations
@@ -71,21 +74,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--scheduling", default="batch", help="batch, normal or both (comma-separated)")
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--rss-calls", type=int, default=0,
                     help="then (one worker) stream this many calls at c=32 and sample the proxy's RSS as it goes")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "capacity.json"))
     args = ap.parse_args()
-    results: dict = {"machine": machine()}
-    for workers in (int(w) for w in args.workers.split(",")):
+    results: dict = {"machine": machine(), "runs": []}
+    policies = args.scheduling.split(",")
+    runs = [(int(w), p) for w in args.workers.split(",") for _ in range(args.repeats) for p in policies]
+    for workers, policy in runs:
         work = Path(tempfile.mkdtemp(prefix=f"bp-capacity-{workers}-"))
         procs = Procs()
         cpus = "1" if workers == 1 else "0,1"
+        config = "" if policy == "batch" else "[database]\nembedded_batch_scheduling = false\n"
         try:
             _, proxy, px = start_stack(procs, work, up_port=18087, port=14007, bench=shared_bench(),
                                        args=("--workers", str(workers)) if workers > 1 else (),
-                                       proxy_cpus=cpus, pg_cpus=cpus)
+                                       proxy_cpus=cpus, pg_cpus=cpus, config=config)
             convs = seed(proxy, 32)
-            row: dict = {"workers": workers, "proxy_cpus": cpus, "postgres_cpus": cpus}
+            row: dict = {"workers": workers, "scheduling": policy, "proxy_cpus": cpus, "postgres_cpus": cpus}
             for stream in (False, True):
                 wal0 = wal_lsn(work / "data")
                 # with several workers the supervisor's children do the work: count all of them
@@ -94,10 +102,10 @@ def main() -> None:
                 wal1 = wal_lsn(work / "data")
                 r["wal_bytes_per_call"] = round((wal1 - wal0) / max(1, r["requests"]))
                 row["stream" if stream else "nonstream"] = r
-                log(f"workers {workers} {'stream' if stream else 'non-stream'}: {r['rps']:.0f} calls/s, proxy "
+                log(f"workers {workers} ({policy}) {'stream' if stream else 'non-stream'}: {r['rps']:.0f} calls/s, proxy "
                     f"{r['cpu_ms_per_req']:.2f} + PostgreSQL {r['postgres_cpu_ms_per_req']:.2f} CPU ms/call, "
-                    f"WAL {r['wal_bytes_per_call']} B/call, RSS {r['rss_mb']} MB")
-            results[str(workers)] = row
+                    f"{r['preemptions_per_req']} preemptions/call, WAL {r['wal_bytes_per_call']} B/call, RSS {r['rss_mb']} MB")
+            results["runs"].append(row)
         finally:
             procs.stop()
     if args.rss_calls:
@@ -105,15 +113,15 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print("| workers | cores (proxy + PostgreSQL) | mode | stored calls/s | proxy CPU ms/call | PostgreSQL CPU ms/call | WAL bytes/call |")
-    print("|---|---|---|---|---|---|---|")
-    for w, row in results.items():
-        if w in ("rss", "machine"):
-            continue
+    print("| workers | PostgreSQL scheduling | cores (proxy + PostgreSQL) | mode | stored calls/s | proxy CPU ms/call "
+          "| PostgreSQL CPU ms/call | proxy preemptions/call | WAL bytes/call |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in results["runs"]:
         for mode in ("nonstream", "stream"):
             r = row[mode]
-            print(f"| {w} | {row['proxy_cpus']} | {mode} | {r['rps']:.0f} | {r['cpu_ms_per_req']:.2f} | "
-                  f"{r['postgres_cpu_ms_per_req']:.2f} | {r['wal_bytes_per_call']} |")
+            print(f"| {row['workers']} | {row['scheduling']} | {row['proxy_cpus']} | {mode} | {r['rps']:.0f} | "
+                  f"{r['cpu_ms_per_req']:.2f} | {r['postgres_cpu_ms_per_req']:.2f} | {r['preemptions_per_req']} | "
+                  f"{r['wal_bytes_per_call']} |")
     if "rss" in results:
         rss = results["rss"]
         print(f"RSS under 32 concurrent streams: {rss['first_mb']:.0f} MB after the first 20 s, {rss['last_mb']:.0f} MB "

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, ROOT, Procs, cpu_ticks, log, machine, postgres_pids, shared_bench, start_stack
+from _harness import KEY, MODEL, ROOT, Procs, cpu_ticks, log, machine, postgres_pids, preemptions, shared_bench, start_stack
 
 PATH_LEN = 20
 
@@ -149,10 +149,10 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
     ticks_hz = os.sysconf("SC_CLK_TCK")
     pg_before = postgres_pids(data_dir) if data_dir else []
     pg0 = cpu_ticks(pg_before)
-    t0, c0 = time.time(), cpu_ticks(pids)
+    t0, c0, s0 = time.time(), cpu_ticks(pids), preemptions(pids)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
     time.sleep(0.5)
-    t1, c1 = time.time(), cpu_ticks(pids)
+    t1, c1, s1 = time.time(), cpu_ticks(pids), preemptions(pids)
     pg1 = cpu_ticks(postgres_pids(data_dir)) if data_dir else 0
     os.unlink(f.name)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
@@ -166,6 +166,7 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
         "errors": r["err_status"] + r["err_other"],
         "cpu_pct": round((c1 - c0) / ticks_hz / (t1 - t0) * 100, 1),
         "cpu_ms_per_req": round((c1 - c0) / ticks_hz * 1000 / max(1, r["requests"]), 3),
+        "preemptions_per_req": round((s1 - s0) / max(1, r["requests"]), 2),
         "rss_mb": round(max(proc_rss_mb(p) for p in pids), 1),
         "postgres_cpu_ms_per_req": round((pg1 - pg0) / ticks_hz * 1000 / max(1, r["requests"]), 3) if data_dir else None,
     }

@@ -73,6 +73,7 @@ class DatabaseSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pool_max: int
     command_timeout: float
     connect_timeout: float
+    embedded_batch_scheduling: bool
 
 
 class AuthKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -51,7 +51,8 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
 
     d = settings.database
     try:
-        db = await open_database(d.url, d.data_dir, min_size=1, max_size=2, connect_timeout=d.connect_timeout)
+        db = await open_database(d.url, d.data_dir, min_size=1, max_size=2, connect_timeout=d.connect_timeout,
+                                 batch_scheduling=d.embedded_batch_scheduling)
     except StorageError as exc:
         raise click.ClickException(f"cannot reach the database: {exc}") from None
     try:
@@ -98,7 +99,8 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
     if workers > 1 and not settings.database.url:
         from storage import migrate, start_embedded
 
-        embedded = start_embedded(settings.database.data_dir or None)
+        embedded = start_embedded(settings.database.data_dir or None,
+                                  batch_scheduling=settings.database.embedded_batch_scheduling)
         os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
         asyncio.run(migrate(embedded.uri))
     if workers > 1 and config_file:

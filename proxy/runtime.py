@@ -53,7 +53,8 @@ class Runtime:
     async def start(self) -> None:
         d = self.settings.database
         await self.db.open(d.url, d.data_dir, migrate_first=True, min_size=d.pool_min, max_size=d.pool_max,
-                           command_timeout=d.command_timeout, connect_timeout=d.connect_timeout)
+                           command_timeout=d.command_timeout, connect_timeout=d.connect_timeout,
+                           batch_scheduling=d.embedded_batch_scheduling)
         await asyncio.to_thread(self.tokens.load)
         self.leases.start()
 

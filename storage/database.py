@@ -97,14 +97,15 @@ class Database:
 
     async def open(self, url: str, data_dir: str | None = None, *, migrate_first: bool = False,
                    min_size: int = 2, max_size: int = 20, command_timeout: float = 10.0,
-                   connect_timeout: float = 3.0) -> Database:
+                   connect_timeout: float = 3.0, batch_scheduling: bool = True) -> Database:
         """Connect to ``url`` -- or, when it is empty, to the embedded PostgreSQL of ``data_dir``
-        (started, or attached to when already running) -- migrating first if asked."""
+        (started, or attached to when already running; ``batch_scheduling``: see
+        ``start_embedded``) -- migrating first if asked."""
         from .embedded import start_embedded
         from .migrate import migrate
 
         if not url:
-            self.embedded = await asyncio.to_thread(start_embedded, data_dir or None)
+            self.embedded = await asyncio.to_thread(start_embedded, data_dir or None, batch_scheduling=batch_scheduling)
             url = self.embedded.uri
         try:
             if migrate_first:

