@@ -2,6 +2,7 @@
 unless ``[database] embedded_batch_scheduling`` is off (docs/scaling.md#the-embedded-database)."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -10,7 +11,8 @@ import pytest
 
 from storage.embedded import _children, schedule_as_batch
 
-from .conftest import make_settings, serve_proxy
+from .conftest import make_settings, serve_proxy, wait_ready
+from .fakes import free_port
 from .helpers import MODEL
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="scheduling policies are Linux's")
@@ -26,8 +28,8 @@ def policies(data_dir) -> dict[int, int]:
     return {pid: os.sched_getscheduler(pid) for pid in (master, *_children(master))}
 
 
-def stored_call(proxy, key, cid: str) -> None:
-    r = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=30,
+def stored_call(base: str, key: str, cid: str) -> None:
+    r = httpx.post(f"{base}/v1/chat/completions", timeout=30,
                    headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
                    json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and r.headers["x-node-id"]
@@ -38,7 +40,7 @@ def test_the_embedded_server_runs_as_batch_work_unless_configured_not_to(tmp_pat
     settings = make_settings("", upstream_url, database={"data_dir": str(data)})
     assert settings.database.embedded_batch_scheduling  # the default
     with serve_proxy(settings) as proxy:
-        stored_call(proxy, key, cid)
+        stored_call(proxy.url, key, cid)
         seen = policies(data)
         # the postmaster, its writers, and the backends serving the proxy's connections, which
         # the postmaster started after its own policy was set
@@ -47,8 +49,29 @@ def test_the_embedded_server_runs_as_batch_work_unless_configured_not_to(tmp_pat
     # the same data directory, started again (the proxy stopped its server) with the setting off
     settings = make_settings("", upstream_url, database={"data_dir": str(data), "embedded_batch_scheduling": False})
     with serve_proxy(settings) as proxy:
-        stored_call(proxy, key, cid)
+        stored_call(proxy.url, key, cid)
         assert set(policies(data).values()) == {os.SCHED_OTHER}
+
+
+def test_serve_with_workers_starts_the_embedded_server_as_configured(tmp_path, upstream_url, key, cid):
+    # several workers share one embedded server, started by `serve` itself before them
+    data = tmp_path / "data"
+    config = tmp_path / "bp.toml"
+    for batch, policy in ((True, os.SCHED_BATCH), (False, os.SCHED_OTHER)):
+        config.write_text(f"[database]\nembedded_batch_scheduling = {str(batch).lower()}\n")
+        port = free_port()
+        env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(data), "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+               "BRANCHPOINT_CONFIG": str(config)}
+        env.pop("BRANCHPOINT_DATABASE_URL", None)
+        proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--workers", "2", "--port", str(port)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", proc)
+            stored_call(f"http://127.0.0.1:{port}", key, cid)
+            assert set(policies(data).values()) == {policy}
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
 
 
 def test_schedule_as_batch_reaches_children_and_leaves_a_chosen_policy_alone():
