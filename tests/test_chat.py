@@ -281,3 +281,48 @@ def test_every_other_openai_route_passes_through(proxy, upstream, key, db, metho
     assert upstream.requests[-1].path == upstream_path and upstream.requests[-1].method == method
     assert r.headers["x-request-id"] == "req_fake"  # the upstream's own answer, relayed
     assert db.fetchval("SELECT count(*) FROM nodes") == before
+
+
+def _two_choices(model: str) -> dict:
+    first = {"role": "assistant", "content": "first choice", "refusal": None}
+    second = {"role": "assistant", "content": "second choice", "refusal": None}
+    return {"id": "chatcmpl-n2", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": first, "logprobs": None, "finish_reason": "stop"},
+                        {"index": 1, "message": second, "logprobs": None, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}}
+
+
+def test_several_choices_reach_the_client_and_the_first_becomes_context(client, upstream, cid, db):
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(_two_choices(MODEL)).encode()))
+    c1, h1 = say(client, cid, user("two answers please"), n=2)
+    assert upstream.last.body["n"] == 2
+    assert [c.message.content for c in c1.choices] == ["first choice", "second choice"]
+    node = db.node(h1["x-node-id"])
+    assert [m["content"] for m in node["received"]] == ["first choice"]
+    assert node["finish_reason"] == "stop" and node["usage"]["completion_tokens"] == 6
+    say(client, cid, user("go on"))
+    assert [m["content"] for m in upstream.last.messages] == ["two answers please", "first choice", "go on"]
+
+
+def test_several_streamed_choices_reach_the_client_and_the_first_becomes_context(client, upstream, cid, db):
+    def chunk(index: int, delta: dict, finish: str | None = None) -> bytes:
+        body = {"id": "chatcmpl-n2", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    events = [chunk(0, {"role": "assistant", "content": ""}), chunk(1, {"role": "assistant", "content": ""}),
+              chunk(0, {"content": "first "}), chunk(1, {"content": "second "}),
+              chunk(1, {"content": "choice"}), chunk(0, {"content": "choice"}),
+              chunk(1, {}, "length"), chunk(0, {}, "stop"), b"data: [DONE]\n\n"]
+    upstream.enqueue(Reply(kind="raw", body=b"".join(events), content_type="text/event-stream"))
+    stream, h1 = say(client, cid, user("two answers please"), n=2, stream=True)
+    text = {0: "", 1: ""}
+    for part in stream:
+        for choice in part.choices:
+            text[choice.index] += choice.delta.content or ""
+    assert text == {0: "first choice", 1: "second choice"}
+    node = db.node(h1["x-node-id"])
+    assert node["status"] == "success" and node["finish_reason"] == "stop"
+    assert [m["content"] for m in node["received"]] == ["first choice"]
+    say(client, cid, user("go on"))
+    assert [m["content"] for m in upstream.last.messages] == ["two answers please", "first choice", "go on"]
