@@ -70,14 +70,18 @@ def schedule_as_batch(postmaster: int) -> int:
     shared core the two alternate per statement; batch tasks wait for the running one to yield."""
     if not hasattr(os, "sched_setscheduler"):
         return 0
-    changed = 0
+    changed, refused = 0, []
     for pid in (postmaster, *_children(postmaster)):
         try:
             if os.sched_getscheduler(pid) == os.SCHED_OTHER:
                 os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
                 changed += 1
-        except OSError as exc:  # ended meanwhile, or not ours to change
-            log.info("embedded PostgreSQL keeps its scheduling policy", extra={"pid": pid, "reason": str(exc)})
+        except ProcessLookupError:  # ended meanwhile
+            continue
+        except OSError as exc:  # not ours to change
+            refused.append(f"{pid}: {exc.strerror}")
+    if refused:
+        log.info("embedded PostgreSQL keeps its scheduling policy", extra={"processes": refused})
     return changed
 
 

@@ -94,3 +94,20 @@ def test_schedule_as_batch_reaches_children_and_leaves_a_chosen_policy_alone():
             os.kill(pid, 9)
         parent.kill()
         parent.wait()
+
+
+def test_a_server_not_ours_to_change_keeps_its_policy_and_says_so_once(monkeypatch, caplog):
+    def refuse(pid, policy, param):
+        raise PermissionError(1, "Operation not permitted")
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        monkeypatch.setattr(os, "sched_setscheduler", refuse)
+        with caplog.at_level("INFO", logger="branchpoint.storage"):
+            assert schedule_as_batch(os.getpid()) == 0  # this test process and its child
+        records = [r for r in caplog.records if "keeps its scheduling policy" in r.getMessage()]
+        assert len(records) == 1 and len(records[0].processes) >= 2
+        assert os.sched_getscheduler(child.pid) == os.SCHED_OTHER
+    finally:
+        child.kill()
+        child.wait()
