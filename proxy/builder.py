@@ -24,8 +24,8 @@ import msgspec
 from storage import NodeRow, PathNode, TreeStore
 
 from .assembly import Target, assemble, build_body
+from .responses import for_chat, translate
 from .responses import items as responses_items
-from .responses import translate
 from .splice import EMPTY, Prefix, Segment, segment, splice
 
 __all__ = ["Built", "RequestBuilder"]
@@ -64,21 +64,23 @@ class RequestBuilder:
     def build(self, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]], params: dict[str, Any],
               target: Target, *, stream: bool, api: str = "chat", tree_id: uuid.UUID | None = None) -> Built:
         """The upstream body of a call of ``api`` (the client's) for ``target``: a chat call goes
-        to chat completions; a Responses call goes natively to a Responses upstream, or is
-        translated for a chat one. ``tree_id``: the path is the tree's stored chain (as
-        ``readable`` returns it), so kept nodes may be spliced in."""
+        to chat completions, a Responses call to the Responses endpoint -- each translated
+        (``proxy.responses``) when the upstream speaks the other API. ``tree_id``: the path is
+        the tree's stored chain (as ``readable`` returns it), so kept nodes may be spliced in."""
+        if target.api == "responses":
+            assembled = assemble(path, new_items, target)
+            fields = translate.native_params(params) if api == "responses" else for_chat.request_fields(params)
+            body = {**fields, "input": responses_items.to_items(assembled.messages, target.provider)}
+            if stream:
+                body["stream"] = True
+            return Built(_encode_sorted(body), assembled.dropped, "responses")
         chat = translate.chat_params(params) if api == "responses" else params
-        if tree_id is not None and path and not (api == "responses" and target.api == "responses"):
+        if tree_id is not None and path:
             spliced = self._spliced(tree_id, path, new_items, target)
             if spliced is not None:
                 messages, dropped = spliced
                 return Built(build_body(chat, messages, stream=stream), dropped)
         assembled = assemble(path, new_items, target)
-        if api == "responses" and target.api == "responses":
-            body = {**translate.native_params(params), "input": responses_items.to_items(assembled.messages, target.provider)}
-            if stream:
-                body["stream"] = True
-            return Built(_encode_sorted(body), assembled.dropped, "responses")
         messages = responses_items.strip(assembled.messages)
         return Built(build_body(chat, messages, stream=stream), assembled.dropped)
 

@@ -2,7 +2,8 @@
 lifecycle that depends on the APIs involved:
 
     client API   upstream API   exchange
-    chat         (any)          ChatExchange         relayed as it is
+    chat         chat           ChatExchange         relayed as it is
+    chat         responses      ChatOverResponses    translated both ways (proxy.responses.for_chat)
     responses    chat           ResponsesOverChat    translated both ways (proxy.responses)
     responses    responses      ResponsesNative      relayed, with the node's response id
 
@@ -18,13 +19,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .completion import NotACompletion, parse_completion
+from .completion import parse_completion
 from .relay import ChatStream, Translator
+from .responses import for_chat, translate
 from .responses import stream as responses_stream
-from .responses import translate
 from .responses.items import response_id, to_messages
 
-__all__ = ["Answer", "ChatExchange", "Exchange", "ResponsesNative", "ResponsesOverChat", "exchange_for"]
+__all__ = ["Answer", "ChatExchange", "ChatOverResponses", "Exchange", "ResponsesNative", "ResponsesOverChat",
+           "exchange_for"]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -54,6 +56,24 @@ class ChatExchange:
 
     def translator(self, *, wants_usage: bool) -> Translator:
         return ChatStream(strip_usage=not wants_usage)
+
+    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return received
+
+
+class ChatOverResponses:
+    def __init__(self, *, node_id: uuid.UUID, provider: str) -> None:
+        self.node_id = node_id
+        self.provider = provider
+
+    def answer(self, content: bytes) -> Answer:
+        data = for_chat.read_response(content)
+        body, message = for_chat.completion(data, self.node_id, self.provider)
+        choice = body["choices"][0]
+        return Answer(_encode(body), [message], [message], body["usage"], choice["finish_reason"])
+
+    def translator(self, *, wants_usage: bool) -> Translator:
+        return for_chat.ToChat(node_id=self.node_id, provider=self.provider, wants_usage=wants_usage)
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return received
@@ -89,12 +109,7 @@ class ResponsesNative:
         self.provider = provider
 
     def answer(self, content: bytes) -> Answer:
-        try:
-            data = _decode(content)
-        except (msgspec.DecodeError, RecursionError) as exc:
-            raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
-        if not isinstance(data, dict) or not isinstance(data.get("output"), list) or data.get("status") == "failed":
-            raise NotACompletion("not a completed response")
+        data = for_chat.read_response(content)
         data.update(id=response_id(self.node_id), previous_response_id=self.params.get("previous_response_id"),
                     store=self.params.get("store", True))
         output = own_item_ids([item for item in data["output"] if isinstance(item, dict)], self.node_id)
@@ -128,7 +143,7 @@ def own_item_ids(output: list[dict[str, Any]], node_id: uuid.UUID) -> list[dict[
 def exchange_for(api: str, upstream_api: str, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any,
                  provider: str) -> Exchange:
     if api != "responses":
-        return ChatExchange()
+        return ChatOverResponses(node_id=node_id, provider=provider) if upstream_api == "responses" else ChatExchange()
     if upstream_api == "responses":
         return ResponsesNative(node_id=node_id, params=params, provider=provider)
     return ResponsesOverChat(node_id=node_id, params=params, instructions=instructions, provider=provider)

@@ -48,6 +48,7 @@ from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
 from .relay import StreamEnd, StreamRelay, client_disconnected
+from .responses import for_chat
 from .responses import items as responses_items
 from .upstream import UpstreamClient, response_headers, target_of
 
@@ -308,6 +309,8 @@ class CallLifecycle:
         failed, the client answered 503 -- instead of the cancellation escaping as a bare 500 (one
         not started yet is answered so by the outermost layer, ``ObservabilityMiddleware``)."""
         upstream = self.upstream.route(call.body.get("model"))
+        if call.api == "chat" and upstream.api == "responses":
+            for_chat.request_fields(call.params)  # what a Responses upstream cannot honour is refused before any node
         started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
         ctx = current_request.get()
         if ctx is not None:

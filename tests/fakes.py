@@ -344,6 +344,9 @@ async def _responses_answer(self: FakeUpstream, send: Any, reply: Reply | None, 
         await self._json(send, reply.status, {"error": reply.error or {"message": "fake failure", "type": "server_error",
                                                                        "param": None, "code": None}})
         return
+    if reply.kind == "raw":
+        await self._raw(send, reply.status, reply.body, reply.content_type)
+        return
     output = response_output(reply)
     response = {"id": "resp_upstream_fake", "object": "response", "created_at": int(time.time()), "status": "completed",
                 "model": body.get("model"), "output": output, "error": None, "incomplete_details": None,

@@ -13,6 +13,8 @@ import msgspec
 from ..assembly import build_body
 from ..completion import NotACompletion, parse_completion
 from ..errors import UpstreamFailure
+from ..responses import for_chat
+from ..responses import items as responses_items
 from ..tokens import TokenCounter, off_loop
 from ..upstream import UpstreamClient
 
@@ -36,6 +38,18 @@ _SHORTEN = (
     "This summary is about {tokens} tokens; the limit is {budget}. Rewrite it shorter, keeping "
     "facts, figures, names, decisions and open tasks:\n\n{summary}"
 )
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _answer(content: bytes, api: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(assistant message, chat-style usage) of the summariser's answer in the upstream's API;
+    raises ``NotACompletion``."""
+    if api == "responses":
+        data = for_chat.read_response(content)
+        return for_chat.message_of(data["output"]), for_chat.chat_usage(data.get("usage"))
+    completion = parse_completion(content)
+    return completion.message, completion.usage
 
 
 def _role(item: Any) -> Any:
@@ -150,22 +164,28 @@ class Summariser:
     async def _call(self, messages: list[dict[str, Any]], model: str, client_key: str | None, out: Summary) -> str:
         """One summariser call; its usage and request body are added to ``out``."""
         upstream = self.upstream.route(model)
-        payload = build_body({"model": model, "temperature": 0}, messages, stream=False)
+        if upstream.api == "responses":  # an upstream that speaks only the Responses API
+            endpoint = "responses"
+            payload = _encode({"model": model, "temperature": 0, "store": False,
+                               "input": responses_items.to_items(messages, upstream.name)})
+        else:
+            endpoint = "chat/completions"
+            payload = build_body({"model": model, "temperature": 0}, messages, stream=False)
         out.requests.append(payload)
         out.calls += 1
         headers = self.upstream.request_headers(upstream, [("content-type", "application/json")], client_key)
-        request = self.upstream.build("POST", upstream, "chat/completions", headers=headers, content=payload)
+        request = self.upstream.build("POST", upstream, endpoint, headers=headers, content=payload)
         response, content = await self.upstream.fetch(request)
         if response.status_code != 200:
             raise UpstreamFailure(f"the summariser answered HTTP {response.status_code}")
         try:
-            completion = parse_completion(content)
+            message, usage = _answer(content, upstream.api)
         except NotACompletion as exc:
             raise UpstreamFailure(f"the summariser's answer is not a completion ({exc})") from None
-        text = completion.message.get("content")
+        text = message.get("content")
         if not isinstance(text, str) or not text.strip():
             raise UpstreamFailure("the summariser returned no text")
-        for key, value in (completion.usage or {}).items():
+        for key, value in (usage or {}).items():
             if isinstance(value, int):
                 out.usage[key] = out.usage.get(key, 0) + value
         return text.strip()

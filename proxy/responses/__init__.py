@@ -3,4 +3,5 @@
     items.py      Responses items <-> chat messages; response ids <-> node ids
     translate.py  a Responses request for a chat upstream, and the response objects we serve
     stream.py     Responses event streams: translated from a chat stream, or relayed natively
+    for_chat.py   chat-completions clients over a Responses upstream: request, answer, stream
 """

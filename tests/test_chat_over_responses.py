@@ -1,0 +1,169 @@
+"""Chat-completions clients (the official SDK) on an upstream that speaks only the Responses API:
+the assembled conversation goes out as input items, the answer comes back as a chat completion
+or chat chunks, and the conversation may move between chat and Responses upstreams. Assertions
+are on what the fake upstream received."""
+
+import json
+
+import openai
+import pytest
+
+from .conftest import Db, make_settings, serve_proxy
+from .fakes import Reply
+from .helpers import say, system, tool, tool_call, user
+
+TOOLS = [{"type": "function", "function": {"name": "run_sql", "description": "Run one query.", "strict": True,
+                                           "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}}]
+
+
+@pytest.fixture
+def native(fresh_database_url, upstream_url):
+    settings = make_settings(fresh_database_url, upstream_url, upstreams=[
+        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
+        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
+    ])
+    with serve_proxy(settings) as p:
+        p.db = Db(fresh_database_url)
+        yield p
+
+
+def test_a_tool_round_goes_out_as_items_and_comes_back_as_a_completion(native, upstream, key, cid):
+    client = native.openai(key)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_1")]))
+    c1, h1 = say(client, cid, system("Be exact."), user("top customers?"), model="native-1", tools=TOOLS,
+                 tool_choice={"type": "function", "function": {"name": "run_sql"}}, max_tokens=50, temperature=0.2,
+                 presence_penalty=0, stream_options=None,
+                 response_format={"type": "json_schema", "json_schema": {"name": "rows", "schema": {"type": "object"}}})
+    request = upstream.responses_requests[-1]
+    assert request.path.endswith("/v1/responses") and not upstream.chat_requests
+    body = request.body
+    assert body["input"] == [{"type": "message", "role": "system", "content": "Be exact."},
+                             {"type": "message", "role": "user", "content": "top customers?"}]
+    assert body["tools"] == [{"type": "function", "name": "run_sql", "description": "Run one query.", "strict": True,
+                              "parameters": TOOLS[0]["function"]["parameters"]}]
+    assert body["tool_choice"] == {"type": "function", "name": "run_sql"}
+    assert body["text"] == {"format": {"type": "json_schema", "name": "rows", "schema": {"type": "object"}}}
+    assert body["max_output_tokens"] == 50 and body["temperature"] == 0.2 and body["store"] is False
+    assert not {"messages", "max_tokens", "response_format", "presence_penalty", "stream_options"} & set(body)
+
+    choice = c1.choices[0]
+    assert choice.finish_reason == "tool_calls" and c1.object == "chat.completion"
+    assert [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls] == \
+        [("call_1", "run_sql", '{"sql": "select 1"}')]
+    assert (c1.usage.prompt_tokens, c1.usage.completion_tokens, c1.usage.total_tokens) == (11, 7, 18)
+    node = native.db.node(h1["x-node-id"])
+    assert node["status"] == "success" and node["provider"] == "native" and node["api"] == "chat"
+    assert node["received"] == [{"role": "assistant", "content": None, "tool_calls": [tool_call("call_1")]}]
+    assert node["usage"]["prompt_tokens"] == 11 and node["finish_reason"] == "tool_calls"
+
+    # the next round carries the call and its result as items
+    upstream.enqueue(Reply(content="Three customers."))
+    c2, h2 = say(client, cid, tool("call_1", "42 rows"), model="native-1", tools=TOOLS)
+    items = upstream.responses_requests[-1].body["input"]
+    assert items[2:] == [{"type": "function_call", "call_id": "call_1", "name": "run_sql", "arguments": '{"sql": "select 1"}'},
+                         {"type": "function_call_output", "call_id": "call_1", "output": "42 rows"}]
+    assert c2.choices[0].message.content == "Three customers." and c2.choices[0].finish_reason == "stop"
+    assert h2["x-parent-node-id"] == h1["x-node-id"]
+
+    # the same conversation on a chat upstream reads the same history as messages
+    say(client, cid, user("thanks"), model="gpt-4o-mini")
+    assert upstream.last.messages == [system("Be exact."), user("top customers?"),
+                                      {"role": "assistant", "content": None, "tool_calls": [tool_call("call_1")]},
+                                      tool("call_1", "42 rows"), {"role": "assistant", "content": "Three customers."},
+                                      user("thanks")]
+    # and the exact request of the Responses round replays, verified
+    r = native.http(key).get(f"/admin/nodes/{h2['x-node-id']}/request")
+    assert r.headers["x-request-verified"] == "true" and r.json()["input"] == items
+
+
+def test_a_stream_comes_back_as_chat_chunks(native, upstream, key, cid):
+    client = native.openai(key)
+    stream, h1 = say(client, cid, user("hi"), model="native-1", stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    body = upstream.responses_requests[-1].body
+    assert body["stream"] is True and "stream_options" not in body
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "echo: hi"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == 11
+    node = native.db.node(h1["x-node-id"])
+    assert node["status"] == "success" and node["received"] == [{"role": "assistant", "content": "echo: hi"}]
+
+    # a streamed tool call: its id, name and arguments; without include_usage no usage chunk
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_9", args='{"sql": "select 9"}')]))
+    stream, h2 = say(client, cid, user("query"), model="native-1", tools=TOOLS, stream=True)
+    chunks = list(stream)
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
+    assert calls[0].id == "call_9" and calls[0].function.name == "run_sql"
+    assert "".join(tc.function.arguments or "" for tc in calls) == '{"sql": "select 9"}'
+    assert chunks[-1].choices[0].finish_reason == "tool_calls" and all(c.usage is None for c in chunks)
+    assert native.db.node(h2["x-node-id"])["received"][0]["tool_calls"] == [tool_call("call_9", args='{"sql": "select 9"}')]
+
+
+def test_a_failed_stream_ends_with_the_chat_error_event(native, upstream, key, cid):
+    client = native.openai(key)
+    upstream.enqueue(Reply(error_event={"code": "server_error", "message": "the model fell over"}))
+    stream, h = say(client, cid, user("hi"), model="native-1", stream=True)
+    with pytest.raises(openai.APIError):
+        list(stream)
+    node = native.db.node(h["x-node-id"])
+    assert node["status"] == "failed" and "fell over" in json.dumps(node["error"])
+
+
+@pytest.mark.parametrize(("field", "value"), [("n", 2), ("stop", ["END"]), ("logit_bias", {"50256": -100}),
+                                              ("frequency_penalty", 0.5)])
+def test_a_field_the_responses_api_cannot_honour_is_refused_before_anything_happens(native, upstream, key, cid, field, value):
+    client = native.openai(key)
+    with pytest.raises(openai.BadRequestError) as e:
+        say(client, cid, user("hi"), model="native-1", extra_body={field: value})
+    assert e.value.body["code"] == "invalid_request" and e.value.body["param"] == field
+    assert "x-node-id" not in e.value.response.headers and not upstream.responses_requests
+    assert native.db.fetchval("SELECT count(*) FROM nodes") == 0
+
+
+def test_items_sent_whole_without_deltas_still_reach_the_client(native, upstream, key, cid):
+    # an upstream that announces each item and only then gives it whole (no delta events)
+    def event(kind: str, **data) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    message = {"type": "message", "role": "assistant", "id": "msg_u",
+               "content": [{"type": "output_text", "text": "All at once.", "annotations": []}]}
+    call = {"type": "function_call", "id": "fc_u", "call_id": "call_w", "name": "run_sql", "arguments": '{"sql": "w"}'}
+    final = {"id": "resp_u", "object": "response", "status": "completed", "model": "native-1", "output": [message, call],
+             "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}}
+    events = [event("response.created", response={**final, "status": "in_progress", "output": []}),
+              event("response.output_item.added", output_index=0, item={**message, "content": []}),
+              event("response.output_item.done", output_index=0, item=message),
+              event("response.output_item.added", output_index=1, item={**call, "arguments": ""}),
+              event("response.output_item.done", output_index=1, item=call),
+              event("response.completed", response=final)]
+    upstream.enqueue(Reply(kind="raw", body=b"".join(events), content_type="text/event-stream"))
+    stream, h = say(native.openai(key), cid, user("hi"), model="native-1", tools=TOOLS, stream=True)
+    chunks = list(stream)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == "All at once."
+    calls = [tc for d in deltas for tc in d.tool_calls or ()]
+    assert calls[0].id == "call_w" and "".join(tc.function.arguments or "" for tc in calls) == '{"sql": "w"}'
+    stored = native.db.node(h["x-node-id"])["received"]
+    assert stored == [{"role": "assistant", "content": "All at once.",
+                       "tool_calls": [tool_call("call_w", args='{"sql": "w"}')]}]
+
+
+def test_compaction_summarises_through_the_responses_api(native, upstream, key, cid):
+    client = native.openai(key)
+    for i in range(4):
+        upstream.enqueue(Reply(content=f"answer {i}"))
+        say(client, cid, user(f"question {i}"), model="native-1")
+    upstream.enqueue(Reply(content="Facts: four questions were answered."))
+    r = native.http(key).post(f"/admin/conversations/{cid}/compact")
+    assert r.status_code == 200 and r.json()["compacted"] is True, r.text
+    summariser = upstream.responses_requests[-1].body
+    assert summariser["store"] is False and "messages" not in summariser
+    assert summariser["input"][0]["role"] == "system" and summariser["input"][0]["content"].startswith("You compress")
+    assert "question 0" in json.dumps(summariser["input"])
+    node = native.db.node(r.json()["node_id"])
+    assert node["kind"] == "compaction" and "four questions were answered" in node["sent"][0]["content"]
+    # the next call sends the summary and the recent messages as items
+    say(client, cid, user("next"), model="native-1")
+    items = upstream.responses_requests[-1].body["input"]
+    assert "four questions were answered" in items[0]["content"] and items[-1]["content"] == "next"
