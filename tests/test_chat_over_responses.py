@@ -167,3 +167,24 @@ def test_compaction_summarises_through_the_responses_api(native, upstream, key, 
     say(client, cid, user("next"), model="native-1")
     items = upstream.responses_requests[-1].body["input"]
     assert "four questions were answered" in items[0]["content"] and items[-1]["content"] == "next"
+
+
+def test_the_request_fields_translation_table():
+    from proxy.responses.for_chat import request_fields
+
+    fields = request_fields({
+        "model": "m", "max_completion_tokens": 9, "reasoning_effort": "low", "verbosity": "high",
+        "response_format": {"type": "json_object"}, "seed": 7, "store": True, "stream_options": {"include_usage": True},
+        "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+            {"type": "function", "function": {"name": "a"}}]}},
+        "tools": [{"type": "custom", "custom": {"name": "grep", "description": "search"}}],
+        "n": 1, "stop": None, "logprobs": False, "include": ["reasoning.encrypted_content"], "future": {"x": 1},
+    })
+    assert fields == {
+        "model": "m", "max_output_tokens": 9, "reasoning": {"effort": "low"},
+        "text": {"format": {"type": "json_object"}, "verbosity": "high"},
+        "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "a"}]},
+        "tools": [{"type": "custom", "name": "grep", "description": "search"}],
+        "include": ["reasoning.encrypted_content"], "future": {"x": 1}, "store": False,
+    }
+    assert "format" not in request_fields({"response_format": {"type": "text"}}).get("text", {})

@@ -81,10 +81,8 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
         elif key == "tool_choice":
             out["tool_choice"] = _tool_choice(value)
         elif key == "response_format":
-            fmt = _flatten(value) if isinstance(value, dict) else None
-            if fmt is not None and fmt.get("type") != "text":
-                if fmt.get("type") == "json_schema":  # chat nests it under "json_schema"
-                    fmt = {"type": "json_schema", **{k: v for k, v in fmt.items() if k != "type"}}
+            fmt = _flatten(value)  # {"type": "json_schema", "json_schema": {...}} -> {"type": "json_schema", ...}
+            if isinstance(fmt, dict) and fmt.get("type") != "text":
                 text["format"] = fmt
         elif key == "reasoning_effort":
             if value is not None:
