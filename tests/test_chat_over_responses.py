@@ -188,3 +188,20 @@ def test_the_request_fields_translation_table():
         "include": ["reasoning.encrypted_content"], "future": {"x": 1}, "store": False,
     }
     assert "format" not in request_fields({"response_format": {"type": "text"}}).get("text", {})
+
+
+def test_an_app_resending_its_history_is_matched_on_the_answers_stored_from_items(native, upstream, key):
+    # full-history mode (/auto/v1): the answer stored from the Responses output must read back as
+    # the message the app resends, or every call would start a new root
+    client = openai.OpenAI(base_url=f"{native.url}/auto/v1", api_key=key, max_retries=0)
+    history = [system("Be brief."), user("first")]
+    raw = client.chat.completions.with_raw_response.create(model="native-1", messages=history)
+    h1, answer = raw.headers, raw.parse().choices[0].message
+    assert h1["x-context-matched"] == "0"
+    history += [answer.model_dump(exclude_none=True), user("second")]
+    raw = client.chat.completions.with_raw_response.create(model="native-1", messages=history)
+    assert raw.headers["x-conversation-id"] == h1["x-conversation-id"]
+    assert raw.headers["x-context-matched"] == "2" and raw.headers["x-parent-node-id"] == h1["x-node-id"]
+    items = upstream.responses_requests[-1].body["input"]
+    assert [i.get("role") for i in items] == ["system", "user", "assistant", "user"]
+    assert native.db.node(raw.headers["x-node-id"])["sent"] == [user("second")]
