@@ -205,3 +205,14 @@ def test_an_app_resending_its_history_is_matched_on_the_answers_stored_from_item
     items = upstream.responses_requests[-1].body["input"]
     assert [i.get("role") for i in items] == ["system", "user", "assistant", "user"]
     assert native.db.node(raw.headers["x-node-id"])["sent"] == [user("second")]
+
+
+@pytest.mark.parametrize("fields", [{"tools": "not a list"}, {"tools": [5, None, {"type": 3}]}, {"tool_choice": 5},
+                                    {"response_format": [1]}, {"response_format": {"type": None}}, {"stop": 5},
+                                    {"max_tokens": "many"}, {"n": "2"}, {"logit_bias": [1]}])
+def test_odd_fields_are_answered_by_the_upstream_or_refused_never_a_crash(native, upstream, key, cid, fields):
+    r = native.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
+                              json={"model": "native-1", "messages": [user("hi")], **fields})
+    assert r.status_code < 500, r.text
+    err = r.json().get("error") if r.status_code >= 400 else None
+    assert err is None or set(err) == {"message", "type", "param", "code"}
