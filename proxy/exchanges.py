@@ -23,7 +23,7 @@ from .completion import parse_completion
 from .relay import ChatStream, Translator
 from .responses import for_chat, translate
 from .responses import stream as responses_stream
-from .responses.items import response_id, to_messages
+from .responses.items import read_response, response_id, to_messages
 
 __all__ = ["Answer", "ChatExchange", "ChatOverResponses", "Exchange", "ResponsesNative", "ResponsesOverChat",
            "exchange_for"]
@@ -67,7 +67,7 @@ class ChatOverResponses:
         self.provider = provider
 
     def answer(self, content: bytes) -> Answer:
-        data = for_chat.read_response(content)
+        data = read_response(content)
         body, message = for_chat.completion(data, self.node_id, self.provider)
         choice = body["choices"][0]
         return Answer(_encode(body), [message], [message], body["usage"], choice["finish_reason"])
@@ -109,7 +109,7 @@ class ResponsesNative:
         self.provider = provider
 
     def answer(self, content: bytes) -> Answer:
-        data = for_chat.read_response(content)
+        data = read_response(content)
         data.update(id=response_id(self.node_id), previous_response_id=self.params.get("previous_response_id"),
                     store=self.params.get("store", True))
         output = own_item_ids([item for item in data["output"] if isinstance(item, dict)], self.node_id)

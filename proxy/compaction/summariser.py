@@ -46,7 +46,7 @@ def _answer(content: bytes, api: str) -> tuple[dict[str, Any], dict[str, Any] | 
     """(assistant message, chat-style usage) of the summariser's answer in the upstream's API;
     raises ``NotACompletion``."""
     if api == "responses":
-        data = for_chat.read_response(content)
+        data = responses_items.read_response(content)
         return for_chat.message_of(data["output"]), for_chat.chat_usage(data.get("usage"))
     completion = parse_completion(content)
     return completion.message, completion.usage

@@ -24,13 +24,12 @@ from typing import Any
 
 import msgspec
 
-from ..completion import NotACompletion
 from ..errors import InvalidRequest
 from ..failures import Failure
 from ..relay import SSEParser, sse_error_event
 from .items import strip, to_messages
 
-__all__ = ["ToChat", "chat_usage", "completion", "finish_reason", "message_of", "read_response", "request_fields"]
+__all__ = ["ToChat", "chat_usage", "completion", "finish_reason", "message_of", "request_fields"]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -96,18 +95,6 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
         out["text"] = {**(out.get("text") or {}), **text}
     out["store"] = False
     return out
-
-
-def read_response(content: bytes) -> dict[str, Any]:
-    """A Responses upstream's answer, decoded; raises ``NotACompletion`` unless it is a response
-    that did not fail."""
-    try:
-        data = _decode(content)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("output"), list) or data.get("status") == "failed":
-        raise NotACompletion("not a completed response")
-    return data
 
 
 def chat_usage(usage: Any) -> dict[str, Any] | None:

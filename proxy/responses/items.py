@@ -25,6 +25,8 @@ from typing import Any
 import msgspec
 import msgspec.structs
 
+from ..completion import NotACompletion
+
 __all__ = [
     "ITEMS",
     "PRODUCER",
@@ -32,6 +34,7 @@ __all__ = [
     "input_items",
     "message_path",
     "node_id_of",
+    "read_response",
     "response_id",
     "strip",
     "tail",
@@ -46,6 +49,7 @@ _TEXT_IN = frozenset({"input_text", "text"})
 _TEXT_OUT = frozenset({"output_text", "text"})
 
 _encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 
 
 def response_id(node_id: uuid.UUID) -> str:
@@ -61,6 +65,18 @@ def node_id_of(value: str | None) -> uuid.UUID | None:
         return uuid.UUID(hex=value[5:])
     except ValueError:
         return None
+
+
+def read_response(content: bytes) -> dict[str, Any]:
+    """A Responses upstream's answer, decoded; raises ``NotACompletion`` unless it is a response
+    that did not fail."""
+    try:
+        data = _decode(content)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("output"), list) or data.get("status") == "failed":
+        raise NotACompletion("not a completed response")
+    return data
 
 
 def input_items(value: Any) -> list[dict[str, Any]]:
