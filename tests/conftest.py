@@ -218,6 +218,19 @@ def proxy(database_url: str, upstream_url: str) -> Iterator[Proxy]:
 
 
 @pytest.fixture
+def native(fresh_database_url: str, upstream_url: str) -> Iterator[Proxy]:
+    """A proxy whose ``native-*`` models go to an upstream speaking the Responses API and every
+    other model to a chat one (the same fake upstream serves both)."""
+    settings = make_settings(fresh_database_url, upstream_url, upstreams=[
+        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
+        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
+    ])
+    with serve_proxy(settings) as p:
+        p.db = Db(fresh_database_url)  # type: ignore[attr-defined]
+        yield p
+
+
+@pytest.fixture
 def db(database_url: str) -> Db:
     return Db(database_url)
 

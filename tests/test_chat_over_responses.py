@@ -8,23 +8,11 @@ import json
 import openai
 import pytest
 
-from .conftest import Db, make_settings, serve_proxy
 from .fakes import Reply
 from .helpers import say, system, tool, tool_call, user
 
 TOOLS = [{"type": "function", "function": {"name": "run_sql", "description": "Run one query.", "strict": True,
                                            "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}}]
-
-
-@pytest.fixture
-def native(fresh_database_url, upstream_url):
-    settings = make_settings(fresh_database_url, upstream_url, upstreams=[
-        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
-        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
-    ])
-    with serve_proxy(settings) as p:
-        p.db = Db(fresh_database_url)
-        yield p
 
 
 def test_a_tool_round_goes_out_as_items_and_comes_back_as_a_completion(native, upstream, key, cid):

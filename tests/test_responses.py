@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import Db, make_settings, new_key, serve_proxy
+from .conftest import new_key
 from .fakes import Reply
 from .helpers import MODEL, tool_call
 
@@ -180,17 +180,6 @@ def test_full_history_responses_through_auto(proxy, upstream):
     assert h2["x-conversation-id"] == h1["x-conversation-id"] and h2["x-context-matched"] == "2"
     assert h2["x-parent-node-id"] == h1["x-node-id"]
     assert [m["content"] for m in upstream.last.messages] == ["first question", first.output_text, "second question"]
-
-
-@pytest.fixture
-def native(fresh_database_url, upstream_url):
-    settings = make_settings(fresh_database_url, upstream_url, upstreams=[
-        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
-        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
-    ])
-    with serve_proxy(settings) as p:
-        p.db = Db(fresh_database_url)
-        yield p
 
 
 def test_a_responses_upstream_gets_the_assembled_input_natively(native, upstream, key, cid):
