@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -33,6 +34,8 @@ class Metrics:
         self.inflight = Gauge("branchpoint_inflight_calls", "Calls of this process with a pending node", registry=r)
         self.pending_nodes = Gauge("branchpoint_pending_nodes", "Pending nodes in the database (all processes)", registry=r)
         self.reaped = Counter("branchpoint_reaped", "Pending nodes reaped as interrupted by this process", registry=r)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open files ... (Linux)
+        r.register(_SwitchCollector())
         # labelled children, looked up once (the label sets are few: routes, statuses, outcomes)
         self._per_request: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}
         self._per_call: dict[tuple[str, str], Any] = {}
@@ -74,6 +77,35 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _SwitchCollector(Collector):
+    """Context switches of this process's threads (Linux). Involuntary ones per stored call show
+    the proxy losing its core to a process it woke -- a database on the same cores
+    (docs/scaling.md#the-embedded-database)."""
+
+    def collect(self) -> Any:
+        counts = {"voluntary": 0, "involuntary": 0}
+        try:
+            threads = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        for tid in threads:
+            try:
+                with open(f"/proc/self/task/{tid}/status", "rb") as f:
+                    status = f.read()
+            except OSError:  # a thread that ended meanwhile
+                continue
+            for line in status.splitlines():
+                if line.startswith(b"voluntary_ctxt_switches:"):
+                    counts["voluntary"] += int(line.split()[1])
+                elif line.startswith(b"nonvoluntary_ctxt_switches:"):
+                    counts["involuntary"] += int(line.split()[1])
+        family = CounterMetricFamily("branchpoint_process_context_switches", "Context switches of this process's threads",
+                                     labels=["kind"])
+        for kind, count in counts.items():
+            family.add_metric([kind], count)
+        yield family
 
 
 class _StatementCollector(Collector):

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import re
 import time
 
@@ -12,7 +13,7 @@ import pytest
 from proxy.logs import JsonFormatter
 
 from .fakes import Reply
-from .helpers import MODEL
+from .helpers import MODEL, say, user
 
 
 def metric(proxy, name, **labels):
@@ -121,3 +122,14 @@ def test_structured_logs_with_ids_and_no_contents(proxy, upstream, key, cid, cap
     assert line["conversation_id"] == cid and line["node_id"] == r.headers["x-node-id"]
     assert line["status"] == 200 and line["duration_ms"] > 0 and line["route"] == "/v1/chat/completions"
     assert all(secret_text not in json.dumps(x) for x in lines)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux's /proc")
+def test_metrics_show_the_process_and_its_context_switches(proxy, upstream, key, cid):
+    assert metric(proxy, "process_cpu_seconds_total") > 0 and metric(proxy, "process_resident_memory_bytes") > 0
+    before = metric(proxy, "branchpoint_process_context_switches_total", kind="voluntary")
+    for i in range(3):  # each call waits on the database and the upstream: the threads sleep and wake
+        say(proxy.openai(key), cid, user(f"q{i}"))
+    after = metric(proxy, "branchpoint_process_context_switches_total", kind="voluntary")
+    assert after > before > 0
+    assert 'branchpoint_process_context_switches_total{kind="involuntary"}' in httpx.get(f"{proxy.url}/metrics").text
