@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from storage.embedded import child_pids
+
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-branchpoint"
 MODEL = "gpt-4o-mini"
@@ -148,16 +150,7 @@ def postgres_pids(data_dir: Path) -> list[int]:
     if not pid_file.exists():
         return []
     master = int(pid_file.read_text().split()[0])
-    pids = [master]
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == master:
-                pids.append(int(entry.name))
-    return pids
+    return [master, *child_pids(master)]
 
 
 def postgres_dsn(data_dir: Path) -> str:

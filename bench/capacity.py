@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import ROOT, Procs, log, machine, postgres_dsn, shared_bench, start_stack
 from run import run_wrk_turns, seed
 
+from storage.embedded import child_pids
+
 
 async def _wal_lsn(data_dir: Path) -> int:
     import asyncpg
@@ -38,13 +40,6 @@ async def _wal_lsn(data_dir: Path) -> int:
 
 def wal_lsn(data_dir: Path) -> int:
     return asyncio.run(_wal_lsn(data_dir))
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def rss_soak(calls: int) -> dict:
@@ -98,7 +93,7 @@ def main() -> None:
                 wal0 = wal_lsn(work / "data")
                 # with several workers the supervisor's children do the work: count all of them
                 r = run_wrk_turns(f"{proxy}/v1", convs, stream, args.duration, px.pid, work / "data",
-                                  extra_pids=children(px.pid))
+                                  extra_pids=child_pids(px.pid))
                 wal1 = wal_lsn(work / "data")
                 r["wal_bytes_per_call"] = round((wal1 - wal0) / max(1, r["requests"]))
                 row["stream" if stream else "nonstream"] = r

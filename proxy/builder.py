@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from storage import NodeRow, PathNode, TreeStore
 
 from .assembly import Target, assemble, build_body
@@ -29,9 +27,6 @@ from .responses import items as responses_items
 from .splice import EMPTY, Prefix, Segment, segment, splice
 
 __all__ = ["Built", "RequestBuilder"]
-
-
-_encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +65,8 @@ class RequestBuilder:
         if target.api == "responses":
             assembled = assemble(path, new_items, target)
             fields = translate.native_params(params) if api == "responses" else for_chat.request_fields(params)
-            body = {**fields, "input": responses_items.to_items(assembled.messages, target.provider)}
-            if stream:
-                body["stream"] = True
-            return Built(_encode_sorted(body), assembled.dropped, "responses")
+            body = responses_items.request_body(fields, assembled.messages, target.provider, stream=stream)
+            return Built(body, assembled.dropped, "responses")
         chat = translate.chat_params(params) if api == "responses" else params
         if tree_id is not None and path:
             spliced = self._spliced(tree_id, path, new_items, target)

@@ -310,7 +310,7 @@ class CallLifecycle:
         not started yet is answered so by the outermost layer, ``ObservabilityMiddleware``)."""
         upstream = self.upstream.route(call.body.get("model"))
         if call.api == "chat" and upstream.api == "responses":
-            for_chat.request_fields(call.params)  # what a Responses upstream cannot honour is refused before any node
+            for_chat.check_fields(call.params)  # what a Responses upstream cannot honour is refused before any node
         started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
         ctx = current_request.get()
         if ctx is not None:

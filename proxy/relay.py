@@ -463,8 +463,8 @@ class BytesRelay:
                 cancellation_handled()
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
-                message = "the proxy shut down during the answer"
-                failed = sse_error_event(message, "interrupted", "interrupted") if self.sse else b""
+                err = interrupted("the proxy shut down during the answer").error
+                failed = sse_error_event(err.message, err.type, err.code) if self.sse else b""
             else:
                 if not pump.done():
                     return

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EmbeddedServer", "default_data_dir", "schedule_as_batch", "start_embedded"]
+__all__ = ["EmbeddedServer", "child_pids", "default_data_dir", "schedule_as_batch", "start_embedded"]
 
 log = logging.getLogger("branchpoint.storage")
 
@@ -71,7 +71,7 @@ def schedule_as_batch(postmaster: int) -> int:
     if not hasattr(os, "sched_setscheduler"):
         return 0
     changed, refused = 0, []
-    for pid in (postmaster, *_children(postmaster)):
+    for pid in (postmaster, *child_pids(postmaster)):
         try:
             if os.sched_getscheduler(pid) == os.SCHED_OTHER:
                 os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
@@ -85,7 +85,7 @@ def schedule_as_batch(postmaster: int) -> int:
     return changed
 
 
-def _children(parent: int) -> list[int]:
+def child_pids(parent: int) -> list[int]:
     """The processes whose parent is ``parent`` (from ``/proc``; none where there is no ``/proc``)."""
     found = []
     try:

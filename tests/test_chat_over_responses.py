@@ -204,3 +204,16 @@ def test_odd_fields_are_answered_by_the_upstream_or_refused_never_a_crash(native
     assert r.status_code < 500, r.text
     err = r.json().get("error") if r.status_code >= 400 else None
     assert err is None or set(err) == {"message", "type", "param", "code"}
+
+
+def test_an_upstream_error_fails_the_node_and_names_it(native, upstream, key, cid):
+    client = native.openai(key)
+    _, h1 = say(client, cid, user("first"), model="native-1")
+    upstream.enqueue(Reply(kind="error", status=503))
+    with pytest.raises(openai.InternalServerError) as e:
+        say(client, cid, user("second"), model="native-1")
+    node_id = e.value.response.headers["x-node-id"]
+    assert e.value.response.headers["x-parent-node-id"] == h1["x-node-id"]
+    node = native.db.node(node_id)
+    assert node["status"] == "failed" and node["error"]["status"] == 503
+    assert native.db.head(cid) == node_id  # transient: the head rests on the failed node (its items stay)

@@ -9,7 +9,7 @@ import sys
 import httpx
 import pytest
 
-from storage.embedded import _children, schedule_as_batch
+from storage.embedded import child_pids, schedule_as_batch
 
 from .conftest import make_settings, serve_proxy, wait_ready
 from .fakes import free_port
@@ -25,7 +25,7 @@ def postmaster(data_dir) -> int:
 def policies(data_dir) -> dict[int, int]:
     """The scheduling policy of the postmaster and of each of its children (backends, writers)."""
     master = postmaster(data_dir)
-    return {pid: os.sched_getscheduler(pid) for pid in (master, *_children(master))}
+    return {pid: os.sched_getscheduler(pid) for pid in (master, *child_pids(master))}
 
 
 def stored_call(base: str, key: str, cid: str) -> None:
@@ -82,7 +82,7 @@ def test_schedule_as_batch_reaches_children_and_leaves_a_chosen_policy_alone():
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         kids = [int(p) for p in parent.stdout.readline().split()]
-        assert sorted(_children(parent.pid)) == sorted(kids)
+        assert sorted(child_pids(parent.pid)) == sorted(kids)
         os.sched_setscheduler(kids[1], os.SCHED_IDLE, os.sched_param(0))
         assert schedule_as_batch(parent.pid) == 2
         assert os.sched_getscheduler(parent.pid) == os.SCHED_BATCH
@@ -90,7 +90,7 @@ def test_schedule_as_batch_reaches_children_and_leaves_a_chosen_policy_alone():
         assert os.sched_getscheduler(kids[1]) == os.SCHED_IDLE
         assert schedule_as_batch(parent.pid) == 0  # once is enough
     finally:
-        for pid in _children(parent.pid):
+        for pid in child_pids(parent.pid):
             os.kill(pid, 9)
         parent.kill()
         parent.wait()

@@ -39,8 +39,6 @@ _SHORTEN = (
     "facts, figures, names, decisions and open tasks:\n\n{summary}"
 )
 
-_encode = msgspec.json.Encoder().encode
-
 
 def _answer(content: bytes, api: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(assistant message, chat-style usage) of the summariser's answer in the upstream's API;
@@ -166,8 +164,8 @@ class Summariser:
         upstream = self.upstream.route(model)
         if upstream.api == "responses":  # an upstream that speaks only the Responses API
             endpoint = "responses"
-            payload = _encode({"model": model, "temperature": 0, "store": False,
-                               "input": responses_items.to_items(messages, upstream.name)})
+            payload = responses_items.request_body({"model": model, "temperature": 0, "store": False}, messages,
+                                                   upstream.name)
         else:
             endpoint = "chat/completions"
             payload = build_body({"model": model, "temperature": 0}, messages, stream=False)

@@ -29,7 +29,7 @@ from ..failures import Failure
 from ..relay import SSEParser, sse_error_event
 from .items import strip, to_messages
 
-__all__ = ["ToChat", "chat_usage", "completion", "finish_reason", "message_of", "request_fields"]
+__all__ = ["ToChat", "chat_usage", "check_fields", "completion", "finish_reason", "message_of", "request_fields"]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -60,13 +60,18 @@ def _tool_choice(choice: Any) -> Any:
     return choice
 
 
-def request_fields(params: dict[str, Any]) -> dict[str, Any]:
-    """The Responses request fields (all but ``input``) for a chat request's other fields; raises
-    ``InvalidRequest`` for a field the Responses API cannot honour."""
+def check_fields(params: dict[str, Any]) -> None:
+    """Raise ``InvalidRequest`` for a field the Responses API cannot honour (checked once, before
+    the call starts; ``request_fields`` then leaves such fields out)."""
     for name, harmless in _REFUSED.items():
         if name in params and params[name] not in harmless:
             raise InvalidRequest(f"{name!r} has no equivalent in the Responses API, which this model's upstream "
                                  "speaks (api = \"responses\")", param=name)
+
+
+def request_fields(params: dict[str, Any]) -> dict[str, Any]:
+    """The Responses request fields (all but ``input``) for a chat request's other fields, which
+    ``check_fields`` has passed."""
     out: dict[str, Any] = {}
     text: dict[str, Any] = {}
     for key, value in params.items():
@@ -181,6 +186,7 @@ class ToChat:
         self._text: dict[int, str] = {}  # output_index -> text sent so far
         self._calls: dict[int, int] = {}  # output_index -> chat tool-call index
         self._args: dict[int, str] = {}  # chat tool-call index -> arguments sent so far
+        self._answer: dict[str, Any] | None = None  # the final response's message, once read
 
     # -- the Translator protocol --------------------------------------------------------------
 
@@ -277,10 +283,17 @@ class ToChat:
         return self._open() + self._line([{"index": 0, "delta": delta, "finish_reason": None}])
 
     def _message(self) -> dict[str, Any]:
+        """The answer so far: the final response's, read once it came (the relay, the store and
+        the closing chunk all ask for it), else the items finished before the stream broke off."""
+        if self._answer is not None:
+            return self._answer
         output = self.final.get("output") if self.final is not None else None
         if not isinstance(output, list) or not output:
             output = [self.done_items[i] for i in sorted(self.done_items)]
-        return message_of(output, self.provider)
+        message = message_of(output, self.provider)
+        if self.final is not None:
+            self._answer = message
+        return message
 
     def received(self) -> list[dict[str, Any]]:
         return [self._message()]

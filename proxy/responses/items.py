@@ -35,6 +35,7 @@ __all__ = [
     "message_path",
     "node_id_of",
     "read_response",
+    "request_body",
     "response_id",
     "strip",
     "tail",
@@ -50,6 +51,7 @@ _TEXT_OUT = frozenset({"output_text", "text"})
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 
 def response_id(node_id: uuid.UUID) -> str:
@@ -77,6 +79,16 @@ def read_response(content: bytes) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("output"), list) or data.get("status") == "failed":
         raise NotACompletion("not a completed response")
     return data
+
+
+def request_body(fields: dict[str, Any], messages: Iterable[dict[str, Any]], provider: str | None, *,
+                 stream: bool = False) -> bytes:
+    """A Responses upstream's request: ``fields`` (``store: false`` among them -- the proxy owns the
+    state) and the assembled messages as input items; the twin of ``assembly.build_body``."""
+    body = {**fields, "input": to_items(messages, provider)}
+    if stream:
+        body["stream"] = True
+    return _encode_sorted(body)
 
 
 def input_items(value: Any) -> list[dict[str, Any]]:
