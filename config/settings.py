@@ -29,6 +29,7 @@ __all__ = [
     "CompactionSettings",
     "DatabaseSettings",
     "ModelLimits",
+    "RetentionSettings",
     "ServerSettings",
     "Settings",
     "SettingsError",
@@ -127,6 +128,12 @@ class CompactionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     model: str
 
 
+class RetentionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    idle_days: float  # delete conversations idle this long; 0: keep everything
+    interval_seconds: float
+    batch: int
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     server: ServerSettings
     database: DatabaseSettings
@@ -135,6 +142,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     upstreams: tuple[Upstream, ...]
     models: dict[str, ModelLimits]
     compaction: CompactionSettings
+    retention: RetentionSettings
 
     def upstream_for(self, model: str) -> Upstream | None:
         """The first upstream whose model globs match ``model``."""
@@ -244,6 +252,9 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("server.shutdown_grace_seconds must be >= 0")
     if settings.server.path_cache_mb < 0:
         raise SettingsError("server.path_cache_mb must be >= 0")
+    r = settings.retention
+    if r.idle_days < 0 or r.interval_seconds <= 0 or r.batch < 1:
+        raise SettingsError("retention.idle_days must be >= 0, retention.interval_seconds > 0, retention.batch >= 1")
     if not settings.upstreams:
         raise SettingsError("at least one [[upstreams]] entry is needed")
     names = [u.name for u in settings.upstreams]

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,7 @@ def migrate(config_file: str | None) -> None:
 
 @main.group()
 def conversations() -> None:
-    """Inspect stored conversations."""
+    """Inspect, export, import and prune stored conversations."""
 
 
 async def _find(db: Any, conversation_id: str, tenant: str | None) -> Any:
@@ -211,6 +211,35 @@ def list_conversations(config_file: str | None, tenant: str | None, limit: int) 
         table.add_row(r.tenant[:16], r.id, str(r.node_count), _short(r.head_node_id),
                       "yes" if r.busy else "", _when(r.created_at), _when(r.updated_at))
     _console().print(table)
+
+
+@conversations.command("prune")
+@_config_option
+@click.option("--idle-days", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Delete conversations idle this many days (default: [retention] idle_days).")
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
+def prune(config_file: str | None, idle_days: float | None, dry_run: bool) -> None:
+    """Delete conversations idle for a while, with their nodes (what a fork still reaches stays)."""
+    from storage import OpsStore
+
+    from .retention import prune as prune_idle
+
+    settings = _settings(config_file)
+    days = idle_days if idle_days is not None else settings.retention.idle_days
+    if days <= 0:
+        raise click.UsageError("give --idle-days (or set [retention] idle_days in the configuration)")
+
+    async def go() -> str:
+        async with _database(settings) as db:
+            ops = OpsStore(db)
+            if dry_run:
+                count, nodes = await ops.idle(datetime.now(UTC) - timedelta(days=days))
+                return f"{count} conversation(s) idle for {days:g} day(s), {nodes} node(s); nothing deleted (--dry-run)"
+            done = await prune_idle(ops, days, settings.retention.batch)
+            return (f"deleted {done.conversations} conversation(s) idle for {days:g} day(s): {done.deleted} node(s) "
+                    f"deleted, {done.kept} kept for forks")
+
+    _console().print(_run(go()))
 
 
 def _label(node: Any, head: Any, on_path: set[Any]) -> Text:

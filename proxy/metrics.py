@@ -34,6 +34,8 @@ class Metrics:
         self.inflight = Gauge("branchpoint_inflight_calls", "Calls of this process with a pending node", registry=r)
         self.pending_nodes = Gauge("branchpoint_pending_nodes", "Pending nodes in the database (all processes)", registry=r)
         self.reaped = Counter("branchpoint_reaped", "Pending nodes reaped as interrupted by this process", registry=r)
+        self.pruned = Counter("branchpoint_pruned", "Conversations and nodes deleted by retention in this process",
+                              ["what"], registry=r)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, resident memory, open files ... (Linux)
         r.register(_SwitchCollector())
         # labelled children, looked up once (the label sets are few: routes, statuses, outcomes)

@@ -1,7 +1,8 @@
 """The composition root: every long-lived part of a running proxy, built once by ``create_app``
 from the settings (nothing is filled in later), each given only the collaborators it uses.
 ``start()``/``stop()`` open and close what needs the event loop: the database pool (and the
-embedded server), the tokenizer, the lease keeper; the shared upstream client is closed last."""
+embedded server), the tokenizer, the lease keeper, retention; the shared upstream client is closed
+last."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from .compaction import Compactor, Summariser, Thresholds
 from .leases import LeaseKeeper
 from .lifecycle import CallLifecycle
 from .metrics import Metrics
+from .retention import Retention
 from .tokens import TokenCounter
 from .upstream import UpstreamClient
 
@@ -40,6 +42,9 @@ class Runtime:
         self.upstream = UpstreamClient(settings, transport=upstream_transport)
         self.leases = LeaseKeeper(self.tree, self.metrics, lease_seconds=server.lease_seconds,
                                   reaper_interval=server.reaper_interval)
+        retention = settings.retention
+        self.retention = Retention(self.ops, self.metrics, idle_days=retention.idle_days,
+                                   interval=retention.interval_seconds, batch=retention.batch)
         self.builder = RequestBuilder(self.tree)
         self.compactor = Compactor(tree=self.tree, summariser=Summariser(self.upstream, self.tokens),
                                    thresholds=Thresholds(settings), tokens=self.tokens, metrics=self.metrics,
@@ -57,10 +62,12 @@ class Runtime:
                            batch_scheduling=d.embedded_batch_scheduling)
         await asyncio.to_thread(self.tokens.load)
         self.leases.start()
+        self.retention.start()
 
     async def stop(self) -> None:
         # the server has stopped the calls its shutdown grace did not see finish; each stores its
         # outcome (interrupted) before the database goes (docs/behaviour.md#shutdown)
+        await self.retention.stop()
         await self.leases.settle(timeout=2)
         await self.leases.stop()
         await self.tasks.wait(timeout=30)

@@ -24,7 +24,7 @@ from .errors import (
 )
 from .ids import uuid7
 from .migrate import latest_version, migrate
-from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, TreeRow
+from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, Pruned, TreeRow
 from .ops import OpsStore
 from .pathcache import PathCache
 from .tree import Begun, ContextMode, ParentMode, TreeStore
@@ -50,6 +50,7 @@ __all__ = [
     "PathCache",
     "PathNode",
     "PathRow",
+    "Pruned",
     "Refused",
     "StorageError",
     "StorageUnavailable",

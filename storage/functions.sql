@@ -984,6 +984,54 @@ BEGIN
 END
 $$;
 
+-- bp_is_idle(conversation row, cutoff): retention's test (docs/behaviour.md#retention): the
+-- conversation has not changed since `cutoff` -- not updated (no turn, no head move) and no node
+-- of its made since (no side call either).
+CREATE OR REPLACE FUNCTION bp_is_idle(p_conv conversations, p_cutoff timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_conv.updated_at < p_cutoff
+       AND NOT EXISTS (SELECT 1 FROM nodes n
+                        WHERE n.conversation_id = p_conv.id AND n.tenant = p_conv.tenant
+                          AND n.tree_id = p_conv.tree_id AND n.created_at >= p_cutoff)
+$$;
+
+-- bp_prune(cutoff, trees, tenants, ids): retention. Deletes the named conversations (found
+-- by IDLE_CANDIDATES) that are idle since `cutoff` (bp_is_idle, looked at again once the row is
+-- locked), as bp_delete_conversation does: what a fork still reaches stays. A conversation a call
+-- holds right now (its row locked), or with a call in flight, is skipped -- a later pass takes it;
+-- so is one gone meanwhile. Processes pruning at once skip each other's conversations likewise.
+-- Returns (conversations deleted, their nodes deleted, nodes kept for forks).
+CREATE OR REPLACE FUNCTION bp_prune(p_cutoff timestamptz, p_trees uuid[], p_tenants text[], p_ids text[],
+                                    OUT conversations integer, OUT deleted integer, OUT kept integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k record;
+    conv conversations%ROWTYPE;
+    r record;
+BEGIN
+    conversations := 0;
+    deleted := 0;
+    kept := 0;
+    FOR k IN SELECT * FROM unnest(p_trees, p_tenants, p_ids) AS t(tree_id, tenant, id) LOOP
+        SELECT * INTO conv FROM conversations cv
+         WHERE cv.tree_id = k.tree_id AND cv.tenant = k.tenant AND cv.id = k.id
+           FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND OR NOT bp_is_idle(conv, p_cutoff) THEN
+            CONTINUE;
+        END IF;
+        BEGIN
+            SELECT * INTO r FROM bp_delete_conversation(k.tenant, k.id);
+            conversations := conversations + 1;
+            deleted := deleted + r.deleted;
+            kept := kept + r.kept;
+        EXCEPTION WHEN SQLSTATE 'BPBSY' THEN
+            NULL;  -- a call in flight: it makes the conversation recent, or a later pass takes it
+        END;
+    END LOOP;
+END
+$$;
+
 -- bp_apply_compaction: write a compaction node and point the conversation at it, in one
 -- transaction -- or write nothing. Modes:
 --   'turn'       the call's own synchronous compaction: it must still hold the lease; its pending

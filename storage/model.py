@@ -18,6 +18,7 @@ __all__ = [
     "Outcome",
     "PathNode",
     "PathRow",
+    "Pruned",
     "TreeRow",
     "columns",
     "rows",
@@ -112,6 +113,18 @@ class TreeRow(msgspec.Struct, frozen=True):
     finished_at: datetime | None
     api: str
     preview: str | None
+
+
+class Pruned(msgspec.Struct, frozen=True):
+    """What retention did (``bp_prune``): conversations deleted, their nodes deleted and those kept
+    because a fork still reaches them."""
+
+    conversations: int = 0
+    deleted: int = 0
+    kept: int = 0
+
+    def __add__(self, other: Pruned) -> Pruned:
+        return Pruned(self.conversations + other.conversations, self.deleted + other.deleted, self.kept + other.kept)
 
 
 S = TypeVar("S", bound=msgspec.Struct)

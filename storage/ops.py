@@ -1,15 +1,16 @@
-"""What operations ask the database: readiness, gauges, and the storage invariants that
-``branchpoint check`` and the fault tests verify (the rules themselves: ``proxy.invariants``)."""
+"""What operations ask the database: readiness, gauges, retention, and the storage invariants
+that ``branchpoint check`` and the fault tests verify (the rules themselves: ``proxy.invariants``)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
 from . import queries
 from .database import Database
-from .model import PathNode, rows
+from .model import PathNode, Pruned, rows
 
 __all__ = ["OpsStore"]
 
@@ -23,6 +24,22 @@ class OpsStore:
 
     async def pending_count(self) -> int:
         return await self.db.fetchval(queries.PENDING_COUNT)
+
+    async def idle_candidates(self, cutoff: datetime, after: asyncpg.Record | None, limit: int) -> list[asyncpg.Record]:
+        """The next ``limit`` conversations not updated since ``cutoff`` after ``after`` (a row
+        this returned), oldest first: (tree_id, tenant, id, updated_at)."""
+        key = (after["updated_at"], after["tenant"], after["id"]) if after is not None else (None, None, None)
+        return await self.db.fetch(queries.IDLE_CANDIDATES, cutoff, *key, limit)
+
+    async def prune(self, cutoff: datetime, candidates: list[asyncpg.Record]) -> Pruned:
+        """Delete those of ``candidates`` idle since ``cutoff`` (one transaction)."""
+        trees, tenants, ids = ([c[f] for c in candidates] for f in ("tree_id", "tenant", "id"))
+        return Pruned(*await self.db.fetchrow(queries.PRUNE, cutoff, trees, tenants, ids))
+
+    async def idle(self, cutoff: datetime) -> tuple[int, int]:
+        """(conversations idle since ``cutoff``, the nodes they made): what pruning would take."""
+        row = await self.db.fetchrow(queries.IDLE_COUNT, cutoff)
+        return row["conversations"], row["nodes"]
 
     async def heads_outside_tree(self) -> list[asyncpg.Record]:
         return await self.db.fetch(queries.HEADS_OUTSIDE_TREE)

@@ -101,6 +101,30 @@ FORK = "SELECT bp_fork(p_tenant => $1, p_source => $2, p_new => $3, p_node => $4
 # Delete a conversation, keeping what forks still reach.  $1 tenant, $2 conversation
 DELETE_CONVERSATION = "SELECT deleted, kept FROM bp_delete_conversation(p_tenant => $1, p_conversation => $2)"
 
+# Retention: the next $5 conversations not updated since $1, oldest first, after the key ($2
+# updated_at, $3 tenant, $4 id; nulls: from the start) -- candidates only (a side call may have
+# made one recent): bp_prune looks again. One scan of conversations without evaluating anything else.
+IDLE_CANDIDATES = """
+SELECT tree_id, tenant, id, updated_at FROM conversations
+ WHERE updated_at < $1
+   AND ($2::timestamptz IS NULL OR (updated_at, tenant, id) > ($2::timestamptz, $3::text, $4::text))
+ ORDER BY updated_at, tenant, id
+ LIMIT $5
+"""
+
+# Retention: delete those of the conversations named by $2 trees, $3 tenants, $4 ids that are idle
+# since $1 (bp_prune).
+PRUNE = "SELECT conversations, deleted, kept FROM bp_prune(p_cutoff => $1, p_trees => $2, p_tenants => $3, p_ids => $4)"
+
+# Retention's preview: how many conversations are idle since $1, and how many nodes they made.
+IDLE_COUNT = """
+SELECT count(*) AS conversations,
+       coalesce(sum((SELECT count(*) FROM nodes n
+                      WHERE n.conversation_id = cv.id AND n.tenant = cv.tenant AND n.tree_id = cv.tree_id)), 0)::bigint AS nodes
+  FROM conversations cv
+ WHERE cv.updated_at < $1 AND bp_is_idle(cv, $1)
+"""
+
 # The nodes of other conversations this one can see (forks only).  $1 tree, $2 tenant, $3 conversation
 VISIBLE_FOREIGN = "SELECT array(SELECT bp_visible_foreign($1, $2, $3))"
 

@@ -1,0 +1,82 @@
+"""Retention (docs/behaviour.md#retention): conversations idle for ``[retention] idle_days`` are
+deleted with their nodes -- as ``DELETE /admin/conversations/{id}`` deletes them, so what a fork
+still reaches stays. Every process runs a pass every ``interval_seconds``; passes running at once
+skip each other's conversations (``bp_prune``). ``branchpoint conversations prune`` runs one pass
+from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from storage import OpsStore, Pruned, StorageError
+
+from .metrics import Metrics
+
+__all__ = ["Retention", "prune"]
+
+log = logging.getLogger("branchpoint.retention")
+
+
+async def prune(ops: OpsStore, idle_days: float, batch: int, *, scan: int = 5000,
+                on_batch: Callable[[Pruned], None] | None = None) -> Pruned:
+    """One pass: delete every conversation idle for ``idle_days``, ``batch`` per transaction
+    (``on_batch`` hears of each); returns the totals. Candidates are read ``scan`` at a time in the order of their last update
+    (one scan of the conversations table each), so a pass costs a few scans however many are idle."""
+    cutoff = datetime.now(UTC) - timedelta(days=idle_days)
+    done = Pruned()
+    after = None
+    while True:
+        candidates = await ops.idle_candidates(cutoff, after, scan)
+        for i in range(0, len(candidates), batch):
+            step = await ops.prune(cutoff, candidates[i:i + batch])
+            if on_batch is not None:
+                on_batch(step)
+            done += step
+        if len(candidates) < scan:
+            return done
+        after = candidates[-1]
+
+
+class Retention:
+    def __init__(self, ops: OpsStore, metrics: Metrics, *, idle_days: float, interval: float, batch: int) -> None:
+        self.ops = ops
+        self.metrics = metrics
+        self.idle_days = idle_days
+        self.interval = interval
+        self.batch = batch
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.idle_days > 0:
+            self._task = asyncio.create_task(self._loop(), name="branchpoint-retention")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def _count(self, step: Pruned) -> None:
+        self.metrics.pruned.labels("conversations").inc(step.conversations)
+        self.metrics.pruned.labels("nodes").inc(step.deleted)
+
+    async def run_once(self) -> Pruned:
+        done = await prune(self.ops, self.idle_days, self.batch, on_batch=self._count)
+        if done.conversations:
+            log.info("deleted idle conversations", extra={
+                "conversations": done.conversations, "nodes_deleted": done.deleted, "nodes_kept": done.kept,
+                "idle_days": self.idle_days})
+        return done
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except StorageError as exc:
+                log.warning("retention could not run", extra={"error": str(exc)})
+            except Exception:
+                log.exception("retention failed")
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,164 @@
+"""Retention: conversations idle for ``[retention] idle_days`` are deleted with their nodes, by the
+server's own loop and by ``branchpoint conversations prune`` -- never one with a recent call (a
+side call included) or one a call holds, and never what a fork still reaches."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main
+
+from .conftest import Db, make_settings, run, serve_proxy, wait_for
+from .helpers import MODEL, user
+
+
+def age(db: Db, conversation_id: str, days: float) -> None:
+    """Move a conversation and its nodes ``days`` into the past."""
+    db.fetch("UPDATE conversations SET updated_at = updated_at - make_interval(secs => $2 * 86400) WHERE id = $1",
+             conversation_id, days)
+    db.fetch("UPDATE nodes SET created_at = created_at - make_interval(secs => $2 * 86400),"
+             " finished_at = finished_at - make_interval(secs => $2 * 86400) WHERE conversation_id = $1",
+             conversation_id, days)
+
+
+def exists(db: Db, conversation_id: str) -> bool:
+    return db.fetchval("SELECT count(*) FROM conversations WHERE id = $1", conversation_id) == 1
+
+
+def node_count(db: Db, conversation_id: str) -> int:
+    return db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1", conversation_id)
+
+
+def cli(database_url: str, *args: str):
+    env = {"BRANCHPOINT_DATABASE_URL": database_url, "BRANCHPOINT_CONFIG": ""}
+    return CliRunner().invoke(main, ["conversations", "prune", *args], env=env, catch_exceptions=False)
+
+
+@pytest.fixture
+def stocked(fresh_database_url, upstream_url, upstream):
+    """Conversations of one tenant: ``old`` (two turns, 40 days ago), ``recent``, ``old-side`` (40
+    days old but a side call today), and ``source`` (40 days old) with a fork ``source-fork`` that
+    went on today."""
+    db = Db(fresh_database_url)
+    key = "sk-retention-owner"
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        client = p.openai(key)
+
+        def turn(cid: str, text: str, **headers: str) -> None:
+            client.chat.completions.create(model=MODEL, messages=[user(text)],
+                                           extra_headers={"X-Conversation-Id": cid, **headers})
+
+        for cid in ("old", "recent", "old-side", "source"):
+            turn(cid, f"{cid}: first question")
+            turn(cid, f"{cid}: second question")
+        p.http(key).post("/admin/conversations/source/fork", json={"conversation_id": "source-fork"}).raise_for_status()
+        for cid in ("old", "old-side", "source", "source-fork"):
+            age(db, cid, 40)
+        turn("old-side", "old-side: a side call", **{"X-Node-Kind": "transform"})
+        turn("source-fork", "source-fork: a question of the fork's own")
+    return fresh_database_url, db, key
+
+
+def test_the_server_deletes_idle_conversations_and_keeps_what_a_fork_reaches(stocked, upstream_url, upstream):
+    url, db, key = stocked
+    source_nodes = node_count(db, "source")
+    settings = make_settings(url, upstream_url, retention={"idle_days": 30, "interval_seconds": 0.2})
+    with serve_proxy(settings) as p:
+        wait_for(lambda: not exists(db, "old") and not exists(db, "source"), what="idle conversations pruned")
+        assert node_count(db, "old") == 0
+        assert exists(db, "recent") and node_count(db, "recent") == 2
+        assert exists(db, "old-side") and node_count(db, "old-side") == 3  # a side call today: not idle
+        assert exists(db, "source-fork")
+        # the fork's context is intact: the source's two turns are still sent upstream
+        assert node_count(db, "source") == source_nodes == 2
+        p.openai(key).chat.completions.create(model=MODEL, messages=[user("and now?")],
+                                              extra_headers={"X-Conversation-Id": "source-fork"})
+        sent = [m["content"] for m in upstream.last.messages if m["role"] == "user"]
+        assert sent == ["source: first question", "source: second question",
+                        "source-fork: a question of the fork's own", "and now?"]
+        metrics = p.http(key).get("/metrics").text
+        assert 'branchpoint_pruned_total{what="conversations"} 2.0' in metrics
+        # the name is free again: a call makes a new conversation of it
+        p.openai(key).chat.completions.create(model=MODEL, messages=[user("hello again")],
+                                              extra_headers={"X-Conversation-Id": "old"})
+        assert [m["content"] for m in upstream.last.messages] == ["hello again"]
+        assert db.fetchval("SELECT updated_at > now() - interval '1 minute' FROM conversations WHERE id = 'old'")
+
+
+def test_the_command_prunes_after_a_dry_run(stocked):
+    url, db, _ = stocked
+    preview = cli(url, "--idle-days", "30", "--dry-run")
+    assert preview.exit_code == 0, preview.output
+    assert "2 conversation(s) idle for 30 day(s), 4 node(s); nothing deleted" in preview.output
+    assert exists(db, "old") and exists(db, "source")
+
+    assert cli(url, "--idle-days", "50").output.startswith("deleted 0 conversation(s)")  # none is that old
+    done = cli(url, "--idle-days", "30")
+    assert done.exit_code == 0, done.output
+    assert "deleted 2 conversation(s) idle for 30 day(s): 2 node(s) deleted, 2 kept for forks" in done.output
+    assert not exists(db, "old") and not exists(db, "source") and exists(db, "recent") and exists(db, "old-side")
+
+    missing = cli(url)  # no --idle-days and none configured
+    assert missing.exit_code == 2 and "--idle-days" in missing.output
+
+
+def test_a_conversation_a_call_holds_is_left_for_a_later_run(stocked):
+    """A call starting now holds the conversation's row: pruning skips it rather than wait for it
+    (or make the call wait), and a later pass takes it."""
+    url, db, _ = stocked
+
+    async def holding() -> tuple[int, str]:
+        conn = await asyncpg.connect(url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT 1 FROM conversations WHERE id = 'old' FOR UPDATE")
+                result = await asyncio.to_thread(cli, url, "--idle-days", "30")
+            return result.exit_code, result.output
+        finally:
+            await conn.close()
+
+    code, output = run(holding())
+    assert code == 0 and "deleted 1 conversation(s)" in output  # source only
+    assert exists(db, "old") and not exists(db, "source")
+    assert "deleted 1 conversation(s)" in cli(url, "--idle-days", "30").output
+    assert not exists(db, "old")
+
+
+def test_a_pass_reads_its_candidates_in_slices(stocked, upstream_url):
+    """Candidates are read a slice at a time in the order of their last update; a pass goes
+    through every slice, and a conversation that is not idle (a side call) never stops it."""
+    from proxy.retention import prune
+    from storage import OpsStore, open_database
+
+    url, db, _ = stocked
+    for i in range(5):
+        db.fetch("INSERT INTO conversations (tenant, id, tree_id, updated_at)"
+                 " VALUES ('t-slices', $1, bp_tree_of('t-slices', $1), now() - interval '60 days')", f"empty-{i}")
+    batches = []
+
+    async def go():
+        database = await open_database(url, min_size=1, max_size=2)
+        try:
+            return await prune(OpsStore(database), 30, 2, scan=2, on_batch=batches.append)
+        finally:
+            await database.close()
+
+    done = run(go())
+    # 7 idle (5 empty, old, source) + old-side (updated 40 days ago, a side call today): 8 candidates
+    assert (done.conversations, done.deleted, done.kept) == (7, 2, 2)
+    assert len(batches) == 4 and sum(b.conversations for b in batches) == 7
+    assert exists(db, "old-side") and exists(db, "recent")
+    assert db.fetchval("SELECT count(*) FROM conversations WHERE tenant = 't-slices'") == 0
+
+
+def test_retention_settings_are_checked():
+    from config import SettingsError, load_settings
+
+    assert load_settings(env={}).retention.idle_days == 0  # off unless asked for
+    for bad in ({"idle_days": -1}, {"interval_seconds": 0}, {"batch": 0}):
+        with pytest.raises(SettingsError, match="retention"):
+            load_settings(env={}, overrides={"retention": bad})
