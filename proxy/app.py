@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from litestar import Litestar, Request, Response
 from litestar.di import Provide
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 
@@ -83,8 +83,16 @@ def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Respons
     type_, code = _HTTP_CODES.get(status, ("server_error" if status >= 500 else "invalid_request_error",
                                            f"http_{status}"))
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    param = None
+    if isinstance(exc, ValidationException) and isinstance(exc.extra, list) and exc.extra:
+        # say what was wrong, not only where: the first problem Litestar found, and its field
+        first = exc.extra[0] if isinstance(exc.extra[0], dict) else {}
+        if first.get("message"):
+            key = first.get("key")
+            param = key if isinstance(key, str) and key != "data" else None  # "data": the body as a whole
+            detail = f"{param}: {first['message']}" if param else str(first["message"])
     headers = dict(exc.headers) if exc.headers else None
-    return _json(status, error_body(detail, type_, code), headers)
+    return _json(status, error_body(detail, type_, code, param=param), headers)
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

@@ -124,6 +124,17 @@ def test_invalid_admin_bodies_are_400(proxy, upstream, key, cid, method, path, b
     assert set(err) == {"message", "type", "param", "code"} and err["code"] in ("invalid_request", "invalid_conversation_id")
 
 
+def test_a_validation_error_says_what_is_wrong_and_where(proxy, upstream, key, cid):
+    http = proxy.http(key)
+    err = http.get("/admin/conversations", params={"limit": 0}).json()["error"]
+    assert err["param"] == "limit" and err["message"].startswith("limit: Expected `int` >= 1")
+    say(proxy.openai(key), cid, user("x"))
+    err = http.put(f"/admin/conversations/{cid}/head", json={"node_id": 5}).json()["error"]
+    assert err["param"] == "node_id" and "got `int`" in err["message"]
+    err = http.put(f"/admin/conversations/{cid}/head", json={}).json()["error"]
+    assert err["param"] is None and "missing required field `node_id`" in err["message"]
+
+
 def test_head_and_switch_errors(proxy, upstream, key, cid):
     client, http = proxy.openai(key), proxy.http(key)
     say(client, cid, user("x"))
