@@ -23,8 +23,9 @@ log = logging.getLogger("branchpoint.retention")
 async def prune(ops: OpsStore, idle_days: float, batch: int, *, scan: int = 5000,
                 on_batch: Callable[[Pruned], None] | None = None) -> Pruned:
     """One pass: delete every conversation idle for ``idle_days``, ``batch`` per transaction
-    (``on_batch`` hears of each); returns the totals. Candidates are read ``scan`` at a time in the order of their last update
-    (one scan of the conversations table each), so a pass costs a few scans however many are idle."""
+    (``on_batch`` hears of each); returns the totals. Candidates are read ``scan`` at a time in
+    the order of their last update (one scan of the conversations table each), so a pass costs a
+    few scans however many are idle."""
     cutoff = datetime.now(UTC) - timedelta(days=idle_days)
     done = Pruned()
     after = None
