@@ -25,7 +25,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from config import Settings, SettingsError, load_settings
-from proxy.routes.admin import Node
+from proxy.routes.admin import exported
 
 __all__ = ["main"]
 
@@ -308,10 +308,6 @@ def show(conversation_id: str, config_file: str | None, tenant: str | None) -> N
     _console().print(tree)
 
 
-class _ExportNode(Node, omit_defaults=False):
-    head: bool = False
-
-
 @conversations.command("export")
 @click.argument("conversation_id")
 @_config_option
@@ -322,7 +318,6 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
     """The whole tree as JSON Lines: one object per node, oldest first, parent ids kept."""
     settings = _settings(config_file)
     encoder = msgspec.json.Encoder()
-    fields = [f for f in _ExportNode.__struct_fields__ if f not in ("head", "object")]
 
     async def go(write: Callable[[bytes], Any]) -> int:
         async with _database(settings) as db:
@@ -333,8 +328,7 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
                           console=_console(stderr=True), transient=True, disable=output == "-") as progress:
                 task = progress.add_task("export", total=total)
                 async for row in store.export(conv):
-                    node = _ExportNode(**{f: getattr(row, f) for f in fields}, head=row.id == conv.head_node_id)
-                    write(encoder.encode(node) + b"\n")
+                    write(encoder.encode(exported(row, conv.head_node_id)) + b"\n")
                     count += 1
                     progress.update(task, completed=count)
             return count

@@ -90,11 +90,19 @@ class AdminStore:
         return rows(NodeRow, await self.db.fetch(queries.CHILDREN, node.tree_id, node.id, node.tenant))
 
     async def export(self, conv: ConversationRow, batch: int = 500) -> AsyncIterator[NodeRow]:
-        """Every node of the conversation, oldest first, streamed through a cursor."""
+        """Every node of the conversation, oldest first, read ``batch`` at a time: no connection
+        is held while the caller writes a page out (to a slow client, say). A node made meanwhile
+        comes at the end, as it would have had the export started later."""
         visible = await self.visible_foreign(conv)
-        async with self.db.connection() as conn, conn.transaction():
-            async for record in conn.cursor(queries.EXPORT, conv.tree_id, conv.tenant, conv.id, visible, prefetch=batch):
-                yield NodeRow(*record)
+        after: tuple[datetime | None, uuid.UUID | None] = (None, None)
+        while True:
+            page = rows(NodeRow, await self.db.fetch(queries.EXPORT, conv.tree_id, conv.tenant, conv.id, visible,
+                                                     *after, batch))
+            for row in page:
+                yield row
+            if len(page) < batch:
+                return
+            after = (page[-1].created_at, page[-1].id)
 
     async def import_tree(self, tenant: str, conversation_id: str, nodes: list[dict[str, Any]],
                           head: uuid.UUID | None, compactions: int) -> int | None:

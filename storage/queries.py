@@ -192,11 +192,14 @@ SELECT {_NODE} FROM nodes n
 """
 
 # Every node of a conversation (and those of its source it can see), oldest first, all fields:
-# the export.  $1 tree, $2 tenant, $3 conversation, $4 visible foreign
+# the export, a page at a time.  $1 tree, $2 tenant, $3 conversation, $4 visible foreign,
+# $5 created_at and $6 id of the last node of the previous page (nulls: the first page), $7 page size
 EXPORT = f"""
 SELECT {_NODE} FROM nodes n
  WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))
+   AND ($5::timestamptz IS NULL OR (n.created_at, n.id) > ($5::timestamptz, $6::uuid))
  ORDER BY n.created_at, n.id
+ LIMIT $7
 """
 
 # Re-create an exported tree as a new conversation of a tenant: in the tree its name gives it

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from proxy.cli import main
 
-from .conftest import Db, make_settings, new_database, serve_proxy
+from .conftest import Db, make_settings, new_database, run, serve_proxy
 from .fakes import Reply, free_port
 from .helpers import MODEL, user
 
@@ -92,6 +92,36 @@ def test_conversations_export(populated, tmp_path):
     # to standard output too
     result = cli(url, "conversations", "export", "sales", "--tenant", tenant)
     assert len(result.output.strip().splitlines()) == 4
+
+
+def test_the_admin_api_exports_what_the_command_exports(populated, upstream_url):
+    """GET /admin/conversations/{id}/export: the same JSON Lines as the command (so the command
+    imports it), for the conversation's own tenant only; read a page at a time."""
+    url, first = populated
+    tenant = Db(url).fetchval("SELECT tenant FROM nodes WHERE id = $1", __import__("uuid").UUID(first))
+    expected = [json.loads(line) for line in cli(url, "conversations", "export", "sales", "--tenant", tenant).output.splitlines()]
+    with serve_proxy(make_settings(url, upstream_url)) as p:
+        r = p.http("sk-cli-owner").get("/admin/conversations/sales/export")
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("application/jsonl")
+        assert r.headers["content-disposition"] == 'attachment; filename="sales.jsonl"'
+        assert [json.loads(line) for line in r.text.splitlines()] == expected
+        other = p.http("sk-cli-other").get("/admin/conversations/sales-copy/export")
+        assert other.status_code == 404 and other.json()["error"]["code"] == "conversation_not_found"
+
+    async def pages(batch: int) -> list[str]:
+        from storage import AdminStore, open_database
+
+        db = await open_database(url, min_size=1, max_size=2)
+        try:
+            store = AdminStore(db)
+            conv = await store.conversation(tenant, "sales-copy")  # a fork: its source's nodes come too
+            return [str(row.id) async for row in store.export(conv, batch=batch)]
+        finally:
+            await db.close()
+
+    whole = run(pages(500))
+    assert len(whole) == 3 and run(pages(1)) == whole == run(pages(2))
 
 
 def test_check_reports_ok_then_a_violation(populated):

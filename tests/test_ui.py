@@ -424,6 +424,20 @@ def test_set_head_fork_compact_and_delete(ui, page, upstream):
     assert admin(ui).get(f"/admin/conversations/{fork_id}").json()["head_node_id"] == n["q1"]  # the fork keeps its context
 
 
+def test_export_downloads_the_whole_tree(ui, page):
+    cid, n = edited_conversation(ui)
+    open_conversation(page, ui, cid)
+    with page.expect_download() as download:
+        page.click(".toolbar >> text=Export")
+    assert download.value.suggested_filename == f"{cid}.jsonl"
+    lines = [json.loads(line) for line in Path(download.value.path()).read_text().splitlines()]
+    tree = admin(ui).get(f"/admin/conversations/{cid}/tree").json()["data"]
+    assert [line["id"] for line in lines] == [node["id"] for node in tree]  # every node, oldest first
+    assert [line["id"] for line in lines if line["head"]] == [head_of(ui, cid)]
+    assert all("sent" in line and "received" in line for line in lines)
+    expect(page.locator(".toolbar .status")).to_have_text("exported")
+
+
 def test_nodes_from_other_clients_appear_without_a_reload(ui, page):
     cid, n = edited_conversation(ui)
     open_conversation(page, ui, cid)

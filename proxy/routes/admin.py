@@ -19,6 +19,7 @@ import msgspec
 from litestar import Controller, Request, delete, get, post, put
 from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, JSONBody, Parameter
+from litestar.response import Stream
 from litestar.types import ASGIApp
 
 from storage import AdminStore, ConversationRow, NodeRow, uuid7
@@ -33,7 +34,7 @@ from ..upstream import UpstreamClient, target_of
 from .common import valid_conversation_id
 from .docs import errors
 
-__all__ = ["AdminController"]
+__all__ = ["AdminController", "ExportedNode", "exported"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -156,6 +157,17 @@ _TREE_FIELDS = tuple(f for f in TreeNode.__struct_fields__ if f != "object")
 
 def _node(row: NodeRow, cls: type[Node] = Node, **extra: Any) -> Node:
     return cls(**{f: getattr(row, f) for f in _NODE_FIELDS}, **extra)
+
+
+class ExportedNode(Node, omit_defaults=False):
+    """A line of an export (``GET .../export``, ``branchpoint conversations export``): every field
+    of the node, and whether it is the conversation's head -- what an import needs."""
+
+    head: bool = False
+
+
+def exported(row: NodeRow, head: uuid.UUID | None) -> ExportedNode:
+    return _node(row, ExportedNode, head=row.id == head)  # type: ignore[return-value]
 
 
 def _conversation(row: ConversationRow, reach: Reach) -> Conversation:
@@ -301,6 +313,19 @@ class AdminController(Controller):
             data=[_node(r, PathNode, sibling_index=r.sibling_index, sibling_count=r.sibling_count) for r in rows],
             head_node_id=conv.head_node_id,
         )
+
+    @get("/conversations/{conversation_id:str}/export", responses=errors(),
+         summary="The whole tree as JSON Lines, oldest first (what `branchpoint conversations import` reads)")
+    async def export_conversation(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore],
+                                  conversation_id: FromPath[str]) -> Stream:
+        conv = await _conversation_row(admin, reach, conversation_id)
+
+        async def lines() -> Any:
+            async for row in admin.export(conv):
+                yield _encode(exported(row, conv.head_node_id)) + b"\n"
+
+        return Stream(lines(), media_type="application/jsonl",
+                      headers={"content-disposition": f'attachment; filename="{conv.id}.jsonl"'})
 
     @get("/conversations/{conversation_id:str}/tree", summary="Every node of the conversation", responses=errors())
     async def whole_tree(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> TreeList:

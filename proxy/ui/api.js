@@ -80,6 +80,8 @@ export class Api {
   fork(id, node) { return this.json("POST", `/admin/conversations/${enc(id)}/fork`, { node_id: node }); }
   compact(id) { return this.json("POST", `/admin/conversations/${enc(id)}/compact`); }
   remove(id) { return this.json("DELETE", `/admin/conversations/${enc(id)}`); }
+  // The whole tree as JSON Lines (what `branchpoint conversations import` reads), as a Blob.
+  async exportTree(id) { return (await this.raw("GET", `/admin/conversations/${enc(id)}/export`)).blob(); }
 
   async request(node) {
     const response = await this.raw("GET", `/admin/nodes/${enc(node)}/request`);

@@ -174,6 +174,7 @@ class ConversationView {
       el("div", { class: "toolbar" }, this.meta, el("span", { class: "spacer" }), this.status,
         el("button", { onclick: () => this.reload() }, "Refresh"),
         el("button", { onclick: () => this.compact() }, "Compact now"),
+        el("button", { onclick: () => this.download() }, "Export"),
         el("button", { class: "danger", onclick: () => this.confirmDelete() }, "Delete…")),
       el("div", { class: "workspace" },
         el("div", { class: "graph-pane" }, el("div", { class: "legend" },
@@ -327,6 +328,22 @@ class ConversationView {
       const result = await this.api.compact(this.id);
       this.say(result.compacted ? "compacted" : `not compacted: ${result.reason ?? "nothing to do"}`);
       await this.reload();
+    } catch (error) {
+      this.failed(error);
+    }
+  }
+
+  // The export needs the bearer key, so a plain link cannot fetch it: fetch, then save the Blob.
+  async download() {
+    this.say("exporting…");
+    try {
+      const blob = await this.api.exportTree(this.id);
+      const link = el("a", { href: URL.createObjectURL(blob), download: `${this.id}.jsonl` });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
+      this.say("exported");
     } catch (error) {
       this.failed(error);
     }
