@@ -342,57 +342,6 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
         _console(stderr=True).print(f"exported {count} node(s) to {output}")
 
 
-def _outcome_of(node: dict[str, Any]) -> str | None:
-    """A node's outcome; exports made before it was a field of its own carry it in the error."""
-    if node.get("outcome"):
-        return node["outcome"]
-    if node.get("status") == "success":
-        return "success"
-    if node.get("status") == "failed":
-        error = node.get("error") or {}
-        return error.get("kind") or "transient"
-    return None
-
-
-def remap_export(lines: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Any, int]:
-    """An export made importable: fresh node ids (parents and compaction origins follow), calls
-    that were still pending marked interrupted. Returns (nodes, new head, compaction count)."""
-    from proxy.responses.items import to_messages
-    from storage import uuid7
-    from storage.transcript import node_keys
-
-    ids = {str(n["id"]): uuid7() for n in lines}
-    head = None
-    nodes = []
-    for n in lines:
-        for ref in ("parent_id", "compacted_from"):
-            if n.get(ref) is not None and str(n[ref]) not in ids:
-                raise click.ClickException(f"node {n['id']} refers to {n[ref]}, which is not in the file")
-        node = {k: n.get(k) for k in ("kind", "sent", "received", "model", "provider", "params", "usage",
-                                      "finish_reason", "error", "depth", "created_at", "finished_at")}
-        node["api"] = n.get("api") or "chat"
-        node["outcome"] = _outcome_of(n)
-        node["id"] = ids[str(n["id"])]
-        node["parent_id"] = ids[str(n["parent_id"])] if n.get("parent_id") else None
-        node["compacted_from"] = ids[str(n["compacted_from"])] if n.get("compacted_from") else None
-        if node["outcome"] is None:  # still pending when exported
-            node["outcome"] = "transient"
-            node["error"] = {"type": "interrupted", "code": "interrupted", "status": None,
-                             "message": "still in flight when exported"}
-            node["finished_at"] = node["finished_at"] or node["created_at"]
-        if n.get("head"):
-            head = node["id"]
-        nodes.append(node)
-    def as_messages(node: dict[str, Any], items: list[Any]) -> list[Any]:
-        return to_messages(items, node.get("provider")) if node.get("api") == "responses" else items
-
-    keys = node_keys(nodes, as_messages)  # what each node is matched by, computed from its items
-    for node in nodes:
-        k = keys[node["id"]]
-        node.update(chain=k.chain.hex(), answered=k.answered, system_hash=k.system_hash.hex() if k.system_hash else None)
-    return nodes, head, sum(1 for n in nodes if n["kind"] == "compaction")
-
-
 @conversations.command("import")
 @click.argument("file", type=click.File("rb"))
 @click.option("--as", "conversation_id", required=True, help="The id of the new conversation.")
@@ -404,6 +353,7 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
     from proxy.auth import key_hash
     from proxy.errors import BranchpointError
     from proxy.routes.common import valid_conversation_id
+    from proxy.transfer import NotAnExport, prepare_import
     from storage import AdminStore
 
     if (tenant is None) == (key is None):
@@ -414,15 +364,15 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
     except BranchpointError as exc:
         raise click.ClickException(exc.message) from None
     try:
-        lines = [msgspec.json.decode(line) for line in file if line.strip()]
-    except msgspec.DecodeError as exc:
-        raise click.ClickException(f"not an export (JSON Lines): {exc}") from None
-    nodes, head, compactions = remap_export(lines)
+        prepared = prepare_import(file.read())
+    except NotAnExport as exc:
+        raise click.ClickException(f"not an export this proxy can import: {exc}") from None
     settings = _settings(config_file)
 
     async def go() -> int | None:
         async with _database(settings) as db:
-            return await AdminStore(db).import_tree(tenant, conversation_id, nodes, head, compactions)
+            return await AdminStore(db).import_tree(tenant, conversation_id, prepared.nodes, prepared.head,
+                                                    prepared.compactions)
 
     written = _run(go())
     if written is None:

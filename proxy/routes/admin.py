@@ -1,5 +1,5 @@
 """The admin API (docs/behaviour.md#admin-api): read the tree, move the head, switch branches,
-fork, delete, compact, replay a node's request.
+fork, delete, compact, replay a node's request, export and import a tree (``proxy.transfer``).
 
 Same auth as the chat endpoint, scoped to the caller's tenant: an id of another tenant answers 404
 exactly like an id that does not exist. Lists use OpenAI's list shape with a ``next_cursor``.
@@ -7,6 +7,7 @@ exactly like an id that does not exist. Lists use OpenAI's list shape with a ``n
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -28,8 +29,9 @@ from ..assembly import Target
 from ..auth import Caller
 from ..builder import RequestBuilder
 from ..compaction import Compactor
-from ..errors import ConversationNotFound, InvalidConversationId, InvalidRequest, NodeNotFound
+from ..errors import Conflict, ConversationNotFound, InvalidConversationId, InvalidRequest, NodeNotFound
 from ..http import RawResponse
+from ..transfer import NotAnExport, prepare_import
 from ..upstream import UpstreamClient, target_of
 from .common import valid_conversation_id
 from .docs import errors
@@ -297,6 +299,20 @@ class AdminController(Controller):
         new_id = _cid(data.conversation_id) if data.conversation_id is not None else f"{source[:90]}.fork-{uuid7().hex[-12:]}"
         await admin.fork(reach.tenant, source, new_id, data.node_id)
         return _conversation(await _conversation_row(admin, reach, new_id), reach)
+
+    @post("/conversations/{conversation_id:str}/import", status_code=201, responses=errors(),
+          summary="Re-create an export (JSON Lines) as a new conversation of this id (new node ids)")
+    async def import_conversation(self, request: Request[Any, Any, Any], reach: NamedDependency[Reach],
+                                  admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> Conversation:
+        cid = _cid(conversation_id)
+        body = await request.body()
+        try:  # (in a thread: a big export takes a while to check, and calls go on meanwhile)
+            prepared = await asyncio.to_thread(prepare_import, body)
+        except NotAnExport as exc:
+            raise InvalidRequest(f"not an export this proxy can import: {exc}", param="body") from None
+        if await admin.import_tree(reach.tenant, cid, prepared.nodes, prepared.head, prepared.compactions) is None:
+            raise Conflict(f"conversation {cid!r} already exists", code="conversation_exists", param="conversation_id")
+        return _conversation(await _conversation_row(admin, reach, cid), reach)
 
     @post("/conversations/{conversation_id:str}/compact", status_code=200, summary="Compact the head path now", responses=errors())
     async def compact(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], compactor: NamedDependency[Compactor],

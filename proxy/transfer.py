@@ -1,0 +1,156 @@
+"""Exports and imports of a conversation's tree (docs/behaviour.md#export-and-import).
+
+An export is JSON Lines, one node a line, oldest first, every field of the node and ``head`` on
+the conversation's head (``proxy.routes.admin.ExportedNode``). An import re-creates such a file as
+a new conversation: fresh node ids (parents and compaction origins follow), calls that were still
+in flight marked interrupted, and each node's matching keys computed from its items.
+
+An import may come from anyone with a key (``POST /admin/conversations/{id}/import``), so the file
+is checked whole before anything is written: a node the tree's rules, the assembly or the
+database could not take is refused (``NotAnExport``, a 400), never stored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+from storage import uuid7
+from storage.transcript import node_keys
+
+from .responses.items import to_messages
+
+__all__ = ["NotAnExport", "Prepared", "prepare_import"]
+
+_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_HEAD_KINDS = frozenset({"turn", "compaction"})
+_HEAD_OUTCOMES = frozenset({"success", "transient"})
+
+
+class NotAnExport(ValueError):
+    """The file is not an export this proxy can import; the message says where and why."""
+
+
+class _Line(msgspec.Struct, forbid_unknown_fields=False):
+    """One line of an export, as far as an import reads it (other fields, e.g. ``object`` or
+    ``conversation_id``, are ignored)."""
+
+    id: uuid.UUID
+    kind: Literal["turn", "transform", "compaction"]
+    sent: list[dict[str, Any]]
+    created_at: datetime
+    parent_id: uuid.UUID | None = None
+    compacted_from: uuid.UUID | None = None
+    outcome: Literal["success", "transient", "overflow", "invalid"] | None = None
+    status: str | None = None  # exports made before outcome was a field of its own
+    received: list[dict[str, Any]] | None = None
+    model: str | None = None
+    provider: str | None = None
+    params: dict[str, Any] = msgspec.field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: dict[str, Any] | None = None
+    finished_at: datetime | None = None
+    api: Literal["chat", "responses"] = "chat"
+    head: bool = False
+
+
+_decode_line = msgspec.json.Decoder(_Line).decode
+
+
+@dataclass(frozen=True)
+class Prepared:
+    nodes: list[dict[str, Any]]  # ready for AdminStore.import_tree
+    head: uuid.UUID | None
+    compactions: int
+
+
+def _outcome(line: _Line) -> str | None:
+    """A node's outcome; exports made before it was a field of its own carry it in the status."""
+    if line.outcome is not None:
+        return line.outcome
+    if line.status == "success":
+        return "success"
+    if line.status == "failed":
+        kind = (line.error or {}).get("kind")
+        return kind if kind in ("transient", "overflow", "invalid") else "transient"
+    return None
+
+
+def _text(value: str | None) -> str | None:
+    return value.replace("\x00", "") if value is not None and "\x00" in value else value  # text columns
+
+
+def _check_items(where: str, items: list[dict[str, Any]], api: str) -> None:
+    if api != "chat":
+        return
+    for i, item in enumerate(items):
+        if item.get("role") not in _CHAT_ROLES:
+            raise NotAnExport(f"{where}[{i}]: a chat message needs a role of {sorted(_CHAT_ROLES)}")
+
+
+def prepare_import(data: bytes) -> Prepared:
+    """Read an export (JSON Lines) and make it importable, or raise ``NotAnExport``."""
+    lines: list[_Line] = []
+    for number, raw in enumerate(data.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            lines.append(_decode_line(raw))
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise NotAnExport(f"line {number}: {exc}") from None
+    if not lines:
+        raise NotAnExport("the export holds no node")
+
+    ids: dict[uuid.UUID, uuid.UUID] = {}
+    depth: dict[uuid.UUID, int] = {}
+    nodes: list[dict[str, Any]] = []
+    head: uuid.UUID | None = None
+    for number, line in enumerate(lines, 1):
+        where = f"line {number} (node {line.id})"
+        if line.id in ids:
+            raise NotAnExport(f"{where}: the node appears twice")
+        for ref in (line.parent_id, line.compacted_from):
+            if ref is not None and ref not in ids:  # exports are oldest first: what a node refers to came before it
+                raise NotAnExport(f"{where}: refers to {ref}, which is not on an earlier line")
+        if (line.kind == "compaction") != (line.compacted_from is not None) or (line.kind == "compaction" and line.parent_id):
+            raise NotAnExport(f"{where}: a compaction node, and only it, has compacted_from and no parent")
+        _check_items(f"{where} sent", line.sent, line.api)
+        _check_items(f"{where} received", line.received or [], line.api)
+        outcome, error, finished_at = _outcome(line), line.error, line.finished_at
+        if outcome is None:  # still in flight when exported
+            outcome = "transient"
+            error = {"type": "interrupted", "code": "interrupted", "status": None,
+                     "message": "still in flight when exported"}
+            finished_at = finished_at or line.created_at
+        ids[line.id] = new_id = uuid7()
+        depth[line.id] = 0 if line.parent_id is None else depth[line.parent_id] + 1
+        if line.head:
+            if head is not None:
+                raise NotAnExport(f"{where}: a second head")
+            if line.kind not in _HEAD_KINDS or outcome not in _HEAD_OUTCOMES:
+                raise NotAnExport(f"{where}: a {line.kind} node that is {outcome} cannot be the head")
+            head = new_id
+        nodes.append({
+            "id": new_id,
+            "parent_id": ids[line.parent_id] if line.parent_id else None,
+            "compacted_from": ids[line.compacted_from] if line.compacted_from else None,
+            "kind": line.kind, "outcome": outcome, "sent": line.sent,
+            "received": line.received,
+            "model": _text(line.model), "provider": _text(line.provider), "params": line.params, "usage": line.usage,
+            "finish_reason": _text(line.finish_reason), "error": error, "depth": depth[line.id],
+            "created_at": line.created_at, "finished_at": finished_at, "api": line.api,
+        })
+
+    def as_messages(node: dict[str, Any], items: list[Any]) -> list[Any]:
+        return to_messages(items, node.get("provider")) if node.get("api") == "responses" else items
+
+    keys = node_keys(nodes, as_messages)  # what each node is matched by, computed from its items
+    for node in nodes:
+        k = keys[node["id"]]
+        node.update(chain=k.chain.hex(), answered=k.answered, system_hash=k.system_hash.hex() if k.system_hash else None)
+    return Prepared(nodes, head, sum(1 for n in nodes if n["kind"] == "compaction"))
