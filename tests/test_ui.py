@@ -438,6 +438,31 @@ def test_export_downloads_the_whole_tree(ui, page):
     expect(page.locator(".toolbar .status")).to_have_text("exported")
 
 
+def test_import_makes_a_new_conversation_of_an_export(ui, page, tmp_path):
+    cid, n = edited_conversation(ui)
+    exported = tmp_path / f"{cid}.jsonl"
+    exported.write_bytes(admin(ui).get(f"/admin/conversations/{cid}/export").content)
+    sign_in(page, ui)
+    expect(page.locator("table")).to_be_visible()
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.default_value), dialog.accept(f"{cid}-again")))
+    page.set_input_files("input[type=file]", str(exported))
+    expect(page).to_have_url(re.compile(rf"#/c/{re.escape(cid)}-again$"))
+    assert asked == [f"{cid}-imported"]  # the file's name is offered
+    expect(page.locator(".graph .node")).to_have_count(3)
+    expect(page.locator(".messages")).to_contain_text("And of Spain?")
+    assert admin(ui).get(f"/admin/conversations/{cid}-again").json()["node_count"] == 3
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("this is no export\n")
+    page.goto(f"{ui.url}/ui/#/")
+    expect(page.locator("table")).to_be_visible()
+    page.once("dialog", lambda dialog: dialog.accept(f"{cid}-bad"))
+    page.set_input_files("input[type=file]", str(bad))
+    expect(page.locator(".list .notice")).to_contain_text("not an export this proxy can import")
+    assert admin(ui).get(f"/admin/conversations/{cid}-bad").status_code == 404
+
+
 def test_nodes_from_other_clients_appear_without_a_reload(ui, page):
     cid, n = edited_conversation(ui)
     open_conversation(page, ui, cid)

@@ -82,6 +82,17 @@ export class Api {
   remove(id) { return this.json("DELETE", `/admin/conversations/${enc(id)}`); }
   // The whole tree as JSON Lines (what `branchpoint conversations import` reads), as a Blob.
   async exportTree(id) { return (await this.raw("GET", `/admin/conversations/${enc(id)}/export`)).blob(); }
+  // An export (a File or Blob) re-created as the new conversation `id`.
+  async importTree(id, file) {
+    const response = await fetch(`${ROOT}/admin/conversations/${enc(id)}/import`, {
+      method: "POST", body: file, headers: { Authorization: `Bearer ${this.key}`, "Content-Type": "application/jsonl" },
+    });
+    if (!response.ok) {
+      const error = await response.json().catch(() => ({ error: {} }));
+      throw new ApiError(response.status, error.error?.message || `${response.status} ${response.statusText}`, error.error?.code);
+    }
+    return response.json();
+  }
 
   async request(node) {
     const response = await this.raw("GET", `/admin/nodes/${enc(node)}/request`);

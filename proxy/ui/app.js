@@ -93,8 +93,11 @@ class ListView {
       clearTimeout(timer);
       timer = setTimeout(() => this.reset(), 250);
     });
+    this.file = el("input", { type: "file", accept: ".jsonl,application/jsonl", "aria-label": "export file", hidden: true,
+      onchange: () => this.importFile() });
     fill(main, el("div", { class: "list" },
-      el("div", { class: "row" }, this.search, el("button", { onclick: () => this.reset() }, "Refresh")),
+      el("div", { class: "row" }, this.search, el("button", { onclick: () => this.reset() }, "Refresh"),
+        el("span", { class: "spacer" }), this.file, el("button", { onclick: () => this.file.click() }, "Import…")),
       el("table", {}, el("thead", {}, el("tr", {}, ...["conversation", "nodes", "state", "created", "updated"].map((h) => el("th", {}, h)))), this.rows),
       this.more, this.status));
     this.reset();
@@ -102,6 +105,23 @@ class ListView {
   }
 
   stop() {}
+
+  // An export file (from the Export button or `branchpoint conversations export`) becomes a new
+  // conversation; its id is asked for, the file's name offered.
+  async importFile() {
+    const file = this.file.files[0];
+    this.file.value = "";
+    if (!file) return;
+    const id = prompt("Id of the new conversation:", file.name.replace(/\.jsonl$/, "") + "-imported");
+    if (!id) return;
+    this.status.textContent = "importing…";
+    try {
+      const conv = await api.importTree(id.trim(), file);
+      location.hash = conversationLink(conv.id, null);
+    } catch (error) {
+      if (!refused(error)) this.status.textContent = error.message;
+    }
+  }
 
   reset() {
     this.cursor = null;
