@@ -41,7 +41,9 @@ export class Api {
       path += `${path.includes("?") ? "&" : "?"}tenant=${enc(this.tenant)}`;
     }
     const init = { method, headers: { Authorization: `Bearer ${this.key}`, ...headers } };
-    if (body !== undefined) {
+    if (body instanceof Blob) {
+      init.body = body; // a file, sent as it is (an import)
+    } else if (body !== undefined) {
       init.body = JSON.stringify(body);
       init.headers["Content-Type"] = "application/json";
     }
@@ -84,14 +86,8 @@ export class Api {
   async exportTree(id) { return (await this.raw("GET", `/admin/conversations/${enc(id)}/export`)).blob(); }
   // An export (a File or Blob) re-created as the new conversation `id`.
   async importTree(id, file) {
-    const response = await fetch(`${ROOT}/admin/conversations/${enc(id)}/import`, {
-      method: "POST", body: file, headers: { Authorization: `Bearer ${this.key}`, "Content-Type": "application/jsonl" },
-    });
-    if (!response.ok) {
-      const error = await response.json().catch(() => ({ error: {} }));
-      throw new ApiError(response.status, error.error?.message || `${response.status} ${response.statusText}`, error.error?.code);
-    }
-    return response.json();
+    return (await this.raw("POST", `/admin/conversations/${enc(id)}/import`, file,
+      { "Content-Type": "application/jsonl" })).json();
   }
 
   async request(node) {
