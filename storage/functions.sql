@@ -45,6 +45,24 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_kind IN ('turn', 'compaction') AND p_outcome IN ('success', 'transient')
 $$;
 
+-- bp_token_count(usage, key, other key): a token count of a node's reported usage -- the number
+-- at `key`, else at `other key` (chat calls report prompt/completion tokens, Responses calls
+-- input/output), else null. Anything but a JSON number (an upstream's odd answer) counts as none.
+CREATE OR REPLACE FUNCTION bp_token_count(p_usage jsonb, p_key text, p_other text)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN jsonb_typeof(p_usage -> p_key) = 'number' THEN (p_usage ->> p_key)::numeric
+                WHEN jsonb_typeof(p_usage -> p_other) = 'number' THEN (p_usage ->> p_other)::numeric END
+$$;
+
+-- bp_token_total(sum): a sum of token counts as a bigint (0 for none; held within bigint's range
+-- whatever an upstream reported).
+CREATE OR REPLACE FUNCTION bp_token_total(p_sum numeric)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT greatest(least(coalesce(p_sum, 0), 9223372036854775807), -9223372036854775808)::bigint
+$$;
+
 -- bp_refuse(code, message): raise a refusal (see the table above).
 CREATE OR REPLACE FUNCTION bp_refuse(p_code text, p_message text)
 RETURNS void

@@ -62,6 +62,8 @@ class ConversationRow(msgspec.Struct, frozen=True):
     updated_at: datetime
     busy: bool  # a turn call holds a live lease
     node_count: int  # nodes this conversation made
+    prompt_tokens: int  # summed over those nodes' reported usage (input tokens of Responses calls)
+    completion_tokens: int  # (output tokens of Responses calls)
 
 
 class NodeRow(msgspec.Struct, frozen=True):

@@ -64,27 +64,37 @@ SELECT head_node_id, (lease_node_id IS NOT NULL AND lease_until > now()) AS busy
 
 # ---- admin API --------------------------------------------------------------------------------
 
-_CONVERSATION = f"""
-SELECT {columns(ConversationRow, "c", skip=("busy", "node_count"))},
+def _conversations(chosen: str, order: str = "") -> str:
+    """Conversation rows with their counts: the conversations ``chosen`` (a query over
+    ``conversations``: a filter, an order, a limit) first, the counts only for those."""
+    return f"""
+SELECT {columns(ConversationRow, "c", skip=("busy", "node_count", "prompt_tokens", "completion_tokens"))},
        (c.lease_node_id IS NOT NULL AND c.lease_until > now()) AS busy,
-       (SELECT count(*) FROM nodes n WHERE n.tenant = c.tenant AND n.conversation_id = c.id
-                                        AND n.tree_id = c.tree_id) AS node_count
-  FROM conversations c
+       s.node_count, s.prompt_tokens, s.completion_tokens
+  FROM ({chosen}) c
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS node_count,
+              bp_token_total(sum(bp_token_count(n.usage, 'prompt_tokens', 'input_tokens'))) AS prompt_tokens,
+              bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))) AS completion_tokens
+         FROM nodes n WHERE n.tenant = c.tenant AND n.conversation_id = c.id AND n.tree_id = c.tree_id) s
+ {order}
 """
 
-# One conversation.  $1 tenant, $2 conversation
-CONVERSATION = _CONVERSATION + " WHERE c.tree_id = bp_conversation_tree($1, $2) AND c.tenant = $1 AND c.id = $2"
+
+# One conversation, with its node count and token usage.  $1 tenant, $2 conversation
+CONVERSATION = _conversations(
+    "SELECT * FROM conversations WHERE tree_id = bp_conversation_tree($1, $2) AND tenant = $1 AND id = $2")
 
 # A page of conversations, newest first, after the cursor (created_at, id), optionally only ids
 # containing a search string (case-insensitive).
 # $1 tenant (null: every tenant -- admin keys), $2 cursor created_at (null: first page), $3 cursor id, $4 limit,
 # $5 search (null: all)
-CONVERSATIONS_PAGE = _CONVERSATION + """
+CONVERSATIONS_PAGE = _conversations("""
+SELECT * FROM conversations c
  WHERE ($1::text IS NULL OR c.tenant = $1) AND ($2::timestamptz IS NULL OR (c.created_at, c.id) < ($2, $3))
    AND ($5::text IS NULL OR strpos(lower(c.id), lower($5)) > 0)
  ORDER BY c.created_at DESC, c.id DESC
- LIMIT $4
-"""
+ LIMIT $4""", order="ORDER BY c.created_at DESC, c.id DESC")
 
 # The tenants that have a conversation of this id (the CLI resolves an id without a tenant).  $1 id
 TENANTS_OF = "SELECT tenant FROM conversations WHERE id = $1 ORDER BY tenant"

@@ -43,6 +43,30 @@ def test_get_conversation_fields(proxy, upstream, key, cid):
     assert proxy.http("sk-stranger").get(f"/admin/conversations/{cid}").status_code == 404
 
 
+def test_a_conversation_counts_the_tokens_of_all_its_calls(proxy, upstream, key, cid):
+    """usage: what the upstreams reported for every call -- turns, side calls, a failed call that
+    reported some, a Responses call (input/output tokens); an odd report counts as none."""
+    client, http = proxy.openai(key), proxy.http(key)
+    upstream.enqueue(Reply(usage={"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}),
+                     Reply(usage={"prompt_tokens": 130, "completion_tokens": 5, "total_tokens": 135}),
+                     Reply(usage={"prompt_tokens": "many", "completion_tokens": None}))
+    say(client, cid, user("hi"))
+    say(client, cid, user("a title?"), kind="transform")
+    say(client, cid, user("again"))
+    upstream.enqueue(Reply(kind="stream", pieces=["par", "tial"], cut_after=2))
+    with pytest.raises(Exception):  # noqa: B017 -- the cut stream
+        list(client.chat.completions.create(model=MODEL, messages=[user("streamed")], stream=True,
+                                            extra_headers={"X-Conversation-Id": cid}))
+    upstream.enqueue(Reply(usage={"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}))  # a chat upstream
+    client.responses.create(model=MODEL, input="and in the other API", extra_headers={"X-Conversation-Id": cid})
+    assert http.get(f"/admin/conversations/{cid}/tree").json()["data"][-1]["usage"]["output_tokens"] == 3  # stored so
+    c = http.get(f"/admin/conversations/{cid}").json()
+    assert c["node_count"] == 5
+    assert c["usage"] == {"prompt_tokens": 237, "completion_tokens": 28, "total_tokens": 265}
+    listed = next(x for x in http.get("/admin/conversations").json()["data"] if x["id"] == cid)
+    assert listed["usage"] == c["usage"]
+
+
 def test_node_children_tree_and_path(proxy, upstream, key, cid):
     client, http = proxy.openai(key), proxy.http(key)
     _, a = say(client, cid, user("root question"), temperature=0.5)

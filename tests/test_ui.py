@@ -207,8 +207,12 @@ def test_conversation_list_newest_first_search_and_paging(ui, page):
     expect(page.locator("text=Load more")).to_be_hidden()
     page.fill("input[type=search]", f"list-{marker}-07")
     expect(rows).to_have_count(1)
+    total = admin(ui).get(f"/admin/conversations/list-{marker}-07").json()["usage"]["total_tokens"]
+    assert total > 0
+    expect(rows.first.locator("td").nth(2)).to_have_text(f"{total:,}")  # the tokens column
     rows.first.locator("a").click()
     expect(page.locator(".toolbar .meta")).to_contain_text(f"list-{marker}-07")
+    expect(page.locator(".toolbar .meta .tokens")).to_have_text(f" · {total:,} tokens")
 
 
 def test_a_branched_conversation_and_its_arrows_move_the_head(ui, page):

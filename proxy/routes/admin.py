@@ -59,6 +59,15 @@ class ForkRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     node_id: uuid.UUID | None = None
 
 
+class Usage(msgspec.Struct):
+    """Tokens the upstreams reported for every call of a conversation (side calls, failed calls
+    that reported usage and compaction's summaries included)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
 class Conversation(msgspec.Struct, omit_defaults=True):
     id: str
     head_node_id: uuid.UUID | None
@@ -67,6 +76,7 @@ class Conversation(msgspec.Struct, omit_defaults=True):
     created_at: datetime
     updated_at: datetime
     object: str
+    usage: Usage | None = None
     forked_from: str | None = None  # set on forks
     fork_node_id: uuid.UUID | None = None
     tenant: str | None = None  # shown to admin keys only
@@ -173,8 +183,9 @@ def exported(row: NodeRow, head: uuid.UUID | None) -> ExportedNode:
 
 
 def _conversation(row: ConversationRow, reach: Reach) -> Conversation:
+    usage = Usage(row.prompt_tokens, row.completion_tokens, row.prompt_tokens + row.completion_tokens)
     return Conversation(id=row.id, head_node_id=row.head_node_id, node_count=row.node_count, busy=row.busy,
-                        created_at=row.created_at, updated_at=row.updated_at, object="conversation",
+                        created_at=row.created_at, updated_at=row.updated_at, object="conversation", usage=usage,
                         forked_from=row.forked_from, fork_node_id=row.fork_node_id,
                         tenant=row.tenant if reach.caller.admin else None)
 

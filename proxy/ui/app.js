@@ -98,7 +98,7 @@ class ListView {
     fill(main, el("div", { class: "list" },
       el("div", { class: "row" }, this.search, el("button", { onclick: () => this.reset() }, "Refresh"),
         el("span", { class: "spacer" }), this.file, el("button", { onclick: () => this.file.click() }, "Import…")),
-      el("table", {}, el("thead", {}, el("tr", {}, ...["conversation", "nodes", "state", "created", "updated"].map((h) => el("th", {}, h)))), this.rows),
+      el("table", {}, el("thead", {}, el("tr", {}, ...["conversation", "nodes", "tokens", "state", "created", "updated"].map((h) => el("th", {}, h)))), this.rows),
       this.more, this.status));
     this.reset();
     this.search.focus();
@@ -145,6 +145,7 @@ class ListView {
         el("td", {}, el("a", { href: open }, c.id), c.tenant ? el("span", { class: "badge" }, `tenant ${c.tenant}`) : null,
           c.forked_from ? el("span", { class: "badge" }, `fork of ${c.forked_from}`) : null),
         el("td", {}, String(c.node_count)),
+        el("td", {}, c.usage ? c.usage.total_tokens.toLocaleString() : ""),
         el("td", {}, c.busy ? el("span", { class: "badge" }, "call in flight") : ""),
         el("td", {}, new Date(c.created_at).toLocaleString()),
         el("td", {}, new Date(c.updated_at).toLocaleString())));
@@ -247,6 +248,9 @@ class ConversationView {
     this.path = path.data;
     this.signature = this.signatureOf(conv);
     fill(this.meta, el("strong", {}, conv.id), ` · ${conv.node_count} nodes`,
+      conv.usage?.total_tokens ? el("span", { class: "tokens", title: `prompt ${conv.usage.prompt_tokens.toLocaleString()}, `
+        + `completion ${conv.usage.completion_tokens.toLocaleString()} (every call, side calls included)` },
+      ` · ${conv.usage.total_tokens.toLocaleString()} tokens`) : null,
       conv.busy ? el("span", { class: "badge" }, "call in flight") : null,
       conv.forked_from ? [" · fork of ", el("a", { href: conversationLink(conv.forked_from, this.tenant) }, conv.forked_from)] : null,
       this.tenant ? el("span", { class: "badge" }, `tenant ${this.tenant}`) : null);
