@@ -24,7 +24,7 @@ from .errors import (
 )
 from .ids import uuid7
 from .migrate import latest_version, migrate
-from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, Pruned, TreeRow
+from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, Pruned, TreeRow, UsageRow
 from .ops import OpsStore
 from .pathcache import PathCache
 from .tree import Begun, ContextMode, ParentMode, TreeStore
@@ -56,6 +56,7 @@ __all__ = [
     "StorageUnavailable",
     "TreeRow",
     "TreeStore",
+    "UsageRow",
     "latest_version",
     "migrate",
     "open_database",

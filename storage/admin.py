@@ -13,7 +13,7 @@ from typing import Any
 from . import queries
 from .database import Database
 from .ids import uuid7
-from .model import ConversationRow, NodeRow, PathRow, TreeRow, rows
+from .model import ConversationRow, NodeRow, PathRow, TreeRow, UsageRow, rows
 
 __all__ = ["AdminStore"]
 
@@ -52,6 +52,11 @@ class AdminStore:
         row = await self.db.fetchrow(queries.DELETE_CONVERSATION, tenant, conversation_id)
         assert row is not None
         return row["deleted"], row["kept"]
+
+    async def usage(self, tenant: str | None, since: datetime, until: datetime) -> list[UsageRow]:
+        """Token usage by tenant and model of the calls made in ``[since, until)`` in the
+        conversations of ``tenant`` (None: every tenant)."""
+        return rows(UsageRow, await self.db.fetch(queries.USAGE, tenant, since, until))
 
     async def visible_foreign(self, conv: ConversationRow) -> list[uuid.UUID]:
         if conv.fork_node_id is None:

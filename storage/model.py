@@ -20,6 +20,7 @@ __all__ = [
     "PathRow",
     "Pruned",
     "TreeRow",
+    "UsageRow",
     "columns",
     "rows",
 ]
@@ -127,6 +128,16 @@ class Pruned(msgspec.Struct, frozen=True):
 
     def __add__(self, other: Pruned) -> Pruned:
         return Pruned(self.conversations + other.conversations, self.deleted + other.deleted, self.kept + other.kept)
+
+
+class UsageRow(msgspec.Struct, frozen=True):
+    """Token usage of one tenant's calls of one model over a time range."""
+
+    tenant: str
+    model: str | None
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
 
 
 S = TypeVar("S", bound=msgspec.Struct)

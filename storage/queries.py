@@ -96,6 +96,20 @@ SELECT * FROM conversations c
  ORDER BY c.created_at DESC, c.id DESC
  LIMIT $4""", order="ORDER BY c.created_at DESC, c.id DESC")
 
+# Token usage by tenant and model of the calls made between $2 (inclusive) and $3 (exclusive),
+# in the conversations of tenant $1 (null: every tenant -- admin keys): calls, prompt and
+# completion tokens read as a conversation's counts are (bp_token_count).
+USAGE = """
+SELECT c.tenant, n.model, count(*) AS calls,
+       bp_token_total(sum(bp_token_count(n.usage, 'prompt_tokens', 'input_tokens'))) AS prompt_tokens,
+       bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))) AS completion_tokens
+  FROM conversations c
+  JOIN nodes n ON n.conversation_id = c.id AND n.tenant = c.tenant AND n.tree_id = c.tree_id
+ WHERE ($1::text IS NULL OR c.tenant = $1) AND n.created_at >= $2 AND n.created_at < $3
+ GROUP BY c.tenant, n.model
+ ORDER BY c.tenant, n.model NULLS LAST
+"""
+
 # The tenants that have a conversation of this id (the CLI resolves an id without a tenant).  $1 id
 TENANTS_OF = "SELECT tenant FROM conversations WHERE id = $1 ORDER BY tenant"
 

@@ -67,6 +67,34 @@ def test_a_conversation_counts_the_tokens_of_all_its_calls(proxy, upstream, key,
     assert listed["usage"] == c["usage"]
 
 
+def test_the_usage_report_sums_tokens_by_model_over_a_time_range(proxy, upstream, key, db):
+    client, http = proxy.openai(key), proxy.http(key)
+    a, b = f"usage-a-{uuid.uuid4().hex[:6]}", f"usage-b-{uuid.uuid4().hex[:6]}"
+    upstream.enqueue(Reply(usage={"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}),
+                     Reply(usage={"prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22}),
+                     Reply(usage={"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44}),
+                     Reply(usage={"prompt_tokens": 80, "completion_tokens": 8, "total_tokens": 88}))
+    say(client, a, user("one"))
+    say(client, a, user("two"), model="gpt-4.1-mini")
+    say(client, b, user("three"))
+    say(client, b, user("four"))
+    # the last call was made 40 days ago
+    db.fetch("UPDATE nodes SET created_at = created_at - interval '40 days' WHERE conversation_id = $1"
+             " AND created_at = (SELECT max(created_at) FROM nodes WHERE conversation_id = $1)", b)
+    report = http.get("/admin/usage").json()  # the last 30 days
+    assert report["object"] == "usage_report"
+    assert report["data"] == [
+        {"model": "gpt-4.1-mini", "calls": 1, "prompt_tokens": 20, "completion_tokens": 2, "total_tokens": 22},
+        {"model": MODEL, "calls": 2, "prompt_tokens": 50, "completion_tokens": 5, "total_tokens": 55},
+    ]
+    assert (report["calls"], report["total_tokens"]) == (3, 77)
+    older = http.get("/admin/usage", params={"since": "2000-01-01T00:00:00Z"}).json()
+    assert (older["calls"], older["prompt_tokens"]) == (4, 150)
+    assert http.get("/admin/usage", params={"since": "2030-01-01", "until": "2029-01-01"}).status_code == 400
+    assert http.get("/admin/usage", params={"until": "0001-01-02T00:00:00"}).status_code == 400
+    assert proxy.http(f"sk-other-{uuid.uuid4().hex}").get("/admin/usage").json()["data"] == []  # tenants apart
+
+
 def test_node_children_tree_and_path(proxy, upstream, key, cid):
     client, http = proxy.openai(key), proxy.http(key)
     _, a = say(client, cid, user("root question"), temperature=0.5)

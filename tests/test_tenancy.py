@@ -90,6 +90,11 @@ def test_keys_mode(keys_proxy, upstream, cid):
     assert keys_proxy.http(admin).get(f"/admin/nodes/{h['x-node-id']}").status_code == 200
     assert keys_proxy.http(alice).get("/admin/conversations").json()["data"][0].get("tenant") is None
     assert keys_proxy.http(alice).get(f"/admin/conversations/{cid}", params={"tenant": "bob"}).json()["head_node_id"] == h["x-node-id"]
+    # usage: an admin key sees every tenant's by tenant, or one tenant's; a tenant only its own
+    by_tenant = {line["tenant"]: line["calls"] for line in keys_proxy.http(admin).get("/admin/usage").json()["data"]}
+    assert by_tenant == {"alice": 1, "bob": 1}
+    assert [line["tenant"] for line in keys_proxy.http(admin).get("/admin/usage", params={"tenant": "bob"}).json()["data"]] == ["bob"]
+    assert [("tenant" in line, line["calls"]) for line in keys_proxy.http(alice).get("/admin/usage").json()["data"]] == [(False, 1)]
 
 
 def test_keys_never_leak(keys_proxy, upstream, cid, fresh_database_url, caplog):

@@ -13,7 +13,7 @@ import binascii
 import hashlib
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import msgspec
@@ -80,6 +80,26 @@ class Conversation(msgspec.Struct, omit_defaults=True):
     forked_from: str | None = None  # set on forks
     fork_node_id: uuid.UUID | None = None
     tenant: str | None = None  # shown to admin keys only
+
+
+class UsageLine(msgspec.Struct, omit_defaults=True):
+    model: str | None
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    tenant: str | None = None  # shown to admin keys only
+
+
+class UsageReport(msgspec.Struct):
+    since: datetime
+    until: datetime
+    data: list[UsageLine]  # by model (and tenant, for an admin key)
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    object: str = "usage_report"
 
 
 class ConversationList(msgspec.Struct):
@@ -214,6 +234,11 @@ def _reach(request: Request[Any, Any, Any], caller: NamedDependency[Caller]) -> 
     return Reach(caller, caller.tenant)
 
 
+def _aware(moment: datetime) -> datetime:
+    """A time without a zone is UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def _cid(value: str) -> str:
     return valid_conversation_id(value, source="conversation_id")
 
@@ -278,6 +303,28 @@ class AdminController(Controller):
         page = rows[:limit]
         next_cursor = _encode_cursor(page[-1].created_at, page[-1].id) if len(rows) > limit else None
         return ConversationList(data=[_conversation(r, reach) for r in page], next_cursor=next_cursor)
+
+    @get("/usage", summary="Tokens by model of the calls made in a time range", responses=errors())
+    async def usage(
+        self,
+        reach: NamedDependency[Reach],
+        admin: NamedDependency[AdminStore],
+        since: datetime | None = Parameter(default=None, description="from (inclusive; default: 30 days before until)"),
+        until: datetime | None = Parameter(default=None, description="to (exclusive; default: now)"),
+    ) -> UsageReport:
+        until = _aware(until) if until is not None else datetime.now(UTC)
+        try:
+            since = _aware(since) if since is not None else until - timedelta(days=30)
+        except OverflowError:  # an until in the first days of year 1
+            raise InvalidRequest("until is too early", param="until") from None
+        if since >= until:
+            raise InvalidRequest("since must be before until", param="since")
+        rows = await admin.usage(None if reach.any_tenant else reach.tenant, since, until)
+        lines = [UsageLine(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.prompt_tokens + r.completion_tokens,
+                           tenant=r.tenant if reach.caller.admin else None) for r in rows]
+        prompt, completion = sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)
+        return UsageReport(since=since, until=until, data=lines, calls=sum(r.calls for r in rows),
+                           prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
     @get("/conversations/{conversation_id:str}", summary="One conversation", responses=errors())
     async def get_conversation(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> Conversation:
