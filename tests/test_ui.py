@@ -197,6 +197,9 @@ def test_conversation_list_newest_first_search_and_paging(ui, page):
     for cid in ids:
         say(client, cid, user("hi"))
     sign_in(page, ui)
+    report = admin(ui).get("/admin/usage").json()
+    expect(page.locator(".list .usage")).to_contain_text(
+        f"Last 30 days: {report['calls']:,} calls, {report['total_tokens']:,} tokens ({MODEL} ")
     page.fill("input[type=search]", f"list-{marker}")
     rows = page.locator("tbody tr")
     expect(rows).to_have_count(25)

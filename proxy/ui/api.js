@@ -74,6 +74,7 @@ export class Api {
     return this.json("GET", `/admin/conversations?${query}`);
   }
   conversation(id) { return this.json("GET", `/admin/conversations/${enc(id)}`); }
+  usage() { return this.json("GET", "/admin/usage"); }
   tree(id) { return this.json("GET", `/admin/conversations/${enc(id)}/tree`); }
   path(id) { return this.json("GET", `/admin/conversations/${enc(id)}/path`); }
   node(id) { return this.json("GET", `/admin/nodes/${enc(id)}`); }

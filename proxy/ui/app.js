@@ -88,6 +88,7 @@ class ListView {
     this.rows = el("tbody");
     this.more = el("button", { hidden: true, onclick: () => this.load() }, "Load more");
     this.status = el("p", { class: "notice", role: "status" });
+    this.usage = el("p", { class: "notice usage" });
     let timer = null;
     this.search.addEventListener("input", () => {
       clearTimeout(timer);
@@ -99,9 +100,25 @@ class ListView {
       el("div", { class: "row" }, this.search, el("button", { onclick: () => this.reset() }, "Refresh"),
         el("span", { class: "spacer" }), this.file, el("button", { onclick: () => this.file.click() }, "Import…")),
       el("table", {}, el("thead", {}, el("tr", {}, ...["conversation", "nodes", "tokens", "state", "created", "updated"].map((h) => el("th", {}, h)))), this.rows),
-      this.more, this.status));
+      this.more, this.status, this.usage));
     this.reset();
     this.search.focus();
+    this.showUsage();
+  }
+
+  // What this key's calls used in the last 30 days, by model (GET /admin/usage).
+  async showUsage() {
+    let report;
+    try {
+      report = await api.usage();
+    } catch (error) {
+      return; // the list says what is wrong, if anything
+    }
+    if (!report.calls) return;
+    const models = report.data.map((line) => `${line.tenant ? `${line.tenant} · ` : ""}${line.model ?? "no model"} `
+      + line.total_tokens.toLocaleString()).join(", ");
+    this.usage.textContent = `Last 30 days: ${report.calls.toLocaleString()} calls, `
+      + `${report.total_tokens.toLocaleString()} tokens (${models}).`;
   }
 
   stop() {}
