@@ -155,6 +155,64 @@ def migrate(config_file: str | None) -> None:
     console.print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else "; the schema is current"))
 
 
+# -- backup and restore -----------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@_config_option
+def backup(file: Path, config_file: str | None) -> None:
+    """Back the whole database up into FILE (pg_dump's custom format; the embedded database too)."""
+    from storage.backup import BackupError
+    from storage.backup import backup as dump
+
+    settings = _settings(config_file)
+
+    async def go() -> None:
+        async with _database(settings) as db:
+            await dump(db.dsn, file)
+
+    try:
+        _run(go())
+    except BackupError as exc:
+        raise click.ClickException(str(exc)) from None
+    _console().print(f"backed up to {file} ({file.stat().st_size:,} bytes)")
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--replace", is_flag=True, help="Replace a database that already holds conversations.")
+@_config_option
+def restore(file: Path, replace: bool, config_file: str | None) -> None:
+    """Restore a backup made by `branchpoint backup` into the configured database (stop the proxy
+    first), then bring its schema up to date."""
+    from storage import migrate as run_migrations
+    from storage.backup import BackupError, restore_blockers
+    from storage.backup import restore as load
+
+    settings = _settings(config_file)
+
+    async def go() -> list[int]:
+        async with _database(settings) as db:
+            async with db.connection() as conn:
+                others, conversations = await restore_blockers(conn)
+            if others:
+                raise click.ClickException(f"{others} other session(s) use the database: stop the proxy (and any "
+                                           "other client) before a restore")
+            if conversations and not replace:
+                raise click.ClickException(f"the database holds {conversations} conversation(s): give --replace to "
+                                           "replace them by the backup")
+            await load(db.dsn, file)
+            async with db.connection() as conn:  # a backup of an older version: its schema made current
+                return await run_migrations(conn)
+
+    try:
+        applied = _run(go())
+    except BackupError as exc:
+        raise click.ClickException(str(exc)) from None
+    _console().print(f"restored {file}" + (f"; then applied migration(s) {applied}" if applied else ""))
+
+
 # -- conversations ----------------------------------------------------------------------------
 
 

@@ -80,6 +80,7 @@ class Database:
     def __init__(self) -> None:
         self._pool: ConnectionPool | None = None
         self.embedded: EmbeddedServer | None = None  # started by open() when no URL was given
+        self.dsn = ""  # what open() connected to (the embedded server's URI when no URL was given)
         self.statements = 0  # round trips made through this pool (exported as a metric)
         self.acquire_timeout = 10.0
 
@@ -107,6 +108,7 @@ class Database:
         if not url:
             self.embedded = await asyncio.to_thread(start_embedded, data_dir or None, batch_scheduling=batch_scheduling)
             url = self.embedded.uri
+        self.dsn = url
         try:
             if migrate_first:
                 await migrate(url)

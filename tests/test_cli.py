@@ -1,5 +1,6 @@
 """The ``branchpoint`` command against a real database holding conversations made through the API."""
 
+import asyncio
 import json
 import os
 import signal
@@ -122,6 +123,60 @@ def test_the_admin_api_exports_what_the_command_exports(populated, upstream_url)
 
     whole = run(pages(500))
     assert len(whole) == 3 and run(pages(1)) == whole == run(pages(2))
+
+
+def test_backup_and_restore_into_an_empty_database(populated, pg_server_url, upstream_url, upstream, tmp_path):
+    url, _ = populated
+    dump = tmp_path / "branchpoint.dump"
+    result = cli(url, "backup", str(dump))
+    assert result.exit_code == 0 and "backed up to" in result.output, result.output
+    target = new_database(pg_server_url, "bp_restored")  # empty: no schema at all
+    result = cli(target, "restore", str(dump))
+    assert result.exit_code == 0 and "restored" in result.output, result.output
+    query = "SELECT tenant, id, head_node_id FROM conversations ORDER BY tenant, id"
+    assert Db(target).fetch(query) == Db(url).fetch(query)
+    nodes = "SELECT id, parent_id, sent, received, outcome, chain FROM nodes ORDER BY id"
+    assert Db(target).fetch(nodes) == Db(url).fetch(nodes)
+    assert cli(target, "check").exit_code == 0
+    # the proxy runs on it, and the next turn has the same context as on the original
+    with serve_proxy(make_settings(url, upstream_url)) as p:
+        p.openai("sk-cli-owner").chat.completions.create(model=MODEL, messages=[user("next")],
+                                                        extra_headers={"X-Conversation-Id": "sales"})
+        original = upstream.last.messages
+    with serve_proxy(make_settings(target, upstream_url)) as p:
+        p.openai("sk-cli-owner").chat.completions.create(model=MODEL, messages=[user("next")],
+                                                        extra_headers={"X-Conversation-Id": "sales"})
+        assert upstream.last.messages == original
+
+
+def test_a_restore_never_replaces_what_it_must_not(populated, pg_server_url, tmp_path):
+    url, _ = populated
+    dump = tmp_path / "branchpoint.dump"
+    assert cli(url, "backup", str(dump)).exit_code == 0
+    target = new_database(pg_server_url, "bp_restored")
+    assert cli(target, "restore", str(dump)).exit_code == 0
+    held = cli(target, "restore", str(dump))  # it holds conversations now
+    assert held.exit_code == 1 and "--replace" in held.output
+    Db(target).fetch("DELETE FROM conversations WHERE id = 'sales-copy'")
+
+    async def with_another_session() -> tuple[int, str]:
+        conn = await __import__("asyncpg").connect(target)
+        try:
+            result = await asyncio.to_thread(cli, target, "restore", "--replace", str(dump))
+            return result.exit_code, result.output
+        finally:
+            await conn.close()
+
+    code, output = run(with_another_session())  # a proxy still serving, say
+    assert code == 1 and "stop the proxy" in output
+    assert Db(target).fetchval("SELECT count(*) FROM conversations WHERE id = 'sales-copy'") == 0
+    assert cli(target, "restore", "--replace", str(dump)).exit_code == 0
+    assert Db(target).fetchval("SELECT count(*) FROM conversations WHERE id = 'sales-copy'") == 1  # replaced
+    broken = tmp_path / "broken.dump"
+    broken.write_bytes(b"not a backup")
+    result = cli(target, "restore", "--replace", str(broken))
+    assert result.exit_code == 1 and "pg_restore failed" in result.output
+    assert Db(target).fetchval("SELECT count(*) FROM conversations") == 3  # nothing lost
 
 
 def test_check_reports_ok_then_a_violation(populated):

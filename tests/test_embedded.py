@@ -111,3 +111,26 @@ def test_a_server_not_ours_to_change_keeps_its_policy_and_says_so_once(monkeypat
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_embedded_database_is_backed_up_without_anything_installed(tmp_path, upstream_url, key, cid, pg_server_url):
+    """`branchpoint backup` of the zero-setup database (its own pg_dump), restored elsewhere."""
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    from .conftest import Db, new_database
+
+    data = tmp_path / "data"
+    settings = make_settings("", upstream_url, database={"url": "", "data_dir": str(data)})
+    with serve_proxy(settings) as proxy:
+        stored_call(proxy.url, key, cid)
+    env = {"BRANCHPOINT_DATA_DIR": str(data), "BRANCHPOINT_CONFIG": "", "BRANCHPOINT_DATABASE_URL": ""}
+    dump = tmp_path / "embedded.dump"
+    result = CliRunner().invoke(main, ["backup", str(dump)], env=env, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    target = new_database(pg_server_url, "bp_from_embedded")
+    result = CliRunner().invoke(main, ["restore", str(dump)], env={**env, "BRANCHPOINT_DATABASE_URL": target},
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert Db(target).fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1", cid) == 1

@@ -466,7 +466,7 @@ def test_import_makes_a_new_conversation_of_an_export(ui, page, tmp_path):
     expect(page.locator("table")).to_be_visible()
     page.once("dialog", lambda dialog: dialog.accept(f"{cid}-bad"))
     page.set_input_files("input[type=file]", str(bad))
-    expect(page.locator(".list .notice")).to_contain_text("not an export this proxy can import")
+    expect(page.locator(".list .notice[role=status]")).to_contain_text("not an export this proxy can import")
     assert admin(ui).get(f"/admin/conversations/{cid}-bad").status_code == 404
 
 
