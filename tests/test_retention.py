@@ -5,6 +5,7 @@ side call included) or one a call holds, and never what a fork still reaches."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import asyncpg
 import pytest
@@ -162,3 +163,58 @@ def test_retention_settings_are_checked():
     for bad in ({"idle_days": -1}, {"interval_seconds": 0}, {"batch": 0}):
         with pytest.raises(SettingsError, match="retention"):
             load_settings(env={}, overrides={"retention": bad})
+
+
+def test_pruning_beside_live_traffic_breaks_nothing(fresh_database_url, upstream_url, upstream):
+    """Passes every 50 ms deleting conversations idle for a second, while four clients call into
+    twelve conversations with pauses up to a second and a half (turns, side calls, streams): no call fails,
+    every answer's node exists when the call returns, and the storage invariants hold."""
+    import random
+    import threading
+    import time
+
+    import openai
+
+    from .conftest import assert_invariants
+
+    settings = make_settings(fresh_database_url, upstream_url,
+                             retention={"idle_days": 1 / 86400, "interval_seconds": 0.05, "batch": 3})
+    db = Db(fresh_database_url)
+    failures: list[str] = []
+    calls = [0]
+    with serve_proxy(settings) as p:
+        deadline = time.monotonic() + 6
+
+        def client(seed: int) -> None:
+            rng = random.Random(seed)
+            sdk = p.openai(f"sk-retention-live-{seed % 2}")
+            while time.monotonic() < deadline:
+                cid = f"live-{rng.randrange(12)}"
+                kind = rng.choice(["turn", "turn", "transform"])
+                try:
+                    if rng.random() < 0.3:
+                        stream = sdk.chat.completions.create(
+                            model=MODEL, messages=[user("streamed")], stream=True,
+                            extra_headers={"X-Conversation-Id": cid, "X-Node-Kind": kind})
+                        for _ in stream:
+                            pass
+                    else:
+                        raw = sdk.chat.completions.with_raw_response.create(
+                            model=MODEL, messages=[user("hi")], extra_headers={"X-Conversation-Id": cid, "X-Node-Kind": kind})
+                        if db.fetchval("SELECT count(*) FROM nodes WHERE id = $1", uuid.UUID(raw.headers["x-node-id"])) != 1:
+                            failures.append(f"node {raw.headers['x-node-id']} missing right after its call")
+                    calls[0] += 1
+                except openai.APIStatusError as exc:
+                    if exc.status_code != 409:  # two clients on one conversation: busy is fine
+                        failures.append(f"{exc.status_code}: {exc.message}")
+                time.sleep(rng.random() * 1.5)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        pruned = p.runtime.metrics.pruned.labels("conversations")._value.get()
+    assert failures == []
+    assert calls[0] >= 12 and pruned > 0, (calls, pruned)  # both really happened
+    assert_invariants(fresh_database_url)
