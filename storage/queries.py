@@ -1,7 +1,8 @@
 """Every SQL statement Branchpoint runs, named, each with its purpose and its ``$n`` parameters.
 
 Plain SQL, parameters always bound (never formatted in; the only composition is of column lists
-taken from the row structs of ``storage.model``). The multi-step statements are server-side
+taken from the row structs of ``storage.model``, and of the fixed conversation queries that
+``_conversations`` gives their counts). The multi-step statements are server-side
 functions in ``functions.sql``, called with named arguments, so their parameter lists are
 documented there only.
 """
