@@ -263,10 +263,10 @@ def list_conversations(config_file: str | None, tenant: str | None, limit: int) 
 
     rows = _run(go())
     table = Table(title=f"{len(rows)} conversation(s)", title_justify="left")
-    for column in ("tenant", "conversation", "nodes", "head", "busy", "created", "updated"):
-        table.add_column(column, justify="right" if column == "nodes" else "left")
+    for column in ("tenant", "conversation", "nodes", "tokens", "head", "busy", "created", "updated"):
+        table.add_column(column, justify="right" if column in ("nodes", "tokens") else "left")
     for r in rows:
-        table.add_row(r.tenant[:16], r.id, str(r.node_count), _short(r.head_node_id),
+        table.add_row(r.tenant[:16], r.id, str(r.node_count), f"{r.prompt_tokens + r.completion_tokens:,}", _short(r.head_node_id),
                       "yes" if r.busy else "", _when(r.created_at), _when(r.updated_at))
     _console().print(table)
 

@@ -53,6 +53,11 @@ def test_conversations_list(populated):
     assert result.exit_code == 0, result.output
     assert result.output.count("sales") >= 3 and "sales-copy" in result.output
     assert "3 conversation(s)" in result.output  # sales of two tenants, and the fork sales-copy
+    assert "tokens" in result.output
+    tokens = Db(url).fetchval("SELECT sum((usage->>'prompt_tokens')::int + (usage->>'completion_tokens')::int)"
+                              " FROM nodes WHERE conversation_id = 'sales' AND usage IS NOT NULL"
+                              " AND tenant = (SELECT tenant FROM conversations WHERE id = 'sales-copy')")
+    assert f" {tokens:,} " in result.output  # the owner's sales conversation's sum
 
 
 def test_conversations_show_draws_the_tree(populated):
