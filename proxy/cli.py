@@ -155,6 +155,45 @@ def migrate(config_file: str | None) -> None:
     console.print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else "; the schema is current"))
 
 
+# -- usage ------------------------------------------------------------------------------------
+
+
+def _moment(value: datetime | None) -> datetime | None:
+    return value if value is None or value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+@main.command()
+@_config_option
+@click.option("--since", type=click.DateTime(), default=None, help="From (inclusive, UTC; default: 30 days before --until).")
+@click.option("--until", type=click.DateTime(), default=None, help="To (exclusive, UTC; default: now).")
+@click.option("--tenant", default=None, help="Only this tenant (default: every tenant, each apart).")
+def usage(config_file: str | None, since: datetime | None, until: datetime | None, tenant: str | None) -> None:
+    """Tokens by tenant and model of the calls made in a time range (as GET /admin/usage counts them)."""
+    from storage import AdminStore
+
+    settings = _settings(config_file)
+    end = _moment(until) or datetime.now(UTC)
+    start = _moment(since) or end - timedelta(days=30)
+    if start >= end:
+        raise click.UsageError("--since must be before --until")
+
+    async def go() -> list[Any]:
+        async with _database(settings) as db:
+            return await AdminStore(db).usage(tenant, start, end)
+
+    rows = _run(go())
+    table = Table(title=f"usage {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC", title_justify="left")
+    for column in ("tenant", "model", "calls", "prompt", "completion", "total"):
+        table.add_column(column, justify="left" if column in ("tenant", "model") else "right")
+    for r in rows:
+        table.add_row(r.tenant[:16], r.model or "-", f"{r.calls:,}", f"{r.prompt_tokens:,}", f"{r.completion_tokens:,}",
+                      f"{r.prompt_tokens + r.completion_tokens:,}")
+    prompt, completion = sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)
+    table.add_row("all", "", f"{sum(r.calls for r in rows):,}", f"{prompt:,}", f"{completion:,}", f"{prompt + completion:,}",
+                  style="bold")
+    _console().print(table)
+
+
 # -- backup and restore -----------------------------------------------------------------------
 
 

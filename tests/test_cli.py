@@ -184,6 +184,25 @@ def test_a_restore_never_replaces_what_it_must_not(populated, pg_server_url, tmp
     assert Db(target).fetchval("SELECT count(*) FROM conversations") == 3  # nothing lost
 
 
+def test_usage_by_tenant_and_model(populated):
+    url, _ = populated
+    db = Db(url)
+    expected = {(r["tenant"][:16], r["calls"], r["tokens"]) for r in db.fetch(
+        "SELECT n.tenant, count(*) AS calls, sum(coalesce((n.usage->>'prompt_tokens')::int, 0)"
+        " + coalesce((n.usage->>'completion_tokens')::int, 0)) AS tokens"
+        " FROM nodes n JOIN conversations c ON c.tenant = n.tenant AND c.id = n.conversation_id GROUP BY n.tenant")}
+    result = cli(url, "usage")
+    assert result.exit_code == 0, result.output
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in result.output.splitlines() if "│" in line]
+    shown = {(c[0], int(c[2].replace(",", "")), int(c[5].replace(",", ""))) for c in cells
+             if c[0] in {t for t, _, _ in expected}}
+    assert shown == expected and len(expected) == 2  # the two tenants, each apart
+    assert "gpt-4o-mini" in result.output
+    tenant = next(iter(expected))[0]
+    assert cli(url, "usage", "--since", "2000-01-01", "--until", "2000-02-01").output.count(tenant) == 0
+    assert cli(url, "usage", "--since", "2030-01-01", "--until", "2029-01-01").exit_code == 2
+
+
 def test_check_reports_ok_then_a_violation(populated):
     url, _ = populated
     result = cli(url, "check")
