@@ -14,6 +14,7 @@ import uuid
 
 from storage import StorageError, TreeStore
 
+from .background import periodically
 from .metrics import Metrics
 
 __all__ = ["LeaseKeeper"]
@@ -78,11 +79,4 @@ class LeaseKeeper:
             await self.renew_all()
 
     async def _reap_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.reaper_interval)
-            try:
-                await self.reap()
-            except StorageError as exc:
-                log.warning("reaper could not run", extra={"error": str(exc)})
-            except Exception:
-                log.exception("reaper failed")
+        await periodically(self.reap, self.reaper_interval, what="reaper", log=log)

@@ -11,8 +11,9 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from storage import OpsStore, Pruned, StorageError
+from storage import OpsStore, Pruned
 
+from .background import periodically
 from .metrics import Metrics
 
 __all__ = ["Retention", "prune"]
@@ -73,11 +74,4 @@ class Retention:
         return done
 
     async def _loop(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except StorageError as exc:
-                log.warning("retention could not run", extra={"error": str(exc)})
-            except Exception:
-                log.exception("retention failed")
-            await asyncio.sleep(self.interval)
+        await periodically(self.run_once, self.interval, what="retention", log=log, at_once=True)
