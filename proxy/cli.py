@@ -52,7 +52,7 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
     d = settings.database
     try:
         db = await open_database(d.url, d.data_dir, min_size=1, max_size=2, connect_timeout=d.connect_timeout,
-                                 batch_scheduling=d.embedded_batch_scheduling)
+                                 command_timeout=d.command_timeout, batch_scheduling=d.embedded_batch_scheduling)
     except StorageError as exc:
         raise click.ClickException(f"cannot reach the database: {exc}") from None
     try:
