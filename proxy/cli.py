@@ -62,10 +62,14 @@ async def _database(settings: Settings) -> AsyncIterator[Any]:
 
 
 def _run(coro: Any) -> Any:
+    from storage import StorageError
+
     try:
         return asyncio.run(coro)
     except KeyboardInterrupt:  # pragma: no cover
         raise SystemExit(130) from None
+    except StorageError as exc:  # a database that went away or took too long: said, not a traceback
+        raise click.ClickException(f"the database failed: {exc}") from None
 
 
 @click.group()
@@ -202,7 +206,6 @@ def usage(config_file: str | None, since: datetime | None, until: datetime | Non
 @_config_option
 def backup(file: Path, config_file: str | None) -> None:
     """Back the whole database up into FILE (pg_dump's custom format; the embedded database too)."""
-    from storage.backup import BackupError
     from storage.backup import backup as dump
 
     settings = _settings(config_file)
@@ -211,10 +214,7 @@ def backup(file: Path, config_file: str | None) -> None:
         async with _database(settings) as db:
             await dump(db.dsn, file)
 
-    try:
-        _run(go())
-    except BackupError as exc:
-        raise click.ClickException(str(exc)) from None
+    _run(go())
     _console().print(f"backed up to {file} ({file.stat().st_size:,} bytes)")
 
 
@@ -226,8 +226,8 @@ def restore(file: Path, replace: bool, config_file: str | None) -> None:
     """Restore a backup made by `branchpoint backup` into the configured database (stop the proxy
     first), then bring its schema up to date."""
     from storage import migrate as run_migrations
-    from storage.backup import BackupError, restore_blockers
     from storage.backup import restore as load
+    from storage.backup import restore_blockers
 
     settings = _settings(config_file)
 
@@ -245,10 +245,7 @@ def restore(file: Path, replace: bool, config_file: str | None) -> None:
             async with db.connection() as conn:  # a backup of an older version: its schema made current
                 return await run_migrations(conn)
 
-    try:
-        applied = _run(go())
-    except BackupError as exc:
-        raise click.ClickException(str(exc)) from None
+    applied = _run(go())
     _console().print(f"restored {file}" + (f"; then applied migration(s) {applied}" if applied else ""))
 
 

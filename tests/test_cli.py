@@ -203,6 +203,16 @@ def test_usage_by_tenant_and_model(populated):
     assert cli(url, "usage", "--since", "2030-01-01", "--until", "2029-01-01").exit_code == 2
 
 
+def test_the_commands_read_the_statement_timeout_of_the_configuration(populated, tmp_path):
+    url, _ = populated
+    config = tmp_path / "short.toml"
+    config.write_text("[database]\ncommand_timeout = 0.000001\n")
+    env = {"BRANCHPOINT_DATABASE_URL": url, "BRANCHPOINT_CONFIG": str(config)}
+    result = CliRunner().invoke(main, ["usage"], env=env)
+    assert result.exit_code == 1 and "the database failed" in result.output, (result.output, result.exception)
+    assert cli(url, "usage").exit_code == 0  # the default allows it
+
+
 def test_check_reports_ok_then_a_violation(populated):
     url, _ = populated
     result = cli(url, "check")
