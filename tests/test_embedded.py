@@ -134,3 +134,33 @@ def test_the_embedded_database_is_backed_up_without_anything_installed(tmp_path,
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert Db(target).fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1", cid) == 1
+
+
+def test_a_backup_of_the_embedded_database_while_it_serves_leaves_it_serving(tmp_path, upstream_url, key, cid):
+    """The command attaches to the embedded server `serve` runs, and leaves it running."""
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    data = tmp_path / "data"
+    port = free_port()
+    env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(data), "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+           "BRANCHPOINT_CONFIG": ""}
+    env.pop("BRANCHPOINT_DATABASE_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc)
+        stored_call(base, key, cid)
+        dump = tmp_path / "live.dump"
+        cli_env = {"BRANCHPOINT_DATA_DIR": str(data), "BRANCHPOINT_CONFIG": "", "BRANCHPOINT_DATABASE_URL": ""}
+        result = CliRunner().invoke(main, ["backup", str(dump)], env=cli_env, catch_exceptions=False)
+        assert result.exit_code == 0 and dump.stat().st_size > 0, result.output
+        listed = CliRunner().invoke(main, ["conversations", "list"], env=cli_env, catch_exceptions=False)
+        assert cid in listed.output
+        stored_call(base, key, cid)  # the proxy's database is still there
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
