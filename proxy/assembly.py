@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import msgspec
 
 __all__ = [
+    "CHAT_ROLES",
     "Assembled",
     "PathLike",
     "Target",
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
+CHAT_ROLES = SYSTEM_ROLES | {"user", "assistant", "tool", "function"}  # what a chat message may be
 
 # Fields of a returned assistant message that any OpenAI-compatible provider accepts back.
 _PORTABLE = ("role", "content", "name", "tool_calls", "function_call", "refusal")

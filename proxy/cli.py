@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from config import Settings, SettingsError, load_settings
-from proxy.routes.admin import exported
+from proxy.routes.admin import exported, usage_window
 
 __all__ = ["main"]
 
@@ -162,10 +162,6 @@ def migrate(config_file: str | None) -> None:
 # -- usage ------------------------------------------------------------------------------------
 
 
-def _moment(value: datetime | None) -> datetime | None:
-    return value if value is None or value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 @main.command()
 @_config_option
 @click.option("--since", type=click.DateTime(), default=None, help="From (inclusive, UTC; default: 30 days before --until).")
@@ -173,13 +169,14 @@ def _moment(value: datetime | None) -> datetime | None:
 @click.option("--tenant", default=None, help="Only this tenant (default: every tenant, each apart).")
 def usage(config_file: str | None, since: datetime | None, until: datetime | None, tenant: str | None) -> None:
     """Tokens by tenant and model of the calls made in a time range (as GET /admin/usage counts them)."""
+    from proxy.errors import BranchpointError
     from storage import AdminStore
 
     settings = _settings(config_file)
-    end = _moment(until) or datetime.now(UTC)
-    start = _moment(since) or end - timedelta(days=30)
-    if start >= end:
-        raise click.UsageError("--since must be before --until")
+    try:
+        start, end = usage_window(since, until)
+    except BranchpointError as exc:
+        raise click.UsageError(f"--{exc.param}: {exc.message}") from None
 
     async def go() -> list[Any]:
         async with _database(settings) as db:
@@ -316,6 +313,7 @@ def prune(config_file: str | None, idle_days: float | None, dry_run: bool) -> No
     """Delete conversations idle for a while, with their nodes (what a fork still reaches stays)."""
     from storage import OpsStore
 
+    from .retention import idle_since
     from .retention import prune as prune_idle
 
     settings = _settings(config_file)
@@ -327,7 +325,7 @@ def prune(config_file: str | None, idle_days: float | None, dry_run: bool) -> No
         async with _database(settings) as db:
             ops = OpsStore(db)
             if dry_run:
-                count, nodes = await ops.idle(datetime.now(UTC) - timedelta(days=days))
+                count, nodes = await ops.idle(idle_since(days))
                 return f"{count} conversation(s) idle for {days:g} day(s), {nodes} node(s); nothing deleted (--dry-run)"
             done = await prune_idle(ops, days, settings.retention.batch)
             return (f"deleted {done.conversations} conversation(s) idle for {days:g} day(s): {done.deleted} node(s) "

@@ -16,9 +16,14 @@ from storage import OpsStore, Pruned
 from .background import periodically
 from .metrics import Metrics
 
-__all__ = ["Retention", "prune"]
+__all__ = ["Retention", "idle_since", "prune"]
 
 log = logging.getLogger("branchpoint.retention")
+
+
+def idle_since(idle_days: float) -> datetime:
+    """The cutoff: a conversation with nothing done since is idle."""
+    return datetime.now(UTC) - timedelta(days=idle_days)
 
 
 async def prune(ops: OpsStore, idle_days: float, batch: int, *, scan: int = 5000,
@@ -27,7 +32,7 @@ async def prune(ops: OpsStore, idle_days: float, batch: int, *, scan: int = 5000
     (``on_batch`` hears of each); returns the totals. Candidates are read ``scan`` at a time in
     the order of their last update (one scan of the conversations table each), so a pass costs a
     few scans however many are idle."""
-    cutoff = datetime.now(UTC) - timedelta(days=idle_days)
+    cutoff = idle_since(idle_days)
     done = Pruned()
     after = None
     while True:

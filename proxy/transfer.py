@@ -19,16 +19,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from storage import uuid7
+from storage import can_be_head, uuid7
 from storage.transcript import node_keys
 
+from .assembly import CHAT_ROLES
 from .responses.items import to_messages
 
 __all__ = ["NotAnExport", "Prepared", "prepare_import"]
 
-_CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-_HEAD_KINDS = frozenset({"turn", "compaction"})
-_HEAD_OUTCOMES = frozenset({"success", "transient"})
 
 
 class NotAnExport(ValueError):
@@ -89,8 +87,8 @@ def _check_items(where: str, items: list[dict[str, Any]], api: str) -> None:
     if api != "chat":
         return
     for i, item in enumerate(items):
-        if item.get("role") not in _CHAT_ROLES:
-            raise NotAnExport(f"{where}[{i}]: a chat message needs a role of {sorted(_CHAT_ROLES)}")
+        if item.get("role") not in CHAT_ROLES:
+            raise NotAnExport(f"{where}[{i}]: a chat message needs a role of {sorted(CHAT_ROLES)}")
 
 
 def prepare_import(data: bytes) -> Prepared:
@@ -132,7 +130,7 @@ def prepare_import(data: bytes) -> Prepared:
         if line.head:
             if head is not None:
                 raise NotAnExport(f"{where}: a second head")
-            if line.kind not in _HEAD_KINDS or outcome not in _HEAD_OUTCOMES:
+            if not can_be_head(line.kind, outcome):
                 raise NotAnExport(f"{where}: a {line.kind} node that is {outcome} cannot be the head")
             head = new_id
         nodes.append({

@@ -36,7 +36,7 @@ from ..upstream import UpstreamClient, target_of
 from .common import valid_conversation_id
 from .docs import errors
 
-__all__ = ["AdminController", "ExportedNode", "exported"]
+__all__ = ["AdminController", "ExportedNode", "exported", "usage_window"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -234,9 +234,21 @@ def _reach(request: Request[Any, Any, Any], caller: NamedDependency[Caller]) -> 
     return Reach(caller, caller.tenant)
 
 
-def _aware(moment: datetime) -> datetime:
-    """A time without a zone is UTC."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+def usage_window(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
+    """The range of a usage report (this route's and ``branchpoint usage``'s): until now and since
+    30 days before until, unless given; a time without a zone is UTC. ``InvalidRequest`` when it
+    is empty or cannot be."""
+    def aware(moment: datetime) -> datetime:
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+    end = aware(until) if until is not None else datetime.now(UTC)
+    try:
+        start = aware(since) if since is not None else end - timedelta(days=30)
+    except OverflowError:  # an until in the first days of year 1
+        raise InvalidRequest("until is too early", param="until") from None
+    if start >= end:
+        raise InvalidRequest("since must be before until", param="since")
+    return start, end
 
 
 def _cid(value: str) -> str:
@@ -312,13 +324,7 @@ class AdminController(Controller):
         since: datetime | None = Parameter(default=None, description="from (inclusive; default: 30 days before until)"),
         until: datetime | None = Parameter(default=None, description="to (exclusive; default: now)"),
     ) -> UsageReport:
-        until = _aware(until) if until is not None else datetime.now(UTC)
-        try:
-            since = _aware(since) if since is not None else until - timedelta(days=30)
-        except OverflowError:  # an until in the first days of year 1
-            raise InvalidRequest("until is too early", param="until") from None
-        if since >= until:
-            raise InvalidRequest("since must be before until", param="since")
+        since, until = usage_window(since, until)
         rows = await admin.usage(None if reach.any_tenant else reach.tenant, since, until)
         lines = [UsageLine(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.prompt_tokens + r.completion_tokens,
                            tenant=r.tenant if reach.caller.admin else None) for r in rows]

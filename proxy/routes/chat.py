@@ -12,6 +12,7 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
+from ..assembly import CHAT_ROLES
 from ..auth import Caller
 from ..errors import InvalidRequest
 from ..lifecycle import CallLifecycle, ChatCall
@@ -24,7 +25,6 @@ __all__ = ["chat_completions", "chat_completions_auto", "chat_completions_prefix
 
 _KINDS = frozenset({"turn", "transform"})
 _MODES = frozenset({"delta", "full"})
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def parse_chat_body(raw: bytes) -> dict[str, Any]:
@@ -37,8 +37,8 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         if not isinstance(message, dict):
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = message.get("role")
-        if role not in _ROLES:
-            raise InvalidRequest(f"messages[{i}].role must be one of {sorted(_ROLES)}", param=f"messages[{i}].role")
+        if role not in CHAT_ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", param=f"messages[{i}].role")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be a boolean", param="stream")
