@@ -13,7 +13,7 @@ import msgspec
 from ..assembly import build_body
 from ..completion import NotACompletion, parse_completion
 from ..errors import UpstreamFailure
-from ..responses import for_chat
+from ..responses import for_chat, translate
 from ..responses import items as responses_items
 from ..tokens import TokenCounter, off_loop
 from ..upstream import UpstreamClient
@@ -45,7 +45,7 @@ def _answer(content: bytes, api: str) -> tuple[dict[str, Any], dict[str, Any] | 
     raises ``NotACompletion``."""
     if api == "responses":
         data = responses_items.read_response(content)
-        return for_chat.message_of(data["output"]), for_chat.chat_usage(data.get("usage"))
+        return for_chat.message_of(data["output"]), translate.chat_usage_of(data.get("usage"))
     completion = parse_completion(content)
     return completion.message, completion.usage
 

@@ -28,8 +28,9 @@ from ..errors import InvalidRequest
 from ..failures import Failure
 from ..relay import SSEParser, sse_error_event
 from .items import strip, to_messages
+from .translate import chat_usage_of
 
-__all__ = ["ToChat", "chat_usage", "check_fields", "completion", "finish_reason", "message_of", "request_fields"]
+__all__ = ["ToChat", "check_fields", "completion", "finish_reason", "message_of", "request_fields"]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -102,20 +103,6 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def chat_usage(usage: Any) -> dict[str, Any] | None:
-    """Responses usage in chat-completions terms."""
-    if not isinstance(usage, dict):
-        return None
-    prompt = usage.get("input_tokens") or 0
-    completion_tokens = usage.get("output_tokens") or 0
-    cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
-    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-            "total_tokens": usage.get("total_tokens") or prompt + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached},
-            "completion_tokens_details": {"reasoning_tokens": reasoning}}
-
-
 def message_of(output: list[Any], provider: str | None = None) -> dict[str, Any]:
     """The assistant message a response's output items stand for (one, however many items)."""
     message: dict[str, Any] = {"role": "assistant", "content": None}
@@ -160,7 +147,7 @@ def completion(response: dict[str, Any], node_id: uuid.UUID, provider: str | Non
         "model": response.get("model"),
         "choices": [{"index": 0, "message": {**message, "refusal": message.get("refusal")}, "logprobs": None,
                      "finish_reason": finish_reason(response, message)}],
-        "usage": chat_usage(response.get("usage")),
+        "usage": chat_usage_of(response.get("usage")),
     }
     return body, message
 
@@ -192,7 +179,7 @@ class ToChat:
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        return chat_usage(self.final.get("usage")) if self.final is not None else None
+        return chat_usage_of(self.final.get("usage")) if self.final is not None else None
 
     @property
     def finish_reason(self) -> str | None:

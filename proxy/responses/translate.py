@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import InvalidRequest
 
-__all__ = ["chat_params", "native_params", "output_items", "response_object", "usage_of"]
+__all__ = ["chat_params", "chat_usage_of", "native_params", "output_items", "response_object", "usage_of"]
 
 # Responses fields with a chat-completions equivalent of the same name and meaning.
 _SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "prompt_cache_key",
@@ -82,17 +82,33 @@ def native_params(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# how each API names the same counts: input, output, their details, and the detail kept of each
+_CHAT_USAGE = ("prompt_tokens", "completion_tokens", "prompt_tokens_details", "completion_tokens_details")
+_RESPONSES_USAGE = ("input_tokens", "output_tokens", "input_tokens_details", "output_tokens_details")
+
+
+def convert_usage(usage: Any, source: tuple[str, ...], target: tuple[str, ...]) -> dict[str, Any] | None:
+    """A usage object in the other API's names (``_CHAT_USAGE`` / ``_RESPONSES_USAGE``): the
+    input and output counts, cached input and reasoning output tokens, the total."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get(source[0]) or 0
+    completion = usage.get(source[1]) or 0
+    cached = (usage.get(source[2]) or {}).get("cached_tokens") or 0
+    reasoning = (usage.get(source[3]) or {}).get("reasoning_tokens") or 0
+    return {target[0]: prompt, target[2]: {"cached_tokens": cached},
+            target[1]: completion, target[3]: {"reasoning_tokens": reasoning},
+            "total_tokens": usage.get("total_tokens") or prompt + completion}
+
+
 def usage_of(chat_usage: Any) -> dict[str, Any] | None:
     """Chat-completions usage in Responses terms."""
-    if not isinstance(chat_usage, dict):
-        return None
-    prompt = chat_usage.get("prompt_tokens") or 0
-    completion = chat_usage.get("completion_tokens") or 0
-    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": chat_usage.get("total_tokens") or prompt + completion}
+    return convert_usage(chat_usage, _CHAT_USAGE, _RESPONSES_USAGE)
+
+
+def chat_usage_of(usage: Any) -> dict[str, Any] | None:
+    """Responses usage in chat-completions terms."""
+    return convert_usage(usage, _RESPONSES_USAGE, _CHAT_USAGE)
 
 
 def message_item_id(node_id: uuid.UUID) -> str:
