@@ -75,6 +75,7 @@ class DatabaseSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     command_timeout: float
     connect_timeout: float
     embedded_batch_scheduling: bool
+    batch_calls: bool
 
 
 class AuthKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

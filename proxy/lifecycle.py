@@ -247,6 +247,7 @@ class CallLifecycle:
             self.tree.finish_call, tree_id=started.tree_id, node_id=started.node_id, outcome=outcome,
             received=received, usage=usage, finish_reason=finish_reason, error=error,
             request_hash=started.request_hash, leased=started.leased,
+            tenant=started.call.tenant, conversation_id=started.conversation_id,
             received_digests=transcript.digests(received_messages if received_messages is not None else received or ()),
         )
         try:

@@ -118,6 +118,10 @@ class _StatementCollector(Collector):
         family = CounterMetricFamily("branchpoint_db_statements", "Database statements (round trips) sent by this process")
         family.add_metric([], self.db.statements)
         yield family
+        yield CounterMetricFamily("branchpoint_db_batches", "Round trips that carried the statements of several calls",
+                                  value=self.db.batches)
+        yield CounterMetricFamily("branchpoint_db_batched_statements", "Statements sent in those round trips",
+                                  value=self.db.batched)
         state = self.db.pool_state()
         if state is not None:
             idle, lent, waiting = state

@@ -32,7 +32,8 @@ class Runtime:
         server = settings.server
         self.settings = settings
         self.db = Database()
-        self.tree = TreeStore(self.db, PathCache(server.path_cache_mb * 1024 * 1024))
+        self.tree = TreeStore(self.db, PathCache(server.path_cache_mb * 1024 * 1024),
+                              batch=settings.database.batch_calls)
         self.admin = AdminStore(self.db)
         self.ops = OpsStore(self.db)
         self.metrics = Metrics()

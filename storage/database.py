@@ -82,6 +82,8 @@ class Database:
         self.embedded: EmbeddedServer | None = None  # started by open() when no URL was given
         self.dsn = ""  # what open() connected to (the embedded server's URI when no URL was given)
         self.statements = 0  # round trips made through this pool (exported as a metric)
+        self.batches = 0  # round trips that carried several statements (``fetchmany``; batching.py)
+        self.batched = 0  # the statements they carried
         self.acquire_timeout = 10.0
 
     @property
@@ -192,6 +194,14 @@ class Database:
     async def fetchval(self, query: str, *args: Any) -> Any:
         self.statements += 1
         return await self._run("fetchval", query, args)
+
+    async def fetchmany(self, query: str, args: list[tuple[Any, ...]]) -> list[asyncpg.Record]:
+        """``query`` once per argument tuple in one round trip and one transaction (all or
+        nothing); the rows of all of them, in order."""
+        self.statements += 1
+        self.batches += 1
+        self.batched += len(args)
+        return await self._run("fetchmany", query, (args,))
 
     async def execute(self, query: str, *args: Any) -> str:
         self.statements += 1

@@ -1,5 +1,7 @@
 """The conversation tree as the call path uses it: start a call, finish it, keep its lease alive,
-reap calls whose process died, write compactions. One method, one statement, one round trip."""
+reap calls whose process died, write compactions. One method, one statement, one round trip --
+shared, for starts and finishes, with the other calls' that reach the database at the same time
+(``storage.batching``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import queries
+from .batching import Batch
 from .database import Database
 from .model import Outcome, PathNode, rows
 from .pathcache import PathCache
@@ -38,9 +41,14 @@ class Begun:
 
 
 class TreeStore:
-    def __init__(self, db: Database, cache: PathCache | None = None) -> None:
+    """``batch``: starts and finishes reaching the database together share a round trip
+    (``storage.batching``)."""
+
+    def __init__(self, db: Database, cache: PathCache | None = None, *, batch: bool = True) -> None:
         self.db = db
         self.cache = cache if cache is not None else PathCache(0)
+        self._begins = Batch(db, queries.BEGIN_CALL, tag=4, enabled=batch)  # tag: p_node
+        self._finishes = Batch(db, queries.FINISH_CALL, tag=1, enabled=batch)
 
     async def begin_call(
         self,
@@ -72,8 +80,8 @@ class TreeStore:
         The parent's path is read only below the nodes this process keeps (``PathCache``)
         and completed from them."""
         known = self.cache.known(tenant, conversation_id, parent_id if parent_mode == "node" else None)
-        records = await self.db.fetch(
-            queries.BEGIN_CALL,
+        records = await self._begins.fetch(
+            (tenant, conversation_id or ""),
             tenant, conversation_id, new_conversation_id, new_tree_id, node_id, kind, mode, parent_mode, parent_id,
             sent, digests, prefixes, prefix_offset, system_hash, lease_seconds, model, provider, params, ordinals, api,
             known,
@@ -108,19 +116,20 @@ class TreeStore:
         request_hash: bytes | None,
         leased: bool,
         received_digests: list[bytes] | None = None,
+        tenant: str = "",
+        conversation_id: str = "",
     ) -> bool:
         """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile.
         ``received_digests``: the transcript digests of the answer (default: of ``received`` read
-        as chat messages)."""
+        as chat messages). ``tenant`` and ``conversation_id`` order a batch (``storage.batching``)."""
         if received_digests is None:
             received_digests = digests(received or ())
-        return bool(
-            await self.db.fetchval(
-                queries.FINISH_CALL,
-                tree_id, node_id, outcome.value, received, received_digests, usage, finish_reason, error,
-                request_hash, leased,
-            )
+        records = await self._finishes.fetch(
+            (tenant, conversation_id),
+            tree_id, node_id, outcome.value, received, received_digests, usage, finish_reason, error,
+            request_hash, leased,
         )
+        return bool(records[0]["finished"])
 
     async def renew(self, tree_id: uuid.UUID, node_id: uuid.UUID, lease_seconds: float) -> bool:
         return bool(await self.db.fetchval(queries.RENEW_LEASE, tree_id, node_id, lease_seconds))

@@ -154,7 +154,8 @@ def _trees(statement: dict[str, set[uuid.UUID]]) -> set[uuid.UUID]:
 @pytest.fixture
 def guarded(fresh_database_url, upstream_url):
     settings = make_settings(_guarded(fresh_database_url), upstream_url,
-                             server={"reaper_interval_seconds": 3600})  # no background sweep in the records
+                             server={"reaper_interval_seconds": 3600},  # no background sweep in the records
+                             database={"batch_calls": False})  # as docs/scaling.md has it for a distributed database
     with serve_proxy(settings) as p:
         _statements(fresh_database_url)  # forget the start-up
         yield p, fresh_database_url

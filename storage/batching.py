@@ -1,0 +1,134 @@
+"""Statements that reach the database together share one round trip and one transaction
+(docs/architecture.md#batched-round-trips).
+
+A call is two statements: its start (``bp_begin_call``) and its finish (``bp_finish_call``). Under
+load many calls reach the same statement in the same turn of the event loop -- their upstream
+answers arrived in the same poll, say. A ``Batch`` sends those together: asyncpg's ``fetchmany``
+binds and executes each, then syncs once, so the server runs them in one implicit transaction
+with one commit, and the process waits once. Both sides spend less per statement (the protocol,
+the transaction, the commit, the wake-ups), which is most of a stored call's database cost
+(bench/README.md).
+
+Rules:
+- nothing waits to fill a batch: what was queued while the event loop ran one turn goes at the
+  end of that turn; a statement alone goes alone, as it would without batching;
+- at most ``limit`` statements per round trip; a longer queue goes as several round trips;
+- a batch runs in the order of its statements' keys (tenant, conversation): batches lock
+  conversation rows in one global order, so two of them cannot deadlock on those;
+- a batch is all or nothing. When one of its statements fails (a rule refused a start, a
+  constraint, a deadlock, an argument that cannot be sent), nothing of it was carried out and every
+  statement runs again alone, so each caller gets its own answer or its own refusal as if no batch
+  had been formed. When the database fails (unreachable; or the batch timed out or lost its
+  connection once sent, so it may have been carried out), every caller gets that error, as each
+  would have alone -- and a batch waits as long as its slowest statement: a conversation row held
+  by a long transaction holds up the calls sharing its round trip;
+- a caller that stops waiting (cancelled) does not stop the batch: its statement still runs --
+  the call lifecycle already treats an interrupted start or finish as possibly carried out.
+
+Each statement must return rows whose first column (``call``) repeats one of its arguments
+(``tag``): the node of the call, which is how a batch's rows are handed back to their callers.
+
+Batches take rows of several trees in one transaction; a PostgreSQL distributed by tree must have
+them off (``[database] batch_calls``, docs/scaling.md#past-one-postgresql).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+from typing import Any
+
+import asyncpg
+
+from .database import Database
+from .errors import StorageUnavailable
+
+__all__ = ["Batch"]
+
+_Item = tuple[tuple[str, str], tuple[Any, ...], "asyncio.Future[list[asyncpg.Record]]"]
+
+# the statements' own failures that PostgreSQL reports as the database's (storage.errors): the
+# batch was rolled back, and alone they may well pass
+_ROLLED_BACK = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError, asyncpg.DataError)
+
+
+def _retry_alone(exc: BaseException) -> bool:
+    """Was the batch's failure one of its statements' (nothing carried out: run each alone), rather
+    than the database's (unreachable, or gone quiet once the batch was sent: it may have been
+    carried out, and each caller gets the error it would have got alone)?"""
+    if isinstance(exc, StorageUnavailable):
+        return isinstance(exc.__cause__, _ROLLED_BACK)
+    return True  # a refusal, a statement's error, an argument that could not be sent
+
+
+class Batch:
+    """One statement, run for many callers; see the module docstring. ``enabled=False``: each
+    call is its own round trip."""
+
+    def __init__(self, db: Database, query: str, *, tag: int, enabled: bool = True, limit: int = 32) -> None:
+        self.db = db
+        self.query = query
+        self.tag = tag  # the index of the argument the rows' first column repeats
+        self.enabled = enabled
+        self.limit = limit
+        self._queue: list[_Item] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def fetch(self, key: tuple[str, str], *args: Any) -> list[asyncpg.Record]:
+        """The statement's rows for ``args``. ``key``: (tenant, conversation) -- the order
+        a batch runs in."""
+        if not self.enabled:
+            return await self.db.fetch(self.query, *args)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[list[asyncpg.Record]] = loop.create_future()
+        if not self._queue:
+            loop.call_soon(self._flush)  # after every task woken in this turn has had its go
+        self._queue.append((key, args, waiter))
+        return await waiter
+
+    def _flush(self) -> None:
+        queue, self._queue = self._queue, []
+        for start in range(0, len(queue), self.limit):
+            task = asyncio.get_running_loop().create_task(self._send(queue[start:start + self.limit]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, items: list[_Item]) -> None:
+        if len(items) == 1:
+            await self._alone(items[0])
+            return
+        items.sort(key=lambda item: item[0])
+        try:
+            records = await self.db.fetchmany(self.query, [args for _, args, _ in items])
+        except asyncio.CancelledError:
+            for _, _, waiter in items:
+                waiter.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the callers, whatever it is
+            if _retry_alone(exc):
+                await asyncio.gather(*(self._alone(item) for item in items))
+            else:
+                for _, _, waiter in items:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+            return
+        rows: dict[Hashable, list[asyncpg.Record]] = {}
+        for record in records:
+            rows.setdefault(record[0], []).append(record)
+        for _, args, waiter in items:
+            if not waiter.done():
+                waiter.set_result(rows.get(args[self.tag], []))
+
+    async def _alone(self, item: _Item) -> None:
+        _, args, waiter = item
+        try:
+            records = await self.db.fetch(self.query, *args)
+        except asyncio.CancelledError:
+            waiter.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, whatever it is
+            if not waiter.done():
+                waiter.set_exception(exc)
+            return
+        if not waiter.done():
+            waiter.set_result(records)
