@@ -10,8 +10,9 @@ the transaction, the commit, the wake-ups), which is most of a stored call's dat
 (bench/README.md).
 
 Rules:
-- nothing waits to fill a batch: what was queued while the event loop ran one turn goes at the
-  end of that turn; a statement alone goes alone, as it would without batching;
+- nothing waits to fill a batch: the first call to reach the statement in a turn of the event loop
+  lets the tasks already woken in that turn run (one ``sleep(0)``), and those that reach the
+  statement meanwhile join it; a call that found none goes alone, exactly as without batching;
 - at most ``limit`` statements per round trip; a longer queue goes as several round trips;
 - a batch runs in the order of its statements' keys (tenant, conversation): batches lock
   conversation rows in one global order, so two of them cannot deadlock on those;
@@ -22,8 +23,9 @@ Rules:
   connection once sent, so it may have been carried out), every caller gets that error, as each
   would have alone -- and a batch waits as long as its slowest statement: a conversation row held
   by a long transaction holds up the calls sharing its round trip;
-- a caller that stops waiting (cancelled) does not stop the batch: its statement still runs --
-  the call lifecycle already treats an interrupted start or finish as possibly carried out.
+- a caller cancelled while it waits for its batch does not stop the batch: its statement still
+  runs -- the call lifecycle already treats an interrupted start or finish as possibly carried out.
+  (The first caller of a turn, cancelled while it gathers the others, sends nothing of its own.)
 
 Each statement must return rows whose first column (``call``) repeats one of its arguments
 (``tag``): the node of the call, which is how a batch's rows are handed back to their callers.
@@ -71,7 +73,7 @@ class Batch:
         self.tag = tag  # the index of the argument the rows' first column repeats
         self.enabled = enabled
         self.limit = limit
-        self._queue: list[_Item] = []
+        self._gathering: list[_Item] | None = None  # the calls joining this turn's first one
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def fetch(self, key: tuple[str, str], *args: Any) -> list[asyncpg.Record]:
@@ -80,16 +82,27 @@ class Batch:
         if not self.enabled:
             return await self.db.fetch(self.query, *args)
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[list[asyncpg.Record]] = loop.create_future()
-        if not self._queue:
-            loop.call_soon(self._flush)  # after every task woken in this turn has had its go
-        self._queue.append((key, args, waiter))
+        if self._gathering is not None:  # the first call of this turn gathers the others: join it
+            waiter: asyncio.Future[list[asyncpg.Record]] = loop.create_future()
+            self._gathering.append((key, args, waiter))
+            return await waiter
+        others = self._gathering = []
+        try:
+            await asyncio.sleep(0)  # every task already woken in this turn has its go first
+        except asyncio.CancelledError:
+            self._send_soon(others)
+            raise
+        finally:
+            self._gathering = None
+        if not others:  # alone: exactly as without batching
+            return await self.db.fetch(self.query, *args)
+        waiter = loop.create_future()
+        self._send_soon([(key, args, waiter), *others])  # in a task: no one caller's cancellation stops it
         return await waiter
 
-    def _flush(self) -> None:
-        queue, self._queue = self._queue, []
-        for start in range(0, len(queue), self.limit):
-            task = asyncio.get_running_loop().create_task(self._send(queue[start:start + self.limit]))
+    def _send_soon(self, items: list[_Item]) -> None:
+        for start in range(0, len(items), self.limit):
+            task = asyncio.get_running_loop().create_task(self._send(items[start:start + self.limit]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

@@ -203,6 +203,17 @@ def test_a_caller_that_stops_waiting_does_not_stop_the_batch(database_url):
             assert results[0] is True and results[2] is True and isinstance(results[1], asyncio.CancelledError)
             # the cancelled caller's finish went with the batch all the same
             assert await _heads(db, cids) == {c: n for c, (n, _) in zip(cids, started)}
+
+            # the first caller of the turn, which gathers the others, cancelled while it gathers:
+            # its own statement was never sent, the others' go without it
+            cids = _conversations(3)
+            started = [await _begin(store, c, "q") for c in cids]
+            tasks = [asyncio.create_task(_finish(store, c, n, b, "a")) for c, (n, b) in zip(cids, started)]
+            await asyncio.sleep(0)
+            tasks[0].cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert isinstance(results[0], asyncio.CancelledError) and results[1:] == [True, True], results
+            assert await _heads(db, cids) == {cids[0]: None, cids[1]: started[1][0], cids[2]: started[2][0]}
         finally:
             await db.close()
 
