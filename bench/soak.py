@@ -250,6 +250,9 @@ def main() -> None:
         check = subprocess.run([str(ROOT / ".venv" / "bin" / "branchpoint"), "check", "--grace", "30"], env=env,
                                capture_output=True, text=True, timeout=120)
         lost = asyncio.run(_lost(pg.uri, load))
+        deadlocks = asyncio.run(_deadlocks(pg.uri))
+        batches = [_metric(p, "branchpoint_db_batches_total") for p in proxies]
+        batched = [_metric(p, "branchpoint_db_batched_statements_total") for p in proxies]
         result = {
             "seconds": round(elapsed, 1), "clients": args.clients, "processes": len(proxies),
             "requests": sum(v for k, v in load.statuses.items() if isinstance(k, int)),
@@ -259,6 +262,9 @@ def main() -> None:
             "check_exit": check.returncode, "check_output": check.stdout.strip()[-500:],
             "nodes_named": len(load.node_conv), "nodes_lost": len(lost), "lost_samples": lost[:5],
             "conversations_deleted": len(load.deleted),
+            # batched round trips (docs/architecture.md#batched-round-trips): how many, what they
+            # carried, and the deadlocks PostgreSQL broke (each sends its batch's statements again alone)
+            "db_batches": sum(batches), "db_batched_statements": sum(batched), "deadlocks": deadlocks,
         }
     finally:
         procs.stop()
@@ -271,6 +277,21 @@ def main() -> None:
     out.write_text(text)
     if result.get("own_5xx") or result.get("check_exit") or result.get("nodes_lost"):
         raise SystemExit(1)
+
+
+def _metric(proxy: str, name: str) -> float:
+    text = httpx.get(f"{proxy}/metrics", timeout=10).text
+    return next((float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " ")), 0.0)
+
+
+async def _deadlocks(url: str) -> int:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    finally:
+        await conn.close()
 
 
 async def _lost(url: str, load: Load) -> list[str]:
