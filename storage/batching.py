@@ -101,6 +101,7 @@ class Batch:
         return await waiter
 
     def _send_soon(self, items: list[_Item]) -> None:
+        items.sort(key=lambda item: item[0])  # (stable: one conversation's statements keep their order)
         for start in range(0, len(items), self.limit):
             task = asyncio.get_running_loop().create_task(self._send(items[start:start + self.limit]))
             self._tasks.add(task)
@@ -110,7 +111,6 @@ class Batch:
         if len(items) == 1:
             await self._alone(items[0])
             return
-        items.sort(key=lambda item: item[0])
         try:
             records = await self.db.fetchmany(self.query, [args for _, args, _ in items])
         except asyncio.CancelledError:
