@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -133,3 +134,15 @@ def test_metrics_show_the_process_and_its_context_switches(proxy, upstream, key,
     after = metric(proxy, "branchpoint_process_context_switches_total", kind="voluntary")
     assert after > before > 0
     assert 'branchpoint_process_context_switches_total{kind="involuntary"}' in httpx.get(f"{proxy.url}/metrics").text
+
+
+def test_every_metric_is_documented(proxy):
+    """docs/behaviour.md#metrics lists exactly the families /metrics exposes."""
+    text = httpx.get(f"{proxy.url}/metrics").text
+    exposed = {name for name in re.findall(r"^# TYPE (branchpoint_\w+) \w+$", text, re.M)
+               if not name.endswith("_created")}  # (the client's creation time of each counter)
+    docs = (Path(__file__).parents[1] / "docs" / "behaviour.md").read_text()
+    section = docs[docs.index("\n## Metrics\n"):]
+    section = section[:section.index("\n## ", 1)]
+    documented = set(re.findall(r"^\| `(branchpoint_\w+)`", section, re.M))
+    assert exposed == documented, (exposed - documented, documented - exposed)
