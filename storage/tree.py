@@ -47,7 +47,8 @@ class TreeStore:
     def __init__(self, db: Database, cache: PathCache | None = None, *, batch: bool = True) -> None:
         self.db = db
         self.cache = cache if cache is not None else PathCache(0)
-        self._begins = Batch(db, queries.BEGIN_CALL, tag=4, enabled=batch)  # tag: p_node
+        # tag: the position of the node's id among the arguments ($5 and $2), which the rows repeat
+        self._begins = Batch(db, queries.BEGIN_CALL, tag=4, enabled=batch)
         self._finishes = Batch(db, queries.FINISH_CALL, tag=1, enabled=batch)
 
     async def begin_call(
