@@ -1,15 +1,20 @@
 """In-flight lease upkeep (docs/behaviour.md#leases): keep the leases of this process's running calls
 alive, however long they take, and reap the calls of processes that died.
 
-One renewal loop for all calls of the process (a call costs nothing extra unless it outlives a
-third of ``lease_seconds``), and one reaper loop; both only talk to PostgreSQL, so any number of
-proxy processes sharing a database cooperate without knowing of each other.
+One renewal loop for all calls of the process, and one reaper loop; both only talk to PostgreSQL,
+so any number of proxy processes sharing a database cooperate without knowing of each other.
+
+The renewal loop wakes every third of ``lease_seconds`` (the interval) and renews only the leases
+set at least an interval ago: a call shorter than the interval -- nearly every call -- costs
+nothing extra, and a longer one is renewed once per interval. A lease is renewed at the latest two
+intervals after it was set, with an interval (a third of the lease) to spare before it runs out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 from storage import StorageError, TreeStore
@@ -28,11 +33,14 @@ class LeaseKeeper:
         self.metrics = metrics
         self.lease_seconds = lease_seconds
         self.reaper_interval = reaper_interval
-        self.inflight: dict[uuid.UUID, uuid.UUID] = {}  # node id -> tree id
+        self.interval = max(0.05, lease_seconds / 3)  # between renewal passes
+        self.inflight: dict[uuid.UUID, tuple[uuid.UUID, float]] = {}  # node id -> (tree id, lease set at)
+        self.renewed = 0  # leases renewed by this process
         self._tasks: list[asyncio.Task[None]] = []
 
     def track(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> None:
-        self.inflight[node_id] = tree_id
+        """A started call of this process (its lease was set when its start was stored)."""
+        self.inflight[node_id] = (tree_id, time.monotonic())
 
     def untrack(self, node_id: uuid.UUID) -> None:
         self.inflight.pop(node_id, None)
@@ -58,12 +66,19 @@ class LeaseKeeper:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 
-    async def renew_all(self) -> None:
-        for node_id, tree_id in list(self.inflight.items()):
+    async def renew_due(self) -> None:
+        """Renew the leases set at least an interval ago (module docstring)."""
+        for node_id, (tree_id, since) in list(self.inflight.items()):
+            if time.monotonic() - since < self.interval:
+                continue
             try:
                 await self.tree.renew(tree_id, node_id, self.lease_seconds)
             except StorageError as exc:
                 log.warning("lease renewal failed", extra={"node_id": str(node_id), "error": str(exc)})
+                continue
+            self.renewed += 1
+            if node_id in self.inflight:  # (not finished meanwhile)
+                self.inflight[node_id] = (tree_id, time.monotonic())
 
     async def reap(self) -> int:
         reaped = await self.tree.reap_expired()
@@ -73,10 +88,9 @@ class LeaseKeeper:
         return reaped
 
     async def _renew_loop(self) -> None:
-        interval = max(0.05, self.lease_seconds / 3)
         while True:
-            await asyncio.sleep(interval)
-            await self.renew_all()
+            await asyncio.sleep(self.interval)
+            await self.renew_due()
 
     async def _reap_loop(self) -> None:
         await periodically(self.reap, self.reaper_interval, what="reaper", log=log)

@@ -5,13 +5,21 @@ import os
 import signal
 import threading
 import time
+import uuid
 
 import openai
 import pytest
 
-from .conftest import Db, make_settings, new_key, serve_proxy, spawn_proxy, wait_for
+from proxy.leases import LeaseKeeper
+from proxy.metrics import Metrics
+from storage.database import Database
+from storage.ids import uuid7
+from storage.transcript import digests
+from storage.tree import TreeStore
+
+from .conftest import Db, make_settings, new_key, run, serve_proxy, spawn_proxy, wait_for
 from .fakes import Reply
-from .helpers import say, user
+from .helpers import MODEL, say, user
 
 
 def ask(client, cid, text, **kw):
@@ -118,3 +126,40 @@ def test_the_next_call_reaps_an_expired_lease_itself(fresh_database_url, upstrea
         assert h["x-parent-node-id"] == str(lost["id"])  # reaped, made the head, then built upon
         assert "lost" in upstream.last.text()
 
+
+
+def test_only_calls_older_than_the_interval_are_renewed(database_url, cid):
+    """A renewal pass renews only the leases set at least an interval (a third of the lease) ago:
+    a short call costs no statement; a long one's lease is pushed on, its conversation's with it."""
+    async def scenario():
+        db = await Database().open(database_url, min_size=1, max_size=2)
+        try:
+            store = TreeStore(db)
+            keeper = LeaseKeeper(store, Metrics(), lease_seconds=30, reaper_interval=3600)
+            started = {}
+            for name in ("young", "old"):
+                sent = [user(name)]
+                node = uuid7()
+                begun = await store.begin_call(
+                    tenant="t_renew", conversation_id=f"{cid}-{name}", node_id=node, new_tree_id=uuid.uuid4(),
+                    kind="turn", mode="delta", parent_mode="head", parent_id=None, sent=sent, digests=digests(sent),
+                    prefixes=[], system_hash=None, lease_seconds=30, model=MODEL, provider="default", params={})
+                keeper.track(begun.tree_id, node)
+                started[name] = node
+            tree, _ = keeper.inflight[started["old"]]
+            keeper.inflight[started["old"]] = (tree, time.monotonic() - keeper.interval)  # set an interval ago
+            leases = "SELECT n.lease_until AS node, c.lease_until AS conv FROM nodes n JOIN conversations c " \
+                     "ON c.tenant = n.tenant AND c.id = n.conversation_id WHERE n.id = $1"
+            before = {k: await db.fetchrow(leases, n) for k, n in started.items()}
+            statements = db.statements
+            await keeper.renew_due()
+            assert keeper.renewed == 1 and db.statements == statements + 1
+            after = {k: await db.fetchrow(leases, n) for k, n in started.items()}
+            assert after["young"] == before["young"]
+            assert after["old"]["node"] > before["old"]["node"] and after["old"]["conv"] > before["old"]["conv"]
+            await keeper.renew_due()  # just renewed: not again within the interval
+            assert keeper.renewed == 1
+        finally:
+            await db.close()
+
+    run(scenario())
