@@ -4,6 +4,7 @@ transaction -- each caller still gets its own answer, its own refusal, its own e
 
 import asyncio
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,7 +17,7 @@ from storage.model import Outcome
 from storage.transcript import digests
 from storage.tree import TreeStore
 
-from .conftest import make_settings, run, serve_proxy
+from .conftest import Db, RowLocks, assert_invariants, make_settings, run, serve_proxy, wait_for
 from .fakes import Reply
 from .helpers import MODEL, say, user
 
@@ -263,3 +264,44 @@ def test_concurrent_clients_get_their_own_context(database_url, upstream_url, up
             assert p.runtime.db.batched > batched
         else:
             assert p.runtime.db.batched == batched
+
+
+WAITING = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+
+
+def test_finishes_whose_connection_is_cut_are_stored_afterwards(fresh_database_url, upstream_url, upstream, key):
+    """Answers released together are being stored -- in batches, as they come -- when their
+    connections are cut (the backends terminated while they wait for row locks): every client still
+    gets its answer, and every outcome is stored once the database lets it, each finish running
+    again in the background (docs/architecture.md#batched-round-trips: a batch that lost its
+    connection after being sent fails all of its callers, and each handles it as alone)."""
+    cids = _conversations(6)
+    db = Db(fresh_database_url)
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        client = p.openai(key)
+        for c in cids:
+            say(client, c, user("first"))
+        release = threading.Event()
+        upstream.enqueue(*[Reply(content="second answer", hold=release) for _ in cids])
+        with ThreadPoolExecutor(len(cids)) as pool:
+            futures = {c: pool.submit(say, client, c, user(f"second in {c}")) for c in cids}
+            upstream.wait_for(2 * len(cids))  # every start stored
+            with RowLocks(fresh_database_url, cids) as locks:
+                release.set()
+                wait_for(lambda: db.fetchval(WAITING) >= 1, what="the finishes waiting for the locks")
+                time.sleep(0.3)  # (the stragglers, if any, join the wait)
+                assert db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = ANY($1) AND status = 'pending'",
+                                   cids) == len(cids)
+                cut = db.fetchval("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                  "WHERE datname = current_database() AND wait_event_type = 'Lock') t")
+                assert cut >= 1
+                locks.release()
+            answers = {c: f.result(timeout=30) for c, f in futures.items()}
+        for completion, _ in answers.values():
+            assert completion.choices[0].message.content == "second answer"
+        wait_for(lambda: db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0, timeout=20,
+                 what="every outcome stored")
+        for c, (_, headers) in answers.items():
+            assert db.node(headers["x-node-id"])["status"] == "success"
+            assert db.head(c) == headers["x-node-id"]
+    assert_invariants(fresh_database_url)
