@@ -8,6 +8,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from storage import Busy, NodeMissing, StorageError, StorageUnavailable
@@ -304,4 +305,38 @@ def test_finishes_whose_connection_is_cut_are_stored_afterwards(fresh_database_u
         for c, (_, headers) in answers.items():
             assert db.node(headers["x-node-id"])["status"] == "success"
             assert db.head(c) == headers["x-node-id"]
+    assert_invariants(fresh_database_url)
+
+
+def test_starts_whose_connection_is_cut_answer_503_and_leave_nothing_pending(fresh_database_url, upstream_url, key):
+    """Turns started together wait for their conversations' rows -- alone or in batches, as they
+    arrive -- when their connections are cut: each client gets 503 ``database_unavailable`` (the start may or may not
+    have been written), nothing is left pending or leased, and the next turns go through."""
+    cids = _conversations(6)
+    db = Db(fresh_database_url)
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p, \
+            httpx.Client(base_url=p.url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as http:
+        def turn(c, text):
+            return http.post("/v1/chat/completions", headers={"X-Conversation-Id": c},
+                             json={"model": MODEL, "messages": [user(text)]})
+
+        for c in cids:
+            assert turn(c, "first").status_code == 200
+        with ThreadPoolExecutor(len(cids)) as pool, RowLocks(fresh_database_url, cids) as locks:
+            futures = {c: pool.submit(turn, c, "second") for c in cids}
+            wait_for(lambda: db.fetchval(WAITING) >= 1, what="the starts waiting for the locks")
+            time.sleep(0.3)
+            db.fetchval("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND wait_event_type = 'Lock') t")
+            locks.release()
+            answers = {c: f.result(timeout=30) for c, f in futures.items()}
+        cut = [c for c, r in answers.items() if r.status_code != 200]
+        assert cut, "no start was cut"
+        for c in cut:
+            assert answers[c].status_code == 503 and answers[c].json()["error"]["code"] == "database_unavailable"
+        wait_for(lambda: db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0
+                 and db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0,
+                 timeout=20, what="nothing pending or leased")
+        for c in cids:
+            assert turn(c, "third").status_code == 200
     assert_invariants(fresh_database_url)
