@@ -3,6 +3,7 @@ that reach the database in the same turn of the event loop go as one round trip 
 transaction -- each caller still gets its own answer, its own refusal, its own error."""
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -56,15 +57,25 @@ async def _heads(db, cids):
     return {r["id"]: r["head_node_id"] for r in rows}
 
 
-async def _open(url, **kw):
-    return await Database().open(url, min_size=1, max_size=4, **kw)
+@contextlib.asynccontextmanager
+async def _store(url, *, batch=True, **options):
+    """A database of its own (closed afterwards) and a TreeStore over it."""
+    db = await Database().open(url, min_size=1, max_size=4, **options)
+    try:
+        yield db, TreeStore(db, batch=batch)
+    finally:
+        await db.close()
+
+
+async def _started(store, n):
+    """``n`` new conversations, each with a turn started (one at a time) and not finished."""
+    cids = _conversations(n)
+    return cids, [await _begin(store, c, "q") for c in cids]
 
 
 def test_calls_reaching_the_database_together_share_a_round_trip(database_url):
     async def scenario():
-        db = await _open(database_url)
-        try:
-            store = TreeStore(db)
+        async with _store(database_url) as (db, store):
             cids = _conversations(12)
             before = _counts(db)
             first = await asyncio.gather(*(_begin(store, c, f"first in {c}") for c in cids))
@@ -87,8 +98,6 @@ def test_calls_reaching_the_database_together_share_a_round_trip(database_url):
                 assert begun.path[0].received == [{"role": "assistant", "content": f"answer in {c}"}]
             await asyncio.gather(*(_finish(store, c, n, b, "ok") for c, (n, b) in zip(cids, second)))
             assert await _heads(db, cids) == {c: n for c, (n, _) in zip(cids, second)}
-        finally:
-            await db.close()
 
     run(scenario())
 
@@ -97,9 +106,7 @@ def test_a_refused_start_is_refused_alone(database_url):
     """One start of a batch refused (a turn in flight, an unknown parent): the batch is undone and
     every start runs again alone -- the others are stored once, the refused ones get their refusal."""
     async def scenario():
-        db = await _open(database_url)
-        try:
-            store = TreeStore(db)
+        async with _store(database_url) as (db, store):
             busy, fine, side, unknown = _conversations(4)
             await _begin(store, busy, "in flight")  # holds the lease: its next turn is refused
             node, begun = await _begin(store, unknown, "first")
@@ -116,19 +123,14 @@ def test_a_refused_start_is_refused_alone(database_url):
                                           TENANT, cid)
                 assert count == 1, cid  # stored once: the undone batch left nothing behind
                 await _finish(store, cid, node, begun, "fine", leased=cid == fine)  # (side calls take no lease)
-        finally:
-            await db.close()
 
     run(scenario())
 
 
 def test_a_failed_finish_fails_alone(database_url):
     async def scenario():
-        db = await _open(database_url)
-        try:
-            store = TreeStore(db)
-            cids = _conversations(3)
-            started = [await _begin(store, c, "q") for c in cids]
+        async with _store(database_url) as (db, store):
+            cids, started = await _started(store, 3)
             (n0, b0), (n1, b1), (n2, b2) = started
             results = await asyncio.gather(
                 _finish(store, cids[0], n0, b0, "a"),
@@ -141,8 +143,6 @@ def test_a_failed_finish_fails_alone(database_url):
             assert results[0] is True and results[2] is True, results
             assert isinstance(results[1], StorageError), results
             assert await _heads(db, cids) == {cids[0]: n0, cids[1]: None, cids[2]: n2}
-        finally:
-            await db.close()
 
     run(scenario())
 
@@ -151,17 +151,13 @@ def test_a_batch_runs_in_conversation_order(database_url):
     """Batches lock conversation rows in one order -- (tenant, conversation) -- so two of them cannot
     deadlock on those rows. Seen in the order the finishes ran (each stamps ``finished_at``)."""
     async def scenario():
-        db = await _open(database_url)
-        try:
-            store = TreeStore(db)
-            cids = sorted(_conversations(5), reverse=True)
-            started = [await _begin(store, c, "q") for c in cids]
+        async with _store(database_url) as (db, store):
+            cids, started = await _started(store, 5)
+            cids, started = cids[::-1], started[::-1]  # finished in the reverse order of the names
             await asyncio.gather(*(_finish(store, c, n, b, "a") for c, (n, b) in zip(cids, started)))
             rows = await db.fetch("SELECT conversation_id FROM nodes WHERE id = ANY($1) ORDER BY finished_at",
                                   [n for n, _ in started])
             assert [r["conversation_id"] for r in rows] == sorted(cids)
-        finally:
-            await db.close()
 
     run(scenario())
 
@@ -171,11 +167,8 @@ def test_a_batch_that_times_out_fails_every_caller_once(database_url):
     holds past the timeout -- fails every caller of the batch, as it would have alone; nobody runs
     again alone, since the batch may have been carried out."""
     async def scenario():
-        db = await _open(database_url, command_timeout=0.5)
-        try:
-            store = TreeStore(db)
-            cids = _conversations(3)
-            started = [await _begin(store, c, "q") for c in cids]
+        async with _store(database_url, command_timeout=0.5) as (db, store):
+            cids, started = await _started(store, 3)
             async with db.connection() as holder, holder.transaction():
                 await holder.execute("SELECT 1 FROM conversations WHERE tenant = $1 AND id = $2 FOR UPDATE",
                                      TENANT, cids[0])
@@ -185,19 +178,14 @@ def test_a_batch_that_times_out_fails_every_caller_once(database_url):
                 assert all(isinstance(r, StorageUnavailable) and r.sent for r in results), results
                 assert _counts(db)[:2] == (before[0] + 1, before[1] + 1)
             assert await _heads(db, cids) == dict.fromkeys(cids)  # undone whole
-        finally:
-            await db.close()
 
     run(scenario())
 
 
 def test_a_caller_that_stops_waiting_does_not_stop_the_batch(database_url):
     async def scenario():
-        db = await _open(database_url)
-        try:
-            store = TreeStore(db)
-            cids = _conversations(3)
-            started = [await _begin(store, c, "q") for c in cids]
+        async with _store(database_url) as (db, store):
+            cids, started = await _started(store, 3)
             tasks = [asyncio.create_task(_finish(store, c, n, b, "a")) for c, (n, b) in zip(cids, started)]
             await asyncio.sleep(0)  # all three queued
             tasks[1].cancel()
@@ -208,31 +196,24 @@ def test_a_caller_that_stops_waiting_does_not_stop_the_batch(database_url):
 
             # the first caller of the turn, which gathers the others, cancelled while it gathers:
             # its own statement was never sent, the others' go without it
-            cids = _conversations(3)
-            started = [await _begin(store, c, "q") for c in cids]
+            cids, started = await _started(store, 3)
             tasks = [asyncio.create_task(_finish(store, c, n, b, "a")) for c, (n, b) in zip(cids, started)]
             await asyncio.sleep(0)
             tasks[0].cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             assert isinstance(results[0], asyncio.CancelledError) and results[1:] == [True, True], results
             assert await _heads(db, cids) == {cids[0]: None, cids[1]: started[1][0], cids[2]: started[2][0]}
-        finally:
-            await db.close()
 
     run(scenario())
 
 
 def test_batching_off_sends_each_alone(database_url):
     async def scenario():
-        db = await _open(database_url)
-        try:
-            store = TreeStore(db, batch=False)
+        async with _store(database_url, batch=False) as (db, store):
             before = _counts(db)
             started = await asyncio.gather(*(_begin(store, c, "q") for c in _conversations(4)))
             assert len(started) == 4
             assert _counts(db) == (before[0] + 4, before[1], before[2])
-        finally:
-            await db.close()
 
     run(scenario())
 
