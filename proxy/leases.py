@@ -35,7 +35,6 @@ class LeaseKeeper:
         self.reaper_interval = reaper_interval
         self.interval = max(0.05, lease_seconds / 3)  # between renewal passes
         self.inflight: dict[uuid.UUID, tuple[uuid.UUID, float]] = {}  # node id -> (tree id, lease set at)
-        self.renewed = 0  # leases renewed by this process
         self._tasks: list[asyncio.Task[None]] = []
 
     def track(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> None:
@@ -76,7 +75,6 @@ class LeaseKeeper:
             except StorageError as exc:
                 log.warning("lease renewal failed", extra={"node_id": str(node_id), "error": str(exc)})
                 continue
-            self.renewed += 1
             if node_id in self.inflight:  # (not finished meanwhile)
                 self.inflight[node_id] = (tree_id, time.monotonic())
 
