@@ -165,7 +165,7 @@ def test_a_batch_runs_in_conversation_order(database_url):
 def test_a_batch_that_times_out_fails_every_caller_once(database_url):
     """The database gone quiet once a batch was sent -- here a conversation row another transaction
     holds past the timeout -- fails every caller of the batch, as it would have alone; nobody runs
-    again alone, since the batch may have been carried out."""
+    again alone, since the batch may have been carried out (and here it may: see the end)."""
     async def scenario():
         async with _store(database_url, command_timeout=0.5) as (db, store):
             cids, started = await _started(store, 3)
@@ -177,7 +177,10 @@ def test_a_batch_that_times_out_fails_every_caller_once(database_url):
                                                return_exceptions=True)
                 assert all(isinstance(r, StorageUnavailable) and r.sent for r in results), results
                 assert _counts(db)[:2] == (before[0] + 1, before[1] + 1)
-            assert await _heads(db, cids) == dict.fromkeys(cids)  # undone whole
+            # all or nothing -- and possibly all: the batch had been sent whole (its Sync too), so
+            # the server may still carry it out once the row is free, whatever the client thinks
+            heads = await _heads(db, cids)
+            assert heads in (dict.fromkeys(cids), {c: n for c, (n, _) in zip(cids, started)}), heads
 
     run(scenario())
 
