@@ -159,6 +159,26 @@ def postgres_dsn(data_dir: Path) -> str:
     return f"postgresql://postgres@/postgres?host={lines[4]}&port={int(lines[3])}"  # host: the socket directory
 
 
+def wal_and_commits(data_dir: Path) -> tuple[int, int]:
+    """The embedded PostgreSQL's WAL position (bytes) and the next transaction id: the difference
+    of two readings counts the transactions that wrote in between (each ends in a commit -- or an
+    abort), exactly and at once, where the statistics views lag by up to a second."""
+    import asyncio
+
+    import asyncpg
+
+    async def read() -> tuple[int, int]:
+        conn = await asyncpg.connect(postgres_dsn(data_dir))
+        try:
+            wal = await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')")
+            commits = await conn.fetchval("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint")
+            return int(wal), int(commits)
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
 def pin_postgres(data_dir: Path, cpus: str) -> list[int]:
     """Move PostgreSQL off the proxy's core (new backends inherit the postmaster's affinity):
     the database is a service of its own, as in production; its CPU is reported apart."""

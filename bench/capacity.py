@@ -3,43 +3,30 @@
 PostgreSQL's CPU per call, and the WAL bytes PostgreSQL writes per call -- with one worker (proxy
 and database sharing one core) and with ``serve --workers 2`` (both cores, shared with the load).
 
-    uv run python bench/capacity.py [-d 10] [--workers 1,2] [--scheduling batch,normal]
+    uv run python bench/capacity.py [-d 10] [--workers 1,2] [--scheduling batch,normal] [--batching on,off]
 
 Load: wrk with 32 connections making turn calls on 32 conversations whose paths are 20 nodes
 long, against the fast fake upstream (0 ms). RSS is the largest proxy process's. ``--scheduling``:
 the embedded PostgreSQL's scheduling policy (``[database] embedded_batch_scheduling``, batch by
 default; docs/scaling.md#the-embedded-database) -- with both, each worker count runs both ways,
-alternating fresh stacks ``--repeats`` times.
+alternating fresh stacks ``--repeats`` times. ``--batching``: batched round trips (``[database]
+batch_calls``, on by default; docs/architecture.md#batched-round-trips) on, off or both, alike.
+PostgreSQL's commits per call show how many calls shared a transaction (two each without batching).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, Procs, log, machine, postgres_dsn, shared_bench, start_stack
+from _harness import ROOT, Procs, log, machine, shared_bench, start_stack
 from run import run_wrk_turns, seed
 
 from storage.embedded import child_pids
-
-
-async def _wal_lsn(data_dir: Path) -> int:
-    import asyncpg
-
-    conn = await asyncpg.connect(postgres_dsn(data_dir))
-    try:
-        return int(await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')"))
-    finally:
-        await conn.close()
-
-
-def wal_lsn(data_dir: Path) -> int:
-    return asyncio.run(_wal_lsn(data_dir))
 
 
 def rss_soak(calls: int) -> dict:
@@ -70,6 +57,7 @@ def main() -> None:
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--scheduling", default="batch", help="batch, normal or both (comma-separated)")
+    ap.add_argument("--batching", default="on", help="on, off or both (comma-separated)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--rss-calls", type=int, default=0,
                     help="then (one worker) stream this many calls at c=32 and sample the proxy's RSS as it goes")
@@ -77,29 +65,31 @@ def main() -> None:
     args = ap.parse_args()
     results: dict = {"machine": machine(), "runs": []}
     policies = args.scheduling.split(",")
-    runs = [(int(w), p) for w in args.workers.split(",") for _ in range(args.repeats) for p in policies]
-    for workers, policy in runs:
+    batching = args.batching.split(",")
+    runs = [(int(w), p, b) for w in args.workers.split(",") for _ in range(args.repeats) for p in policies
+            for b in batching]
+    for workers, policy, batched in runs:
         work = Path(tempfile.mkdtemp(prefix=f"bp-capacity-{workers}-"))
         procs = Procs()
         cpus = "1" if workers == 1 else "0,1"
-        config = "" if policy == "batch" else "[database]\nembedded_batch_scheduling = false\n"
+        config = (f"[database]\nembedded_batch_scheduling = {str(policy == 'batch').lower()}\n"
+                  f"batch_calls = {str(batched == 'on').lower()}\n")
         try:
             _, proxy, px = start_stack(procs, work, up_port=18087, port=14007, bench=shared_bench(),
                                        args=("--workers", str(workers)) if workers > 1 else (),
                                        proxy_cpus=cpus, pg_cpus=cpus, config=config)
             convs = seed(proxy, 32)
-            row: dict = {"workers": workers, "scheduling": policy, "proxy_cpus": cpus, "postgres_cpus": cpus}
+            row: dict = {"workers": workers, "scheduling": policy, "batching": batched, "proxy_cpus": cpus,
+                         "postgres_cpus": cpus}
             for stream in (False, True):
-                wal0 = wal_lsn(work / "data")
                 # with several workers the supervisor's children do the work: count all of them
                 r = run_wrk_turns(f"{proxy}/v1", convs, stream, args.duration, px.pid, work / "data",
                                   extra_pids=child_pids(px.pid))
-                wal1 = wal_lsn(work / "data")
-                r["wal_bytes_per_call"] = round((wal1 - wal0) / max(1, r["requests"]))
                 row["stream" if stream else "nonstream"] = r
-                log(f"workers {workers} ({policy}) {'stream' if stream else 'non-stream'}: {r['rps']:.0f} calls/s, proxy "
-                    f"{r['cpu_ms_per_req']:.2f} + PostgreSQL {r['postgres_cpu_ms_per_req']:.2f} CPU ms/call, "
-                    f"{r['preemptions_per_req']} preemptions/call, WAL {r['wal_bytes_per_call']} B/call, RSS {r['rss_mb']} MB")
+                log(f"workers {workers} ({policy}, batching {batched}) {'stream' if stream else 'non-stream'}: "
+                    f"{r['rps']:.0f} calls/s, proxy {r['cpu_ms_per_req']:.2f} + PostgreSQL "
+                    f"{r['postgres_cpu_ms_per_req']:.2f} CPU ms/call, {r['preemptions_per_req']} preemptions/call, "
+                    f"WAL {r['wal_bytes_per_call']} B/call, {r['commits_per_call']} commits/call, RSS {r['rss_mb']} MB")
             results["runs"].append(row)
         finally:
             procs.stop()
@@ -108,15 +98,15 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
-    print("| workers | PostgreSQL scheduling | cores (proxy + PostgreSQL) | mode | stored calls/s | proxy CPU ms/call "
-          "| PostgreSQL CPU ms/call | proxy preemptions/call | WAL bytes/call |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| workers | PostgreSQL scheduling | batching | cores (proxy + PostgreSQL) | mode | stored calls/s "
+          "| proxy CPU ms/call | PostgreSQL CPU ms/call | proxy preemptions/call | WAL bytes/call | commits/call |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in results["runs"]:
         for mode in ("nonstream", "stream"):
             r = row[mode]
-            print(f"| {row['workers']} | {row['scheduling']} | {row['proxy_cpus']} | {mode} | {r['rps']:.0f} | "
-                  f"{r['cpu_ms_per_req']:.2f} | {r['postgres_cpu_ms_per_req']:.2f} | {r['preemptions_per_req']} | "
-                  f"{r['wal_bytes_per_call']} |")
+            print(f"| {row['workers']} | {row['scheduling']} | {row['batching']} | {row['proxy_cpus']} | {mode} | "
+                  f"{r['rps']:.0f} | {r['cpu_ms_per_req']:.2f} | {r['postgres_cpu_ms_per_req']:.2f} | "
+                  f"{r['preemptions_per_req']} | {r['wal_bytes_per_call']} | {r['commits_per_call']} |")
     if "rss" in results:
         rss = results["rss"]
         print(f"RSS under 32 concurrent streams: {rss['first_mb']:.0f} MB after the first 20 s, {rss['last_mb']:.0f} MB "

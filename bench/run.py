@@ -38,7 +38,20 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, ROOT, Procs, cpu_ticks, log, machine, postgres_pids, preemptions, shared_bench, start_stack
+from _harness import (
+    KEY,
+    MODEL,
+    ROOT,
+    Procs,
+    cpu_ticks,
+    log,
+    machine,
+    postgres_pids,
+    preemptions,
+    shared_bench,
+    start_stack,
+    wal_and_commits,
+)
 
 PATH_LEN = 20
 
@@ -142,18 +155,26 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(lua)
     n = len(convs)
-    cmd = ["taskset", "-c", "0", "wrk", "-t", str(n), "-c", str(n), "-d", f"{int(duration)}s", "--timeout", "10s",
-           "-s", f.name, f"{proxy_url}/chat/completions"]
-    # warm-up, then the measurement
-    subprocess.run([*cmd[:7], "2s", *cmd[8:]], capture_output=True, text=True, timeout=60)
+    def wrk(seconds: float) -> list[str]:
+        return ["taskset", "-c", "0", "wrk", "-t", str(n), "-c", str(n), "-d", f"{int(seconds)}s", "--timeout", "10s",
+                "-s", f.name, f"{proxy_url}/chat/completions"]
+
+    # warm-up, then the measurement (the warm-up's wrk must have run: an earlier version passed "2s"
+    # as the connection count, wrk refused it, and every run measured a cold start)
+    warm = subprocess.run(wrk(2), capture_output=True, text=True, timeout=60)
+    if "WRKJSON " not in warm.stdout:
+        raise SystemExit(f"wrk (warm-up) failed: {warm.stdout}\n{warm.stderr}")
+    cmd = wrk(duration)
     ticks_hz = os.sysconf("SC_CLK_TCK")
     pg_before = postgres_pids(data_dir) if data_dir else []
     pg0 = cpu_ticks(pg_before)
+    wal0, commits0 = wal_and_commits(data_dir) if data_dir else (0, 0)
     t0, c0, s0 = time.time(), cpu_ticks(pids), preemptions(pids)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 60)
     time.sleep(0.5)
     t1, c1, s1 = time.time(), cpu_ticks(pids), preemptions(pids)
     pg1 = cpu_ticks(postgres_pids(data_dir)) if data_dir else 0
+    wal1, commits1 = wal_and_commits(data_dir) if data_dir else (0, 0)
     os.unlink(f.name)
     line = next((ln for ln in p.stdout.splitlines() if ln.startswith("WRKJSON ")), None)
     if line is None:
@@ -169,6 +190,9 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
         "preemptions_per_req": round((s1 - s0) / max(1, r["requests"]), 2),
         "rss_mb": round(max(proc_rss_mb(p) for p in pids), 1),
         "postgres_cpu_ms_per_req": round((pg1 - pg0) / ticks_hz * 1000 / max(1, r["requests"]), 3) if data_dir else None,
+        # PostgreSQL's WAL and writing transactions (commits) per call: two a call without batched round trips
+        "wal_bytes_per_call": round((wal1 - wal0) / max(1, r["requests"])) if data_dir else None,
+        "commits_per_call": round((commits1 - commits0) / max(1, r["requests"]), 2) if data_dir else None,
     }
 
 
