@@ -170,7 +170,7 @@ def migrate(config_file: str | None) -> None:
 def usage(config_file: str | None, since: datetime | None, until: datetime | None, tenant: str | None) -> None:
     """Tokens by tenant and model of the calls made in a time range (as GET /admin/usage counts them)."""
     from proxy.errors import BranchpointError
-    from storage import AdminStore
+    from storage import AdminStore, UsageRow
 
     settings = _settings(config_file)
     try:
@@ -188,10 +188,10 @@ def usage(config_file: str | None, since: datetime | None, until: datetime | Non
         table.add_column(column, justify="left" if column in ("tenant", "model") else "right")
     for r in rows:
         table.add_row(r.tenant[:16], r.model or "-", f"{r.calls:,}", f"{r.prompt_tokens:,}", f"{r.completion_tokens:,}",
-                      f"{r.prompt_tokens + r.completion_tokens:,}")
-    prompt, completion = sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)
-    table.add_row("all", "", f"{sum(r.calls for r in rows):,}", f"{prompt:,}", f"{completion:,}", f"{prompt + completion:,}",
-                  style="bold")
+                      f"{r.total_tokens:,}")
+    total = UsageRow.total_of(rows)
+    table.add_row("all", "", f"{total.calls:,}", f"{total.prompt_tokens:,}", f"{total.completion_tokens:,}",
+                  f"{total.total_tokens:,}", style="bold")
     _console().print(table)
 
 
@@ -299,7 +299,7 @@ def list_conversations(config_file: str | None, tenant: str | None, limit: int) 
     for column in ("tenant", "conversation", "nodes", "tokens", "head", "busy", "created", "updated"):
         table.add_column(column, justify="right" if column in ("nodes", "tokens") else "left")
     for r in rows:
-        table.add_row(r.tenant[:16], r.id, str(r.node_count), f"{r.prompt_tokens + r.completion_tokens:,}", _short(r.head_node_id),
+        table.add_row(r.tenant[:16], r.id, str(r.node_count), f"{r.total_tokens:,}", _short(r.head_node_id),
                       "yes" if r.busy else "", _when(r.created_at), _when(r.updated_at))
     _console().print(table)
 

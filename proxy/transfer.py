@@ -28,7 +28,6 @@ from .responses.items import to_messages
 __all__ = ["NotAnExport", "Prepared", "prepare_import"]
 
 
-
 class NotAnExport(ValueError):
     """The file is not an export this proxy can import; the message says where and why."""
 

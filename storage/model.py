@@ -74,6 +74,10 @@ class ConversationRow(msgspec.Struct, frozen=True):
     prompt_tokens: int  # summed over those nodes' reported usage (input tokens of Responses calls)
     completion_tokens: int  # (output tokens of Responses calls)
 
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
 
 class NodeRow(msgspec.Struct, frozen=True):
     id: uuid.UUID
@@ -139,13 +143,23 @@ class Pruned(msgspec.Struct, frozen=True):
 
 
 class UsageRow(msgspec.Struct, frozen=True):
-    """Token usage of one tenant's calls of one model over a time range."""
+    """Token usage of one tenant's calls of one model over a time range (``total_of``: of several rows,
+    every tenant and model together)."""
 
     tenant: str
     model: str | None
     calls: int
     prompt_tokens: int
     completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def total_of(cls, rows: list[UsageRow]) -> UsageRow:
+        return cls("", None, sum(r.calls for r in rows), sum(r.prompt_tokens for r in rows),
+                   sum(r.completion_tokens for r in rows))
 
 
 S = TypeVar("S", bound=msgspec.Struct)

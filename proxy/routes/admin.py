@@ -23,7 +23,7 @@ from litestar.params import FromPath, JSONBody, Parameter
 from litestar.response import Stream
 from litestar.types import ASGIApp
 
-from storage import AdminStore, ConversationRow, NodeRow, uuid7
+from storage import AdminStore, ConversationRow, NodeRow, UsageRow, uuid7
 
 from ..assembly import Target
 from ..auth import Caller
@@ -203,7 +203,7 @@ def exported(row: NodeRow, head: uuid.UUID | None) -> ExportedNode:
 
 
 def _conversation(row: ConversationRow, reach: Reach) -> Conversation:
-    usage = Usage(row.prompt_tokens, row.completion_tokens, row.prompt_tokens + row.completion_tokens)
+    usage = Usage(row.prompt_tokens, row.completion_tokens, row.total_tokens)
     return Conversation(id=row.id, head_node_id=row.head_node_id, node_count=row.node_count, busy=row.busy,
                         created_at=row.created_at, updated_at=row.updated_at, object="conversation", usage=usage,
                         forked_from=row.forked_from, fork_node_id=row.fork_node_id,
@@ -326,11 +326,11 @@ class AdminController(Controller):
     ) -> UsageReport:
         since, until = usage_window(since, until)
         rows = await admin.usage(None if reach.any_tenant else reach.tenant, since, until)
-        lines = [UsageLine(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.prompt_tokens + r.completion_tokens,
+        lines = [UsageLine(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.total_tokens,
                            tenant=r.tenant if reach.caller.admin else None) for r in rows]
-        prompt, completion = sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows)
-        return UsageReport(since=since, until=until, data=lines, calls=sum(r.calls for r in rows),
-                           prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        total = UsageRow.total_of(rows)
+        return UsageReport(since=since, until=until, data=lines, calls=total.calls, prompt_tokens=total.prompt_tokens,
+                           completion_tokens=total.completion_tokens, total_tokens=total.total_tokens)
 
     @get("/conversations/{conversation_id:str}", summary="One conversation", responses=errors())
     async def get_conversation(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> Conversation:
