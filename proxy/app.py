@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 from litestar import Litestar, Request, Response
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
@@ -121,7 +121,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
 
     forwarder = Forwarder(runtime.upstream)
 
-    def call_context(caller: Caller) -> CallContext:
+    def call_context(caller: NamedDependency[Caller]) -> CallContext:
         return CallContext(caller, runtime.calls, forwarder, runtime.admin)
 
     app = Litestar(
@@ -148,8 +148,6 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         dependencies={
             "caller": Provide(runtime.auth.caller, sync_to_thread=False),
             "call": Provide(call_context, sync_to_thread=False),
-            "calls": _given(runtime.calls),
-            "forwarder": _given(forwarder),
             "admin": _given(runtime.admin),
             "ops": _given(runtime.ops),
             "compactor": _given(runtime.compactor),
