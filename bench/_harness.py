@@ -1,13 +1,18 @@
 """Shared pieces of the benchmark scripts: process handling (only what we start is stopped, by
-PID) and starting the fake upstream + Branchpoint pinned to separate cores."""
+PID), starting the fake upstream + Branchpoint pinned to separate cores, and the dated result
+files under bench/results/."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +23,8 @@ from storage.embedded import child_pids
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench-branchpoint"
 MODEL = "gpt-4o-mini"
+RESULTS = ROOT / "bench" / "results"
+STARTED = time.gmtime()  # when the script started (this module is imported first): its result file's date
 
 
 def log(msg: str) -> None:
@@ -81,6 +88,26 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) ->
     raise SystemExit(f"{url} did not come up in {timeout} s")
 
 
+def start_branchpoint(procs: Procs, work: Path, *, port: int, upstream_url: str, config: str = "",
+                      args: tuple[str, ...] = (), cpus: str | None = "1", database_url: str | None = None,
+                      name: str = "proxy") -> tuple[str, subprocess.Popen]:
+    """``branchpoint serve`` as a process of its own on ``cpus``, with an embedded PostgreSQL in
+    ``work`` unless ``database_url`` is given; ``config``: more TOML after ``[server]``'s
+    ``log_level``; ``args``: more ``serve`` arguments. Returns (its URL, its process) once ready."""
+    config_file = work / "bench.toml"
+    config_file.write_text('[server]\nlog_level = "warning"\n' + config)
+    env = {**os.environ, "BRANCHPOINT_UPSTREAM_URL": upstream_url, "BRANCHPOINT_CONFIG": str(config_file)}
+    if database_url:
+        env["BRANCHPOINT_DATABASE_URL"] = database_url
+    else:
+        env["BRANCHPOINT_DATA_DIR"] = str(work / "data")
+        env.pop("BRANCHPOINT_DATABASE_URL", None)
+    px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(port), *args], cpus=cpus,
+                     log_file=work / f"{name}.log", env=env)
+    proxy = f"http://127.0.0.1:{port}"
+    wait_http(f"{proxy}/readyz", 60, px)
+    return proxy, px
+
 
 def start_stack(procs: Procs, work: Path, *, up_port: int, port: int, bench: Path, config: str = "",
                 args: tuple[str, ...] = (), proxy_cpus: str = "1", pg_cpus: str = "0") -> tuple[str, str, subprocess.Popen]:
@@ -92,18 +119,92 @@ def start_stack(procs: Procs, work: Path, *, up_port: int, port: int, bench: Pat
                      log_file=work / "upstream.log")
     procs.upstream_pid = up.pid
     wait_http(f"{upstream_url}/models", 20, up)
-    config_file = work / "bench.toml"
-    config_file.write_text('[server]\nlog_level = "warning"\n' + config)
-    env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(work / "data"), "BRANCHPOINT_UPSTREAM_URL": upstream_url,
-           "BRANCHPOINT_CONFIG": str(config_file)}
-    env.pop("BRANCHPOINT_DATABASE_URL", None)
-    px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(port), *args], cpus=proxy_cpus,
-                     log_file=work / "proxy.log", env=env)
-    proxy = f"http://127.0.0.1:{port}"
-    wait_http(f"{proxy}/readyz", 60, px)
+    proxy, px = start_branchpoint(procs, work, port=port, upstream_url=upstream_url, config=config, args=args,
+                                  cpus=proxy_cpus)
     if (os.cpu_count() or 1) >= 2:
         pin_postgres(work / "data", pg_cpus)
     return upstream_url, proxy, px
+
+
+def serve_in_thread(app, port: int):
+    """An in-process fake upstream (an ASGI app) served by uvicorn on 127.0.0.1:``port`` from a
+    daemon thread; returns the server (set ``should_exit`` to stop it) once it answers."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on"))
+    threading.Thread(target=server.run, daemon=True).start()
+    wait_http(f"http://127.0.0.1:{port}/v1/x", 20)
+    return server
+
+
+def arguments(doc: str | None, *, port: int | None = None, up_port: int | None = None) -> argparse.ArgumentParser:
+    """A script's argument parser: its docstring as the help, ``--out`` (see ``write_result``) and,
+    when given, ``--port`` / ``--up-port`` with these defaults."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None,
+                    help="the result file (default: bench/results/<YYYY-MM-DD>-<script>[-suffix].json)")
+    if port is not None:
+        ap.add_argument("--port", type=int, default=port)
+    if up_port is not None:
+        ap.add_argument("--up-port", type=int, default=up_port)
+    return ap
+
+
+def timed_post(http: httpx.Client, url: str, body: bytes, headers: dict[str, str], stream: bool = False) -> float:
+    """Milliseconds for one POST of ``body`` until its whole answer is read (streamed or not);
+    raises on an error status."""
+    t0 = time.perf_counter()
+    if stream:
+        with http.stream("POST", url, content=body, headers=headers) as r:
+            for _ in r.iter_bytes():
+                pass
+            r.raise_for_status()
+    else:
+        http.post(url, content=body, headers=headers).raise_for_status()
+    return (time.perf_counter() - t0) * 1000
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def command_line() -> str:
+    """How this script was started, as one would type it from the repository's root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script_arg = str(script.relative_to(ROOT))
+    except ValueError:
+        script_arg = sys.argv[0]
+    prefix = "uv run python" if os.environ.get("UV_RUN_RECURSION_DEPTH") else "python"
+    return f"{prefix} {shlex.join([script_arg, *sys.argv[1:]])}"
+
+
+def write_result(figures: dict, *, suffix: str = "", out: str | Path | None = None, script: str | None = None) -> Path:
+    """Write a run's figures as ``bench/results/<YYYY-MM-DD>-<script>[-suffix].json`` (the date the
+    script started, UTC; ``-2``, ``-3`` ... when that name is taken), or to ``out``, with what they
+    were measured on, the command line and the git commit. Returns the path."""
+    script = script or Path(sys.argv[0]).stem
+    if out is None:
+        name = f"{time.strftime('%Y-%m-%d', STARTED)}-{script}" + (f"-{suffix}" if suffix else "")
+        path, n = RESULTS / f"{name}.json", 1
+        while path.exists():
+            n += 1
+            path = RESULTS / f"{name}-{n}.json"
+    else:
+        path = Path(out)
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    doc = {"script": script, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", STARTED),
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command_line(),
+           "commit": _git("rev-parse", "HEAD"), "uncommitted_changes": bool(status) if status is not None else None,
+           "machine": machine(), "figures": figures}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    log(f"results: {path}")
+    return path
 
 
 def machine() -> dict:

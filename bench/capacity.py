@@ -16,14 +16,12 @@ PostgreSQL's commits per call show how many calls shared a transaction (two each
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, Procs, log, machine, shared_bench, start_stack
+from _harness import Procs, arguments, log, shared_bench, start_stack, write_result
 from run import run_wrk_turns, seed
 
 from storage.embedded import child_pids
@@ -53,7 +51,7 @@ def rss_soak(calls: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__)
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--scheduling", default="batch", help="batch, normal or both (comma-separated)")
@@ -61,9 +59,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--rss-calls", type=int, default=0,
                     help="then (one worker) stream this many calls at c=32 and sample the proxy's RSS as it goes")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "capacity.json"))
     args = ap.parse_args()
-    results: dict = {"machine": machine(), "runs": []}
+    results: dict = {"runs": []}
     policies = args.scheduling.split(",")
     batching = args.batching.split(",")
     runs = [(int(w), p, b) for w in args.workers.split(",") for _ in range(args.repeats) for p in policies
@@ -95,9 +92,7 @@ def main() -> None:
             procs.stop()
     if args.rss_calls:
         results["rss"] = rss_soak(args.rss_calls)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_result(results, out=args.out)
     print("| workers | PostgreSQL scheduling | batching | cores (proxy + PostgreSQL) | mode | stored calls/s "
           "| proxy CPU ms/call | PostgreSQL CPU ms/call | proxy preemptions/call | WAL bytes/call | commits/call |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")

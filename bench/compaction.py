@@ -18,7 +18,6 @@ ready (their parent is a compaction node) compared with plain turns.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -32,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _harness import KEY, ROOT, Procs, asgi_body, log, wait_http
+from _harness import KEY, Procs, arguments, asgi_body, log, serve_in_thread, start_branchpoint, write_result
 
 from proxy.tokens import TokenCounter
 
@@ -88,42 +87,33 @@ class FakeLLM:
         await send({"type": "http.response.body", "body": data})
 
 
+def start_small_model(procs: Procs, work: Path, port: int, summary_ms: float) -> tuple[str, FakeLLM, object]:
+    """The fake LLM (in this process) on ``port`` + 1 and Branchpoint on ``port`` (CPU 1, embedded
+    PostgreSQL in ``work``) with ``bench-small`` limited to WINDOW tokens, RESERVED of them for the
+    output. Returns (the proxy's URL, the fake, its server: set ``should_exit`` to stop it)."""
+    counter = TokenCounter()
+    counter.load()
+    fake = FakeLLM(counter, summary_ms / 1000)
+    server = serve_in_thread(fake, port + 1)
+    proxy, _ = start_branchpoint(procs, work, port=port, upstream_url=f"http://127.0.0.1:{port + 1}/v1",
+                                 config=f'[models."{MODEL}*"]\ncontext_window = {WINDOW}\n'
+                                        f"max_output_tokens = {RESERVED}\n")
+    return proxy, fake, server
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, port=14004)
     ap.add_argument("--turns", type=int, default=300)
     ap.add_argument("--think-ms", type=float, default=300)
     ap.add_argument("--summary-ms", type=float, default=200)
-    ap.add_argument("--port", type=int, default=14004)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    import uvicorn
-
-    counter = TokenCounter()
-    counter.load()
-    fake = FakeLLM(counter, args.summary_ms / 1000)
-    up_port = args.port + 1
-    server = uvicorn.Server(uvicorn.Config(fake, host="127.0.0.1", port=up_port, log_config=None, lifespan="on"))
-    threading.Thread(target=server.run, daemon=True).start()
-    wait_http(f"http://127.0.0.1:{up_port}/v1/x", 20)
-
     work = Path(tempfile.mkdtemp(prefix="bp-compaction-bench-"))
-    config = work / "bench.toml"
-    config.write_text(f'[server]\nlog_level = "warning"\n[models."{MODEL}*"]\ncontext_window = {WINDOW}\n'
-                      f"max_output_tokens = {RESERVED}\n")
     procs = Procs()
-    env = {"BRANCHPOINT_DATA_DIR": str(work / "data"), "BRANCHPOINT_UPSTREAM_URL": f"http://127.0.0.1:{up_port}/v1",
-           "BRANCHPOINT_CONFIG": str(config)}
-    import os
-
-    env = {**os.environ, **env}
-    env.pop("BRANCHPOINT_DATABASE_URL", None)
+    server = None
     turns = []
     try:
-        px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(args.port)], cpus="1",
-                         log_file=work / "proxy.log", env=env)
-        proxy = f"http://127.0.0.1:{args.port}"
-        wait_http(f"{proxy}/readyz", 60, px)
+        proxy, fake, server = start_small_model(procs, work, args.port, args.summary_ms)
         with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}", "X-Conversation-Id": "long"},
                           timeout=60) as http:
             system = {"role": "system", "content": "You are the team's analyst. Be precise with numbers."}
@@ -141,7 +131,8 @@ def main() -> None:
             metrics = http.get("/metrics").text
     finally:
         procs.stop()
-        server.should_exit = True
+        if server is not None:
+            server.should_exit = True
 
     limit = WINDOW - RESERVED
     comp = {}
@@ -168,8 +159,7 @@ def main() -> None:
     printable = {k: v for k, v in result.items() if k != "tokens_per_turn"}
     print(json.dumps(printable, indent=2))
     log("tokens sent per turn (every 10th): " + " ".join(str(t) for t in tokens[::10]))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result(result, out=args.out)
 
 
 if __name__ == "__main__":

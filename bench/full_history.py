@@ -28,11 +28,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -40,11 +38,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _harness import KEY, MODEL, ROOT, Procs, log, shared_bench, start_stack, wait_http
+from _harness import KEY, MODEL, Procs, arguments, log, shared_bench, start_stack, timed_post, write_result
 from compaction import MODEL as SMALL_MODEL
-from compaction import RESERVED, SENTENCES, WINDOW, FakeLLM
-
-from proxy.tokens import TokenCounter
+from compaction import SENTENCES, start_small_model
 
 
 def node_bytes(http: httpx.Client, cid: str) -> int:
@@ -56,29 +52,13 @@ def node_bytes(http: httpx.Client, cid: str) -> int:
 
 
 def growth(args: argparse.Namespace) -> dict:
-    import uvicorn
-
-    counter = TokenCounter()
-    counter.load()
-    fake = FakeLLM(counter, args.summary_ms / 1000)
-    up_port = args.port + 1
-    server = uvicorn.Server(uvicorn.Config(fake, host="127.0.0.1", port=up_port, log_config=None, lifespan="on"))
-    threading.Thread(target=server.run, daemon=True).start()
-    wait_http(f"http://127.0.0.1:{up_port}/v1/x", 20)
     work = Path(tempfile.mkdtemp(prefix="bp-full-bench-"))
-    config = work / "bench.toml"
-    config.write_text(f'[server]\nlog_level = "warning"\n[models."{SMALL_MODEL}*"]\ncontext_window = {WINDOW}\n'
-                      f"max_output_tokens = {RESERVED}\n")
-    env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(work / "data"),
-           "BRANCHPOINT_UPSTREAM_URL": f"http://127.0.0.1:{up_port}/v1", "BRANCHPOINT_CONFIG": str(config)}
-    env.pop("BRANCHPOINT_DATABASE_URL", None)
     procs = Procs()
+    server = None
     rows = []
     try:
-        px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(args.port)], cpus="1",
-                         log_file=work / "proxy.log", env=env)
-        proxy = f"http://127.0.0.1:{args.port}"
-        wait_http(f"{proxy}/readyz", 60, px)
+        proxy, fake, server = start_small_model(procs, work, args.port, args.summary_ms)
+        counter = fake.counter
         headers = {"Authorization": f"Bearer {KEY}", "X-Conversation-Id": "long", "X-Context-Mode": "full"}
         with httpx.Client(base_url=proxy, headers=headers, timeout=120) as http:
             history = [{"role": "system", "content": "You are the team's analyst. Be precise with numbers."}]
@@ -101,16 +81,9 @@ def growth(args: argparse.Namespace) -> dict:
                 time.sleep(args.think_ms / 1000)
     finally:
         procs.stop()
-        server.should_exit = True
+        if server is not None:
+            server.should_exit = True
     return {"rows": rows, "summaries": fake.summaries}
-
-
-def timed(http: httpx.Client, body: bytes, headers: dict[str, str]) -> float:
-    t0 = time.perf_counter()
-    r = http.post("/v1/chat/completions", content=body, headers=headers)
-    elapsed = (time.perf_counter() - t0) * 1000
-    r.raise_for_status()
-    return elapsed
 
 
 def history_of(http: httpx.Client, cid: str) -> list[dict]:
@@ -140,11 +113,11 @@ def matching_cost(http: httpx.Client, reps: int) -> list[dict]:
         base = {"content-type": "application/json", "X-Conversation-Id": cid, "X-Node-Kind": "transform"}
         delta, full = [], []
         for _ in range(10):  # warm up
-            timed(http, delta_body, base)
-            timed(http, full_body, {**base, "X-Context-Mode": "full"})
+            timed_post(http, "/v1/chat/completions", delta_body, base)
+            timed_post(http, "/v1/chat/completions", full_body, {**base, "X-Context-Mode": "full"})
         for _ in range(reps):
-            delta.append(timed(http, delta_body, base))
-            full.append(timed(http, full_body, {**base, "X-Context-Mode": "full"}))
+            delta.append(timed_post(http, "/v1/chat/completions", delta_body, base))
+            full.append(timed_post(http, "/v1/chat/completions", full_body, {**base, "X-Context-Mode": "full"}))
         row = {"history_messages": messages, "delta_p50_ms": round(statistics.median(delta), 3),
                "full_p50_ms": round(statistics.median(full), 3),
                "full_minus_delta_ms": round(statistics.median(full) - statistics.median(delta), 3),
@@ -194,16 +167,13 @@ def tenant_scale(proxy: str, reps: int, conversations: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, port=14006, up_port=18083)
     ap.add_argument("--turns", type=int, default=200)
     ap.add_argument("--think-ms", type=float, default=300)
     ap.add_argument("--summary-ms", type=float, default=200)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--conversations", type=int, default=10000)
-    ap.add_argument("--port", type=int, default=14006)
-    ap.add_argument("--up-port", type=int, default=18083)
     ap.add_argument("--skip-growth", action="store_true")
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     results: dict = {}
     if not args.skip_growth:
@@ -217,11 +187,8 @@ def main() -> None:
         results["tenant"] = tenant_scale(proxy, args.reps, args.conversations)
     finally:
         procs.stop()
-    text = json.dumps(results, indent=2)
-    print(text)
-    out = Path(args.out or ROOT / "bench" / "results" / "full_history.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    print(json.dumps(results, indent=2))
+    write_result(results, out=args.out)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ versions of a function, run this on each and compare ratios, or interleave round
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -25,6 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _harness import arguments, write_result
 
 from storage import migrate, start_embedded
 from storage.database import Database
@@ -99,7 +101,7 @@ async def measure(pairs: int, rounds: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__)
     ap.add_argument("--pairs", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
@@ -109,6 +111,7 @@ def main() -> None:
     except ImportError:
         result = asyncio.run(measure(args.pairs, args.rounds))
     print(json.dumps(result, indent=2))
+    write_result(result, out=args.out)
 
 
 if __name__ == "__main__":

@@ -10,39 +10,22 @@ time. Layout of bench/run.py: the workplace's fast fake upstream on CPU 0, Branc
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, ROOT, Procs, log, shared_bench, start_stack
-
-
-def timed(http: httpx.Client, url: str, body: bytes, headers: dict[str, str], stream: bool) -> float:
-    t0 = time.perf_counter()
-    if stream:
-        with http.stream("POST", url, content=body, headers=headers) as r:
-            for _ in r.iter_bytes():
-                pass
-            r.raise_for_status()
-    else:
-        http.post(url, content=body, headers=headers).raise_for_status()
-    return (time.perf_counter() - t0) * 1000
+from _harness import KEY, MODEL, Procs, arguments, log, shared_bench, start_stack, timed_post, write_result
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, port=14030, up_port=18085)
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--turns", type=int, default=20)
-    ap.add_argument("--port", type=int, default=14030)
-    ap.add_argument("--up-port", type=int, default=18085)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bp-responses-bench-"))
     procs = Procs()
@@ -60,8 +43,8 @@ def main() -> None:
                 resp = json.dumps({"model": MODEL, "stream": stream, "input": "a side question"}).encode()
                 samples: dict[str, list[float]] = {"chat": [], "responses": []}
                 for rep in range(args.reps + 20):
-                    c = timed(http, "/v1/chat/completions", chat, headers, stream)
-                    r = timed(http, "/v1/responses", resp, headers, stream)
+                    c = timed_post(http, "/v1/chat/completions", chat, headers, stream)
+                    r = timed_post(http, "/v1/responses", resp, headers, stream)
                     if rep >= 20:  # warm-up
                         samples["chat"].append(c)
                         samples["responses"].append(r)
@@ -72,11 +55,9 @@ def main() -> None:
                 rows.append(row)
     finally:
         procs.stop()
-    text = json.dumps({"turns": args.turns, "reps": args.reps, "rows": rows}, indent=2)
-    print(text)
-    out = Path(args.out or ROOT / "bench" / "results" / "responses.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    result = {"turns": args.turns, "reps": args.reps, "rows": rows}
+    print(json.dumps(result, indent=2))
+    write_result(result, out=args.out)
 
 
 if __name__ == "__main__":

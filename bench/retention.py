@@ -10,7 +10,6 @@ left to do.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -21,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _harness import arguments, write_result
 
 from proxy.retention import prune
 from storage import OpsStore, open_database
@@ -82,11 +84,13 @@ async def measure(conversations: int, nodes: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__)
     ap.add_argument("--conversations", type=int, default=100_000)
     ap.add_argument("--nodes", type=int, default=10)
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(measure(args.conversations, args.nodes)), indent=2))
+    result = asyncio.run(measure(args.conversations, args.nodes))
+    print(json.dumps(result, indent=2))
+    write_result(result, out=args.out)
 
 
 if __name__ == "__main__":

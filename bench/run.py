@@ -3,7 +3,7 @@
 
     uv run python bench/run.py                 # ours only (about 2 min)
     uv run python bench/run.py --peer          # + LiteLLM measured the same way, in the same run
-    uv run python bench/run.py -d 5 --out bench/results/quick.json
+    uv run python bench/run.py -d 5 --out /tmp/quick.json
 
 Uses the workplace's shared bench (``../shared/bench``, or ``$BENCH_SHARED``): its fast fake
 upstream, ``compare.py`` (wrk, direct vs. proxy interleaved, CPU and RSS of the proxy sampled from
@@ -19,7 +19,8 @@ Scenarios, each on conversations whose path is 20 nodes long:
   transform c32   32 connections on ONE conversation, transform calls under node 20 (no lease,
                   head unmoved): the same storage work without the per-conversation lease.
 Database statements per call are read from the proxy's own counter (/metrics).
-Only processes this script started are stopped, by PID.
+Only processes this script started are stopped, by PID. The figures go to
+bench/results/<date>-run[-peer].json (``--out`` elsewhere).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (
     KEY,
     MODEL,
-    ROOT,
     Procs,
+    arguments,
     cpu_ticks,
     log,
     machine,
@@ -51,6 +52,7 @@ from _harness import (
     shared_bench,
     start_stack,
     wal_and_commits,
+    write_result,
 )
 
 PATH_LEN = 20
@@ -197,29 +199,23 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, port=14001, up_port=18080)
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", default="nonstream,stream")
     ap.add_argument("--peer", action="store_true", help="also measure LiteLLM with run_peer.sh, in this run")
-    ap.add_argument("--up-port", type=int, default=18080)
-    ap.add_argument("--port", type=int, default=14001)
     ap.add_argument("--ttfb", action="store_true")
     ap.add_argument("--pg-cpus", default="1", help="where the embedded PostgreSQL runs: 1 = on the proxy's core "
                     "(the proxy and its database together on one core, as LiteLLM gets one), 0 = beside the load")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "results.json"))
     args = ap.parse_args()
     args.upstream_url = f"http://127.0.0.1:{args.up_port}/v1"
     bench = shared_bench()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bp-bench-"))
     if not shutil.which("wrk"):
         raise SystemExit("wrk is needed: apt-get install wrk")
 
     procs = Procs()
-    results: dict = {"meta": {"duration_s": args.duration, "path_len": PATH_LEN, "machine": machine(),
-                               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    results: dict = {"meta": {"duration_s": args.duration, "path_len": PATH_LEN}}
     try:
         _, proxy, px = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=bench, pg_cpus=args.pg_cpus)
         results["meta"]["pg_cpus"] = args.pg_cpus
@@ -254,9 +250,8 @@ def main() -> None:
         if peer_out.exists():
             results["litellm"] = json.loads(peer_out.read_text())
 
-    out.write_text(json.dumps(results, indent=2))
+    write_result(results, suffix="peer" if args.peer else "", out=args.out)
     print(table(results))
-    log(f"results: {out}")
 
 
 def table(r: dict) -> str:
@@ -281,7 +276,7 @@ def table(r: dict) -> str:
     rows.append("")
     rows.append(f"database statements per turn call: {r['meta'].get('db_statements_per_turn_call')}")
     rows.append(f"PostgreSQL CPU ms per request (turn c32, CPU {r['meta'].get('pg_cpus')}; not in the proxy's column): {pg}")
-    m = r["meta"].get("machine") or {}
+    m = machine()
     rows.append(f"machine: {m.get('cpus')} x {m.get('cpu')}, caches {m.get('caches')}")
     peer = {sc["name"]: sc for sc in r.get("litellm", {}).get("scenarios", [])}
     ours = {sc["name"]: sc for sc in r.get("turn_c1", {}).get("scenarios", [])}

@@ -19,7 +19,6 @@ Checked at the end, and printed as one JSON object:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import json
@@ -36,7 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _harness import ROOT, Procs, asgi_body, log, wait_http
+from _harness import ROOT, Procs, arguments, asgi_body, log, serve_in_thread, start_branchpoint, write_result
 
 MODEL = "gpt-4o-mini"
 OWN_5XX = {"internal_error", "storage_error", "database_unavailable", "relay_error"}
@@ -203,17 +202,13 @@ async def drive(load: Load, clients: int, seconds: float) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, port=14020)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--port", type=int, default=14020)
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     import logging
-
-    import uvicorn
 
     from storage import start_embedded
 
@@ -222,25 +217,19 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bp-soak-"))
     pg = start_embedded(work / "pg", delete_on_stop=True)
     fake = FaultyLLM(args.seed)
-    up_port = args.port + 10
-    server = uvicorn.Server(uvicorn.Config(fake, host="127.0.0.1", port=up_port, log_config=None, lifespan="on"))
-    threading.Thread(target=server.run, daemon=True).start()
-    wait_http(f"http://127.0.0.1:{up_port}/v1/x", 20)
-    config = work / "soak.toml"
-    config.write_text('[server]\nlog_level = "warning"\nmax_response_bytes = 65536\nlease_seconds = 20\n'
-                      "[upstream_defaults]\nread_timeout = 10\n")
-    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": pg.uri, "BRANCHPOINT_UPSTREAM_URL": f"http://127.0.0.1:{up_port}/v1",
-           "BRANCHPOINT_CONFIG": str(config)}
+    upstream_url = f"http://127.0.0.1:{args.port + 10}/v1"
+    server = serve_in_thread(fake, args.port + 10)
     procs = Procs()
     proxies = []
     result: dict = {}
     try:
         for i in range(2):
-            port = args.port + i
-            proc = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(port)], cpus=None,
-                               log_file=work / f"proxy{i}.log", env=env)
-            proxies.append(f"http://127.0.0.1:{port}")
-            wait_http(f"{proxies[-1]}/readyz", 60, proc)
+            proxies.append(start_branchpoint(
+                procs, work, port=args.port + i, upstream_url=upstream_url, cpus=None, database_url=pg.uri,
+                name=f"proxy{i}", config="max_response_bytes = 65536\nlease_seconds = 20\n"
+                                         "[upstream_defaults]\nread_timeout = 10\n")[0])
+        env = {**os.environ, "BRANCHPOINT_DATABASE_URL": pg.uri, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
+               "BRANCHPOINT_CONFIG": str(work / "bench.toml")}
         load = Load(proxies, args.seed)
         log(f"soaking {args.seconds:.0f} s with {args.clients} clients on {len(proxies)} processes")
         t0 = time.monotonic()
@@ -270,11 +259,9 @@ def main() -> None:
         procs.stop()
         server.should_exit = True
         pg.stop()
-    text = json.dumps(result, indent=2)
-    print(text)
-    out = Path(args.out or ROOT / "bench" / "results" / "soak.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    print(json.dumps(result, indent=2))
+    if result:
+        write_result(result, out=args.out)
     if result.get("own_5xx") or result.get("check_exit") or result.get("nodes_lost"):
         raise SystemExit(1)
 

@@ -12,24 +12,21 @@ PostgreSQL), 32 conversations of 20 turns, then wrk with 32 connections making t
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import ROOT, Procs, log, shared_bench, start_stack
+from _harness import Procs, arguments, log, shared_bench, start_stack, write_result
 from run import run_wrk_turns, seed
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__)
     ap.add_argument("-d", "--duration", type=float, default=8.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--transports", default="builtin,httpx,aiohttp")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "transport.json"))
     args = ap.parse_args()
     transports = args.transports.split(",")
     runs: dict[str, list[dict]] = {t: [] for t in transports}
@@ -56,9 +53,7 @@ def main() -> None:
             mode: {k: statistics.median(r[mode][k] for r in rows) for k in ("rps", "cpu_ms_per_req", "rss_mb", "errors")}
             for mode in ("nonstream", "stream")
         }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"runs": runs, "summary": summary}, indent=2))
+    write_result({"runs": runs, "summary": summary}, out=args.out)
     base = summary.get("builtin")
     print("| transport | non-stream req/s | CPU ms/call | stream req/s | CPU ms/call | RSS MB |")
     print("|---|---|---|---|---|---|")

@@ -15,7 +15,6 @@ one reader waits; Branchpoint is pinned to CPU 1, the fake upstream to CPU 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,7 +26,19 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, MODEL, Procs, cpu_ticks, log, postgres_dsn, postgres_pids, shared_bench, start_stack
+from _harness import (
+    KEY,
+    MODEL,
+    Procs,
+    arguments,
+    cpu_ticks,
+    log,
+    postgres_dsn,
+    postgres_pids,
+    shared_bench,
+    start_stack,
+    write_result,
+)
 
 FILL_LINE = 100  # nodes per filler conversation
 
@@ -158,14 +169,11 @@ def cpu_per_call(http: httpx.Client, pid: int, data_dir: Path, cids: tuple[str, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, port=14002, up_port=18081)
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--branches", type=int, default=50)
     ap.add_argument("--reads", type=int, default=50)
-    ap.add_argument("--up-port", type=int, default=18081)
-    ap.add_argument("--port", type=int, default=14002)
     ap.add_argument("--fill", type=int, default=0, help="first COPY this many other nodes into the table")
-    ap.add_argument("--out", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bp-tree-bench-"))
     procs = Procs()
@@ -200,8 +208,7 @@ def main() -> None:
     finally:
         procs.stop()
     print(json.dumps(results, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    write_result(results, suffix="fill" if args.fill else "", out=args.out)
 
 
 if __name__ == "__main__":

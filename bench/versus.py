@@ -15,8 +15,6 @@ database, local cost map, LITELLM_LOG=ERROR). Only processes this script started
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,7 +23,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import MODEL, ROOT, Procs, cores_busy, cpu_ticks, log, machine, postgres_pids, shared_bench, start_stack, wait_http
+from _harness import (
+    MODEL,
+    Procs,
+    arguments,
+    cores_busy,
+    cpu_ticks,
+    log,
+    postgres_pids,
+    shared_bench,
+    start_stack,
+    wait_http,
+    write_result,
+)
 from run import run_wrk_turns, seed
 
 LITELLM_VENV = Path(os.environ.get("LITELLM_VENV", f"{os.environ.get('TMPDIR', '/tmp')}/branchpoint-bench-litellm-venv"))
@@ -68,13 +78,10 @@ def start_litellm(procs: Procs, work: Path, upstream: str, port: int) -> tuple[s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, port=14090, up_port=18090)
     ap.add_argument("-d", "--duration", type=float, default=4.0)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--up-port", type=int, default=18090)
-    ap.add_argument("--port", type=int, default=14090)
     ap.add_argument("--litellm-port", type=int, default=14091)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "versus.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bp-versus-"))
     busy = cores_busy()
@@ -132,19 +139,14 @@ def main() -> None:
                          "cpu_per_call_ratio_median": round(statistics.median(cpu), 2),
                          "cpu_per_call_ratio_range": [round(min(cpu), 2), round(max(cpu), 2)],
                          "p50_ratio_median": round(statistics.median(p50), 3)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": {"duration_s": args.duration, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                        "idle_cpu_pct": idle, "machine": machine(),
-                                        "cores_busy_before_pct": busy},
-                               "rounds": rounds, "summary": summary}, indent=2))
+    write_result({"meta": {"duration_s": args.duration, "idle_cpu_pct": idle, "cores_busy_before_pct": busy},
+                  "rounds": rounds, "summary": summary}, out=args.out)
     print("| scenario | req/s ours : LiteLLM (median, range) | CPU per call LiteLLM : ours (median, range) | p50 ours / LiteLLM |")
     print("|---|---|---|---|")
     for name, s in summary.items():
         print(f"| {name} | {s['req_s_ratio_median']}x ({s['req_s_ratio_range'][0]}-{s['req_s_ratio_range'][1]}) "
               f"| 1/{s['cpu_per_call_ratio_median']} ({s['cpu_per_call_ratio_range'][0]}-{s['cpu_per_call_ratio_range'][1]}) "
               f"| {s['p50_ratio_median']} |")
-    log(f"results: {out}")
 
 
 if __name__ == "__main__":

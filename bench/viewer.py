@@ -12,7 +12,6 @@ CPU 1, the fake upstream to CPU 0, chromium runs where the system puts it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import KEY, Procs, log, shared_bench, start_stack
+from _harness import KEY, Procs, arguments, log, shared_bench, start_stack, write_result
 from tree_reads import build_branches
 
 FLAGS = ["--no-sandbox", "--headless=new", "--disable-gpu", "--no-first-run", "--disable-background-networking",
@@ -33,12 +32,10 @@ FLAGS = ["--no-sandbox", "--headless=new", "--disable-gpu", "--no-first-run", "-
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arguments(__doc__, port=14009, up_port=18089)
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--branches", type=int, default=50)
     ap.add_argument("--opens", type=int, default=7)
-    ap.add_argument("--port", type=int, default=14009)
-    ap.add_argument("--up-port", type=int, default=18089)
     args = ap.parse_args()
     from playwright.sync_api import expect, sync_playwright
 
@@ -79,6 +76,7 @@ def main() -> None:
               "opened_ms": {"p50": round(statistics.median(opened), 1), "max": round(max(opened), 1)},
               "drawn_ms": {"p50": round(statistics.median(drawn), 1), "max": round(max(drawn), 1)}}
     print(json.dumps(result, indent=2))
+    write_result(result, out=args.out)
 
 
 if __name__ == "__main__":
