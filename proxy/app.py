@@ -23,6 +23,7 @@ from storage import Refused, StorageError, StorageUnavailable
 
 from .auth import Caller
 from .errors import BranchpointError, error_body, from_refusal
+from .forwarder import Forwarder
 from .limits import BodyTimeout
 from .observability import ObservabilityMiddleware, install_log_context
 from .routes.admin import AdminController
@@ -30,7 +31,6 @@ from .routes.chat import chat_completions, chat_completions_auto, chat_completio
 from .routes.context import CallContext
 from .routes.health import healthz, metrics, readyz
 from .routes.passthrough import (
-    Forwarder,
     chat_completions_list,
     chat_completions_list_auto,
     chat_completions_list_prefixed,

@@ -8,8 +8,8 @@ if TYPE_CHECKING:
     from storage import AdminStore
 
     from ..auth import Caller
+    from ..forwarder import Forwarder
     from ..lifecycle import CallLifecycle
-    from .passthrough import Forwarder
 
 __all__ = ["CallContext"]
 

@@ -1,31 +1,26 @@
 """Pass-through: every other ``/v1/*`` route (models, embeddings, ...), also under the
-``/c/{id}`` prefix, and chat calls without a conversation id. Nothing is parsed beyond the model
-name (to pick the upstream) and nothing is stored."""
+``/c/{id}`` prefix, and chat calls without a conversation id -- relayed by the ``Forwarder``
+(``proxy.forwarder``). Nothing is parsed beyond the model name (to pick the upstream) and nothing
+is stored."""
 
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 from urllib.parse import unquote
 
-import msgspec
 from litestar import Request, route
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
 from ..auth import Caller
-from ..errors import InvalidRequest, UpstreamFailure
-from ..http import RawResponse, encode_headers
-from ..observability import current_request
-from ..relay import BytesRelay
-from ..secrets import redact_bytes
-from ..upstream import UpstreamClient, response_headers
+from ..errors import InvalidRequest
+from ..forwarder import Forwarder
 from .common import RequestHeaders, valid_conversation_id
 from .context import CallContext
 
 __all__ = [
-    "Forwarder",
+    "Forwarder",  # its home is proxy.forwarder; named here for the routes that still import it from here
     "chat_completions_list",
     "chat_completions_list_auto",
     "chat_completions_list_prefixed",
@@ -36,66 +31,6 @@ __all__ = [
 ]
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-
-
-class _ModelOnly(msgspec.Struct):
-    model: str | None = None
-
-
-_model_decoder = msgspec.json.Decoder(_ModelOnly)
-
-
-def _model_of(body: bytes) -> str | None:
-    if not body or body[:1] not in (b"{", b" ", b"\n", b"\t", b"\r"):
-        return None
-    try:
-        return _model_decoder.decode(body).model
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        return None
-
-
-class Forwarder:
-    """Relays one request to the upstream its model routes to, and the answer back, untouched
-    (but for the credentials: ours go out, an echo of them never comes back)."""
-
-    def __init__(self, upstream: UpstreamClient) -> None:
-        self.upstream = upstream
-
-    async def forward(self, request: Request[Any, Any, Any], path: str, body: bytes, headers: RequestHeaders,
-                      caller: Caller) -> ASGIApp:
-        upstream = self.upstream.route(_model_of(body)) if body else self.upstream.default
-        out_headers = self.upstream.request_headers(upstream, headers.items, caller.client_key)
-        upstream_request = self.upstream.build(request.method, upstream, path, headers=out_headers,
-                                               content=body or None, params=request.scope.get("query_string") or None)
-        t0 = time.perf_counter()
-        ctx = current_request.get()
-
-        def upstream_done() -> None:
-            if ctx is not None:
-                ctx.upstream_seconds = time.perf_counter() - t0
-
-        try:
-            response = await self.upstream.send(upstream_request)
-        except UpstreamFailure as exc:
-            upstream_done()
-            return RawResponse(exc.status, exc.body())
-        if response.status_code >= 400:  # an error body is small: read it, mask echoed keys
-            try:
-                content = await self.upstream.read_rest(response)
-            except UpstreamFailure as exc:
-                return RawResponse(exc.status, exc.body())
-            finally:
-                upstream_done()
-            secrets = (caller.client_key, upstream.api_key, *headers.credentials())
-            return RawResponse(response.status_code, redact_bytes(content, secrets),
-                               response_headers(response.headers))
-
-        async def close() -> None:
-            upstream_done()
-            await response.aclose()
-
-        return BytesRelay(response.status_code, encode_headers(response_headers(response.headers)),
-                          self.upstream.chunks(response), close)
 
 
 def upstream_path(scope: Any, skip: int) -> str:
