@@ -19,12 +19,14 @@ ready (their parent is a compaction node) compared with plain turns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -87,18 +89,25 @@ class FakeLLM:
         await send({"type": "http.response.body", "body": data})
 
 
-def start_small_model(procs: Procs, work: Path, port: int, summary_ms: float) -> tuple[str, FakeLLM, object]:
-    """The fake LLM (in this process) on ``port`` + 1 and Branchpoint on ``port`` (CPU 1, embedded
-    PostgreSQL in ``work``) with ``bench-small`` limited to WINDOW tokens, RESERVED of them for the
-    output. Returns (the proxy's URL, the fake, its server: set ``should_exit`` to stop it)."""
+@contextlib.contextmanager
+def small_model_stack(port: int, summary_ms: float, prefix: str) -> Iterator[tuple[str, FakeLLM]]:
+    """The fake LLM (in this process) on ``port`` + 1 and Branchpoint on ``port`` (CPU 1, its
+    embedded PostgreSQL in a new ``prefix`` folder) with ``bench-small`` limited to WINDOW tokens,
+    RESERVED of them for the output. Yields (the proxy's URL, the fake); stops both after."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    procs = Procs()
     counter = TokenCounter()
     counter.load()
     fake = FakeLLM(counter, summary_ms / 1000)
     server = serve_in_thread(fake, port + 1)
-    proxy, _ = start_branchpoint(procs, work, port=port, upstream_url=f"http://127.0.0.1:{port + 1}/v1",
-                                 config=f'[models."{MODEL}*"]\ncontext_window = {WINDOW}\n'
-                                        f"max_output_tokens = {RESERVED}\n")
-    return proxy, fake, server
+    try:
+        proxy, _ = start_branchpoint(procs, work, port=port, upstream_url=f"http://127.0.0.1:{port + 1}/v1",
+                                     config=f'[models."{MODEL}*"]\ncontext_window = {WINDOW}\n'
+                                            f"max_output_tokens = {RESERVED}\n")
+        yield proxy, fake
+    finally:
+        procs.stop()
+        server.should_exit = True
 
 
 def main() -> None:
@@ -108,31 +117,23 @@ def main() -> None:
     ap.add_argument("--summary-ms", type=float, default=200)
     args = ap.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="bp-compaction-bench-"))
-    procs = Procs()
-    server = None
     turns = []
-    try:
-        proxy, fake, server = start_small_model(procs, work, args.port, args.summary_ms)
-        with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}", "X-Conversation-Id": "long"},
-                          timeout=60) as http:
-            system = {"role": "system", "content": "You are the team's analyst. Be precise with numbers."}
-            for i in range(args.turns):
-                text = f"Turn {i}. " + " ".join(SENTENCES[(i + k) % 5] for k in range(6))  # ~130 tokens
-                messages = ([system] if i == 0 else []) + [{"role": "user", "content": text}]
-                t0 = time.perf_counter()
-                r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
-                elapsed = (time.perf_counter() - t0) * 1000
-                r.raise_for_status()
-                parent = r.headers["x-parent-node-id"]
-                parent_kind = "root" if parent == "root" else http.get(f"/admin/nodes/{parent}").json()["kind"]
-                turns.append({"turn": i, "ms": elapsed, "parent_kind": parent_kind, "tokens": fake.turn_tokens[-1]})
-                time.sleep(args.think_ms / 1000)
-            metrics = http.get("/metrics").text
-    finally:
-        procs.stop()
-        if server is not None:
-            server.should_exit = True
+    with small_model_stack(args.port, args.summary_ms, "bp-compaction-bench-") as (proxy, fake), \
+            httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}", "X-Conversation-Id": "long"},
+                         timeout=60) as http:
+        system = {"role": "system", "content": "You are the team's analyst. Be precise with numbers."}
+        for i in range(args.turns):
+            text = f"Turn {i}. " + " ".join(SENTENCES[(i + k) % 5] for k in range(6))  # ~130 tokens
+            messages = ([system] if i == 0 else []) + [{"role": "user", "content": text}]
+            t0 = time.perf_counter()
+            r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
+            elapsed = (time.perf_counter() - t0) * 1000
+            r.raise_for_status()
+            parent = r.headers["x-parent-node-id"]
+            parent_kind = "root" if parent == "root" else http.get(f"/admin/nodes/{parent}").json()["kind"]
+            turns.append({"turn": i, "ms": elapsed, "parent_kind": parent_kind, "tokens": fake.turn_tokens[-1]})
+            time.sleep(args.think_ms / 1000)
+        metrics = http.get("/metrics").text
 
     limit = WINDOW - RESERVED
     comp = {}

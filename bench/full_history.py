@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _harness import KEY, MODEL, Procs, arguments, log, shared_bench, start_stack, timed_post, write_result
 from compaction import MODEL as SMALL_MODEL
-from compaction import SENTENCES, start_small_model
+from compaction import SENTENCES, small_model_stack
 
 
 def node_bytes(http: httpx.Client, cid: str) -> int:
@@ -52,12 +52,8 @@ def node_bytes(http: httpx.Client, cid: str) -> int:
 
 
 def growth(args: argparse.Namespace) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="bp-full-bench-"))
-    procs = Procs()
-    server = None
     rows = []
-    try:
-        proxy, fake, server = start_small_model(procs, work, args.port, args.summary_ms)
+    with small_model_stack(args.port, args.summary_ms, "bp-full-bench-") as (proxy, fake):
         counter = fake.counter
         headers = {"Authorization": f"Bearer {KEY}", "X-Conversation-Id": "long", "X-Context-Mode": "full"}
         with httpx.Client(base_url=proxy, headers=headers, timeout=120) as http:
@@ -79,10 +75,6 @@ def growth(args: argparse.Namespace) -> dict:
                                  "matched": int(r.headers["x-context-matched"])})
                     log(f"turn {point}: {rows[-1]}")
                 time.sleep(args.think_ms / 1000)
-    finally:
-        procs.stop()
-        if server is not None:
-            server.should_exit = True
     return {"rows": rows, "summaries": fake.summaries}
 
 
