@@ -13,7 +13,7 @@ import binascii
 import hashlib
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, ClassVar
 
 import msgspec
@@ -25,18 +25,35 @@ from litestar.types import ASGIApp
 
 from storage import AdminStore, ConversationRow, NodeRow, UsageRow, uuid7
 
+from ..admin_objects import (
+    Conversation,
+    ConversationList,
+    Deleted,
+    Node,
+    NodeList,
+    NodeOnPath,
+    PathList,
+    TreeList,
+    UsageLine,
+    UsageReport,
+    conversation_of,
+    exported,
+    node_of,
+    tree_node_of,
+    usage_window,
+)
 from ..assembly import Target
 from ..auth import Caller
 from ..builder import RequestBuilder
 from ..compaction import Compactor
 from ..errors import Conflict, ConversationNotFound, InvalidConversationId, InvalidRequest, NodeNotFound
 from ..http import RawResponse
+from ..ids import valid_conversation_id
 from ..transfer import NotAnExport, prepare_import
 from ..upstream import UpstreamClient, target_of
-from .common import valid_conversation_id
 from .docs import errors
 
-__all__ = ["AdminController", "ExportedNode", "exported", "usage_window"]
+__all__ = ["AdminController"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -57,157 +74,6 @@ class SwitchRequest(msgspec.Struct, forbid_unknown_fields=True):
 class ForkRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     conversation_id: str | None = None
     node_id: uuid.UUID | None = None
-
-
-class Usage(msgspec.Struct):
-    """Tokens the upstreams reported for every call of a conversation (side calls, failed calls
-    that reported usage and compaction's summaries included)."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class Conversation(msgspec.Struct, omit_defaults=True):
-    id: str
-    head_node_id: uuid.UUID | None
-    node_count: int
-    busy: bool
-    created_at: datetime
-    updated_at: datetime
-    object: str
-    usage: Usage | None = None
-    forked_from: str | None = None  # set on forks
-    fork_node_id: uuid.UUID | None = None
-    tenant: str | None = None  # shown to admin keys only
-
-
-class UsageLine(msgspec.Struct, omit_defaults=True):
-    model: str | None
-    calls: int
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    tenant: str | None = None  # shown to admin keys only
-
-
-class UsageReport(msgspec.Struct):
-    since: datetime
-    until: datetime
-    data: list[UsageLine]  # by model (and tenant, for an admin key)
-    calls: int
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    object: str = "usage_report"
-
-
-class ConversationList(msgspec.Struct):
-    data: list[Conversation]
-    next_cursor: str | None
-    object: str = "list"
-
-
-class Node(msgspec.Struct):
-    id: uuid.UUID
-    conversation_id: str
-    parent_id: uuid.UUID | None
-    kind: str
-    status: str
-    outcome: str | None  # success | transient | overflow | invalid (null while pending)
-    sent: list[Any]
-    received: list[Any] | None
-    model: str | None
-    provider: str | None
-    params: dict[str, Any]
-    usage: dict[str, Any] | None
-    finish_reason: str | None
-    error: dict[str, Any] | None
-    compacted_from: uuid.UUID | None
-    depth: int
-    created_at: datetime
-    finished_at: datetime | None
-    api: str  # the format of sent/received: "chat" messages, or "responses" items
-    object: str = "node"
-
-
-class PathNode(Node):
-    sibling_index: int = 1
-    sibling_count: int = 1
-
-
-class NodeList(msgspec.Struct):
-    data: list[Node]
-    next_cursor: str | None = None
-    object: str = "list"
-
-
-class PathList(msgspec.Struct):
-    data: list[PathNode]
-    head_node_id: uuid.UUID | None
-    next_cursor: str | None = None
-    object: str = "list"
-
-
-class TreeNode(msgspec.Struct):
-    id: uuid.UUID
-    conversation_id: str
-    parent_id: uuid.UUID | None
-    kind: str
-    status: str
-    outcome: str | None
-    model: str | None
-    usage: dict[str, Any] | None
-    finish_reason: str | None
-    compacted_from: uuid.UUID | None
-    depth: int
-    created_at: datetime
-    finished_at: datetime | None
-    api: str
-    preview: str | None
-    object: str = "node"
-
-
-class TreeList(msgspec.Struct):
-    data: list[TreeNode]
-    head_node_id: uuid.UUID | None
-    next_cursor: str | None = None
-    object: str = "list"
-
-
-class Deleted(msgspec.Struct):
-    id: str
-    deleted: bool
-    nodes_deleted: int
-    nodes_kept: int
-    object: str = "conversation.deleted"
-
-
-_NODE_FIELDS = tuple(f for f in Node.__struct_fields__ if f != "object")
-_TREE_FIELDS = tuple(f for f in TreeNode.__struct_fields__ if f != "object")
-
-
-def _node(row: NodeRow, cls: type[Node] = Node, **extra: Any) -> Node:
-    return cls(**{f: getattr(row, f) for f in _NODE_FIELDS}, **extra)
-
-
-class ExportedNode(Node, omit_defaults=False):
-    """A line of an export (``GET .../export``, ``branchpoint conversations export``): every field
-    of the node, and whether it is the conversation's head -- what an import needs."""
-
-    head: bool = False
-
-
-def exported(row: NodeRow, head: uuid.UUID | None) -> ExportedNode:
-    return _node(row, ExportedNode, head=row.id == head)  # type: ignore[return-value]
-
-
-def _conversation(row: ConversationRow, reach: Reach) -> Conversation:
-    usage = Usage(row.prompt_tokens, row.completion_tokens, row.total_tokens)
-    return Conversation(id=row.id, head_node_id=row.head_node_id, node_count=row.node_count, busy=row.busy,
-                        created_at=row.created_at, updated_at=row.updated_at, object="conversation", usage=usage,
-                        forked_from=row.forked_from, fork_node_id=row.fork_node_id,
-                        tenant=row.tenant if reach.caller.admin else None)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -234,21 +100,8 @@ def _reach(request: Request[Any, Any, Any], caller: NamedDependency[Caller]) -> 
     return Reach(caller, caller.tenant)
 
 
-def usage_window(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
-    """The range of a usage report (this route's and ``branchpoint usage``'s): until now and since
-    30 days before until, unless given; a time without a zone is UTC. ``InvalidRequest`` when it
-    is empty or cannot be."""
-    def aware(moment: datetime) -> datetime:
-        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-    end = aware(until) if until is not None else datetime.now(UTC)
-    try:
-        start = aware(since) if since is not None else end - timedelta(days=30)
-    except OverflowError:  # an until in the first days of year 1
-        raise InvalidRequest("until is too early", param="until") from None
-    if start >= end:
-        raise InvalidRequest("since must be before until", param="since")
-    return start, end
+def _conversation(row: ConversationRow, reach: Reach) -> Conversation:
+    return conversation_of(row, show_tenant=reach.caller.admin)
 
 
 def _cid(value: str) -> str:
@@ -390,7 +243,7 @@ class AdminController(Controller):
         conv = await _conversation_row(admin, reach, conversation_id)
         rows = await admin.path(conv)
         return PathList(
-            data=[_node(r, PathNode, sibling_index=r.sibling_index, sibling_count=r.sibling_count) for r in rows],
+            data=[node_of(r, NodeOnPath, sibling_index=r.sibling_index, sibling_count=r.sibling_count) for r in rows],
             head_node_id=conv.head_node_id,
         )
 
@@ -411,17 +264,17 @@ class AdminController(Controller):
     async def whole_tree(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> TreeList:
         conv = await _conversation_row(admin, reach, conversation_id)
         rows = await admin.tree(conv)
-        return TreeList(data=[TreeNode(**{f: getattr(r, f) for f in _TREE_FIELDS}) for r in rows],
+        return TreeList(data=[tree_node_of(r) for r in rows],
                         head_node_id=conv.head_node_id)
 
     @get("/nodes/{node_id:str}", summary="One node, all fields", responses=errors())
     async def get_node(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], node_id: FromPath[str]) -> Node:
-        return _node(await _node_row(admin, reach, node_id))
+        return node_of(await _node_row(admin, reach, node_id))
 
     @get("/nodes/{node_id:str}/children", summary="A node's children, oldest first", responses=errors())
     async def node_children(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], node_id: FromPath[str]) -> NodeList:
         row = await _node_row(admin, reach, node_id)
-        return NodeList(data=[_node(r) for r in await admin.children(row)])
+        return NodeList(data=[node_of(r) for r in await admin.children(row)])
 
     @get("/nodes/{node_id:str}/request", summary="The exact request body sent upstream for this node", responses=errors())
     async def node_request(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], builder: NamedDependency[RequestBuilder], upstream: NamedDependency[UpstreamClient],

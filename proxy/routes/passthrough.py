@@ -16,7 +16,8 @@ from litestar.types import ASGIApp
 from ..auth import Caller
 from ..errors import InvalidRequest
 from ..forwarder import Forwarder
-from .common import RequestHeaders, valid_conversation_id
+from ..ids import valid_conversation_id
+from .common import RequestHeaders
 from .context import CallContext
 
 __all__ = [

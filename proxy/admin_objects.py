@@ -1,0 +1,213 @@
+"""The admin API's objects (docs/behaviour.md#admin-api): the msgspec shapes of conversations,
+nodes, paths, trees and usage reports, how stored rows become them, and the range of a usage
+report -- shared by the admin routes (``proxy.routes.admin``) and the command line (an export's
+lines, ``branchpoint usage``), so neither reaches into the other."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from storage import ConversationRow, NodeRow, TreeRow
+
+from .errors import InvalidRequest
+
+__all__ = [
+    "Conversation",
+    "ConversationList",
+    "Deleted",
+    "ExportedNode",
+    "Node",
+    "NodeList",
+    "NodeOnPath",
+    "PathList",
+    "TreeList",
+    "TreeNode",
+    "Usage",
+    "UsageLine",
+    "UsageReport",
+    "conversation_of",
+    "exported",
+    "node_of",
+    "tree_node_of",
+    "usage_window",
+]
+
+
+class Usage(msgspec.Struct):
+    """Tokens the upstreams reported for every call of a conversation (side calls, failed calls
+    that reported usage and compaction's summaries included)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Conversation(msgspec.Struct, omit_defaults=True):
+    id: str
+    head_node_id: uuid.UUID | None
+    node_count: int
+    busy: bool
+    created_at: datetime
+    updated_at: datetime
+    object: str
+    usage: Usage | None = None
+    forked_from: str | None = None  # set on forks
+    fork_node_id: uuid.UUID | None = None
+    tenant: str | None = None  # shown to admin keys only
+
+
+class UsageLine(msgspec.Struct, omit_defaults=True):
+    model: str | None
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    tenant: str | None = None  # shown to admin keys only
+
+
+class UsageReport(msgspec.Struct):
+    since: datetime
+    until: datetime
+    data: list[UsageLine]  # by model (and tenant, for an admin key)
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    object: str = "usage_report"
+
+
+class ConversationList(msgspec.Struct):
+    data: list[Conversation]
+    next_cursor: str | None
+    object: str = "list"
+
+
+class Node(msgspec.Struct):
+    id: uuid.UUID
+    conversation_id: str
+    parent_id: uuid.UUID | None
+    kind: str
+    status: str
+    outcome: str | None  # success | transient | overflow | invalid (null while pending)
+    sent: list[Any]
+    received: list[Any] | None
+    model: str | None
+    provider: str | None
+    params: dict[str, Any]
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+    error: dict[str, Any] | None
+    compacted_from: uuid.UUID | None
+    depth: int
+    created_at: datetime
+    finished_at: datetime | None
+    api: str  # the format of sent/received: "chat" messages, or "responses" items
+    object: str = "node"
+
+
+class NodeOnPath(Node):
+    """A node of the head path with its place among its siblings (``storage.PathRow`` shown)."""
+
+    sibling_index: int = 1
+    sibling_count: int = 1
+
+
+class NodeList(msgspec.Struct):
+    data: list[Node]
+    next_cursor: str | None = None
+    object: str = "list"
+
+
+class PathList(msgspec.Struct):
+    data: list[NodeOnPath]
+    head_node_id: uuid.UUID | None
+    next_cursor: str | None = None
+    object: str = "list"
+
+
+class TreeNode(msgspec.Struct):
+    id: uuid.UUID
+    conversation_id: str
+    parent_id: uuid.UUID | None
+    kind: str
+    status: str
+    outcome: str | None
+    model: str | None
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+    compacted_from: uuid.UUID | None
+    depth: int
+    created_at: datetime
+    finished_at: datetime | None
+    api: str
+    preview: str | None
+    object: str = "node"
+
+
+class TreeList(msgspec.Struct):
+    data: list[TreeNode]
+    head_node_id: uuid.UUID | None
+    next_cursor: str | None = None
+    object: str = "list"
+
+
+class Deleted(msgspec.Struct):
+    id: str
+    deleted: bool
+    nodes_deleted: int
+    nodes_kept: int
+    object: str = "conversation.deleted"
+
+
+_NODE_FIELDS = tuple(f for f in Node.__struct_fields__ if f != "object")
+_TREE_FIELDS = tuple(f for f in TreeNode.__struct_fields__ if f != "object")
+
+
+def node_of(row: NodeRow, cls: type[Node] = Node, **extra: Any) -> Node:
+    """The API's node (or a subclass of it: ``extra`` fills its own fields) of a stored row."""
+    return cls(**{f: getattr(row, f) for f in _NODE_FIELDS}, **extra)
+
+
+class ExportedNode(Node, omit_defaults=False):
+    """A line of an export (``GET .../export``, ``branchpoint conversations export``): every field
+    of the node, and whether it is the conversation's head -- what an import needs."""
+
+    head: bool = False
+
+
+def exported(row: NodeRow, head: uuid.UUID | None) -> ExportedNode:
+    return node_of(row, ExportedNode, head=row.id == head)  # type: ignore[return-value]
+
+
+def tree_node_of(row: TreeRow) -> TreeNode:
+    return TreeNode(**{f: getattr(row, f) for f in _TREE_FIELDS})
+
+
+def conversation_of(row: ConversationRow, *, show_tenant: bool) -> Conversation:
+    """The API's conversation of a stored row; its tenant shown to admin keys only."""
+    usage = Usage(row.prompt_tokens, row.completion_tokens, row.total_tokens)
+    return Conversation(id=row.id, head_node_id=row.head_node_id, node_count=row.node_count, busy=row.busy,
+                        created_at=row.created_at, updated_at=row.updated_at, object="conversation", usage=usage,
+                        forked_from=row.forked_from, fork_node_id=row.fork_node_id,
+                        tenant=row.tenant if show_tenant else None)
+
+
+def usage_window(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
+    """The range of a usage report (``GET /admin/usage``'s and ``branchpoint usage``'s): until now and since
+    30 days before until, unless given; a time without a zone is UTC. ``InvalidRequest`` when it
+    is empty or cannot be."""
+    def aware(moment: datetime) -> datetime:
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+    end = aware(until) if until is not None else datetime.now(UTC)
+    try:
+        start = aware(since) if since is not None else end - timedelta(days=30)
+    except OverflowError:  # an until in the first days of year 1
+        raise InvalidRequest("until is too early", param="until") from None
+    if start >= end:
+        raise InvalidRequest("since must be before until", param="since")
+    return start, end

@@ -1,0 +1,5 @@
+"""``python -m proxy.cli``: the ``branchpoint`` command."""
+
+from . import main
+
+main()

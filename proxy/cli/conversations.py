@@ -1,0 +1,119 @@
+"""The commands that move conversations: ``conversations export`` (a tree as JSON Lines),
+``conversations import`` (an export re-created) and ``conversations prune`` (idle ones deleted)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..admin_objects import exported
+from .common import config_option, console, conversations, database, find_conversation, run, settings_of
+
+__all__ = ["export", "import_", "prune"]
+
+
+@conversations.command("prune")
+@config_option
+@click.option("--idle-days", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Delete conversations idle this many days (default: [retention] idle_days).")
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
+def prune(config_file: str | None, idle_days: float | None, dry_run: bool) -> None:
+    """Delete conversations idle for a while, with their nodes (what a fork still reaches stays)."""
+    from proxy.retention import idle_since
+    from proxy.retention import prune as prune_idle
+    from storage import OpsStore
+
+    settings = settings_of(config_file)
+    days = idle_days if idle_days is not None else settings.retention.idle_days
+    if days <= 0:
+        raise click.UsageError("give --idle-days (or set [retention] idle_days in the configuration)")
+
+    async def go() -> str:
+        async with database(settings) as db:
+            ops = OpsStore(db)
+            if dry_run:
+                count, nodes = await ops.idle(idle_since(days))
+                return f"{count} conversation(s) idle for {days:g} day(s), {nodes} node(s); nothing deleted (--dry-run)"
+            done = await prune_idle(ops, days, settings.retention.batch)
+            return (f"deleted {done.conversations} conversation(s) idle for {days:g} day(s): {done.deleted} node(s) "
+                    f"deleted, {done.kept} kept for forks")
+
+    console().print(run(go()))
+
+
+@conversations.command("export")
+@click.argument("conversation_id")
+@config_option
+@click.option("--tenant", default=None, help="The conversation's tenant (needed when the id exists for several).")
+@click.option("--output", "-o", default="-", type=click.Path(dir_okay=False, allow_dash=True),
+              help="File to write (default: standard output).")
+def export(conversation_id: str, config_file: str | None, tenant: str | None, output: str) -> None:
+    """The whole tree as JSON Lines: one object per node, oldest first, parent ids kept."""
+    settings = settings_of(config_file)
+    encoder = msgspec.json.Encoder()
+
+    async def go(write: Callable[[bytes], Any]) -> int:
+        async with database(settings) as db:
+            store, conv = await find_conversation(db, conversation_id, tenant)
+            total = conv.node_count
+            count = 0
+            with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console(stderr=True), transient=True, disable=output == "-") as progress:
+                task = progress.add_task("export", total=total)
+                async for row in store.export(conv):
+                    write(encoder.encode(exported(row, conv.head_node_id)) + b"\n")
+                    count += 1
+                    progress.update(task, completed=count)
+            return count
+
+    if output == "-":
+        count = run(go(sys.stdout.buffer.write))
+        sys.stdout.flush()
+    else:
+        with Path(output).open("wb") as fh:
+            count = run(go(fh.write))
+        console(stderr=True).print(f"exported {count} node(s) to {output}")
+
+
+@conversations.command("import")
+@click.argument("file", type=click.File("rb"))
+@click.option("--as", "conversation_id", required=True, help="The id of the new conversation.")
+@click.option("--tenant", default=None, help="The tenant that will own it.")
+@click.option("--key", default=None, help="Or: the API key of that tenant (passthrough mode hashes it into the tenant).")
+@config_option
+def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None, config_file: str | None) -> None:
+    """Re-create an exported tree as a new conversation (new node ids; nothing else changes)."""
+    from proxy.auth import key_hash
+    from proxy.errors import BranchpointError
+    from proxy.ids import valid_conversation_id
+    from proxy.transfer import NotAnExport, prepare_import
+    from storage import AdminStore
+
+    if (tenant is None) == (key is None):
+        raise click.ClickException("name the owner with exactly one of --tenant and --key")
+    tenant = tenant or f"t_{key_hash(key or '')[:32]}"
+    try:
+        valid_conversation_id(conversation_id, source="--as")
+    except BranchpointError as exc:
+        raise click.ClickException(exc.message) from None
+    try:
+        prepared = prepare_import(file.read())
+    except NotAnExport as exc:
+        raise click.ClickException(f"not an export this proxy can import: {exc}") from None
+    settings = settings_of(config_file)
+
+    async def go() -> int | None:
+        async with database(settings) as db:
+            return await AdminStore(db).import_tree(tenant, conversation_id, prepared.nodes, prepared.head,
+                                                    prepared.compactions)
+
+    written = run(go())
+    if written is None:
+        raise click.ClickException(f"conversation {conversation_id!r} already exists for that tenant")
+    console().print(f"imported {written} node(s) as {conversation_id!r} (tenant {tenant[:16]})")

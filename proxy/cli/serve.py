@@ -1,0 +1,63 @@
+"""``branchpoint serve``: the proxy under uvicorn, one process or several workers (sharing the
+embedded PostgreSQL, started once here, when no database URL is configured)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import click
+
+from .common import config_option, main, settings_of
+
+__all__ = ["serve"]
+
+
+@main.command()
+@click.option("--host", default=None, help="Interface to listen on (default from config: 127.0.0.1).")
+@click.option("--port", default=None, type=int, help="Port to listen on (default from config: 8080).")
+@config_option
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes; they share the database safely (leases live in PostgreSQL).")
+def serve(host: str | None, port: int | None, config_file: str | None, workers: int) -> None:
+    """Serve the proxy. Without a database URL, an embedded PostgreSQL is started."""
+    import uvicorn
+
+    from proxy.app import create_app, tune_gc
+    from proxy.limits import HeaderTimeoutHttpTools
+    from proxy.logs import configure_logging
+
+    settings = settings_of(config_file)
+    configure_logging(settings.server.log_level, settings.server.log_format)
+    server = settings.server
+    # several workers: the embedded server (if any) is started once, here, and shared
+    embedded = None
+    if workers > 1 and not settings.database.url:
+        from storage import migrate, start_embedded
+
+        embedded = start_embedded(settings.database.data_dir or None,
+                                  batch_scheduling=settings.database.embedded_batch_scheduling)
+        os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
+        asyncio.run(migrate(embedded.uri))
+    if workers > 1 and config_file:
+        os.environ["BRANCHPOINT_CONFIG"] = os.path.abspath(config_file)
+    config = uvicorn.Config(
+        create_app(settings) if workers == 1 else "proxy.app:app_from_environment", factory=workers > 1,
+        workers=workers, host=host or server.host, port=port or server.port, log_config=None, access_log=False,
+        loop="uvloop", http=HeaderTimeoutHttpTools, timeout_graceful_shutdown=server.shutdown_grace_seconds,
+        # what the ASGI server guards (docs/behaviour.md#limits-and-hostile-peers): idle keep-alive
+        # connections close after 5 s, at most max_connections connections and requests (more: 503)
+        timeout_keep_alive=5, limit_concurrency=server.max_connections,
+    )
+    config.client_header_timeout = server.client_header_timeout  # read by HeaderTimeoutHttpTools
+    try:
+        if workers == 1:
+            tune_gc()
+            uvicorn.Server(config).run()
+        else:
+            from uvicorn.supervisors import Multiprocess
+
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
+    finally:
+        if embedded:
+            embedded.stop()
