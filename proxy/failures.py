@@ -1,13 +1,16 @@
 """Failed calls: one ``NodeError`` (what a failed node stores) and one ``Failure`` (that error, its
 ``Outcome`` -- the row of the failure table, docs/behaviour.md#failures -- and what the client
-gets). Every way a call can fail is built here:
+gets). The failures read from what came back, or from an error, are built here:
 
 - ``classify``: an upstream HTTP answer that is not a success (the upstream boundary's job);
-- ``Failure.from_error``: a failure without an HTTP status (our ``UpstreamFailure``s, a client
-  that went away, the proxy's own error) -- always transient;
+- ``Failure.from_error``: a failure without an HTTP status (our ``UpstreamFailure``s, the
+  proxy's own error) -- always transient;
 - ``not_a_completion``: a 2xx that is not a chat completion (an error body in disguise, or garbage);
 - ``from_stream_error``: an error event inside a stream;
 - ``interrupted``: a call the proxy stopped itself, its shutdown grace having run out.
+
+The rest are made with ``Failure.of`` where they happen: the relay's (``proxy.relay``: a stream
+cut or ended without its end event, the relay's own error, ``client_disconnected``).
 """
 
 from __future__ import annotations

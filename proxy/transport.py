@@ -67,7 +67,6 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.error: Exception | None = None
         self.idle_since = 0.0
-        self.requests = 0
         self._waiter: asyncio.Future[None] | None = None
         self._drain: asyncio.Future[None] | None = None
         self._write_paused = False
@@ -90,7 +89,6 @@ class _Connection(asyncio.Protocol):
 
     def begin(self, *, head_only: bool) -> None:
         self._reset(head_only=head_only, active=True)
-        self.requests += 1
 
     # -- asyncio.Protocol --------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The upstream boundary: provider routing by model glob, one shared ``httpx.AsyncClient``, which
+"""The upstream boundary: provider routing by model glob, one shared transport (requests go
+straight to it -- no ``httpx.AsyncClient``, whose cookie jar every tenant would share), which
 headers go out and come back, and the translation of transport errors into ours -- once, here:
 ``UpstreamUnreachable`` (502) / ``UpstreamTimeout`` (504) / ``UpstreamBadResponse`` (502)
 (``map_exceptions``, in the manner of httpx's own). An upstream's HTTP error answers are
