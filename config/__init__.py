@@ -1,31 +1,7 @@
-"""Configuration: TOML defaults shipped in ``defaults.toml``, a user file, environment overrides."""
+"""Configuration: TOML defaults shipped in ``defaults.toml``, a user file, environment overrides.
+The package's names are ``config.settings``'s: its ``__all__``, listed once, there."""
 
-from .settings import (
-    AuthKey,
-    AuthSettings,
-    CompactionSettings,
-    DatabaseSettings,
-    ModelLimits,
-    RetentionSettings,
-    ServerSettings,
-    Settings,
-    SettingsError,
-    Upstream,
-    UpstreamDefaults,
-    load_settings,
-)
+from . import settings
+from .settings import *  # noqa: F403
 
-__all__ = [
-    "AuthKey",
-    "AuthSettings",
-    "CompactionSettings",
-    "DatabaseSettings",
-    "ModelLimits",
-    "RetentionSettings",
-    "ServerSettings",
-    "Settings",
-    "SettingsError",
-    "Upstream",
-    "UpstreamDefaults",
-    "load_settings",
-]
+__all__ = settings.__all__
