@@ -34,7 +34,7 @@ from storage.ids import uuid7
 from storage.model import Outcome
 from storage.pathcache import PathCache
 from storage.transcript import digests
-from storage.tree import TreeStore
+from storage.tree import CallFinish, CallStart, TreeStore
 
 
 def backend_cpu_ns(pid: int) -> int:
@@ -44,15 +44,14 @@ def backend_cpu_ns(pid: int) -> int:
 async def turn(store: TreeStore, cid: str, i: int) -> None:
     sent = [{"role": "user", "content": f"question {i} " + "x" * 200}]
     node = uuid7()
-    begun = await store.begin_call(
+    begun = await store.begin_call(CallStart(
         tenant="bench", conversation_id=cid, node_id=node, new_tree_id=uuid.uuid4(), kind="turn", mode="delta",
         parent_mode="head", parent_id=None, sent=sent, digests=digests(sent), prefixes=[], system_hash=None,
-        lease_seconds=60, model="gpt-4o-mini", provider="default", params={"temperature": 0.5})
-    await store.finish_call(
-        tree_id=begun.tree_id, node_id=node, outcome=Outcome.SUCCESS,
-        received=[{"role": "assistant", "content": f"answer {i} " + "y" * 300}],
+        lease_seconds=60, model="gpt-4o-mini", provider="default", params={"temperature": 0.5}))
+    await store.finish_call(begun.tree_id, node, CallFinish(
+        outcome=Outcome.SUCCESS, received=[{"role": "assistant", "content": f"answer {i} " + "y" * 300}],
         usage={"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}, finish_reason="stop", error=None,
-        request_hash=b"\0" * 32, leased=True)
+        request_hash=b"\0" * 32, leased=True))
 
 
 async def measure(pairs: int, rounds: int) -> dict:

@@ -23,10 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 
 from storage import (
     BeforeCompaction,
     Busy,
+    CallFinish,
+    CallStart,
     NodeMissing,
     Outcome,
     StorageError,
@@ -161,12 +164,14 @@ class CallLifecycle:
         # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
         # safety net recognise a client resending its history (it takes a user and an answer)
         prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or len(digests) >= 2 else []
-        begin = functools.partial(
-            self.tree.begin_call, tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id,
-            new_tree_id=uuid7(), kind=call.kind, mode=call.mode, parent_mode=call.parent_mode,
-            parent_id=call.parent_id, system_hash=transcript.system_hash(call.messages), lease_seconds=self.lease_seconds,
+        start = CallStart(
+            tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id, new_tree_id=uuid7(),
+            kind=call.kind, mode=call.mode, parent_mode=call.parent_mode, parent_id=call.parent_id,
+            sent=call.items, digests=digests if call.mode == "delta" else [], prefixes=prefixes,
+            system_hash=transcript.system_hash(call.messages), lease_seconds=self.lease_seconds,
             model=call.body.get("model"), provider=provider, params=call.params,
-            new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}", api=call.api,
+            new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}", ordinals=call.ordinals,
+            api=call.api,
         )
         try:
             if call.mode == "full" and len(prefixes) > _WINDOW:
@@ -176,13 +181,13 @@ class CallLifecycle:
                 window_ordinals = None
                 if call.ordinals is not None:
                     window_ordinals = [n - skip if n else 0 for n in call.ordinals if n == 0 or n > skip]
-                begun = await begin(sent=call.tail(skip, with_system=True), digests=[], prefixes=prefixes[skip:],
-                                    prefix_offset=skip, ordinals=window_ordinals)
+                begun = await self.tree.begin_call(msgspec.structs.replace(
+                    start, sent=call.tail(skip, with_system=True), prefixes=prefixes[skip:], prefix_offset=skip,
+                    ordinals=window_ordinals))
                 if begun.mode == "window":
-                    begun = await begin(sent=call.items, digests=[], prefixes=prefixes, ordinals=call.ordinals)
+                    begun = await self.tree.begin_call(start)
             else:
-                begun = await begin(sent=call.items, digests=digests if call.mode == "delta" else [], prefixes=prefixes,
-                                    ordinals=call.ordinals)
+                begun = await self.tree.begin_call(start)
         except StorageUnavailable as exc:
             if exc.sent:
                 # the database may have started the call after we stopped waiting for it: then a
@@ -243,13 +248,13 @@ class CallLifecycle:
         started.finished = True
         if finish_reason is not None and "\x00" in finish_reason:
             finish_reason = finish_reason.replace("\x00", "")  # a text column; the answer itself keeps it
-        store = functools.partial(
-            self.tree.finish_call, tree_id=started.tree_id, node_id=started.node_id, outcome=outcome,
-            received=received, usage=usage, finish_reason=finish_reason, error=error,
+        finish = CallFinish(
+            outcome=outcome, received=received, usage=usage, finish_reason=finish_reason, error=error,
             request_hash=started.request_hash, leased=started.leased,
-            tenant=started.call.tenant, conversation_id=started.conversation_id,
             received_digests=transcript.digests(received_messages if received_messages is not None else received or ()),
         )
+        store = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
+                                  tenant=started.call.tenant, conversation_id=started.conversation_id)
         try:
             await store()
         except StorageError as exc:

@@ -27,13 +27,15 @@ from .migrate import latest_version, migrate
 from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, Pruned, TreeRow, UsageRow, can_be_head
 from .ops import OpsStore
 from .pathcache import PathCache
-from .tree import Begun, ContextMode, ParentMode, TreeStore
+from .tree import Begun, CallFinish, CallStart, ContextMode, ParentMode, TreeStore
 
 __all__ = [
     "AdminStore",
     "BeforeCompaction",
     "Begun",
     "Busy",
+    "CallFinish",
+    "CallStart",
     "ContextMode",
     "ConversationExists",
     "ConversationMissing",

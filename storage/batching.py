@@ -27,8 +27,9 @@ Rules:
   runs -- the call lifecycle already treats an interrupted start or finish as possibly carried out.
   (The first caller of a turn, cancelled while it gathers the others, sends nothing of its own.)
 
-Each statement must return rows whose first column (``call``) repeats one of its arguments
-(``tag``): the node of the call, which is how a batch's rows are handed back to their callers.
+Each caller names its statement's ``key`` (the node of the call), and the statement's rows repeat
+it as their first column: that is how a batch's rows are handed back to their callers -- whatever
+the statement's arguments are.
 
 Batches take rows of several trees in one transaction; a PostgreSQL distributed by tree must have
 them off (``[database] batch_calls``, docs/scaling.md#past-one-postgresql).
@@ -47,7 +48,8 @@ from .errors import StorageUnavailable
 
 __all__ = ["Batch"]
 
-_Item = tuple[tuple[str, str], tuple[Any, ...], "asyncio.Future[list[asyncpg.Record]]"]
+# (order, key, args, waiter)
+_Item = tuple[tuple[str, str], Hashable, tuple[Any, ...], "asyncio.Future[list[asyncpg.Record]]"]
 
 # the statements' own failures that PostgreSQL reports as the database's (storage.errors): the
 # batch was rolled back, and alone they may well pass
@@ -67,24 +69,23 @@ class Batch:
     """One statement, run for many callers; see the module docstring. ``enabled=False``: each
     call is its own round trip."""
 
-    def __init__(self, db: Database, query: str, *, tag: int, enabled: bool = True, limit: int = 32) -> None:
+    def __init__(self, db: Database, query: str, *, enabled: bool = True, limit: int = 32) -> None:
         self.db = db
         self.query = query
-        self.tag = tag  # the index of the argument the rows' first column repeats
         self.enabled = enabled
         self.limit = limit
         self._gathering: list[_Item] | None = None  # the calls joining this turn's first one
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def fetch(self, key: tuple[str, str], *args: Any) -> list[asyncpg.Record]:
-        """The statement's rows for ``args``. ``key``: (tenant, conversation) -- the order
-        a batch runs in."""
+    async def fetch(self, order: tuple[str, str], key: Hashable, *args: Any) -> list[asyncpg.Record]:
+        """The statement's rows for ``args``: those whose first column is ``key`` (the call's
+        node). ``order``: (tenant, conversation) -- the order a batch runs in."""
         if not self.enabled:
             return await self.db.fetch(self.query, *args)
         loop = asyncio.get_running_loop()
         if self._gathering is not None:  # the first call of this turn gathers the others: join it
             waiter: asyncio.Future[list[asyncpg.Record]] = loop.create_future()
-            self._gathering.append((key, args, waiter))
+            self._gathering.append((order, key, args, waiter))
             return await waiter
         others = self._gathering = []
         try:
@@ -97,7 +98,7 @@ class Batch:
         if not others:  # alone: exactly as without batching
             return await self.db.fetch(self.query, *args)
         waiter = loop.create_future()
-        self._send_soon([(key, args, waiter), *others])  # in a task: no one caller's cancellation stops it
+        self._send_soon([(order, key, args, waiter), *others])  # in a task: no one caller's cancellation stops it
         return await waiter
 
     def _send_soon(self, items: list[_Item]) -> None:
@@ -112,28 +113,28 @@ class Batch:
             await self._alone(items[0])
             return
         try:
-            records = await self.db.fetchmany(self.query, [args for _, args, _ in items])
+            records = await self.db.fetchmany(self.query, [args for _, _, args, _ in items])
         except asyncio.CancelledError:
-            for _, _, waiter in items:
+            for *_, waiter in items:
                 waiter.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - handed to the callers, whatever it is
             if _retry_alone(exc):
                 await asyncio.gather(*(self._alone(item) for item in items))
             else:
-                for _, _, waiter in items:
+                for *_, waiter in items:
                     if not waiter.done():
                         waiter.set_exception(exc)
             return
         rows: dict[Hashable, list[asyncpg.Record]] = {}
         for record in records:
             rows.setdefault(record[0], []).append(record)
-        for _, args, waiter in items:
+        for _, key, _, waiter in items:
             if not waiter.done():
-                waiter.set_result(rows.get(args[self.tag], []))
+                waiter.set_result(rows.get(key, []))
 
     async def _alone(self, item: _Item) -> None:
-        _, args, waiter = item
+        _, _, args, waiter = item
         try:
             records = await self.db.fetch(self.query, *args)
         except asyncio.CancelledError:

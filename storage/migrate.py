@@ -1,8 +1,9 @@
 """Schema migrations: numbered files in ``storage/migrations`` -- ``NNNN_name.sql``, or
 ``NNNN_name.py`` defining ``async def upgrade(conn)`` for a step SQL cannot do (e.g. computing
-transcript hashes) -- applied once, in order, each in its own transaction, followed by
-``functions.sql`` (server-side functions, ``CREATE OR REPLACE``d on every run so they always
-match this code).
+transcript hashes) -- applied once, in order, each in its own transaction, followed by the
+server-side functions: ``storage/functions/*.sql``, one file per concern, in the order
+``functions.sql`` lists them (its ``\\ir`` lines: psql can run it too), all in one transaction and
+``CREATE OR REPLACE``d on every run so they always match this code.
 
 Safe when several processes start at once: the whole run holds a PostgreSQL advisory lock.
 """
@@ -71,8 +72,17 @@ def latest_version() -> int:
     return len(load_migrations())
 
 
+_INCLUDE = re.compile(r"^\\ir\s+(\S+)\s*$", re.M)
+
+
+def function_files() -> list[str]:
+    """The server-side functions' files, in the order they are applied (``functions.sql``)."""
+    return _INCLUDE.findall(resources.files("storage").joinpath("functions.sql").read_text(encoding="utf-8"))
+
+
 def _functions_sql() -> str:
-    return resources.files("storage").joinpath("functions.sql").read_text(encoding="utf-8")
+    root = resources.files("storage")
+    return "\n".join(root.joinpath(name).read_text(encoding="utf-8") for name in function_files())
 
 
 async def applied_versions(conn: asyncpg.Connection) -> set[int]:

@@ -3,32 +3,25 @@
 Plain SQL, parameters always bound (never formatted in; the only composition is of column lists
 taken from the row structs of ``storage.model``, and of the fixed conversation queries that
 ``_conversations`` gives their counts). The multi-step statements are server-side
-functions in ``functions.sql``, called with named arguments, so their parameter lists are
-documented there only.
+functions in ``functions/*.sql`` (in the order ``functions.sql`` lists them), called with named
+arguments, so their parameter lists are documented there only.
 """
 
 from .model import ConversationRow, NodeRow, TreeRow, columns
 
 # ---- the call path ----------------------------------------------------------------------------
 
-# Start a call (conversation, lease, parent, pending node, path read: one round trip). The first
-# column repeats the new node's id, which tells the calls of a batch apart (storage/batching.py).
+# Start a call (conversation, lease, parent, pending node, path read: one round trip).
+# $1 the call's start (storage.tree.CallStart, jsonb), $2 the nodes whose path this process keeps.
+# The first column is the new node's id, which tells the calls of a batch apart (storage/batching.py).
 BEGIN_CALL = """
-SELECT $5::uuid AS call, conversation_id, tree_id, parent_id, mode, matched, start, with_system, node FROM bp_begin_call(
-    p_tenant => $1, p_conversation => $2, p_new_conversation => $3, p_new_tree => $4, p_node => $5,
-    p_kind => $6, p_mode => $7, p_parent_mode => $8, p_parent => $9, p_sent => $10, p_digests => $11,
-    p_prefixes => $12, p_prefix_offset => $13, p_system_hash => $14, p_lease_seconds => $15, p_model => $16,
-    p_provider => $17, p_params => $18, p_ordinals => $19, p_api => $20, p_known => $21)
+SELECT call_node, conversation_id, tree_id, parent_id, mode, matched, start, with_system, node
+  FROM bp_begin_call(p_start => $1, p_known => $2)
 """
 
-# Store a call's outcome, release the lease, move the head by the head rule (the first column: as
-# in BEGIN_CALL).
-FINISH_CALL = """
-SELECT $2::uuid AS call,
-       bp_finish_call(p_tree => $1, p_node => $2, p_outcome => $3, p_received => $4, p_received_digests => $5,
-                      p_usage => $6, p_finish_reason => $7, p_error => $8, p_request_hash => $9,
-                      p_leased => $10) AS finished
-"""
+# Store a call's outcome, release the lease, move the head by the head rule.
+# $1 tree, $2 node, $3 how it ended (storage.tree.CallFinish, jsonb); the first column: as in BEGIN_CALL.
+FINISH_CALL = "SELECT $2::uuid AS call, bp_finish_call(p_tree => $1, p_node => $2, p_finish => $3) AS finished"
 
 # Keep a live call's leases from running out.  $1 tree, $2 node, $3 lease seconds
 RENEW_LEASE = "SELECT bp_renew(p_tree => $1, p_node => $2, p_lease_seconds => $3)"

@@ -9,14 +9,16 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 from . import queries
 from .batching import Batch
-from .database import Database
+from .database import _NUL, Database, _encode, _shield
 from .model import Outcome, PathNode, rows
 from .pathcache import PathCache
 from .transcript import digests, system_hash
 
-__all__ = ["Begun", "ContextMode", "ParentMode", "TreeStore"]
+__all__ = ["Begun", "CallFinish", "CallStart", "ContextMode", "ParentMode", "TreeStore"]
 
 ParentMode = Literal["head", "root", "node"]
 
@@ -40,6 +42,62 @@ class Begun:
     path: list[PathNode] = field(default_factory=list)
 
 
+class CallStart(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How a call starts: the one contract between the call lifecycle and ``bp_begin_call``. The
+    lifecycle builds it from the call; it travels to SQL whole, as one jsonb argument, read there
+    in one place (``bp_call_start`` in storage/functions/calls.sql, which says how each field is
+    used). Adding a field: here, and there. Bytes travel as base64 (msgspec's encoding)."""
+
+    tenant: str
+    conversation_id: str | None  # None: full mode finds (or makes) the conversation by content
+    node_id: uuid.UUID
+    new_tree_id: uuid.UUID
+    kind: str
+    mode: ContextMode
+    parent_mode: ParentMode
+    parent_id: uuid.UUID | None
+    sent: list[Any]
+    digests: list[bytes]
+    prefixes: list[bytes]
+    system_hash: bytes | None
+    lease_seconds: float
+    model: str | None
+    provider: str | None
+    params: dict[str, Any]
+    new_conversation_id: str | None = None
+    prefix_offset: int = 0
+    ordinals: list[int] | None = None
+    api: str = "chat"
+
+
+class CallFinish(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How a call ended: the one contract between the call lifecycle and ``bp_finish_call``
+    (storage/functions/calls.sql reads it, in one place). The node it finishes is given beside
+    it: (tree, node) address the row -- the tree is the argument a PostgreSQL distributed by tree
+    routes the call by (docs/scaling.md). ``received_digests``: the transcript digests of the
+    answer (None: those of ``received`` read as chat messages)."""
+
+    outcome: Outcome
+    received: list[Any] | None = None
+    received_digests: list[bytes] | None = None
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: Any = None  # {type, code, message, status} (proxy.failures.NodeError)
+    request_hash: bytes | None = None  # sha256 of the exact body sent upstream (None: none was sent)
+    leased: bool = False  # the call took the conversation's lease (delta turn calls)
+
+
+def _jsonb(contract: msgspec.Struct) -> msgspec.Raw:
+    """A contract as the jsonb argument it is sent as. A NUL character, which jsonb cannot hold,
+    is shielded inside the JSON values (the items, params, usage, error) as ``storage.database``
+    shields any jsonb value; one in a text field stays, and PostgreSQL refuses it as before."""
+    data = _encode(contract)
+    if _NUL in data:
+        fields = msgspec.to_builtins(contract)
+        data = _encode({k: _shield(v) if isinstance(v, (list, dict)) else v for k, v in fields.items()})
+    return msgspec.Raw(data)
+
+
 class TreeStore:
     """``batch``: starts and finishes reaching the database together share a round trip
     (``storage.batching``)."""
@@ -47,46 +105,18 @@ class TreeStore:
     def __init__(self, db: Database, cache: PathCache | None = None, *, batch: bool = True) -> None:
         self.db = db
         self.cache = cache if cache is not None else PathCache(0)
-        # tag: the position of the node's id among the arguments ($5 and $2), which the rows repeat
-        self._begins = Batch(db, queries.BEGIN_CALL, tag=4, enabled=batch)
-        self._finishes = Batch(db, queries.FINISH_CALL, tag=1, enabled=batch)
+        self._begins = Batch(db, queries.BEGIN_CALL, enabled=batch)
+        self._finishes = Batch(db, queries.FINISH_CALL, enabled=batch)
 
-    async def begin_call(
-        self,
-        *,
-        tenant: str,
-        conversation_id: str | None,
-        node_id: uuid.UUID,
-        new_tree_id: uuid.UUID,
-        kind: str,
-        mode: ContextMode,
-        parent_mode: ParentMode,
-        parent_id: uuid.UUID | None,
-        sent: list[Any],
-        digests: list[bytes],
-        prefixes: list[bytes],
-        system_hash: bytes | None,
-        lease_seconds: float,
-        model: str | None,
-        provider: str | None,
-        params: dict[str, Any],
-        new_conversation_id: str | None = None,
-        prefix_offset: int = 0,
-        ordinals: list[int] | None = None,
-        api: str = "chat",
-    ) -> Begun:
-        """Start a call (``bp_begin_call`` in functions.sql says how each argument is used).
-        Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule refuses it.
+    async def begin_call(self, start: CallStart) -> Begun:
+        """Start a call. Raises ``Busy``, ``NodeMissing`` or ``BeforeCompaction`` when a rule
+        refuses it.
 
         The parent's path is read only below the nodes this process keeps (``PathCache``)
         and completed from them."""
-        known = self.cache.known(tenant, conversation_id, parent_id if parent_mode == "node" else None)
-        records = await self._begins.fetch(
-            (tenant, conversation_id or ""),
-            tenant, conversation_id, new_conversation_id, new_tree_id, node_id, kind, mode, parent_mode, parent_id,
-            sent, digests, prefixes, prefix_offset, system_hash, lease_seconds, model, provider, params, ordinals, api,
-            known,
-        )
+        tenant, conversation_id = start.tenant, start.conversation_id
+        known = self.cache.known(tenant, conversation_id, start.parent_id if start.parent_mode == "node" else None)
+        records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start), known)
         first = records[0]
         fresh = rows(PathNode, (r["node"] for r in records)) if first["node"] is not None else []
         parent = first["parent_id"]
@@ -104,32 +134,13 @@ class TreeStore:
         return Begun(first["conversation_id"], first["tree_id"], parent, first["mode"], first["matched"],
                      first["start"], first["with_system"], path)
 
-    async def finish_call(
-        self,
-        *,
-        tree_id: uuid.UUID,
-        node_id: uuid.UUID,
-        outcome: Outcome,
-        received: list[Any] | None,
-        usage: dict[str, Any] | None,
-        finish_reason: str | None,
-        error: Any,
-        request_hash: bytes | None,
-        leased: bool,
-        received_digests: list[bytes] | None = None,
-        tenant: str = "",
-        conversation_id: str = "",
-    ) -> bool:
+    async def finish_call(self, tree_id: uuid.UUID, node_id: uuid.UUID, finish: CallFinish, *,
+                          tenant: str = "", conversation_id: str = "") -> bool:
         """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile.
-        ``received_digests``: the transcript digests of the answer (default: of ``received`` read
-        as chat messages). ``tenant`` and ``conversation_id`` order a batch (``storage.batching``)."""
-        if received_digests is None:
-            received_digests = digests(received or ())
-        records = await self._finishes.fetch(
-            (tenant, conversation_id),
-            tree_id, node_id, outcome.value, received, received_digests, usage, finish_reason, error,
-            request_hash, leased,
-        )
+        ``tenant`` and ``conversation_id`` order a batch (``storage.batching``)."""
+        if finish.received_digests is None:
+            finish = msgspec.structs.replace(finish, received_digests=digests(finish.received or ()))
+        records = await self._finishes.fetch((tenant, conversation_id), node_id, tree_id, node_id, _jsonb(finish))
         return bool(records[0]["finished"])
 
     async def renew(self, tree_id: uuid.UUID, node_id: uuid.UUID, lease_seconds: float) -> bool:

@@ -17,7 +17,7 @@ from storage.database import Database
 from storage.ids import uuid7
 from storage.model import Outcome
 from storage.transcript import digests
-from storage.tree import TreeStore
+from storage.tree import CallFinish, CallStart, TreeStore
 
 from .conftest import Db, RowLocks, assert_invariants, make_settings, run, serve_proxy, wait_for
 from .fakes import Reply
@@ -34,18 +34,17 @@ def _conversations(n):
 async def _begin(store, cid, text, *, kind="turn", parent_mode="head", parent_id=None):
     sent = [user(text)]
     node = uuid7()
-    begun = await store.begin_call(tenant=TENANT, conversation_id=cid, node_id=node, new_tree_id=uuid.uuid4(),
-                                   kind=kind, mode="delta", parent_mode=parent_mode, parent_id=parent_id, sent=sent,
-                                   digests=digests(sent), prefixes=[], system_hash=None, lease_seconds=60,
-                                   model=MODEL, provider="default", params={})
+    begun = await store.begin_call(CallStart(
+        tenant=TENANT, conversation_id=cid, node_id=node, new_tree_id=uuid.uuid4(), kind=kind, mode="delta",
+        parent_mode=parent_mode, parent_id=parent_id, sent=sent, digests=digests(sent), prefixes=[],
+        system_hash=None, lease_seconds=60, model=MODEL, provider="default", params={}))
     return node, begun
 
 
 async def _finish(store, cid, node, begun, text, *, outcome=Outcome.SUCCESS, leased=True):
-    return await store.finish_call(tree_id=begun.tree_id, node_id=node, outcome=outcome,
-                                   received=[{"role": "assistant", "content": text}], usage=None,
-                                   finish_reason="stop", error=None, request_hash=None, leased=leased,
-                                   tenant=TENANT, conversation_id=cid)
+    return await store.finish_call(begun.tree_id, node, CallFinish(
+        outcome=outcome, received=[{"role": "assistant", "content": text}], usage=None, finish_reason="stop",
+        error=None, request_hash=None, leased=leased), tenant=TENANT, conversation_id=cid)
 
 
 def _counts(db):
@@ -134,9 +133,9 @@ def test_a_failed_finish_fails_alone(database_url):
             (n0, b0), (n1, b1), (n2, b2) = started
             results = await asyncio.gather(
                 _finish(store, cids[0], n0, b0, "a"),
-                store.finish_call(tree_id=b1.tree_id, node_id=n1, outcome=Outcome.SUCCESS,  # an answer that is
+                store.finish_call(b1.tree_id, n1, CallFinish(outcome=Outcome.SUCCESS,  # an answer that is
                                   received="not a list", usage=None, finish_reason="stop", error=None,  # no array
-                                  request_hash=None, leased=True, received_digests=[], tenant=TENANT,
+                                  request_hash=None, leased=True, received_digests=[]), tenant=TENANT,
                                   conversation_id=cids[1]),
                 _finish(store, cids[2], n2, b2, "c"),
                 return_exceptions=True)

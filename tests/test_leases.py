@@ -15,7 +15,7 @@ from proxy.metrics import Metrics
 from storage.database import Database
 from storage.ids import uuid7
 from storage.transcript import digests
-from storage.tree import TreeStore
+from storage.tree import CallStart, TreeStore
 
 from .conftest import Db, make_settings, new_key, run, serve_proxy, spawn_proxy, wait_for
 from .fakes import Reply
@@ -140,10 +140,10 @@ def test_only_calls_older_than_the_interval_are_renewed(database_url, cid):
             for name in ("young", "old"):
                 sent = [user(name)]
                 node = uuid7()
-                begun = await store.begin_call(
+                begun = await store.begin_call(CallStart(
                     tenant="t_renew", conversation_id=f"{cid}-{name}", node_id=node, new_tree_id=uuid.uuid4(),
                     kind="turn", mode="delta", parent_mode="head", parent_id=None, sent=sent, digests=digests(sent),
-                    prefixes=[], system_hash=None, lease_seconds=30, model=MODEL, provider="default", params={})
+                    prefixes=[], system_hash=None, lease_seconds=30, model=MODEL, provider="default", params={}))
                 keeper.track(begun.tree_id, node)
                 started[name] = node
             tree, _ = keeper.inflight[started["old"]]

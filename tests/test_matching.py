@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.assembly import Target, assemble
-from storage import AdminStore, TreeStore, open_database, transcript, uuid7
+from storage import AdminStore, CallStart, TreeStore, open_database, transcript, uuid7
 from storage.transcript import canonical, digest, node_keys
 
 from .conftest import Db, run
@@ -169,11 +169,11 @@ def test_match_plus_remainder_is_what_the_client_sent(fresh_database_url, nodes,
                     for i, n in enumerate(nodes)]
             assert await AdminStore(db).import_tree(tenant, "c", rows, None, 0) == len(nodes)
             digests = transcript.digests(client)
-            begun = await TreeStore(db).begin_call(
+            begun = await TreeStore(db).begin_call(CallStart(
                 tenant=tenant, conversation_id="c", node_id=uuid7(), new_tree_id=uuid7(), kind="turn", mode="full",
                 parent_mode="head", parent_id=None, sent=client, digests=digests,
                 prefixes=transcript.prefix_hashes(digests), system_hash=transcript.system_hash(client),
-                lease_seconds=30, model="m", provider="p", params={})
+                lease_seconds=30, model="m", provider="p", params={}))
             return begun, client
         finally:
             await db.close()

@@ -13,7 +13,7 @@ from storage.database import Database
 from storage.ids import uuid7
 from storage.model import Outcome
 from storage.transcript import digests
-from storage.tree import TreeStore
+from storage.tree import CallFinish, CallStart, TreeStore, _jsonb
 
 from .conftest import make_settings, run, serve_proxy
 from .fakes import Reply
@@ -136,18 +136,20 @@ WALKS = "SELECT coalesce(pg_stat_get_xact_function_calls('bp_path_walk(uuid,uuid
 
 def _begin_args(cid, text, known):
     sent = [user(text)]
-    return ("t_walk", cid, None, uuid.uuid4(), uuid7(), "turn", "delta", "head", None, sent, digests(sent), [], 0,
-            None, 60.0, MODEL, "default", {}, None, "chat", known)
+    return (_jsonb(CallStart(tenant="t_walk", conversation_id=cid, node_id=uuid7(), new_tree_id=uuid.uuid4(),
+                             kind="turn", mode="delta", parent_mode="head", parent_id=None, sent=sent,
+                             digests=digests(sent), prefixes=[], system_hash=None, lease_seconds=60.0, model=MODEL,
+                             provider="default", params={})), known)
 
 
 async def _turn(store, cid, text, known):
     sent = [user(text)]
     node = uuid7()
-    begun = await store.begin_call(tenant="t_walk", conversation_id=cid, node_id=node, new_tree_id=uuid.uuid4(),
-                                   kind="turn", mode="delta", parent_mode="head", parent_id=None, sent=sent,
-                                   digests=digests(sent), prefixes=[], system_hash=None, lease_seconds=60,
-                                   model=MODEL, provider="default", params={})
-    assert await store.finish_call(tree_id=begun.tree_id, node_id=node, outcome=Outcome.SUCCESS,
-                                   received=[{"role": "assistant", "content": "a"}], usage=None,
-                                   finish_reason="stop", error=None, request_hash=None, leased=True)
+    begun = await store.begin_call(CallStart(
+        tenant="t_walk", conversation_id=cid, node_id=node, new_tree_id=uuid.uuid4(), kind="turn", mode="delta",
+        parent_mode="head", parent_id=None, sent=sent, digests=digests(sent), prefixes=[], system_hash=None,
+        lease_seconds=60, model=MODEL, provider="default", params={}))
+    assert await store.finish_call(begun.tree_id, node, CallFinish(
+        outcome=Outcome.SUCCESS, received=[{"role": "assistant", "content": "a"}], usage=None,
+        finish_reason="stop", error=None, request_hash=None, leased=True))
     return node

@@ -231,3 +231,92 @@ def test_tree_keys_migration_moves_trees_to_their_owners_names(pg_server_url, up
                                ("orphan", ["oq", "echo: oq", "next"])):
             say(client, conv, user("next"))
             assert [m["content"] for m in upstream.last.body["messages"]] == expected, conv
+
+
+def test_the_functions_files_are_all_applied_in_the_listed_order_each_with_its_header():
+    """storage/functions.sql lists every file of storage/functions/ once, basics first; each
+    file says what it holds and which refusals and locks apply; no function is made twice."""
+    from pathlib import Path
+
+    from storage.migrate import function_files
+
+    root = Path(__file__).resolve().parents[1] / "storage"
+    listed = function_files()
+    assert listed[0] == "functions/basics.sql" and len(set(listed)) == len(listed)
+    assert sorted(listed) == sorted(f"functions/{p.name}" for p in (root / "functions").glob("*.sql"))
+    made = []
+    for name in listed:
+        text = (root / name).read_text()
+        assert text.startswith("-- Server-side functions, part "), name
+        header = text[:text.index("\nCREATE")]
+        assert "Refusals" in header and "Lock" in header, name
+        made += re.findall(r"^CREATE (?:OR REPLACE )?FUNCTION (\w+)\(", text, re.M)
+    assert len(made) == len(set(made)), sorted(f for f in made if made.count(f) > 1)
+
+
+def test_the_call_contracts_are_read_field_by_field_in_one_place(template_url):
+    """Every field of CallStart comes out of bp_call_start as the struct held it (bytes through
+    base64, uuids, arrays, jsonb); every field of CallFinish is read by bp_finish_call."""
+    import uuid
+    from pathlib import Path
+
+    import msgspec
+
+    from storage import CallFinish, CallStart
+    from storage.database import Database
+    from storage.tree import _jsonb
+
+    start = CallStart(
+        tenant="t", conversation_id="c", node_id=uuid.uuid4(), new_tree_id=uuid.uuid4(), kind="turn", mode="full",
+        parent_mode="node", parent_id=uuid.uuid4(), sent=[{"role": "user", "content": "a\u0000b"}],
+        digests=[b"\x00" * 32, b"\xff" * 32], prefixes=[b"\x01" * 32], system_hash=b"\x02\x03", lease_seconds=1.5,
+        model="m", provider="p", params={"temperature": 0.5}, new_conversation_id="n", prefix_offset=3,
+        ordinals=[0, 1, 1, 2], api="responses")
+
+    async def check():
+        db = await Database().open(template_url, min_size=1, max_size=1)
+        try:
+            row = await db.fetchrow("SELECT * FROM bp_call_start($1)", _jsonb(start))
+            assert set(row.keys()) == set(CallStart.__struct_fields__)
+            assert dict(row.items()) == msgspec.structs.asdict(start)
+            defaults = await db.fetchrow("SELECT * FROM bp_call_start($1)", _jsonb(msgspec.structs.replace(
+                start, new_conversation_id=None, prefix_offset=0, ordinals=None, api="chat")))
+            assert (defaults["new_conversation_id"], defaults["prefix_offset"], defaults["ordinals"],
+                    defaults["api"]) == (None, 0, None, "chat")
+        finally:
+            await db.close()
+
+    run(check())
+    calls = (Path(__file__).resolve().parents[1] / "storage" / "functions" / "calls.sql").read_text()
+    finish = calls[calls.index("CREATE OR REPLACE FUNCTION bp_finish_call"):]
+    for field in CallFinish.__struct_fields__:
+        assert re.search(rf"p_finish ->>? '{field}'", finish), field
+
+
+def test_an_existing_database_upgrades_to_the_call_contracts(pg_server_url):
+    """A database with the start and finish of before (21 and 10 arguments) migrates to one
+    overload of each, taking one jsonb contract."""
+    url = new_database(pg_server_url)
+    old = {
+        "bp_begin_call": "text, text, text, uuid, uuid, text, text, text, uuid, jsonb, bytea[], bytea[], integer, "
+                         "bytea, double precision, text, text, jsonb, integer[], text, uuid[]",
+        "bp_begin_full": "text, text, text, uuid, uuid, text, jsonb, bytea[], integer, bytea, double precision, "
+                         "text, text, jsonb, integer[], text, uuid[]",
+        "bp_finish_call": "uuid, uuid, text, jsonb, bytea[], jsonb, text, jsonb, bytea, boolean",
+    }
+
+    async def check():
+        conn = await asyncpg.connect(url)
+        try:
+            await _migrate_to(conn, 12)
+            for name, args in old.items():
+                await conn.execute(f"CREATE FUNCTION {name}({args}) RETURNS boolean LANGUAGE sql AS 'SELECT true'")
+            assert 13 in await migrate(url)
+            signatures = {r["p"] for r in await conn.fetch(
+                "SELECT oid::regprocedure::text AS p FROM pg_proc WHERE proname = ANY($1)", list(old))}
+            assert signatures == {"bp_begin_call(jsonb,uuid[])", "bp_begin_full(jsonb,uuid[])",
+                                  "bp_finish_call(uuid,uuid,jsonb)"}
+        finally:
+            await conn.close()
+
+    run(check())

@@ -44,8 +44,8 @@ ALTER ROLE bp_guarded SET auto_explain.log_min_duration = 0;
 ALTER ROLE bp_guarded SET auto_explain.log_nested_statements = on;
 ALTER ROLE bp_guarded SET auto_explain.log_format = 'json';
 GRANT ALL ON SCHEMA public TO bp_guarded;
--- the proxy re-applies functions.sql at start: it owns the functions (the tables stay the
--- superuser's, so their row-level security applies to it)
+-- the proxy re-applies its functions (storage/functions/) at start: it owns the functions (the
+-- tables stay the superuser's, so their row-level security applies to it)
 DO $$ DECLARE f record; BEGIN
     FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
               WHERE n.nspname = 'public' AND p.proname LIKE 'bp\_%' LOOP

@@ -1,0 +1,190 @@
+-- Server-side functions, part 1 of 6 (storage/functions.sql lists them in the order they are
+-- applied): the shared basics every other part builds on -- the head rule, refusals, token counts,
+-- the tree a conversation lives in, the transcript hash, the conversation row's lock.
+--
+-- Why functions at all: the start of a call needs a handful of dependent decisions (lease, parent,
+-- retry recognition, insert, path read) that must happen atomically; one function call is one
+-- round trip and one transaction, and reads top to bottom like the rules it implements
+-- (docs/behaviour.md). Python calls them with named arguments (p_name => $n), so each parameter
+-- list is documented here only. Every part is re-applied (CREATE OR REPLACE) by every migration
+-- run, after the numbered migrations, so the functions always match the code.
+--
+-- Refusals: a rule that says no raises one of our own SQLSTATEs (bp_refuse), and nothing is
+-- written (the transaction is rolled back). storage/errors.py translates them into `Refused`
+-- exceptions:
+--     BPBSY  busy                      a turn call of the conversation is in flight
+--     BPNFC  conversation_not_found
+--     BPNFN  node_not_found            not in this conversation's reach, or another tenant's
+--     BPPBC  parent_before_compaction  an edit before a compaction of the current path
+--     BPEXI  conversation_exists
+--     BPPND  node_pending              a head cannot rest on a node still in flight
+--
+-- Where the head moves (the only places that write conversations.head_node_id):
+--     bp_finish_call        a turn call ends: to its node iff bp_can_be_head(kind, outcome)    (calls.sql)
+--     bp_reap               a dead process's turn call: to its node (interrupted = transient)  (retention.sql)
+--     bp_apply_compaction   to the new compaction node (a background one only if nothing moved)
+--     bp_set_head           PUT /admin/conversations/{id}/head
+--     bp_switch             POST /admin/conversations/{id}/switch (down to a leaf that can be head)
+--     bp_fork               a new conversation starts with its head on the fork node  (these four: moves.sql)
+-- bp_begin_call never moves the head; it chooses the new node's parent (the head, a given node,
+-- or -- for a retry of a failed call -- the failed node's parent).
+--
+-- Lock order, everywhere: the conversation row first (bp_lock_conversation, bp_open_conversation
+-- here; FOR UPDATE for anything that takes the lease or moves the head, FOR KEY SHARE for calls
+-- that run side by side), then node rows, so two of these functions never wait on each other in
+-- a cycle. A new name is claimed under a transaction advisory lock (bp_claim_name).
+
+-- bp_can_be_head(kind, outcome): THE head rule. A node may carry the head when it is a turn (or
+-- the compaction node standing for one) that succeeded, or that failed transiently -- its sent
+-- items (e.g. paid-for tool results) stay in context and a retry hangs under or beside it. An
+-- overflow or an invalid request must not: every later turn would fail the same way. Transforms
+-- never carry it; pending nodes (outcome null) neither.
+CREATE OR REPLACE FUNCTION bp_can_be_head(p_kind text, p_outcome text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_kind IN ('turn', 'compaction') AND p_outcome IN ('success', 'transient')
+$$;
+
+-- bp_token_count(usage, key, other key): a token count of a node's reported usage -- the number
+-- at `key`, else at `other key` (chat calls report prompt/completion tokens, Responses calls
+-- input/output), else null. Anything but a JSON number (an upstream's odd answer) counts as none.
+CREATE OR REPLACE FUNCTION bp_token_count(p_usage jsonb, p_key text, p_other text)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN jsonb_typeof(p_usage -> p_key) = 'number' THEN (p_usage ->> p_key)::numeric
+                WHEN jsonb_typeof(p_usage -> p_other) = 'number' THEN (p_usage ->> p_other)::numeric END
+$$;
+
+-- bp_token_total(sum): a sum of token counts as a bigint (0 for none; held within bigint's range
+-- whatever an upstream reported).
+CREATE OR REPLACE FUNCTION bp_token_total(p_sum numeric)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT greatest(least(coalesce(p_sum, 0), 9223372036854775807), -9223372036854775808)::bigint
+$$;
+
+-- bp_refuse(code, message): raise a refusal (see the table above).
+CREATE OR REPLACE FUNCTION bp_refuse(p_code text, p_message text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = p_code, MESSAGE = p_message;
+END
+$$;
+
+-- bp_conversation_tree(tenant, conversation): the tree a conversation lives in -- or would be
+-- made in: its derived tree bp_tree_of(tenant, id), unless an alias row there says otherwise (a
+-- fork, or a name made again while its old tree is still used: docs/scaling.md). Reads only rows
+-- of that derived tree.
+CREATE OR REPLACE FUNCTION bp_conversation_tree(p_tenant text, p_conversation text)
+RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT a.target FROM conversation_aliases a
+                      WHERE a.tree_id = bp_tree_of(p_tenant, p_conversation)
+                        AND a.tenant = p_tenant AND a.id = p_conversation),
+                    bp_tree_of(p_tenant, p_conversation))
+$$;
+
+-- bp_claim_name(tenant, conversation, spare): make room for a new conversation of this name and
+-- return the tree it is made in: its derived tree, or -- when that tree still holds nodes (of a
+-- deleted conversation of this name, kept for its forks) -- `spare`, recorded in an alias row.
+-- Takes the name's lock (a transaction advisory lock on the derived tree), so two first calls,
+-- or a first call and a fork, of one name never both create it. Returns null when the name is
+-- taken meanwhile (re-read the conversation).
+CREATE OR REPLACE FUNCTION bp_claim_name(p_tenant text, p_conversation text, p_spare uuid)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_tree uuid := bp_tree_of(p_tenant, p_conversation);
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(v_tree::text, 0));
+    IF EXISTS (SELECT 1 FROM conversation_aliases a WHERE a.tree_id = v_tree AND a.tenant = p_tenant
+                                                     AND a.id = p_conversation)
+       OR EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = v_tree AND c.tenant = p_tenant
+                                                 AND c.id = p_conversation) THEN
+        RETURN NULL;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v_tree) THEN
+        RETURN v_tree;
+    END IF;
+    INSERT INTO conversation_aliases (tree_id, tenant, id, target) VALUES (v_tree, p_tenant, p_conversation, p_spare);
+    RETURN p_spare;
+END
+$$;
+
+-- bp_fold(start, digests): the transcript hash chain folded over message digests:
+-- h := sha256(h || d) for each d (storage/transcript.py computes the digests).
+CREATE OR REPLACE FUNCTION bp_fold(p_start bytea, p_digests bytea[])
+RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    h bytea := p_start;
+    d bytea;
+BEGIN
+    FOREACH d IN ARRAY coalesce(p_digests, '{}') LOOP
+        h := sha256(h || d);
+    END LOOP;
+    RETURN h;
+END
+$$;
+
+-- bp_bytes(array): a JSON array of base64 strings (msgspec's encoding of bytes) as bytea[], in its
+-- order; null for anything but an array (the contracts' digest lists: storage.tree).
+CREATE OR REPLACE FUNCTION bp_bytes(p jsonb)
+RETURNS bytea[]
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF jsonb_typeof(p) IS DISTINCT FROM 'array' THEN
+        RETURN NULL;
+    END IF;
+    RETURN ARRAY(SELECT decode(x, 'base64') FROM jsonb_array_elements_text(p) WITH ORDINALITY t(x, i) ORDER BY i);
+END
+$$;
+
+-- bp_lock_conversation(tree, tenant, conversation, for update): the conversation's row locked FOR
+-- UPDATE (turn calls) or FOR KEY SHARE (side calls: they run side by side, but never beside a
+-- delete of their conversation, which could otherwise remove the parent they hang under); a row
+-- of nulls when there is none.
+CREATE OR REPLACE FUNCTION bp_lock_conversation(p_tree uuid, p_tenant text, p_conversation text, p_for_update boolean)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+BEGIN
+    IF p_for_update THEN
+        SELECT * INTO conv FROM conversations c
+         WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    ELSE
+        SELECT * INTO conv FROM conversations c
+         WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR KEY SHARE;
+    END IF;
+    RETURN conv;
+END
+$$;
+
+-- bp_open_conversation(tenant, conversation, tree, spare, for update): the conversation's row,
+-- locked FOR UPDATE (turn calls) or FOR KEY SHARE -- made now if this is its first call, in the
+-- tree bp_claim_name gives it. `tree`: bp_conversation_tree(tenant, conversation).
+CREATE OR REPLACE FUNCTION bp_open_conversation(p_tenant text, p_conversation text, p_tree uuid, p_spare uuid,
+                                                p_for_update boolean)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+    v_tree uuid := p_tree;
+BEGIN
+    LOOP
+        conv := bp_lock_conversation(v_tree, p_tenant, p_conversation, p_for_update);
+        IF conv.id IS NOT NULL THEN
+            RETURN conv;
+        END IF;
+        v_tree := bp_claim_name(p_tenant, p_conversation, p_spare);
+        IF v_tree IS NOT NULL THEN
+            INSERT INTO conversations (tenant, id, tree_id) VALUES (p_tenant, p_conversation, v_tree)
+            RETURNING * INTO conv;
+            RETURN conv;
+        END IF;
+        v_tree := bp_conversation_tree(p_tenant, p_conversation);  -- made meanwhile: read it there
+    END LOOP;
+END
+$$;

@@ -1,0 +1,294 @@
+-- Server-side functions, part 3 of 6: a call -- its start (bp_begin_call; full-history starts
+-- continue in matching.sql), its finish, its lease kept alive. The start and the finish each take
+-- their contract whole, as one jsonb argument (storage.tree.CallStart, CallFinish), read in one
+-- place each (bp_call_start; bp_finish_call's DECLARE): a new field is one edit in the struct and
+-- one where it is read.
+--
+-- Refusals: the start refuses with BPBSY (the lease, bp_check_lease), BPNFN (a parent outside the
+-- conversation's reach) or BPPBC (an edit before a compaction); the finish and the renewal never
+-- refuse (false: the node is no longer pending).
+-- Locks: a turn call locks its conversation row FOR UPDATE (start: it takes the lease; finish: it
+-- moves the head), a transform or full-history call FOR KEY SHARE (start) or not at all (finish)
+-- -- always before any node row.
+
+-- bp_call_start(start): a call's start as storage.tree.CallStart sends it -- the one place its
+-- fields are read (bp_begin_call, bp_begin_full). Adding a field: one line here and one in the
+-- struct. Dropped and made again on every run, since a new field changes its result type.
+--   tenant, conversation_id   who and which conversation (full mode: null = find it by content)
+--   new_conversation_id       the id a conversation found by nothing gets (full mode, no id)
+--   new_tree_id               the tree id a new conversation gets
+--   node_id                   the new node's id (made by the caller, so it is known even if the
+--                             start's answer is lost)
+--   kind                      turn | transform
+--   mode                      delta (sent are the new items) | full (sent is the whole history)
+--   parent_mode, parent_id    delta: head | root | node (parent_id)
+--   sent                      the call's messages
+--   digests                   the digests of its non-system messages, in order
+--   prefixes                  the transcript hashes of its first 1..m non-system messages (in delta
+--                             mode given when it could be a resent history: bp_begin_call's safety net)
+--   prefix_offset             full mode: the prefixes and sent's non-system messages start after
+--                             this many (a window at the end of a long history: the deepest match
+--                             is almost always there); 0 = complete
+--   system_hash               the hash of its system/developer messages (null: none)
+--   lease_seconds, model, provider, params (the request's other fields)
+--   ordinals                  Responses items: the message each item of sent stands for (bp_tail)
+--   api                       chat | responses: the format sent is in
+-- Bytes arrive as base64 (msgspec's encoding of bytes); a field left out has its default.
+DROP FUNCTION IF EXISTS bp_call_start(jsonb);
+CREATE FUNCTION bp_call_start(
+    p jsonb,
+    OUT tenant text, OUT conversation_id text, OUT new_conversation_id text, OUT new_tree_id uuid,
+    OUT node_id uuid, OUT kind text, OUT mode text, OUT parent_mode text, OUT parent_id uuid,
+    OUT sent jsonb, OUT digests bytea[], OUT prefixes bytea[], OUT prefix_offset integer,
+    OUT system_hash bytea, OUT lease_seconds double precision, OUT model text, OUT provider text,
+    OUT params jsonb, OUT ordinals integer[], OUT api text)
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    tenant := p ->> 'tenant';
+    conversation_id := p ->> 'conversation_id';
+    new_conversation_id := p ->> 'new_conversation_id';
+    new_tree_id := (p ->> 'new_tree_id')::uuid;
+    node_id := (p ->> 'node_id')::uuid;
+    kind := p ->> 'kind';
+    mode := p ->> 'mode';
+    parent_mode := p ->> 'parent_mode';
+    parent_id := (p ->> 'parent_id')::uuid;
+    sent := p -> 'sent';
+    digests := bp_bytes(p -> 'digests');
+    prefixes := bp_bytes(p -> 'prefixes');
+    prefix_offset := coalesce((p ->> 'prefix_offset')::integer, 0);
+    system_hash := decode(p ->> 'system_hash', 'base64');
+    lease_seconds := (p ->> 'lease_seconds')::double precision;
+    model := p ->> 'model';
+    provider := p ->> 'provider';
+    params := nullif(p -> 'params', 'null');
+    ordinals := CASE WHEN jsonb_typeof(p -> 'ordinals') = 'array'
+                     THEN ARRAY(SELECT x::integer FROM jsonb_array_elements_text(p -> 'ordinals') WITH ORDINALITY t(x, i)
+                                 ORDER BY i) END;
+    api := coalesce(p ->> 'api', 'chat');
+END
+$$;
+
+-- bp_check_lease(conversation row): refuse (busy) while another turn call holds the lease; a dead
+-- process's lease is reaped first. Returns the conversation row as it is afterwards.
+CREATE OR REPLACE FUNCTION bp_check_lease(p_conv conversations)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations := p_conv;
+BEGIN
+    IF conv.lease_node_id IS NOT NULL THEN
+        IF conv.lease_until > now() THEN
+            PERFORM bp_refuse('BPBSY', format('conversation %L has a turn call in flight; retry when it has finished', conv.id));
+        END IF;
+        PERFORM bp_reap(conv.tree_id, conv.lease_node_id);
+        SELECT * INTO conv FROM conversations c WHERE c.tree_id = conv.tree_id AND c.tenant = conv.tenant AND c.id = conv.id;
+        IF conv.lease_node_id IS NOT NULL THEN
+            PERFORM bp_refuse('BPBSY', format('conversation %L has a turn call in flight; retry when it has finished', conv.id));
+        END IF;
+    END IF;
+    RETURN conv;
+END
+$$;
+
+-- bp_begin_call(start, known): start one call in one round trip -- the conversation (created by
+-- its first call), the lease (delta turn calls only), the parent, the pending node, the parent's
+-- path. `start`: the call (bp_call_start says what it holds); `known`: nodes whose path the
+-- caller already has (its path cache): the returned path ends above the first of them it meets.
+-- Returns the chosen parent's path root first as rows (call_node, conversation_id, tree_id,
+-- parent_id, mode, matched, start, with_system, node) -- one row with a null node when the new
+-- node is a root, or when the parent itself is known. `call_node` is the new node's id (how a
+-- batch tells its calls' rows apart), `mode` the mode that handled the call, `matched` how many
+-- of its non-system messages matched stored nodes (full mode), `start` how many of them the new
+-- node does not repeat, `with_system` whether it stores the call's system messages (full mode:
+-- only when they differ from the path's). `mode` is 'window' (nothing written) when a window at
+-- the end did not suffice: call again with the whole history. Refuses with BPBSY, BPNFN or BPPBC
+-- (delta mode).
+CREATE OR REPLACE FUNCTION bp_begin_call(p_start jsonb, p_known uuid[] DEFAULT '{}')
+RETURNS TABLE (call_node uuid, conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
+               start integer, with_system boolean, node bp_path_node)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    s record := bp_call_start(p_start);
+    conv conversations%ROWTYPE;
+    v_parent uuid;
+    v_head record;
+    v_up record;
+    v_lease timestamptz;
+    v_ctree uuid;
+BEGIN
+    IF s.mode = 'full' THEN
+        RETURN QUERY SELECT * FROM bp_begin_full(p_start, p_known);
+        RETURN;
+    END IF;
+
+    v_lease := now() + make_interval(secs => s.lease_seconds);
+    v_ctree := bp_conversation_tree(s.tenant, s.conversation_id);  -- (full mode resolves it itself)
+
+    -- 1. the conversation, locked for the rest of this transaction (turns only: transforms take
+    --    no lease and move no head, so any number of them run side by side)
+    IF s.parent_mode = 'node' THEN
+        -- a given parent needs an existing conversation: never create one just to answer 404
+        conv := bp_lock_conversation(v_ctree, s.tenant, s.conversation_id, s.kind = 'turn');
+        IF conv.id IS NULL THEN
+            PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', s.parent_id, s.conversation_id));
+        END IF;
+    ELSE
+        conv := bp_open_conversation(s.tenant, s.conversation_id, v_ctree, s.new_tree_id, s.kind = 'turn');
+    END IF;
+
+    -- 2. the safety net: a delta call whose messages begin with the parent's whole transcript,
+    --    holding an answer the proxy stored, resends its history -- a delta client never resends
+    --    the model's answers. It is handled in full-history mode (the whole history: no window).
+    IF cardinality(s.prefixes) > 0 AND s.parent_mode <> 'root' THEN
+        SELECT n.chain, n.answered INTO v_up FROM nodes n
+         WHERE n.tree_id = conv.tree_id
+           AND n.id = CASE WHEN s.parent_mode = 'node' THEN s.parent_id ELSE conv.head_node_id END;
+        IF FOUND AND v_up.answered AND v_up.chain = ANY(s.prefixes) THEN
+            RETURN QUERY SELECT * FROM bp_begin_full(p_start || '{"prefix_offset": 0}', p_known);
+            RETURN;
+        END IF;
+    END IF;
+
+    -- 3. the in-flight lease
+    IF s.kind = 'turn' THEN
+        conv := bp_check_lease(conv);
+    END IF;
+
+    -- 4. the parent
+    IF s.parent_mode = 'root' THEN
+        v_parent := NULL;
+    ELSIF s.parent_mode = 'node' THEN
+        IF NOT bp_node_in_conversation(conv.tree_id, s.tenant, s.conversation_id, s.parent_id) THEN
+            PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', s.parent_id, s.conversation_id));
+        END IF;
+        IF conv.compactions > 0 AND conv.head_node_id IS NOT NULL
+           AND bp_before_compaction(conv.tree_id, conv.head_node_id, s.parent_id) THEN
+            PERFORM bp_refuse('BPPBC', format(
+                'node %s lies before a compaction of this conversation''s path; it can no longer be edited '
+                'here (fork from it, or move the head there first)', s.parent_id));
+        END IF;
+        v_parent := s.parent_id;
+    ELSE
+        v_parent := conv.head_node_id;
+        IF v_parent IS NOT NULL THEN
+            SELECT n.parent_id, n.outcome, n.chain INTO v_head
+              FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
+            -- the retry rule: an SDK retry of a failed call (the same items) hangs beside the
+            -- failed node, so the items appear once and the failed attempt stays as a branch
+            IF s.kind = 'turn' AND v_head.outcome <> 'success'
+               AND v_head.chain = bp_fold(coalesce((SELECT n.chain FROM nodes n WHERE n.tree_id = conv.tree_id
+                                                                              AND n.id = v_head.parent_id),
+                                                   '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea),
+                                          s.digests) THEN
+                v_parent := v_head.parent_id;
+            END IF;
+        END IF;
+    END IF;
+
+    -- 5. the pending node, and the lease it holds
+    SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
+      FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
+                       depth, lease_until, chain, answered, system_hash, api)
+    VALUES (conv.tree_id, s.node_id, s.tenant, s.conversation_id, v_parent, s.kind, s.sent, s.model, s.provider,
+            coalesce(s.params, '{}'::jsonb), coalesce(v_up.depth + 1, 0), v_lease,
+            bp_fold(coalesce(v_up.chain, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea), s.digests),
+            coalesce(v_up.answered, false), coalesce(s.system_hash, v_up.system_hash), s.api);
+
+    IF s.kind = 'turn' THEN
+        UPDATE conversations c SET lease_node_id = s.node_id, lease_until = v_lease, updated_at = clock_timestamp()
+         WHERE c.tree_id = conv.tree_id AND c.tenant = s.tenant AND c.id = s.conversation_id;
+    END IF;
+
+    -- 6. the path the context is assembled from (one row with a null node when there is none
+    --    to read: a root, or a parent the caller has)
+    RETURN QUERY SELECT s.node_id, conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, p
+      FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT s.node_id, conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, NULL::bp_path_node;
+    END IF;
+END
+$$;
+
+-- bp_finish_call(tree, node, finish): store a call's outcome. A delta turn call releases the
+-- conversation's lease if it still holds it; a full-history turn call never held one. Either way
+-- the head moves to its node when bp_can_be_head says so (last finisher wins). A success extends
+-- the node's transcript hash by what the model returned. Returns false when the node was no
+-- longer pending (reaped meanwhile): nothing is written then.
+--   p_tree, p_node   the node (the tree: what a PostgreSQL distributed by tree routes the call by)
+--   p_finish         how the call ended, as storage.tree.CallFinish sends it -- read here, in the
+--                    DECLARE below and nowhere else (adding a field: a line there, and the struct):
+--     outcome            success | transient | overflow | invalid
+--     received           the items the model returned (success), else null
+--     received_digests   their digests (storage/transcript.py), base64
+--     usage, finish_reason, error ({type, code, message, status}, failures)
+--     request_hash       sha256 of the exact body sent upstream (null: none was sent), base64
+--     leased             whether the call took the conversation's lease (delta turn calls)
+CREATE OR REPLACE FUNCTION bp_finish_call(p_tree uuid, p_node uuid, p_finish jsonb)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    f_outcome text := p_finish ->> 'outcome';
+    f_received jsonb := nullif(p_finish -> 'received', 'null');
+    f_received_digests bytea[] := bp_bytes(p_finish -> 'received_digests');
+    f_usage jsonb := nullif(p_finish -> 'usage', 'null');
+    f_finish_reason text := p_finish ->> 'finish_reason';
+    f_error jsonb := nullif(p_finish -> 'error', 'null');
+    f_request_hash bytea := decode(p_finish ->> 'request_hash', 'base64');
+    f_leased boolean := coalesce((p_finish ->> 'leased')::boolean, false);
+    v record;
+BEGIN
+    SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF v.kind = 'turn' THEN
+        PERFORM 1 FROM conversations c WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
+           FOR UPDATE;
+    END IF;
+    UPDATE nodes n
+       SET outcome = f_outcome, received = f_received, usage = f_usage,
+           finish_reason = f_finish_reason, error = f_error,
+           request_hash = coalesce(f_request_hash, n.request_hash),
+           chain = CASE WHEN f_outcome = 'success' THEN bp_fold(n.chain, f_received_digests) ELSE n.chain END,
+           answered = n.answered OR (f_outcome = 'success' AND jsonb_array_length(coalesce(f_received, '[]')) > 0),
+           lease_until = NULL, finished_at = clock_timestamp()
+     WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF v.kind = 'turn' THEN
+        UPDATE conversations c
+           SET head_node_id = CASE WHEN bp_can_be_head(v.kind, f_outcome) THEN p_node ELSE c.head_node_id END,
+               lease_node_id = CASE WHEN f_leased THEN NULL ELSE c.lease_node_id END,
+               lease_until = CASE WHEN f_leased THEN NULL ELSE c.lease_until END,
+               updated_at = clock_timestamp()
+         WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
+           AND (CASE WHEN f_leased THEN c.lease_node_id = p_node ELSE true END);
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- bp_renew(tree, node, seconds): a live call keeps its leases (node, and the conversation's when
+-- it holds it) from running out. Returns false when the node is no longer pending.
+CREATE OR REPLACE FUNCTION bp_renew(p_tree uuid, p_node uuid, p_lease_seconds double precision)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v record;
+    v_until timestamptz := now() + make_interval(secs => p_lease_seconds);
+BEGIN
+    SELECT n.tenant, n.conversation_id INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE conversations c SET lease_until = v_until
+     WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
+    UPDATE nodes n SET lease_until = v_until
+     WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
+    RETURN FOUND;
+END
+$$;

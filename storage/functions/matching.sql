@@ -1,0 +1,179 @@
+-- Server-side functions, part 4 of 6: full-history mode (docs/behaviour.md#full-history-mode) --
+-- finding the node a resent history continues (bp_match_candidates, the one candidate query) and
+-- starting the call under it (bp_begin_full, reached through bp_begin_call).
+--
+-- Refusals: none -- a history that matches nothing starts a new root (or a new conversation).
+-- Locks: the conversation row FOR KEY SHARE (a named one when it is opened, a found one once it is
+-- chosen): full-history calls take no lease and run side by side, but never beside a delete.
+
+-- bp_tail(items, skip, with_system, ordinals): the items after the first `skip` non-system
+-- messages, in their order; system/developer messages kept only when `with_system`. Chat
+-- messages count one each; Responses items say, in `ordinals`, which message they stand for
+-- (0: a system/developer message; several items can make one message).
+CREATE OR REPLACE FUNCTION bp_tail(p_items jsonb, p_skip integer, p_with_system boolean, p_ordinals integer[] DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(jsonb_agg(e.v ORDER BY e.i), '[]'::jsonb)
+      FROM (SELECT x.v, x.i, x.sys,
+                   coalesce(p_ordinals[x.i], count(*) FILTER (WHERE NOT x.sys) OVER (ORDER BY x.i)) AS nth
+              FROM (SELECT v, i, CASE WHEN p_ordinals IS NULL
+                                      THEN coalesce(v ->> 'role' IN ('system', 'developer'), false)
+                                      ELSE p_ordinals[i] = 0 END AS sys
+                      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS t(v, i)) x) e
+     WHERE (e.sys AND p_with_system) OR (NOT e.sys AND e.nth > p_skip)
+$$;
+
+-- bp_match_candidates(tenant, conversation, tree, visible, chain, tie break, limit): the nodes whose
+-- transcript hash is `chain` that a full-history call may hang under -- in the named conversation's
+-- reach (its tree: its own nodes and the `visible` ones of its source), or, with no conversation
+-- named, anywhere in the tenant; never a transform. Best first: with `tie break`, a node on the
+-- conversation's head path first (the walk: only asked for when two candidates tie), then a
+-- compaction node over the node it replaced, then the newest. At most `limit` rows. (No SET
+-- clauses of its own, which would cost each probe a settings change: bp_begin_full's apply.)
+CREATE OR REPLACE FUNCTION bp_match_candidates(p_tenant text, p_conversation text, p_tree uuid, p_visible uuid[],
+                                               p_chain bytea, p_tie_break boolean, p_limit integer)
+RETURNS TABLE (id uuid, parent_id uuid, tree_id uuid, conversation_id text, outcome text)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT m.id, m.parent_id, m.tree_id, m.conversation_id, m.outcome FROM (
+        -- a named conversation: its own tree only; none named: the whole tenant
+        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
+          FROM nodes n
+         WHERE p_conversation IS NOT NULL AND n.tree_id = p_tree AND n.chain = p_chain
+           AND n.kind <> 'transform' AND n.tenant = p_tenant
+           AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
+        UNION ALL
+        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
+          FROM nodes n
+         WHERE p_conversation IS NULL AND n.tenant = p_tenant AND n.chain = p_chain
+           AND n.kind <> 'transform') m
+     ORDER BY CASE WHEN p_tie_break
+                   THEN bp_on_head_path(m.tree_id, p_tenant, coalesce(p_conversation, m.conversation_id), m.id) END
+                   DESC NULLS LAST,
+              (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC
+     LIMIT p_limit;
+END
+$$;
+
+-- bp_begin_full(start, known): start a call in full-history mode (called by bp_begin_call; `start`
+-- as bp_call_start reads it). The client sent its whole history; the parent is the node whose
+-- transcript equals the longest start of it: candidates are the nodes whose transcript hash is
+-- one of the client's prefix hashes (bp_match_candidates) -- the deepest wins; ties: as
+-- bp_match_candidates orders them. Nothing matched: a new root (a new conversation,
+-- new_conversation_id, when none was named). Everything matched and the node failed (or is in
+-- flight): the retry rule, beside it. The new node stores only what is new, and the client's
+-- system messages when they differ from those in effect on the parent's path. No lease, no
+-- conversation lock: concurrent calls become siblings. Returns rows as bp_begin_call does.
+CREATE OR REPLACE FUNCTION bp_begin_full(p_start jsonb, p_known uuid[] DEFAULT '{}')
+RETURNS TABLE (call_node uuid, conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
+               start integer, with_system boolean, node bp_path_node)
+LANGUAGE plpgsql
+SET enable_hashjoin = off SET enable_mergejoin = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    s record := bp_call_start(p_start);
+    conv conversations%ROWTYPE;
+    v_given integer := coalesce(cardinality(s.prefixes), 0);
+    v_m integer := s.prefix_offset + coalesce(cardinality(s.prefixes), 0);
+    v_visible uuid[] := '{}';
+    v_best record;
+    v_row record;
+    v_up record;
+    v_ties integer := 1;
+    v_k integer := 0;
+    i integer;
+    v_start integer := 0;
+    v_with_system boolean;
+    v_parent uuid;
+BEGIN
+    IF s.conversation_id IS NOT NULL THEN
+        -- key-share locked: calls run side by side, but never beside a delete of the conversation
+        conv := bp_open_conversation(s.tenant, s.conversation_id, bp_conversation_tree(s.tenant, s.conversation_id),
+                                     s.new_tree_id, false);
+        IF conv.fork_node_id IS NOT NULL THEN
+            v_visible := ARRAY(SELECT bp_visible_foreign(conv.tree_id, s.tenant, s.conversation_id));
+        END IF;
+    END IF;
+
+    -- the deepest candidate: probe the prefixes from the longest down, one equality lookup on
+    -- (tenant, chain) each -- a resent history almost always matches at its first or second
+    -- probe. The tie rules are only worked out when two candidates tie (a compaction and the node
+    -- it replaced, a failed attempt and its retry ...): the head-path test walks the path.
+    FOR i IN REVERSE v_given..1 LOOP
+        FOR v_row IN SELECT * FROM bp_match_candidates(s.tenant, s.conversation_id, conv.tree_id, v_visible,
+                                                       s.prefixes[i], false, 2) LOOP
+            IF v_k = 0 THEN
+                v_best := v_row;
+                v_k := s.prefix_offset + i;
+            ELSE
+                v_ties := 2;
+            END IF;
+        END LOOP;
+        EXIT WHEN v_k > 0;
+    END LOOP;
+    IF v_ties > 1 THEN
+        SELECT * INTO v_best FROM bp_match_candidates(s.tenant, s.conversation_id, conv.tree_id, v_visible,
+                                                      s.prefixes[v_k - s.prefix_offset], true, 1);
+    END IF;
+    IF v_k > 0 AND s.conversation_id IS NULL THEN
+        SELECT * INTO conv FROM conversations c
+         WHERE c.tree_id = v_best.tree_id AND c.tenant = s.tenant AND c.id = v_best.conversation_id FOR KEY SHARE;
+        IF NOT FOUND THEN  -- deleted meanwhile (nodes a fork still reaches stay): start afresh
+            v_k := 0;
+        END IF;
+    END IF;
+    IF v_k > 0 THEN
+        IF v_k = v_m AND v_best.outcome IS DISTINCT FROM 'success' THEN
+            v_parent := v_best.parent_id;  -- the retry rule: beside the failed (or in-flight) node
+        ELSE
+            v_parent := v_best.id;
+        END IF;
+    END IF;
+
+    IF s.prefix_offset > 0 THEN
+        -- a window at the end of the history was given: enough unless nothing matched in it, or
+        -- the parent's own position (the retry rule) lies before it
+        IF v_k = 0 THEN
+            RETURN QUERY SELECT s.node_id, conv.id, conv.tree_id, NULL::uuid, 'window', 0, 0, false, NULL::bp_path_node;
+            RETURN;
+        END IF;
+        IF v_parent IS DISTINCT FROM v_best.id AND (v_parent IS NULL OR NOT EXISTS (
+                SELECT 1 FROM nodes n WHERE n.tree_id = v_best.tree_id AND n.id = v_parent AND n.chain = ANY(s.prefixes))) THEN
+            RETURN QUERY SELECT s.node_id, conv.id, conv.tree_id, NULL::uuid, 'window', 0, 0, false, NULL::bp_path_node;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF conv.id IS NULL THEN  -- no conversation named and nothing matched: a new one
+        INSERT INTO conversations (tenant, id, tree_id)
+        VALUES (s.tenant, s.new_conversation_id, bp_claim_name(s.tenant, s.new_conversation_id, s.new_tree_id))
+        RETURNING * INTO conv;
+    END IF;
+
+    SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
+      FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
+    IF v_parent IS NOT NULL THEN
+        v_start := s.prefix_offset + coalesce(array_position(s.prefixes, v_up.chain), 0);
+    END IF;
+    v_with_system := s.system_hash IS NOT NULL AND s.system_hash IS DISTINCT FROM v_up.system_hash;
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
+                       depth, lease_until, chain, answered, system_hash, api)
+    VALUES (conv.tree_id, s.node_id, s.tenant, conv.id, v_parent, s.kind,
+            bp_tail(s.sent, v_start - s.prefix_offset, v_with_system, s.ordinals),
+            s.model, s.provider, coalesce(s.params, '{}'::jsonb), coalesce(v_up.depth + 1, 0),
+            now() + make_interval(secs => s.lease_seconds),
+            CASE WHEN v_given = 0 THEN '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea
+                 ELSE s.prefixes[v_given] END,
+            coalesce(v_up.answered, false),
+            CASE WHEN v_with_system THEN s.system_hash ELSE v_up.system_hash END, s.api);
+
+    RETURN QUERY SELECT s.node_id, conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, p
+      FROM bp_path_nodes(conv.tree_id, v_parent, p_known) p;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT s.node_id, conv.id, conv.tree_id, v_parent, 'full', v_k, v_start, v_with_system, NULL::bp_path_node;
+    END IF;
+END
+$$;

@@ -1,0 +1,305 @@
+-- Server-side functions, part 5 of 6: moving the tree by request -- set the head, switch branches,
+-- fork, apply a compaction, delete a conversation or a response.
+--
+-- Refusals: BPNFC (no such conversation), BPBSY (a turn call in flight: a head move, a delete),
+-- BPNFN (a node outside the conversation's reach), BPPND (a head on a pending node), BPEXI (a
+-- fork's name taken). bp_apply_compaction and bp_delete_response answer with a word instead.
+-- Locks: the conversation row FOR UPDATE (a fork: its source FOR SHARE, its name through
+-- bp_claim_name) before any node row; a dead process's lease is reaped first (bp_check_lease).
+
+-- bp_lock_for_head_move(tenant, conversation): lock a conversation for a head move (admin API).
+-- Refuses with BPNFC, or BPBSY while a turn call is in flight (a dead process's lease is reaped
+-- first). Returns the locked row.
+CREATE OR REPLACE FUNCTION bp_lock_for_head_move(p_tenant text, p_conversation text)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+BEGIN
+    SELECT * INTO conv FROM conversations c
+     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_conversation) AND c.tenant = p_tenant AND c.id = p_conversation
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
+    END IF;
+    RETURN bp_check_lease(conv);
+END
+$$;
+
+-- bp_check_head(tree, tenant, conversation, node): refuse a node the head may not move to --
+-- outside the conversation's reach (BPNFN) or still in flight (BPPND).
+CREATE OR REPLACE FUNCTION bp_check_head(p_tree uuid, p_tenant text, p_conversation text, p_node uuid)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT bp_node_in_conversation(p_tree, p_tenant, p_conversation, p_node) THEN
+        PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_node, p_conversation));
+    END IF;
+    IF EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL) THEN
+        PERFORM bp_refuse('BPPND', format('node %s is still in flight', p_node));
+    END IF;
+END
+$$;
+
+-- bp_set_head(tenant, conversation, node): PUT /admin/conversations/{id}/head. A null node clears
+-- the conversation's context (the next call starts a new root; nothing is deleted).
+-- Refuses with BPNFC, BPBSY, BPNFN or BPPND.
+CREATE OR REPLACE FUNCTION bp_set_head(p_tenant text, p_conversation text, p_node uuid)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+BEGIN
+    conv := bp_lock_for_head_move(p_tenant, p_conversation);
+    IF p_node IS NOT NULL THEN
+        PERFORM bp_check_head(conv.tree_id, p_tenant, p_conversation, p_node);
+    END IF;
+    UPDATE conversations c SET head_node_id = p_node, updated_at = clock_timestamp()
+     WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
+END
+$$;
+
+-- bp_switch(tenant, conversation, node): the branch arrows. From `node` down to a leaf, at each
+-- step the newest child that can carry the head (bp_can_be_head: a turn that succeeded or failed
+-- transiently, or the compaction node that replaced it), among the nodes this conversation can
+-- see; the head moves there. Returns the new head. Refuses like bp_set_head.
+CREATE OR REPLACE FUNCTION bp_switch(p_tenant text, p_conversation text, p_node uuid)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+    v_visible uuid[] := '{}';
+    v_head uuid := p_node;
+    v_next uuid;
+BEGIN
+    conv := bp_lock_for_head_move(p_tenant, p_conversation);
+    IF NOT bp_node_in_conversation(conv.tree_id, p_tenant, p_conversation, p_node) THEN
+        PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_node, p_conversation));
+    END IF;
+    IF conv.fork_node_id IS NOT NULL THEN
+        v_visible := ARRAY(SELECT bp_visible_foreign(conv.tree_id, p_tenant, p_conversation));
+    END IF;
+    LOOP
+        SELECT n.id INTO v_next FROM nodes n
+         WHERE n.tree_id = conv.tree_id
+           AND ((n.parent_id = v_head AND n.kind = 'turn')
+                OR (n.kind = 'compaction' AND n.compacted_from = v_head))
+           AND bp_can_be_head(n.kind, n.outcome)
+           AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))
+         ORDER BY n.created_at DESC, n.id DESC
+         LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        v_head := v_next;
+    END LOOP;
+    PERFORM bp_check_head(conv.tree_id, p_tenant, p_conversation, v_head);
+    UPDATE conversations c SET head_node_id = v_head, updated_at = clock_timestamp()
+     WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
+    RETURN v_head;
+END
+$$;
+
+-- bp_fork(tenant, source, new id, node, use head): POST /admin/conversations/{id}/fork. A new
+-- conversation of the same tree whose head is `node` (the source's head when p_use_head).
+-- Nothing is copied. The source row is share-locked, so a fork and a delete of its source
+-- serialise: the fork either sees the source (and the delete then keeps what the fork reaches)
+-- or finds it gone. Returns the new head. Refuses with BPNFC, BPNFN or BPEXI.
+CREATE OR REPLACE FUNCTION bp_fork(p_tenant text, p_source text, p_new text, p_node uuid, p_use_head boolean)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    src conversations%ROWTYPE;
+    v_node uuid := p_node;
+BEGIN
+    SELECT * INTO src FROM conversations c
+     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_source) AND c.tenant = p_tenant AND c.id = p_source FOR SHARE;
+    IF NOT FOUND THEN
+        PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_source));
+    END IF;
+    IF p_use_head THEN
+        v_node := src.head_node_id;
+    ELSIF v_node IS NULL OR NOT bp_node_in_conversation(src.tree_id, p_tenant, p_source, v_node) THEN
+        PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_node, p_source));
+    END IF;
+    -- the fork lives in its source's tree; its name points there from its own derived tree
+    IF bp_claim_name(p_tenant, p_new, src.tree_id) IS NULL THEN
+        PERFORM bp_refuse('BPEXI', format('conversation %L already exists', p_new));
+    END IF;
+    INSERT INTO conversation_aliases (tree_id, tenant, id, target)
+    VALUES (bp_tree_of(p_tenant, p_new), p_tenant, p_new, src.tree_id)
+    ON CONFLICT (tree_id, tenant, id) DO NOTHING;
+    INSERT INTO conversations (tenant, id, tree_id, head_node_id, forked_from, fork_node_id, compactions)
+    VALUES (p_tenant, p_new, src.tree_id, v_node, p_source, v_node, src.compactions);
+    RETURN v_node;
+END
+$$;
+
+-- bp_apply_compaction: write a compaction node and point the conversation at it, in one
+-- transaction -- or write nothing. Modes:
+--   'turn'       the call's own synchronous compaction: it must still hold the lease; its pending
+--                node moves under the compaction node, and the head moves to it;
+--   'transform', 'full'  the same for a call without a lease (a side call, a full-history call): its
+--                node moves under the compaction node; the head moves only if it still is the node
+--                compacted from and no turn is in flight;
+--   'background', 'admin'  applied only if the head still is the node compacted from and no turn
+--                call is in flight; else nothing is written ('moved' / 'busy').
+--   p_tenant, p_conversation, p_tree; p_node (the compaction node's id), p_compacted_from;
+--   p_sent (summary + kept items), p_system_hash (of the system messages among them); p_model, p_provider, p_params, p_usage (of the
+--   summariser); p_mode; p_call_node (turn/transform: the call's pending node); p_request (the
+--   summariser's first request body, kept for GET /admin/nodes/{id}/request).
+-- Returns 'ok', 'moved', 'busy', 'lost_lease' or 'conversation_not_found'.
+CREATE OR REPLACE FUNCTION bp_apply_compaction(
+    p_tenant text, p_conversation text, p_tree uuid, p_node uuid, p_compacted_from uuid,
+    p_sent jsonb, p_system_hash bytea, p_model text, p_provider text, p_params jsonb, p_usage jsonb,
+    p_mode text, p_call_node uuid, p_request bytea)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+    v_free boolean;
+    v_move boolean;
+    v_from record;
+BEGIN
+    SELECT * INTO conv FROM conversations c
+     WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'conversation_not_found';
+    END IF;
+    v_free := conv.lease_node_id IS NULL OR conv.lease_until < now();
+    IF p_mode = 'turn' THEN
+        IF conv.lease_node_id IS DISTINCT FROM p_call_node THEN
+            RETURN 'lost_lease';
+        END IF;
+        v_move := true;
+    ELSIF p_mode IN ('transform', 'full') THEN
+        v_move := conv.head_node_id IS NOT DISTINCT FROM p_compacted_from AND v_free;
+    ELSE
+        IF conv.head_node_id IS DISTINCT FROM p_compacted_from THEN
+            RETURN 'moved';
+        END IF;
+        IF NOT v_free THEN
+            RETURN 'busy';
+        END IF;
+        v_move := true;
+    END IF;
+
+    -- a compaction node stands for the conversation it replaced: it has that node's transcript
+    SELECT n.chain, n.answered INTO v_from FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_compacted_from;
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent,
+                       model, provider, params, usage, compacted_from, depth, finished_at,
+                       summariser_request, request_hash, chain, answered, system_hash)
+    VALUES (p_tree, p_node, p_tenant, p_conversation, NULL, 'compaction', 'success', p_sent,
+            p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, clock_timestamp(),
+            p_request, sha256(p_request), v_from.chain, coalesce(v_from.answered, false), p_system_hash);
+    IF p_call_node IS NOT NULL THEN
+        UPDATE nodes n SET parent_id = p_node, depth = 1
+         WHERE n.tree_id = p_tree AND n.id = p_call_node AND n.outcome IS NULL;
+    END IF;
+    UPDATE conversations c
+       SET compactions = c.compactions + 1,
+           head_node_id = CASE WHEN v_move THEN p_node ELSE c.head_node_id END,
+           updated_at = clock_timestamp()
+     WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation;
+    RETURN 'ok';
+END
+$$;
+
+-- bp_delete_conversation(tenant, conversation): DELETE /admin/conversations/{id}. Deletes the
+-- conversation and its nodes -- except those another conversation of the tree (a fork) still
+-- reaches, which stay so that the fork's context never breaks; they go once nothing reaches
+-- them. Refused (BPBSY) while a call of the conversation is in flight; BPNFC when it is unknown.
+-- Returns (deleted nodes, kept nodes).
+CREATE OR REPLACE FUNCTION bp_delete_conversation(p_tenant text, p_conversation text,
+                                                  OUT deleted integer, OUT kept integer)
+LANGUAGE plpgsql
+SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
+AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+BEGIN
+    deleted := 0;
+    kept := 0;
+    SELECT * INTO conv FROM conversations c
+     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_conversation) AND c.tenant = p_tenant AND c.id = p_conversation
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
+    END IF;
+    IF (conv.lease_node_id IS NOT NULL AND conv.lease_until > now())
+       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = conv.tree_id AND n.tenant = p_tenant
+                                          AND n.conversation_id = p_conversation
+                                          AND n.outcome IS NULL AND n.lease_until > now()) THEN
+        PERFORM bp_refuse('BPBSY', format('conversation %L has a call in flight; retry when it has finished', p_conversation));
+    END IF;
+    DELETE FROM conversations c WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
+    DELETE FROM conversation_aliases a
+     WHERE a.tree_id = bp_tree_of(p_tenant, p_conversation) AND a.tenant = p_tenant AND a.id = p_conversation;
+
+    IF NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = conv.tree_id) THEN
+        DELETE FROM nodes n WHERE n.tree_id = conv.tree_id;  -- the tree has no other conversation
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        RETURN;
+    END IF;
+
+    WITH RECURSIVE seeds AS (
+        SELECT n.id FROM nodes n
+          JOIN conversations c ON c.tree_id = n.tree_id AND c.tenant = n.tenant AND c.id = n.conversation_id
+         WHERE n.tree_id = conv.tree_id
+        UNION
+        SELECT x.id FROM conversations c, LATERAL (VALUES (c.head_node_id), (c.fork_node_id)) x(id)
+         WHERE c.tree_id = conv.tree_id AND x.id IS NOT NULL
+    ), live AS (
+        SELECT n.id, n.parent_id, n.compacted_from FROM seeds JOIN nodes n ON n.tree_id = conv.tree_id AND n.id = seeds.id
+        UNION
+        SELECT step.id, step.parent_id, step.compacted_from FROM live
+         CROSS JOIN LATERAL (
+             SELECT n.id, n.parent_id, n.compacted_from FROM nodes n
+              WHERE n.tree_id = conv.tree_id AND n.id IN (live.parent_id, live.compacted_from) LIMIT 2) step
+    ), gone AS (
+        DELETE FROM nodes n
+         WHERE n.tree_id = conv.tree_id
+           AND NOT EXISTS (SELECT 1 FROM live WHERE live.id = n.id)
+           AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant
+                                                           AND c.id = n.conversation_id)
+        RETURNING 1
+    )
+    SELECT count(*) INTO deleted FROM gone;
+    SELECT count(*) INTO kept FROM nodes n
+     WHERE n.tree_id = conv.tree_id AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
+END
+$$;
+
+-- bp_delete_response(tenant, node): DELETE /v1/responses/{id}. A response no other node needs is
+-- deleted with its node: no children, nothing compacted from it, no conversation's head, fork
+-- point or lease on it. Otherwise the node stays -- it is part of other calls' context -- and only
+-- the response is withdrawn: GET /v1/responses/{id} and previous_response_id no longer find it.
+-- Returns 'deleted', 'withdrawn' or 'not_found'.
+CREATE OR REPLACE FUNCTION bp_delete_response(p_tenant text, p_node uuid)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v record;
+BEGIN
+    SELECT n.tree_id, n.conversation_id, n.outcome INTO v FROM nodes n
+     WHERE n.id = p_node AND n.tenant = p_tenant AND NOT n.response_deleted;
+    IF NOT FOUND THEN
+        RETURN 'not_found';
+    END IF;
+    PERFORM 1 FROM conversations c WHERE c.tree_id = v.tree_id AND c.tenant = p_tenant AND c.id = v.conversation_id
+       FOR UPDATE;
+    IF v.outcome IS NULL
+       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v.tree_id AND n.parent_id = p_node)
+       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v.tree_id AND n.compacted_from = p_node)
+       OR EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = v.tree_id
+                     AND p_node IN (c.head_node_id, c.fork_node_id, c.lease_node_id)) THEN
+        UPDATE nodes n SET response_deleted = true WHERE n.tree_id = v.tree_id AND n.id = p_node;
+        RETURN 'withdrawn';
+    END IF;
+    BEGIN
+        DELETE FROM nodes n WHERE n.tree_id = v.tree_id AND n.id = p_node;
+    EXCEPTION WHEN foreign_key_violation THEN  -- a call hung under it meanwhile: it is context now
+        UPDATE nodes n SET response_deleted = true WHERE n.tree_id = v.tree_id AND n.id = p_node;
+        RETURN 'withdrawn';
+    END;
+    RETURN 'deleted';
+END
+$$;
