@@ -136,6 +136,8 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
     IF jsonb_typeof(p) IS DISTINCT FROM 'array' THEN
         RETURN NULL;
+    ELSIF jsonb_array_length(p) = 0 THEN
+        RETURN '{}';  -- (without the query: the usual delta call gives no prefixes)
     END IF;
     RETURN ARRAY(SELECT decode(x, 'base64') FROM jsonb_array_elements_text(p) WITH ORDINALITY t(x, i) ORDER BY i);
 END
