@@ -62,9 +62,22 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
 
 
 class BranchpointError(Exception):
+    """The base of the table above: a subclass names what it changes as keywords of its ``class``
+    line (``status``, ``type_``, ``code``) and inherits the rest."""
+
     status: int = 500
     type: str = "server_error"
     code: str | None = "internal_error"
+
+    def __init_subclass__(cls, *, status: int | None = None, type_: str | None = None, code: str | None = None,
+                          **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if status is not None:
+            cls.status = status
+        if type_ is not None:
+            cls.type = type_
+        if code is not None:
+            cls.code = code
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
@@ -79,83 +92,37 @@ class BranchpointError(Exception):
         return error_body(self.message, self.type, self.code, self.param)
 
 
-class InvalidRequest(BranchpointError):
-    status = 400
-    type = "invalid_request_error"
-    code = "invalid_request"
-
+class InvalidRequest(BranchpointError, status=400, type_="invalid_request_error", code="invalid_request"):
     def __init__(self, message: str, *, status: int = 400, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.status = status
 
 
-class InvalidConversationId(InvalidRequest):
-    code = "invalid_conversation_id"
+class InvalidConversationId(InvalidRequest, code="invalid_conversation_id"): ...
+class AuthenticationFailed(BranchpointError, status=401, type_="authentication_error", code="invalid_api_key"): ...
 
 
-class AuthenticationFailed(BranchpointError):
-    status = 401
-    type = "authentication_error"
-    code = "invalid_api_key"
+class NotFound(BranchpointError, status=404, type_="not_found_error", code="not_found"): ...
+class NodeNotFound(NotFound, code="node_not_found"): ...
+class ConversationNotFound(NotFound, code="conversation_not_found"): ...
 
 
-class NotFound(BranchpointError):
-    status = 404
-    type = "not_found_error"
-    code = "not_found"
+class Conflict(BranchpointError, status=409, type_="conflict_error", code="conflict"): ...
+class ConversationBusy(Conflict, code="conversation_busy"): ...
+class ParentBeforeCompaction(Conflict, code="parent_before_compaction"): ...
 
 
-class NodeNotFound(NotFound):
-    code = "node_not_found"
+class RequestTimeout(BranchpointError, status=408, type_="invalid_request_error", code="request_timeout"): ...
 
 
-class ConversationNotFound(NotFound):
-    code = "conversation_not_found"
-
-
-class Conflict(BranchpointError):
-    status = 409
-    type = "conflict_error"
-    code = "conflict"
-
-
-class ConversationBusy(Conflict):
-    code = "conversation_busy"
-
-
-class ParentBeforeCompaction(Conflict):
-    code = "parent_before_compaction"
-
-
-class UpstreamFailure(BranchpointError):
+class UpstreamFailure(BranchpointError, status=502, type_="upstream_error", code="upstream_error"):
     """No usable answer came from the upstream (no HTTP status of its own, or garbage)."""
 
-    status = 502
-    type = "upstream_error"
-    code = "upstream_error"
 
-
-class UpstreamUnreachable(UpstreamFailure):
-    code = "upstream_unreachable"
-
-
-class UpstreamBadResponse(UpstreamFailure):
-    code = "upstream_bad_response"
-
-
-class UpstreamTooLarge(UpstreamFailure):
-    code = "upstream_response_too_large"
-
-
-class RequestTimeout(BranchpointError):
-    status = 408
-    type = "invalid_request_error"
-    code = "request_timeout"
-
-
-class UpstreamTimeout(UpstreamFailure):
-    status = 504
-    code = "upstream_timeout"
+class UpstreamUnreachable(UpstreamFailure, code="upstream_unreachable"): ...
+class UpstreamBadResponse(UpstreamFailure, code="upstream_bad_response"): ...
+class UpstreamTooLarge(UpstreamFailure, code="upstream_response_too_large"): ...
+class UpstreamTimeout(UpstreamFailure, status=504, code="upstream_timeout"): ...
 
 
 def from_refusal(exc: storage.Refused, *, param: str | None = None) -> BranchpointError:
