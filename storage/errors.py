@@ -58,37 +58,25 @@ class MigrationError(StorageError):
 
 
 class Refused(StorageError):
-    """A rule of the tree refused the operation; ``str(exc)`` says why in words for a client."""
+    """A rule of the tree refused the operation; ``str(exc)`` says why in words for a client. A
+    subclass names its SQLSTATE (``BP...``) as a keyword of its ``class`` line."""
 
     sqlstate = ""
 
-
-class Busy(Refused):
-    sqlstate = "BPBSY"
-
-
-class ConversationMissing(Refused):
-    sqlstate = "BPNFC"
+    def __init_subclass__(cls, *, sqlstate: str, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        cls.sqlstate = sqlstate
 
 
-class NodeMissing(Refused):
-    sqlstate = "BPNFN"
+class Busy(Refused, sqlstate="BPBSY"): ...
+class ConversationMissing(Refused, sqlstate="BPNFC"): ...
+class NodeMissing(Refused, sqlstate="BPNFN"): ...
+class BeforeCompaction(Refused, sqlstate="BPPBC"): ...
+class ConversationExists(Refused, sqlstate="BPEXI"): ...
+class NodePending(Refused, sqlstate="BPPND"): ...
 
 
-class BeforeCompaction(Refused):
-    sqlstate = "BPPBC"
-
-
-class ConversationExists(Refused):
-    sqlstate = "BPEXI"
-
-
-class NodePending(Refused):
-    sqlstate = "BPPND"
-
-
-_REFUSALS = {cls.sqlstate: cls for cls in (Busy, ConversationMissing, NodeMissing, BeforeCompaction,
-                                           ConversationExists, NodePending)}
+_REFUSALS = {cls.sqlstate: cls for cls in Refused.__subclasses__()}
 
 _UNAVAILABLE = (
     PoolClosed,
