@@ -31,8 +31,10 @@ __all__ = [
     "path_items",
     "shape_received",
     "split_system",
+    "strip",
 ]
 
+NATIVE = "_bp_"  # the prefix of keys a dialect attaches to a message it read (its own items, their producer)
 SYSTEM_ROLES = frozenset({"system", "developer"})
 CHAT_ROLES = SYSTEM_ROLES | {"user", "assistant", "tool", "function"}  # what a chat message may be
 
@@ -94,7 +96,7 @@ def shape_received(msg: dict[str, Any], target: Target, producer: str | None) ->
         if value is None:
             continue
         if key in _PORTABLE or (key in _REASONING and keep_reasoning) or (key in _OPAQUE and keep_opaque) \
-                or key.startswith("_bp_"):  # native items a Responses node was read from (proxy.responses.items)
+                or key.startswith(NATIVE):
             out[key] = value
     if "tool_calls" in out:
         calls = out["tool_calls"]
@@ -198,6 +200,12 @@ def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], targ
 
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
+
+
+def strip(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a chat upstream gets them: without the native keys a dialect attached."""
+    return [{k: v for k, v in m.items() if not k.startswith(NATIVE)} if any(k.startswith(NATIVE) for k in m) else m
+            for m in messages]
 
 
 def build_body(params: dict[str, Any], messages: list[dict[str, Any]], *, stream: bool) -> bytes:

@@ -22,8 +22,7 @@ from typing import Any
 from storage import NodeRow, PathNode, TreeStore
 
 from .assembly import Target, assemble, build_body
-from .responses import for_chat, translate
-from .responses import items as responses_items
+from .dialects import Crossing, crossing, dialect, message_path
 from .splice import EMPTY, Prefix, Segment, segment, splice
 
 __all__ = ["Built", "RequestBuilder"]
@@ -45,7 +44,7 @@ class RequestBuilder:
         self.tree = tree
 
     async def readable(self, tree_id: uuid.UUID, path: list[PathNode], target: Target) -> list[PathNode]:
-        """The path as assembly reads it: chat messages (nodes of Responses calls converted), and a
+        """The path as assembly reads it: chat messages (nodes of other dialects converted), and a
         compaction in a provider-specific (opaque) form that the target cannot read unfolded --
         assembly follows ``compacted_from`` and uses the original path instead."""
         while path and path[0].kind == "compaction" and path[0].provider != target.provider:
@@ -54,28 +53,27 @@ class RequestBuilder:
                 break
             original = await self.tree.path(tree_id, path[0].compacted_from)
             path = original + path[1:]
-        return responses_items.message_path(path)
+        return message_path(path)
 
     def build(self, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]], params: dict[str, Any],
-              target: Target, *, stream: bool, api: str = "chat", tree_id: uuid.UUID | None = None) -> Built:
-        """The upstream body of a call of ``api`` (the client's) for ``target``: a chat call goes
-        to chat completions, a Responses call to the Responses endpoint -- each translated
-        (``proxy.responses``) when the upstream speaks the other API. ``tree_id``: the path is
-        the tree's stored chain (as ``readable`` returns it), so kept nodes may be spliced in."""
-        if target.api == "responses":
-            assembled = assemble(path, new_items, target)
-            fields = translate.native_params(params) if api == "responses" else for_chat.request_fields(params)
-            body = responses_items.request_body(fields, assembled.messages, target.provider, stream=stream)
-            return Built(body, assembled.dropped, "responses")
-        chat = translate.chat_params(params) if api == "responses" else params
-        if tree_id is not None and path:
+              target: Target, *, stream: bool, way: Crossing | None = None, tree_id: uuid.UUID | None = None) -> Built:
+        """The upstream body of a call for ``target``: the request's other fields as the
+        upstream's dialect takes them (``way``: translated when the client speaks another; default
+        a chat client's),
+        and the assembled messages in its format. ``tree_id``: the path is the tree's stored
+        chain (as ``readable`` returns it), so kept nodes may be spliced in -- towards a chat
+        upstream, whose messages are the path cache's own encoding."""
+        way = way or crossing("chat", target.api)
+        upstream = way.upstream
+        fields = way.fields(params)
+        if upstream.name == "chat" and tree_id is not None and path:
             spliced = self._spliced(tree_id, path, new_items, target)
             if spliced is not None:
                 messages, dropped = spliced
-                return Built(build_body(chat, messages, stream=stream), dropped)
+                return Built(build_body(fields, messages, stream=stream), dropped, upstream.endpoint)
         assembled = assemble(path, new_items, target)
-        messages = responses_items.strip(assembled.messages)
-        return Built(build_body(chat, messages, stream=stream), assembled.dropped)
+        return Built(upstream.request_body(fields, assembled.messages, target.provider, stream=stream), assembled.dropped,
+                     upstream.endpoint)
 
     def _spliced(self, tree_id: uuid.UUID, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]],
                  target: Target) -> tuple[list[Any], list[dict[str, Any]]] | None:
@@ -131,5 +129,6 @@ class RequestBuilder:
                                   compacted_from=r.compacted_from, api=r.api))
         readable = await self.readable(node.tree_id, as_of, target)
         params = dict(node.params)
-        new_items = responses_items.to_messages(node.sent, node.provider) if node.api == "responses" else node.sent
-        return self.build(readable, new_items, params, target, stream=params.get("stream") is True, api=node.api)
+        client = dialect(node.api)
+        return self.build(readable, client.to_messages(node.sent, node.provider), params, target,
+                          stream=params.get("stream") is True, way=crossing(client, target.api))

@@ -1,10 +1,14 @@
-"""Streaming relay: forwards an upstream SSE stream to the client event by event, as it arrives,
-while ``StreamAccumulator`` rebuilds the assistant message that will be stored.
+"""Streaming relays, as ASGI apps.
 
-The relay is an ASGI app. It sends the response start (with the node headers) first, then pumps
-events; a task watching ``receive()`` notices a client disconnect and stops the pump. Whatever
-happens -- ``[DONE]``, an error event, a cut stream, a disconnect -- exactly one ``StreamEnd``
-reaches the ``on_end`` callback, shielded from cancellation, so the node is always finalized.
+``StreamRelay`` forwards an upstream SSE stream of a stored call to the client event by event, as
+it arrives, through the ``Translator`` of the call's dialects (proxy.dialects), which also rebuilds
+the answer that will be stored. It sends the response start (with the node headers) first, then
+pumps events; a task watching ``receive()`` notices a client disconnect and stops the pump.
+Whatever happens -- the end event, an error event, a cut stream, a disconnect -- exactly one
+``StreamEnd`` reaches the ``on_end`` callback, shielded from cancellation, so the node is always
+finalized.
+
+``BytesRelay`` relays a pass-through answer byte for byte (nothing parsed, nothing stored).
 """
 
 from __future__ import annotations
@@ -15,195 +19,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import msgspec
-
 from storage import Outcome
 
 from .background import Background
-from .errors import UpstreamFailure, UpstreamTooLarge, error_body
+from .errors import UpstreamFailure, UpstreamTooLarge
 from .failures import Failure, cancellation_handled, interrupted
+from .sse import SSEParser, sse_error_event
 
-__all__ = [
-    "BytesRelay",
-    "ChatStream",
-    "SSEParser",
-    "StreamAccumulator",
-    "StreamEnd",
-    "StreamRelay",
-    "Translator",
-    "client_disconnected",
-    "sse_error_event",
-]
+__all__ = ["BytesRelay", "StreamEnd", "StreamRelay", "Translator", "client_disconnected", "wait_for_disconnect"]
 
 log = logging.getLogger("branchpoint.relay")
-
-_decode = msgspec.json.Decoder().decode
-_encode = msgspec.json.Encoder().encode
-
-
-def sse_error_event(message: str, type_: str, code: str | None) -> bytes:
-    return b"data: " + error_body(message, type_, code) + b"\n\n"
-
-
-class SSEParser:
-    """Splits a byte stream into complete SSE events (``\\n\\n``-terminated, ``\\r\\n`` tolerated).
-
-    Linear in the bytes fed, however they are cut: each chunk is normalised on its own (a ``\\r``
-    at its end waits for the next chunk), and the search for the end of an event resumes where
-    the last one stopped -- an event that never ends costs no more than its bytes."""
-
-    __slots__ = ("_buf", "_cr", "_scanned")
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._scanned = 0  # bytes of _buf known to hold no event end
-        self._cr = False  # the last chunk ended with \r
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        if self._cr:
-            chunk = b"\r" + chunk
-            self._cr = False
-        if chunk.endswith(b"\r"):
-            chunk = chunk[:-1]
-            self._cr = True
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
-        buf = self._buf
-        buf += chunk
-        pos = buf.find(b"\n\n", max(self._scanned - 1, 0))
-        if pos < 0:
-            self._scanned = len(buf)
-            return []
-        events = []
-        start = 0
-        while pos >= 0:
-            if pos > start:
-                events.append(bytes(buf[start:pos]))
-            start = pos + 2
-            pos = buf.find(b"\n\n", start)
-        del buf[:start]
-        self._scanned = len(buf)
-        return events
-
-    @property
-    def pending(self) -> bytes:
-        return bytes(self._buf)
-
-    @staticmethod
-    def data(event: bytes) -> bytes | None:
-        """The joined ``data:`` payload of an event, or None (comments, other fields only)."""
-        if event.startswith(b"data:") and b"\n" not in event:
-            payload = event[5:]
-            return payload[1:] if payload.startswith(b" ") else payload
-        parts = []
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                payload = line[5:]
-                parts.append(payload[1:] if payload.startswith(b" ") else payload)
-        return b"\n".join(parts) if parts else None
-
-
-class StreamAccumulator:
-    """Merges ``chat.completion.chunk`` deltas (choice 0) into one assistant message."""
-
-    def __init__(self) -> None:
-        self.content: list[str] = []
-        self.reasoning_content: list[str] = []
-        self.reasoning: list[str] = []
-        self.refusal: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-        self.extra: dict[str, Any] = {}
-        self.role = "assistant"
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
-        self.error: dict[str, Any] | None = None
-        self.response_id: str | None = None
-        self.model: str | None = None
-        self.chunks = 0
-
-    def feed(self, chunk: Any) -> None:
-        if not isinstance(chunk, dict):
-            return
-        self.chunks += 1
-        if chunk.get("error"):
-            err = chunk["error"]
-            self.error = err if isinstance(err, dict) else {"message": str(err)}
-            return
-        if self.response_id is None:
-            self.response_id = chunk.get("id")
-            self.model = chunk.get("model")
-        usage = chunk.get("usage")
-        if usage:
-            self.usage = usage
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta:
-                self._merge(delta)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-
-    def _merge(self, delta: dict[str, Any]) -> None:
-        for key, value in delta.items():
-            if value is None:
-                continue
-            if key == "content":
-                self.content.append(value)
-            elif key == "tool_calls":
-                for tc in value:
-                    self._merge_tool_call(tc)
-            elif key == "reasoning_content":
-                self.reasoning_content.append(value)
-            elif key == "reasoning":
-                if isinstance(value, str):
-                    self.reasoning.append(value)
-            elif key == "refusal":
-                self.refusal.append(value)
-            elif key == "role":
-                self.role = value
-            elif key == "function_call":
-                fc = self.extra.setdefault("function_call", {"name": "", "arguments": ""})
-                fc["name"] += value.get("name") or ""
-                fc["arguments"] += value.get("arguments") or ""
-            elif isinstance(value, list):  # e.g. reasoning_details: arrives in pieces
-                self.extra.setdefault(key, []).extend(value)
-            else:
-                self.extra[key] = value
-
-    def _merge_tool_call(self, tc: dict[str, Any]) -> None:
-        index = tc.get("index", len(self.tool_calls))
-        slot = self.tool_calls.get(index)
-        if slot is None:
-            slot = self.tool_calls[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-        if tc.get("id"):
-            slot["id"] = tc["id"]
-        if tc.get("type"):
-            slot["type"] = tc["type"]
-        fn = tc.get("function") or {}
-        if fn.get("name"):
-            slot["function"]["name"] += fn["name"]
-        if fn.get("arguments"):
-            slot["function"]["arguments"] += fn["arguments"]
-
-    def message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": self.role or "assistant", "content": "".join(self.content) if self.content else None}
-        if self.reasoning_content:
-            msg["reasoning_content"] = "".join(self.reasoning_content)
-        if self.reasoning:
-            msg["reasoning"] = "".join(self.reasoning)
-        if self.tool_calls:
-            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        if self.refusal:
-            msg["refusal"] = "".join(self.refusal)
-        msg.update(self.extra)
-        return msg
 
 
 class Translator(Protocol):
     """What a relayed stream becomes for the client, event by event, and what is stored of it.
-    ``ChatStream`` relays a chat-completions stream as it is; ``proxy.responses.stream`` turns
-    one into Responses events, or relays a Responses upstream's own."""
+    Each dialect brings its own (proxy.dialects): relayed as it is when the client and the
+    upstream speak the same API, translated event by event when they do not."""
 
     finished: bool  # the upstream's stream ended properly
     error: Any  # an error event's payload: the stream failed
@@ -220,59 +51,6 @@ class Translator(Protocol):
 
     usage: dict[str, Any] | None
     finish_reason: str | None
-
-
-class ChatStream:
-    """A chat-completions stream relayed as it arrives; ``[DONE]`` is held back until the node
-    is stored; the usage chunk the proxy asked for is stripped unless the client asked too."""
-
-    def __init__(self, *, strip_usage: bool) -> None:
-        self.strip_usage = strip_usage
-        self.acc = StreamAccumulator()
-        self.finished = False
-        self.error: Any = None
-        self._tail = b""
-
-    @property
-    def usage(self) -> dict[str, Any] | None:
-        return self.acc.usage
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self.acc.finish_reason
-
-    def opening(self) -> bytes:
-        return b""
-
-    def event(self, raw: bytes) -> bytes:
-        data = SSEParser.data(raw)
-        if data is None:
-            return raw + b"\n\n"  # comment / keep-alive: relayed as is
-        if data == b"[DONE]":
-            self.finished = True
-            self._tail = raw + b"\n\n"
-            return b""
-        try:
-            chunk = _decode(data)
-        except (msgspec.DecodeError, RecursionError):
-            return raw + b"\n\n"
-        self.acc.feed(chunk)
-        if self.acc.error is not None:
-            self.error = self.acc.error
-            return b""  # not relayed: our own final error event replaces it
-        if self.strip_usage and isinstance(chunk, dict) and chunk.get("usage") and not chunk.get("choices"):
-            return b""  # we asked for usage; the client did not
-        return raw + b"\n\n"
-
-    def closing(self) -> bytes:
-        return self._tail
-
-    def failing(self, failure: Failure) -> bytes:
-        err = failure.error
-        return sse_error_event(err.message, err.type, err.code)
-
-    def received(self) -> list[dict[str, Any]]:
-        return [self.acc.message()]
 
 
 @dataclass(slots=True)
@@ -315,7 +93,7 @@ class StreamRelay:
         disconnected = False
         finished = False
         pump = asyncio.ensure_future(self._pump(send))
-        watch = asyncio.ensure_future(self._watch(receive))
+        watch = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -391,13 +169,6 @@ class StreamRelay:
         except Exception:
             log.debug("closing the upstream stream failed", exc_info=True)
 
-    @staticmethod
-    async def _watch(receive: Any) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-
     async def _pump(self, send: Any) -> Failure | None:
         """Relay events as they arrive, up to the stream's end (held back by the translator);
         returns the failure, if any (None: success)."""
@@ -435,6 +206,13 @@ class StreamRelay:
         return None
 
 
+async def wait_for_disconnect(receive: Any) -> None:
+    """Returns when the client has gone away (ASGI ``http.disconnect``)."""
+    while True:
+        if (await receive())["type"] == "http.disconnect":
+            return
+
+
 def client_disconnected(message: str = "the client disconnected before the answer arrived") -> Failure:
     """The client went away before its answer was complete: transient (HTTP 499 in the logs)."""
     return Failure.of(Outcome.TRANSIENT, "client_disconnected", "client_disconnected", message, 499)
@@ -454,7 +232,7 @@ class BytesRelay:
         self.sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        watch = asyncio.ensure_future(StreamRelay._watch(receive))
+        watch = asyncio.ensure_future(wait_for_disconnect(receive))
         pump = asyncio.ensure_future(self._pump(send))
         try:
             try:

@@ -22,8 +22,7 @@ from typing import Any
 
 import msgspec
 
-from .assembly import PathLike, Target, pair_check, shape_received, split_system
-from .responses.items import strip
+from .assembly import PathLike, Target, pair_check, shape_received, split_system, strip
 
 __all__ = ["EMPTY", "Prefix", "Segment", "segment", "splice"]
 

@@ -1,7 +1,7 @@
 """Exports and imports of a conversation's tree (docs/behaviour.md#export-and-import).
 
 An export is JSON Lines, one node a line, oldest first, every field of the node and ``head`` on
-the conversation's head (``proxy.routes.admin.ExportedNode``). An import re-creates such a file as
+the conversation's head (``proxy.admin_objects.ExportedNode``). An import re-creates such a file as
 a new conversation: fresh node ids (parents and compaction origins follow), calls that were still
 in flight marked interrupted, and each node's matching keys computed from its items.
 
@@ -23,7 +23,7 @@ from storage import can_be_head, uuid7
 from storage.transcript import node_keys
 
 from .assembly import CHAT_ROLES
-from .responses.items import to_messages
+from .dialects import dialect
 
 __all__ = ["NotAnExport", "Prepared", "prepare_import"]
 
@@ -144,7 +144,7 @@ def prepare_import(data: bytes) -> Prepared:
         })
 
     def as_messages(node: dict[str, Any], items: list[Any]) -> list[Any]:
-        return to_messages(items, node.get("provider")) if node.get("api") == "responses" else items
+        return dialect(node.get("api")).to_messages(items, node.get("provider"))
 
     keys = node_keys(nodes, as_messages)  # what each node is matched by, computed from its items
     for node in nodes:

@@ -158,7 +158,7 @@ def test_compaction_summarises_through_the_responses_api(native, upstream, key, 
 
 
 def test_the_request_fields_translation_table():
-    from proxy.responses.for_chat import request_fields
+    from proxy.dialects.responses.for_chat import request_fields
 
     fields = request_fields({
         "model": "m", "max_completion_tokens": 9, "reasoning_effort": "low", "verbosity": "high",

@@ -320,7 +320,7 @@ def test_a_stream_above_max_response_bytes_ends_with_an_error_event(small_answer
 def test_the_sse_parser_never_rescans_what_it_has_seen():
     """Fed an event that never ends, the parser resumes its search where it stopped (linear; the
     old one joined and rescanned the whole buffer on every chunk: 16 MB took 3.5 s)."""
-    from proxy.relay import SSEParser
+    from proxy.sse import SSEParser
 
     parser = SSEParser()
     piece = b"data: " + b"z" * 100

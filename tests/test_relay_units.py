@@ -2,8 +2,9 @@
 
 import json
 
+from proxy.dialects.chat import StreamAccumulator
 from proxy.failures import classify
-from proxy.relay import SSEParser, StreamAccumulator
+from proxy.sse import SSEParser
 
 
 def test_parser_splits_events_across_chunk_boundaries_and_crlf():

@@ -7,8 +7,7 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.assembly import Target, assemble, build_body
-from proxy.responses.items import strip
+from proxy.assembly import Target, assemble, build_body, strip
 from proxy.splice import EMPTY, segment, splice
 from storage import PathCache, PathNode
 

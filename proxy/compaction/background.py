@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from storage import PathNode
 
 from ..background import Background
-from ..responses.items import message_path
+from ..dialects import message_path
 
 if TYPE_CHECKING:
     from .compactor import CompactionResult, Compactor, Prepared

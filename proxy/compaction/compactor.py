@@ -5,7 +5,7 @@ stops at it; nothing before it is deleted. The whole result is written by one st
 (``bp_apply_compaction``), so a process that stops mid-way leaves no trace.
 
 Its three triggers:
-- ``before_call`` (hard): before a call whose estimated input is above the hard threshold,
+- ``before_started`` / ``before_call`` (hard): before a call whose estimated input is above the hard threshold,
   synchronously; the call's node is hung under the new compaction node;
 - ``after_turn`` (soft): after a successful turn above the soft threshold, in the background
   (``background.BackgroundCompactions``);
@@ -25,9 +25,10 @@ from storage import ConversationRow, PathNode, TreeStore, uuid7
 
 from ..assembly import Target, path_items
 from ..background import Background
+from ..call import Started
+from ..dialects import message_path
 from ..errors import ConversationBusy, UpstreamFailure
 from ..metrics import Metrics
-from ..responses.items import message_path
 from ..tokens import TokenCounter, estimate_request, off_loop
 from .background import BackgroundCompactions, Job
 from .policy import Thresholds, measured_context, split_recent, unanswered_tail_calls
@@ -189,6 +190,25 @@ class Compactor:
             return False
         self.jobs.request(Job(tenant, conversation_id, tree_id, head, model, client_key))
         return True
+
+    async def before_started(self, started: Started, path: list[PathNode]) -> list[PathNode]:
+        """A started call's path: compacted first when the request would be above the hard
+        threshold -- the call then hangs under the compaction node, whose path is just itself."""
+        if not path:
+            return path
+        call = started.call
+        # how the compaction is applied: a delta turn holds the lease; other calls hold none
+        apply_mode = call.kind if call.kind == "transform" or started.mode == "delta" else "full"
+        compacted = await self.before_call(
+            tenant=call.tenant, conversation_id=started.conversation_id, tree_id=started.tree_id,
+            kind=apply_mode, path=path, new_items=started.new_items, model=call.body["model"],
+            client_key=call.client_key, call_node=started.node_id,
+            extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
+        )
+        if compacted is not None and compacted.compacted and compacted.node is not None:
+            started.parent_id = compacted.node.id
+            return [compacted.node]
+        return path
 
     async def before_call(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
                           path: list[PathNode], new_items: Sequence[dict[str, Any]], model: str,

@@ -10,11 +10,11 @@ from typing import Any
 
 import msgspec
 
-from ..assembly import build_body
-from ..completion import NotACompletion, parse_completion
+from storage import uuid7
+
+from ..dialects import crossing
+from ..dialects.chat import NotACompletion
 from ..errors import UpstreamFailure
-from ..responses import for_chat, translate
-from ..responses import items as responses_items
 from ..tokens import TokenCounter, off_loop
 from ..upstream import UpstreamClient
 
@@ -38,16 +38,6 @@ _SHORTEN = (
     "This summary is about {tokens} tokens; the limit is {budget}. Rewrite it shorter, keeping "
     "facts, figures, names, decisions and open tasks:\n\n{summary}"
 )
-
-
-def _answer(content: bytes, api: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(assistant message, chat-style usage) of the summariser's answer in the upstream's API;
-    raises ``NotACompletion``."""
-    if api == "responses":
-        data = responses_items.read_response(content)
-        return for_chat.message_of(data["output"]), translate.chat_usage_of(data.get("usage"))
-    completion = parse_completion(content)
-    return completion.message, completion.usage
 
 
 def _role(item: Any) -> Any:
@@ -162,13 +152,10 @@ class Summariser:
     async def _call(self, messages: list[dict[str, Any]], model: str, client_key: str | None, out: Summary) -> str:
         """One summariser call; its usage and request body are added to ``out``."""
         upstream = self.upstream.route(model)
-        if upstream.api == "responses":  # an upstream that speaks only the Responses API
-            endpoint = "responses"
-            payload = responses_items.request_body({"model": model, "temperature": 0, "store": False}, messages,
-                                                   upstream.name)
-        else:
-            endpoint = "chat/completions"
-            payload = build_body({"model": model, "temperature": 0}, messages, stream=False)
+        way = crossing("chat", upstream.api)  # a chat request, to an upstream of any API
+        endpoint = way.upstream.endpoint
+        payload = way.upstream.request_body(way.fields({"model": model, "temperature": 0}), messages, upstream.name,
+                                            stream=False)
         out.requests.append(payload)
         out.calls += 1
         headers = self.upstream.request_headers(upstream, [("content-type", "application/json")], client_key)
@@ -177,7 +164,8 @@ class Summariser:
         if response.status_code != 200:
             raise UpstreamFailure(f"the summariser answered HTTP {response.status_code}")
         try:
-            message, usage = _answer(content, upstream.api)
+            answer = way.exchange(node_id=uuid7(), params={}, provider=upstream.name).answer(content)
+            message, usage = answer.messages[0], answer.usage
         except NotACompletion as exc:
             raise UpstreamFailure(f"the summariser's answer is not a completion ({exc})") from None
         text = message.get("content")

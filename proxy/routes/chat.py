@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions`` and ``POST /c/{conversation_id}/v1/chat/completions``.
 
-HTTP only: read the headers and body, hand a ``ChatCall`` to the call lifecycle, return its ASGI
+HTTP only: read the headers, and the body through the chat dialect, hand a ``Call`` to the call lifecycle, return its ASGI
 response. Without a conversation id the request is passed through untouched.
 """
 
@@ -12,51 +12,17 @@ from litestar import Request, post
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
-from ..assembly import CHAT_ROLES
 from ..auth import Caller
+from ..call import Call
+from ..dialects.chat import DIALECT as CHAT
 from ..errors import InvalidRequest
-from ..lifecycle import CallLifecycle, ChatCall
-from .common import RequestHeaders, parse_model_request, parse_node_id, resolve_conversation_id
+from ..lifecycle import CallLifecycle
+from .common import RequestHeaders, context_mode, node_kind, parse_node_id, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder
 
-__all__ = ["chat_completions", "chat_completions_auto", "chat_completions_prefixed", "parse_chat_body"]
-
-_KINDS = frozenset({"turn", "transform"})
-_MODES = frozenset({"delta", "full"})
-
-
-def parse_chat_body(raw: bytes) -> dict[str, Any]:
-    """The client's body as a dict (every field kept); refuses what cannot be a chat request."""
-    body = parse_model_request(raw)
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        raise InvalidRequest("'messages' is required and must be an array", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
-        role = message.get("role")
-        if role not in CHAT_ROLES:
-            raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", param=f"messages[{i}].role")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be a boolean", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    return body
-
-
-def _context_mode(headers: RequestHeaders, default: str) -> str:
-    value = headers.get("x-context-mode")
-    if value is None or not value.strip():
-        return default
-    mode = value.strip().lower()
-    if mode not in _MODES:
-        raise InvalidRequest("X-Context-Mode must be 'delta' or 'full'", param="X-Context-Mode")
-    return mode
-
+__all__ = ["chat_completions", "chat_completions_auto", "chat_completions_prefixed"]
 
 async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder: Forwarder, caller: Caller,
                 path_cid: str | None, *, auto: bool = False) -> ASGIApp:
@@ -68,10 +34,8 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
     if cid is None and not auto:
         return await forwarder.forward(request, "chat/completions", raw, headers, caller)
 
-    kind = (headers.get("x-node-kind") or "turn").strip().lower()
-    if kind not in _KINDS:
-        raise InvalidRequest("X-Node-Kind must be 'turn' or 'transform'", param="X-Node-Kind")
-    mode = "full" if auto else _context_mode(headers, calls.default_mode)
+    kind = node_kind(headers)
+    mode = "full" if auto else context_mode(headers, calls.default_mode)
     parent_header = headers.get("x-parent-node-id")
     if parent_header is None or not parent_header.strip():
         parent_mode, parent_id = "head", None
@@ -83,8 +47,8 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
     else:
         parent_mode, parent_id = "node", parse_node_id(parent_header, param="X-Parent-Node-Id")
 
-    body = parse_chat_body(raw)
-    call = ChatCall(
+    body = CHAT.parse(raw)
+    call = Call(
         tenant=caller.tenant,
         conversation_id=cid,
         kind=kind,
@@ -92,10 +56,11 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
         parent_mode=parent_mode,
         parent_id=parent_id,
         body=body,
-        items=body["messages"],
+        items=CHAT.items(body),
         stream=body.get("stream") is True,
         client_key=caller.client_key,
         headers=headers.items,
+        dialect=CHAT,
         credentials=headers.credentials(),
     )
     return await calls.run(call, request.receive)

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import re
 import uuid
-from typing import Any
-
-import msgspec
+from typing import Any, Literal
 
 from ..errors import InvalidConversationId, InvalidRequest
+from ..ids import valid_conversation_id
 
-__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "parse_model_request", "parse_node_id", "resolve_conversation_id",
+__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "context_mode", "node_kind", "parse_node_id", "resolve_conversation_id",
            "valid_conversation_id"]
 
-_CONVERSATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 # Our own request headers: each may be given once (or repeated with the same value).
@@ -53,15 +50,6 @@ class RequestHeaders:
         return tuple(found)
 
 
-def valid_conversation_id(value: str, *, source: str) -> str:
-    if not _CONVERSATION_ID.fullmatch(value) or value in (".", ".."):
-        raise InvalidConversationId(
-            f"invalid conversation id in {source}: 1-128 characters of A-Za-z0-9._:- expected (not . or ..)",
-            param=source,
-        )
-    return value
-
-
 def resolve_conversation_id(path_value: str | None, header_value: str | None) -> str | None:
     """The conversation named by the ``/c/{id}`` prefix and/or ``X-Conversation-Id`` (which must
     agree when both are given); None for a plain pass-through call."""
@@ -84,21 +72,23 @@ def parse_node_id(value: str, *, param: str) -> uuid.UUID:
         raise InvalidRequest(f"{param} is not a node id (a UUID)", param=param) from None
 
 
-_decode = msgspec.json.Decoder().decode
+_KINDS = frozenset({"turn", "transform"})
+_MODES = frozenset({"delta", "full"})
 
 
-def parse_model_request(raw: bytes) -> dict[str, Any]:
-    """A call's body (chat completions, Responses) as a dict, every field kept: a JSON object
-    naming a model; anything else is refused with 400."""
-    try:
-        body = _decode(raw)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidRequest("the request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model or "\x00" in model:
-        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
-    return body
+def node_kind(headers: RequestHeaders) -> Literal["turn", "transform"]:
+    """``X-Node-Kind``: a turn (the default) or a transform."""
+    kind = (headers.get("x-node-kind") or "turn").strip().lower()
+    if kind not in _KINDS:
+        raise InvalidRequest("X-Node-Kind must be 'turn' or 'transform'", param="X-Node-Kind")
+    return kind  # type: ignore[return-value]
+
+
+def context_mode(headers: RequestHeaders, default: str) -> str:
+    """``X-Context-Mode``: delta or full; ``default`` when it is not given."""
+    value = (headers.get("x-context-mode") or "").strip().lower()
+    if not value:
+        return default
+    if value not in _MODES:
+        raise InvalidRequest("X-Context-Mode must be 'delta' or 'full'", param="X-Context-Mode")
+    return value

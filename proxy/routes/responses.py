@@ -20,12 +20,15 @@ from litestar.types import ASGIApp
 from storage import AdminStore, NodeRow
 
 from ..auth import Caller
+from ..call import Call
+from ..dialects.responses import DIALECT as RESPONSES
+from ..dialects.responses import items as responses_items
+from ..dialects.responses import translate
 from ..errors import InvalidRequest, NodeNotFound, NotFound
 from ..http import RawResponse
-from ..lifecycle import CallLifecycle, ChatCall
-from ..responses import items as responses_items
-from ..responses import translate
-from .common import RequestHeaders, parse_model_request, resolve_conversation_id, valid_conversation_id
+from ..ids import valid_conversation_id
+from ..lifecycle import CallLifecycle
+from .common import RequestHeaders, context_mode, node_kind, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder, upstream_path
@@ -33,36 +36,6 @@ from .passthrough import Forwarder, upstream_path
 __all__ = ["response_input_items", "response_resource", "responses_create"]
 
 _encode = msgspec.json.Encoder().encode
-_KINDS = frozenset({"turn", "transform"})
-
-
-def parse_responses_body(raw: bytes) -> dict[str, Any]:
-    body = parse_model_request(raw)
-    value = body.get("input")
-    if not isinstance(value, (str, list)):
-        raise InvalidRequest("'input' is required: a string or an array of items", param="input")
-    if isinstance(value, list) and not all(isinstance(i, dict) for i in value):
-        raise InvalidRequest("every input item must be an object", param="input")
-    if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise InvalidRequest("'stream' must be a boolean", param="stream")
-    previous = body.get("previous_response_id")
-    if previous is not None and not isinstance(previous, str):
-        raise InvalidRequest("'previous_response_id' must be a string", param="previous_response_id")
-    instructions = body.get("instructions")
-    if instructions is not None and not isinstance(instructions, (str, list)):
-        raise InvalidRequest("'instructions' must be a string", param="instructions")
-    return body
-
-
-def _items(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the call sends: its instructions (the system rule's system message) and its input."""
-    instructions = body.get("instructions")
-    head: list[dict[str, Any]] = []
-    if isinstance(instructions, str) and instructions:
-        head = [{"type": "message", "role": "system", "content": instructions}]
-    elif isinstance(instructions, list):
-        head = [i for i in instructions if isinstance(i, dict)]
-    return head + responses_items.input_items(body["input"])
 
 
 def _node_of_item(item_id: Any) -> uuid.UUID | None:
@@ -112,7 +85,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     raw = await request.body()
-    body = parse_responses_body(raw)
+    body = RESPONSES.parse(raw)
     previous = body.get("previous_response_id")
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
     parent = await _stored_response(admin, caller, previous) if ours else None
@@ -121,35 +94,22 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     if previous and parent is None:  # another tenant's, deleted, or an upstream's in a stored call
         raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
 
-    kind = (headers.get("x-node-kind") or "turn").strip().lower()
-    if kind not in _KINDS:
-        raise InvalidRequest("X-Node-Kind must be 'turn' or 'transform'", param="X-Node-Kind")
+    kind = node_kind(headers)
     if headers.get("x-parent-node-id"):
         raise InvalidRequest("a Responses call names its parent with previous_response_id", param="X-Parent-Node-Id")
     if parent is not None:  # the parent decides; the conversation is the named one, or the parent's
         mode, parent_mode, parent_id = "delta", "node", parent.id
         cid = cid or parent.conversation_id
     else:
-        mode = "full" if auto else _mode(headers, calls.default_mode)
+        mode = "full" if auto else context_mode(headers, calls.default_mode)
         parent_mode, parent_id = "head", None
-    items = await _resolve_references(_items(body), admin, caller)
-    messages, ordinals = responses_items.convert(items)
-    call = ChatCall(
+    items = await _resolve_references(RESPONSES.items(body), admin, caller)
+    call = Call(
         tenant=caller.tenant, conversation_id=cid, kind=kind, mode=mode, parent_mode=parent_mode, parent_id=parent_id,
         body=body, items=items, stream=body.get("stream") is True, client_key=caller.client_key,
-        headers=headers.items, credentials=headers.credentials(), api="responses", messages=messages,
-        ordinals=ordinals,
+        headers=headers.items, dialect=RESPONSES, credentials=headers.credentials(),
     )
     return await calls.run(call, request.receive)
-
-
-def _mode(headers: RequestHeaders, default: str) -> str:
-    value = (headers.get("x-context-mode") or "").strip().lower()
-    if not value:
-        return default
-    if value not in ("delta", "full"):
-        raise InvalidRequest("X-Context-Mode must be 'delta' or 'full'", param="X-Context-Mode")
-    return value
 
 
 _ERRORS = errors(400, 401, 404, 409, 413, 502, 503, 504)

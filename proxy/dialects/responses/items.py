@@ -5,7 +5,7 @@ Inside the proxy a path is read as chat messages (assembly, compaction, token es
 all speak them). A node stored by a Responses call holds items; ``to_messages`` turns them into
 messages, keeping the original items beside them under ``ITEMS`` so that a request to a
 Responses upstream can send them back natively (``to_items``); anything a chat upstream cannot
-read is dropped there by ``strip``.
+read is dropped there (``assembly.strip``).
 
     message (input or output) item        -> user / system / developer / assistant message
     function_call items after a message    -> that assistant message's tool_calls
@@ -23,29 +23,24 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
-import msgspec.structs
 
-from ..completion import NotACompletion
+from ..chat.completion import NotACompletion
 
 __all__ = [
     "ITEMS",
     "PRODUCER",
     "convert",
     "input_items",
-    "message_path",
     "node_id_of",
     "read_response",
     "request_body",
     "response_id",
-    "strip",
-    "tail",
     "to_items",
     "to_messages",
 ]
 
 ITEMS = "_bp_items"  # the native items a message was made from
 PRODUCER = "_bp_producer"  # the provider that produced them (opaque reasoning goes back only there)
-_PRIVATE = (ITEMS, PRODUCER)
 _TEXT_IN = frozenset({"input_text", "text"})
 _TEXT_OUT = frozenset({"output_text", "text"})
 
@@ -225,19 +220,6 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
     return out, ordinals
 
 
-def tail(items: Sequence[Any], ordinals: Sequence[int], skip: int, *, with_system: bool) -> list[Any]:
-    """The items after the first ``skip`` non-system messages they stand for; system/developer
-    items kept only when ``with_system`` (the twin of ``storage.transcript.tail`` for items, and
-    of ``bp_tail`` given ordinals)."""
-    return [item for item, n in zip(items, ordinals, strict=True) if (n > skip if n else with_system)]
-
-
-def strip(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as a chat upstream gets them: without the private keys."""
-    return [{k: v for k, v in m.items() if k not in _PRIVATE} if any(k in m for k in _PRIVATE) else m
-            for m in messages]
-
-
 # -- messages -> items ----------------------------------------------------------------------------
 
 
@@ -312,20 +294,4 @@ def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) ->
                             "arguments": fn.get("arguments") or ""})
             continue
         out.append({"type": "message", "role": role or "user", "content": _content_to_parts(m.get("content"), output=False)})
-    return out
-
-
-def message_path(path: Sequence[Any]) -> list[Any]:
-    """A stored path read as chat messages: the nodes a Responses call made are converted (their
-    items kept beside the messages); chat nodes are returned as they are."""
-    if all(getattr(node, "api", "chat") != "responses" for node in path):
-        return list(path)  # the usual case: nothing to convert
-    out = []
-    for node in path:
-        if getattr(node, "api", "chat") != "responses":
-            out.append(node)
-            continue
-        out.append(msgspec.structs.replace(
-            node, api="chat", sent=to_messages(node.sent, node.provider),
-            received=to_messages(node.received, node.provider) if node.received else node.received))
     return out

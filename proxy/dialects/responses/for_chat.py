@@ -24,15 +24,15 @@ from typing import Any
 
 import msgspec
 
-from ..errors import InvalidRequest
-from ..failures import Failure
-from ..relay import SSEParser, sse_error_event
-from .items import strip, to_messages
+from ...assembly import strip
+from ...errors import InvalidRequest
+from ...failures import Failure
+from ...sse import DONE, payload, sse_error_event
+from .items import to_messages
 from .translate import chat_usage_of
 
 __all__ = ["ToChat", "check_fields", "completion", "finish_reason", "message_of", "request_fields"]
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 _DROPPED = frozenset({"stream_options", "seed", "store", "messages"})
@@ -189,17 +189,11 @@ class ToChat:
         return b""
 
     def event(self, raw: bytes) -> bytes:
-        data = SSEParser.data(raw)
-        if data is None:
-            return b""  # the upstream's event names and comments: chat streams have none
-        if data == b"[DONE]":
+        event = payload(raw)
+        if event is DONE:
             self.finished = self.finished or self.final is not None
             return b""
-        try:
-            event = _decode(data)
-        except (msgspec.DecodeError, RecursionError):
-            return b""
-        if not isinstance(event, dict):
+        if not isinstance(event, dict):  # (event names and comments too: chat streams have none)
             return b""
         kind = event.get("type")
         response = event.get("response") if isinstance(event.get("response"), dict) else None

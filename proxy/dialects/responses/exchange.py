@@ -1,11 +1,9 @@
-"""How one stored call speaks to its client and its upstream -- the only part of the call
-lifecycle that depends on the APIs involved:
+"""How a stored call's answer travels back when the Responses API is on one side of it:
 
-    client API   upstream API   exchange
-    chat         chat           ChatExchange         relayed as it is
-    chat         responses      ChatOverResponses    translated both ways (proxy.responses.for_chat)
-    responses    chat           ResponsesOverChat    translated both ways (proxy.responses)
-    responses    responses      ResponsesNative      relayed, with the node's response id
+    client      upstream    exchange
+    chat        responses   ChatOverResponses    translated both ways (for_chat)
+    responses   chat        ResponsesOverChat    translated both ways (translate, stream.FromChat)
+    responses   responses   ResponsesNative      relayed, with the node's response id and item ids
 
 Each turns the upstream's answer into what the client gets and what is stored (``answer``), and
 gives the stream relay its translator.
@@ -14,51 +12,21 @@ gives the stream relay its translator.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
-from .completion import parse_completion
-from .relay import ChatStream, Translator
-from .responses import for_chat, translate
-from .responses import stream as responses_stream
-from .responses.items import read_response, response_id, to_messages
+from ...relay import Translator
+from .. import Answer
+from ..chat import parse_completion
+from . import for_chat, translate
+from . import stream as responses_stream
+from .items import read_response, response_id, to_messages
 
-__all__ = ["Answer", "ChatExchange", "ChatOverResponses", "Exchange", "ResponsesNative", "ResponsesOverChat",
-           "exchange_for"]
+__all__ = ["ChatOverResponses", "ResponsesNative", "ResponsesOverChat", "own_item_ids"]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    body: bytes  # what the client gets
-    received: list[dict[str, Any]]  # what is stored, in the client API's format
-    messages: list[dict[str, Any]]  # the same read as chat messages (the node's transcript)
-    usage: dict[str, Any] | None
-    finish_reason: str | None
-
-
-class Exchange(Protocol):
-    def answer(self, content: bytes) -> Answer: ...  # raises NotACompletion
-
-    def translator(self, *, wants_usage: bool) -> Translator: ...
-
-    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
-
-
-class ChatExchange:
-    def answer(self, content: bytes) -> Answer:
-        completion = parse_completion(content)
-        return Answer(content, [completion.message], [completion.message], completion.usage, completion.finish_reason)
-
-    def translator(self, *, wants_usage: bool) -> Translator:
-        return ChatStream(strip_usage=not wants_usage)
-
-    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return received
 
 
 class ChatOverResponses:
@@ -138,12 +106,3 @@ def own_item_ids(output: list[dict[str, Any]], node_id: uuid.UUID) -> list[dict[
             item = {**item, "id": f"fc_{node_id.hex}_{i}"}
         out.append(item)
     return out
-
-
-def exchange_for(api: str, upstream_api: str, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any,
-                 provider: str) -> Exchange:
-    if api != "responses":
-        return ChatOverResponses(node_id=node_id, provider=provider) if upstream_api == "responses" else ChatExchange()
-    if upstream_api == "responses":
-        return ResponsesNative(node_id=node_id, params=params, provider=provider)
-    return ResponsesOverChat(node_id=node_id, params=params, instructions=instructions, provider=provider)

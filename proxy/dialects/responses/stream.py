@@ -18,14 +18,14 @@ from typing import Any
 
 import msgspec
 
-from ..failures import Failure
-from ..relay import SSEParser, StreamAccumulator
+from ...failures import Failure
+from ...sse import DONE, UNREAD, payload
+from ..chat.stream import StreamAccumulator
 from . import translate
 from .items import response_id
 
 __all__ = ["FromChat", "Native"]
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -76,15 +76,11 @@ class FromChat:
         return self.emit("response.created", response=response) + self.emit("response.in_progress", response=response)
 
     def event(self, raw: bytes) -> bytes:
-        data = SSEParser.data(raw)
-        if data is None:
+        chunk = payload(raw)
+        if chunk is UNREAD:
             return b""
-        if data == b"[DONE]":
+        if chunk is DONE:
             self.finished = True
-            return b""
-        try:
-            chunk = _decode(data)
-        except (msgspec.DecodeError, RecursionError):
             return b""
         before_text = "".join(self.acc.content)
         before_args = {i: tc["function"]["arguments"] for i, tc in self.acc.tool_calls.items()}
@@ -201,17 +197,11 @@ class Native:
         return {**response, "id": self.rid, "previous_response_id": self.previous, "store": self.store}
 
     def event(self, raw: bytes) -> bytes:
-        data = SSEParser.data(raw)
-        if data is None:
-            return raw + b"\n\n"
-        if data == b"[DONE]":
+        event = payload(raw)
+        if event is DONE:
             self.finished = True
             return b""
-        try:
-            event = _decode(data)
-        except (msgspec.DecodeError, RecursionError):
-            return raw + b"\n\n"
-        if not isinstance(event, dict):
+        if not isinstance(event, dict):  # (UNREAD among them: relayed as it came)
             return raw + b"\n\n"
         kind = event.get("type")
         if isinstance(event.get("response"), dict):
@@ -249,7 +239,7 @@ class Native:
         return item
 
     def _own_ids(self, event: dict[str, Any]) -> None:
-        """Our item ids, as ``exchanges.own_item_ids`` gives them for a whole answer."""
+        """Our item ids, as ``exchange.own_item_ids`` gives them for a whole answer."""
         if isinstance(event.get("item"), dict):
             event["item"] = self._own(event["item"], int(event.get("output_index", 0)))
         if isinstance(event.get("item_id"), str):

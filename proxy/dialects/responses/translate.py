@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from ..errors import InvalidRequest
+from ...errors import InvalidRequest
 
 __all__ = ["chat_params", "chat_usage_of", "native_params", "output_items", "response_object", "usage_of"]
 

@@ -1,0 +1,84 @@
+"""A stored call as the lifecycle carries it: the request a route read (``Call``), and the call
+once its node is started (``Started``)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from storage import transcript
+
+from .dialects import Dialect
+
+__all__ = ["Call", "Started"]
+
+
+@dataclass(slots=True)
+class Call:
+    """A parsed request to be stored, built by the route with its dialect's help: ``items`` are
+    what the client sent in its API's format, ``messages`` the same read as chat messages."""
+
+    tenant: str
+    conversation_id: str | None  # None: full-history mode finds (or makes) the conversation by content
+    kind: str  # "turn" | "transform"
+    mode: str  # "delta": messages are the new items | "full": the client's whole history
+    parent_mode: str  # "head" | "root" | "node" (delta mode)
+    parent_id: uuid.UUID | None
+    body: dict[str, Any]  # the client's body; every field but its items is forwarded (``params``)
+    items: list[dict[str, Any]]  # what the call sends (``Dialect.items``)
+    stream: bool
+    client_key: str | None
+    headers: list[tuple[str, str]]  # incoming request headers (filtered when forwarded)
+    dialect: Dialect  # the client's API: the format of ``items``
+    credentials: tuple[str, ...] = ()  # every credential the client sent: masked wherever echoed
+    messages: list[dict[str, Any]] = None  # type: ignore[assignment]  # ``items`` as chat messages (default: by the dialect)
+    ordinals: list[int] | None = None  # the message each item stands for (``dialects.Transcript``)
+    params: dict[str, Any] = None  # type: ignore[assignment]  # the other fields, stored (default: by the dialect)
+
+    def __post_init__(self) -> None:
+        if self.messages is None:
+            self.messages, self.ordinals = self.dialect.read(self.items)
+        if self.params is None:
+            self.params = self.dialect.params(self.body)
+
+    @property
+    def api(self) -> str:
+        return self.dialect.name
+
+    def tail(self, skip: int, *, with_system: bool) -> list[dict[str, Any]]:
+        """The items after the first ``skip`` non-system messages they stand for."""
+        if self.ordinals is None:  # one item, one message
+            return transcript.tail(self.items, skip, with_system=with_system)
+        # (``bp_tail`` given ordinals: an ordinal 0 is a system/developer message)
+        return [item for item, n in zip(self.items, self.ordinals, strict=True) if (n > skip if n else with_system)]
+
+
+@dataclass(slots=True)
+class Started:
+    call: Call
+    conversation_id: str
+    node_id: uuid.UUID
+    tree_id: uuid.UUID
+    parent_id: uuid.UUID | None
+    mode: str  # the mode that handled the call (a delta call resending its history: full)
+    matched: int  # full mode: how many of the client's non-system messages matched stored nodes
+    new_items: list[dict[str, Any]]  # what this node adds to its parent's path
+    secrets: tuple[str | None, ...]  # credentials an upstream error must never echo back
+    request_hash: bytes | None = None
+    finished: bool = False
+
+    @property
+    def leased(self) -> bool:
+        return self.mode == "delta" and self.call.kind == "turn"
+
+    def headers(self) -> list[tuple[str, str]]:
+        return [
+            ("x-conversation-id", self.conversation_id),
+            ("x-node-id", str(self.node_id)),
+            ("x-parent-node-id", str(self.parent_id) if self.parent_id else "root"),
+            ("x-context-mode", self.mode),
+            ("x-context-matched", str(self.matched)),
+        ]
+
+

@@ -1,0 +1,184 @@
+"""API dialects: everything about a call that depends on the API it speaks -- the client's, and
+the upstream's (docs/architecture.md#dialects).
+
+A ``Dialect`` is one API (chat completions, Responses, ...), one package here and one line in
+``_REGISTRY``. Its client side reads a request into the items a node stores and says how those
+items read as chat messages -- the lingua franca of assembly, matching, compaction and token
+estimates; its upstream side builds the body an upstream speaking it receives, and its answers
+and streams are turned into what each client gets.
+
+A call crosses from its client's dialect to its upstream's through a ``Crossing``
+(``crossing(client, upstream)``):
+
+    client == upstream     the request's fields go natively; the answer is relayed, with our ids
+    one of the two: chat   translated both ways by the other dialect (its ``*_chat`` parts)
+
+Chat is the pivot: a dialect translates to and from chat, never to every other dialect. (Two
+dialects that are both not chat would meet through chat; that composition is built when a third
+dialect needs it.) The lifecycle, the relay, the builder and storage know only these interfaces.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import msgspec
+import msgspec.structs
+
+from ..errors import InvalidRequest
+from ..relay import Translator
+
+__all__ = ["Answer", "Crossing", "Dialect", "Exchange", "Transcript", "crossing", "dialect", "message_path",
+           "parse_model_request"]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An upstream's answer as a call uses it."""
+
+    body: bytes  # what the client gets
+    received: list[dict[str, Any]]  # what is stored, in the client dialect's format
+    messages: list[dict[str, Any]]  # the same read as chat messages (the node's transcript)
+    usage: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class Exchange(Protocol):
+    """How one started call's answer travels back: its JSON answer, or its stream."""
+
+    def answer(self, content: bytes) -> Answer: ...  # raises dialects.chat.NotACompletion
+
+    def translator(self, *, wants_usage: bool) -> Translator: ...
+
+    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+
+
+class Transcript(NamedTuple):
+    """A call's items read as chat messages; ``ordinals[i]``: the message (1-based, 0 for a
+    system/developer one) item ``i`` stands for -- None when each item is one message."""
+
+    messages: list[dict[str, Any]]
+    ordinals: list[int] | None
+
+
+class Dialect(Protocol):
+    name: str  # the node's ``api`` and the upstream's ``api`` setting
+    endpoint: str  # the path under an upstream's base URL that speaks it
+
+    # -- the client side --------------------------------------------------------------------
+    def parse(self, raw: bytes) -> dict[str, Any]: ...  # the body; raises InvalidRequest
+    def items(self, body: dict[str, Any]) -> list[dict[str, Any]]: ...  # what the call sends
+    def params(self, body: dict[str, Any]) -> dict[str, Any]: ...  # every other field (stored)
+    def read(self, items: list[dict[str, Any]]) -> Transcript: ...
+    def to_messages(self, items: Iterable[Any], provider: str | None) -> list[dict[str, Any]]: ...
+    def error_body(self, failure: Any) -> bytes: ...  # a ``Failure`` in this API's error shape
+
+    # -- translations through chat, and the upstream side ------------------------------------
+    def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]: ...  # may refuse
+    def params_from_chat(self, params: dict[str, Any]) -> dict[str, Any]: ...
+    def check_from_chat(self, params: dict[str, Any]) -> None: ...  # refused before any node
+    def native_params(self, params: dict[str, Any]) -> dict[str, Any]: ...
+    def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
+                     stream: bool) -> bytes: ...
+    def relay(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> Exchange: ...
+    def over_chat(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> Exchange: ...
+    def for_chat(self, *, node_id: uuid.UUID, provider: str) -> Exchange: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """A call's way from its client's dialect to its upstream's and back."""
+
+    client: Dialect
+    upstream: Dialect
+
+    @property
+    def native(self) -> bool:
+        return self.client is self.upstream
+
+    def check(self, params: dict[str, Any]) -> None:
+        """Refuse, before anything is stored, what the upstream cannot honour."""
+        if not self.native and self.client.name == "chat":
+            self.upstream.check_from_chat(params)
+
+    def fields(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The request's other fields as the upstream gets them."""
+        if self.native:
+            return self.upstream.native_params(params)
+        return self.upstream.params_from_chat(self.client.params_to_chat(params))
+
+    def exchange(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> Exchange:
+        if self.native:
+            return self.client.relay(node_id=node_id, params=params, provider=provider)
+        if self.upstream.name == "chat":
+            return self.client.over_chat(node_id=node_id, params=params, provider=provider)
+        return self.upstream.for_chat(node_id=node_id, provider=provider)
+
+
+_decode = msgspec.json.Decoder().decode
+
+
+def parse_model_request(raw: bytes) -> dict[str, Any]:
+    """A call's body (chat completions, Responses) as a dict, every field kept: a JSON object
+    naming a model; anything else is refused with 400."""
+    try:
+        body = _decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("the request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model or "\x00" in model:
+        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    return body
+
+
+def _registry() -> dict[str, Dialect]:
+    from . import chat, responses
+
+    return {d.name: d for d in (chat.DIALECT, responses.DIALECT)}
+
+
+_REGISTRY: dict[str, Dialect] = {}
+
+
+def dialect(name: str | None) -> Dialect:
+    """The dialect of this name (a node's ``api``; None: chat, as nodes stored before there were
+    others)."""
+    if not _REGISTRY:
+        _REGISTRY.update(_registry())
+    try:
+        return _REGISTRY[name or "chat"]
+    except KeyError:
+        raise ValueError(f"unknown API dialect {name!r}") from None
+
+
+def crossing(client: Dialect | str, upstream: Dialect | str) -> Crossing:
+    client = dialect(client) if isinstance(client, str) else client
+    upstream = dialect(upstream) if isinstance(upstream, str) else upstream
+    if not (client is upstream or "chat" in (client.name, upstream.name)):
+        raise ValueError(f"no crossing from {client.name!r} to {upstream.name!r}")  # (see the docstring)
+    return Crossing(client, upstream)
+
+
+def message_path(path: Sequence[Any]) -> list[Any]:
+    """A stored path read as chat messages: nodes another dialect made are converted (their own
+    items kept beside the messages); chat nodes are returned as they are."""
+    if all(getattr(node, "api", "chat") == "chat" for node in path):
+        return list(path)  # the usual case: nothing to convert
+    out = []
+    for node in path:
+        api = getattr(node, "api", "chat")
+        if api == "chat":
+            out.append(node)
+            continue
+        d = dialect(api)
+        out.append(msgspec.structs.replace(
+            node, api="chat", sent=d.to_messages(node.sent, node.provider),
+            received=d.to_messages(node.received, node.provider) if node.received else node.received))
+    return out

@@ -1,0 +1,91 @@
+"""The chat-completions API (``POST /v1/chat/completions``): the pivot dialect.
+
+    request.py     a client's chat request read and checked
+    completion.py  a chat completion read (the assistant message, usage, finish reason)
+    stream.py      chat streams: the chunks merged into the stored message, relayed as they arrive
+
+Its items are chat messages already, so every translation to or from chat is the identity here;
+the other dialects translate to and from it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ...assembly import build_body, strip
+from .. import Answer, Transcript
+from .completion import Completion, NotACompletion, parse_completion
+from .request import parse_chat_body
+from .stream import ChatStream, StreamAccumulator
+
+__all__ = ["DIALECT", "Chat", "ChatExchange", "ChatStream", "Completion", "NotACompletion", "StreamAccumulator",
+           "parse_completion"]
+
+
+class ChatExchange:
+    """A chat client and a chat upstream: the answer relayed as it is."""
+
+    def answer(self, content: bytes) -> Answer:
+        completion = parse_completion(content)
+        return Answer(content, [completion.message], [completion.message], completion.usage, completion.finish_reason)
+
+    def translator(self, *, wants_usage: bool) -> ChatStream:
+        return ChatStream(strip_usage=not wants_usage)
+
+    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return received
+
+
+_EXCHANGE = ChatExchange()
+
+
+class Chat:
+    name = "chat"
+    endpoint = "chat/completions"
+
+    def parse(self, raw: bytes) -> dict[str, Any]:
+        return parse_chat_body(raw)
+
+    def items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return body["messages"]
+
+    def params(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k != "messages"}
+
+    def read(self, items: list[dict[str, Any]]) -> Transcript:
+        return Transcript(items, None)
+
+    def to_messages(self, items: Iterable[Any], provider: str | None) -> list[dict[str, Any]]:
+        return items if isinstance(items, list) else list(items)
+
+    def error_body(self, failure: Any) -> bytes:
+        return failure.body
+
+    def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    def params_from_chat(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    def check_from_chat(self, params: dict[str, Any]) -> None:
+        return None
+
+    def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
+                     stream: bool) -> bytes:
+        return build_body(fields, strip(messages), stream=stream)
+
+    def relay(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> ChatExchange:
+        return _EXCHANGE
+
+    over_chat = relay
+
+    def for_chat(self, *, node_id: uuid.UUID, provider: str) -> ChatExchange:
+        return _EXCHANGE
+
+
+DIALECT = Chat()
