@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from storage import ConversationRow, NodeRow, TreeRow
+from storage.model import NodeFields
 
 from .errors import InvalidRequest
 
@@ -86,25 +87,7 @@ class ConversationList(msgspec.Struct):
     object: str = "list"
 
 
-class Node(msgspec.Struct):
-    id: uuid.UUID
-    conversation_id: str
-    parent_id: uuid.UUID | None
-    kind: str
-    status: str
-    outcome: str | None  # success | transient | overflow | invalid (null while pending)
-    sent: list[Any]
-    received: list[Any] | None
-    model: str | None
-    provider: str | None
-    params: dict[str, Any]
-    usage: dict[str, Any] | None
-    finish_reason: str | None
-    error: dict[str, Any] | None
-    compacted_from: uuid.UUID | None
-    depth: int
-    created_at: datetime
-    finished_at: datetime | None
+class Node(NodeFields, frozen=False):  # the stored call's fields, then the API's
     api: str  # the format of sent/received: "chat" messages, or "responses" items
     object: str = "node"
 
@@ -122,37 +105,25 @@ class NodeList(msgspec.Struct):
     object: str = "list"
 
 
-class PathList(msgspec.Struct):
-    data: list[NodeOnPath]
+class _HeadPage(msgspec.Struct):
+    """A page of a conversation's nodes and where its head is (``PathList``'s, ``TreeList``'s)."""
+
+    data: list[Any]  # (of the subclass's node)
     head_node_id: uuid.UUID | None
     next_cursor: str | None = None
     object: str = "list"
 
 
-class TreeNode(msgspec.Struct):
-    id: uuid.UUID
-    conversation_id: str
-    parent_id: uuid.UUID | None
-    kind: str
-    status: str
-    outcome: str | None
-    model: str | None
-    usage: dict[str, Any] | None
-    finish_reason: str | None
-    compacted_from: uuid.UUID | None
-    depth: int
-    created_at: datetime
-    finished_at: datetime | None
-    api: str
-    preview: str | None
+class PathList(_HeadPage):
+    data: list[NodeOnPath]
+
+
+class TreeNode(TreeRow, frozen=False):  # the stored row as it is
     object: str = "node"
 
 
-class TreeList(msgspec.Struct):
+class TreeList(_HeadPage):
     data: list[TreeNode]
-    head_node_id: uuid.UUID | None
-    next_cursor: str | None = None
-    object: str = "list"
 
 
 class Deleted(msgspec.Struct):
@@ -164,7 +135,6 @@ class Deleted(msgspec.Struct):
 
 
 _NODE_FIELDS = tuple(f for f in Node.__struct_fields__ if f != "object")
-_TREE_FIELDS = tuple(f for f in TreeNode.__struct_fields__ if f != "object")
 
 
 def node_of(row: NodeRow, cls: type[Node] = Node, **extra: Any) -> Node:
@@ -184,7 +154,7 @@ def exported(row: NodeRow, head: uuid.UUID | None) -> ExportedNode:
 
 
 def tree_node_of(row: TreeRow) -> TreeNode:
-    return TreeNode(**{f: getattr(row, f) for f in _TREE_FIELDS})
+    return TreeNode(*msgspec.structs.astuple(row))
 
 
 def conversation_of(row: ConversationRow, *, show_tenant: bool) -> Conversation:

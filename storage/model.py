@@ -79,13 +79,20 @@ class ConversationRow(msgspec.Struct, frozen=True):
         return self.prompt_tokens + self.completion_tokens
 
 
-class NodeRow(msgspec.Struct, frozen=True):
+class NodeBase(msgspec.Struct, frozen=True):
+    """The fields every row of a node begins with (``NodeRow``'s, ``TreeRow``'s)."""
+
     id: uuid.UUID
     conversation_id: str
     parent_id: uuid.UUID | None
     kind: str
     status: str
-    outcome: str | None
+    outcome: str | None  # success | transient | overflow | invalid (null while pending)
+
+
+class NodeFields(NodeBase, frozen=True):
+    """A node's call: ``NodeRow`` less what only storage reads (the admin API's node shows these)."""
+
     sent: list[Any]
     received: list[Any] | None
     model: str | None
@@ -98,6 +105,9 @@ class NodeRow(msgspec.Struct, frozen=True):
     depth: int
     created_at: datetime
     finished_at: datetime | None
+
+
+class NodeRow(NodeFields, frozen=True):
     tenant: str
     tree_id: uuid.UUID
     request_hash: bytes | None
@@ -112,13 +122,7 @@ class PathRow(NodeRow, frozen=True):
     sibling_count: int = 1
 
 
-class TreeRow(msgspec.Struct, frozen=True):
-    id: uuid.UUID
-    conversation_id: str
-    parent_id: uuid.UUID | None
-    kind: str
-    status: str
-    outcome: str | None
+class TreeRow(NodeBase, frozen=True):
     model: str | None
     usage: dict[str, Any] | None
     finish_reason: str | None
