@@ -5,6 +5,8 @@ shared, for starts and finishes, with the other calls' that reach the database a
 
 from __future__ import annotations
 
+import functools
+import typing
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,11 +44,12 @@ class Begun:
     path: list[PathNode] = field(default_factory=list)
 
 
-class CallStart(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CallStart(msgspec.Struct, kw_only=True):
     """How a call starts: the one contract between the call lifecycle and ``bp_begin_call``. The
     lifecycle builds it from the call; it travels to SQL whole, as one jsonb argument, read there
-    in one place (``bp_call_start`` in storage/functions/calls.sql, which says how each field is
-    used). Adding a field: here, and there. Bytes travel as base64 (msgspec's encoding)."""
+    into one composite type (``bp_call_start_t`` in storage/functions/calls.sql, which says how
+    each field is used). Adding a field: here, and there. Every field travels (the defaults are
+    here, not in SQL); bytes as hex strings (``_jsonb``)."""
 
     tenant: str
     conversation_id: str | None  # None: full mode finds (or makes) the conversation by content
@@ -70,9 +73,9 @@ class CallStart(msgspec.Struct, kw_only=True, omit_defaults=True):
     api: str = "chat"
 
 
-class CallFinish(msgspec.Struct, kw_only=True, omit_defaults=True):
+class CallFinish(msgspec.Struct, kw_only=True):
     """How a call ended: the one contract between the call lifecycle and ``bp_finish_call``
-    (storage/functions/calls.sql reads it, in one place). The node it finishes is given beside
+    (storage/functions/calls.sql reads it into ``bp_call_finish_t``, as CallStart). The node it finishes is given beside
     it: (tree, node) address the row -- the tree is the argument a PostgreSQL distributed by tree
     routes the call by (docs/scaling.md). ``received_digests``: the transcript digests of the
     answer (None: those of ``received`` read as chat messages)."""
@@ -87,10 +90,33 @@ class CallFinish(msgspec.Struct, kw_only=True, omit_defaults=True):
     leased: bool = False  # the call took the conversation's lease (delta turn calls)
 
 
+def _holds_bytes(hint: Any) -> bool:
+    return hint is bytes or any(_holds_bytes(arg) for arg in typing.get_args(hint))
+
+
+@functools.cache
+def _bytes_fields(cls: type[msgspec.Struct]) -> tuple[str, ...]:
+    """The fields of a contract that hold bytes (``bytes``, ``list[bytes]``, optional or not)."""
+    hints = typing.get_type_hints(cls)
+    return tuple(name for name in cls.__struct_fields__ if _holds_bytes(hints[name]))
+
+
+def _hex(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    if isinstance(value, list):
+        return ["\\x" + b.hex() for b in value]
+    return value
+
+
 def _jsonb(contract: msgspec.Struct) -> msgspec.Raw:
-    """A contract as the jsonb argument it is sent as. A NUL character, which jsonb cannot hold,
-    is shielded inside the JSON values (the items, params, usage, error) as ``storage.database``
-    shields any jsonb value; one in a text field stays, and PostgreSQL refuses it as before."""
+    """A contract as the jsonb argument it is sent as. Bytes go as hex strings (``\\x...``), which
+    bytea's input reads as it is: ``jsonb_populate_record`` fills bytea and bytea[] fields without
+    decoding in PL/pgSQL. A NUL character, which jsonb cannot hold, is shielded inside the JSON
+    values (the items, params, usage, error) as ``storage.database`` shields any jsonb value; one in
+    a text field stays, and PostgreSQL refuses it as before."""
+    contract = msgspec.structs.replace(
+        contract, **{name: _hex(getattr(contract, name)) for name in _bytes_fields(type(contract))})
     data = _encode(contract)
     if _NUL in data:
         fields = msgspec.to_builtins(contract)

@@ -255,10 +255,11 @@ def test_the_functions_files_are_all_applied_in_the_listed_order_each_with_its_h
 
 
 def test_the_call_contracts_are_read_field_by_field_in_one_place(template_url):
-    """Every field of CallStart comes out of bp_call_start as the struct held it (bytes through
-    base64, uuids, arrays, jsonb); every field of CallFinish is read by bp_finish_call."""
+    """Each contract has its composite type (storage/functions/calls.sql), field for field; every
+    field of CallStart and CallFinish comes out of jsonb_populate_record as the struct held it
+    (bytes through hex strings, uuids, arrays, jsonb, nulls), defaults included: every field
+    travels."""
     import uuid
-    from pathlib import Path
 
     import msgspec
 
@@ -272,25 +273,59 @@ def test_the_call_contracts_are_read_field_by_field_in_one_place(template_url):
         digests=[b"\x00" * 32, b"\xff" * 32], prefixes=[b"\x01" * 32], system_hash=b"\x02\x03", lease_seconds=1.5,
         model="m", provider="p", params={"temperature": 0.5}, new_conversation_id="n", prefix_offset=3,
         ordinals=[0, 1, 1, 2], api="responses")
+    finish = CallFinish(outcome="success", received=[{"role": "assistant", "content": "x"}],
+                        received_digests=[b"\x05" * 32], usage={"total_tokens": 3}, finish_reason="stop",
+                        error={"type": "e"}, request_hash=b"\x06" * 32, leased=True)
+    cases = [("bp_call_start_t", start),
+             ("bp_call_start_t", msgspec.structs.replace(start, conversation_id=None, parent_id=None, digests=[],
+                                                         prefixes=[], system_hash=None, params={}, model=None)),
+             ("bp_call_start_t", CallStart(**{**msgspec.structs.asdict(start), "new_conversation_id": None,
+                                              "prefix_offset": 0, "ordinals": None, "api": "chat"})),
+             ("bp_call_finish_t", finish), ("bp_call_finish_t", CallFinish(outcome="transient"))]
 
     async def check():
         db = await Database().open(template_url, min_size=1, max_size=1)
         try:
-            row = await db.fetchrow("SELECT * FROM bp_call_start($1)", _jsonb(start))
-            assert set(row.keys()) == set(CallStart.__struct_fields__)
-            assert dict(row.items()) == msgspec.structs.asdict(start)
-            defaults = await db.fetchrow("SELECT * FROM bp_call_start($1)", _jsonb(msgspec.structs.replace(
-                start, new_conversation_id=None, prefix_offset=0, ordinals=None, api="chat")))
-            assert (defaults["new_conversation_id"], defaults["prefix_offset"], defaults["ordinals"],
-                    defaults["api"]) == (None, 0, None, "chat")
+            for kind, contract in cases:
+                attributes = [r["attname"] for r in await db.fetch(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 "
+                    "AND NOT attisdropped ORDER BY attnum", kind)]
+                assert sorted(attributes) == sorted(type(contract).__struct_fields__), kind
+                assert set(msgspec.json.decode(bytes(_jsonb(contract)))) == set(attributes), kind  # all travel
+                row = await db.fetchrow(f"SELECT (jsonb_populate_record(NULL::{kind}, $1)).*", _jsonb(contract))
+                assert dict(row.items()) == msgspec.structs.asdict(contract), contract
         finally:
             await db.close()
 
     run(check())
-    calls = (Path(__file__).resolve().parents[1] / "storage" / "functions" / "calls.sql").read_text()
-    finish = calls[calls.index("CREATE OR REPLACE FUNCTION bp_finish_call"):]
-    for field in CallFinish.__struct_fields__:
-        assert re.search(rf"p_finish ->>? '{field}'", finish), field
+
+
+def test_a_contract_type_is_made_again_only_when_its_attributes_change(pg_server_url):
+    """Migrating twice keeps the contract types (same oid: a role owning only the functions can
+    migrate); a changed attribute list makes the type again."""
+    from storage import CallStart
+
+    url = new_database(pg_server_url)
+
+    async def check():
+        await migrate(url)
+        conn = await asyncpg.connect(url)
+        try:
+            oid = await conn.fetchval("SELECT 'bp_call_start_t'::regtype::oid")
+            await migrate(url)
+            assert await conn.fetchval("SELECT 'bp_call_start_t'::regtype::oid") == oid
+            attributes = ("SELECT count(*) FROM pg_attribute WHERE attrelid = 'bp_call_start_t'::regclass "
+                          "AND attnum > 0")
+            await conn.execute("SELECT bp_define_type('bp_call_start_t', 'tenant text')")
+            assert await conn.fetchval(attributes) == 1
+            await migrate(url)
+            assert await conn.fetchval(attributes) == len(CallStart.__struct_fields__)
+            for gone in ("bp_call_start", "bp_bytes"):
+                assert not await conn.fetchval("SELECT count(*) FROM pg_proc WHERE proname = $1", gone)
+        finally:
+            await conn.close()
+
+    run(check())
 
 
 def test_an_existing_database_upgrades_to_the_call_contracts(pg_server_url):

@@ -128,18 +128,24 @@ BEGIN
 END
 $$;
 
--- bp_bytes(array): a JSON array of base64 strings (msgspec's encoding of bytes) as bytea[], in its
--- order; null for anything but an array (the contracts' digest lists: storage.tree).
-CREATE OR REPLACE FUNCTION bp_bytes(p jsonb)
-RETURNS bytea[]
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+-- bp_define_type(name, attributes): the composite type `name` with these attributes (as CREATE TYPE
+-- ... AS (attributes) spells them) -- made, or dropped and made again, only when it is not already
+-- exactly that: its comment holds the attributes it was made with. What the functions files use
+-- for the types they read contracts into (a type cannot be CREATE OR REPLACEd; making it only on
+-- a change also leaves it alone for a role that owns the functions but not the type). The DROP
+-- refuses when something depends on the type (a column, a function's argument or result).
+CREATE OR REPLACE FUNCTION bp_define_type(p_name text, p_attributes text)
+RETURNS void
+LANGUAGE plpgsql AS $$
 BEGIN
-    IF jsonb_typeof(p) IS DISTINCT FROM 'array' THEN
-        RETURN NULL;
-    ELSIF jsonb_array_length(p) = 0 THEN
-        RETURN '{}';  -- (without the query: the usual delta call gives no prefixes)
+    IF to_regtype(p_name) IS NOT NULL THEN
+        IF obj_description(to_regtype(p_name)::oid, 'pg_type') IS NOT DISTINCT FROM p_attributes THEN
+            RETURN;
+        END IF;
+        EXECUTE format('DROP TYPE %I', p_name);
     END IF;
-    RETURN ARRAY(SELECT decode(x, 'base64') FROM jsonb_array_elements_text(p) WITH ORDINALITY t(x, i) ORDER BY i);
+    EXECUTE format('CREATE TYPE %I AS (%s)', p_name, p_attributes);
+    EXECUTE format('COMMENT ON TYPE %I IS %L', p_name, p_attributes);
 END
 $$;
 

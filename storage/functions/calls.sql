@@ -1,8 +1,8 @@
 -- Server-side functions, part 3 of 6: a call -- its start (bp_begin_call; full-history starts
 -- continue in matching.sql), its finish, its lease kept alive. The start and the finish each take
--- their contract whole, as one jsonb argument (storage.tree.CallStart, CallFinish), read in one
--- place each (bp_call_start; bp_finish_call's DECLARE): a new field is one edit in the struct and
--- one where it is read.
+-- their contract whole, as one jsonb argument (storage.tree.CallStart, CallFinish), read into one
+-- composite type each (bp_call_start_t, bp_call_finish_t) by jsonb_populate_record: a new field is
+-- one edit in the struct and one in its type.
 --
 -- Refusals: the start refuses with BPBSY (the lease, bp_check_lease), BPNFN (a parent outside the
 -- conversation's reach) or BPPBC (an edit before a compaction); the finish and the renewal never
@@ -11,9 +11,15 @@
 -- moves the head), a transform or full-history call FOR KEY SHARE (start) or not at all (finish)
 -- -- always before any node row.
 
--- bp_call_start(start): a call's start as storage.tree.CallStart sends it -- the one place its
--- fields are read (bp_begin_call, bp_begin_full). Adding a field: one line here and one in the
--- struct. Dropped and made again on every run, since a new field changes its result type.
+-- bp_call_start_t: a call's start as storage.tree.CallStart sends it -- the one place its fields
+-- are named in SQL. bp_begin_call and bp_begin_full read the jsonb into it in one C-level call,
+-- jsonb_populate_record(NULL::bp_call_start_t, start): fields by name, bytes as hex strings
+-- ('\x...', bytea's own input), arrays and jsonb natively, no field parsed twice. Adding a field:
+-- one line here and one in the struct (tests/test_schema.py checks they match). Every field
+-- travels, defaults included (the struct holds the defaults). Made by bp_define_type (basics.sql):
+-- again only when its attributes change, before the functions that read it; no function takes or
+-- returns it and nothing is stored as it, so dropping it never cascades (it refuses if that
+-- ever changes).
 --   tenant, conversation_id   who and which conversation (full mode: null = find it by content)
 --   new_conversation_id       the id a conversation found by nothing gets (full mode, no id)
 --   new_tree_id               the tree id a new conversation gets
@@ -33,41 +39,24 @@
 --   lease_seconds, model, provider, params (the request's other fields)
 --   ordinals                  Responses items: the message each item of sent stands for (bp_tail)
 --   api                       chat | responses: the format sent is in
--- Bytes arrive as base64 (msgspec's encoding of bytes); a field left out has its default.
-DROP FUNCTION IF EXISTS bp_call_start(jsonb);
-CREATE FUNCTION bp_call_start(
-    p jsonb,
-    OUT tenant text, OUT conversation_id text, OUT new_conversation_id text, OUT new_tree_id uuid,
-    OUT node_id uuid, OUT kind text, OUT mode text, OUT parent_mode text, OUT parent_id uuid,
-    OUT sent jsonb, OUT digests bytea[], OUT prefixes bytea[], OUT prefix_offset integer,
-    OUT system_hash bytea, OUT lease_seconds double precision, OUT model text, OUT provider text,
-    OUT params jsonb, OUT ordinals integer[], OUT api text)
-LANGUAGE plpgsql IMMUTABLE AS $$
-BEGIN
-    tenant := p ->> 'tenant';
-    conversation_id := p ->> 'conversation_id';
-    new_conversation_id := p ->> 'new_conversation_id';
-    new_tree_id := (p ->> 'new_tree_id')::uuid;
-    node_id := (p ->> 'node_id')::uuid;
-    kind := p ->> 'kind';
-    mode := p ->> 'mode';
-    parent_mode := p ->> 'parent_mode';
-    parent_id := (p ->> 'parent_id')::uuid;
-    sent := p -> 'sent';
-    digests := bp_bytes(p -> 'digests');
-    prefixes := bp_bytes(p -> 'prefixes');
-    prefix_offset := coalesce((p ->> 'prefix_offset')::integer, 0);
-    system_hash := decode(p ->> 'system_hash', 'base64');
-    lease_seconds := (p ->> 'lease_seconds')::double precision;
-    model := p ->> 'model';
-    provider := p ->> 'provider';
-    params := nullif(p -> 'params', 'null');
-    ordinals := CASE WHEN jsonb_typeof(p -> 'ordinals') = 'array'
-                     THEN ARRAY(SELECT x::integer FROM jsonb_array_elements_text(p -> 'ordinals') WITH ORDINALITY t(x, i)
-                                 ORDER BY i) END;
-    api := coalesce(p ->> 'api', 'chat');
-END
-$$;
+SELECT bp_define_type('bp_call_start_t', '
+    tenant text, conversation_id text, new_conversation_id text, new_tree_id uuid,
+    node_id uuid, kind text, mode text, parent_mode text, parent_id uuid,
+    sent jsonb, digests bytea[], prefixes bytea[], prefix_offset integer,
+    system_hash bytea, lease_seconds double precision, model text, provider text,
+    params jsonb, ordinals integer[], api text');
+
+-- bp_call_finish_t: how a call ended, as storage.tree.CallFinish sends it -- read by
+-- bp_finish_call as bp_call_start_t is read (made the same way; a field: a line here and the struct):
+--   outcome            success | transient | overflow | invalid
+--   received           the items the model returned (success), else null
+--   received_digests   their digests (storage/transcript.py)
+--   usage, finish_reason, error ({type, code, message, status}, failures)
+--   request_hash       sha256 of the exact body sent upstream (null: none was sent)
+--   leased             whether the call took the conversation's lease (delta turn calls)
+SELECT bp_define_type('bp_call_finish_t', '
+    outcome text, received jsonb, received_digests bytea[], usage jsonb, finish_reason text,
+    error jsonb, request_hash bytea, leased boolean');
 
 -- bp_check_lease(conversation row): refuse (busy) while another turn call holds the lease; a dead
 -- process's lease is reaped first. Returns the conversation row as it is afterwards.
@@ -93,7 +82,7 @@ $$;
 
 -- bp_begin_call(start, known): start one call in one round trip -- the conversation (created by
 -- its first call), the lease (delta turn calls only), the parent, the pending node, the parent's
--- path. `start`: the call (bp_call_start says what it holds); `known`: nodes whose path the
+-- path. `start`: the call (bp_call_start_t says what it holds); `known`: nodes whose path the
 -- caller already has (its path cache): the returned path ends above the first of them it meets.
 -- Returns the chosen parent's path root first as rows (call_node, conversation_id, tree_id,
 -- parent_id, mode, matched, start, with_system, node) -- one row with a null node when the new
@@ -110,7 +99,7 @@ RETURNS TABLE (call_node uuid, conversation_id text, tree_id uuid, parent_id uui
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    s record := bp_call_start(p_start);
+    s bp_call_start_t := jsonb_populate_record(NULL::bp_call_start_t, p_start);
     conv conversations%ROWTYPE;
     v_parent uuid;
     v_head record;
@@ -218,26 +207,12 @@ $$;
 -- the node's transcript hash by what the model returned. Returns false when the node was no
 -- longer pending (reaped meanwhile): nothing is written then.
 --   p_tree, p_node   the node (the tree: what a PostgreSQL distributed by tree routes the call by)
---   p_finish         how the call ended, as storage.tree.CallFinish sends it -- read here, in the
---                    DECLARE below and nowhere else (adding a field: a line there, and the struct):
---     outcome            success | transient | overflow | invalid
---     received           the items the model returned (success), else null
---     received_digests   their digests (storage/transcript.py), base64
---     usage, finish_reason, error ({type, code, message, status}, failures)
---     request_hash       sha256 of the exact body sent upstream (null: none was sent), base64
---     leased             whether the call took the conversation's lease (delta turn calls)
+--   p_finish         how the call ended, as storage.tree.CallFinish sends it (bp_call_finish_t)
 CREATE OR REPLACE FUNCTION bp_finish_call(p_tree uuid, p_node uuid, p_finish jsonb)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    f_outcome text := p_finish ->> 'outcome';
-    f_received jsonb := nullif(p_finish -> 'received', 'null');
-    f_received_digests bytea[] := bp_bytes(p_finish -> 'received_digests');
-    f_usage jsonb := nullif(p_finish -> 'usage', 'null');
-    f_finish_reason text := p_finish ->> 'finish_reason';
-    f_error jsonb := nullif(p_finish -> 'error', 'null');
-    f_request_hash bytea := decode(p_finish ->> 'request_hash', 'base64');
-    f_leased boolean := coalesce((p_finish ->> 'leased')::boolean, false);
+    f bp_call_finish_t := jsonb_populate_record(NULL::bp_call_finish_t, p_finish);
     v record;
 BEGIN
     SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
@@ -249,11 +224,11 @@ BEGIN
            FOR UPDATE;
     END IF;
     UPDATE nodes n
-       SET outcome = f_outcome, received = f_received, usage = f_usage,
-           finish_reason = f_finish_reason, error = f_error,
-           request_hash = coalesce(f_request_hash, n.request_hash),
-           chain = CASE WHEN f_outcome = 'success' THEN bp_fold(n.chain, f_received_digests) ELSE n.chain END,
-           answered = n.answered OR (f_outcome = 'success' AND jsonb_array_length(coalesce(f_received, '[]')) > 0),
+       SET outcome = f.outcome, received = f.received, usage = f.usage,
+           finish_reason = f.finish_reason, error = f.error,
+           request_hash = coalesce(f.request_hash, n.request_hash),
+           chain = CASE WHEN f.outcome = 'success' THEN bp_fold(n.chain, f.received_digests) ELSE n.chain END,
+           answered = n.answered OR (f.outcome = 'success' AND jsonb_array_length(coalesce(f.received, '[]')) > 0),
            lease_until = NULL, finished_at = clock_timestamp()
      WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
     IF NOT FOUND THEN
@@ -261,12 +236,12 @@ BEGIN
     END IF;
     IF v.kind = 'turn' THEN
         UPDATE conversations c
-           SET head_node_id = CASE WHEN bp_can_be_head(v.kind, f_outcome) THEN p_node ELSE c.head_node_id END,
-               lease_node_id = CASE WHEN f_leased THEN NULL ELSE c.lease_node_id END,
-               lease_until = CASE WHEN f_leased THEN NULL ELSE c.lease_until END,
+           SET head_node_id = CASE WHEN bp_can_be_head(v.kind, f.outcome) THEN p_node ELSE c.head_node_id END,
+               lease_node_id = CASE WHEN f.leased THEN NULL ELSE c.lease_node_id END,
+               lease_until = CASE WHEN f.leased THEN NULL ELSE c.lease_until END,
                updated_at = clock_timestamp()
          WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
-           AND (CASE WHEN f_leased THEN c.lease_node_id = p_node ELSE true END);
+           AND (CASE WHEN f.leased THEN c.lease_node_id = p_node ELSE true END);
     END IF;
     RETURN true;
 END

@@ -58,7 +58,7 @@ END
 $$;
 
 -- bp_begin_full(start, known): start a call in full-history mode (called by bp_begin_call; `start`
--- as bp_call_start reads it). The client sent its whole history; the parent is the node whose
+-- as bp_call_start_t reads it). The client sent its whole history; the parent is the node whose
 -- transcript equals the longest start of it: candidates are the nodes whose transcript hash is
 -- one of the client's prefix hashes (bp_match_candidates) -- the deepest wins; ties: as
 -- bp_match_candidates orders them. Nothing matched: a new root (a new conversation,
@@ -74,7 +74,7 @@ SET enable_hashjoin = off SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
-    s record := bp_call_start(p_start);
+    s bp_call_start_t := jsonb_populate_record(NULL::bp_call_start_t, p_start);
     conv conversations%ROWTYPE;
     v_given integer := coalesce(cardinality(s.prefixes), 0);
     v_m integer := s.prefix_offset + coalesce(cardinality(s.prefixes), 0);
