@@ -132,10 +132,22 @@ def _clone(pg_server_url: str, template_url: str) -> str:
     return new_database(pg_server_url, "bp_test", template=urlsplit(template_url).path.lstrip("/"))
 
 
+# The session-shared database's URL, once made: ``assert_invariants`` refuses it (its check is
+# global over a database, and the shared one holds whatever every other test left in it).
+SHARED_DATABASE_URL: str | None = None
+
+
+def _database_name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
+
+
 @pytest.fixture(scope="session")
 def database_url(pg_server_url: str, template_url: str) -> str:
-    """The database shared by the session's proxy (tests isolate themselves by key and id)."""
-    return _clone(pg_server_url, template_url)
+    """The database shared by the session's proxy (tests isolate themselves by key and id): what
+    a test asserts about it must be scoped to its own tenant or ids -- never a whole table."""
+    global SHARED_DATABASE_URL
+    SHARED_DATABASE_URL = _clone(pg_server_url, template_url)
+    return SHARED_DATABASE_URL
 
 
 @pytest.fixture
@@ -182,6 +194,7 @@ class Proxy:
         self.server = server
         self.url = server.url
         self.settings = settings
+        self.db = Db(settings.database.url)  # (assertions on its database)
 
     @property
     def runtime(self) -> Any:
@@ -205,6 +218,14 @@ def new_key() -> str:
     return f"sk-test-{uuid.uuid4().hex}"
 
 
+def tenant_of(key: str) -> str:
+    """The tenant a bearer key is in passthrough mode (proxy.auth): what a test on the shared
+    database scopes its queries to."""
+    from proxy.auth import key_hash
+
+    return f"t_{key_hash(key)[:32]}"
+
+
 @contextmanager
 def serve_proxy(settings: Settings, **kw: Any) -> Iterator[Proxy]:
     with ServerThread(create_app(settings, **kw)) as server:
@@ -226,7 +247,14 @@ def native(fresh_database_url: str, upstream_url: str) -> Iterator[Proxy]:
         {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
     ])
     with serve_proxy(settings) as p:
-        p.db = Db(fresh_database_url)  # type: ignore[attr-defined]
+        yield p
+
+
+@pytest.fixture
+def own_proxy(fresh_database_url: str, upstream_url: str) -> Iterator[Proxy]:
+    """A proxy on a database of this test's own (``.db``): for a test that checks the whole
+    database (``assert_invariants``, counts over a table)."""
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
         yield p
 
 
@@ -286,8 +314,13 @@ def wait_ready(url: str, proc: subprocess.Popen | None = None, timeout: float = 
 
 
 def assert_invariants(database_url: str, *, grace: float = 30.0) -> None:
-    """The storage invariants (proxy.invariants) hold: shared by the fault tests."""
+    """The storage invariants (proxy.invariants) hold: shared by the fault tests. The check is
+    global over the database, so it must be one of the test's own (``fresh_database_url``), never
+    the session-shared one, where other tests' state (pending calls, leases) lives."""
     from proxy.invariants import check_invariants
+
+    assert SHARED_DATABASE_URL is None or _database_name(database_url) != _database_name(SHARED_DATABASE_URL), \
+        "assert_invariants on the session-shared database: run the test on fresh_database_url"
     from storage import open_database
 
     async def check() -> list[Any]:

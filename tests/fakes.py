@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve_connections(sock: socket.socket, handle: Callable[[socket.socket], None]) -> threading.Thread:
+    """Accept connections on the listening ``sock`` until it is closed, each one handled by
+    ``handle`` in a daemon thread of its own (the raw fakes: EvilUpstream, a stalling relay)."""
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    return thread
 
 
 class ServerThread:
@@ -398,16 +415,7 @@ class EvilUpstream:
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        self.thread = serve_connections(self.sock, self._handle)
 
     def _handle(self, conn: Any) -> None:
         import socket as _socket

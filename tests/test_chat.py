@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from .conftest import tenant_of
 from .fakes import Reply
 from .helpers import MODEL, say, tool_call, user
 
@@ -138,24 +139,34 @@ def test_normal_tool_path_logs_no_pairing_warning(client, upstream, cid, caplog)
     say(client, cid, user("q"), tools=TOOLS)
     say(client, cid, {"role": "tool", "tool_call_id": "c1", "content": "r"})
     say(client, cid, user("next"))
+    # the whole round reached the upstream as it was: the call, its result, the answer, the question
+    assert upstream.last.messages == [
+        user("q"), {"role": "assistant", "content": None, "tool_calls": [tool_call("c1")]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"}, {"role": "assistant", "content": "echo: r"}, user("next")]
     assert not [r for r in caplog.records if "pairing" in r.getMessage()]
 
 
+def stored(db, key):
+    """What the shared database holds for ``key``'s tenant: (nodes, conversations)."""
+    tenant = tenant_of(key)
+    return (db.fetchval("SELECT count(*) FROM nodes WHERE tenant = $1", tenant),
+            db.fetchval("SELECT count(*) FROM conversations WHERE tenant = $1", tenant))
+
+
 def test_without_conversation_id_it_is_a_plain_pass_through(proxy, client, upstream, key, db):
-    before = db.fetchval("SELECT count(*) FROM nodes")
     body = {"model": MODEL, "messages": [user("stateless")], "seed": 7, "unknown_thing": True}
     r = client.chat.completions.with_raw_response.create(model=MODEL, messages=[user("stateless")], seed=7,
                                                          extra_body={"unknown_thing": True})
     assert "x-node-id" not in r.headers
     assert upstream.last.body == body
     assert upstream.last.headers["authorization"] == f"Bearer {key}"  # passthrough key
-    assert db.fetchval("SELECT count(*) FROM nodes") == before
+    assert stored(db, key) == (0, 0)
     # other routes pass through, also under the conversation prefix
     assert [m.id for m in client.models.list()] == ["fake-model"]
     emb = proxy.openai(key, conversation="some-conv").embeddings.create(model="e", input="x")
     assert emb.data[0].embedding == [0.1, 0.2]
     assert upstream.requests[-1].path == "/v1/embeddings"
-    assert db.fetchval("SELECT count(*) FROM nodes") == before
+    assert stored(db, key) == (0, 0)
 
 
 def test_pass_through_stream(client, upstream):
@@ -275,12 +286,11 @@ def test_reasoning_goes_back_only_to_providers_that_accept_it(database_url, upst
     ("GET", "/v1/models/gpt-4o?x=1", "/v1/models/gpt-4o"),
 ])
 def test_every_other_openai_route_passes_through(proxy, upstream, key, db, method, path, upstream_path):
-    before = db.fetchval("SELECT count(*) FROM nodes")
     r = httpx.request(method, proxy.url + path, headers={"Authorization": f"Bearer {key}"},
                       content=b'{"model": "m"}' if method == "POST" else None)
     assert upstream.requests[-1].path == upstream_path and upstream.requests[-1].method == method
     assert r.headers["x-request-id"] == "req_fake"  # the upstream's own answer, relayed
-    assert db.fetchval("SELECT count(*) FROM nodes") == before
+    assert stored(db, key) == (0, 0)
 
 
 def _two_choices(model: str) -> dict:

@@ -2,12 +2,14 @@
 of an outside review, reproduced through the real HTTP API. Every test here failed on the code
 before the fix."""
 
+import functools
 import http.client
 import json
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -15,7 +17,7 @@ import openai
 import pytest
 
 from .conftest import Db, assert_invariants, make_settings, new_key, serve_proxy, spawn_proxy, wait_for
-from .fakes import Reply
+from .fakes import Reply, serve_connections
 from .helpers import MODEL, say, user
 
 
@@ -64,6 +66,22 @@ def test_ordinary_pass_through_paths_still_pass(proxy, upstream, key):
 
 # -- 2. a fork racing a delete of its source ----------------------------------------------------
 
+def race(*actions: Callable[[], None]) -> None:
+    """Run each of ``actions`` in a thread of its own, all released at once, and wait for them."""
+    barrier = threading.Barrier(len(actions))
+
+    def run(action: Callable[[], None]) -> None:
+        barrier.wait(10)
+        action()
+
+    threads = [threading.Thread(target=run, args=(action,)) for action in actions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive(), "a racer never finished"
+
+
 def test_forks_racing_deletes_never_dangle_and_never_500(fresh_database_url, upstream_url, upstream):
     key = new_key()
     statuses = []
@@ -73,22 +91,15 @@ def test_forks_racing_deletes_never_dangle_and_never_500(fresh_database_url, ups
             source = f"src-{round_}"
             say(p.openai(key), source, user("one"))
             say(p.openai(key), source, user("two"))
-            barrier = threading.Barrier(5)
 
-            def fork(i: int, source: str = source, barrier: threading.Barrier = barrier) -> None:
-                barrier.wait()
+            def fork(i: int, source: str = source) -> None:
                 r = http_.post(f"/admin/conversations/{source}/fork", json={"conversation_id": f"{source}-f{i}"})
                 statuses.append(r.status_code)
 
-            def delete(source: str = source, barrier: threading.Barrier = barrier) -> None:
-                barrier.wait()
+            def delete(source: str = source) -> None:
                 statuses.append(http_.delete(f"/admin/conversations/{source}").status_code)
 
-            threads = [threading.Thread(target=fork, args=(i,)) for i in range(4)] + [threading.Thread(target=delete)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            race(*(functools.partial(fork, i) for i in range(4)), delete)
             # every fork that exists has its context: a turn on it works
             for i in range(4):
                 if http_.get(f"/admin/conversations/{source}-f{i}").status_code == 200:
@@ -103,27 +114,20 @@ def test_a_delete_racing_side_calls_never_500(fresh_database_url, upstream_url, 
     key = new_key()
     statuses = []
     with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
-        client = p.openai(key)
+        client, http_ = p.openai(key), p.http(key)
         for round_ in range(8):
             cid = f"side-{round_}"
             say(client, cid, user("base"))
-            barrier = threading.Barrier(4)
 
-            def side(cid: str = cid, barrier: threading.Barrier = barrier) -> None:
-                barrier.wait()
-                r = p.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Node-Kind": "transform"},
-                                     json={"model": MODEL, "messages": [user("side")]})
+            def side(cid: str = cid) -> None:
+                r = http_.post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Node-Kind": "transform"},
+                               json={"model": MODEL, "messages": [user("side")]})
                 statuses.append(r.status_code)
 
-            def delete(cid: str = cid, barrier: threading.Barrier = barrier) -> None:
-                barrier.wait()
-                statuses.append(p.http(key).delete(f"/admin/conversations/{cid}").status_code)
+            def delete(cid: str = cid) -> None:
+                statuses.append(http_.delete(f"/admin/conversations/{cid}").status_code)
 
-            threads = [threading.Thread(target=side) for _ in range(3)] + [threading.Thread(target=delete)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            race(side, side, side, delete)
     assert all(s < 500 for s in statuses), statuses
     assert_invariants(fresh_database_url)
 
@@ -172,7 +176,7 @@ class StallingRelay:
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(self.path)
         self.sock.listen(64)
-        threading.Thread(target=self._accept, daemon=True).start()
+        serve_connections(self.sock, self._serve)
 
     def stall(self) -> None:
         self.open.clear()
@@ -180,13 +184,9 @@ class StallingRelay:
     def flow(self) -> None:
         self.open.set()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+    def close(self) -> None:
+        self.open.set()
+        self.sock.close()
 
     def _serve(self, client: socket.socket) -> None:
         self.open.wait()
@@ -214,6 +214,7 @@ class StallingRelay:
 
 def test_a_call_whose_start_the_database_confirmed_too_late_releases_its_conversation(
         fresh_database_url, upstream_url, upstream, key, cid, tmp_path):
+    import shutil
     import tempfile
 
     parts = urlsplit(fresh_database_url)
@@ -223,23 +224,29 @@ def test_a_call_whose_start_the_database_confirmed_too_late_releases_its_convers
     relayed = fresh_database_url.replace(f"host={pgdir}", f"host={short}")
     settings = make_settings(relayed, upstream_url, database={"command_timeout": 1.0, "pool_min": 2})
     db = Db(fresh_database_url)
-    with serve_proxy(settings) as p:
-        client = p.openai(key, conversation=cid)
-        say(client, None, user("before"))
-        relay.stall()
-        threading.Timer(2.5, relay.flow).start()
-        with pytest.raises(openai.APIStatusError) as e:
-            say(client, None, user("during the stall"))
-        assert e.value.status_code == 503
-        # the start did commit: a pending node holding the lease -- released once the database answers
-        wait_for(lambda: db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND sent->0->>'content' = "
-                                     "'during the stall'", cid) == 1, 10, "the late start")
-        node = wait_for(lambda: (r := db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND sent->0->>'content' "
-                                                  "= 'during the stall'", cid)) and r["status"] == "failed" and r, 15,
-                        "the release")
-        assert node["error"]["code"] == "interrupted"
-        _, h = say(client, None, user("during the stall"))  # the retry: no 409, beside the released node
-        assert h["x-parent-node-id"] == str(node["parent_id"])
+    try:
+        with serve_proxy(settings) as p:
+            client = p.openai(key, conversation=cid)
+            say(client, None, user("before"))
+            relay.stall()
+            try:  # the start reaches the database, its confirmation does not: the client is answered 503
+                with pytest.raises(openai.APIStatusError) as e:
+                    say(client, None, user("during the stall"))
+            finally:
+                relay.flow()  # ... and then the database answers
+            assert e.value.status_code == 503
+            # the start did commit: a pending node holding the lease -- released once the database answers
+            wait_for(lambda: db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND "
+                                         "sent->0->>'content' = 'during the stall'", cid) == 1, 10, "the late start")
+            node = wait_for(lambda: (r := db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND "
+                                                      "sent->0->>'content' = 'during the stall'", cid))
+                            and r["status"] == "failed" and r, 15, "the release")
+            assert node["error"]["code"] == "interrupted"
+            _, h = say(client, None, user("during the stall"))  # the retry: no 409, beside the released node
+            assert h["x-parent-node-id"] == str(node["parent_id"])
+    finally:
+        relay.close()
+        shutil.rmtree(short, ignore_errors=True)
     assert_invariants(fresh_database_url)
 
 

@@ -30,15 +30,19 @@ def test_lease_holds_across_two_proxy_instances(fresh_database_url, upstream_url
     settings = make_settings(fresh_database_url, upstream_url)
     with serve_proxy(settings) as a, serve_proxy(settings) as b:
         ask(a.openai(key), cid, "setup")
-        upstream.enqueue(Reply(content="slow", delay=1.0))
+        answer = threading.Event()
+        upstream.enqueue(Reply(content="slow", hold=answer))  # (in flight until B has been refused)
         t = threading.Thread(target=lambda: ask(a.openai(key), cid, "long call on A"))
         t.start()
-        upstream.wait_for(2)
-        with pytest.raises(openai.ConflictError) as e:
-            ask(b.openai(key), cid, "meanwhile on B")
-        assert e.value.body["code"] == "conversation_busy"
-        assert b.http(key).put(f"/admin/conversations/{cid}/head", json={"node_id": None}).status_code == 409
-        t.join()
+        try:
+            upstream.wait_for(2)
+            with pytest.raises(openai.ConflictError) as e:
+                ask(b.openai(key), cid, "meanwhile on B")
+            assert e.value.body["code"] == "conversation_busy"
+            assert b.http(key).put(f"/admin/conversations/{cid}/head", json={"node_id": None}).status_code == 409
+        finally:
+            answer.set()
+        t.join(20)
         _, h = ask(b.openai(key), cid, "after")
         assert "long call on A" in upstream.last.text()  # B sees what A stored
         assert h["x-node-id"]
@@ -49,16 +53,26 @@ def test_a_live_call_keeps_its_lease_however_long_it_takes(fresh_database_url, u
     settings = make_settings(fresh_database_url, upstream_url, **fast)
     db = Db(fresh_database_url)
     with serve_proxy(settings) as a, serve_proxy(settings) as b:
-        upstream.enqueue(Reply(content="took a while", delay=4.0))  # more than three times the lease
+        answer = threading.Event()
+        upstream.enqueue(Reply(content="took a while", hold=answer))  # answered when the test says so
         result = {}
         t = threading.Thread(target=lambda: result.update(zip(("c", "h"), ask(a.openai(key), cid, "slow"))))
         t.start()
-        upstream.wait_for(1)
-        time.sleep(2.5)  # well past the lease: B's reaper ran many times
-        with pytest.raises(openai.ConflictError):
-            ask(b.openai(key), cid, "still busy?")
-        assert db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND status = 'failed'", cid) == 0
-        t.join()
+        try:
+            upstream.wait_for(1)
+            pending = db.fetchrow("SELECT id, lease_until FROM nodes WHERE conversation_id = $1 AND status = 'pending'",
+                                  cid)
+            # more than three times the lease gone by (the database's clock), the first lease long run
+            # out: B's reaper ran many times -- and A renewed the lease all along
+            wait_for(lambda: db.fetchval("SELECT now() > $1::timestamptz + interval '2.5 seconds'",
+                                         pending["lease_until"]), 20, "three leases' time")
+            with pytest.raises(openai.ConflictError):
+                ask(b.openai(key), cid, "still busy?")
+            assert db.fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1 AND status = 'failed'", cid) == 0
+            assert db.fetchval("SELECT lease_until > now() FROM nodes WHERE id = $1", pending["id"])  # renewed
+        finally:
+            answer.set()
+        t.join(20)
         assert result["c"].choices[0].message.content == "took a while"
         assert db.node(result["h"]["x-node-id"])["status"] == "success"
         assert db.head(cid) == result["h"]["x-node-id"]
@@ -128,11 +142,12 @@ def test_the_next_call_reaps_an_expired_lease_itself(fresh_database_url, upstrea
 
 
 
-def test_only_calls_older_than_the_interval_are_renewed(database_url, cid):
+def test_only_calls_older_than_the_interval_are_renewed(fresh_database_url, cid):
     """A renewal pass renews only the leases set at least an interval (a third of the lease) ago:
-    a short call costs no statement; a long one's lease is pushed on, its conversation's with it."""
+    a short call costs no statement; a long one's lease is pushed on, its conversation's with it.
+    (A database of its own: the two calls are left pending, leased.)"""
     async def scenario():
-        db = await Database().open(database_url, min_size=1, max_size=2)
+        db = await Database().open(fresh_database_url, min_size=1, max_size=2)
         try:
             store = TreeStore(db)
             keeper = LeaseKeeper(store, Metrics(), lease_seconds=30, reaper_interval=3600)

@@ -84,7 +84,9 @@ def test_a_conversation_made_again_under_the_same_id_starts_empty(proxy, upstrea
     client, http = proxy.openai(key), proxy.http(key)
     for i in range(3):
         say(client, cid, user(f"old {i}"))
-    assert http.delete(f"/admin/conversations/{cid}").status_code in (200, 204)
+    deleted = http.delete(f"/admin/conversations/{cid}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {"id": cid, "object": "conversation.deleted", "deleted": True, "nodes_deleted": 3, "nodes_kept": 0}
     say(client, cid, user("new start"))
     assert _messages(upstream) == [("user", "new start")]
     say(client, cid, user("again"))

@@ -22,6 +22,36 @@ def blocks(language):
     return re.findall(rf"```{language}\n(.*?)```", README, re.S)
 
 
+def ci_commands() -> list[tuple[int, list[str]]]:
+    """.ci/run's commands, parsed: (indentation, words) for each line that is not a comment --
+    indentation 0 is a command run unconditionally."""
+    out = []
+    for line in (ROOT / ".ci" / "run").read_text().splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            out.append((len(line) - len(line.lstrip()), shlex.split(line, comments=True)))
+    return out
+
+
+def check_ci_runs_the_test_command(words: list[str]) -> None:
+    """The README's test command is the one .ci/run runs -- unconditionally, once, with the
+    script stopping on its failure; CI adds only ``--frozen`` (uv: the lock file as it is)."""
+    commands = ci_commands()
+    assert commands[0] == (0, ["set", "-euo", "pipefail"]), commands[0]  # a failing run fails CI
+    runs = [(indent, ci) for indent, ci in commands if "pytest" in ci]
+    assert len(runs) == 1, runs
+    indent, ci = runs[0]
+    assert indent == 0 and ci == [*words[:2], "--frozen", *words[2:]], (ci, words)
+
+
+def check_ci_builds_the_image(command: str) -> None:
+    """The README's image build is .ci/run's, word for word, run when a Docker engine is there."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    at = [i for i, line in enumerate(lines) if line.strip() == command]
+    assert len(at) == 1, (command, at)
+    guard = next(line for line in reversed(lines[:at[0]]) if not line.startswith(" "))
+    assert guard.startswith("if command -v docker") and "docker info" in guard, guard
+
+
 def test_the_python_example_and_every_shell_command(fresh_database_url, upstream_url, upstream, key, tmp_path):
     example, responses_example = blocks("python")
     code = example.replace("http://127.0.0.1:8080", "{URL}").replace("sk-your-upstream-key", key)
@@ -50,7 +80,7 @@ def test_the_python_example_and_every_shell_command(fresh_database_url, upstream
         for command in commands:
             words = command.split("#")[0].split()
             if words[:2] == ["uv", "run"] and words[2:3] == ["pytest"]:
-                assert "uv run --frozen pytest" in (ROOT / ".ci" / "run").read_text()  # .ci/run runs it
+                check_ci_runs_the_test_command(words)  # .ci/run runs it
             elif words[:3] == ["uv", "run", "branchpoint"] and words[3] == "serve":
                 port = free_port()
                 proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", *words[3:], "--port", str(port)], env=env,
@@ -76,7 +106,7 @@ def test_the_python_example_and_every_shell_command(fresh_database_url, upstream
                     output = httpx.get(parts[-1], headers=headers).text
                 assert '"data"' in output, (command, output)
             elif words[:2] == ["docker", "build"]:
-                assert command in (ROOT / ".ci" / "run").read_text()  # built there when a Docker engine runs
+                check_ci_builds_the_image(command)  # built there when a Docker engine runs
             else:
                 raise AssertionError(f"README command not exercised by any test: {command}")
             ran.append(command)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import assert_invariants
+from .conftest import assert_invariants, tenant_of
 from .fakes import Reply
 from .helpers import say, tool, tool_call, user
 
@@ -43,7 +43,8 @@ def jsonl(lines: list[Any]) -> bytes:
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
 
 
-def test_an_export_imports_as_a_conversation_with_the_same_tree_and_context(proxy, upstream, key, cid, db):
+def test_an_export_imports_as_a_conversation_with_the_same_tree_and_context(own_proxy, upstream, key, cid):
+    proxy = own_proxy  # (a database of its own: the invariants are checked over all of it)
     build(proxy, upstream, key, cid)
     lines = export(proxy, key, cid)
     http = proxy.http(key)
@@ -72,7 +73,7 @@ def test_an_export_imports_as_a_conversation_with_the_same_tree_and_context(prox
     again = http.post(f"/admin/conversations/{copy}/import", content=jsonl(lines))
     assert again.status_code == 409 and again.json()["error"]["code"] == "conversation_exists"
     assert proxy.http(f"sk-other-{uuid.uuid4().hex}").get(f"/admin/conversations/{copy}").status_code == 404
-    assert_invariants(db.url)
+    assert_invariants(proxy.db.url)
 
 
 def test_a_call_in_flight_when_exported_comes_back_interrupted(proxy, upstream, key, cid):
@@ -178,7 +179,9 @@ def test_the_export_format_is_what_an_older_export_held_too(proxy, upstream, key
 
 
 def test_nothing_else_is_stored_for_a_refused_import(proxy, upstream, key, cid, db):
-    before = db.fetchval("SELECT count(*) FROM nodes")
     r = proxy.http(key).post(f"/admin/conversations/{cid}/import", content=b'{"id": "x"}\n')
     assert r.status_code == 400
-    assert db.fetchval("SELECT count(*) FROM nodes") == before
+    # (the shared database: what the test's own tenant holds -- nothing, the key being new)
+    tenant = tenant_of(key)
+    assert db.fetchval("SELECT count(*) FROM nodes WHERE tenant = $1", tenant) == 0
+    assert db.fetchval("SELECT count(*) FROM conversations WHERE tenant = $1", tenant) == 0
