@@ -12,7 +12,7 @@
           └── NodePending           the head cannot rest on a node still in flight
 
 Callers above ``storage`` never see an asyncpg exception. Refusals are raised by the server-side
-functions with SQLSTATEs of our own (``BP...``, listed in ``functions.sql``).
+functions with SQLSTATEs of our own (``BP...``, listed in ``storage/functions/basics.sql``).
 """
 
 from __future__ import annotations

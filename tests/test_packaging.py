@@ -73,6 +73,8 @@ def test_the_wheel_carries_sql_toml_and_the_viewer(tmp_path):
     viewer = {f"proxy/ui/{p.name}" for p in (ROOT / "proxy" / "ui").iterdir()}
     assert "proxy/ui/index.html" in viewer and viewer <= names
     assert {f"storage/migrations/{p.name}" for p in (ROOT / "storage" / "migrations").glob("*.*")} <= names
+    functions = {f"storage/functions/{p.name}" for p in (ROOT / "storage" / "functions").glob("*.sql")}
+    assert "storage/functions/calls.sql" in functions and functions <= names  # each file functions.sql lists
     assert not any(n.startswith("tests/") for n in names)
 
 
