@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -135,6 +136,14 @@ async def _conversation_row(admin: AdminStore, reach: Reach, conversation_id: st
     return row
 
 
+async def _moved(move: Callable[[str, str, Any], Awaitable[object]], admin: AdminStore, reach: Reach, conversation_id: str,
+                 node_id: uuid.UUID | None) -> Conversation:
+    """``PUT .../head`` and ``POST .../switch``: the head moved by ``move`` (``admin.set_head`` or
+    ``admin.switch``) from ``node_id``, then the conversation as it is now."""
+    await move(reach.tenant, _cid(conversation_id), node_id)
+    return _conversation(await _conversation_row(admin, reach, conversation_id), reach)
+
+
 async def _node_row(admin: AdminStore, reach: Reach, node_id: str) -> NodeRow:
     row = await admin.node(reach.node_tenant, _node_id(node_id))
     if row is None:
@@ -196,17 +205,13 @@ class AdminController(Controller):
         return Deleted(id=conversation_id, deleted=True, nodes_deleted=deleted, nodes_kept=kept)
 
     @put("/conversations/{conversation_id:str}/head", summary="Move the head (null clears the context)", responses=errors())
-    async def put_head(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str],
-                       data: JSONBody[HeadMove]) -> Conversation:
-        await admin.set_head(reach.tenant, _cid(conversation_id), data.node_id)
-        return _conversation(await _conversation_row(admin, reach, conversation_id), reach)
+    async def put_head(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str], data: JSONBody[HeadMove]) -> Conversation:
+        return await _moved(admin.set_head, admin, reach, conversation_id, data.node_id)
 
     @post("/conversations/{conversation_id:str}/switch", status_code=200,
           summary="Branch arrows: move the head down from a node to its newest leaf", responses=errors())
-    async def switch(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str],
-                     data: JSONBody[SwitchRequest]) -> Conversation:
-        await admin.switch(reach.tenant, _cid(conversation_id), data.node_id)
-        return _conversation(await _conversation_row(admin, reach, conversation_id), reach)
+    async def switch(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str], data: JSONBody[SwitchRequest]) -> Conversation:
+        return await _moved(admin.switch, admin, reach, conversation_id, data.node_id)
 
     @post("/conversations/{conversation_id:str}/fork", status_code=200,
           summary="A new conversation starting at a node of this one (nothing is copied)", responses=errors())
