@@ -335,7 +335,7 @@ class CallLifecycle:
         if not any(k.lower() == "content-type" for k, _ in headers):
             headers.append(("content-type", "text/event-stream"))
         return StreamRelay(
-            self.upstream.chunks(response),
+            chunks=self.upstream.chunks(response),
             headers=encode_headers(headers),
             on_end=on_end,
             close_upstream=response.aclose,

@@ -66,27 +66,17 @@ OnEnd = Callable[[StreamEnd], Awaitable[None]]
 ClassifyError = Callable[[Any], Failure]
 
 
+@dataclass(slots=True, kw_only=True)
 class StreamRelay:
     """ASGI app relaying ``chunks`` (upstream SSE bytes) to the client through a translator."""
 
-    def __init__(
-        self,
-        chunks: AsyncIterator[bytes],
-        *,
-        headers: list[tuple[bytes, bytes]],
-        on_end: OnEnd,
-        close_upstream: Callable[[], Awaitable[None]],
-        classify_error: ClassifyError,
-        translator: Translator,
-        background: Background,
-    ) -> None:
-        self.chunks = chunks
-        self.headers = headers
-        self.on_end = on_end
-        self.close_upstream = close_upstream
-        self.classify_error = classify_error
-        self.translator = translator
-        self.background = background
+    chunks: AsyncIterator[bytes]
+    headers: list[tuple[bytes, bytes]]
+    on_end: OnEnd
+    close_upstream: Callable[[], Awaitable[None]]
+    classify_error: ClassifyError
+    translator: Translator
+    background: Background
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         failure: Failure | None = None
