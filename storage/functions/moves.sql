@@ -7,10 +7,9 @@
 -- Locks: the conversation row FOR UPDATE (a fork: its source FOR SHARE, its name through
 -- bp_claim_name) before any node row; a dead process's lease is reaped first (bp_check_lease).
 
--- bp_lock_for_head_move(tenant, conversation): lock a conversation for a head move (admin API).
--- Refuses with BPNFC, or BPBSY while a turn call is in flight (a dead process's lease is reaped
--- first). Returns the locked row.
-CREATE OR REPLACE FUNCTION bp_lock_for_head_move(p_tenant text, p_conversation text)
+-- bp_locked_conversation(tenant, conversation): the conversation's row, locked FOR UPDATE;
+-- refuses with BPNFC when there is none.
+CREATE OR REPLACE FUNCTION bp_locked_conversation(p_tenant text, p_conversation text)
 RETURNS conversations
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -22,7 +21,18 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
     END IF;
-    RETURN bp_check_lease(conv);
+    RETURN conv;
+END
+$$;
+
+-- bp_lock_for_head_move(tenant, conversation): lock a conversation for a head move (admin API).
+-- Refuses with BPNFC, or BPBSY while a turn call is in flight (a dead process's lease is reaped
+-- first). Returns the locked row.
+CREATE OR REPLACE FUNCTION bp_lock_for_head_move(p_tenant text, p_conversation text)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN bp_check_lease(bp_locked_conversation(p_tenant, p_conversation));
 END
 $$;
 
@@ -218,12 +228,7 @@ DECLARE
 BEGIN
     deleted := 0;
     kept := 0;
-    SELECT * INTO conv FROM conversations c
-     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_conversation) AND c.tenant = p_tenant AND c.id = p_conversation
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
-    END IF;
+    conv := bp_locked_conversation(p_tenant, p_conversation);
     IF (conv.lease_node_id IS NOT NULL AND conv.lease_until > now())
        OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = conv.tree_id AND n.tenant = p_tenant
                                           AND n.conversation_id = p_conversation
