@@ -41,7 +41,7 @@ from .background import Background
 from .builder import RequestBuilder
 from .call import Call, Started
 from .compaction import Compactor
-from .dialects import Exchange, crossing
+from .dialects import Crossing, Exchange, crossing
 from .dialects.chat import NotACompletion
 from .errors import BranchpointError, UpstreamFailure, from_refusal
 from .failures import Failure, NodeError, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion
@@ -51,6 +51,7 @@ from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
 from .relay import StreamEnd, StreamRelay, client_disconnected, wait_for_disconnect
+from .secrets import Masker
 from .upstream import UpstreamClient, response_headers, target_of
 
 __all__ = ["Call", "CallLifecycle"]
@@ -230,7 +231,7 @@ class CallLifecycle:
             request = self.upstream.build("POST", upstream, built.endpoint, headers=headers, content=built.payload)
             exchange = way.exchange(node_id=started.node_id, params=call.params, provider=upstream.name)
             try:
-                return await self._exchange(started, request, receive, exchange)
+                return await self._exchange(started, request, receive, exchange, way)
             except _Failed as failed:
                 return await self._fail(started, failed.failure, failed.headers)
         except asyncio.CancelledError:
@@ -252,7 +253,8 @@ class CallLifecycle:
 
     # -- the upstream's answer: one ladder of failures for answers and streams ----------------
 
-    async def _exchange(self, started: Started, request: httpx.Request, receive: Any, exchange: Exchange) -> Any:
+    async def _exchange(self, started: Started, request: httpx.Request, receive: Any, exchange: Exchange,
+                        way: Crossing) -> Any:
         """The upstream's answer, relayed: a stream as a ``StreamRelay``, an answer as a
         ``RawResponse``, both after the same rungs -- the upstream unreachable or cut
         (``UpstreamFailure``), the client gone first, an error status (``classify``), a body that
@@ -262,9 +264,10 @@ class CallLifecycle:
         response, content = await self._response(started, request, None if stream else receive)
         relay_headers = response_headers(response.headers) + started.headers()
         if stream:
-            return self._relay(started, response, relay_headers, exchange, t0)
+            masker = way.upstream.stream_masker(started.secrets)
+            return self._relay(started, response, relay_headers, exchange, t0, masker)
         try:
-            answer = exchange.answer(content)
+            answer = exchange.answer(Masker(started.secrets).bytes(content))  # (credentials echoed: masked)
         except NotACompletion as exc:
             raise _Failed(not_a_completion(content, str(exc), started.secrets)) from None
         await self._finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
@@ -318,7 +321,7 @@ class CallLifecycle:
         return response, content
 
     def _relay(self, started: Started, response: httpx.Response, headers: list[tuple[str, str]], exchange: Exchange,
-               t0: float) -> StreamRelay:
+               t0: float, masker: Callable[[bytes], bytes] | None) -> StreamRelay:
         options = started.call.body.get("stream_options")
         wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
@@ -341,6 +344,7 @@ class CallLifecycle:
             close_upstream=response.aclose,
             classify_error=lambda error: from_stream_error(error, started.secrets),
             translator=exchange.translator(wants_usage=wants_usage),
+            mask=masker,
             background=self.tasks,
         )
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["MASK", "redact", "redact_bytes"]
+import msgspec
+
+__all__ = ["MASK", "Masker", "TextMasker", "redact", "redact_bytes"]
 
 MASK = "[redacted]"
 
@@ -28,3 +31,93 @@ def redact_bytes(body: bytes, secrets: Iterable[str | None] = ()) -> bytes:
     text = body.decode("utf-8", "replace")
     clean = redact(text, secrets)
     return body if clean == text else clean.encode()
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+class Masker:
+    """The credentials of one call masked in what its upstream answered with success -- the body
+    the client gets and the answer stored. Only the exact credentials: an answer that merely
+    mentions something shaped like a key (a model writing example code) is the model's to give."""
+
+    __slots__ = ("_secrets",)
+
+    def __init__(self, secrets: Iterable[str | None]) -> None:
+        self._secrets = tuple({s.encode(): None for s in secrets if s and len(s) >= 6})
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+    def bytes(self, data: bytes) -> bytes:
+        for secret in self._secrets:
+            if secret in data:
+                data = data.replace(secret, _MASK_BYTES)
+        return data
+
+    def value(self, value: Any) -> Any:
+        """A JSON value with the credentials masked in every string (keys included); the value
+        itself when none occurs."""
+        if not self._secrets or value is None:
+            return value
+        encoded = _encode(value)
+        masked = self.bytes(encoded)
+        return value if masked is encoded else _decode(masked)
+
+
+_MASK_BYTES = MASK.encode()
+
+
+class TextMasker:
+    """Credentials masked in text that arrives in pieces (a stream's deltas): what may be the
+    start of a credential is held back until the next piece says whether it is one -- then the
+    whole credential is masked -- and given out otherwise; ``flush`` gives out what is held at
+    the end of the text. Each ``key`` is one text (a choice's content, a tool call's arguments).
+    What the client sees is the text as written, with every credential masked, however the
+    upstream cut it."""
+
+    __slots__ = ("_held", "_secrets")
+
+    def __init__(self, secrets: Iterable[str | None]) -> None:
+        self._secrets = tuple({s: None for s in secrets if s and len(s) >= 6})
+        self._held: dict[Any, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def feed(self, key: Any, piece: str) -> str:
+        text = self._held.pop(key, "") + piece
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        keep = self._prefix_at_end(text)
+        if keep:
+            self._held[key] = text[-keep:]
+            return text[:-keep]
+        return text
+
+    def flush(self, key: Any) -> str:
+        return self._held.pop(key, "")
+
+    def held(self) -> list[Any]:
+        """The texts something is held back of."""
+        return list(self._held)
+
+    def _prefix_at_end(self, text: str) -> int:
+        """How many characters at the end of ``text`` begin some credential (the longest)."""
+        best = 0
+        end = len(text)
+        for secret in self._secrets:
+            first = secret[0]
+            i = text.find(first, max(0, end - len(secret) + 1))
+            while i != -1 and end - i > best:
+                if secret.startswith(text[i:]):
+                    best = end - i
+                    break
+                i = text.find(first, i + 1)
+        return best

@@ -5,7 +5,6 @@ errors no real server produces on demand -- is one fast call through the real ap
 import httpx
 import pytest
 import respx
-from respx.transports import MockTransport
 
 from .conftest import Db, make_settings, serve_proxy
 from .helpers import user
@@ -38,7 +37,7 @@ def mocked(database_url):
     router = respx.Router(base_url=UPSTREAM, assert_all_called=False)
     route = router.post("/chat/completions")
     settings = make_settings(database_url, UPSTREAM)
-    with serve_proxy(settings, upstream_transport=MockTransport(router=router)) as p:
+    with serve_proxy(settings, upstream_transport=httpx.MockTransport(router.async_handler)) as p:
         yield p, route
 
 

@@ -11,14 +11,15 @@ the other dialects translate to and from it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ...assembly import build_body, strip
+from ...secrets import TextMasker
 from .. import Answer, Transcript
 from .completion import Completion, NotACompletion, parse_completion
 from .request import parse_chat_body
-from .stream import ChatStream, StreamAccumulator
+from .stream import ChatStream, MaskedChunks, StreamAccumulator
 
 __all__ = ["DIALECT", "Chat", "ChatExchange", "ChatStream", "Completion", "NotACompletion", "StreamAccumulator",
            "parse_completion"]
@@ -78,6 +79,10 @@ class Chat:
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes:
         return build_body(fields, strip(messages), stream=stream)
+
+    def stream_masker(self, secrets: Sequence[str | None]) -> Callable[[bytes], bytes] | None:
+        masker = TextMasker(secrets)
+        return MaskedChunks(masker) if masker else None
 
     def relay(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> ChatExchange:
         return _EXCHANGE

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from ...failures import Failure
+from ...secrets import TextMasker
 from ...sse import DONE, UNREAD, payload, sse_error_event
 
-__all__ = ["ChatStream", "StreamAccumulator"]
+__all__ = ["ChatStream", "MaskedChunks", "StreamAccumulator"]
+
+_encode = msgspec.json.Encoder().encode
 
 
 
@@ -157,3 +162,59 @@ class ChatStream:
 
     def received(self) -> list[dict[str, Any]]:
         return [self.acc.message()]
+
+
+class MaskedChunks:
+    """A chat upstream's events with the call's credentials masked in their text -- the content,
+    refusal and reasoning deltas and the tool calls' arguments of every choice -- however the
+    deltas cut them (``secrets.TextMasker``): what may begin a credential is held back a chunk,
+    and given out by the chunk that finishes the choice at the latest. A chunk is re-encoded only
+    when its text changed."""
+
+    _FIELDS = ("content", "refusal", "reasoning_content")
+
+    def __init__(self, masker: TextMasker) -> None:
+        self.masker = masker
+
+    def __call__(self, event: bytes) -> bytes:
+        chunk = payload(event)
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
+            return event
+        changed = False
+        for choice in chunk["choices"]:
+            if isinstance(choice, dict) and isinstance(choice.get("delta"), dict):
+                changed = self._choice(choice, choice.get("index", 0)) or changed
+        return b"data: " + _encode(chunk) if changed else event
+
+    def _choice(self, choice: dict[str, Any], index: Any) -> bool:
+        masker, delta, changed = self.masker, choice["delta"], False
+        for field in self._FIELDS:
+            value = delta.get(field)
+            if isinstance(value, str) and value:
+                out = masker.feed((index, field), value)
+                if out != value:
+                    delta[field], changed = out, True
+        calls = delta.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str) and fn["arguments"]:
+                out = masker.feed((index, "tool", call.get("index", 0)), fn["arguments"])
+                if out != fn["arguments"]:
+                    fn["arguments"], changed = out, True
+        if choice.get("finish_reason") and masker.holding:
+            changed = self._flush(delta, index) or changed
+        return changed
+
+    def _flush(self, delta: dict[str, Any], index: Any) -> bool:
+        changed = False
+        for field in self._FIELDS:
+            held = self.masker.flush((index, field))
+            if held:
+                delta[field] = (delta.get(field) or "") + held
+                changed = True
+        for key in [k for k in self.masker.held() if k[0] == index and k[1] == "tool"]:
+            held = self.masker.flush(key)
+            calls = delta.setdefault("tool_calls", [])
+            calls.append({"index": key[2], "function": {"arguments": held}})
+            changed = True
+        return changed

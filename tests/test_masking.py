@@ -1,0 +1,128 @@
+"""Credentials an upstream echoes in a successful answer are masked in what the client gets and in
+what is stored (docs/behaviour.md#limits-and-hostile-peers) -- however a stream cuts them -- for
+the operator's upstream key (keys mode) and the client's own key (passthrough)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.secrets import MASK, TextMasker
+
+from .conftest import Db, make_settings, serve_proxy
+from .fakes import Reply
+from .helpers import MODEL, tool_call, user
+
+UPSTREAM_KEY = "sk-upstream-secret-0123456789"
+ALICE = "sk-proxy-alice-0123456789"
+
+
+@pytest.fixture
+def keys_proxy(fresh_database_url, upstream_url):
+    settings = make_settings(fresh_database_url, upstream_url,
+                             auth={"mode": "keys", "keys": [{"key": ALICE, "tenant": "alice"}]},
+                             upstreams=[{"name": "native", "base_url": upstream_url, "models": ["native-*"],
+                                         "api": "responses", "api_key": UPSTREAM_KEY},
+                                        {"name": "fake", "base_url": upstream_url, "models": ["*"],
+                                         "api_key": UPSTREAM_KEY}])
+    with serve_proxy(settings) as p:
+        p.db = Db(fresh_database_url)  # type: ignore[attr-defined]
+        yield p
+
+
+def _post(proxy, key: str, cid: str, path: str, body: dict) -> httpx.Response:
+    with httpx.Client(base_url=proxy.url, timeout=30) as http:
+        return http.post(path, json=body, headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid})
+
+
+def _stored(db: Db, node_id: str) -> str:
+    return json.dumps(db.fetchval("SELECT received FROM nodes WHERE id = $1::uuid", node_id))
+
+
+def test_a_key_echoed_in_an_answer_is_masked_for_the_client_and_in_storage(keys_proxy, upstream, cid):
+    upstream.enqueue(Reply(content=f"Your key is {UPSTREAM_KEY}, keep it safe.",
+                           tool_calls=[tool_call("call_1", args=json.dumps({"key": UPSTREAM_KEY}))]))
+    r = _post(keys_proxy, ALICE, cid, "/v1/chat/completions", {"model": MODEL, "messages": [user("my key?")]})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] == f"Your key is {MASK}, keep it safe."
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"key": MASK}
+    stored = _stored(keys_proxy.db, r.headers["x-node-id"])
+    assert UPSTREAM_KEY not in stored and MASK in stored
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"model": MODEL, "messages": [user("my key?")], "stream": True}),
+    ("/v1/responses", {"model": MODEL, "input": "my key?", "stream": True}),  # a Responses client, chat upstream
+])
+def test_a_key_streamed_in_pieces_is_masked_however_the_deltas_cut_it(keys_proxy, upstream, cid, path, body):
+    # token by token, as a model writes it: no delta holds the key, nor even its start
+    pieces = ["Your key is s", "k-ups", "tream-secr", "et-01234", "56789", ". And s", "o on."]
+    upstream.enqueue(Reply(kind="stream", pieces=pieces))
+    r = _post(keys_proxy, ALICE, cid, path, body)
+    assert r.status_code == 200
+    text = r.text
+    assert UPSTREAM_KEY not in text
+    deltas = []
+    for line in text.splitlines():
+        if line.startswith("data: {"):
+            event = json.loads(line[6:])
+            if "choices" in event:
+                deltas += [c["delta"].get("content") or "" for c in event["choices"] if "delta" in c]
+            elif event.get("type") == "response.output_text.delta":
+                deltas.append(event["delta"])
+    assert "".join(deltas) == f"Your key is {MASK}. And so on."  # nothing lost, nothing doubled
+    stored = _stored(keys_proxy.db, r.headers["x-node-id"])
+    assert UPSTREAM_KEY not in stored and MASK in stored
+
+
+def test_a_responses_upstream_echoing_the_key_is_masked_in_the_answer_and_storage(keys_proxy, upstream, cid):
+    upstream.enqueue(Reply(content=f"key: {UPSTREAM_KEY}"))
+    r = _post(keys_proxy, ALICE, cid, "/v1/responses", {"model": "native-1", "input": "my key?"})
+    assert r.status_code == 200, r.text
+    assert UPSTREAM_KEY not in r.text and MASK in r.text
+    assert UPSTREAM_KEY not in _stored(keys_proxy.db, r.headers["x-node-id"])
+    upstream.enqueue(Reply(kind="stream", content=f"key: {UPSTREAM_KEY}", pieces=[f"key: {UPSTREAM_KEY}"]))
+    r = _post(keys_proxy, ALICE, cid, "/v1/responses", {"model": "native-1", "input": "again?", "stream": True})
+    assert r.status_code == 200 and UPSTREAM_KEY not in r.text and MASK in r.text
+    assert UPSTREAM_KEY not in _stored(keys_proxy.db, r.headers["x-node-id"])
+
+
+def test_in_passthrough_the_clients_own_key_echoed_back_is_masked(proxy, upstream, key, cid, db):
+    upstream.enqueue(Reply(content=f"you sent {key}"))
+    r = _post(proxy, key, cid, "/v1/chat/completions", {"model": MODEL, "messages": [user("echo")]})
+    assert r.status_code == 200 and key not in r.text
+    assert r.json()["choices"][0]["message"]["content"] == f"you sent {MASK}"
+    assert key not in _stored(db, r.headers["x-node-id"])
+
+
+def test_an_answer_without_credentials_is_relayed_byte_for_byte(proxy, upstream, key, cid):
+    # the mask costs nothing where there is nothing to mask: not even a re-encoding
+    upstream.enqueue(Reply(kind="stream", pieces=["s", "k-", "not a key", " sk"]))
+    r = _post(proxy, key, cid, "/v1/chat/completions", {"model": MODEL, "messages": [user("x")], "stream": True})
+    deltas = [json.loads(line[6:])["choices"][0]["delta"].get("content") for line in r.text.splitlines()
+              if line.startswith("data: {") and json.loads(line[6:]).get("choices")]
+    assert "".join(d or "" for d in deltas) == "sk-not a key sk"
+
+
+SECRETS = ["sk-upstream-secret-0123456789", "sk-proxy-alice-0123456789", "abcabcabd"]
+
+
+@given(st.lists(st.sampled_from(["hello ", "s", "sk-", "sk-upstream", "sk-proxy-alice-", "abcab", "c", "d ", *SECRETS]),
+                max_size=12),
+       st.lists(st.integers(min_value=0, max_value=400), max_size=8))
+def test_text_masker_equals_masking_the_whole_text(words, cuts):
+    text = "".join(words)
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+    masker = TextMasker(SECRETS)
+    out = "".join(masker.feed("k", p) for p in pieces) + masker.flush("k")
+    expected = text
+    for secret in SECRETS:
+        expected = expected.replace(secret, MASK)
+    assert out == expected
+    assert not masker.holding
