@@ -9,6 +9,13 @@ The fake upstream (in this process) answers most calls, and otherwise: 500, 429,
 overflow (400), a slow answer, garbage on a 200, a stream cut in the middle, a stream whose
 events never end (cut by a small max_response_bytes), or an answer holding NUL characters.
 
+With ``--hostile`` the upstream is hostile too -- compression bombs (gzip and zstd), a header
+block of a megabyte and one of thousands of headers, an answer with a NUL 600 levels deep, usage
+that is negative, a string or 1e40, an answer echoing the client's key -- and so are some clients:
+30 MB request bodies, a NUL nested 700 levels deep in a message, a conversation and its fork
+deleted at the same moment. The proxies' memory is sampled throughout (the largest RSS is
+reported); after the load every conversation takes one more turn (none may still be 409).
+
 Checked at the end, and printed as one JSON object:
 - no 5xx made by the proxy itself (500 internal/storage errors, 503): upstream failures relayed
   or translated (502/504 with an upstream_* code, or the upstream's own status) are expected;
@@ -41,19 +48,40 @@ MODEL = "gpt-4o-mini"
 OWN_5XX = {"internal_error", "storage_error", "database_unavailable", "relay_error"}
 
 
+_FAULTS = (("500", 0.04), ("429", 0.03), ("overflow", 0.02), ("slow", 0.03), ("garbage", 0.02), ("cut", 0.02),
+           ("endless", 0.01), ("nul", 0.02))
+_HOSTILE = (("gzip_bomb", 0.01), ("zstd_bomb", 0.01), ("huge_header", 0.01), ("many_headers", 0.01),
+            ("deep_nul", 0.02), ("odd_usage", 0.03), ("echo_key", 0.02))
+
+
+def _nested(depth: int, leaf: object) -> object:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
 class FaultyLLM:
     """ASGI app: chat completions, streamed or not, with scripted faults."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, hostile: bool = False) -> None:
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.calls = collections.Counter()
+        self.faults = _FAULTS + (_HOSTILE if hostile else ())
+        if hostile:
+            import gzip
+
+            import zstandard
+
+            payload = b'{"choices": [{"message": {"content": "' + b"a" * (256 << 20) + b'"}}]}'
+            self.gzip_bomb = gzip.compress(payload, 9)
+            self.zstd_bomb = zstandard.ZstdCompressor(level=19).compress(payload)
+            del payload
 
     def pick(self) -> str:
         with self.lock:
             r = self.random.random()
-        for name, p in (("500", 0.04), ("429", 0.03), ("overflow", 0.02), ("slow", 0.03), ("garbage", 0.02),
-                        ("cut", 0.02), ("endless", 0.01), ("nul", 0.02)):
+        for name, p in self.faults:
             if r < p:
                 return name
             r -= p
@@ -81,13 +109,34 @@ class FaultyLLM:
                                       b'"code": "context_length_exceeded", "type": "invalid_request_error"}}')
         if fault == "garbage":
             return await respond(200, b"<html>not json</html>", b"text/html")
+        if fault in ("gzip_bomb", "zstd_bomb"):
+            encoding = fault.split("_")[0].encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream" if stream else b"application/json"),
+                                    (b"content-encoding", encoding)]})
+            return await send({"type": "http.response.body", "body": getattr(self, fault)})
+        if fault in ("huge_header", "many_headers"):
+            headers = [(b"content-type", b"application/json")]
+            headers += [(b"x-huge", b"h" * (1 << 20))] if fault == "huge_header" else \
+                [(f"x-many-{i}".encode(), b"v") for i in range(5000)]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            return await send({"type": "http.response.body", "body": b'{"choices": []}'})
         if fault == "slow":
             await asyncio.sleep(0.3)
         content = "before\u0000after" if fault == "nul" else "an answer of ordinary length for the soak test"
+        if fault == "echo_key":
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+            content = f"you are {auth.removeprefix('Bearer ')}"
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        if fault == "odd_usage":
+            usage = self.random.choice([{"prompt_tokens": 10, "completion_tokens": -1},
+                                        {"prompt_tokens": "ten", "completion_tokens": 5}, {"prompt_tokens": 1e40}])
         if not stream:
+            message = {"role": "assistant", "content": content}
+            if fault == "deep_nul":
+                message["extra"] = _nested(600, "a\u0000b")
             data = {"id": "c", "object": "chat.completion", "model": MODEL,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": usage}
             return await respond(200, json.dumps(data).encode())
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         pieces = 2000 if fault == "endless" else 6
@@ -98,15 +147,16 @@ class FaultyLLM:
             if fault == "cut" and i == 2:
                 raise ConnectionResetError("cut")
         final = {"id": "c", "object": "chat.completion.chunk", "model": MODEL,
-                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                 "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage}
         await send({"type": "http.response.body", "body": b"data: " + json.dumps(final).encode() + b"\n\ndata: [DONE]\n\n",
                     "more_body": False})
 
 
 class Load:
-    def __init__(self, proxies: list[str], seed: int) -> None:
+    def __init__(self, proxies: list[str], seed: int, hostile: bool = False) -> None:
         self.proxies = proxies
+        self.hostile = hostile
+        self.leaks: list[str] = []  # a client's key seen in what it got back
         self.random = random.Random(seed)
         self.keys = [f"sk-soak-tenant-{i}" for i in range(3)]
         self.conversations: dict[str, list[str]] = {}  # "key|cid" -> node ids seen
@@ -131,6 +181,9 @@ class Load:
                 self.own_5xx.append(f"{response.status_code} {code} {body[:200]!r}")
         elif b'"relay_error"' in body or b'"internal_error"' in body:  # a stream that failed on our side
             self.own_5xx.append(f"stream {body[-300:]!r}")
+        key = response.request.headers.get("authorization", "").removeprefix("Bearer ")
+        if key and key.encode() in body:
+            self.leaks.append(f"{response.request.url.path} {response.status_code}")
         node = response.headers.get("x-node-id")
         if node:
             self.node_conv[node] = conv
@@ -142,8 +195,11 @@ class Load:
         base = self.random.choice(self.proxies)
         auth = {"Authorization": f"Bearer {key}"}
         nodes = self.conversations[conv]
-        op = self.random.choices(["turn", "stream", "full", "edit", "transform", "head", "switch", "fork", "delete"],
-                                 [30, 15, 10, 10, 10, 6, 6, 4, 2])[0]
+        ops, weights = ["turn", "stream", "full", "edit", "transform", "head", "switch", "fork", "delete"], \
+            [30, 15, 10, 10, 10, 6, 6, 4, 2]
+        if self.hostile:
+            ops, weights = [*ops, "big_body", "deep_client", "delete_pair"], [*weights, 1, 2, 2]
+        op = self.random.choices(ops, weights)[0]
         self.ops[op] += 1
         chat = f"{base}/v1/chat/completions"
         message = {"model": MODEL, "messages": [{"role": "user", "content": f"{op} {self.random.random():.6f}"}]}
@@ -185,6 +241,24 @@ class Load:
             self.note(conv, r)
             if r.status_code == 200:
                 self.deleted.add(conv)
+        elif op == "big_body":  # 30 MB in one message: within max_body_bytes, stored like any turn
+            big = {**message, "messages": [{"role": "user", "content": "b" * (30 << 20)}]}
+            self.note(conv, await client.post(chat, headers={**auth, "X-Conversation-Id": cid}, json=big))
+        elif op == "deep_client":  # a NUL 700 levels deep: refused (400), never a 5xx
+            deep = {**message, "messages": [{"role": "user", "content": "x", "extra": _nested(700, "a\u0000b")}]}
+            r = await client.post(chat, headers={**auth, "X-Conversation-Id": cid}, json=deep)
+            self.note(conv, r)
+        elif op == "delete_pair":  # a conversation and its fork deleted at the same moment, from both processes
+            new = f"{cid}.d{self.random.randrange(10**9)}"
+            r = await client.post(f"{base}/admin/conversations/{cid}/fork", headers=auth, json={"conversation_id": new})
+            self.note(conv, r)
+            if r.status_code == 200:
+                deletes = await asyncio.gather(*(client.delete(f"{p}/admin/conversations/{c}", headers=auth)
+                                                 for p, c in zip(self.proxies, (cid, new), strict=False)))
+                for c, d in zip((cid, new), deletes, strict=True):
+                    self.note(f"{key}|{c}", d)
+                    if d.status_code == 200:
+                        self.deleted.add(f"{key}|{c}")
 
 
 async def drive(load: Load, clients: int, seconds: float) -> None:
@@ -206,6 +280,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--hostile", action="store_true", help="a hostile upstream and hostile clients beside the load")
     args = ap.parse_args()
 
     import logging
@@ -216,7 +291,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bp-soak-"))
     pg = start_embedded(work / "pg", delete_on_stop=True)
-    fake = FaultyLLM(args.seed)
+    fake = FaultyLLM(args.seed, hostile=args.hostile)
     upstream_url = f"http://127.0.0.1:{args.port + 10}/v1"
     server = serve_in_thread(fake, args.port + 10)
     procs = Procs()
@@ -230,12 +305,17 @@ def main() -> None:
                                          "[upstream_defaults]\nread_timeout = 10\n")[0])
         env = {**os.environ, "BRANCHPOINT_DATABASE_URL": pg.uri, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
                "BRANCHPOINT_CONFIG": str(work / "bench.toml")}
-        load = Load(proxies, args.seed)
+        load = Load(proxies, args.seed, hostile=args.hostile)
+        rss = _RssWatch(list(procs.pids))  # the two proxies
         log(f"soaking {args.seconds:.0f} s with {args.clients} clients on {len(proxies)} processes")
         t0 = time.monotonic()
+        rss.start()
         asyncio.run(drive(load, args.clients, args.seconds))
         elapsed = time.monotonic() - t0
         time.sleep(1)
+        busy_after = asyncio.run(_busy_after(load))
+        time.sleep(2)
+        rss.stop()
         check = subprocess.run([str(ROOT / ".venv" / "bin" / "branchpoint"), "check", "--grace", "30"], env=env,
                                capture_output=True, text=True, timeout=120)
         lost = asyncio.run(_lost(pg.uri, load))
@@ -254,6 +334,8 @@ def main() -> None:
             # batched round trips (docs/architecture.md#batched-round-trips): how many, what they
             # carried, and the deadlocks PostgreSQL broke (each sends its batch's statements again alone)
             "db_batches": sum(batches), "db_batched_statements": sum(batched), "deadlocks": deadlocks,
+            "hostile": args.hostile, "key_leaks": len(load.leaks), "leak_samples": load.leaks[:5],
+            "busy_after_load": busy_after, "rss_max_mb": rss.max_mb(), "rss_idle_mb": rss.last_mb(),
         }
     finally:
         procs.stop()
@@ -262,8 +344,60 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     if result:
         write_result(result, out=args.out)
-    if result.get("own_5xx") or result.get("check_exit") or result.get("nodes_lost"):
+    if result.get("own_5xx") or result.get("check_exit") or result.get("nodes_lost") or result.get("key_leaks") \
+            or result.get("busy_after_load"):
         raise SystemExit(1)
+
+
+class _RssWatch:
+    """The proxies' resident memory, sampled twice a second (summed over their processes)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids, self.samples, self.done = pids, [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+
+    def _rss(self, pid: int) -> int:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def _run(self) -> None:
+        while not self.done.wait(0.5):
+            self.samples.append([self._rss(p) for p in self.pids])
+
+    def max_mb(self) -> list[float]:
+        return [round(max((s[i] for s in self.samples), default=0) / 2**20, 1) for i in range(len(self.pids))]
+
+    def last_mb(self) -> list[float]:
+        return [round(s / 2**20, 1) for s in self.samples[-1]] if self.samples else []
+
+
+async def _busy_after(load: Load) -> list[str]:
+    """After the load: one more turn in every conversation not deleted -- none may be refused as
+    busy (a call that ended must have released its conversation)."""
+    busy = []
+    async with httpx.AsyncClient(timeout=60) as client:
+        for conv in list(load.conversations):
+            if conv in load.deleted:
+                continue
+            key, cid = conv.split("|")
+            r = await client.post(f"{load.proxies[0]}/v1/chat/completions",
+                                  headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+                                  json={"model": MODEL, "messages": [{"role": "user", "content": "after"}]})
+            if r.status_code == 409:
+                busy.append(cid)
+    return busy
 
 
 def _metric(proxy: str, name: str) -> float:
