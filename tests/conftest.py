@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -202,6 +202,24 @@ def make_settings(database_url: str, upstream_url: str, **overrides: Any) -> Set
     return load_settings(env={}, overrides=raw)
 
 
+# The synchronous clients ``Proxy`` hands out, closed after each test (``_close_clients``): left
+# to the garbage collector, their keep-alive connections are unclosed sockets (ResourceWarning).
+_CLIENTS: list[Any] = []
+_C = TypeVar("_C", openai.OpenAI, httpx.Client)
+
+
+def _handed_out(client: _C) -> _C:
+    _CLIENTS.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
+
+
 class Proxy:
     def __init__(self, server: ServerThread, settings: Settings) -> None:
         self.server = server
@@ -216,7 +234,7 @@ class Proxy:
     def openai(self, api_key: str | None = None, *, conversation: str | None = None, **kw: Any) -> openai.OpenAI:
         base = f"{self.url}/c/{conversation}/v1" if conversation else f"{self.url}/v1"
         kw.setdefault("max_retries", 0)
-        return openai.OpenAI(base_url=base, api_key=api_key or new_key(), **kw)
+        return _handed_out(openai.OpenAI(base_url=base, api_key=api_key or new_key(), **kw))
 
     def async_openai(self, api_key: str | None = None, *, conversation: str | None = None, **kw: Any) -> openai.AsyncOpenAI:
         base = f"{self.url}/c/{conversation}/v1" if conversation else f"{self.url}/v1"
@@ -224,7 +242,7 @@ class Proxy:
         return openai.AsyncOpenAI(base_url=base, api_key=api_key or new_key(), **kw)
 
     def http(self, api_key: str) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
+        return _handed_out(httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30))
 
 
 def new_key() -> str:
@@ -307,6 +325,7 @@ def spawn_proxy(database_url: str, upstream_url: str, tmp_path: Any, config: str
         wait_ready(url, proc)
     except AssertionError:
         proc.kill()
+        proc.wait(10)
         raise
     return proc, url
 

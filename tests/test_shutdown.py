@@ -113,6 +113,13 @@ def _exits(proc: subprocess.Popen, stopped: float, within: float) -> float:
     return took
 
 
+def _log(proc: subprocess.Popen) -> str:
+    """What the process wrote (it has exited), its pipe closed."""
+    assert proc.stdout is not None
+    with proc.stdout:
+        return proc.stdout.read().decode()
+
+
 def _batched_statements(base: str) -> float:
     text = httpx.get(f"{base}/metrics").text
     return next(float(line.split()[1]) for line in text.splitlines()
@@ -188,7 +195,7 @@ def test_shutdown_finishes_what_it_can_and_interrupts_the_rest(fresh_database_ur
     # nothing is left holding a conversation: the next process finds them free
     assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
     assert db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0
-    log = proc.stdout.read().decode() if proc.stdout else ""
+    log = _log(proc)
     assert "Traceback" not in log and "Exception in ASGI application" not in log, log
 
 
@@ -223,7 +230,7 @@ def test_any_request_the_shutdown_cuts_is_answered_503(fresh_database_url, upstr
     db = Db(fresh_database_url)
     assert str(db.fetchval("SELECT head_node_id FROM conversations WHERE id = 'sd-admin'")) == head  # nothing compacted
     assert db.fetchval("SELECT count(*) FROM nodes WHERE kind = 'compaction'") == 0
-    log = proc.stdout.read().decode() if proc.stdout else ""
+    log = _log(proc)
     assert "Traceback" not in log, log
 
 
@@ -266,6 +273,8 @@ def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client
     assert [(r["conversation_id"], r["status"]) for r in rows] == [("sd-store", "success"), ("sd-store-stream", "success")]
     assert all(r["received"][0]["content"] == "stored late" for r in rows)
     assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
+    log = _log(proc)
+    assert "Traceback" not in log, log
 
 
 def test_a_call_stopped_while_starting_is_answered_and_leaves_nothing_behind(
@@ -298,3 +307,5 @@ def test_a_call_stopped_while_starting_is_answered_and_leaves_nothing_behind(
     assert db.fetchval("SELECT count(*) FROM nodes WHERE error->>'code' = 'interrupted'") == 1
     assert db.fetchval("SELECT count(*) FROM conversations WHERE lease_node_id IS NOT NULL") == 0
     assert len(upstream.chat_requests) == 1  # the stopped call never reached the upstream
+    log = _log(proc)
+    assert "Traceback" not in log, log
