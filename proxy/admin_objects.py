@@ -32,6 +32,7 @@ __all__ = [
     "UsageReport",
     "conversation_of",
     "exported",
+    "in_utc",
     "node_of",
     "tree_node_of",
     "usage_window",
@@ -166,16 +167,29 @@ def conversation_of(row: ConversationRow, *, show_tenant: bool) -> Conversation:
                         tenant=row.tenant if show_tenant else None)
 
 
+def in_utc(moment: datetime) -> datetime | None:
+    """``moment`` in UTC (a time without a zone is UTC), or None when it is outside what both a
+    Python datetime and PostgreSQL's timestamptz hold: the years 1 to 9999 in UTC (e.g.
+    ``9999-12-31T23:59:59-14:00`` is already year 10000 there, which the database would take and
+    no reader could read back)."""
+    try:
+        return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError:
+        return None
+
+
 def usage_window(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
     """The range of a usage report (``GET /admin/usage``'s and ``branchpoint usage``'s): until now and since
     30 days before until, unless given; a time without a zone is UTC. ``InvalidRequest`` when it
-    is empty or cannot be."""
-    def aware(moment: datetime) -> datetime:
+    is empty or cannot be (a time outside the years 1 to 9999 in UTC: ``in_utc``)."""
+    def aware(moment: datetime, param: str) -> datetime:
+        if in_utc(moment) is None:
+            raise InvalidRequest(f"{param} is outside the years 1 to 9999 (UTC)", param=param)
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
-    end = aware(until) if until is not None else datetime.now(UTC)
+    end = aware(until, "until") if until is not None else datetime.now(UTC)
     try:
-        start = aware(since) if since is not None else end - timedelta(days=30)
+        start = aware(since, "since") if since is not None else end - timedelta(days=30)
     except OverflowError:  # an until in the first days of year 1
         raise InvalidRequest("until is too early", param="until") from None
     if start >= end:

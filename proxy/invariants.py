@@ -5,7 +5,9 @@ upstream faults). Used by the fault tests and by ``branchpoint check``.
 2. no successful turn/transform node without ``received``;
 3. no pending node whose lease ran out longer ago than ``grace`` seconds (the reaper's job);
 4. no conversation lease held by a node that is no longer pending (beyond ``grace``);
-5. every head's assembled request is well paired (each tool call answered, each result called).
+5. every head's assembled request is well paired (each tool call answered, each result called);
+6. no node that no conversation of its tree reaches (a deleted conversation's nodes go unless a
+   fork still reaches them).
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ async def check_invariants(db: Database, *, grace: float = 30.0, assemble_heads:
         out.append(Violation("no_stale_pending", f"node {r['id']} ({r['conversation_id']}) pending, lease ran out at {r['lease_until']}"))
     for r in await ops.stale_leases(grace):
         out.append(Violation("no_stale_lease", f"conversation {r['id']!r} leased to {r['lease_node_id']} long after expiry"))
+    for r in await ops.unreached_nodes(limit):
+        out.append(Violation("node_reached", f"node {r['id']} (of deleted conversation {r['conversation_id']!r}) "
+                                             "is reached by no conversation of its tree"))
     if assemble_heads:
         for conversation_id, path in await ops.head_paths(limit):
             problem = _paired(assemble(path, [], Target(path[-1].provider or "" if path else "")).messages)

@@ -22,6 +22,7 @@ import msgspec
 from storage import can_be_head, uuid7
 from storage.transcript import node_keys
 
+from .admin_objects import in_utc
 from .assembly import CHAT_ROLES
 from .dialects import dialect
 
@@ -116,9 +117,14 @@ def prepare_import(data: bytes) -> Prepared:
                 raise NotAnExport(f"{where}: refers to {ref}, which is not on an earlier line")
         if (line.kind == "compaction") != (line.compacted_from is not None) or (line.kind == "compaction" and line.parent_id):
             raise NotAnExport(f"{where}: a compaction node, and only it, has compacted_from and no parent")
+        for field, moment in (("created_at", line.created_at), ("finished_at", line.finished_at)):
+            if moment is not None and in_utc(moment) is None:  # the database would take it; no reader could read it
+                raise NotAnExport(f"{where}: {field} {moment.isoformat()} is outside the years 1 to 9999 (UTC)")
         _check_items(f"{where} sent", line.sent, line.api)
         _check_items(f"{where} received", line.received or [], line.api)
         outcome, error, finished_at = _outcome(line), line.error, line.finished_at
+        if outcome == "success" and line.kind != "compaction" and line.received is None:
+            raise NotAnExport(f"{where}: a {line.kind} that succeeded needs its received items")
         if outcome is None:  # still in flight when exported
             outcome = "transient"
             error = {"type": "interrupted", "code": "interrupted", "status": None,

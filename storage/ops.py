@@ -14,6 +14,9 @@ from .model import PathNode, Pruned, rows
 
 __all__ = ["OpsStore"]
 
+# Nodes no conversation of their tree reaches (storage/functions/retention.sql).  $1 limit
+_UNREACHED_NODES = "SELECT tree_id, id, tenant, conversation_id FROM bp_unreached_nodes($1)"
+
 
 class OpsStore:
     def __init__(self, db: Database) -> None:
@@ -46,6 +49,11 @@ class OpsStore:
 
     async def successes_without_received(self) -> list[asyncpg.Record]:
         return await self.db.fetch(queries.SUCCESS_WITHOUT_RECEIVED)
+
+    async def unreached_nodes(self, limit: int) -> list[asyncpg.Record]:
+        """Up to ``limit`` nodes no conversation of their tree reaches (a delete left them):
+        (tree_id, id, tenant, conversation_id)."""
+        return await self.db.fetch(_UNREACHED_NODES, limit)
 
     async def stale_pending(self, grace: float) -> list[asyncpg.Record]:
         return await self.db.fetch(queries.STALE_PENDING, grace)

@@ -6,6 +6,8 @@
 -- fork's name taken). bp_apply_compaction and bp_delete_response answer with a word instead.
 -- Locks: the conversation row FOR UPDATE (a fork: its source FOR SHARE, its name through
 -- bp_claim_name) before any node row; a dead process's lease is reaped first (bp_check_lease).
+-- A delete then takes its tree's delete lock (bp_lock_tree_deletes) before it decides what the
+-- tree's other conversations still reach, so deletes in one tree run one after the other.
 
 -- bp_locked_conversation(tenant, conversation): the conversation's row, locked FOR UPDATE;
 -- refuses with BPNFC when there is none.
@@ -213,11 +215,32 @@ BEGIN
 END
 $$;
 
+-- bp_lock_tree_deletes(tree, wait): the tree's delete lock, a transaction advisory lock (in a
+-- key space of its own: the two-integer form, never bp_claim_name's). Every delete takes it after
+-- its conversation's row and before it reads what the tree's other conversations reach: two
+-- deletes in one tree (a conversation and its fork, at once) otherwise each saw the other's
+-- conversation still there, kept what it reached, and both went -- leaving nodes nothing
+-- reaches. Waits when `wait`, else returns whether it got the lock (retention skips the tree).
+-- Nothing that holds it waits on a conversation row, so a delete waiting for it deadlocks nobody.
+CREATE OR REPLACE FUNCTION bp_lock_tree_deletes(p_tree uuid, p_wait boolean DEFAULT true)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_wait THEN
+        PERFORM pg_advisory_xact_lock(1651532916, hashtext(p_tree::text));  -- 1651532916: 'bpdt'
+        RETURN true;
+    END IF;
+    RETURN pg_try_advisory_xact_lock(1651532916, hashtext(p_tree::text));
+END
+$$;
+
 -- bp_delete_conversation(tenant, conversation): DELETE /admin/conversations/{id}. Deletes the
 -- conversation and its nodes -- except those another conversation of the tree (a fork) still
 -- reaches, which stay so that the fork's context never breaks; they go once nothing reaches
 -- them. Refused (BPBSY) while a call of the conversation is in flight; BPNFC when it is unknown.
--- Returns (deleted nodes, kept nodes).
+-- Deletes in one tree are serialised (bp_lock_tree_deletes): each statement after the lock sees
+-- what an earlier delete committed (read committed), so the last of them takes what nothing
+-- reaches any more. Returns (deleted nodes, kept nodes).
 CREATE OR REPLACE FUNCTION bp_delete_conversation(p_tenant text, p_conversation text,
                                                   OUT deleted integer, OUT kept integer)
 LANGUAGE plpgsql
@@ -235,6 +258,7 @@ BEGIN
                                           AND n.outcome IS NULL AND n.lease_until > now()) THEN
         PERFORM bp_refuse('BPBSY', format('conversation %L has a call in flight; retry when it has finished', p_conversation));
     END IF;
+    PERFORM bp_lock_tree_deletes(conv.tree_id);
     DELETE FROM conversations c WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
     DELETE FROM conversation_aliases a
      WHERE a.tree_id = bp_tree_of(p_tenant, p_conversation) AND a.tenant = p_tenant AND a.id = p_conversation;

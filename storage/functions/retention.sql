@@ -1,10 +1,13 @@
 -- Server-side functions, part 6 of 6: what ends calls and conversations nobody finishes -- the
 -- reaper (bp_reap: a dead process's pending node; bp_abandon: a start the proxy could not confirm)
--- and retention (bp_is_idle, bp_prune: docs/behaviour.md#retention).
+-- and retention (bp_is_idle, bp_prune: docs/behaviour.md#retention); and what no conversation
+-- reaches any more (bp_unreached_nodes, for `branchpoint check`).
 --
 -- Refusals: none raised to a caller (bp_prune skips a conversation bp_delete_conversation refuses
 -- as busy). Locks: the conversation row FOR UPDATE before the node (bp_reap); bp_prune takes rows
--- FOR UPDATE SKIP LOCKED, so it never waits on a call and processes pruning at once skip each other.
+-- FOR UPDATE SKIP LOCKED, so it never waits on a call and processes pruning at once skip each other,
+-- and the tree's delete lock only when it is free (bp_lock_tree_deletes), so a pass holding the
+-- locks of many trees never waits on another's (no deadlock between passes).
 
 -- bp_reap(tree, node, abandoned): mark one pending node failed -- outcome transient, code
 -- `interrupted` -- when its lease ran out (its process died), or at once when `abandoned` (the
@@ -85,7 +88,8 @@ $$;
 -- by IDLE_CANDIDATES) that are idle since `cutoff` (bp_is_idle, looked at again once the row is
 -- locked), as bp_delete_conversation does: what a fork still reaches stays. A conversation a call
 -- holds right now (its row locked), or with a call in flight, is skipped -- a later pass takes it;
--- so is one gone meanwhile. Processes pruning at once skip each other's conversations likewise.
+-- so is one gone meanwhile, and one whose tree another delete is at. Processes pruning at once skip
+-- each other's conversations likewise.
 -- Returns (conversations deleted, their nodes deleted, nodes kept for forks).
 CREATE OR REPLACE FUNCTION bp_prune(p_cutoff timestamptz, p_trees uuid[], p_tenants text[], p_ids text[],
                                     OUT conversations integer, OUT deleted integer, OUT kept integer)
@@ -105,6 +109,9 @@ BEGIN
         IF NOT FOUND OR NOT bp_is_idle(conv, p_cutoff) THEN
             CONTINUE;
         END IF;
+        IF NOT bp_lock_tree_deletes(conv.tree_id, false) THEN
+            CONTINUE;  -- a delete in its tree is under way: a later pass takes it (a pass never waits)
+        END IF;
         BEGIN
             SELECT * INTO r FROM bp_delete_conversation(k.tenant, k.id);
             conversations := conversations + 1;
@@ -115,4 +122,37 @@ BEGIN
         END;
     END LOOP;
 END
+$$;
+
+-- bp_unreached_nodes(limit): nodes no conversation of their tree reaches -- not a conversation's
+-- own, nor on the way up (parents, compaction origins) from a conversation's node, head or fork
+-- point. A delete takes such nodes at once, so none should exist: `branchpoint check` reports
+-- them (proxy/invariants.py). Only nodes whose conversation is gone can be unreached, so the walk
+-- visits those alone.
+CREATE OR REPLACE FUNCTION bp_unreached_nodes(p_limit integer)
+RETURNS TABLE (tree_id uuid, id uuid, tenant text, conversation_id text)
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE stray AS MATERIALIZED (
+        SELECT n.tree_id, n.id, n.parent_id, n.compacted_from, n.tenant, n.conversation_id FROM nodes n
+         WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant
+                                                          AND c.id = n.conversation_id)
+    ), pointed AS (  -- what live conversations point at directly
+        SELECT k.tree_id, x.id FROM nodes k
+          JOIN conversations c ON c.tree_id = k.tree_id AND c.tenant = k.tenant AND c.id = k.conversation_id
+         CROSS JOIN LATERAL (VALUES (k.parent_id), (k.compacted_from)) x(id)
+         WHERE k.tree_id IN (SELECT s.tree_id FROM stray s) AND x.id IS NOT NULL
+        UNION
+        SELECT c.tree_id, x.id FROM conversations c CROSS JOIN LATERAL (VALUES (c.head_node_id), (c.fork_node_id)) x(id)
+         WHERE c.tree_id IN (SELECT s.tree_id FROM stray s) AND x.id IS NOT NULL
+    ), reached AS (
+        SELECT s.tree_id, s.id, s.parent_id, s.compacted_from FROM stray s
+          JOIN pointed p ON p.tree_id = s.tree_id AND p.id = s.id
+        UNION
+        SELECT s.tree_id, s.id, s.parent_id, s.compacted_from FROM reached r
+          JOIN stray s ON s.tree_id = r.tree_id AND s.id IN (r.parent_id, r.compacted_from)
+    )
+    SELECT s.tree_id, s.id, s.tenant, s.conversation_id FROM stray s
+     WHERE NOT EXISTS (SELECT 1 FROM reached r WHERE r.tree_id = s.tree_id AND r.id = s.id)
+     ORDER BY s.tree_id, s.id
+     LIMIT p_limit
 $$;
