@@ -74,7 +74,11 @@ def _on_storage_error(request: Request[Any, Any, Any], exc: StorageError) -> Res
         log.warning("database unavailable: %r", exc.__cause__, extra={"path": request.url.path})
         return _json(503, error_body("the database is unavailable; retry shortly", "service_unavailable",
                                      "database_unavailable"), {"retry-after": "1"})
-    log.error("database error: %s", exc, extra={"path": request.url.path})
+    # the type and SQLSTATE only: a database's message (asyncpg's above all) may quote the values
+    # it refused -- a client's message
+    cause = exc.__cause__ or exc
+    log.error("database error", extra={"path": request.url.path, "error": type(cause).__name__,
+                                       "sqlstate": getattr(cause, "sqlstate", None)})
     return _json(500, error_body("internal storage error", "server_error", "storage_error"))
 
 

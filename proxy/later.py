@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from storage import StorageError, TreeStore
+from storage import StorageError, StorageUnavailable, TreeStore
 
 __all__ = ["Later"]
 
@@ -47,15 +47,14 @@ class Later:
             # missing: the start never committed -- or has not yet; look again a little later
 
     async def store(self, node_id: uuid.UUID, store: Callable[[], Awaitable[Any]]) -> bool:
-        """Store a call's outcome once the database is back: True when it was stored."""
+        """Store a call's outcome once the database is back: True when it was stored, False when
+        it was still away after ``lease_seconds``. Only the database being away is waited out:
+        any other error (a refusal that would come again) is raised at once."""
         async for _ in self._attempts():
             try:
                 await store()
-            except StorageError:
+            except StorageUnavailable:
                 continue
-            except Exception:
-                log.exception("could not store the outcome of a call", extra={"node_id": str(node_id)})
-                return False
             log.info("stored a call's outcome after the database came back", extra={"node_id": str(node_id)})
             return True
         return False

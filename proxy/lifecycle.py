@@ -30,7 +30,6 @@ from storage import (
     CallStart,
     Outcome,
     Refused,
-    StorageError,
     StorageUnavailable,
     TreeStore,
     transcript,
@@ -157,18 +156,24 @@ class CallLifecycle:
                                   tenant=started.call.tenant, conversation_id=started.conversation_id)
         try:
             await store()
-        except StorageError as exc:
+        except StorageUnavailable as exc:
             log.warning("could not store a call's outcome; retrying in the background",
                         extra={"node_id": str(started.node_id), "error": str(exc)})
-            self.tasks.spawn(self._store_later(started, store, outcome, usage))
+            self.tasks.spawn(self._store_later(started, store, outcome, usage, error))
             return
         except asyncio.CancelledError:  # (the shutdown waits for the background)
-            self.tasks.spawn(self._store_later(started, store, outcome, usage))
+            self.tasks.spawn(self._store_later(started, store, outcome, usage, error))
             cancellation_handled()
             return
-        except Exception:
-            log.exception("could not store the outcome of a call", extra={"node_id": str(started.node_id)})
-            self.leases.untrack(started.node_id)
+        except Exception as exc:  # noqa: BLE001 - any refusal: the node is failed instead
+            # not the database being away: the outcome itself was refused, and would be again. The
+            # node fails now (its lease released) instead of holding the conversation until the
+            # reaper comes -- waited for, so the client's next call finds the conversation free
+            fail = self.tasks.spawn(self._store_later(started, store, outcome, usage, error, refused=exc))
+            try:
+                await asyncio.shield(fail)
+            except asyncio.CancelledError:  # (it goes on in the background)
+                cancellation_handled()
             return
         self._stored(started, outcome, usage, error)
 
@@ -180,20 +185,59 @@ class CallLifecycle:
                            headers if headers is not None else started.headers())
 
     async def _store_later(self, started: Started, store: Callable[[], Any], outcome: Outcome,
-                           usage: dict[str, Any] | None) -> None:
-        if await self.later.store(started.node_id, store):
-            self._stored(started, outcome, usage, None)
-        else:
-            self.leases.untrack(started.node_id)  # the reaper takes it from here
+                           usage: dict[str, Any] | None, error: NodeError | None,
+                           refused: BaseException | None = None) -> None:
+        """Store the outcome once the database is back -- or, when it was ``refused`` (an error that
+        is not the database being away, now or on a later attempt), fail the node instead: a
+        transient failure without the answer, so its question stays in context and the lease is
+        released."""
+        node = {"node_id": str(started.node_id)}
+        if refused is None:
+            try:
+                if await self.later.store(started.node_id, store):
+                    self._stored(started, outcome, usage, error)
+                else:
+                    self.leases.untrack(started.node_id)  # the reaper takes it from here
+                return
+            except Exception as exc:  # noqa: BLE001 - any refusal: the node is failed instead
+                refused = exc
+        # (its type only: the messages of some -- asyncpg's among them -- quote the values refused)
+        cause = type(refused).__name__
+        log.error("the database refused a call's outcome; the node is failed instead",
+                  extra={**node, "outcome": outcome.value, "error": cause})
+        failure = NodeError(type="server_error", code="storage_refused", status=None,
+                            message=f"the proxy could not store this call's outcome ({cause})")
+        finish = CallFinish(outcome=Outcome.TRANSIENT, error=failure, request_hash=started.request_hash,
+                            leased=started.leased)
+        fail = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
+                                 tenant=started.call.tenant, conversation_id=started.conversation_id)
+        try:
+            try:
+                await fail()
+            except StorageUnavailable:
+                if not await self.later.store(started.node_id, fail):
+                    self.leases.untrack(started.node_id)
+                    return
+        except Exception as exc:  # noqa: BLE001 - logged; the reaper finishes the node
+            log.error("could not fail the node of a refused outcome; the reaper will",
+                      extra={**node, "error": type(exc).__name__})
+            self.leases.untrack(started.node_id)
+            return
+        self._stored(started, Outcome.TRANSIENT, None, failure)
 
     def _stored(self, started: Started, outcome: Outcome, usage: dict[str, Any] | None, error: NodeError | None) -> None:
+        """What follows a stored outcome. Never raises: the call is stored and its head moved, so
+        the client gets its answer and node headers whatever an upstream put in its usage."""
         self.leases.untrack(started.node_id)
         call = started.call
-        self.metrics.observe_call(call.kind, outcome.value, usage)
-        if outcome is Outcome.SUCCESS and call.kind == "turn":
-            self.compactor.after_turn(tenant=call.tenant, conversation_id=started.conversation_id,
-                                      tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
-                                      usage=usage, client_key=call.client_key)
+        try:
+            self.metrics.observe_call(call.kind, outcome.value, usage)
+            if outcome is Outcome.SUCCESS and call.kind == "turn":
+                self.compactor.after_turn(tenant=call.tenant, conversation_id=started.conversation_id,
+                                          tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
+                                          usage=usage, client_key=call.client_key)
+        except Exception:
+            log.exception("after a stored call", extra={"node_id": str(started.node_id)})
         if outcome is not Outcome.SUCCESS:
             log.info("call failed", extra={"conversation_id": started.conversation_id, "node_id": str(started.node_id),
                                            "outcome": outcome.value, "code": error.code if error else None})

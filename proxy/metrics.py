@@ -15,6 +15,20 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1)
 
 
+# The most tokens one call may add to ``branchpoint_tokens_total``: far above any context window
+# (10 M), far below what would make the counter meaningless. An upstream's usage is whatever it
+# sent: a negative count, a float, a string or 10**40 is not counted at all.
+MAX_CALL_TOKENS = 1_000_000_000
+
+
+def _count(value: Any) -> int:
+    """A token count as the metrics take it: a non-negative integer up to ``MAX_CALL_TOKENS``
+    (not a bool), else 0."""
+    if type(value) is int and 0 <= value <= MAX_CALL_TOKENS:
+        return value
+    return 0
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -69,12 +83,12 @@ class Metrics:
         if calls is None:
             calls = self._per_call[(kind, outcome)] = self.calls.labels(kind, outcome)
         calls.inc()
-        if usage:
-            prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-            completion = usage.get("completion_tokens", usage.get("output_tokens"))
-            if isinstance(prompt, int):
+        if isinstance(usage, dict) and usage:
+            prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+            completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+            if prompt:
                 self._tokens_in.inc(prompt)
-            if isinstance(completion, int):
+            if completion:
                 self._tokens_out.inc(completion)
 
     def render(self) -> bytes:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,7 +22,7 @@ from .embedded import EmbeddedServer
 from .errors import StorageError, map_db_errors
 from .pool import ConnectionPool
 
-__all__ = ["Database", "open_database"]
+__all__ = ["Database", "Unstorable", "open_database"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -35,43 +36,139 @@ _MARK = "$branchpoint:json"
 _NUL = b"\\u0000"
 
 
+def _marked(value: Any) -> dict[str, str]:
+    return {_MARK: base64.b64encode(_encode(value)).decode()}
+
+
 def _shield(value: Any) -> Any:
+    """``value`` with every string holding NUL -- and every object with such a key -- replaced by
+    its marked form. Walked with a stack of its own, not by recursion: a value nested hundreds of
+    levels deep (an upstream's answer holds what the upstream likes) is shielded like any other."""
     if isinstance(value, str):
-        return {_MARK: base64.b64encode(_encode(value)).decode()} if "\x00" in value else value
-    if isinstance(value, list):
-        return [_shield(v) for v in value]
-    if isinstance(value, dict):
-        if any("\x00" in k for k in value):
-            return {_MARK: base64.b64encode(_encode(value)).decode()}
-        return {k: _shield(v) for k, v in value.items()}
-    return value
+        return _marked(value) if "\x00" in value else value
+    if isinstance(value, dict) and any("\x00" in k for k in value):
+        return _marked(value)
+    if not isinstance(value, (list, dict)):
+        return value
+    root: Any = [] if isinstance(value, list) else {}
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        source, copy = stack.pop()
+        items = enumerate(source) if isinstance(source, list) else source.items()
+        for k, v in items:
+            if isinstance(v, str):
+                v = _marked(v) if "\x00" in v else v
+            elif isinstance(v, list):
+                stack.append((v, new := []))
+                v = new
+            elif isinstance(v, dict):
+                if any("\x00" in key for key in v):
+                    v = _marked(v)
+                else:
+                    stack.append((v, new := {}))
+                    v = new
+            if isinstance(copy, list):
+                copy.append(v)
+            else:
+                copy[k] = v
+    return root
+
+
+def _unmark(value: Any) -> Any | None:
+    """The value a marked object stands for; None when ``value`` is not one (a marked value is
+    never None: it is a string or an object)."""
+    if isinstance(value, dict) and len(value) == 1 and _MARK in value:
+        return _decode(base64.b64decode(value[_MARK]))
+    return None
 
 
 def _unshield(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_unshield(v) for v in value]
-    if isinstance(value, dict):
-        if len(value) == 1 and _MARK in value:
-            return _decode(base64.b64decode(value[_MARK]))
-        return {k: _unshield(v) for k, v in value.items()}
+    """``value`` with every marked object turned back, in place (the value is freshly decoded and
+    nobody else's), without recursion -- see ``_shield``."""
+    if not isinstance(value, (list, dict)):
+        return value
+    original = _unmark(value)
+    if original is not None:
+        return original
+    stack: list[Any] = [value]
+    while stack:
+        container = stack.pop()
+        items = enumerate(container) if isinstance(container, list) else container.items()
+        for k, v in items:
+            if isinstance(v, (list, dict)):
+                original = _unmark(v)
+                if original is not None:
+                    container[k] = original  # (replacing a value while iterating: the keys stay)
+                else:
+                    stack.append(v)
     return value
 
 
-def _jsonb_encode(value: Any) -> bytes:
+def _on_a_fresh_stack(fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)`` in a thread of its own: msgspec's encoder and decoder count nesting against
+    Python's recursion limit, so a value that was read at the top of a stack may be too deep
+    to write (or read back) further down one. A new thread starts at the top again."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append((True, fn(arg)))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            out.append((False, exc))
+
+    thread = threading.Thread(target=run, name="branchpoint-deep-json")
+    thread.start()
+    thread.join()
+    ok, result = out[0]
+    if not ok:
+        raise result
+    return result
+
+
+def _encode_shielded(value: Any) -> bytes:
     data = _encode(value)
-    if _NUL in data:
-        data = _encode(_shield(value))
+    return _encode(_shield(value)) if _NUL in data else data
+
+
+def _jsonb_encode(value: Any) -> bytes:
+    try:
+        data = _encode_shielded(value)
+    except RecursionError:
+        data = _on_a_fresh_stack(_encode_shielded, value)
     return b"\x01" + data  # jsonb binary format: version byte 1, then JSON text
 
 
-def _jsonb_decode(data: bytes) -> Any:
+def _decode_unshielded(data: bytes) -> Any:
     value = _decode(memoryview(data)[1:])
     return _unshield(value) if b"$branchpoint:json" in data else value
+
+
+def _jsonb_decode(data: bytes) -> Any:
+    try:
+        return _decode_unshielded(data)
+    except RecursionError:
+        return _on_a_fresh_stack(_decode_unshielded, data)
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", schema="pg_catalog", encoder=_jsonb_encode, decoder=_jsonb_decode, format="binary")
     await conn.set_type_codec("json", schema="pg_catalog", encoder=lambda v: _encode(v).decode(), decoder=_decode, format="text")
+
+
+# asyncpg's own "invalid input for query argument": an argument its codecs could not encode (the
+# statement was never sent). An InterfaceError -- which ``map_db_errors`` reads as the database
+# being away -- though nothing is wrong with the database: the value is.
+_ArgumentError = asyncpg.exceptions._base.DataError
+
+
+class Unstorable(StorageError):
+    """A value the database cannot take, whatever the moment: a permanent refusal, not an outage.
+    Its message names only the cause's type -- asyncpg's own quotes the value, which may be a
+    client's message."""
+
+    def __init__(self, exc: BaseException) -> None:
+        cause = exc.__cause__ or exc
+        super().__init__(f"a value the database cannot take: {type(cause).__name__}")
 
 
 class Database:
@@ -151,8 +248,11 @@ class Database:
         """One pooled connection for several statements (a transaction, a cursor)."""
         self.statements += 1
         with map_db_errors():
-            async with self._borrow() as conn:
-                yield conn
+            try:
+                async with self._borrow() as conn:
+                    yield conn
+            except _ArgumentError as exc:
+                raise Unstorable(exc) from None
 
     @asynccontextmanager
     async def _borrow(self) -> AsyncIterator[asyncpg.Connection]:
@@ -179,6 +279,8 @@ class Database:
             async with self._borrow() as conn:
                 sent = True
                 return await getattr(conn, method)(query, *args)
+        except _ArgumentError as exc:
+            raise Unstorable(exc) from None
         except BaseException:
             with map_db_errors(sent=sent):
                 raise

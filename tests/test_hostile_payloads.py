@@ -1,0 +1,222 @@
+"""Payloads that are valid JSON but hostile to the proxy's own handling of them: answers and
+requests nested hundreds of levels deep with a NUL inside (which the database cannot hold as it
+is), odd token counts in an upstream's usage, and many large bodies at once (the memory they may
+hold)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import make_settings, serve_proxy, spawn_proxy, wait_for
+from .fakes import Reply
+from .helpers import MODEL, say, user
+
+
+def nested(depth: int, leaf: Any = "a\u0000b") -> Any:
+    value: Any = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def deep_json(depth: int, leaf: str = "a\u0000b") -> bytes:
+    """``nested(depth, leaf)`` as JSON, written without recursion (json.dumps would hit the limit)."""
+    return b"[" * depth + json.dumps(leaf).encode() + b"]" * depth
+
+
+def unwrap(value: Any) -> tuple[int, Any]:
+    """(depth, leaf) of ``nested``'s shape, without recursion (== on it would recurse)."""
+    depth = 0
+    while isinstance(value, list) and len(value) == 1:
+        value, depth = value[0], depth + 1
+    return depth, value
+
+
+_DEEP = "__deep__"
+
+
+def encode(body: dict[str, Any], deep: bytes = b"") -> bytes:
+    """``body`` as JSON, its string ``"__deep__"`` replaced by ``deep``."""
+    return json.dumps(body).encode().replace(json.dumps(_DEEP).encode(), deep)
+
+
+def _post(proxy: Any, key: str, cid: str, body: dict[str, Any] | bytes, path: str = "/v1/chat/completions") -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(proxy.url + path, content=content, timeout=30,
+                      headers={"Authorization": f"Bearer {key}", "content-type": "application/json",
+                               "X-Conversation-Id": cid})
+
+
+# -- 1. an answer the client received is always stored --------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_deeply_nested_answer_with_a_nul_is_stored_and_frees_the_conversation(proxy, upstream, key, cid, stream):
+    deep = nested(600)
+    if stream:
+        upstream.enqueue(Reply(kind="stream", content="deep\u0000answer"))
+    else:
+        upstream.enqueue(Reply(content="deep answer", extra_message={"extra": deep}))
+    r = _post(proxy, key, cid, {"model": MODEL, "messages": [user("q")], "stream": stream})
+    assert r.status_code == 200, r.text[:300]
+    node_id = r.headers["x-node-id"]
+    node = proxy.http(key).get(f"/admin/nodes/{node_id}").json()
+    assert node["status"] == "success", node.get("error")
+    if not stream:
+        assert unwrap(node["received"][0]["extra"]) == (600, "a\u0000b")
+    # the conversation is free at once, and the answer is the next call's context
+    r2 = _post(proxy, key, cid, {"model": MODEL, "messages": [user("next")]})
+    assert r2.status_code == 200, r2.text[:300]
+    assert r2.headers["x-parent-node-id"] == node_id
+    assert upstream.last.messages[1]["content"] == ("deep\u0000answer" if stream else "deep answer")
+
+
+def test_the_shield_is_depth_proof():
+    """The NUL shielding of jsonb values walks without recursion, both ways."""
+    from storage.database import _shield, _unshield
+
+    for depth in (600, 5000, 50_000):
+        shielded = _shield({"k": nested(depth), "n": nested(depth, "x")})
+        assert unwrap(shielded["n"]) == (depth, "x")
+        d, leaf = unwrap(shielded["k"])
+        assert d == depth and isinstance(leaf, dict)
+        back = _unshield(shielded)
+        assert unwrap(back["k"]) == (depth, "a\u0000b") and unwrap(back["n"]) == (depth, "x")
+    assert _unshield(_shield({"k\u0000": 1, "x": [{"a\u0000": [2]}]})) == {"k\u0000": 1, "x": [{"a\u0000": [2]}]}
+
+
+def test_a_permanent_refusal_of_a_finish_fails_the_node_at_once_and_frees_the_conversation(
+        fresh_database_url, upstream_url, upstream, key, cid, monkeypatch):
+    """A storage error that is not the database being away is not retried as an outage: the node
+    is failed right away (its lease released), so the conversation is not locked for
+    ``lease_seconds``."""
+    from storage import StorageError, TreeStore
+
+    real = TreeStore.finish_call
+    refused = {"n": 0}
+
+    async def finish_call(self: Any, tree_id: Any, node_id: Any, finish: Any, **kw: Any) -> Any:
+        if finish.outcome.value == "success":  # refused whenever it comes
+            refused["n"] += 1
+            raise StorageError("database error: ProgramLimitExceededError: too big")
+        return await real(self, tree_id, node_id, finish, **kw)
+
+    monkeypatch.setattr(TreeStore, "finish_call", finish_call)
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 60.0})) as proxy:
+        r = _post(proxy, key, cid, {"model": MODEL, "messages": [user("q")]})
+        assert r.status_code == 200
+        node_id = r.headers["x-node-id"]
+        node = wait_for(lambda: (n := proxy.http(key).get(f"/admin/nodes/{node_id}").json())["status"] != "pending" and n,
+                        timeout=5, what="the node finished")
+        assert node["status"] == "failed" and node["outcome"] == "transient"
+        assert node["error"]["code"] == "storage_refused" and refused["n"] == 1  # (not retried)
+        r2 = _post(proxy, key, cid, {"model": MODEL, "messages": [user("again")]})
+        assert r2.status_code == 200, r2.text[:300]  # (not 409 for lease_seconds)
+        # the failed node's question stays in context (the failure table's transient)
+        assert r2.headers["x-parent-node-id"] == node_id
+        assert [m["content"] for m in upstream.last.messages] == ["q", "again"]
+
+
+# -- 2. odd usage from an upstream -----------------------------------------------------------------
+
+ODD_USAGE = [
+    {"prompt_tokens": 3, "completion_tokens": -1, "total_tokens": 2},
+    {"prompt_tokens": 3, "completion_tokens": "seven", "total_tokens": "x"},
+    {"prompt_tokens": 1e40, "completion_tokens": 2, "total_tokens": 1e40},
+    {"prompt_tokens": 10**30, "completion_tokens": True, "total_tokens": None},
+    {"prompt_tokens": {"a": 1}, "completion_tokens": [1], "total_tokens": 3},
+]
+
+
+def _tokens(proxy: Any) -> dict[str, float]:
+    text = httpx.get(proxy.url + "/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("branchpoint_tokens_total{"):
+            direction = line.split('direction="')[1].split('"')[0]
+            out[direction] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("usage", ODD_USAGE, ids=[str(i) for i in range(len(ODD_USAGE))])
+def test_odd_usage_is_ignored_and_the_answer_comes_back_with_its_node(proxy, upstream, key, cid, usage, stream):
+    before = _tokens(proxy)
+    upstream.enqueue(Reply(kind="stream" if stream else "json", content="fine", usage=usage))
+    body = {"model": MODEL, "messages": [user("q")], "stream": stream}
+    r = _post(proxy, key, cid, body)
+    assert r.status_code == 200, r.text[:300]
+    assert "x-node-id" in r.headers
+    if stream:
+        assert r.text.rstrip().endswith("data: [DONE]"), r.text[-300:]
+        assert '"error"' not in r.text
+    else:
+        assert r.json()["choices"][0]["message"]["content"] == "fine"
+    node = proxy.http(key).get(f"/admin/nodes/{r.headers['x-node-id']}").json()
+    assert node["status"] == "success"
+    after = _tokens(proxy)
+    for direction in ("in", "out"):
+        grown = after.get(direction, 0) - before.get(direction, 0)
+        assert 0 <= grown <= 10**12, (direction, grown)
+    r2 = _post(proxy, key, cid, {"model": MODEL, "messages": [user("next")]})
+    assert r2.status_code == 200 and r2.headers["x-parent-node-id"] == r.headers["x-node-id"]
+
+
+# -- 3. a client's request nested deeply, with a NUL inside --------------------------------------
+
+def _deep_request(where: str, deep: bytes) -> tuple[str, bytes]:
+    if where == "content":
+        body = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "x", "deep": _DEEP}]}]}
+    elif where == "params":
+        body = {"model": MODEL, "messages": [user("q")], "metadata": {"deep": _DEEP}}
+    else:
+        return "/v1/responses", encode(
+            {"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "deep": _DEEP}]}]},
+            deep)
+    return "/v1/chat/completions", encode(body, deep)
+
+
+@pytest.mark.parametrize("depth", [600, 800, 950])
+@pytest.mark.parametrize("where", ["content", "params", "responses"])
+def test_a_deeply_nested_request_with_a_nul_is_stored_like_one_without(proxy, upstream, key, cid, depth, where, caplog):
+    """What the body parser accepts is stored losslessly, NUL or not, however deep; deeper is its
+    400 (below). Nothing of the message reaches the logs."""
+    path, body = _deep_request(where, deep_json(depth, "s3cret-text\u0000"))
+    with caplog.at_level(logging.DEBUG):
+        r = _post(proxy, key, cid, body, path)
+        assert r.status_code == 200, r.text[:300]
+        node = proxy.http(key).get(f"/admin/nodes/{r.headers['x-node-id']}").json()
+        stored = node["params"]["metadata"]["deep"] if where == "params" else node["sent"][0]["content"][0]["deep"]
+        assert unwrap(stored) == (depth, "s3cret-text\u0000")
+        # the conversation goes on, the deep item in its context
+        assert _post(proxy, key, cid, {"model": MODEL, "messages": [user("next")]}).status_code == 200
+        if where == "content":  # (a Responses item's extra field does not survive the translation to chat)
+            sent = upstream.last.body["messages"][0]["content"][0]["deep"]
+            assert unwrap(sent) == (depth, "s3cret-text\u0000")
+    assert "s3cret" not in caplog.text
+
+
+@pytest.mark.parametrize("where", ["content", "params", "responses"])
+def test_a_request_deeper_than_the_parser_takes_is_a_400(proxy, key, cid, where):
+    path, body = _deep_request(where, deep_json(1000, "s3cret-text\u0000"))
+    r = _post(proxy, key, cid, body, path)
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["code"] == "invalid_request" and "nested too deeply" in error["message"]
+
+
+@pytest.mark.xfail(reason="proxy/transfer.py: prepare_import lets msgspec's RecursionError through (a 500)",
+                   strict=False)
+def test_an_import_nested_too_deeply_is_a_400(proxy, key, cid):
+    line = {"id": "0190b6b0-0000-7000-8000-000000000001", "kind": "turn", "created_at": "2026-01-01T00:00:00Z",
+            "sent": [{"role": "user", "content": "x", "deep": _DEEP}], "head": True}
+    r = httpx.post(f"{proxy.url}/admin/conversations/{cid}/import", content=encode(line, deep_json(5000)) + b"\n",
+                   headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 400, r.text[:300]
+    assert "nested too deeply" in r.json()["error"]["message"]
