@@ -227,3 +227,28 @@ def test_a_usage_range_outside_the_years_1_to_9999_is_refused(proxy, key, param,
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["code"] == "invalid_request" and error["param"] == param, error
+
+
+def test_a_conversation_list_cursor_outside_the_years_1_to_9999_is_refused(proxy, key):
+    import base64
+
+    for moment in ("9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00"):
+        cursor = base64.urlsafe_b64encode(json.dumps([moment, "conv-x"]).encode()).decode().rstrip("=")
+        r = proxy.http(key).get("/admin/conversations", params={"cursor": cursor})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cursor", r.text
+
+
+def test_times_imported_out_of_range_before_are_brought_into_it(own_proxy, key, cid):
+    """What an import took before it refused such times (migration 0016): the conversation reads again."""
+    from storage.migrate import load_migrations
+
+    _export(own_proxy, key, cid)
+    http = own_proxy.http(key)
+    own_proxy.db.fetch("UPDATE nodes SET created_at = '10000-01-01 13:59:59+00', finished_at = '10000-01-01 14:00:00+00' "
+                       "WHERE conversation_id = $1", cid)
+    (step,) = [m for m in load_migrations() if m.version == 16]
+    own_proxy.db.fetch(step.source)
+    tree = http.get(f"/admin/conversations/{cid}/tree")
+    assert tree.status_code == 200, tree.text
+    assert {n["created_at"][:4] for n in tree.json()["data"]} == {"9999"}
+    assert http.get(f"/admin/conversations/{cid}/export").status_code == 200

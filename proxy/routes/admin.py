@@ -39,6 +39,7 @@ from ..admin_objects import (
     UsageReport,
     conversation_of,
     exported,
+    in_utc,
     node_of,
     tree_node_of,
     usage_window,
@@ -124,7 +125,10 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, cid = msgspec.json.decode(raw, type=tuple[str, str])
-        return datetime.fromisoformat(created), valid_conversation_id(cid, source="cursor")
+        moment = datetime.fromisoformat(created)
+        if in_utc(moment) is None:  # the database could not be asked for it
+            raise ValueError(created)
+        return moment, valid_conversation_id(cid, source="cursor")
     except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError, InvalidConversationId):
         raise InvalidRequest("invalid cursor", param="cursor") from None
 
