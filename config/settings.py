@@ -51,6 +51,8 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reaper_interval_seconds: float
     max_body_bytes: int
     max_response_bytes: int
+    max_response_header_bytes: int
+    max_response_headers: int
     client_body_timeout: float
     client_header_timeout: float
     max_connections: int
@@ -249,6 +251,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("server.lease_seconds must be > 0")
     if settings.server.max_response_bytes <= 0 or settings.server.max_body_bytes <= 0:
         raise SettingsError("server.max_response_bytes and server.max_body_bytes must be > 0")
+    if settings.server.max_response_header_bytes <= 0 or settings.server.max_response_headers <= 0:
+        raise SettingsError("server.max_response_header_bytes and server.max_response_headers must be > 0")
     if settings.server.shutdown_grace_seconds < 0:
         raise SettingsError("server.shutdown_grace_seconds must be >= 0")
     if settings.server.path_cache_mb < 0:

@@ -16,6 +16,7 @@
           ├── UpstreamUnreachable       502 upstream_unreachable
           ├── UpstreamBadResponse       502 upstream_bad_response
           ├── UpstreamTooLarge          502 upstream_response_too_large
+          ├── UpstreamHeadersTooLarge   502 upstream_headers_too_large
           └── UpstreamTimeout           504 upstream_timeout
 
 Errors of other layers are translated once, where they cross into the HTTP layer: httpx errors
@@ -46,6 +47,7 @@ __all__ = [
     "RequestTimeout",
     "UpstreamBadResponse",
     "UpstreamFailure",
+    "UpstreamHeadersTooLarge",
     "UpstreamTimeout",
     "UpstreamTooLarge",
     "UpstreamUnreachable",
@@ -122,6 +124,7 @@ class UpstreamFailure(BranchpointError, status=502, type_="upstream_error", code
 class UpstreamUnreachable(UpstreamFailure, code="upstream_unreachable"): ...
 class UpstreamBadResponse(UpstreamFailure, code="upstream_bad_response"): ...
 class UpstreamTooLarge(UpstreamFailure, code="upstream_response_too_large"): ...
+class UpstreamHeadersTooLarge(UpstreamFailure, code="upstream_headers_too_large"): ...
 class UpstreamTimeout(UpstreamFailure, status=504, code="upstream_timeout"): ...
 
 

@@ -12,6 +12,11 @@ the protocol work with an ``asyncio.Protocol`` and ``httptools`` (the C parser u
 - a POST is never re-sent on a fresh connection (it may have reached the upstream); only
   idempotent requests are retried once when a reused connection turns out dead.
 
+A response head is bounded while it is read: past ``max_head_bytes`` (its header lines, and the
+bytes received before it ended) or ``max_headers`` header lines the connection is closed and
+``ResponseHeadTooLarge`` raised -- without reading the rest of it (httptools itself keeps no limit,
+and buffers a header it has not seen the end of).
+
 Not supported (use ``upstream_defaults.transport = "httpx"`` instead): HTTP proxies, HTTP/2,
 streaming request bodies are read fully before sending.
 """
@@ -27,12 +32,25 @@ from collections.abc import AsyncIterator
 import httptools
 import httpx
 
-__all__ = ["UpstreamTransport"]
+__all__ = ["ResponseHeadTooLarge", "UpstreamTransport", "check_head"]
 
 _HIGH_WATER = 1 << 20  # pause reading above 1 MiB of unread body
 _LOW_WATER = 1 << 18
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class ResponseHeadTooLarge(httpx.RemoteProtocolError):
+    """An upstream's response head passed ``max_head_bytes`` or ``max_headers``."""
+
+
+def check_head(raw: list[tuple[bytes, bytes]], max_bytes: int, max_headers: int) -> None:
+    """The cap on a head another transport has already read (its own limits bound that read):
+    ``ResponseHeadTooLarge`` past ``max_headers`` lines or ``max_bytes`` of header lines."""
+    if len(raw) > max_headers:
+        raise ResponseHeadTooLarge(f"the upstream sent more than {max_headers} response headers")
+    if sum(len(k) + len(v) for k, v in raw) + 4 * len(raw) > max_bytes:
+        raise ResponseHeadTooLarge(f"the upstream's response head is larger than {max_bytes} bytes")
 
 
 class _Expired(Exception):
@@ -61,8 +79,10 @@ async def _wait_at_most(waiter: asyncio.Future[None], timeout: float | None) -> 
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection, parsing one response at a time."""
 
-    def __init__(self, key: tuple[str, str, int]) -> None:
+    def __init__(self, key: tuple[str, str, int], max_head_bytes: int, max_headers: int) -> None:
         self.key = key
+        self.max_head_bytes = max_head_bytes
+        self.max_headers = max_headers
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.error: Exception | None = None
@@ -80,6 +100,8 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self.headers_done = False
+        self.head_received = 0  # bytes received while the head had not ended (interim heads too)
+        self.head_bytes = 0  # its header lines' bytes, counted as httptools hands them over
         self.complete = False
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
@@ -99,10 +121,17 @@ class _Connection(asyncio.Protocol):
         if self.parser is None:  # bytes while idle: the connection is out of sync
             self.close()
             return
+        if not self.headers_done:
+            self.head_received += len(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self.error = httpx.RemoteProtocolError(f"malformed response from the upstream: {exc}")
+        except (httptools.HttpParserError, ResponseHeadTooLarge) as exc:
+            if self.error is None:
+                self.error = httpx.RemoteProtocolError(f"malformed response from the upstream: {exc}")
+            self.close()
+        if not self.headers_done and self.head_received > self.max_head_bytes and self.error is None:
+            # (a head still unfinished: a header without its end is not even handed to on_header)
+            self.error = ResponseHeadTooLarge(f"the upstream's response head is larger than {self.max_head_bytes} bytes")
             self.close()
         if self.buffered > _HIGH_WATER and not self.read_paused and self.transport is not None:
             self.transport.pause_reading()
@@ -133,6 +162,12 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks -----------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value) + 4
+        if self.head_bytes > self.max_head_bytes or len(self.headers) >= self.max_headers:
+            self.error = ResponseHeadTooLarge(
+                f"the upstream's response head is larger than {self.max_head_bytes} bytes" if self.head_bytes > self.max_head_bytes
+                else f"the upstream sent more than {self.max_headers} response headers")
+            raise self.error  # (stops the parser; data_received closes the connection)
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -255,8 +290,11 @@ class _Body(httpx.AsyncByteStream):
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
     def __init__(self, *, max_connections: int = 512, keepalive_expiry: float = 30.0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, max_head_bytes: int = 65536,
+                 max_headers: int = 100) -> None:
         self.max_connections = max_connections
+        self.max_head_bytes = max_head_bytes
+        self.max_headers = max_headers
         self.keepalive_expiry = keepalive_expiry
         self._ssl = ssl_context
         self._pools: dict[tuple[str, str, int], _Pool] = {}
@@ -274,7 +312,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(key), host, port,
+                    lambda: _Connection(key, self.max_head_bytes, self.max_headers), host, port,
                     ssl=self._ssl_context() if scheme == "https" else None,
                     server_hostname=host if scheme == "https" else None,
                 )
@@ -348,6 +386,9 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                         if conn.closed:
                             raise httpx.RemoteProtocolError("the upstream closed the connection without a response")
                         await conn.wait(timeouts.get("read"))
+                except ResponseHeadTooLarge:
+                    conn.close()  # (never retried: any connection would get the same answer)
+                    raise
                 except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                     conn.close()
                     if reused and retry_allowed and not conn.headers and not conn.chunks:

@@ -4,21 +4,36 @@ headers go out and come back, and the translation of transport errors into ours 
 ``UpstreamUnreachable`` (502) / ``UpstreamTimeout`` (504) / ``UpstreamBadResponse`` (502)
 (``map_exceptions``, in the manner of httpx's own). An upstream's HTTP error answers are
 classified by the failure table in ``proxy.failures``.
+
+What an upstream sends is bounded here: a response head by ``[server] max_response_header_bytes``
+and ``max_response_headers`` (``UpstreamHeadersTooLarge``; the transports stop reading past them),
+a body by ``max_response_bytes`` -- its decoded size: a ``Content-Encoding`` (gzip, deflate, zstd)
+is undone by our own decoders, which inflate at most ``_STEP`` bytes at a time and stop once past
+the limit (httpx's inflate a whole chunk at once: 16 KB of zstd became 512 MB).
 """
 
 from __future__ import annotations
 
 import ssl
+import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 
 import httpx
+import zstandard
 
 from config import Settings, Upstream
 
 from .assembly import Target
-from .errors import InvalidRequest, UpstreamBadResponse, UpstreamTimeout, UpstreamTooLarge, UpstreamUnreachable
-from .transport import UpstreamTransport
+from .errors import (
+    InvalidRequest,
+    UpstreamBadResponse,
+    UpstreamHeadersTooLarge,
+    UpstreamTimeout,
+    UpstreamTooLarge,
+    UpstreamUnreachable,
+)
+from .transport import ResponseHeadTooLarge, UpstreamTransport, check_head
 
 __all__ = ["UpstreamClient", "map_exceptions", "response_headers", "target_of"]
 
@@ -51,12 +66,122 @@ def map_exceptions() -> Iterator[None]:
     """httpx errors -> ``UpstreamTimeout`` / ``UpstreamUnreachable`` / ``UpstreamBadResponse``."""
     try:
         yield
+    except ResponseHeadTooLarge as exc:
+        raise UpstreamHeadersTooLarge(f"{exc} (server.max_response_header_bytes, server.max_response_headers)") from exc
     except httpx.TimeoutException as exc:
         raise UpstreamTimeout(f"the upstream did not answer in time ({type(exc).__name__})") from exc
     except httpx.DecodingError as exc:
         raise UpstreamBadResponse("the upstream sent a body that could not be decoded") from exc
     except (httpx.TransportError, httpx.InvalidURL) as exc:
         raise UpstreamUnreachable(f"cannot reach the upstream ({type(exc).__name__})") from exc
+
+
+_STEP = 1 << 18  # the most a decoder inflates at once
+_H11_HEAD_TOO_LONG = "Receive buffer too long"  # h11 (the httpx transport): a head past its own 100 KiB
+
+
+def _too_large(limit: int) -> UpstreamTooLarge:
+    return UpstreamTooLarge(f"the upstream's answer is larger than {limit} bytes (server.max_response_bytes)")
+
+
+class _Zlib:
+    """gzip, or deflate (zlib-wrapped, else raw -- as httpx reads it), ``_STEP`` bytes at a time."""
+
+    def __init__(self, coding: str) -> None:
+        self.raw_fallback = coding == "deflate"
+        self.d = zlib.decompressobj(zlib.MAX_WBITS | 16 if coding != "deflate" else zlib.MAX_WBITS)
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        try:
+            while True:
+                try:
+                    out = self.d.decompress(data, _STEP)
+                except zlib.error:
+                    if not self.raw_fallback:
+                        raise
+                    self.d = zlib.decompressobj(-zlib.MAX_WBITS)
+                    out = self.d.decompress(data, _STEP)
+                self.raw_fallback = False
+                if out:
+                    yield out
+                data = self.d.unconsumed_tail
+                if not data and len(out) < _STEP:  # (a full step may leave output inside zlib)
+                    return
+        except zlib.error as exc:
+            raise httpx.DecodingError(str(exc)) from exc
+
+    def flush(self) -> Iterator[bytes]:
+        yield from self.decode(b"")
+
+
+class _Zstd:
+    """zstd through a stream writer whose sink refuses output past ``limit`` -- raising stops
+    zstandard mid-input (its decompressobj has no bound on what one input inflates to). Windows
+    above 8 MiB are refused, as RFC 9659 lets a decoder do for HTTP."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self.out: list[bytes] = []
+        self.writer = zstandard.ZstdDecompressor(max_window_size=1 << 23).stream_writer(
+            self, write_size=_STEP, write_return_read=True, closefd=False)
+
+    def write(self, data: bytes) -> int:  # the sink
+        self.total += len(data)
+        if self.total > self.limit:
+            raise _too_large(self.limit)
+        self.out.append(bytes(data))
+        return len(data)
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        try:
+            self.writer.write(data)
+        except zstandard.ZstdError as exc:
+            raise httpx.DecodingError(str(exc)) from exc
+        out, self.out = self.out, []
+        yield from out
+
+    def flush(self) -> Iterator[bytes]:
+        return iter(())
+
+
+class _Chain:
+    """Several codings, undone last first; every stage bounded the same way."""
+
+    def __init__(self, stages: list[_Zlib | _Zstd]) -> None:
+        self.stages = stages
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        return self._through(0, self.stages[0].decode(data))
+
+    def flush(self) -> Iterator[bytes]:
+        return self._through(0, self.stages[0].flush())
+
+    def _through(self, i: int, pieces: Iterator[bytes]) -> Iterator[bytes]:
+        if i + 1 == len(self.stages):
+            yield from pieces
+            return
+        stage = self.stages[i + 1]
+        for piece in pieces:
+            yield from self._through(i + 1, stage.decode(piece))
+        yield from self._through(i + 1, stage.flush())
+
+
+def _decoder(headers: httpx.Headers, limit: int) -> _Zlib | _Zstd | _Chain | None:
+    """The decoder of a response's ``Content-Encoding``; None when there is nothing to undo. An
+    unknown coding is left as it came (as httpx does)."""
+    value = headers.get("content-encoding")
+    if not value:
+        return None
+    stages: list[_Zlib | _Zstd] = []
+    for coding in reversed([c.strip().lower() for c in value.split(",")]):
+        if coding in ("gzip", "x-gzip", "deflate"):
+            stages.append(_Zlib(coding))
+        elif coding == "zstd":
+            stages.append(_Zstd(limit))
+    if not stages:
+        return None
+    return stages[0] if len(stages) == 1 else _Chain(stages)
 
 
 def target_of(upstream: Upstream) -> Target:
@@ -79,13 +204,16 @@ class UpstreamClient:
         verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=d.ca_bundle) if d.ca_bundle else True
         limits = httpx.Limits(max_connections=d.max_connections, max_keepalive_connections=d.max_connections,
                               keepalive_expiry=d.keepalive_expiry)
+        head_bytes, headers = settings.server.max_response_header_bytes, settings.server.max_response_headers
         if transport is None and d.transport == "builtin":
             transport = UpstreamTransport(max_connections=d.max_connections, keepalive_expiry=d.keepalive_expiry,
-                                          ssl_context=verify if isinstance(verify, ssl.SSLContext) else None)
+                                          ssl_context=verify if isinstance(verify, ssl.SSLContext) else None,
+                                          max_head_bytes=head_bytes, max_headers=headers)
         elif transport is None and d.transport == "aiohttp":
             from .aiohttp_transport import AiohttpTransport
 
-            transport = AiohttpTransport(verify=verify, limits=limits, trust_env=False)
+            transport = AiohttpTransport(verify=verify, limits=limits, trust_env=False, max_head_bytes=head_bytes,
+                                         max_headers=headers)
         if transport is None:  # "httpx": httpcore's pool
             transport = httpx.AsyncHTTPTransport(verify=verify, limits=limits, trust_env=True)
         # Requests go straight to the transport, without an httpx.AsyncClient: a client would keep
@@ -99,6 +227,10 @@ class UpstreamClient:
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._by_name = {u.name: u for u in settings.upstreams}
         self.max_response_bytes = settings.server.max_response_bytes
+        self.max_head_bytes, self.max_headers = head_bytes, headers
+        # the built-in transport bounds a head as it reads it; any other's is checked once read
+        # (their own parsers' limits -- h11's 100 KiB, aiohttp's, set to ours -- bound that read)
+        self._check_heads = not isinstance(transport, UpstreamTransport)
 
     async def aclose(self) -> None:
         await self.transport.aclose()
@@ -162,7 +294,18 @@ class UpstreamClient:
         """Send; the body is left unread: read it with ``read_rest`` or ``chunks`` (which bound
         it), or ``aclose()`` the response."""
         with map_exceptions():
-            response = await self.transport.handle_async_request(request)
+            try:
+                response = await self.transport.handle_async_request(request)
+            except httpx.RemoteProtocolError as exc:
+                if str(exc) == _H11_HEAD_TOO_LONG:
+                    raise ResponseHeadTooLarge("the upstream's response head is larger than h11's limit") from exc
+                raise
+            if self._check_heads:
+                try:
+                    check_head(response.headers.raw, self.max_head_bytes, self.max_headers)
+                except ResponseHeadTooLarge:
+                    await response.aclose()
+                    raise
         response.request = request
         return response
 
@@ -186,9 +329,29 @@ class UpstreamClient:
         whatever an upstream sends, a call holds at most that much of it."""
         limit = self.max_response_bytes
         seen = 0
+        if response.is_stream_consumed:  # handed over read already (a transport of tests): decoded, whole
+            if len(response.content) > limit:
+                raise _too_large(limit)
+            if response.content:
+                yield response.content
+            return
+        decoder = _decoder(response.headers, limit)
         with map_exceptions():
-            async for chunk in response.aiter_bytes():
-                seen += len(chunk)
+            if decoder is None:  # (the usual case: nothing to decode, the raw chunks as they come)
+                async for chunk in response.aiter_raw():
+                    seen += len(chunk)
+                    if seen > limit:
+                        raise _too_large(limit)
+                    yield chunk
+                return
+            async for chunk in response.aiter_raw():
+                for piece in decoder.decode(chunk):
+                    seen += len(piece)
+                    if seen > limit:
+                        raise _too_large(limit)
+                    yield piece
+            for piece in decoder.flush():
+                seen += len(piece)
                 if seen > limit:
-                    raise UpstreamTooLarge(f"the upstream's answer is larger than {limit} bytes (server.max_response_bytes)")
-                yield chunk
+                    raise _too_large(limit)
+                yield piece

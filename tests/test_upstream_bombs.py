@@ -1,0 +1,295 @@
+"""Hostile upstream answers that cost more to read than they weigh on the wire: compression bombs
+(a few KB inflating to 100 MB) and response heads without end (one 200 MB header, two million
+headers). Through the real HTTP API, for every transport, streamed and not, stored calls and the
+pass-through: refused with 502 (a stream begun: its final error event), the node failed as
+transient -- and the proxy's memory (this process's peak RSS: the proxy runs in it) grows by far
+less than the inflated size, and the transport stops reading a head once past its cap."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import time
+import uuid
+import zlib
+from typing import Any
+
+import httpx
+import pytest
+import zstandard
+
+from .conftest import Db, make_settings, serve_proxy
+from .fakes import serve_connections
+from .helpers import MODEL, user
+
+TRANSPORTS = ["builtin", "httpx", "aiohttp"]
+LIMIT = 1 << 20  # [server] max_response_bytes of these proxies
+INFLATED = 100 << 20  # what each bomb inflates to
+MIB = 1 << 20
+
+
+def _squeeze(coding: str, total: int, piece: bytes = b" " * MIB) -> bytes:
+    """``total`` bytes of ``piece`` compressed, without ever holding them."""
+    if coding == "zstd":
+        c: Any = zstandard.ZstdCompressor(level=3).compressobj()
+    else:
+        c = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16 if coding == "gzip" else zlib.MAX_WBITS)
+    out = [c.compress(piece) for _ in range(total // len(piece))]
+    out.append(c.flush())
+    return b"".join(out)
+
+
+def _encode(coding: str, data: bytes) -> bytes:
+    if coding == "zstd":
+        return zstandard.ZstdCompressor().compress(data)
+    return gzip.compress(data) if coding == "gzip" else zlib.compress(data)
+
+
+def _completion_json(content: str) -> bytes:
+    return json.dumps({"id": "chatcmpl-b", "object": "chat.completion", "created": 1, "model": MODEL,
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                    "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}).encode()
+
+
+def _completion_sse(pieces: list[str]) -> bytes:
+    base = {"id": "chatcmpl-b", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+    events = [dict(base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
+    events += [dict(base, choices=[{"index": 0, "delta": {"content": p}, "finish_reason": None}]) for p in pieces]
+    events.append(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+    events.append(dict(base, choices=[], usage={"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}))
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+class BombUpstream:
+    """A raw 'upstream' on 127.0.0.1 answering every request with ``head`` and then ``body`` (or a
+    head without end: ``endless_head`` -- bytes sent, repeated up to ``endless_total``, before the
+    head is finished). ``sent`` counts what the last answer got onto the wire before the proxy
+    closed the connection."""
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.body = b""
+        self.endless_head = b""
+        self.endless_total = 0
+        self.sent = 0
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.thread = serve_connections(self.sock, self._handle)
+
+    def answer(self, head: bytes, body: bytes = b"", *, endless_head: bytes = b"", endless_total: int = 0) -> None:
+        self.head, self.body, self.endless_head, self.endless_total, self.sent = head, body, endless_head, endless_total, 0
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.settimeout(20)
+        data = b""
+        try:
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, rest = data.partition(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length")), 0)
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            conn.sendall(self.head)
+            self.sent = len(self.head)
+            while self.sent < self.endless_total:
+                conn.sendall(self.endless_head)
+                self.sent += len(self.endless_head)
+            if self.endless_head:
+                conn.sendall(b"\r\ncontent-length: 2\r\n\r\n{}")
+                return
+            conn.sendall(self.body)
+            self.sent += len(self.body)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _head(coding: str | None, sse: bool, length: int, extra: bytes = b"") -> bytes:
+    lines = [b"HTTP/1.1 200 OK", b"content-type: " + (b"text/event-stream" if sse else b"application/json"),
+             b"content-length: %d" % length, b"connection: close"]
+    if coding:
+        lines.append(b"content-encoding: " + coding.encode())
+    return b"\r\n".join(lines) + b"\r\n" + extra + b"\r\n"
+
+
+@pytest.fixture(scope="module")
+def bomb_upstream():
+    server = BombUpstream()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def bombed(request, database_url, bomb_upstream):
+    settings = make_settings(database_url, bomb_upstream.url, server={"max_response_bytes": LIMIT},
+                             upstream_defaults={"transport": request.param, "read_timeout": 10.0})
+    with serve_proxy(settings) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def bombs():
+    return {coding: _squeeze(coding, INFLATED) for coding in ("gzip", "zstd", "deflate")}
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError(field)
+
+
+def _peak_growth(call: Any) -> tuple[Any, int]:
+    """``call()`` and how far this process's peak RSS rose above its RSS before it (bytes)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    before = _status_kb("VmRSS")
+    result = call()
+    return result, (_status_kb("VmHWM") - before) * 1024
+
+
+RSS_SEEN: list[str] = []
+
+
+def _call(proxy: Any, *, stored: bool, stream: bool) -> tuple[httpx.Response, bytes]:
+    key = f"sk-test-{uuid.uuid4().hex}"
+    headers = {"Authorization": f"Bearer {key}"}
+    if stored:
+        headers["X-Conversation-Id"] = f"conv-{uuid.uuid4().hex[:12]}"
+    with httpx.Client(base_url=proxy.url, timeout=30) as http, \
+            http.stream("POST", "/v1/chat/completions", headers=headers,
+                        json={"model": MODEL, "messages": [user("hi")], "stream": stream}) as r:
+        return r, r.read()
+
+
+def _failed_transient(proxy: Any, r: httpx.Response, code: str) -> None:
+    node = Db(proxy.settings.database.url).node(r.headers["x-node-id"])
+    assert node["status"] == "failed" and node["outcome"] == "transient", dict(node)
+    assert node["error"]["code"] == code and node["received"] is None
+
+
+def _last_event(body: bytes) -> dict[str, Any]:
+    """The final event (a pass-through relays what came, so it may follow an unfinished line)."""
+    last = body.rstrip()
+    return json.loads(last[last.rindex(b"data: ") + 6:])
+
+
+@pytest.mark.parametrize("coding", ["gzip", "zstd", "deflate"])
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "passthrough"])
+def test_a_compression_bomb_is_refused_at_the_decoded_limit(bombed, bomb_upstream, bombs, coding, stream, stored):
+    bomb = bombs[coding]
+    bomb_upstream.answer(_head(coding, stream, len(bomb)), bomb)
+    (r, body), growth = _peak_growth(lambda: _call(bombed, stored=stored, stream=stream))
+    transport = bombed.settings.upstream_defaults.transport
+    RSS_SEEN.append(f"bomb {coding} {transport} {'stored' if stored else 'pass'} {'stream' if stream else 'answer'}: "
+                    f"{len(bomb) // 1024} KB -> 100 MB, peak RSS +{growth / MIB:.1f} MiB")
+    assert growth < 24 * MIB, RSS_SEEN[-1]  # the bomb inflates to 100 MiB; a call holds at most 1 MiB of it
+    if stored and not stream:
+        assert r.status_code == 502, body[:300]
+        assert json.loads(body)["error"]["code"] == "upstream_response_too_large"
+        _failed_transient(bombed, r, "upstream_response_too_large")
+    elif stored:  # the stream's head went out first: it ends with its final error event
+        assert r.status_code == 200 and _last_event(body)["error"]["code"] == "upstream_response_too_large"
+        assert b"[DONE]" not in body
+        _failed_transient(bombed, r, "upstream_response_too_large")
+    else:  # passed through as it came, cut at the limit (an event stream: with a final error event)
+        assert r.status_code == 200 and len(body) <= LIMIT + 4096
+        if stream:
+            assert _last_event(body)["error"]["code"] == "upstream_response_too_large"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "zstd", "deflate"])
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+def test_a_compressed_answer_below_the_limit_is_decoded_whole(bombed, bomb_upstream, coding, stream):
+    """Inflating in bounded steps loses nothing: 600 KB from a few KB (several steps from one
+    chunk), stored and relayed exactly."""
+    if stream:
+        pieces = [f"{i:04d}" + "s" * 996 for i in range(600)]
+        plain, expected = _completion_sse(pieces), "".join(pieces)
+    else:
+        expected = "z" * 600_000
+        plain = _completion_json(expected)
+    squeezed = _encode(coding, plain)
+    bomb_upstream.answer(_head(coding, stream, len(squeezed)), squeezed)
+    r, body = _call(bombed, stored=True, stream=stream)
+    assert r.status_code == 200 and "content-encoding" not in r.headers
+    node = Db(bombed.settings.database.url).node(r.headers["x-node-id"])
+    assert node["status"] == "success" and node["received"][0]["content"] == expected
+    if not stream:
+        assert json.loads(body)["choices"][0]["message"]["content"] == expected
+    bomb_upstream.answer(_head(coding, stream, len(squeezed)), squeezed)
+    r, body = _call(bombed, stored=False, stream=stream)
+    assert r.status_code == 200 and body == plain
+
+
+HUGE_HEADER = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-huge: ", b"a" * 65536, 200 * MIB)
+MANY_HEADERS = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n",
+                b"".join(b"x-h%d: v\r\n" % (i % 1000) for i in range(10_000)), 2_000_000 * 9)
+
+
+@pytest.mark.parametrize("shape", ["one 200 MB header", "two million headers"])
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream"])
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "passthrough"])
+def test_an_endless_response_head_is_refused_unread(bombed, bomb_upstream, shape, stream, stored):
+    head, repeated, total = HUGE_HEADER if shape.startswith("one") else MANY_HEADERS
+    bomb_upstream.answer(head, endless_head=repeated, endless_total=total)
+    t0 = time.monotonic()
+    (r, body), growth = _peak_growth(lambda: _call(bombed, stored=stored, stream=stream))
+    elapsed = time.monotonic() - t0
+    transport = bombed.settings.upstream_defaults.transport
+    RSS_SEEN.append(f"head {shape} {transport} {'stored' if stored else 'pass'} {'stream' if stream else 'answer'}: "
+                    f"sent {bomb_upstream.sent / MIB:.1f} MiB, {elapsed:.2f} s, peak RSS +{growth / MIB:.1f} MiB")
+    assert r.status_code == 502, body[:300]
+    assert json.loads(body)["error"]["code"] == "upstream_headers_too_large"
+    if stored:
+        _failed_transient(bombed, r, "upstream_headers_too_large")
+    time.sleep(0.2)  # (the fake's last send fails once the proxy has closed)
+    assert bomb_upstream.sent < 32 * MIB, RSS_SEEN[-1]  # the transport stopped reading: the rest never left
+    assert growth < 24 * MIB, RSS_SEEN[-1]
+    assert elapsed < 10
+
+
+@pytest.mark.parametrize("shape", ["101 headers", "70 KB of headers"])
+def test_a_head_past_either_cap_is_refused(bombed, bomb_upstream, shape):
+    """Just past the caps (defaults: 100 headers, 64 KiB), where every transport has read the
+    whole head: refused the same way."""
+    if shape == "101 headers":
+        extra = b"".join(b"x-h%d: v\r\n" % i for i in range(98))  # + content-type, length, connection
+    else:
+        extra = b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 2000) for i in range(35))
+    bomb_upstream.answer(_head(None, False, 2, extra), b"{}")
+    r, body = _call(bombed, stored=True, stream=False)
+    assert r.status_code == 502 and json.loads(body)["error"]["code"] == "upstream_headers_too_large", body[:300]
+    _failed_transient(bombed, r, "upstream_headers_too_large")
+
+
+def test_a_head_within_the_caps_is_relayed(bombed, bomb_upstream):
+    extra = b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 500) for i in range(90))  # 93 headers, ~47 KB
+    answer = _completion_json("fine")
+    bomb_upstream.answer(_head(None, False, len(answer), extra), answer)
+    for stored in (True, False):
+        r, body = _call(bombed, stored=stored, stream=False)
+        assert r.status_code == 200 and r.headers["x-h89"] == "v" * 500
+        assert json.loads(body)["choices"][0]["message"]["content"] == "fine"
+
+
+def test_zz_report_rss(capsys):
+    """(Prints what the tests above saw: run with -s.)"""
+    with capsys.disabled():
+        print("\n" + "\n".join(RSS_SEEN))
+
