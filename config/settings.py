@@ -48,8 +48,10 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int
     lease_seconds: float
     context_mode: Literal["delta", "full"]
+    unsupported_tools: Literal["drop", "refuse"]
     reaper_interval_seconds: float
     max_body_bytes: int
+    max_bytes_in_flight: int
     max_response_bytes: int
     max_response_header_bytes: int
     max_response_headers: int
@@ -251,6 +253,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("server.lease_seconds must be > 0")
     if settings.server.max_response_bytes <= 0 or settings.server.max_body_bytes <= 0:
         raise SettingsError("server.max_response_bytes and server.max_body_bytes must be > 0")
+    if settings.server.max_bytes_in_flight < 0:
+        raise SettingsError("server.max_bytes_in_flight must be >= 0 (0: no bound)")
     if settings.server.max_response_header_bytes <= 0 or settings.server.max_response_headers <= 0:
         raise SettingsError("server.max_response_header_bytes and server.max_response_headers must be > 0")
     if settings.server.shutdown_grace_seconds < 0:

@@ -4,7 +4,7 @@ once its node is started (``Started``)."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from storage import transcript
@@ -35,6 +35,7 @@ class Call:
     messages: list[dict[str, Any]] = None  # type: ignore[assignment]  # ``items`` as chat messages (default: by the dialect)
     ordinals: list[int] | None = None  # the message each item stands for (``dialects.Transcript``)
     params: dict[str, Any] = None  # type: ignore[assignment]  # the other fields, stored (default: by the dialect)
+    dropped_tools: list[str] = field(default_factory=list)  # hosted tools its upstream cannot run, left out
 
     def __post_init__(self) -> None:
         if self.messages is None:
@@ -73,12 +74,15 @@ class Started:
         return self.mode == "delta" and self.call.kind == "turn"
 
     def headers(self) -> list[tuple[str, str]]:
-        return [
+        headers = [
             ("x-conversation-id", self.conversation_id),
             ("x-node-id", str(self.node_id)),
             ("x-parent-node-id", str(self.parent_id) if self.parent_id else "root"),
             ("x-context-mode", self.mode),
             ("x-context-matched", str(self.matched)),
         ]
+        if self.call.dropped_tools:
+            headers.append(("x-branchpoint-dropped-tools", ",".join(self.call.dropped_tools)))
+        return headers
 
 

@@ -25,7 +25,7 @@ import msgspec
 
 from storage import Outcome
 
-from .errors import BranchpointError, UpstreamBadResponse, error_body
+from .errors import BranchpointError, InvalidRequest, UpstreamBadResponse, error_body
 from .secrets import redact_bytes
 
 __all__ = ["Failure", "NodeError", "cancellation_handled", "classify", "from_stream_error", "interrupted",
@@ -55,9 +55,12 @@ class Failure:
 
     @classmethod
     def from_error(cls, exc: BranchpointError, *, status: int | None = None) -> Failure:
-        """A failure without an upstream HTTP answer: transient (a retry may well succeed)."""
+        """A failure without an upstream HTTP answer: transient (a retry may well succeed) -- but a
+        refusal of our own (``InvalidRequest``: a field or tool we cannot translate) is invalid,
+        and so never becomes context (the head stays)."""
         error = NodeError(type=exc.type, code=exc.code, message=exc.message, status=None)
-        return cls(Outcome.TRANSIENT, error, status or exc.status, exc.body())
+        outcome = Outcome.INVALID if isinstance(exc, InvalidRequest) else Outcome.TRANSIENT
+        return cls(outcome, error, status or exc.status, exc.body())
 
     @classmethod
     def of(cls, outcome: Outcome, type_: str, code: str, message: str, status: int = 502) -> Failure:

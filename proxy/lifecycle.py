@@ -42,6 +42,7 @@ from .call import Call, Started
 from .compaction import Compactor
 from .dialects import Crossing, Exchange, crossing
 from .dialects.chat import NotACompletion
+from .dialects.responses.tools import DROPPED as DROPPED_TOOLS
 from .errors import BranchpointError, UpstreamFailure, from_refusal
 from .failures import Failure, NodeError, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion
 from .http import RawResponse, encode_headers
@@ -71,7 +72,7 @@ def _upstream_time(seconds: float) -> None:
 class CallLifecycle:
     def __init__(self, *, tree: TreeStore, upstream: UpstreamClient, builder: RequestBuilder, compactor: Compactor,
                  leases: LeaseKeeper, metrics: Metrics, tasks: Background, lease_seconds: float,
-                 default_mode: str = "delta") -> None:
+                 default_mode: str = "delta", unsupported_tools: str = "drop") -> None:
         self.tree = tree
         self.upstream = upstream
         self.builder = builder
@@ -81,6 +82,7 @@ class CallLifecycle:
         self.tasks = tasks
         self.lease_seconds = lease_seconds
         self.default_mode = default_mode  # for calls that do not say (X-Context-Mode)
+        self.unsupported_tools = unsupported_tools  # hosted tools over a chat upstream: "drop" or "refuse"
         self.later = Later(tree, lease_seconds)
 
     # -- start -------------------------------------------------------------------------------
@@ -253,7 +255,9 @@ class CallLifecycle:
         not started yet is answered so by the outermost layer, ``ObservabilityMiddleware``)."""
         upstream = self.upstream.route(call.body.get("model"))
         way = crossing(call.dialect, upstream.api)
-        way.check(call.params)  # what the upstream cannot honour is refused before any node
+        dropped = way.prepare(call.params, unsupported_tools=self.unsupported_tools)  # (refusals: before any node)
+        if dropped:  # recorded with the node: its replay leaves them out again
+            call.dropped_tools, call.params = dropped, {**call.params, DROPPED_TOOLS: dropped}
         started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
         ctx = current_request.get()
         if ctx is not None:

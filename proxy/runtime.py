@@ -53,7 +53,7 @@ class Runtime:
         self.calls = CallLifecycle(tree=self.tree, upstream=self.upstream, builder=self.builder,
                                    compactor=self.compactor, leases=self.leases, metrics=self.metrics,
                                    tasks=self.tasks, lease_seconds=server.lease_seconds,
-                                   default_mode=server.context_mode)
+                                   default_mode=server.context_mode, unsupported_tools=server.unsupported_tools)
         self.metrics.watch_database(self.db)
 
     async def start(self) -> None:

@@ -32,12 +32,23 @@ ROWS = {
 }
 
 
+class _RouterTransport(httpx.AsyncBaseTransport):
+    """The respx router as the proxy's upstream transport, its answers left unread for the proxy to
+    stream (httpx.MockTransport reads them first; respx's own transport class is deprecated)."""
+
+    def __init__(self, router: respx.Router) -> None:
+        self.router = router
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.router.async_handler(request)
+
+
 @pytest.fixture(scope="module")
 def mocked(database_url):
     router = respx.Router(base_url=UPSTREAM, assert_all_called=False)
     route = router.post("/chat/completions")
     settings = make_settings(database_url, UPSTREAM)
-    with serve_proxy(settings, upstream_transport=httpx.MockTransport(router.async_handler)) as p:
+    with serve_proxy(settings, upstream_transport=_RouterTransport(router)) as p:
         yield p, route
 
 

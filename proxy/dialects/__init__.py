@@ -80,6 +80,7 @@ class Dialect(Protocol):
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]: ...  # may refuse
     def params_from_chat(self, params: dict[str, Any]) -> dict[str, Any]: ...
     def check_from_chat(self, params: dict[str, Any]) -> None: ...  # refused before any node
+    def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]: ...  # hosted tools a chat upstream cannot run
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]: ...
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes: ...
@@ -100,10 +101,21 @@ class Crossing:
     def native(self) -> bool:
         return self.client is self.upstream
 
-    def check(self, params: dict[str, Any]) -> None:
-        """Refuse, before anything is stored, what the upstream cannot honour."""
-        if not self.native and self.client.name == "chat":
+    def prepare(self, params: dict[str, Any], *, unsupported_tools: str = "drop") -> list[str]:
+        """Before anything is stored: refuse what the upstream cannot honour, and name the hosted
+        tools a chat upstream cannot run -- dropped (returned), or refused when
+        ``unsupported_tools`` is ``"refuse"``."""
+        if self.native:
+            return []
+        if self.client.name == "chat":
             self.upstream.check_from_chat(params)
+            return []
+        dropped = self.client.unsupported_by_chat(params)
+        if dropped and unsupported_tools == "refuse":
+            raise InvalidRequest(f"tool type {dropped[0]!r} needs an upstream that speaks the {self.client.name} API "
+                                 f"natively; this model's upstream speaks {self.upstream.name} (server.unsupported_tools "
+                                 "= \"refuse\")", param="tools")
+        return dropped
 
     def fields(self, params: dict[str, Any]) -> dict[str, Any]:
         """The request's other fields as the upstream gets them."""

@@ -130,7 +130,7 @@ def _response_of(node: NodeRow) -> dict[str, Any]:
         output = list(node.received or [])
         usage = node.usage
     else:
-        output = translate.output_items(node.received[0], node.id) if node.received else []
+        output = translate.output_items(node.received[0], node.id, node.params.get("tools")) if node.received else []
         usage = translate.usage_of(node.usage)
     status = {"success": "completed", "failed": "failed", "pending": "in_progress"}[node.status]
     error = None

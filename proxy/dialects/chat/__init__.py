@@ -73,6 +73,9 @@ class Chat:
     def check_from_chat(self, params: dict[str, Any]) -> None:
         return None
 
+    def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
+        return []
+
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 

@@ -6,6 +6,7 @@
     stream.py     Responses event streams: translated from a chat stream, or relayed natively
     for_chat.py   chat-completions clients over a Responses upstream: request, answer, stream
     exchange.py   the three ways an answer travels back (native, from chat, to chat)
+    tools.py      its tools over a chat upstream: functions, namespaces of functions, hosted tools dropped
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from ...secrets import Masker
 from .. import Transcript
-from . import for_chat, items, translate
+from . import for_chat, items, tools, translate
 from .exchange import ChatOverResponses, ResponsesNative, ResponsesOverChat
 from .request import call_items, parse_responses_body
 
@@ -55,6 +56,9 @@ class Responses:
 
     def check_from_chat(self, params: dict[str, Any]) -> None:
         for_chat.check_fields(params)
+
+    def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
+        return tools.hosted(params.get("tools"))
 
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return translate.native_params(params)

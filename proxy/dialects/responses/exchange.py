@@ -56,7 +56,7 @@ class ResponsesOverChat:
 
     def answer(self, content: bytes) -> Answer:
         completion = parse_completion(content)
-        output = translate.output_items(completion.message, self.node_id)
+        output = translate.output_items(completion.message, self.node_id, self.params.get("tools"))
         usage = translate.usage_of(completion.usage)
         response = translate.response_object(node_id=self.node_id, params=self.params, output=output, usage=usage,
                                              instructions=self.instructions, finish_reason=completion.finish_reason,

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from ..chat.completion import NotACompletion
+from .tools import flat_name
 
 __all__ = [
     "ITEMS",
@@ -188,7 +189,8 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             last_assistant = message if role == "assistant" else None
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""}}
+                    "function": {"name": flat_name(item.get("namespace"), item.get("name")),
+                                 "arguments": item.get("arguments") or ""}}
             if last_assistant is None:
                 last_assistant = {"role": "assistant", "content": None}
                 if reasoning:

@@ -19,6 +19,9 @@ def parse_responses_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest("'input' is required: a string or an array of items", param="input")
     if isinstance(value, list) and not all(isinstance(i, dict) for i in value):
         raise InvalidRequest("every input item must be an object", param="input")
+    tools = body.get("tools")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise InvalidRequest("'tools' must be an array of objects", param="tools")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise InvalidRequest("'stream' must be a boolean", param="stream")
     previous = body.get("previous_response_id")

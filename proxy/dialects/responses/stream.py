@@ -134,8 +134,8 @@ class FromChat:
     def _open_call(self, i: int, call: dict[str, Any]) -> bytes:
         index = len(self.items)
         self.calls[i] = index
-        item = {"id": translate.call_item_id(self.node_id, i), "type": "function_call", "status": "in_progress",
-                "call_id": call.get("id"), "name": call["function"]["name"], "arguments": ""}
+        item = translate.function_call(translate.call_item_id(self.node_id, i), call.get("id"), call["function"]["name"],
+                                       "", self.params.get("tools"), status="in_progress")
         self.items.append(item)
         return self.emit("response.output_item.added", output_index=index, item=item)
 
@@ -147,15 +147,15 @@ class FromChat:
             self.closed.add(index)
             call = self.acc.tool_calls[i]
             item = self.items[index]
-            item.update(status="completed", arguments=call["function"]["arguments"], call_id=call.get("id"),
-                        name=call["function"]["name"])
+            item.update(translate.function_call(item["id"], call.get("id"), call["function"]["name"],
+                                                call["function"]["arguments"], self.params.get("tools"), status="completed"))
             out += self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                              arguments=item["arguments"])
             out += self.emit("response.output_item.done", output_index=index, item=item)
         return out
 
     def received(self) -> list[dict[str, Any]]:
-        return translate.output_items(self.acc.message(), self.node_id)
+        return translate.output_items(self.acc.message(), self.node_id, self.params.get("tools"))
 
     def closing(self) -> bytes:
         out = self._close_text() + self._close_calls()

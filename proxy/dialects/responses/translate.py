@@ -16,7 +16,8 @@ import time
 import uuid
 from typing import Any
 
-from ...errors import InvalidRequest
+from ...assembly import NATIVE
+from .tools import DROPPED, chat_tools, flat_name, split_name
 
 __all__ = ["chat_params", "chat_usage_of", "native_params", "output_items", "response_object", "usage_of"]
 
@@ -27,18 +28,11 @@ _SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "servic
 _OURS = ("input", "instructions", "previous_response_id", "store", "conversation")
 
 
-def _tool(tool: Any) -> dict[str, Any]:
-    if not isinstance(tool, dict) or tool.get("type") != "function":
-        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-        raise InvalidRequest(f"tool type {kind!r} needs an upstream that speaks the Responses API "
-                             "(api = \"responses\"); this model's upstream speaks chat completions", param="tools")
-    function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-    return {"type": "function", "function": function}
-
-
-def _tool_choice(choice: Any) -> Any:
+def _tool_choice(choice: Any, dropped: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
+        return {"type": "function", "function": {"name": flat_name(choice.get("namespace"), choice.get("name"))}}
+    if isinstance(choice, dict) and choice.get("type") in (dropped or ()):
+        return "auto"  # (a hosted tool the call went without)
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         return choice.get("mode", "auto")
     return choice
@@ -60,9 +54,11 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
     if params.get("max_output_tokens") is not None:
         out["max_completion_tokens"] = params["max_output_tokens"]
     if params.get("tools"):
-        out["tools"] = [_tool(t) for t in params["tools"]]
-    if params.get("tool_choice") is not None:
-        out["tool_choice"] = _tool_choice(params["tool_choice"])
+        tools = chat_tools(params)
+        if tools:
+            out["tools"] = tools
+    if params.get("tool_choice") is not None and ("tools" in out or not params.get("tools")):  # (all dropped: none)
+        out["tool_choice"] = _tool_choice(params["tool_choice"], params.get(DROPPED))
     fmt = _response_format(params.get("text"))
     if fmt is not None:
         out["response_format"] = fmt
@@ -77,7 +73,7 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
 def native_params(params: dict[str, Any]) -> dict[str, Any]:
     """The fields a Responses upstream gets: the client's own, but never stored upstream and never
     pointing at upstream state -- the proxy sends the whole assembled input every time."""
-    out = {k: v for k, v in params.items() if k not in _OURS}
+    out = {k: v for k, v in params.items() if k not in _OURS and not k.startswith(NATIVE)}
     out["store"] = False
     return out
 
@@ -119,8 +115,9 @@ def call_item_id(node_id: uuid.UUID, index: int) -> str:
     return f"fc_{node_id.hex}_{index}"
 
 
-def output_items(message: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, Any]]:
-    """A chat answer (assistant message) as Responses output items."""
+def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None) -> list[dict[str, Any]]:
+    """A chat answer (assistant message) as Responses output items; ``tools``: the call's own,
+    which say the namespace of a function the model called by its flat name."""
     out: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
@@ -139,9 +136,19 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, 
                     "content": parts})
     for i, call in enumerate(message.get("tool_calls") or ()):
         fn = call.get("function") or {}
-        out.append({"id": call_item_id(node_id, i), "type": "function_call", "status": "completed",
-                    "call_id": call.get("id"), "name": fn.get("name"), "arguments": fn.get("arguments") or ""})
+        out.append(function_call(call_item_id(node_id, i), call.get("id"), fn.get("name"), fn.get("arguments") or "",
+                                 tools, status="completed"))
     return out
+
+
+def function_call(item_id: str, call_id: Any, name: Any, arguments: str, tools: Any, *, status: str) -> dict[str, Any]:
+    """A function_call output item for a chat tool call (its namespace, if it has one, told apart)."""
+    namespace, name = split_name(name, tools)
+    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+            "arguments": arguments}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[dict[str, Any]],
