@@ -11,8 +11,8 @@ import json
 import httpx
 import pytest
 
-from proxy.failures import Failure
 from proxy.errors import InvalidRequest
+from proxy.failures import Failure
 from storage import Outcome
 
 from .conftest import Db, make_settings, serve_proxy
