@@ -101,6 +101,8 @@ def prepare_import(data: bytes) -> Prepared:
             lines.append(_decode_line(raw))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise NotAnExport(f"line {number}: {exc}") from None
+        except RecursionError:  # (as a request body nested too deeply is refused)
+            raise NotAnExport(f"line {number}: nested too deeply") from None
     if not lines:
         raise NotAnExport("the export holds no node")
 
