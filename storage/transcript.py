@@ -16,7 +16,9 @@ per-message digests this module computes.
 Canonical form (what compares, and what does not):
 - system/developer messages take no part (``None``);
 - ``role`` compares; ``content``: a string equals a list of text parts with the same text joined;
-  null, ``""`` and absent are equal; other parts compare by their JSON;
+  leading and trailing whitespace of a text does not count (of the string, of the joined parts, of
+  each text part beside other parts: apps that restore a session re-add spaces and blank lines);
+  null, ``""``, whitespace only and absent are equal; other parts compare by their JSON;
 - ``tool_calls`` by id, function name and arguments as parsed JSON (key order and whitespace do
   not matter; arguments that are not JSON compare as strings); a missing ``type`` is ``function``;
   the legacy ``function_call`` the same way; ``tool`` messages by ``tool_call_id`` and content;
@@ -69,11 +71,13 @@ def _json_value(value: Any) -> Any:
     return ["json", value]
 
 
-def _content(content: Any) -> Any:
+def _content(content: Any, *, strip: bool = False) -> Any:
+    """The comparable form of a message's content; ``strip``: without the leading and trailing
+    whitespace of its texts (matching; the system hash keeps them as they are)."""
     if content is None or content == "":
         return ""
     if isinstance(content, str):
-        return content
+        return content.strip() if strip else content
     if isinstance(content, list):
         texts = []
         for part in content:
@@ -82,9 +86,10 @@ def _content(content: Any) -> Any:
             else:
                 break
         else:
-            return "".join(texts)
+            text = "".join(texts)
+            return text.strip() if strip else text
         return [
-            ["text", part["text"]]
+            ["text", part["text"].strip() if strip else part["text"]]
             if isinstance(part, dict) and part.get("type", "text") in _TEXT_PARTS and isinstance(part.get("text"), str)
             else ["part", part]
             for part in content
@@ -106,7 +111,7 @@ def canonical(message: Any) -> Any | None:
     role = message.get("role")
     if role in SYSTEM_ROLES:
         return None
-    out: dict[str, Any] = {"role": role, "content": _content(message.get("content"))}
+    out: dict[str, Any] = {"role": role, "content": _content(message.get("content"), strip=True)}
     if message.get("name") is not None:
         out["name"] = message["name"]
     calls = message.get("tool_calls")
@@ -130,7 +135,7 @@ def digest(message: Any) -> bytes:
         if type(content) is str and not any(message.get(k) for k in _PLAIN_EXTRAS):
             # the common case, without building the general form: the same bytes as canonical()
             # ({"content": ..., "role": ...}, keys sorted) -- tests/test_matching.py checks it
-            return _sha256(b'{"content":' + _encode(content) + b',"role":' + _encode(message.get("role")) + b"}").digest()
+            return _sha256(b'{"content":' + _encode(content.strip()) + b',"role":' + _encode(message.get("role")) + b"}").digest()
     return _sha256(_encode(canonical(message))).digest()
 
 

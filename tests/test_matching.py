@@ -34,6 +34,21 @@ def test_content_forms_that_mean_the_same_compare_equal():
     assert canonical(system("s")) is None and canonical({"role": "developer", "content": "d"}) is None
 
 
+def test_the_edges_of_a_text_do_not_count_but_its_inside_does():
+    assert digest(user("hi there")) == digest(user("\n\n  hi there \t\n")) == digest(
+        user([{"type": "text", "text": "\nhi "}, {"type": "text", "text": "there\n\n"}]))
+    assert digest(assistant("   ")) == digest(assistant(None)) == digest({"role": "assistant"})
+    assert digest(tool("c", "r\n")) == digest(tool("c", "r"))
+    image = {"type": "image_url", "image_url": {"url": "data:x"}}
+    assert digest(user([{"type": "text", "text": " see\n"}, image])) == digest(user([{"type": "text", "text": "see"}, image]))
+    for other in ("hi  there", "hi\nthere", "hithere", "hi there!"):
+        assert digest(user("hi there")) != digest(user(other)), other
+    # tool-call arguments that are not JSON compare as they are; the system hash keeps its texts
+    assert digest(assistant(None, tool_calls=[tool_call("c", "f", "x ")])) != digest(
+        assistant(None, tool_calls=[tool_call("c", "f", "x")]))
+    assert transcript.system_hash([system("s\n")]) != transcript.system_hash([system("s")])
+
+
 def test_tool_call_arguments_compare_as_json():
     a = assistant(None, tool_calls=[tool_call("c", "f", '{"a": 1, "b": [1, 2]}')])
     b = {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
@@ -195,5 +210,5 @@ def test_the_fast_digest_is_the_general_one():
 
     for m in (user("plain"), assistant("x", refusal=None, tool_calls=None), {"role": "user", "content": ""},
               {"role": "user", "content": 'quote " and \\u00e9 \u00e9'}, {"role": None, "content": "no role"},
-              {"role": "assistant", "content": "named", "name": None}):
+              {"role": "assistant", "content": "named", "name": None}, user("\n padded \t"), user("   ")):
         assert digest(m) == hashlib.sha256(_encode(canonical(m))).digest(), m
