@@ -91,8 +91,10 @@ class CallLifecycle:
         node_id = uuid7()
         digests = transcript.digests(call.messages)
         # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
-        # safety net recognise a client resending its history (it takes a user and an answer)
-        prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or len(digests) >= 2 else []
+        # safety net recognise a client resending its history -- only when an assistant message is
+        # among them (a delta client never resends the model's answers: an ordinary turn probes nothing)
+        prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or any(
+            type(m) is dict and m.get("role") == "assistant" for m in call.messages) else []
         start = CallStart(
             tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id, new_tree_id=uuid7(),
             kind=call.kind, mode=call.mode, parent_mode=call.parent_mode, parent_id=call.parent_id,
@@ -312,8 +314,7 @@ class CallLifecycle:
         response, content = await self._response(started, request, None if stream else receive)
         relay_headers = response_headers(response.headers) + started.headers()
         if stream:
-            masker = way.upstream.stream_masker(started.secrets)
-            return self._relay(started, response, relay_headers, exchange, t0, masker)
+            return self._relay(started, response, relay_headers, exchange, t0)
         try:
             answer = exchange.answer(Masker(started.secrets).bytes(content))  # (credentials echoed: masked)
         except NotACompletion as exc:
@@ -369,7 +370,7 @@ class CallLifecycle:
         return response, content
 
     def _relay(self, started: Started, response: httpx.Response, headers: list[tuple[str, str]], exchange: Exchange,
-               t0: float, masker: Callable[[bytes], bytes] | None) -> StreamRelay:
+               t0: float) -> StreamRelay:
         options = started.call.body.get("stream_options")
         wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
@@ -391,8 +392,7 @@ class CallLifecycle:
             on_end=on_end,
             close_upstream=response.aclose,
             classify_error=lambda error: from_stream_error(error, started.secrets),
-            translator=exchange.translator(wants_usage=wants_usage),
-            mask=masker,
+            translator=exchange.translator(wants_usage=wants_usage, secrets=started.secrets),
             background=self.tasks,
         )
 

@@ -2,6 +2,11 @@
 
 - ``BodyTimeout`` (ASGI middleware): a request body that has not fully arrived
   ``client_body_timeout`` seconds after the request started is answered 408 ``request_timeout``.
+- ``BytesInFlight`` (ASGI middleware): the request bytes all of a process's requests hold at once
+  are bounded by ``max_bytes_in_flight``. A request whose body would pass the bound waits up to
+  ``BUSY_WAIT`` seconds for others to end, then is answered 503 ``server_busy`` with
+  ``Retry-After``. A body is held -- bytes, decoded, re-encoded for the upstream and the
+  database -- until its request ends, so this bounds what large requests cost together.
 - ``HeaderTimeoutHttpTools`` / ``HeaderTimeoutH11`` (uvicorn protocols): a connection on which a
   request's headers have not arrived ``client_header_timeout`` seconds after it opened -- or after
   the previous response -- is closed. uvicorn itself only times out idle keep-alive connections
@@ -12,14 +17,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .errors import RequestTimeout
+from .errors import BranchpointError, RequestTimeout, error_body
 
-__all__ = ["BodyTimeout", "HeaderTimeoutH11", "HeaderTimeoutHttpTools"]
+__all__ = ["BUSY_WAIT", "SMALL_BODY", "BodyTimeout", "BytesInFlight", "HeaderTimeoutH11", "HeaderTimeoutHttpTools",
+           "ServerBusy"]
+
+BUSY_WAIT = 5.0  # seconds a request waits for room under max_bytes_in_flight before it is refused
+SMALL_BODY = 65536  # bodies up to this size are counted but never held back (bounded by max_connections)
 
 
 class BodyTimeout:
@@ -52,6 +62,162 @@ class BodyTimeout:
             return message
 
         await self.app(scope, guarded, send)
+
+
+class ServerBusy(BranchpointError, status=503, type_="server_error", code="server_busy"):
+    """The process holds as many request bytes as ``max_bytes_in_flight`` allows."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the proxy is busy with other large requests (server.max_bytes_in_flight = {limit} "
+                         "bytes); retry shortly", headers={"retry-after": "1"})
+
+
+class _Budget:
+    """Bytes granted to requests, at most ``limit`` at once -- except that a request alone always
+    gets what it asks (``max_body_bytes`` may exceed the bound), and small bodies always get theirs.
+    Waiters are served first come, first served: a large request is not starved by smaller ones."""
+
+    def __init__(self, limit: int, on_change: Any = None) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._on_change = on_change
+
+    def _fits(self, n: int) -> bool:
+        return self.used == 0 or self.used + n <= self.limit
+
+    async def take(self, n: int, wait: float) -> bool:
+        """Take ``n`` bytes, waiting up to ``wait`` seconds for them; False: not granted."""
+        if n <= SMALL_BODY or (not self._waiters and self._fits(n)):
+            self._grant(n)
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (n, future)
+        self._waiters.append(entry)
+        try:
+            async with asyncio.timeout(wait):
+                await future
+        except BaseException as exc:
+            granted = future.done() and not future.cancelled()  # (just as the time ran out)
+            if isinstance(exc, TimeoutError):
+                if granted:
+                    return True
+                self._leave(entry)
+                return False
+            if granted:  # cancelled: what it was given goes back
+                self.give(n)
+            else:
+                self._leave(entry)
+            raise
+        return True
+
+    def _leave(self, entry: tuple[int, asyncio.Future[None]]) -> None:
+        if entry in self._waiters:
+            self._waiters.remove(entry)
+        self._wake()  # (a large one leaving may let smaller ones behind it in)
+
+    def give(self, n: int) -> None:
+        if n:
+            self.used -= n
+            self._changed()
+            self._wake()
+
+    def _grant(self, n: int) -> None:
+        self.used += n
+        self._changed()
+
+    def _wake(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            n, future = self._waiters.popleft()
+            if not future.done():
+                self._grant(n)
+                future.set_result(None)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self.used)
+
+
+class BytesInFlight:
+    """ASGI middleware: the request bodies of all requests in flight hold at most ``limit`` bytes
+    (0: no bound). A body with a Content-Length takes its bytes before it is read, all at once --
+    requests never hold part of what they need while waiting for the rest -- and a chunked one as
+    its chunks arrive. They are given back when the request ends (its answer sent: the body, its
+    decoded form and its copies live as long as the call). A request refused is answered 503
+    ``server_busy`` (``Retry-After: 1``); one with a Content-Length has its body read and dropped
+    first, so the client reads the answer instead of a broken pipe."""
+
+    def __init__(self, app: Any, limit: int, max_body: int, metrics: Any = None, wait: float = BUSY_WAIT) -> None:
+        self.app = app
+        self.limit = limit
+        self.max_body = max_body
+        self.wait = wait
+        self.metrics = metrics
+        gauge = getattr(metrics, "bytes_in_flight", None)
+        self.budget = _Budget(limit, gauge.set if gauge is not None else None)
+
+    def _refused(self) -> ServerBusy:
+        if self.metrics is not None:
+            self.metrics.busy_bytes_rejections.inc()
+        return ServerBusy(self.limit)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.limit <= 0:
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        held = 0
+        try:
+            if declared is not None:
+                n = min(declared, self.max_body + 1)  # (a larger one is refused 413 by the app)
+                if n and not await self.budget.take(n, self.wait):
+                    await _drain(receive)
+                    error = self._refused()
+                    await _answer(send, error)
+                    return
+                held = n
+                await self.app(scope, receive, send)
+                return
+
+            async def counted() -> Any:
+                nonlocal held
+                message = await receive()
+                n = len(message.get("body", b""))
+                if n:
+                    if not await self.budget.take(n, self.wait):
+                        raise self._refused()
+                    held += n
+                return message
+
+            await self.app(scope, counted, send)
+        finally:
+            self.budget.give(held)
+
+
+def _content_length(scope: Any) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                return max(0, int(value))
+            except ValueError:
+                return None
+    return None
+
+
+async def _drain(receive: Any) -> None:
+    """Read a request's body to its end, keeping nothing."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
+
+async def _answer(send: Any, error: BranchpointError) -> None:
+    body = error_body(error.message, error.type, error.code)
+    await send({"type": "http.response.start", "status": error.status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *((k.encode(), v.encode()) for k, v in error.headers.items())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _HeaderTimeout:

@@ -45,6 +45,12 @@ class Metrics:
         self.compactions = Counter("branchpoint_compactions", "Compactions by mode and result", ["mode", "result"], registry=r)
         self.pairing_drops = Counter("branchpoint_pairing_drops", "Items dropped by the pairing check", registry=r)
         self.busy_rejections = Counter("branchpoint_busy_rejections", "Turn calls refused with 409 conversation_busy", registry=r)
+        self.bytes_in_flight = Gauge("branchpoint_request_bytes_in_flight",
+                                     "Request body bytes held by this process's requests (server.max_bytes_in_flight)",
+                                     registry=r)
+        self.busy_bytes_rejections = Counter("branchpoint_bytes_in_flight_rejections",
+                                             "Requests refused 503 server_busy: max_bytes_in_flight was reached",
+                                             registry=r)
         self.inflight = Gauge("branchpoint_inflight_calls", "Calls of this process with a pending node", registry=r)
         self.pending_nodes = Gauge("branchpoint_pending_nodes", "Pending nodes in the database (all processes)", registry=r)
         self.reaped = Counter("branchpoint_reaped", "Pending nodes reaped as interrupted by this process", registry=r)

@@ -77,7 +77,6 @@ class StreamRelay:
     classify_error: ClassifyError
     translator: Translator
     background: Background
-    mask: Callable[[bytes], bytes] | None = None  # each upstream event, before the translator
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         failure: Failure | None = None
@@ -164,7 +163,7 @@ class StreamRelay:
         """Relay events as they arrive, up to the stream's end (held back by the translator);
         returns the failure, if any (None: success)."""
         parser = SSEParser()
-        translator, mask = self.translator, self.mask
+        translator = self.translator
         try:
             opening = translator.opening()
             if opening:
@@ -172,7 +171,7 @@ class StreamRelay:
             async for raw in self.chunks:
                 out = []
                 for event in parser.feed(raw):
-                    piece = translator.event(mask(event) if mask is not None else event)
+                    piece = translator.event(event)
                     if piece:
                         out.append(piece)
                     if translator.error is not None or translator.finished:

@@ -34,7 +34,12 @@ def redact_bytes(body: bytes, secrets: Iterable[str | None] = ()) -> bytes:
 
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
+
+
+def _longest_first(secrets: Iterable[str | None]) -> list[str]:
+    """The credentials worth masking (six characters or more), once each, the longest first: a
+    key that begins another is masked only where the longer one is not."""
+    return sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
 
 
 class Masker:
@@ -45,7 +50,11 @@ class Masker:
     __slots__ = ("_secrets",)
 
     def __init__(self, secrets: Iterable[str | None]) -> None:
-        self._secrets = tuple({s.encode(): None for s in secrets if s and len(s) >= 6})
+        found: dict[bytes, None] = {}
+        for secret in _longest_first(secrets):
+            found[secret.encode()] = None
+            found[_encode(secret)[1:-1]] = None  # as it stands inside a JSON string, if it differs
+        self._secrets = tuple(found)
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
@@ -55,15 +64,6 @@ class Masker:
             if secret in data:
                 data = data.replace(secret, _MASK_BYTES)
         return data
-
-    def value(self, value: Any) -> Any:
-        """A JSON value with the credentials masked in every string (keys included); the value
-        itself when none occurs."""
-        if not self._secrets or value is None:
-            return value
-        encoded = _encode(value)
-        masked = self.bytes(encoded)
-        return value if masked is encoded else _decode(masked)
 
 
 _MASK_BYTES = MASK.encode()
@@ -80,7 +80,7 @@ class TextMasker:
     __slots__ = ("_held", "_secrets")
 
     def __init__(self, secrets: Iterable[str | None]) -> None:
-        self._secrets = tuple({s: None for s in secrets if s and len(s) >= 6})
+        self._secrets = tuple(_longest_first(secrets))
         self._held: dict[Any, str] = {}
 
     def __bool__(self) -> bool:

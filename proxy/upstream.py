@@ -85,13 +85,20 @@ def _too_large(limit: int) -> UpstreamTooLarge:
 
 
 class _Zlib:
-    """gzip, or deflate (zlib-wrapped, else raw -- as httpx reads it), ``_STEP`` bytes at a time."""
+    """gzip, or deflate (zlib-wrapped, else raw -- as httpx reads it), ``_STEP`` bytes at a time
+    and ``limit`` in all (a stage inside another coding is bounded too). What follows the end of
+    the compressed data is ignored, as httpx does -- and never handed to zlib, which would keep
+    it all (``unused_data``), copying it again with every chunk."""
 
-    def __init__(self, coding: str) -> None:
+    def __init__(self, coding: str, limit: int) -> None:
         self.raw_fallback = coding == "deflate"
         self.d = zlib.decompressobj(zlib.MAX_WBITS | 16 if coding != "deflate" else zlib.MAX_WBITS)
+        self.limit = limit
+        self.total = 0
 
     def decode(self, data: bytes) -> Iterator[bytes]:
+        if self.d.eof:
+            return
         try:
             while True:
                 try:
@@ -103,9 +110,12 @@ class _Zlib:
                     out = self.d.decompress(data, _STEP)
                 self.raw_fallback = False
                 if out:
+                    self.total += len(out)
+                    if self.total > self.limit:
+                        raise _too_large(self.limit)
                     yield out
                 data = self.d.unconsumed_tail
-                if not data and len(out) < _STEP:  # (a full step may leave output inside zlib)
+                if (not data and len(out) < _STEP) or self.d.eof:  # (a full step may leave output inside zlib)
                     return
         except zlib.error as exc:
             raise httpx.DecodingError(str(exc)) from exc
@@ -176,7 +186,7 @@ def _decoder(headers: httpx.Headers, limit: int) -> _Zlib | _Zstd | _Chain | Non
     stages: list[_Zlib | _Zstd] = []
     for coding in reversed([c.strip().lower() for c in value.split(",")]):
         if coding in ("gzip", "x-gzip", "deflate"):
-            stages.append(_Zlib(coding))
+            stages.append(_Zlib(coding, limit))
         elif coding == "zstd":
             stages.append(_Zstd(limit))
     if not stages:
@@ -344,7 +354,11 @@ class UpstreamClient:
                         raise _too_large(limit)
                     yield chunk
                 return
+            received = 0
             async for chunk in response.aiter_raw():
+                received += len(chunk)  # (what came is held to the limit too: trailing bytes never end it)
+                if received > limit:
+                    raise _too_large(limit)
                 for piece in decoder.decode(chunk):
                     seen += len(piece)
                     if seen > limit:

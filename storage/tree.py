@@ -15,7 +15,7 @@ import msgspec
 
 from . import queries
 from .batching import Batch
-from .database import _NUL, Database, _encode, _shield
+from .database import _NUL, Database, _encode, _on_a_fresh_stack, _shield
 from .model import Outcome, PathNode, rows
 from .pathcache import PathCache
 from .transcript import digests, system_hash
@@ -115,6 +115,13 @@ def _jsonb(contract: msgspec.Struct) -> msgspec.Raw:
     decoding in PL/pgSQL. A NUL character, which jsonb cannot hold, is shielded inside the JSON
     values (the items, params, usage, error) as ``storage.database`` shields any jsonb value; one in
     a text field stays, and PostgreSQL refuses it as before."""
+    try:
+        return _jsonb_here(contract)
+    except RecursionError:  # (deep items: as storage.database encodes any deep jsonb value)
+        return _on_a_fresh_stack(_jsonb_here, contract)
+
+
+def _jsonb_here(contract: msgspec.Struct) -> msgspec.Raw:
     contract = msgspec.structs.replace(
         contract, **{name: _hex(getattr(contract, name)) for name in _bytes_fields(type(contract))})
     data = _encode(contract)

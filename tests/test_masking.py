@@ -126,3 +126,42 @@ def test_text_masker_equals_masking_the_whole_text(words, cuts):
         expected = expected.replace(secret, MASK)
     assert out == expected
     assert not masker.holding
+
+
+def _sse(*chunks: dict, done: bool = True) -> bytes:
+    body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    return body + (b"data: [DONE]\n\n" if done else b"")
+
+
+def _chunk(**delta) -> dict:
+    return {"id": "c", "object": "chat.completion.chunk", "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"model": MODEL, "messages": [user("k?")], "stream": True}),
+    ("/v1/responses", {"model": MODEL, "input": "k?", "stream": True}),
+])
+def test_held_back_text_is_given_out_when_the_stream_ends_without_a_finishing_chunk(
+        keys_proxy, upstream, cid, path, body):
+    # the answer ends on what looks like the start of the key, and no chunk finishes the choice
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream",
+                           body=_sse(_chunk(role="assistant", content="ends with sk-ups"),
+                                     _chunk(reasoning_content=f"thinks {UPSTREAM_KEY[:9]}"),
+                                     _chunk(reasoning_content=f"{UPSTREAM_KEY[9:]} done"))))
+    r = _post(keys_proxy, ALICE, cid, path, body)
+    assert r.status_code == 200 and UPSTREAM_KEY not in r.text
+    text, reasoning = "", ""
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            event = json.loads(line[6:])
+            for c in event.get("choices") or ():
+                text += c["delta"].get("content") or ""
+                reasoning += c["delta"].get("reasoning_content") or ""
+            if event.get("type") == "response.output_text.delta":
+                text += event["delta"]
+    assert text == "ends with sk-ups"  # not a key after all: given out at the end, nothing lost
+    if path == "/v1/chat/completions":
+        assert reasoning == f"thinks {MASK} done"
+    stored = _stored(keys_proxy.db, r.headers["x-node-id"])
+    assert UPSTREAM_KEY not in stored and "ends with sk-ups" in stored

@@ -21,7 +21,7 @@ dialect needs it.) The lifecycle, the relay, the builder and storage know only t
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -51,7 +51,7 @@ class Exchange(Protocol):
 
     def answer(self, content: bytes) -> Answer: ...  # raises dialects.chat.NotACompletion
 
-    def translator(self, *, wants_usage: bool) -> Translator: ...
+    def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator: ...  # masking these
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
 
@@ -84,7 +84,6 @@ class Dialect(Protocol):
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]: ...
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes: ...
-    def stream_masker(self, secrets: Sequence[str | None]) -> Callable[[bytes], bytes] | None: ...  # an upstream stream's events, the call's credentials masked
     def relay(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> Exchange: ...
     def over_chat(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> Exchange: ...
     def for_chat(self, *, node_id: uuid.UUID, provider: str) -> Exchange: ...

@@ -11,15 +11,14 @@ the other dialects translate to and from it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ...assembly import build_body, strip
-from ...secrets import TextMasker
 from .. import Answer, Transcript
 from .completion import Completion, NotACompletion, parse_completion
 from .request import parse_chat_body
-from .stream import ChatStream, MaskedChunks, StreamAccumulator
+from .stream import ChatStream, StreamAccumulator, masked_chunks
 
 __all__ = ["DIALECT", "Chat", "ChatExchange", "ChatStream", "Completion", "NotACompletion", "StreamAccumulator",
            "parse_completion"]
@@ -32,8 +31,8 @@ class ChatExchange:
         completion = parse_completion(content)
         return Answer(content, [completion.message], [completion.message], completion.usage, completion.finish_reason)
 
-    def translator(self, *, wants_usage: bool) -> ChatStream:
-        return ChatStream(strip_usage=not wants_usage)
+    def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> ChatStream:
+        return ChatStream(strip_usage=not wants_usage, masker=masked_chunks(secrets))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return received
@@ -82,10 +81,6 @@ class Chat:
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes:
         return build_body(fields, strip(messages), stream=stream)
-
-    def stream_masker(self, secrets: Sequence[str | None]) -> Callable[[bytes], bytes] | None:
-        masker = TextMasker(secrets)
-        return MaskedChunks(masker) if masker else None
 
     def relay(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> ChatExchange:
         return _EXCHANGE

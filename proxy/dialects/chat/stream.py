@@ -12,7 +12,7 @@ from ...failures import Failure
 from ...secrets import TextMasker
 from ...sse import DONE, UNREAD, payload, sse_error_event
 
-__all__ = ["ChatStream", "MaskedChunks", "StreamAccumulator"]
+__all__ = ["ChatStream", "MaskedChunks", "StreamAccumulator", "masked_chunks"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -119,8 +119,9 @@ class ChatStream:
     """A chat-completions stream relayed as it arrives; ``[DONE]`` is held back until the node
     is stored; the usage chunk the proxy asked for is stripped unless the client asked too."""
 
-    def __init__(self, *, strip_usage: bool) -> None:
+    def __init__(self, *, strip_usage: bool, masker: MaskedChunks | None = None) -> None:
         self.strip_usage = strip_usage
+        self.masker = masker
         self.acc = StreamAccumulator()
         self.finished = False
         self.error: Any = None
@@ -144,7 +145,9 @@ class ChatStream:
         if chunk is DONE:
             self.finished = True
             self._tail = raw + b"\n\n"
-            return b""
+            return self._rest()
+        if self.masker is not None and self.masker.apply(chunk):
+            raw = b"data: " + _encode(chunk)
         self.acc.feed(chunk)
         if self.acc.error is not None:
             self.error = self.acc.error
@@ -152,6 +155,15 @@ class ChatStream:
         if self.strip_usage and isinstance(chunk, dict) and chunk.get("usage") and not chunk.get("choices"):
             return b""  # we asked for usage; the client did not
         return raw + b"\n\n"
+
+    def _rest(self) -> bytes:
+        """What the masker still held when the stream ended without finishing its choices."""
+        if self.masker is None or not self.masker.masker.holding:
+            return b""
+        chunk = {"id": self.acc.response_id, "object": "chat.completion.chunk", "model": self.acc.model,
+                 "choices": self.masker.rest()}
+        self.acc.feed(chunk)
+        return b"data: " + _encode(chunk) + b"\n\n"
 
     def closing(self) -> bytes:
         return self._tail
@@ -165,56 +177,81 @@ class ChatStream:
 
 
 class MaskedChunks:
-    """A chat upstream's events with the call's credentials masked in their text -- the content,
-    refusal and reasoning deltas and the tool calls' arguments of every choice -- however the
-    deltas cut them (``secrets.TextMasker``): what may begin a credential is held back a chunk,
-    and given out by the chunk that finishes the choice at the latest. A chunk is re-encoded only
-    when its text changed."""
+    """The call's credentials masked in a chat stream's text -- every choice's content, refusal and
+    reasoning deltas, its tool calls' and legacy function call's arguments -- however the deltas
+    cut them (``secrets.TextMasker``): what may begin a credential is held back, and given out by
+    the chunk that finishes its choice, or by ``rest`` at the stream's end. ``apply`` works on a
+    chunk already decoded (the translator's own: nothing is decoded twice) and says whether it
+    changed it."""
 
-    _FIELDS = ("content", "refusal", "reasoning_content")
+    _FIELDS = ("content", "refusal", "reasoning_content", "reasoning")
 
     def __init__(self, masker: TextMasker) -> None:
         self.masker = masker
 
-    def __call__(self, event: bytes) -> bytes:
-        chunk = payload(event)
+    def apply(self, chunk: Any) -> bool:
         if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
-            return event
+            return False
         changed = False
         for choice in chunk["choices"]:
-            if isinstance(choice, dict) and isinstance(choice.get("delta"), dict):
+            if isinstance(choice, dict):
                 changed = self._choice(choice, choice.get("index", 0)) or changed
-        return b"data: " + _encode(chunk) if changed else event
+        return changed
+
+    def _text(self, holder: dict[str, Any], field: str, key: Any) -> bool:
+        value = holder.get(field)
+        if not isinstance(value, str) or not value:
+            return False
+        out = self.masker.feed(key, value)
+        if out == value:
+            return False
+        holder[field] = out
+        return True
 
     def _choice(self, choice: dict[str, Any], index: Any) -> bool:
-        masker, delta, changed = self.masker, choice["delta"], False
-        for field in self._FIELDS:
-            value = delta.get(field)
-            if isinstance(value, str) and value:
-                out = masker.feed((index, field), value)
-                if out != value:
-                    delta[field], changed = out, True
-        calls = delta.get("tool_calls")
-        for call in calls if isinstance(calls, list) else ():
-            fn = call.get("function") if isinstance(call, dict) else None
-            if isinstance(fn, dict) and isinstance(fn.get("arguments"), str) and fn["arguments"]:
-                out = masker.feed((index, "tool", call.get("index", 0)), fn["arguments"])
-                if out != fn["arguments"]:
-                    fn["arguments"], changed = out, True
-        if choice.get("finish_reason") and masker.holding:
-            changed = self._flush(delta, index) or changed
+        delta = choice.get("delta")
+        changed = False
+        if isinstance(delta, dict):
+            for field in self._FIELDS:
+                changed = self._text(delta, field, (index, field)) or changed
+            calls = delta.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict):
+                    changed = self._text(fn, "arguments", (index, "tool", call.get("index", 0))) or changed
+            if isinstance(delta.get("function_call"), dict):
+                changed = self._text(delta["function_call"], "arguments", (index, "function_call")) or changed
+        if choice.get("finish_reason") and self.masker.holding:
+            held = self._held(index)
+            if held:
+                choice["delta"] = _with_held(delta if isinstance(delta, dict) else {}, held)
+                changed = True
         return changed
 
-    def _flush(self, delta: dict[str, Any], index: Any) -> bool:
-        changed = False
-        for field in self._FIELDS:
-            held = self.masker.flush((index, field))
-            if held:
-                delta[field] = (delta.get(field) or "") + held
-                changed = True
-        for key in [k for k in self.masker.held() if k[0] == index and k[1] == "tool"]:
-            held = self.masker.flush(key)
-            calls = delta.setdefault("tool_calls", [])
-            calls.append({"index": key[2], "function": {"arguments": held}})
-            changed = True
-        return changed
+    def _held(self, index: Any) -> dict[Any, str]:
+        return {key: self.masker.flush(key) for key in self.masker.held() if key[0] == index}
+
+    def rest(self) -> list[dict[str, Any]]:
+        """The choices still holding text back when the stream ends (no finishing chunk came):
+        one choice delta each, to be sent in a chunk of their own."""
+        indexes = sorted({key[0] for key in self.masker.held()}, key=str)
+        return [{"index": i, "delta": _with_held({}, self._held(i))} for i in indexes]
+
+
+def _with_held(delta: dict[str, Any], held: dict[Any, str]) -> dict[str, Any]:
+    """``delta`` with the text held back for its choice appended, field by field."""
+    for key, text in held.items():
+        if key[1] == "tool":
+            delta.setdefault("tool_calls", []).append({"index": key[2], "function": {"arguments": text}})
+        elif key[1] == "function_call":
+            fc = delta.setdefault("function_call", {})
+            fc["arguments"] = (fc.get("arguments") or "") + text
+        else:
+            delta[key[1]] = (delta.get(key[1]) or "") + text
+    return delta
+
+
+def masked_chunks(secrets: Any) -> MaskedChunks | None:
+    """The masker of a chat stream carrying these credentials (None: there are none)."""
+    masker = TextMasker(secrets)
+    return MaskedChunks(masker) if masker else None

@@ -12,10 +12,9 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ...secrets import Masker
 from .. import Transcript
 from . import for_chat, items, tools, translate
 from .exchange import ChatOverResponses, ResponsesNative, ResponsesOverChat
@@ -66,13 +65,6 @@ class Responses:
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes:
         return items.request_body(fields, messages, provider, stream=stream)
-
-    def stream_masker(self, secrets: Sequence[str | None]) -> Callable[[bytes], bytes] | None:
-        # each event whole: a credential split across text deltas reaches the client's deltas in
-        # pieces, but the done events, the completed response and the stored answer carry it whole
-        # -- and masked (docs/behaviour.md#limits-and-hostile-peers)
-        masker = Masker(secrets)
-        return masker.bytes if masker else None
 
     def relay(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> ResponsesNative:
         return ResponsesNative(node_id=node_id, params=params, provider=provider)

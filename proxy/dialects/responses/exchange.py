@@ -12,13 +12,16 @@ gives the stream relay its translator.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from ...relay import Translator
+from ...secrets import Masker
 from .. import Answer
 from ..chat import parse_completion
+from ..chat.stream import masked_chunks
 from . import for_chat, translate
 from . import stream as responses_stream
 from .items import read_response, response_id, to_messages
@@ -40,8 +43,9 @@ class ChatOverResponses:
         choice = body["choices"][0]
         return Answer(_encode(body), [message], [message], body["usage"], choice["finish_reason"])
 
-    def translator(self, *, wants_usage: bool) -> Translator:
-        return for_chat.ToChat(node_id=self.node_id, provider=self.provider, wants_usage=wants_usage)
+    def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
+        return for_chat.ToChat(node_id=self.node_id, provider=self.provider, wants_usage=wants_usage,
+                               masker=Masker(secrets) or None)
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return received
@@ -63,8 +67,9 @@ class ResponsesOverChat:
                                              model=_decode(content).get("model"))
         return Answer(_encode(response), output, self.messages(output), usage, completion.finish_reason)
 
-    def translator(self, *, wants_usage: bool) -> Translator:
-        return responses_stream.FromChat(node_id=self.node_id, params=self.params, instructions=self.instructions)
+    def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
+        return responses_stream.FromChat(node_id=self.node_id, params=self.params, instructions=self.instructions,
+                                         masker=masked_chunks(secrets))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)
@@ -86,9 +91,12 @@ class ResponsesNative:
         finish = "length" if data.get("status") == "incomplete" else "stop"
         return Answer(_encode(data), output, self.messages(output), usage, finish)
 
-    def translator(self, *, wants_usage: bool) -> Translator:
+    def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
+        # each event whole: a credential split across text deltas reaches the client's deltas in
+        # pieces, but the done events, the completed response and the stored answer carry it whole
+        # -- and masked (docs/behaviour.md#limits-and-hostile-peers)
         return responses_stream.Native(node_id=self.node_id, previous_response_id=self.params.get("previous_response_id"),
-                                       store=self.params.get("store", True))
+                                       store=self.params.get("store", True), masker=Masker(secrets) or None)
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)

@@ -27,6 +27,7 @@ import msgspec
 from ...assembly import strip
 from ...errors import InvalidRequest
 from ...failures import Failure
+from ...secrets import Masker
 from ...sse import DONE, payload, sse_error_event
 from .items import to_messages
 from .translate import chat_usage_of
@@ -159,7 +160,9 @@ class ToChat:
     chunk (and the usage chunk, when the client asked for it) and ``[DONE]`` once the node is
     stored. A failed response ends with the chat error event."""
 
-    def __init__(self, *, node_id: uuid.UUID, provider: str | None, wants_usage: bool) -> None:
+    def __init__(self, *, node_id: uuid.UUID, provider: str | None, wants_usage: bool,
+                 masker: Masker | None = None) -> None:
+        self.masker = masker  # the call's credentials masked in each event
         self.node_id = node_id
         self.provider = provider
         self.wants_usage = wants_usage
@@ -189,6 +192,8 @@ class ToChat:
         return b""
 
     def event(self, raw: bytes) -> bytes:
+        if self.masker:
+            raw = self.masker.bytes(raw)
         event = payload(raw)
         if event is DONE:
             self.finished = self.finished or self.final is not None

@@ -19,8 +19,9 @@ from typing import Any
 import msgspec
 
 from ...failures import Failure
+from ...secrets import Masker
 from ...sse import DONE, UNREAD, payload
-from ..chat.stream import StreamAccumulator
+from ..chat.stream import MaskedChunks, StreamAccumulator
 from . import translate
 from .items import response_id
 
@@ -42,7 +43,9 @@ class _Events:
 
 
 class FromChat:
-    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any) -> None:
+    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any,
+                 masker: MaskedChunks | None = None) -> None:
+        self.masker = masker  # the call's credentials masked in the chat chunks' text
         self.node_id = node_id
         self.params = params
         self.instructions = instructions
@@ -81,7 +84,14 @@ class FromChat:
             return b""
         if chunk is DONE:
             self.finished = True
+            if self.masker is not None and self.masker.masker.holding:  # (no finishing chunk came)
+                return self._chunk({"choices": self.masker.rest()})
             return b""
+        if self.masker is not None:
+            self.masker.apply(chunk)
+        return self._chunk(chunk)
+
+    def _chunk(self, chunk: Any) -> bytes:
         before_text = "".join(self.acc.content)
         before_args = {i: tc["function"]["arguments"] for i, tc in self.acc.tool_calls.items()}
         self.acc.feed(chunk)
@@ -176,7 +186,9 @@ class FromChat:
 class Native:
     """A Responses upstream's stream, relayed with the node's response id."""
 
-    def __init__(self, *, node_id: uuid.UUID, previous_response_id: str | None, store: Any) -> None:
+    def __init__(self, *, node_id: uuid.UUID, previous_response_id: str | None, store: Any,
+                 masker: Masker | None = None) -> None:
+        self.masker = masker  # the call's credentials masked in each event (docs/behaviour.md#limits-and-hostile-peers)
         self.rid = response_id(node_id)
         self.previous = previous_response_id
         self.store = store
@@ -197,6 +209,8 @@ class Native:
         return {**response, "id": self.rid, "previous_response_id": self.previous, "store": self.store}
 
     def event(self, raw: bytes) -> bytes:
+        if self.masker:
+            raw = self.masker.bytes(raw)
         event = payload(raw)
         if event is DONE:
             self.finished = True

@@ -49,7 +49,12 @@ def hosted(tools: Any) -> list[str]:
     kinds: dict[str, None] = {}
     for tool in tools if isinstance(tools, list) else ():
         kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind not in ("function", "namespace"):
+        if kind == "namespace":  # its members that are not functions (custom tools) neither
+            for member in tool.get("tools") or ():
+                inner = member.get("type", "function") if isinstance(member, dict) else None
+                if inner != "function":
+                    kinds[f"namespace:{inner}"] = None
+        elif kind != "function":
             kinds[str(kind)] = None
     return list(kinds)
 
@@ -72,8 +77,12 @@ def chat_tools(params: dict[str, Any]) -> list[dict[str, Any]]:
             out.append(_function(tool))
         elif kind == "namespace":
             for fn in tool.get("tools") or ():
-                if isinstance(fn, dict) and fn.get("type", "function") == "function":
+                inner = fn.get("type", "function") if isinstance(fn, dict) else None
+                if inner == "function":
                     out.append(_function(fn, flat_name(tool.get("name"), fn.get("name"))))
+                elif f"namespace:{inner}" not in dropped:
+                    raise InvalidRequest(f"tool type {inner!r} inside namespace {tool.get('name')!r} needs an upstream "
+                                         "that speaks the Responses API (api = \"responses\")", param="tools")
         elif kind not in dropped:
             raise InvalidRequest(f"tool type {kind!r} needs an upstream that speaks the Responses API "
                                  "(api = \"responses\"); this model's upstream speaks chat completions", param="tools")

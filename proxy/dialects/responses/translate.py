@@ -125,7 +125,7 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
                     "summary": [{"type": "summary_text", "text": reasoning}]})
     content = message.get("content")
     text = content if isinstance(content, str) else "".join(
-        p.get("text", "") for p in content or () if isinstance(p, dict))
+        str(p.get("text") or "") for p in (content if isinstance(content, list) else ()) if isinstance(p, dict))
     if text or message.get("refusal") or not message.get("tool_calls"):
         parts: list[dict[str, Any]] = []
         if text or not message.get("refusal"):
@@ -134,8 +134,11 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
             parts.append({"type": "refusal", "refusal": message["refusal"]})
         out.append({"id": message_item_id(node_id), "type": "message", "role": "assistant", "status": "completed",
                     "content": parts})
-    for i, call in enumerate(message.get("tool_calls") or ()):
-        fn = call.get("function") or {}
+    calls = message.get("tool_calls")
+    for i, call in enumerate(calls if isinstance(calls, list) else ()):
+        if not isinstance(call, dict):
+            continue  # (an upstream's odd answer: not a call)
+        fn = call.get("function") if isinstance(call.get("function"), dict) else {}
         out.append(function_call(call_item_id(node_id, i), call.get("id"), fn.get("name"), fn.get("arguments") or "",
                                  tools, status="completed"))
     return out
