@@ -125,17 +125,29 @@ def _on_a_fresh_stack(fn: Callable[[Any], Any], arg: Any) -> Any:
     return result
 
 
-def _encode_shielded(value: Any) -> bytes:
-    data = _encode(value)
-    return _encode(_shield(value)) if _NUL in data else data
+_encode_into = msgspec.json.Encoder().encode_into
 
 
-def _jsonb_encode(value: Any) -> bytes:
+def _encode_shielded(value: Any) -> bytearray:
+    """jsonb's binary format: version byte 1, then the JSON text -- written after the byte in one
+    buffer (asyncpg takes any buffer), so a large value is not copied once more to prefix it. An
+    argument already encoded (``msgspec.Raw``: the call contracts, storage/tree.py) is copied once."""
+    data = bytearray(b"\x01")
+    if isinstance(value, msgspec.Raw):
+        data += memoryview(value)
+        return data
+    _encode_into(value, data, 1)
+    if _NUL in data:
+        del data[1:]
+        _encode_into(_shield(value), data, 1)
+    return data
+
+
+def _jsonb_encode(value: Any) -> bytearray:
     try:
-        data = _encode_shielded(value)
+        return _encode_shielded(value)
     except RecursionError:
-        data = _on_a_fresh_stack(_encode_shielded, value)
-    return b"\x01" + data  # jsonb binary format: version byte 1, then JSON text
+        return _on_a_fresh_stack(_encode_shielded, value)
 
 
 def _decode_unshielded(data: bytes) -> Any:
