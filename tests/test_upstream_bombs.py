@@ -288,6 +288,42 @@ def test_a_head_within_the_caps_is_relayed(bombed, bomb_upstream):
         assert json.loads(body)["choices"][0]["message"]["content"] == "fine"
 
 
+def test_the_decoders_step_by_step():
+    """The decoders alone: raw deflate (as httpx reads it too), two codings undone last first,
+    every piece at most one step, a bomb inside a second coding refused at the limit too."""
+    from proxy.errors import UpstreamTooLarge
+    from proxy.upstream import _STEP, _decoder
+
+    def run(coding: str, body: bytes, limit: int = LIMIT, size: int = 997) -> bytes:
+        d = _decoder(httpx.Headers({"content-encoding": coding}), limit)
+        assert d is not None
+        out: list[bytes] = []
+        for i in range(0, len(body), size):
+            out += d.decode(body[i:i + size])
+        out += d.flush()
+        assert all(len(p) <= _STEP for p in out)
+        return b"".join(out)
+
+    plain = b"".join(b"%06d " % i for i in range(100_000))  # 700 KB
+    raw = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    assert run("deflate", raw.compress(plain) + raw.flush()) == plain
+    assert run("gzip, zstd", _encode("zstd", _encode("gzip", plain))) == plain
+    assert run("gzip", _encode("gzip", plain), size=1 << 20) == plain
+    assert _decoder(httpx.Headers({"content-encoding": "br"}), LIMIT) is None  # unknown: left as it came
+    with pytest.raises(UpstreamTooLarge):  # (each stage holds itself to the limit)
+        run("gzip, zstd", _encode("zstd", _squeeze("gzip", 20 * MIB)))
+    with pytest.raises(UpstreamTooLarge):
+        run("gzip, gzip", _encode("gzip", _squeeze("gzip", 20 * MIB)))
+    # what follows the end of the data is ignored, and never piles up inside zlib
+    d = _decoder(httpx.Headers({"content-encoding": "gzip"}), LIMIT)
+    assert b"".join(d.decode(_encode("gzip", b"{}"))) == b"{}"
+    for _ in range(100):
+        assert list(d.decode(b"junk" * 10_000)) == []
+    assert d.d.unused_data == b""
+    with pytest.raises(httpx.DecodingError):
+        run("zstd", b"not zstd at all")
+
+
 def test_zz_report_rss(capsys):
     """(Prints what the tests above saw: run with -s.)"""
     with capsys.disabled():
