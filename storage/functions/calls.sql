@@ -31,7 +31,8 @@
 --   sent                      the call's messages
 --   digests                   the digests of its non-system messages, in order
 --   prefixes                  the transcript hashes of its first 1..m non-system messages (in delta
---                             mode given when it could be a resent history: bp_begin_call's safety net)
+--                             mode given when it could be a resent history -- it holds an assistant
+--                             message: bp_begin_call's safety net)
 --   prefix_offset             full mode: the prefixes and sent's non-system messages start after
 --                             this many (a window at the end of a long history: the deepest match
 --                             is almost always there); 0 = complete
@@ -127,14 +128,21 @@ BEGIN
         conv := bp_open_conversation(s.tenant, s.conversation_id, v_ctree, s.new_tree_id, s.kind = 'turn');
     END IF;
 
-    -- 2. the safety net: a delta call whose messages begin with the parent's whole transcript,
-    --    holding an answer the proxy stored, resends its history -- a delta client never resends
-    --    the model's answers. It is handled in full-history mode (the whole history: no window).
+    -- 2. the safety net: a delta client never resends the model's answers, so a delta call whose
+    --    messages hold an answer stored in this conversation's tree resends its history -- whether
+    --    or not they begin with the parent's transcript (an app's side call, a title request, may
+    --    have moved the head). It is handled in full-history mode (the whole history: no window).
+    --    Two tests, the cheaper first: the parent's whole transcript (holding an answer) begins the
+    --    messages -- one lookup by key; else one of the messages is a stored answer -- one probe
+    --    of nodes_by_answer per message. (prefixes are only given when the messages hold an
+    --    assistant message: an ordinary delta call, a question or tool results, probes nothing.)
     IF cardinality(s.prefixes) > 0 AND s.parent_mode <> 'root' THEN
         SELECT n.chain, n.answered INTO v_up FROM nodes n
          WHERE n.tree_id = conv.tree_id
            AND n.id = CASE WHEN s.parent_mode = 'node' THEN s.parent_id ELSE conv.head_node_id END;
-        IF FOUND AND v_up.answered AND v_up.chain = ANY(s.prefixes) THEN
+        IF (FOUND AND v_up.answered AND v_up.chain = ANY(s.prefixes))
+           OR EXISTS (SELECT 1 FROM nodes n
+                       WHERE n.answer = ANY(s.digests) AND n.tree_id = conv.tree_id AND n.tenant = s.tenant) THEN
             RETURN QUERY SELECT * FROM bp_begin_full(p_start || '{"prefix_offset": 0}', p_known);
             RETURN;
         END IF;
@@ -204,7 +212,8 @@ $$;
 -- bp_finish_call(tree, node, finish): store a call's outcome. A delta turn call releases the
 -- conversation's lease if it still holds it; a full-history turn call never held one. Either way
 -- the head moves to its node when bp_can_be_head says so (last finisher wins). A success extends
--- the node's transcript hash by what the model returned. Returns false when the node was no
+-- the node's transcript hash by what the model returned, and a turn's keeps the digest of its
+-- answer's first message (`answer`: the safety net's index, nodes_by_answer). Returns false when the node was no
 -- longer pending (reaped meanwhile): nothing is written then.
 --   p_tree, p_node   the node (the tree: what a PostgreSQL distributed by tree routes the call by)
 --   p_finish         how the call ended, as storage.tree.CallFinish sends it (bp_call_finish_t)
@@ -229,6 +238,7 @@ BEGIN
            request_hash = coalesce(f.request_hash, n.request_hash),
            chain = CASE WHEN f.outcome = 'success' THEN bp_fold(n.chain, f.received_digests) ELSE n.chain END,
            answered = n.answered OR (f.outcome = 'success' AND jsonb_array_length(coalesce(f.received, '[]')) > 0),
+           answer = CASE WHEN f.outcome = 'success' AND n.kind = 'turn' THEN f.received_digests[1] END,
            lease_until = NULL, finished_at = clock_timestamp()
      WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
     IF NOT FOUND THEN
