@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _harness import ROOT, Procs, arguments, asgi_body, log, serve_in_thread, start_branchpoint, write_result
 
 MODEL = "gpt-4o-mini"
+BIG_BODY_WEIGHT = int(os.environ.get("SOAK_BIG_BODY_WEIGHT", "1"))  # (0: no 30 MB bodies)
 OWN_5XX = {"internal_error", "storage_error", "database_unavailable", "relay_error"}
 
 
@@ -198,7 +199,7 @@ class Load:
         ops, weights = ["turn", "stream", "full", "edit", "transform", "head", "switch", "fork", "delete"], \
             [30, 15, 10, 10, 10, 6, 6, 4, 2]
         if self.hostile:
-            ops, weights = [*ops, "big_body", "deep_client", "delete_pair"], [*weights, 1, 2, 2]
+            ops, weights = [*ops, "big_body", "deep_client", "delete_pair"], [*weights, BIG_BODY_WEIGHT, 2, 2]
         op = self.random.choices(ops, weights)[0]
         self.ops[op] += 1
         chat = f"{base}/v1/chat/completions"
