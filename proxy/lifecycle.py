@@ -6,8 +6,9 @@ node (docs/behaviour.md#the-chat-endpoint).
     call the upstream, relay the answer                               (proxy.upstream, proxy.relay)
     finish: outcome stored, lease released, head moved by the rule   (storage: one round trip)
 
-Every way out of a started call goes through ``_finish`` (or ``_fail``, which also answers the
-client), so a started node is always finished: with its answer, or with a ``Failure`` whose
+Every way out of a started call goes through ``Outcomes.finish`` (proxy/outcomes.py; or ``_fail``,
+which also answers the client), so a started node is always finished: with its answer, or with a
+``Failure`` whose
 ``Outcome`` the head rule (``bp_can_be_head``, storage/functions/basics.sql) reads. The
 upstream's answer passes one ladder of failures, for answers and streams alike (``_exchange``).
 """
@@ -15,10 +16,8 @@ upstream's answer passes one ladder of failures, for answers and streams alike (
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -26,7 +25,6 @@ import msgspec
 
 from storage import (
     Busy,
-    CallFinish,
     CallStart,
     Outcome,
     Refused,
@@ -44,12 +42,13 @@ from .dialects import Crossing, Exchange, crossing
 from .dialects.chat import NotACompletion
 from .dialects.responses.tools import DROPPED as DROPPED_TOOLS
 from .errors import BranchpointError, UpstreamFailure, from_refusal
-from .failures import Failure, NodeError, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion
+from .failures import Failure, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion
 from .http import RawResponse, encode_headers
 from .later import Later
 from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
+from .outcomes import Outcomes
 from .relay import StreamEnd, StreamRelay, client_disconnected, wait_for_disconnect
 from .secrets import Masker
 from .upstream import UpstreamClient, response_headers, target_of
@@ -84,6 +83,8 @@ class CallLifecycle:
         self.default_mode = default_mode  # for calls that do not say (X-Context-Mode)
         self.unsupported_tools = unsupported_tools  # hosted tools over a chat upstream: "drop" or "refuse"
         self.later = Later(tree, lease_seconds)
+        self.outcomes = Outcomes(tree=tree, later=self.later, compactor=compactor, leases=leases, metrics=metrics,
+                                 tasks=tasks)
 
     # -- start -------------------------------------------------------------------------------
 
@@ -140,111 +141,12 @@ class CallLifecycle:
 
     # -- finish ------------------------------------------------------------------------------
 
-    async def _finish(self, started: Started, outcome: Outcome, *, received: list[Any] | None = None,
-                      usage: dict[str, Any] | None = None, finish_reason: str | None = None,
-                      error: NodeError | None = None, received_messages: list[Any] | None = None) -> None:
-        """Store the outcome; the head follows the head rule. Never raises. If the database is
-        away, the outcome is stored in the background as soon as it is back (the lease is kept
-        alive meanwhile); a node that still cannot be stored is reaped as interrupted in the end.
-        Stopped in flight (the shutdown's grace ran out), it goes on in the background too, and the
-        cancellation counts as handled: the caller answers its client as if it had finished."""
-        started.finished = True
-        if finish_reason is not None and "\x00" in finish_reason:
-            finish_reason = finish_reason.replace("\x00", "")  # a text column; the answer itself keeps it
-        finish = CallFinish(
-            outcome=outcome, received=received, usage=usage, finish_reason=finish_reason, error=error,
-            request_hash=started.request_hash, leased=started.leased,
-            received_digests=transcript.digests(received_messages if received_messages is not None else received or ()),
-        )
-        store = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
-                                  tenant=started.call.tenant, conversation_id=started.conversation_id)
-        try:
-            await store()
-        except StorageUnavailable as exc:
-            log.warning("could not store a call's outcome; retrying in the background",
-                        extra={"node_id": str(started.node_id), "error": str(exc)})
-            self.tasks.spawn(self._store_later(started, store, outcome, usage, error))
-            return
-        except asyncio.CancelledError:  # (the shutdown waits for the background)
-            self.tasks.spawn(self._store_later(started, store, outcome, usage, error))
-            cancellation_handled()
-            return
-        except Exception as exc:  # noqa: BLE001 - any refusal: the node is failed instead
-            # not the database being away: the outcome itself was refused, and would be again. The
-            # node fails now (its lease released) instead of holding the conversation until the
-            # reaper comes -- waited for, so the client's next call finds the conversation free
-            fail = self.tasks.spawn(self._store_later(started, store, outcome, usage, error, refused=exc))
-            try:
-                await asyncio.shield(fail)
-            except asyncio.CancelledError:  # (it goes on in the background)
-                cancellation_handled()
-            return
-        self._stored(started, outcome, usage, error)
-
     async def _fail(self, started: Started, failure: Failure, headers: list[tuple[str, str]] | None = None,
                     usage: dict[str, Any] | None = None) -> RawResponse:
         """Finish the node as failed and answer the client with the failure."""
-        await self._finish(started, failure.outcome, error=failure.error, usage=usage)
+        await self.outcomes.finish(started, failure.outcome, error=failure.error, usage=usage)
         return RawResponse(failure.status, started.call.dialect.error_body(failure),
                            headers if headers is not None else started.headers())
-
-    async def _store_later(self, started: Started, store: Callable[[], Any], outcome: Outcome,
-                           usage: dict[str, Any] | None, error: NodeError | None,
-                           refused: BaseException | None = None) -> None:
-        """Store the outcome once the database is back -- or, when it was ``refused`` (an error that
-        is not the database being away, now or on a later attempt), fail the node instead: a
-        transient failure without the answer, so its question stays in context and the lease is
-        released."""
-        node = {"node_id": str(started.node_id)}
-        if refused is None:
-            try:
-                if await self.later.store(started.node_id, store):
-                    self._stored(started, outcome, usage, error)
-                else:
-                    self.leases.untrack(started.node_id)  # the reaper takes it from here
-                return
-            except Exception as exc:  # noqa: BLE001 - any refusal: the node is failed instead
-                refused = exc
-        # (its type only: the messages of some -- asyncpg's among them -- quote the values refused)
-        cause = type(refused).__name__
-        log.error("the database refused a call's outcome; the node is failed instead",
-                  extra={**node, "outcome": outcome.value, "error": cause})
-        failure = NodeError(type="server_error", code="storage_refused", status=None,
-                            message=f"the proxy could not store this call's outcome ({cause})")
-        finish = CallFinish(outcome=Outcome.TRANSIENT, error=failure, request_hash=started.request_hash,
-                            leased=started.leased)
-        fail = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
-                                 tenant=started.call.tenant, conversation_id=started.conversation_id)
-        try:
-            try:
-                await fail()
-            except StorageUnavailable:
-                if not await self.later.store(started.node_id, fail):
-                    self.leases.untrack(started.node_id)
-                    return
-        except Exception as exc:  # noqa: BLE001 - logged; the reaper finishes the node
-            log.error("could not fail the node of a refused outcome; the reaper will",
-                      extra={**node, "error": type(exc).__name__})
-            self.leases.untrack(started.node_id)
-            return
-        self._stored(started, Outcome.TRANSIENT, None, failure)
-
-    def _stored(self, started: Started, outcome: Outcome, usage: dict[str, Any] | None, error: NodeError | None) -> None:
-        """What follows a stored outcome. Never raises: the call is stored and its head moved, so
-        the client gets its answer and node headers whatever an upstream put in its usage."""
-        self.leases.untrack(started.node_id)
-        call = started.call
-        try:
-            self.metrics.observe_call(call.kind, outcome.value, usage)
-            if outcome is Outcome.SUCCESS and call.kind == "turn":
-                self.compactor.after_turn(tenant=call.tenant, conversation_id=started.conversation_id,
-                                          tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
-                                          usage=usage, client_key=call.client_key)
-        except Exception:
-            log.exception("after a stored call", extra={"node_id": str(started.node_id)})
-        if outcome is not Outcome.SUCCESS:
-            log.info("call failed", extra={"conversation_id": started.conversation_id, "node_id": str(started.node_id),
-                                           "outcome": outcome.value, "code": error.code if error else None})
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -285,18 +187,18 @@ class CallLifecycle:
             except _Failed as failed:
                 return await self._fail(started, failed.failure, failed.headers)
         except asyncio.CancelledError:
-            if started.finished:  # (a node is finished once; ``_finish`` handles its own cancellation)
+            if started.finished:  # (a node is finished once; ``Outcomes.finish`` handles its own cancellation)
                 raise
             cancellation_handled()
             failure = interrupted("the proxy shut down before the upstream answered")
             log.warning("call interrupted by the shutdown", extra={"node_id": str(started.node_id)})
-            await self._finish(started, failure.outcome, error=failure.error)
+            await self.outcomes.finish(started, failure.outcome, error=failure.error)
             return RawResponse(failure.status, call.dialect.error_body(failure), started.headers())
         except BaseException as exc:
             if not started.finished:
                 failure = Failure.from_error(exc if isinstance(exc, BranchpointError) else BranchpointError(
                     f"the proxy failed: {type(exc).__name__}"))
-                await asyncio.shield(self._finish(started, failure.outcome, error=failure.error))
+                await asyncio.shield(self.outcomes.finish(started, failure.outcome, error=failure.error))
             if isinstance(exc, BranchpointError):
                 exc.headers.update(dict(started.headers()))
             raise
@@ -319,7 +221,7 @@ class CallLifecycle:
             answer = exchange.answer(Masker(started.secrets).bytes(content))  # (credentials echoed: masked)
         except NotACompletion as exc:
             raise _Failed(not_a_completion(content, str(exc), started.secrets)) from None
-        await self._finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
+        await self.outcomes.finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
                            finish_reason=answer.finish_reason, received_messages=answer.messages)
         return RawResponse(response.status_code, answer.body, relay_headers)
 
@@ -379,10 +281,10 @@ class CallLifecycle:
             t = end.translator
             if end.failure is None:
                 received = t.received()
-                await self._finish(started, Outcome.SUCCESS, received=received, usage=t.usage,
+                await self.outcomes.finish(started, Outcome.SUCCESS, received=received, usage=t.usage,
                                    finish_reason=t.finish_reason, received_messages=exchange.messages(received))
             else:
-                await self._finish(started, end.failure.outcome, error=end.failure.error, usage=t.usage)
+                await self.outcomes.finish(started, end.failure.outcome, error=end.failure.error, usage=t.usage)
 
         if not any(k.lower() == "content-type" for k, _ in headers):
             headers.append(("content-type", "text/event-stream"))

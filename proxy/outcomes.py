@@ -1,0 +1,137 @@
+"""A started call's outcome stored, whatever the database does meanwhile: at once; in the
+background once the database is back (``proxy.later``); or -- when the outcome itself is refused
+-- as a failed node instead, so a conversation is never left locked (docs/architecture.md#durability).
+What follows a stored outcome (metrics, the soft-threshold compaction, the log line) happens here
+too. Every way out of a started call ends in ``finish``."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from storage import CallFinish, Outcome, StorageUnavailable, TreeStore, transcript
+
+from .background import Background
+from .call import Started
+from .compaction import Compactor
+from .failures import NodeError, cancellation_handled
+from .later import Later
+from .leases import LeaseKeeper
+from .metrics import Metrics
+
+__all__ = ["Outcomes"]
+
+log = logging.getLogger("branchpoint.call")
+
+
+class Outcomes:
+    def __init__(self, *, tree: TreeStore, later: Later, compactor: Compactor, leases: LeaseKeeper, metrics: Metrics,
+                 tasks: Background) -> None:
+        self.tree = tree
+        self.later = later
+        self.compactor = compactor
+        self.leases = leases
+        self.metrics = metrics
+        self.tasks = tasks
+
+    async def finish(self, started: Started, outcome: Outcome, *, received: list[Any] | None = None,
+                      usage: dict[str, Any] | None = None, finish_reason: str | None = None,
+                      error: NodeError | None = None, received_messages: list[Any] | None = None) -> None:
+        """Store the outcome; the head follows the head rule. Never raises. If the database is
+        away, the outcome is stored in the background as soon as it is back (the lease is kept
+        alive meanwhile); a node that still cannot be stored is reaped as interrupted in the end.
+        Stopped in flight (the shutdown's grace ran out), it goes on in the background too, and the
+        cancellation counts as handled: the caller answers its client as if it had finished."""
+        started.finished = True
+        if finish_reason is not None and "\x00" in finish_reason:
+            finish_reason = finish_reason.replace("\x00", "")  # a text column; the answer itself keeps it
+        finish = CallFinish(
+            outcome=outcome, received=received, usage=usage, finish_reason=finish_reason, error=error,
+            request_hash=started.request_hash, leased=started.leased,
+            received_digests=transcript.digests(received_messages if received_messages is not None else received or ()),
+        )
+        store = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
+                                  tenant=started.call.tenant, conversation_id=started.conversation_id)
+        try:
+            await store()
+        except StorageUnavailable as exc:
+            log.warning("could not store a call's outcome; retrying in the background",
+                        extra={"node_id": str(started.node_id), "error": str(exc)})
+            self.tasks.spawn(self.store_later(started, store, outcome, usage, error))
+            return
+        except asyncio.CancelledError:  # (the shutdown waits for the background)
+            self.tasks.spawn(self.store_later(started, store, outcome, usage, error))
+            cancellation_handled()
+            return
+        except Exception as exc:  # noqa: BLE001 - any refusal: the node is failed instead
+            # not the database being away: the outcome itself was refused, and would be again. The
+            # node fails now (its lease released) instead of holding the conversation until the
+            # reaper comes -- waited for, so the client's next call finds the conversation free
+            fail = self.tasks.spawn(self.store_later(started, store, outcome, usage, error, refused=exc))
+            try:
+                await asyncio.shield(fail)
+            except asyncio.CancelledError:  # (it goes on in the background)
+                cancellation_handled()
+            return
+        self.stored(started, outcome, usage, error)
+
+    async def store_later(self, started: Started, store: Callable[[], Any], outcome: Outcome,
+                           usage: dict[str, Any] | None, error: NodeError | None,
+                           refused: BaseException | None = None) -> None:
+        """Store the outcome once the database is back -- or, when it was ``refused`` (an error that
+        is not the database being away, now or on a later attempt), fail the node instead: a
+        transient failure without the answer, so its question stays in context and the lease is
+        released."""
+        node = {"node_id": str(started.node_id)}
+        if refused is None:
+            try:
+                if await self.later.store(started.node_id, store):
+                    self.stored(started, outcome, usage, error)
+                else:
+                    self.leases.untrack(started.node_id)  # the reaper takes it from here
+                return
+            except Exception as exc:  # noqa: BLE001 - any refusal: the node is failed instead
+                refused = exc
+        # (its type only: the messages of some -- asyncpg's among them -- quote the values refused)
+        cause = type(refused).__name__
+        log.error("the database refused a call's outcome; the node is failed instead",
+                  extra={**node, "outcome": outcome.value, "error": cause})
+        failure = NodeError(type="server_error", code="storage_refused", status=None,
+                            message=f"the proxy could not store this call's outcome ({cause})")
+        finish = CallFinish(outcome=Outcome.TRANSIENT, error=failure, request_hash=started.request_hash,
+                            leased=started.leased)
+        fail = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
+                                 tenant=started.call.tenant, conversation_id=started.conversation_id)
+        try:
+            try:
+                await fail()
+            except StorageUnavailable:
+                if not await self.later.store(started.node_id, fail):
+                    self.leases.untrack(started.node_id)
+                    return
+        except Exception as exc:  # noqa: BLE001 - logged; the reaper finishes the node
+            log.error("could not fail the node of a refused outcome; the reaper will",
+                      extra={**node, "error": type(exc).__name__})
+            self.leases.untrack(started.node_id)
+            return
+        self.stored(started, Outcome.TRANSIENT, None, failure)
+
+    def stored(self, started: Started, outcome: Outcome, usage: dict[str, Any] | None, error: NodeError | None) -> None:
+        """What follows a stored outcome. Never raises: the call is stored and its head moved, so
+        the client gets its answer and node headers whatever an upstream put in its usage."""
+        self.leases.untrack(started.node_id)
+        call = started.call
+        try:
+            self.metrics.observe_call(call.kind, outcome.value, usage)
+            if outcome is Outcome.SUCCESS and call.kind == "turn":
+                self.compactor.after_turn(tenant=call.tenant, conversation_id=started.conversation_id,
+                                          tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
+                                          usage=usage, client_key=call.client_key)
+        except Exception:
+            log.exception("after a stored call", extra={"node_id": str(started.node_id)})
+        if outcome is not Outcome.SUCCESS:
+            log.info("call failed", extra={"conversation_id": started.conversation_id, "node_id": str(started.node_id),
+                                           "outcome": outcome.value, "code": error.code if error else None})
