@@ -314,6 +314,7 @@ def main() -> None:
         asyncio.run(drive(load, args.clients, args.seconds))
         elapsed = time.monotonic() - t0
         time.sleep(1)
+        drained = asyncio.run(_drain(pg.uri))  # calls whose clients gave up may still be running
         busy_after = asyncio.run(_busy_after(load))
         time.sleep(2)
         rss.stop()
@@ -336,7 +337,7 @@ def main() -> None:
             # carried, and the deadlocks PostgreSQL broke (each sends its batch's statements again alone)
             "db_batches": sum(batches), "db_batched_statements": sum(batched), "deadlocks": deadlocks,
             "hostile": args.hostile, "key_leaks": len(load.leaks), "leak_samples": load.leaks[:5],
-            "busy_after_load": busy_after, "rss_max_mb": rss.max_mb(), "rss_idle_mb": rss.last_mb(),
+            "busy_after_load": busy_after, "seconds_until_no_call_in_flight": drained, "rss_max_mb": rss.max_mb(), "rss_idle_mb": rss.last_mb(),
         }
     finally:
         procs.stop()
@@ -384,9 +385,25 @@ class _RssWatch:
         return [round(s / 2**20, 1) for s in self.samples[-1]] if self.samples else []
 
 
+async def _drain(url: str, limit: float = 300) -> float | None:
+    """Seconds until no call is in flight any more (no pending node), at most ``limit`` (None)."""
+    import asyncpg
+
+    t0 = time.monotonic()
+    conn = await asyncpg.connect(url)
+    try:
+        while time.monotonic() - t0 < limit:
+            if not await conn.fetchval("SELECT count(*) FROM nodes WHERE outcome IS NULL"):
+                return round(time.monotonic() - t0, 1)
+            await asyncio.sleep(0.5)
+        return None
+    finally:
+        await conn.close()
+
+
 async def _busy_after(load: Load) -> list[str]:
-    """After the load: one more turn in every conversation not deleted -- none may be refused as
-    busy (a call that ended must have released its conversation)."""
+    """After the load, once no call is in flight: one more turn in every conversation not deleted --
+    none may be refused as busy (a call that ended must have released its conversation)."""
     busy = []
     async with httpx.AsyncClient(timeout=60) as client:
         for conv in list(load.conversations):
