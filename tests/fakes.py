@@ -38,6 +38,25 @@ def serve_connections(sock: socket.socket, handle: Callable[[socket.socket], Non
     return thread
 
 
+def read_request(conn: Any) -> tuple[bytes, bytes] | None:
+    """One HTTP/1.1 request read off a raw socket: (head, body), or None when the peer closed
+    first (the raw fake upstreams answer whatever came)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length")), 0)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head, body
+
 class ServerThread:
     """uvicorn serving ``app`` in a thread with its own event loop."""
 
@@ -425,18 +444,9 @@ class EvilUpstream:
             conn.setsockopt(_socket.SOL_SOCKET, _socket.SO_LINGER, struct.pack("ii", 1, 0))
             conn.close()
 
-        data = b""
         try:
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, rest = data.partition(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length")), 0)
-            while len(rest) < length:
-                rest += conn.recv(65536)
+            if read_request(conn) is None:
+                return
             mode = self.mode
             if mode == "close":
                 conn.close()

@@ -20,7 +20,7 @@ import pytest
 import zstandard
 
 from .conftest import Db, make_settings, serve_proxy
-from .fakes import serve_connections
+from .fakes import read_request, serve_connections
 from .helpers import MODEL, user
 
 TRANSPORTS = ["builtin", "httpx", "aiohttp"]
@@ -86,18 +86,9 @@ class BombUpstream:
 
     def _handle(self, conn: socket.socket) -> None:
         conn.settimeout(20)
-        data = b""
         try:
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, rest = data.partition(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length")), 0)
-            while len(rest) < length:
-                rest += conn.recv(65536)
+            if read_request(conn) is None:
+                return
             conn.sendall(self.head)
             self.sent = len(self.head)
             while self.sent < self.endless_total:
