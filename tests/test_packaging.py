@@ -3,6 +3,7 @@ image installs carries the SQL and TOML files, compose.yaml wires the binding va
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -90,3 +91,60 @@ def test_compose_file_wires_postgres_and_the_binding_variables():
     # Docker's stop waits past the proxy's shutdown grace, or calls in flight are killed, not interrupted
     grace = tomllib.loads((ROOT / "config" / "defaults.toml").read_text())["server"]["shutdown_grace_seconds"]
     assert int(services["branchpoint"]["stop_grace_period"].removesuffix("s")) > grace
+
+
+def test_every_third_party_module_the_product_imports_is_a_declared_dependency():
+    # a module that only a dev dependency brings in (zstandard, through langsmith) installs in
+    # the test venv but not in the image: its first import would fail there
+    import ast
+    import importlib.metadata as md
+
+    wanted: dict[str, set[str]] = {}  # declared distribution -> the extras asked for
+    for req in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        match = re.match(r"([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?", req)
+        wanted[_norm(match.group(1))] = {e.strip() for e in (match.group(2) or "").split(",") if e.strip()}
+    installed_with = _closure(wanted)
+    dists = md.packages_distributions()
+    ours = {"proxy", "storage", "config"}
+    missing = {}
+    for package in ours:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in ours or top in sys.stdlib_module_names:
+                        continue
+                    if not {_norm(d) for d in dists.get(top, [top])} & installed_with:
+                        missing.setdefault(top, str(path.relative_to(ROOT)))
+    assert missing == {}, f"imported but not declared in [project] dependencies: {missing}"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _closure(wanted: dict[str, set[str]]) -> set[str]:
+    """Every distribution a plain install of the declared dependencies brings (their own
+    requirements, and those of the extras asked for -- uvicorn[standard]'s -- but no other extra)."""
+    import importlib.metadata as md
+
+    seen: set[str] = set()
+    todo = [(name, extras) for name, extras in wanted.items()]
+    while todo:
+        name, extras = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        for req in requires:
+            marker = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", req)
+            if marker and marker.group(1) not in extras:
+                continue
+            sub = re.match(r"([A-Za-z0-9_.-]+)(?:\[([^\]]*)\])?", req)
+            todo.append((_norm(sub.group(1)), {e.strip() for e in (sub.group(2) or "").split(",") if e.strip()}))
+    return seen
