@@ -49,6 +49,7 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lease_seconds: float
     context_mode: Literal["delta", "full"]
     unsupported_tools: Literal["drop", "refuse"]
+    session_headers: tuple[str, ...]  # under /auto/v1 without X-Conversation-Id: headers naming the conversation
     reaper_interval_seconds: float
     max_body_bytes: int
     max_bytes_in_flight: int

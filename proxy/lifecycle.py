@@ -51,6 +51,7 @@ from .observability import current_request
 from .outcomes import Outcomes
 from .relay import StreamEnd, StreamRelay, client_disconnected, wait_for_disconnect
 from .secrets import Masker
+from .sessions import Sessions
 from .upstream import UpstreamClient, response_headers, target_of
 
 __all__ = ["Call", "CallLifecycle"]
@@ -71,7 +72,7 @@ def _upstream_time(seconds: float) -> None:
 class CallLifecycle:
     def __init__(self, *, tree: TreeStore, upstream: UpstreamClient, builder: RequestBuilder, compactor: Compactor,
                  leases: LeaseKeeper, metrics: Metrics, tasks: Background, lease_seconds: float,
-                 default_mode: str = "delta", unsupported_tools: str = "drop") -> None:
+                 default_mode: str = "delta", unsupported_tools: str = "drop", sessions: Sessions | None = None) -> None:
         self.tree = tree
         self.upstream = upstream
         self.builder = builder
@@ -82,6 +83,7 @@ class CallLifecycle:
         self.lease_seconds = lease_seconds
         self.default_mode = default_mode  # for calls that do not say (X-Context-Mode)
         self.unsupported_tools = unsupported_tools  # hosted tools over a chat upstream: "drop" or "refuse"
+        self.sessions = sessions  # session headers; a new conversation continuing another (proxy/sessions.py)
         self.later = Later(tree, lease_seconds)
         self.outcomes = Outcomes(tree=tree, later=self.later, compactor=compactor, leases=leases, metrics=metrics,
                                  tasks=tasks)
@@ -96,6 +98,8 @@ class CallLifecycle:
         # among them (a delta client never resends the model's answers: an ordinary turn probes nothing)
         prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or any(
             type(m) is dict and m.get("role") == "assistant" for m in call.messages) else []
+        if self.sessions is not None and call.mode == "full" and call.conversation_id is not None:
+            await self.sessions.continue_from(call.tenant, call.conversation_id, prefixes)  # (first calls only)
         start = CallStart(
             tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id, new_tree_id=uuid7(),
             kind=call.kind, mode=call.mode, parent_mode=call.parent_mode, parent_id=call.parent_id,
@@ -157,6 +161,8 @@ class CallLifecycle:
         (docs/behaviour.md#shutdown). A started call then ends as ``interrupted`` -- its node stored
         failed, the client answered 503 -- instead of the cancellation escaping as a bare 500 (one
         not started yet is answered so by the outermost layer, ``ObservabilityMiddleware``)."""
+        if call.conversation_id is None and self.sessions is not None:  # /auto/v1: an app's session header
+            call.conversation_id = self.sessions.named(call.headers)
         upstream = self.upstream.route(call.body.get("model"))
         way = crossing(call.dialect, upstream.api)
         dropped = way.prepare(call.params, unsupported_tools=self.unsupported_tools)  # (refusals: before any node)

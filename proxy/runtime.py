@@ -21,6 +21,7 @@ from .leases import LeaseKeeper
 from .lifecycle import CallLifecycle
 from .metrics import Metrics
 from .retention import Retention
+from .sessions import Sessions
 from .tokens import TokenCounter
 from .upstream import UpstreamClient
 
@@ -53,7 +54,8 @@ class Runtime:
         self.calls = CallLifecycle(tree=self.tree, upstream=self.upstream, builder=self.builder,
                                    compactor=self.compactor, leases=self.leases, metrics=self.metrics,
                                    tasks=self.tasks, lease_seconds=server.lease_seconds,
-                                   default_mode=server.context_mode, unsupported_tools=server.unsupported_tools)
+                                   default_mode=server.context_mode, unsupported_tools=server.unsupported_tools,
+                                   sessions=Sessions(self.tree, self.admin, server.session_headers))
         self.metrics.watch_database(self.db)
 
     async def start(self) -> None:

@@ -60,6 +60,19 @@ SELECT head_node_id, (lease_node_id IS NOT NULL AND lease_until > now()) AS busy
   FROM conversations WHERE tree_id = bp_conversation_tree($1, $2) AND tenant = $1 AND id = $2
 """
 
+# A session that continues another one (docs/behaviour.md#full-history-mode): the deepest node of
+# the tenant whose transcript hash is one of a full-history call's prefix hashes, never a
+# transform -- the node the call continues, read before a conversation's first call (nothing is
+# started). Ties: a compaction node over the node it replaced, then the newest.
+# $1 tenant, $2 the prefix hashes h_1..h_m (storage.transcript.prefix_hashes); k: the matched prefix
+CONTINUED_NODE = """
+SELECT n.id, n.conversation_id, n.parent_id, n.outcome, p.k::integer AS k
+  FROM unnest($2::bytea[]) WITH ORDINALITY AS p(chain, k)
+  JOIN nodes n ON n.chain = p.chain AND n.tenant = $1 AND n.kind <> 'transform'
+ ORDER BY p.k DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+ LIMIT 1
+"""
+
 # ---- admin API --------------------------------------------------------------------------------
 
 def _conversations(chosen: str, order: str = "") -> str:

@@ -207,6 +207,16 @@ class TreeStore:
     async def node_params(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> dict[str, Any]:
         return await self.db.fetchval(queries.NODE_PARAMS, tree_id, node_id) or {}
 
+    async def continued_node(self, tenant: str, prefixes: list[bytes]) -> dict[str, Any] | None:
+        """The deepest node of the tenant a history with these prefix hashes continues (its
+        ``id``, ``conversation_id``, ``parent_id``, ``outcome`` and ``k``, how many of the
+        history's messages it holds), or None: what a conversation's first full-history call is
+        matched against (proxy/sessions.py)."""
+        if not prefixes:
+            return None
+        row = await self.db.fetchrow(queries.CONTINUED_NODE, tenant, prefixes)
+        return None if row is None else dict(row)
+
     async def conversation_state(self, tenant: str, conversation_id: str) -> tuple[uuid.UUID | None, bool] | None:
         """(head, busy) of a conversation, or None when it does not exist."""
         row = await self.db.fetchrow(queries.CONVERSATION_STATE, tenant, conversation_id)
