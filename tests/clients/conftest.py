@@ -1,0 +1,124 @@
+"""Real clients, unmodified, against Branchpoint: what they need installed, and how each is run.
+
+The clients come from the registries, installed by these fixtures on first use (``.ci/clients.sh``
+installs them first, so CI fails there when a registry is down): npm packages in
+``tests/clients/node`` (``npm ci`` from its lock file: Codex CLI and opencode, whose binaries come
+inside the packages), PyPI tools each in a venv of its own under ``$BRANCHPOINT_CLIENTS_CACHE``
+(default ``~/.cache/branchpoint-clients``) -- aider pins ``openai`` and ``pydantic``, so none of
+them goes into the project's environment. A client that cannot be installed is skipped, saying so;
+nothing else skips.
+
+Every test here is marked ``clients`` and left out of the default ``uv run pytest`` (pyproject.toml's
+addopts); ``uv run pytest -m clients tests/clients`` runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage.transcript import canonical
+
+HERE = Path(__file__).resolve().parent
+NODE = HERE / "node"
+CACHE = Path(os.environ.get("BRANCHPOINT_CLIENTS_CACHE") or Path.home() / ".cache" / "branchpoint-clients")
+
+# the PyPI clients and the versions the tests were written against
+PYPI = {"aider": ("aider-chat==0.86.2", "aider"), "llm": ("llm==0.36", "llm")}
+
+
+def npm_bin(name: str) -> Path:
+    """A binary of tests/clients/node's packages, installed (``npm ci``) when missing."""
+    binary = NODE / "node_modules" / ".bin" / name
+    if not binary.exists():
+        if not (shutil.which("node") and shutil.which("npm")):
+            pytest.skip(f"{name}: Node.js (node and npm) is not installed")
+        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, capture_output=True, text=True,
+                                timeout=600)
+        if result.returncode != 0 or not binary.exists():
+            pytest.skip(f"{name}: npm ci in tests/clients/node failed (is the npm registry reachable?): "
+                        f"{result.stderr[-1500:]}")
+    return binary
+
+
+def pypi_bin(tool: str) -> Path:
+    """A PyPI client's command, from a venv of its own under CACHE (made with uv when missing)."""
+    requirement, command = PYPI[tool]
+    venv = CACHE / tool
+    binary = venv / "bin" / command
+    stamp = venv / ".installed"
+    if binary.exists() and stamp.exists() and stamp.read_text() == requirement:
+        return binary
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip(f"{tool}: uv is not on PATH to install {requirement}")
+    made = subprocess.run([uv, "venv", "-q", "--allow-existing", "--python", "3.11", str(venv)], capture_output=True,
+                          text=True, timeout=300)
+    installed = made.returncode == 0 and subprocess.run(
+        [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), requirement],
+        capture_output=True, text=True, timeout=900)
+    if not installed or installed.returncode != 0 or not binary.exists():
+        why = (installed.stderr if installed else made.stderr)[-1500:]
+        pytest.skip(f"{tool}: could not install {requirement} from PyPI (is it reachable?): {why}")
+    stamp.write_text(requirement)
+    return binary
+
+
+def run(command: list[str | Path], *, cwd: Path, env: dict[str, str], stdin: str | None = None,
+        timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run a client to its end; its output is shown when it fails."""
+    result = subprocess.run([str(c) for c in command], cwd=cwd, env=env, input=stdin, capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, f"{command[0]} exited {result.returncode}\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
+def offline_env(home: Path, **extra: str) -> dict[str, str]:
+    """A client's environment: a home of its own (its config, caches and sessions), the
+    machine's PATH, no proxies, nothing of the developer's own configuration."""
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TERM", "SSL_CERT_FILE", "TMPDIR")}
+    env = {**keep, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_DATA_HOME": str(home / ".local/share"),
+           "XDG_CACHE_HOME": str(home / ".cache"), "XDG_STATE_HOME": str(home / ".local/state"), "NO_COLOR": "1",
+           "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"}
+    env.update(extra)
+    return env
+
+
+def same(messages: list[dict[str, Any]], expected: list[dict[str, Any]]) -> bool:
+    """Two message lists equal by meaning (storage.transcript.canonical: what matching compares)."""
+    return [canonical(m) for m in messages] == [canonical(m) for m in expected]
+
+
+def each_history_once(requests: list[Any]) -> None:
+    """Each request's messages begin with the previous request's, and nothing is in them twice:
+    the upstream got every history as the client sent it, once."""
+    for before, after in zip(requests, requests[1:]):
+        assert same(after.messages[:len(before.messages)], before.messages), "a later call does not extend the earlier"
+    for r in requests:
+        seen = [json.dumps(canonical(m), sort_keys=True) for m in r.messages if m.get("role") not in ("system", "developer")]
+        assert len(seen) == len(set(seen)), f"a message reached the upstream twice: {seen}"
+
+
+def conversations_of(db: Any, tenant: str) -> list[Any]:
+    return db.fetch("SELECT id, head_node_id, forked_from FROM conversations WHERE tenant = $1 ORDER BY created_at", tenant)
+
+
+def nodes_of(db: Any, tenant: str, conversation: str | None = None) -> list[Any]:
+    if conversation is None:
+        return db.fetch("SELECT * FROM nodes WHERE tenant = $1 ORDER BY created_at", tenant)
+    return db.fetch("SELECT * FROM nodes WHERE tenant = $1 AND conversation_id = $2 ORDER BY created_at", tenant,
+                    conversation)
+
+
+@pytest.fixture
+def client_home(tmp_path: Path) -> Iterator[Path]:
+    home = tmp_path / "home"
+    home.mkdir()
+    yield home

@@ -1,0 +1,94 @@
+"""OpenAI's Codex CLI (npm ``@openai/codex``), unmodified, headless (``codex exec``, then ``codex
+exec resume --last``), with its default tools, pointed at ``/auto/v1`` by a custom model provider
+in its config -- the README's "Use it with" snippet. Its session is one conversation (named by its
+``session-id`` header), each node holds only what is new, and the fake upstream gets each history
+once."""
+
+import json
+
+import pytest
+
+from ..conftest import tenant_of
+from ..fakes import Reply
+from ..helpers import tool_call
+from .conftest import conversations_of, each_history_once, nodes_of, npm_bin, offline_env, run
+
+pytestmark = pytest.mark.clients
+
+# the README's snippet, with the proxy's address filled in ({base_url})
+CODEX_CONFIG = """\
+model = "gpt-5-codex"
+model_provider = "branchpoint"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[model_providers.branchpoint]
+name = "Branchpoint"
+base_url = "{base_url}"
+env_key = "BRANCHPOINT_API_KEY"
+wire_api = "responses"
+"""
+
+
+def codex_setup(home, proxy, key):
+    codex_home = home / ".codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(base_url=f"{proxy.url}/auto/v1"))
+    work = home / "project"
+    work.mkdir()
+    return work, offline_env(home, CODEX_HOME=str(codex_home), BRANCHPOINT_API_KEY=key)
+
+
+def session_id(output: str) -> str:
+    return next(line.split(":", 1)[1].strip() for line in output.splitlines() if line.startswith("session id:"))
+
+
+def test_codex_two_turns_and_a_tool_round_are_one_conversation(proxy, upstream, key, db, client_home):
+    codex = npm_bin("codex")
+    work, env = codex_setup(client_home, proxy, key)
+    upstream.enqueue(
+        Reply(content=None, tool_calls=[tool_call("call_c1", "exec_command", json.dumps({"cmd": "echo tool-output-42"}))]),
+        Reply(content="The command printed tool-output-42."),
+        Reply(content="Second answer."),
+    )
+    first = run([codex, "exec", "--skip-git-repo-check", "Run echo tool-output-42"], cwd=work, env=env)
+    assert "The command printed tool-output-42." in first.stdout
+    second = run([codex, "exec", "--skip-git-repo-check", "resume", "--last", "And now the second question"],
+                 cwd=work, env=env)
+    assert "Second answer." in second.stdout
+    session = session_id(first.stderr + first.stdout)
+    assert session_id(second.stderr + second.stdout) == session
+
+    # what the upstream received: three calls (the tool round, its answer, the second turn), each
+    # history once, the tool's real output fed back, Codex's default tools offered
+    calls = upstream.turn_requests
+    assert len(calls) == 3
+    each_history_once(calls)
+    assert [m["role"] for m in calls[2].messages[-4:]] == ["assistant", "tool", "assistant", "user"]
+    assert "tool-output-42" in calls[1].messages[-1]["content"] and calls[1].messages[-1]["tool_call_id"] == "call_c1"
+    assert calls[2].messages[-1]["content"] == "And now the second question"
+    assert all(c.headers.get("session-id") == session for c in calls)
+    tools = {t["function"]["name"] for t in calls[0].body["tools"]}
+    assert "exec_command" in tools  # its shell tool
+    assert any(name.startswith("multi_agent_v1__") for name in tools)  # its namespace tool, flattened
+    # system/developer messages where Codex put them: its instructions first
+    assert [m["role"] for m in calls[0].messages[:2]] == ["developer", "developer"]
+
+    # what was stored: one conversation, the session's id; three nodes in a line, each only new items
+    tenant = tenant_of(key)
+    assert [c["id"] for c in conversations_of(db, tenant)] == [session]
+    nodes = nodes_of(db, tenant, session)
+    assert len(nodes) == 3
+    assert nodes[0]["parent_id"] is None and nodes[1]["parent_id"] == nodes[0]["id"] and nodes[2]["parent_id"] == nodes[1]["id"]
+    assert [n["api"] for n in nodes] == ["responses"] * 3
+    user_texts = [json.dumps(i) for i in nodes[0]["sent"] if i.get("role") == "user"]
+    assert len(user_texts) == 2 and "environment_context" in user_texts[0] and "Run echo tool-output-42" in user_texts[1]
+    assert [i["type"] for i in nodes[1]["sent"]] == ["function_call_output"]
+    assert "tool-output-42" in nodes[1]["sent"][0]["output"]
+    assert len(nodes[2]["sent"]) == 1 and "And now the second question" in json.dumps(nodes[2]["sent"])
+    assert nodes[0]["received"][0]["type"] == "function_call" and nodes[0]["received"][0]["name"] == "exec_command"
+    assert db.head(session) == str(nodes[2]["id"])
+    # the hosted tool a chat upstream cannot run was left out, and the node says so
+    assert "web_search" in nodes[0]["params"]["_bp_dropped_tools"]
