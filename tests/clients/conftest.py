@@ -14,6 +14,7 @@ addopts); ``uv run pytest -m clients tests/clients`` runs them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -99,7 +100,7 @@ def same(messages: list[dict[str, Any]], expected: list[dict[str, Any]]) -> bool
 def each_history_once(requests: list[Any]) -> None:
     """Each request's messages begin with the previous request's, and nothing is in them twice:
     the upstream got every history as the client sent it, once."""
-    for before, after in zip(requests, requests[1:]):
+    for before, after in itertools.pairwise(requests):
         assert same(after.messages[:len(before.messages)], before.messages), "a later call does not extend the earlier"
     for r in requests:
         seen = [json.dumps(canonical(m), sort_keys=True) for m in r.messages if m.get("role") not in ("system", "developer")]
