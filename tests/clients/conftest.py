@@ -27,6 +27,9 @@ import pytest
 
 from storage.transcript import canonical
 
+from ..conftest import make_settings, serve_proxy
+from ..fakes import FakeUpstream, ServerThread
+
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node"
 CACHE = Path(os.environ.get("BRANCHPOINT_CLIENTS_CACHE") or Path.home() / ".cache" / "branchpoint-clients")
@@ -123,3 +126,47 @@ def client_home(tmp_path: Path) -> Iterator[Path]:
     home = tmp_path / "home"
     home.mkdir()
     yield home
+
+
+class SideCalls:
+    """An upstream that answers a client's side calls -- requests offering no tools, such as
+    opencode's title request -- from a fake of their own, and every other request from the main
+    fake: what a test scripts (``main.enqueue``) goes to the agent's calls, whichever arrives first."""
+
+    def __init__(self, main: FakeUpstream, side: FakeUpstream) -> None:
+        self.main, self.side = main, side
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.main(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        raw = b"".join(chunks)
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        target = self.side if isinstance(body, dict) and "messages" in body and not body.get("tools") else self.main
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        await target(scope, replay, send)
+
+
+@pytest.fixture
+def split_upstream(database_url: str) -> Iterator[tuple[Any, FakeUpstream, FakeUpstream]]:
+    """A proxy (on the session's database) whose upstream sends side calls to ``side`` and the
+    rest to ``main``: (proxy, main, side)."""
+    main, side = FakeUpstream(), FakeUpstream()
+    with ServerThread(SideCalls(main, side)) as server:
+        with serve_proxy(make_settings(database_url, server.url + "/v1")) as proxy:
+            yield proxy, main, side
