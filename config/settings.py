@@ -111,7 +111,7 @@ class Upstream(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_key: str = ""
     models: tuple[str, ...] = ("*",)
     accepts_reasoning: bool = False
-    api: Literal["chat", "responses"] = "chat"  # what this upstream speaks
+    api: Literal["chat", "responses", "anthropic"] = "chat"  # what this upstream speaks
 
     def matches(self, model: str) -> bool:
         return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)

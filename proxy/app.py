@@ -23,6 +23,8 @@ from config import Settings
 from storage import Refused, StorageError, StorageUnavailable
 
 from .auth import Caller
+from .dialects.messages.errors import from_openai_body as anthropic_error
+from .dialects.messages.errors import is_messages_path
 from .errors import BranchpointError, error_body, from_refusal
 from .forwarder import Forwarder
 from .limits import BodyTimeout, BytesInFlight
@@ -31,6 +33,7 @@ from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_auto, chat_completions_prefixed
 from .routes.context import CallContext
 from .routes.health import healthz, metrics, readyz
+from .routes.messages import messages_count_tokens, messages_create
 from .routes.passthrough import (
     chat_completions_list,
     chat_completions_list_auto,
@@ -60,12 +63,15 @@ _HTTP_CODES = {
 }
 
 
-def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> Response[bytes]:
+def _json(status: int, body: bytes, headers: dict[str, str] | None = None,
+          request: Request[Any, Any, Any] | None = None) -> Response[bytes]:
+    if request is not None and is_messages_path(request.scope["path"]):  # Anthropic's clients: its shape
+        body = anthropic_error(status, body)
     return Response(content=body, status_code=status, media_type="application/json", headers=headers)
 
 
-def _on_branchpoint_error(_: Request[Any, Any, Any], exc: BranchpointError) -> Response[bytes]:
-    return _json(exc.status, exc.body(), exc.headers or None)
+def _on_branchpoint_error(request: Request[Any, Any, Any], exc: BranchpointError) -> Response[bytes]:
+    return _json(exc.status, exc.body(), exc.headers or None, request)
 
 
 def _on_storage_error(request: Request[Any, Any, Any], exc: StorageError) -> Response[bytes]:
@@ -74,16 +80,16 @@ def _on_storage_error(request: Request[Any, Any, Any], exc: StorageError) -> Res
     if isinstance(exc, StorageUnavailable):
         log.warning("database unavailable: %r", exc.__cause__, extra={"path": request.url.path})
         return _json(503, error_body("the database is unavailable; retry shortly", "service_unavailable",
-                                     "database_unavailable"), {"retry-after": "1"})
+                                     "database_unavailable"), {"retry-after": "1"}, request)
     # the type and SQLSTATE only: a database's message (asyncpg's above all) may quote the values
     # it refused -- a client's message
     cause = exc.__cause__ or exc
     log.error("database error", extra={"path": request.url.path, "error": type(cause).__name__,
                                        "sqlstate": getattr(cause, "sqlstate", None)})
-    return _json(500, error_body("internal storage error", "server_error", "storage_error"))
+    return _json(500, error_body("internal storage error", "server_error", "storage_error"), request=request)
 
 
-def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
     type_, code = _HTTP_CODES.get(status, ("server_error" if status >= 500 else "invalid_request_error",
                                            f"http_{status}"))
@@ -97,12 +103,12 @@ def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Respons
             param = key if isinstance(key, str) and key != "data" else None  # "data": the body as a whole
             detail = f"{param}: {first['message']}" if param else str(first["message"])
     headers = dict(exc.headers) if exc.headers else None
-    return _json(status, error_body(detail, type_, code, param=param), headers)
+    return _json(status, error_body(detail, type_, code, param=param), headers, request)
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.exception("unhandled error", extra={"path": request.url.path})
-    return _json(500, error_body("internal error", "server_error", "internal_error"))
+    return _json(500, error_body("internal error", "server_error", "internal_error"), request=request)
 
 
 def _given(value: Any) -> Provide:
@@ -142,6 +148,8 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             chat_completions_list_auto,
             chat_completions_sub_prefixed,
             responses_create,
+            messages_create,
+            messages_count_tokens,
             response_resource,
             response_input_items,
             healthz,

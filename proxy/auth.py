@@ -1,4 +1,5 @@
-"""Who is calling (docs/behaviour.md#auth-and-tenancy): the bearer key decides the tenant.
+"""Who is calling (docs/behaviour.md#auth-and-tenancy): the key decides the tenant -- a bearer token
+(``Authorization: Bearer``), or ``x-api-key`` as Anthropic's clients send it.
 
 - ``passthrough`` (default): any key is accepted and forwarded upstream (unless the upstream has
   its own); the tenant is a hash of the key, so each key sees only its own conversations.
@@ -57,14 +58,15 @@ class Authenticator:
 
     def caller(self, request: Request[Any, Any, Any]) -> Caller:
         """The Litestar dependency ``caller``: every route that needs one declares it."""
-        return self(request.headers.get("authorization"))
+        return self(request.headers.get("authorization"), request.headers.get("x-api-key"))
 
-    def __call__(self, authorization: str | None) -> Caller:
-        key = _bearer(authorization)
+    def __call__(self, authorization: str | None, api_key: str | None = None) -> Caller:
+        # a bearer token, or Anthropic's ``x-api-key`` (its SDKs and Claude Code send that)
+        key = _bearer(authorization) or (api_key.strip() or None if api_key else None)
         if self.mode == "none":
             return Caller("local", key)
         if key is None:
-            raise AuthenticationFailed("missing API key: send Authorization: Bearer <key>")
+            raise AuthenticationFailed("missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)")
         digest = key_hash(key)
         if self.mode == "passthrough":
             return Caller(f"t_{digest[:32]}", key)

@@ -36,6 +36,7 @@ class Call:
     ordinals: list[int] | None = None  # the message each item stands for (``dialects.Transcript``)
     params: dict[str, Any] = None  # type: ignore[assignment]  # the other fields, stored (default: by the dialect)
     dropped_tools: list[str] = field(default_factory=list)  # hosted tools its upstream cannot run, left out
+    query: bytes = b""  # the request's query string: forwarded to an upstream that speaks the client's API
 
     def __post_init__(self) -> None:
         if self.messages is None:

@@ -53,7 +53,7 @@ class _Line(msgspec.Struct, forbid_unknown_fields=False):
     finish_reason: str | None = None
     error: dict[str, Any] | None = None
     finished_at: datetime | None = None
-    api: Literal["chat", "responses"] = "chat"
+    api: Literal["chat", "responses", "messages"] = "chat"
     head: bool = False
 
 

@@ -49,6 +49,7 @@ _DROP_REQUEST = frozenset(
 )
 # Headers only meaningful with the client's own upstream account.
 _ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project"})
+ANTHROPIC_VERSION = b"2023-06-01"  # to an Anthropic upstream, when the client named none
 # Response headers not relayed: framing (we re-frame), the server's own identity/cookies, and any
 # that would replace or duplicate ours.
 _DROP_RESPONSE = frozenset(
@@ -274,10 +275,12 @@ class UpstreamClient:
         """Client headers to forward, with the upstream's key (or the client's, passthrough).
         Values go out as the bytes they came as (latin-1 round trip), whatever they hold."""
         own_key = bool(upstream.api_key)
+        anthropic = upstream.api == "anthropic"
         out = [
             (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in incoming
             if (lk := k.lower()) not in _DROP_REQUEST and not (own_key and lk in _ACCOUNT_HEADERS)
+            and (anthropic or not lk.startswith("anthropic-"))  # (Anthropic's own: only to Anthropic)
         ]
         key = upstream.api_key or client_key
         if key:
@@ -285,7 +288,9 @@ class UpstreamClient:
                 raw = key.encode("latin-1")  # a client's key: the bytes it came as
             except UnicodeEncodeError:
                 raw = key.encode("utf-8")  # a configured key beyond latin-1
-            out.append((b"authorization", b"Bearer " + raw))
+            out.append((b"x-api-key", raw) if anthropic else (b"authorization", b"Bearer " + raw))
+        if anthropic and not any(k == b"anthropic-version" for k, _ in out):
+            out.append((b"anthropic-version", ANTHROPIC_VERSION))
         return out
 
     def build(self, method: str, upstream: Upstream, path: str, *, headers: list[tuple[bytes, bytes]],

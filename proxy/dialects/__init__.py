@@ -12,10 +12,12 @@ A call crosses from its client's dialect to its upstream's through a ``Crossing`
 
     client == upstream     the request's fields go natively; the answer is relayed, with our ids
     one of the two: chat   translated both ways by the other dialect (its ``*_chat`` parts)
+    neither is chat        through chat: the client's fields to chat to the upstream's; the answer
+                           from the upstream's to chat to the client's (``_Through``)
 
-Chat is the pivot: a dialect translates to and from chat, never to every other dialect. (Two
-dialects that are both not chat would meet through chat; that composition is built when a third
-dialect needs it.) The lifecycle, the relay, the builder and storage know only these interfaces.
+Chat is the pivot: a dialect translates to and from chat, never to every other dialect. The
+lifecycle, the relay, the builder and storage know only these interfaces. An upstream's ``api``
+setting names its dialect too (``anthropic`` is the ``messages`` dialect, ``_ALIASES``).
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ class Crossing:
             raise InvalidRequest(f"tool type {dropped[0]!r} needs an upstream that speaks the {self.client.name} API "
                                  f"natively; this model's upstream speaks {self.upstream.name} (server.unsupported_tools "
                                  "= \"refuse\")", param="tools")
+        if self.upstream.name != "chat":
+            self.upstream.check_from_chat(self.client.params_to_chat(params))
         return dropped
 
     def fields(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +131,82 @@ class Crossing:
             return self.client.relay(node_id=node_id, params=params, provider=provider)
         if self.upstream.name == "chat":
             return self.client.over_chat(node_id=node_id, params=params, provider=provider)
-        return self.upstream.for_chat(node_id=node_id, provider=provider)
+        if self.client.name == "chat":
+            return self.upstream.for_chat(node_id=node_id, provider=provider)
+        return _Through(self.client.over_chat(node_id=node_id, params=params, provider=provider),
+                        self.upstream.for_chat(node_id=node_id, provider=provider))
+
+
+class _Through:
+    """An answer of one non-chat dialect for a client of another, through chat: the upstream's
+    turned into a chat answer (``inner``), that one into the client's (``outer``)."""
+
+    def __init__(self, outer: Exchange, inner: Exchange) -> None:
+        self.outer = outer
+        self.inner = inner
+
+    def answer(self, content: bytes) -> Answer:
+        return self.outer.answer(self.inner.answer(content).body)
+
+    def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
+        return _Chained(self.outer.translator(wants_usage=wants_usage, secrets=()),
+                        self.inner.translator(wants_usage=True, secrets=secrets))
+
+    def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return self.outer.messages(received)
+
+
+class _Chained:
+    """Two stream translators in a row: the upstream's events into chat chunks (``inner``, which
+    masks), those into the client's events (``outer``). The inner one's held-back end is passed on
+    as soon as its stream ends, so the outer one knows the whole answer before it is stored."""
+
+    def __init__(self, outer: Translator, inner: Translator) -> None:
+        from ..sse import SSEParser
+
+        self.outer = outer
+        self.inner = inner
+        self.parser = SSEParser()
+        self._passed_end = False
+
+    def _through(self, chat: bytes) -> bytes:
+        out = [self.outer.event(e) for e in self.parser.feed(chat)] if chat else []
+        return b"".join(out)
+
+    @property
+    def finished(self) -> bool:  # type: ignore[override]
+        return self.outer.finished
+
+    @property
+    def error(self) -> Any:  # type: ignore[override]
+        return self.inner.error if self.inner.error is not None else self.outer.error
+
+    @property
+    def usage(self) -> dict[str, Any] | None:  # type: ignore[override]
+        return self.outer.usage
+
+    @property
+    def finish_reason(self) -> str | None:  # type: ignore[override]
+        return self.outer.finish_reason
+
+    def opening(self) -> bytes:
+        return self.outer.opening() + self._through(self.inner.opening())
+
+    def event(self, raw: bytes) -> bytes:
+        out = self._through(self.inner.event(raw))
+        if self.inner.finished and not self._passed_end and self.inner.error is None:
+            self._passed_end = True
+            out += self._through(self.inner.closing())
+        return out
+
+    def closing(self) -> bytes:
+        return self.outer.closing()
+
+    def failing(self, failure: Any) -> bytes:
+        return self.outer.failing(failure)
+
+    def received(self) -> list[dict[str, Any]]:
+        return self.outer.received()
 
 
 _decode = msgspec.json.Decoder().decode
@@ -151,9 +230,14 @@ def parse_model_request(raw: bytes) -> dict[str, Any]:
 
 
 def _registry() -> dict[str, Dialect]:
-    from . import chat, responses
+    from . import chat, messages, responses
 
-    return {d.name: d for d in (chat.DIALECT, responses.DIALECT)}
+    found: dict[str, Dialect] = {d.name: d for d in (chat.DIALECT, responses.DIALECT, messages.DIALECT)}
+    found.update({alias: found[name] for alias, name in _ALIASES.items()})
+    return found
+
+
+_ALIASES = {"anthropic": "messages"}  # an upstream's ``api`` -> the dialect it speaks
 
 
 _REGISTRY: dict[str, Dialect] = {}
@@ -173,8 +257,6 @@ def dialect(name: str | None) -> Dialect:
 def crossing(client: Dialect | str, upstream: Dialect | str) -> Crossing:
     client = dialect(client) if isinstance(client, str) else client
     upstream = dialect(upstream) if isinstance(upstream, str) else upstream
-    if not (client is upstream or "chat" in (client.name, upstream.name)):
-        raise ValueError(f"no crossing from {client.name!r} to {upstream.name!r}")  # (see the docstring)
     return Crossing(client, upstream)
 
 

@@ -1,0 +1,51 @@
+"""Errors in Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``, with Anthropic's
+types for our statuses; an Anthropic upstream's own error type is kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["anthropic_type", "error_body", "from_openai_body", "is_messages_path"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+ANTHROPIC_TYPES = frozenset({"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+                             "request_too_large", "rate_limit_error", "api_error", "overloaded_error", "timeout_error",
+                             "billing_error"})
+_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+              403: "permission_error", 404: "not_found_error", 409: "invalid_request_error",
+              413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 502: "api_error",
+              503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+def anthropic_type(status: int, error: Any = None) -> str:
+    own = getattr(error, "type", None) if not isinstance(error, dict) else error.get("type")
+    if own in ANTHROPIC_TYPES:
+        return own
+    return _BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(status: int, message: str, error: Any = None) -> bytes:
+    return _encode({"type": "error", "error": {"type": anthropic_type(status, error), "message": message}})
+
+
+def from_openai_body(status: int, body: bytes) -> bytes:
+    """An error body of ours (OpenAI's shape) in Anthropic's."""
+    try:
+        data = _decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        data = None
+    if isinstance(data, dict) and data.get("type") == "error":
+        return body  # already Anthropic's
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        return error_body(status, str(err.get("message") or ""), err)
+    return error_body(status, body.decode("utf-8", "replace")[:2000])
+
+
+def is_messages_path(path: str) -> bool:
+    """The Messages endpoints: their errors are Anthropic-shaped."""
+    return path.endswith("/v1/messages") or path.endswith("/v1/messages/count_tokens")

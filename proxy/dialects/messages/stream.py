@@ -1,0 +1,359 @@
+"""Messages event streams (relay translators, see ``proxy.relay.Translator``).
+
+- ``Native``: an Anthropic upstream's events (``message_start``, ``content_block_start`` /
+  ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``, ``ping``, ``error``) relayed as they
+  come, each masked whole, and reassembled into the stored message (``Message``);
+  ``message_stop`` is held back until the node is stored.
+- ``FromChat``: a chat-completions stream as Messages events, for an Anthropic client over a chat
+  upstream: a thinking block for reasoning, a text block, one ``tool_use`` block per tool call
+  with its input as ``input_json_delta`` pieces, then ``message_delta`` and ``message_stop``.
+- ``ToChat``: an Anthropic upstream's events as chat chunks, for a chat client.
+
+A failure ends a Messages stream with Anthropic's ``error`` event.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from ...failures import Failure
+from ...secrets import Masker
+from ...sse import DONE, UNREAD, payload, sse_error_event
+from ..chat.stream import MaskedChunks, StreamAccumulator
+from . import translate
+
+__all__ = ["FromChat", "Message", "Native", "ToChat", "error_event"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + _encode({"type": kind, **data}) + b"\n\n"
+
+
+def error_event(type_: str, message: str) -> bytes:
+    return _event("error", {"error": {"type": type_, "message": message}})
+
+
+class Message:
+    """An Anthropic stream's events merged into the message they make."""
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] = {}
+        self.blocks: dict[int, dict[str, Any]] = {}
+        self.partial: dict[int, list[str]] = {}  # tool inputs, as JSON pieces
+        self.usage: dict[str, Any] = {}
+        self.stop_reason: str | None = None
+        self.error: Any = None
+        self.stopped = False
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        index = event.get("index") if isinstance(event.get("index"), int) else 0
+        if kind == "message_start" and isinstance(event.get("message"), dict):
+            self.message = dict(event["message"])
+            if isinstance(self.message.get("usage"), dict):
+                self.usage.update(self.message["usage"])
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+            self.blocks[index] = dict(event["content_block"])
+        elif kind == "content_block_delta" and isinstance(event.get("delta"), dict):
+            block = self.blocks.setdefault(index, {"type": "text", "text": ""})
+            delta = event["delta"]
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                block["text"] = str(block.get("text") or "") + str(delta.get("text") or "")
+            elif dtype == "input_json_delta":
+                self.partial.setdefault(index, []).append(str(delta.get("partial_json") or ""))
+            elif dtype == "thinking_delta":
+                block["thinking"] = str(block.get("thinking") or "") + str(delta.get("thinking") or "")
+            elif dtype == "signature_delta":
+                block["signature"] = str(block.get("signature") or "") + str(delta.get("signature") or "")
+            elif dtype == "citations_delta" and delta.get("citation") is not None:
+                block.setdefault("citations", []).append(delta["citation"])
+        elif kind == "content_block_stop":
+            self._close(index)
+        elif kind == "message_delta":
+            delta = event.get("delta") if isinstance(event.get("delta"), dict) else {}
+            if delta.get("stop_reason"):
+                self.stop_reason = delta["stop_reason"]
+            for key in ("stop_sequence", "container"):
+                if key in delta:
+                    self.message[key] = delta[key]
+            if isinstance(event.get("usage"), dict):
+                self.usage.update({k: v for k, v in event["usage"].items() if v is not None})
+        elif kind == "message_stop":
+            self.stopped = True
+        elif kind == "error":
+            self.error = event.get("error") if isinstance(event.get("error"), dict) else {"message": str(event)}
+
+    def _close(self, index: int) -> None:
+        pieces = self.partial.pop(index, None)
+        block = self.blocks.get(index)
+        if block is None or pieces is None:
+            return
+        text = "".join(pieces)
+        try:
+            block["input"] = _decode(text) if text.strip() else {}
+        except (msgspec.DecodeError, RecursionError):
+            block["input"] = {"arguments": text}
+
+    def content(self) -> list[dict[str, Any]]:
+        for index in list(self.partial):
+            self._close(index)
+        return [self.blocks[i] for i in sorted(self.blocks)]
+
+    def whole(self) -> dict[str, Any]:
+        return {**self.message, "content": self.content(), "stop_reason": self.stop_reason, "usage": self.usage}
+
+
+class Native:
+    """An Anthropic upstream's stream, relayed to an Anthropic client."""
+
+    def __init__(self, *, masker: Masker | None = None) -> None:
+        self.masker = masker
+        self.acc = Message()
+        self.finished = False
+        self.error: Any = None
+        self._tail = b""
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.acc.usage or None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return translate.finish_reason(self.acc.stop_reason) if self.acc.stop_reason else None
+
+    def opening(self) -> bytes:
+        return b""
+
+    def event(self, raw: bytes) -> bytes:
+        if self.masker:
+            raw = self.masker.bytes(raw)
+        event = payload(raw)
+        if event is UNREAD or event is DONE or not isinstance(event, dict):
+            return raw + b"\n\n"  # (comments and the like: relayed as they came)
+        self.acc.feed(event)
+        if self.acc.error is not None:
+            self.error = self.acc.error
+            return b""
+        if event.get("type") == "message_stop":
+            self.finished = True
+            self._tail = raw + b"\n\n"
+            return b""
+        return raw + b"\n\n"
+
+    def received(self) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": self.acc.content()}]
+
+    def closing(self) -> bytes:
+        return self._tail
+
+    def failing(self, failure: Failure) -> bytes:
+        return error_event(_error_type(failure), failure.error.message)
+
+
+def _error_type(failure: Failure) -> str:
+    from .errors import anthropic_type
+
+    return anthropic_type(failure.status, failure.error)
+
+
+class FromChat:
+    """A chat-completions stream as Messages events."""
+
+    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], masker: MaskedChunks | None = None) -> None:
+        self.masker = masker
+        self.node_id = node_id
+        self.params = params
+        self.acc = StreamAccumulator()
+        self.finished = False
+        self.error: Any = None
+        self.blocks: list[dict[str, Any]] = []
+        self.open: int | None = None  # the block being streamed
+        self.kind: str | None = None  # its kind: "thinking" | "text" | ("tool", chat index)
+        self.calls: dict[int, int] = {}  # chat tool-call index -> block index
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return translate.anthropic_usage(self.acc.usage) if self.acc.usage else None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.acc.finish_reason
+
+    def opening(self) -> bytes:
+        message = translate.message_object(node_id=self.node_id, model=self.params.get("model"), content=[], stop=None,
+                                           usage={"input_tokens": 0, "output_tokens": 0})
+        return _event("message_start", {"message": message})
+
+    def event(self, raw: bytes) -> bytes:
+        chunk = payload(raw)
+        if chunk is UNREAD:
+            return b""
+        if chunk is DONE:
+            self.finished = True
+            if self.masker is not None and self.masker.masker.holding:
+                return self._chunk({"choices": self.masker.rest()})
+            return b""
+        if self.masker is not None:
+            self.masker.apply(chunk)
+        return self._chunk(chunk)
+
+    def _start(self, kind: str, block: dict[str, Any]) -> bytes:
+        out = self._stop()
+        self.open = len(self.blocks)
+        self.kind = kind
+        self.blocks.append(block)
+        return out + _event("content_block_start", {"index": self.open, "content_block": block})
+
+    def _stop(self) -> bytes:
+        if self.open is None:
+            return b""
+        index, self.open, self.kind = self.open, None, None
+        return _event("content_block_stop", {"index": index})
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _event("content_block_delta", {"index": self.open, "delta": delta})
+
+    def _chunk(self, chunk: Any) -> bytes:
+        before = (len("".join(self.acc.reasoning_content)) + len("".join(self.acc.reasoning)),
+                  len("".join(self.acc.content)))
+        before_args = {i: len(tc["function"]["arguments"]) for i, tc in self.acc.tool_calls.items()}
+        self.acc.feed(chunk)
+        if self.acc.error is not None:
+            self.error = self.acc.error
+            return b""
+        out = []
+        reasoning = "".join(self.acc.reasoning_content) + "".join(self.acc.reasoning)
+        if len(reasoning) > before[0]:
+            if self.kind != "thinking":
+                out.append(self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""}))
+            out.append(self._delta({"type": "thinking_delta", "thinking": reasoning[before[0]:]}))
+        text = "".join(self.acc.content)
+        if len(text) > before[1]:
+            if self.kind != "text":
+                out.append(self._start("text", {"type": "text", "text": ""}))
+            out.append(self._delta({"type": "text_delta", "text": text[before[1]:]}))
+        for i, call in sorted(self.acc.tool_calls.items()):
+            arguments = call["function"]["arguments"]
+            if i not in self.calls:
+                out.append(self._start(f"tool{i}", {"type": "tool_use", "id": call.get("id"),
+                                                   "name": call["function"]["name"], "input": {}}))
+                self.calls[i] = self.open  # type: ignore[assignment]
+                before_args[i] = 0
+            added = arguments[before_args.get(i, 0):]
+            if added and self.kind == f"tool{i}":
+                out.append(self._delta({"type": "input_json_delta", "partial_json": added}))
+        return b"".join(out)
+
+    def received(self) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": translate.content_of(self.acc.message())}]
+
+    def closing(self) -> bytes:
+        out = self._stop()
+        usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
+        out += _event("message_delta", {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason),
+                                                  "stop_sequence": None}, "usage": usage})
+        return out + _event("message_stop", {})
+
+    def failing(self, failure: Failure) -> bytes:
+        return self._stop() + error_event(_error_type(failure), failure.error.message)
+
+
+class ToChat:
+    """An Anthropic upstream's events as chat-completion chunks; the finishing chunk (and the usage
+    chunk, when the client asked) and ``[DONE]`` once the node is stored."""
+
+    def __init__(self, *, node_id: uuid.UUID, provider: str | None, wants_usage: bool,
+                 masker: Masker | None = None) -> None:
+        self.masker = masker
+        self.node_id = node_id
+        self.provider = provider
+        self.wants_usage = wants_usage
+        self.acc = Message()
+        self.finished = False
+        self.error: Any = None
+        self.created = int(time.time())
+        self._opened = False
+        self._calls: dict[int, int] = {}  # block index -> chat tool-call index
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return translate.chat_usage(self.acc.usage) if self.acc.usage else None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return translate.finish_reason(self.acc.stop_reason) if self.acc.stop_reason else None
+
+    def opening(self) -> bytes:
+        return b""
+
+    def _line(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk = {"id": f"chatcmpl-{self.node_id.hex}", "object": "chat.completion.chunk", "created": self.created,
+                 "model": self.acc.message.get("model"), "choices": choices, **extra}
+        return b"data: " + _encode(chunk) + b"\n\n"
+
+    def _chunk(self, delta: dict[str, Any]) -> bytes:
+        out = b""
+        if not self._opened:
+            self._opened = True
+            out = self._line([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        return out + self._line([{"index": 0, "delta": delta, "finish_reason": None}])
+
+    def event(self, raw: bytes) -> bytes:
+        if self.masker:
+            raw = self.masker.bytes(raw)
+        event = payload(raw)
+        if not isinstance(event, dict):
+            return b""
+        self.acc.feed(event)
+        if self.acc.error is not None:
+            self.error = self.acc.error
+            return b""
+        kind = event.get("type")
+        if kind == "message_stop":
+            self.finished = True
+            return b""
+        index = event.get("index") if isinstance(event.get("index"), int) else 0
+        if kind == "content_block_start":
+            block = event.get("content_block") if isinstance(event.get("content_block"), dict) else {}
+            if block.get("type") == "tool_use":
+                call = self._calls[index] = len(self._calls)
+                return self._chunk({"tool_calls": [{"index": call, "id": block.get("id"), "type": "function",
+                                                    "function": {"name": block.get("name"), "arguments": ""}}]})
+            if block.get("type") == "text" and block.get("text"):
+                return self._chunk({"content": block["text"]})
+            return b""
+        if kind == "content_block_delta" and isinstance(event.get("delta"), dict):
+            delta = event["delta"]
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                return self._chunk({"content": str(delta.get("text") or "")})
+            if dtype == "thinking_delta":
+                return self._chunk({"reasoning_content": str(delta.get("thinking") or "")})
+            if dtype == "input_json_delta" and index in self._calls:
+                return self._chunk({"tool_calls": [{"index": self._calls[index],
+                                                    "function": {"arguments": str(delta.get("partial_json") or "")}}]})
+        return b""
+
+    def received(self) -> list[dict[str, Any]]:
+        return [translate.chat_message(self.acc.content(), self.provider)]
+
+    def closing(self) -> bytes:
+        out = b""
+        if not self._opened:
+            out = self._chunk({})
+        out += self._line([{"index": 0, "delta": {}, "finish_reason": self.finish_reason or "stop"}])
+        if self.wants_usage:
+            out += self._line([], usage=self.usage)
+        return out + b"data: [DONE]\n\n"
+
+    def failing(self, failure: Failure) -> bytes:
+        err = failure.error
+        return sse_error_event(err.message, err.type, err.code)

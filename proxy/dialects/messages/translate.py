@@ -1,0 +1,271 @@
+"""Messages requests and answers in chat terms, both ways (docs/behaviour.md#the-messages-api).
+Pure functions.
+
+    Messages request field              chat field
+    max_tokens                          max_tokens
+    stop_sequences                      stop
+    tools (custom: input_schema)        tools (function: parameters)
+    tools (Anthropic's own: web_search, dropped, named in X-Branchpoint-Dropped-Tools
+      bash_2025..., code_execution ...) (or refused: server.unsupported_tools)
+    tool_choice auto / any / tool /     "auto" / "required" / a function / "none";
+      none, disable_parallel_tool_use   parallel_tool_calls: false
+    metadata.user_id                    user
+    temperature, top_p, stream          the same
+    thinking, top_k, context_management, dropped: no chat equivalent (the answer does not
+      output_config, service_tier ...   depend on them in a way chat can express)
+
+    stop_reason  end_turn / stop_sequence / pause_turn -> stop, max_tokens -> length,
+                 tool_use -> tool_calls, refusal -> content_filter (and back)
+    usage        input_tokens (+ cache reads and writes) = prompt_tokens, output_tokens =
+                 completion_tokens, cache_read_input_tokens = prompt_tokens_details.cached_tokens
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from ...errors import InvalidRequest
+from ..responses.tools import DROPPED
+from .blocks import _input, _parts_to_blocks
+
+__all__ = ["anthropic_usage", "chat_params", "chat_usage", "check_fields", "completion", "content_of", "hosted",
+           "message_object", "request_fields"]
+
+_encode = msgspec.json.Encoder().encode
+
+_SAME = ("model", "temperature", "top_p", "stream")
+_TO_CHAT_STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
+                 "tool_use": "tool_calls", "refusal": "content_filter", "model_context_window_exceeded": "length"}
+_FROM_CHAT_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use",
+                   "content_filter": "refusal"}
+DEFAULT_MAX_TOKENS = 4096  # a chat request that names no maximum (Anthropic requires one)
+
+
+def _custom(tool: Any) -> bool:
+    """A tool the client defines (a name and an input schema), as opposed to one of Anthropic's
+    own (``{"type": "web_search_20250305", ...}``) that only an Anthropic upstream runs."""
+    return isinstance(tool, dict) and tool.get("type") in (None, "custom") and "input_schema" in tool
+
+
+def hosted(tools: Any) -> list[str]:
+    """The tools a chat upstream cannot run: Anthropic's own, by type (or name)."""
+    if not isinstance(tools, list):
+        return []
+    return [str(t.get("type") or t.get("name")) for t in tools if isinstance(t, dict) and not _custom(t)]
+
+
+def _chat_tool_choice(choice: Any, dropped: Any) -> Any:
+    if not isinstance(choice, dict):
+        return None
+    kind = choice.get("type")
+    if kind == "any":
+        return "required"
+    if kind == "tool":
+        if dropped and choice.get("name") in dropped:
+            return "auto"
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if kind == "none":
+        return "none"
+    return "auto"
+
+
+def chat_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The chat-completions fields for a Messages request's other fields."""
+    out = {k: params[k] for k in _SAME if k in params}
+    if params.get("max_tokens") is not None:
+        out["max_tokens"] = params["max_tokens"]
+    stop = params.get("stop_sequences")
+    if isinstance(stop, list) and stop:
+        out["stop"] = stop
+    tools = [t for t in params.get("tools") or () if _custom(t)]
+    if tools:
+        out["tools"] = [{"type": "function", "function": {
+            k: v for k, v in (("name", t.get("name")), ("description", t.get("description")),
+                              ("parameters", t.get("input_schema"))) if v is not None}} for t in tools]
+        choice = params.get("tool_choice")
+        mapped = _chat_tool_choice(choice, params.get(DROPPED))
+        if mapped is not None:
+            out["tool_choice"] = mapped
+        if isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True:
+            out["parallel_tool_calls"] = False
+    metadata = params.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        out["user"] = metadata["user_id"]
+    return out
+
+
+# -- chat requests for an Anthropic upstream --------------------------------------------------------
+
+_DROPPED_FROM_CHAT = frozenset({"stream_options", "seed", "store", "messages", "n", "user", "max_completion_tokens",
+                                "parallel_tool_calls", "reasoning_effort", "verbosity", "metadata"})
+# chat fields with no Messages equivalent: refused unless they hold the value that changes nothing
+_REFUSED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1), "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,), "functions": (None, []), "function_call": (None,),
+    "web_search_options": (None,), "response_format": (None, {"type": "text"}),
+}
+
+
+def check_fields(params: dict[str, Any]) -> None:
+    for name, harmless in _REFUSED.items():
+        if name in params and params[name] not in harmless:
+            raise InvalidRequest(f"{name!r} has no equivalent in the Messages API, which this model's upstream "
+                                 "speaks (api = \"anthropic\")", param=name)
+
+
+def _anthropic_tool_choice(choice: Any, parallel: Any) -> Any:
+    if choice == "required":
+        out: dict[str, Any] = {"type": "any"}
+    elif choice == "none":
+        out = {"type": "none"}
+    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        out = {"type": "tool", "name": choice["function"].get("name")}
+    elif choice in (None, "auto") and parallel is False:
+        out = {"type": "auto"}
+    elif choice in (None,):
+        return None
+    else:
+        out = {"type": "auto"}
+    if parallel is False and out["type"] != "none":
+        out["disable_parallel_tool_use"] = True
+    return out
+
+
+def request_fields(params: dict[str, Any]) -> dict[str, Any]:
+    """The Messages request fields (all but ``system`` and ``messages``) for a chat request's other
+    fields, which ``check_fields`` has passed; unknown fields are forwarded as they are."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key in _DROPPED_FROM_CHAT or key in _REFUSED or key.startswith("_bp_"):
+            continue
+        if key == "max_tokens":
+            continue
+        if key == "stop":
+            if value:
+                out["stop_sequences"] = [value] if isinstance(value, str) else list(value)
+        elif key == "tools":
+            tools = []
+            for t in value or ():
+                fn = t.get("function") if isinstance(t, dict) else None
+                if isinstance(fn, dict):
+                    tool = {"name": fn.get("name"), "input_schema": fn.get("parameters") or {"type": "object"}}
+                    if fn.get("description"):
+                        tool["description"] = fn["description"]
+                    tools.append(tool)
+            if tools:
+                out["tools"] = tools
+        elif key == "tool_choice":
+            pass  # (below, with parallel_tool_calls)
+        else:
+            out[key] = value
+    maximum = params.get("max_completion_tokens") or params.get("max_tokens")
+    out["max_tokens"] = maximum if isinstance(maximum, int) and maximum > 0 else DEFAULT_MAX_TOKENS
+    if "tools" in out:
+        choice = _anthropic_tool_choice(params.get("tool_choice"), params.get("parallel_tool_calls"))
+        if choice is not None:
+            out["tool_choice"] = choice
+    if isinstance(params.get("user"), str):
+        out["metadata"] = {"user_id": params["user"]}
+    return out
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+
+def message_id(node_id: uuid.UUID) -> str:
+    return f"msg_{node_id.hex}"
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and 0 <= value <= 10**9 else 0
+
+
+def chat_usage(usage: Any) -> dict[str, Any] | None:
+    """An Anthropic usage object in chat terms (prompt tokens count cache reads and writes)."""
+    if not isinstance(usage, dict):
+        return None
+    cached = _count(usage.get("cache_read_input_tokens"))
+    prompt = _count(usage.get("input_tokens")) + cached + _count(usage.get("cache_creation_input_tokens"))
+    completion = _count(usage.get("output_tokens"))
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
+
+
+def anthropic_usage(usage: Any) -> dict[str, Any]:
+    """A chat usage object in Anthropic's terms (input tokens exclude the cached ones)."""
+    if not isinstance(usage, dict):
+        return {"input_tokens": 0, "output_tokens": 0}
+    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    cached = _count(details.get("cached_tokens"))
+    prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    out = {"input_tokens": max(0, prompt - cached), "output_tokens": _count(usage.get("completion_tokens",
+                                                                                    usage.get("output_tokens")))}
+    if cached:
+        out["cache_read_input_tokens"] = cached
+    return out
+
+
+def stop_reason(finish_reason: Any) -> str:
+    return _FROM_CHAT_STOP.get(finish_reason, "end_turn") if isinstance(finish_reason, str) else "end_turn"
+
+
+def finish_reason(stop: Any) -> str:
+    return _TO_CHAT_STOP.get(stop, "stop") if isinstance(stop, str) else "stop"
+
+
+def content_of(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The content blocks of a chat assistant message (reasoning as a thinking block without a
+    signature: no Anthropic upstream takes it back)."""
+    blocks: list[dict[str, Any]] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+    blocks.extend(_parts_to_blocks(message.get("content")))
+    if message.get("refusal") and not any(b.get("type") == "text" for b in blocks):
+        blocks.append({"type": "text", "text": str(message["refusal"])})
+    for call in message.get("tool_calls") or ():
+        if isinstance(call, dict):
+            fn = call.get("function") or {}
+            blocks.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"),
+                           "input": _input(fn.get("arguments"))})
+    return blocks
+
+
+def message_object(*, node_id: uuid.UUID, model: Any, content: list[dict[str, Any]], stop: str | None,
+                   usage: dict[str, Any]) -> dict[str, Any]:
+    return {"id": message_id(node_id), "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop, "stop_sequence": None, "usage": usage}
+
+
+def read_message(data: Any) -> bool:
+    return isinstance(data, dict) and data.get("type") == "message" and isinstance(data.get("content"), list)
+
+
+def chat_message(content: list[Any], provider: str | None) -> dict[str, Any]:
+    """The chat assistant message an Anthropic answer's content stands for (its signed thinking
+    kept as ``thinking_blocks``, which go back only to the provider that produced them)."""
+    from .blocks import _assistant
+
+    message = _assistant([b for b in content if isinstance(b, dict)])
+    thinking = [b for b in content if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")]
+    if thinking:
+        message["thinking_blocks"] = thinking
+    return message
+
+
+def completion(data: dict[str, Any], node_id: uuid.UUID, provider: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the chat completion, the assistant message) for an Anthropic message."""
+    message = chat_message(data["content"], provider)
+    body = {"id": f"chatcmpl-{node_id.hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": data.get("model"), "choices": [{"index": 0, "message": message,
+                                                     "finish_reason": finish_reason(data.get("stop_reason")),
+                                                     "logprobs": None}],
+            "usage": chat_usage(data.get("usage")) or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+    return body, message

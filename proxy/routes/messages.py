@@ -1,0 +1,97 @@
+"""Anthropic's Messages API on the tree (docs/behaviour.md#the-messages-api): ``POST /v1/messages``
+(also under ``/c/{id}/v1`` and ``/auto/v1``) and ``POST /v1/messages/count_tokens``.
+
+A call is stored when it names a conversation (header or path prefix) or comes through
+``/auto/v1``. One that names none passes through to an Anthropic upstream untouched; towards an
+upstream of another API it needs translating, which only a stored call has, so it is handled as
+under ``/auto/v1``. HTTP only: the call itself is the lifecycle's. Errors are Anthropic-shaped
+(``proxy.app`` shapes those raised before the call starts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, route
+from litestar.di import NamedDependency
+from litestar.types import ASGIApp
+
+from ..call import Call
+from ..dialects.messages import DIALECT as MESSAGES
+from ..dialects.messages.blocks import to_messages
+from ..http import RawResponse
+from .common import RequestHeaders, context_mode, node_kind, resolve_conversation_id
+from .context import CallContext
+from .docs import errors
+
+__all__ = ["messages_count_tokens", "messages_create"]
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _anthropic_upstream(call: CallContext, body: dict[str, Any]) -> bool:
+    return call.calls.upstream.route(body.get("model")).api == "anthropic"
+
+
+async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp:
+    headers = RequestHeaders(request.scope)
+    path_cid = request.path_params.get("conversation_id")
+    cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
+    auto = request.scope["path"].startswith("/auto/")
+    raw = await request.body()
+    body = MESSAGES.parse(raw)
+    if cid is None and not auto:
+        if _anthropic_upstream(call, body):
+            return await call.forwarder.forward(request, "messages", raw, headers, call.caller)
+        auto = True  # (translated: stored, found by content)
+    kind = node_kind(headers)
+    mode = "full" if auto else context_mode(headers, call.calls.default_mode)
+    parent_header = headers.get("x-parent-node-id")
+    parent_mode, parent_id = "head", None
+    if parent_header is not None and parent_header.strip():
+        from ..errors import InvalidRequest
+        from .common import parse_node_id
+
+        if mode == "full":
+            raise InvalidRequest("X-Parent-Node-Id cannot be used in full-history mode: the messages decide the parent",
+                                 param="X-Parent-Node-Id")
+        if parent_header.strip().lower() == "root":
+            parent_mode = "root"
+        else:
+            parent_mode, parent_id = "node", parse_node_id(parent_header, param="X-Parent-Node-Id")
+    stored = Call(
+        tenant=call.caller.tenant, conversation_id=cid, kind=kind, mode=mode, parent_mode=parent_mode,
+        parent_id=parent_id, body=body, items=MESSAGES.items(body), stream=body.get("stream") is True,
+        client_key=call.caller.client_key, headers=headers.items, dialect=MESSAGES, credentials=headers.credentials(),
+        query=request.scope.get("query_string") or b"",
+    )
+    return await call.calls.run(stored, request.receive)
+
+
+_ERRORS = errors(400, 401, 404, 409, 413, 502, 503, 504)
+
+
+@route(["/v1/messages", "/c/{conversation_id:str}/v1/messages", "/auto/v1/messages"], http_method=["POST"],
+       summary="Create a message (Anthropic's Messages API; stored when it names a conversation, or under /auto/v1)",
+       tags=["messages"], status_code=200, responses=_ERRORS)
+async def messages_create(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    return await _create(request, call)
+
+
+@route(["/v1/messages/count_tokens", "/c/{conversation_id:str}/v1/messages/count_tokens",
+        "/auto/v1/messages/count_tokens"], http_method=["POST"],
+       summary="Count a Messages request's input tokens (an Anthropic upstream's count; estimated otherwise)",
+       tags=["messages"], status_code=200, responses=errors(400, 401))
+async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    headers = RequestHeaders(request.scope)
+    raw = await request.body()
+    body = MESSAGES.parse(raw)
+    if _anthropic_upstream(call, body):
+        return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller)
+    counter = call.calls.compactor.tokens
+    messages = to_messages(MESSAGES.items(body))
+    tokens = counter.messages(messages)
+    if body.get("tools"):
+        tokens += counter.text(_encode(body["tools"]).decode())
+    return RawResponse(200, _encode({"input_tokens": tokens}))

@@ -1,0 +1,394 @@
+"""Anthropic's Messages API on the tree, through the official ``anthropic`` SDK: natively over a
+fake Anthropic upstream (which records what it received), translated over a chat and a Responses
+upstream, and chat clients over the Anthropic upstream (docs/behaviour.md#the-messages-api)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from tests.anthropic_fake import AReply, FakeAnthropic
+from tests.conftest import Proxy, make_settings, new_key, serve_proxy
+from tests.fakes import FakeUpstream, Reply, ServerThread
+
+
+@pytest.fixture(scope="module")
+def claude_server() -> Iterator[tuple[FakeAnthropic, ServerThread]]:
+    fake = FakeAnthropic()
+    with ServerThread(fake) as server:
+        yield fake, server
+
+
+@pytest.fixture
+def claude(claude_server: tuple[FakeAnthropic, ServerThread]) -> FakeAnthropic:
+    claude_server[0].reset()
+    return claude_server[0]
+
+
+@pytest.fixture(scope="module")
+def mproxy(database_url: str, upstream_url: str, claude_server: tuple[FakeAnthropic, ServerThread]) -> Iterator[Proxy]:
+    """``claude-*`` models to the fake Anthropic upstream, ``native-*`` to a Responses one, every
+    other model to a chat one."""
+    settings = make_settings(database_url, upstream_url, upstreams=[
+        {"name": "anthropic", "base_url": claude_server[1].url + "/v1", "models": ["claude-*"], "api": "anthropic"},
+        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
+        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
+    ])
+    with serve_proxy(settings) as p:
+        yield p
+
+
+def client(proxy: Proxy, key: str, prefix: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=f"{proxy.url}{prefix}", api_key=key, max_retries=0)
+
+
+def admin(proxy: Proxy, key: str, path: str) -> Any:
+    r = httpx.get(f"{proxy.url}{path}", headers={"x-api-key": key}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def node(proxy: Proxy, key: str, node_id: str) -> dict[str, Any]:
+    return admin(proxy, key, f"/admin/nodes/{node_id}").json()
+
+
+def replay_verified(proxy: Proxy, key: str, node_id: str) -> str:
+    return admin(proxy, key, f"/admin/nodes/{node_id}/request").headers["x-request-verified"]
+
+
+# -- natively, over an Anthropic upstream ----------------------------------------------------------
+
+
+def test_native_turns_store_only_what_is_new(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    c = client(mproxy, key, f"/c/{cid}")
+    r1 = c.messages.with_raw_response.create(model="claude-x", max_tokens=100, system="Be brief.",
+                                             messages=[{"role": "user", "content": "hello"}])
+    m1 = r1.parse()
+    assert m1.content[0].text == "echo: hello"
+    assert r1.headers["x-conversation-id"] == cid
+    first = claude.last
+    assert first.headers["x-api-key"] == key  # passthrough: the client's key, as Anthropic takes it
+    assert first.headers["anthropic-version"]  # (the SDK's own, forwarded)
+    assert "authorization" not in first.headers
+    assert first.body["system"] == "Be brief."
+    assert first.body["messages"] == [{"role": "user", "content": "hello"}]
+
+    r2 = c.messages.with_raw_response.create(model="claude-x", max_tokens=100,
+                                             messages=[{"role": "user", "content": "again"}])
+    sent = claude.last.body
+    assert sent["system"] == "Be brief."  # the system rule: the last one sent applies
+    assert sent["messages"] == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": [{"type": "text", "text": "echo: hello"}]},
+        {"role": "user", "content": "again"},
+    ]
+    n2 = node(mproxy, key, r2.headers["x-node-id"])
+    assert n2["api"] == "messages"
+    assert n2["sent"] == [{"role": "user", "content": "again"}]
+    assert n2["received"] == [{"role": "assistant", "content": [{"type": "text", "text": "echo: again"}]}]
+    assert n2["parent_id"] == r1.headers["x-node-id"]
+    assert replay_verified(mproxy, key, r2.headers["x-node-id"]) == "true"
+
+
+def test_native_stream_relayed_and_reassembled(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    c = client(mproxy, key, f"/c/{cid}")
+    claude.enqueue(AReply(content=[
+        {"type": "thinking", "thinking": "let me think", "signature": "sig-abc"},
+        {"type": "text", "text": "I will list files."},
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls -la"}},
+    ], stop_reason="tool_use"))
+    with c.messages.stream(model="claude-x", max_tokens=100, messages=[{"role": "user", "content": "list"}],
+                           tools=[{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]) as s:
+        events = [e.type for e in s]
+        final = s.get_final_message()
+        node_id = s.response.headers["x-node-id"]
+    assert "message_start" in events and "message_stop" in events
+    assert final.stop_reason == "tool_use"
+    assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
+    assert final.content[2].input == {"command": "ls -la"}
+    assert claude.last.body["stream"] is True
+    stored = node(mproxy, key, node_id)
+    assert stored["received"] == [{"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "let me think", "signature": "sig-abc"},
+        {"type": "text", "text": "I will list files."},
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls -la"}},
+    ]}]
+    assert stored["usage"]["output_tokens"] == 5
+    assert stored["finish_reason"] == "tool_calls"
+
+    # the tool round: the thinking block goes back to the provider that produced it, signed
+    c.messages.create(model="claude-x", max_tokens=100, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}]}])
+    sent = claude.last.body["messages"]
+    assert sent[1]["content"][0] == {"type": "thinking", "thinking": "let me think", "signature": "sig-abc"}
+    assert sent[2] == {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}]}
+
+
+def test_query_string_and_beta_headers_forwarded(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    r = httpx.post(f"{mproxy.url}/c/{cid}/v1/messages?beta=true", timeout=30, headers={
+        "x-api-key": key, "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219"},
+        json={"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+              "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}})
+    assert r.status_code == 200, r.text
+    assert claude.last.path == "/v1/messages?beta=true"
+    assert claude.last.headers["anthropic-beta"] == "claude-code-20250219"
+    assert claude.last.body["context_management"] == {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+
+
+def test_cache_control_markers_are_the_calls_own(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    """Each turn marks its newest block (as Claude Code does): the upstream gets this call's
+    markers only -- an older turn's marker is not sent again (Anthropic allows four)."""
+    c = client(mproxy, key, f"/c/{cid}")
+    system = [{"type": "text", "text": "You are a coder.", "cache_control": {"type": "ephemeral"}}]
+    for i in range(5):
+        c.messages.create(model="claude-x", max_tokens=10, system=system, messages=[{"role": "user", "content": [
+            {"type": "text", "text": f"turn {i}", "cache_control": {"type": "ephemeral"}}]}])
+    body = claude.last.body
+    marked = [(i, j) for i, m in enumerate(body["messages"]) if isinstance(m["content"], list)
+              for j, b in enumerate(m["content"]) if "cache_control" in b]
+    assert marked == [(len(body["messages"]) - 1, 0)]
+    assert body["system"] == system
+
+
+def test_count_tokens(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
+    c = client(mproxy, key, "")
+    assert c.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "hi"}]).input_tokens == 42
+    assert claude.requests[-1].path == "/v1/messages/count_tokens"
+    estimated = c.messages.count_tokens(model="gpt-x", messages=[{"role": "user", "content": "hello " * 50}])
+    assert 40 <= estimated.input_tokens <= 80
+
+
+def test_without_a_conversation_passes_through(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
+    r = client(mproxy, key, "").messages.with_raw_response.create(
+        model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "plain"}])
+    assert r.parse().id == f"msg_fake{claude.counter}"  # the upstream's answer, untouched
+    assert "x-node-id" not in r.headers
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+
+def test_errors_have_anthropics_shape(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    c = client(mproxy, key, f"/c/{cid}")
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        c.messages.create(model="claude-x", max_tokens=10, messages="nope")  # type: ignore[arg-type]
+    assert bad.value.body["type"] == "error" and bad.value.body["error"]["type"] == "invalid_request_error"
+    r = httpx.post(f"{mproxy.url}/c/{cid}/v1/messages", json={"model": "claude-x", "messages": []}, timeout=30)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+    claude.enqueue(AReply(status=529, error={"type": "overloaded_error", "message": "Overloaded"}))
+    with pytest.raises(anthropic.APIStatusError) as busy:
+        c.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    assert busy.value.status_code == 529
+    assert busy.value.body == {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+def test_prompt_too_long_is_a_context_overflow(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    c = client(mproxy, key, f"/c/{cid}")
+    claude.enqueue(AReply(status=400, error={"type": "invalid_request_error",
+                                              "message": "prompt is too long: 210000 tokens > 200000 maximum"}))
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        c.messages.with_raw_response.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "x"}])
+    assert exc.value.body["error"]["type"] == "invalid_request_error"
+    assert "prompt is too long" in exc.value.body["error"]["message"]
+    node_id = exc.value.response.headers["x-node-id"]
+    assert node(mproxy, key, node_id)["error"]["code"] == "context_overflow"
+
+
+def test_stream_error_event(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    c = client(mproxy, key, f"/c/{cid}")
+    claude.enqueue(AReply(content=[{"type": "text", "text": "partial"}],
+                          stream_error={"type": "overloaded_error", "message": "Overloaded"}))
+    with pytest.raises(anthropic.APIStatusError):
+        with c.messages.stream(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "x"}]) as s:
+            for _ in s:
+                pass
+    r = client(mproxy, key, f"/c/{cid}").messages.with_raw_response.create(
+        model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "y"}])
+    # a transient failure keeps its question (the head is on it), never the partial answer
+    assert claude.last.body["messages"] == [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]
+    assert r.parse().content[0].text == "echo: y"
+
+
+# -- translated: an Anthropic client over a chat upstream -------------------------------------------
+
+
+def test_over_chat_tool_round(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
+    c = client(mproxy, key, f"/c/{cid}")
+    tools = [{"name": "Bash", "description": "Run a command", "input_schema": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}},
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}]
+    upstream.enqueue(Reply(content="Running it.", tool_calls=[
+        {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "echo hi"}'}}]))
+    r = c.messages.with_raw_response.create(model="gpt-x", max_tokens=300, system="You code.", tools=tools,
+                                            tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+                                            metadata={"user_id": "u1"},
+                                            messages=[{"role": "user", "content": "say hi"}])
+    m = r.parse()
+    assert r.headers["x-branchpoint-dropped-tools"] == "web_search_20250305"
+    assert m.id == f"msg_{uuid.UUID(r.headers['x-node-id']).hex}"
+    assert m.stop_reason == "tool_use"
+    assert [(b.type, getattr(b, "text", None) or getattr(b, "input", None)) for b in m.content] == [
+        ("text", "Running it."), ("tool_use", {"command": "echo hi"})]
+    sent = upstream.last.body
+    assert sent["messages"] == [{"role": "system", "content": "You code."}, {"role": "user", "content": "say hi"}]
+    assert sent["tools"] == [{"type": "function", "function": {"name": "Bash", "description": "Run a command",
+                                                               "parameters": tools[0]["input_schema"]}}]
+    assert sent["tool_choice"] == "auto" and sent["parallel_tool_calls"] is False
+    assert sent["max_tokens"] == 300 and sent["user"] == "u1"
+
+    m2 = c.messages.create(model="gpt-x", max_tokens=300, tools=tools, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "hi"}]},
+        {"type": "text", "text": "what did it print?"}]}])
+    assert m2.content[0].text == "echo: what did it print?"
+    assert upstream.last.body["messages"][2:] == [
+        {"role": "assistant", "content": "Running it.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": '{"command":"echo hi"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "hi"},
+        {"role": "user", "content": "what did it print?"},
+    ]
+
+
+def test_over_chat_stream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
+    c = client(mproxy, key, f"/c/{cid}")
+    upstream.enqueue(Reply(kind="stream", content="Let me run it.", reasoning="thinking hard", tool_calls=[
+        {"id": "call_9", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pwd"}'}}],
+        usage={"prompt_tokens": 30, "completion_tokens": 9, "total_tokens": 39,
+               "prompt_tokens_details": {"cached_tokens": 20}}))
+    with c.messages.stream(model="gpt-x", max_tokens=50, messages=[{"role": "user", "content": "where?"}],
+                           tools=[{"name": "Bash", "input_schema": {"type": "object"}}]) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+        node_id = s.response.headers["x-node-id"]
+    assert text == "Let me run it."
+    assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
+    assert final.content[2].input == {"command": "pwd"} and final.content[2].id == "call_9"
+    assert final.stop_reason == "tool_use"
+    assert final.usage.input_tokens == 10 and final.usage.cache_read_input_tokens == 20
+    assert final.usage.output_tokens == 9
+    stored = node(mproxy, key, node_id)
+    assert stored["received"][0]["content"][2] == {"type": "tool_use", "id": "call_9", "name": "Bash",
+                                                   "input": {"command": "pwd"}}
+    assert replay_verified(mproxy, key, node_id) == "true"
+
+
+def test_over_responses_upstream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
+    """Neither side speaks chat: translated through it, both ways, streams too."""
+    c = client(mproxy, key, f"/c/{cid}")
+    m = c.messages.create(model="native-x", max_tokens=20, system="Sys.", messages=[{"role": "user", "content": "hey"}])
+    sent = upstream.responses_requests[-1].body
+    assert sent["store"] is False and sent["max_output_tokens"] == 20
+    assert [i.get("role") for i in sent["input"]] == ["system", "user"]
+    assert m.content[0].type == "text" and m.content[0].text
+    with c.messages.stream(model="native-x", max_tokens=20, messages=[{"role": "user", "content": "more"}]) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed and final.content[0].text == streamed
+    assert [i.get("role") for i in upstream.responses_requests[-1].body["input"]] == ["system", "user", "assistant", "user"]
+
+
+# -- chat clients over the Anthropic upstream --------------------------------------------------------
+
+
+def test_chat_client_over_anthropic(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    oc = mproxy.openai(key, conversation=cid)
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Checking."},
+                                   {"type": "tool_use", "id": "toolu_7", "name": "lookup", "input": {"q": "x"}}],
+                          stop_reason="tool_use", usage={"input_tokens": 3, "output_tokens": 4,
+                                                         "cache_read_input_tokens": 10}))
+    r = oc.chat.completions.create(model="claude-x", messages=[
+        {"role": "system", "content": "Be exact."}, {"role": "user", "content": "find x"}],
+        tools=[{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
+        stop="END", user="someone")
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Checking."
+    assert choice.message.tool_calls[0].id == "toolu_7"
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"q": "x"}
+    assert r.usage.prompt_tokens == 13 and r.usage.prompt_tokens_details.cached_tokens == 10
+    assert claude.last.headers["anthropic-version"] == "2023-06-01"  # (the client named none)
+    assert "authorization" not in claude.last.headers
+    sent = claude.last.body
+    assert sent["system"] == "Be exact."
+    assert sent["messages"] == [{"role": "user", "content": [{"type": "text", "text": "find x"}]}]
+    assert sent["max_tokens"] == 4096 and sent["stop_sequences"] == ["END"]
+    assert sent["tools"] == [{"name": "lookup", "input_schema": {"type": "object"}}]
+    assert sent["metadata"] == {"user_id": "someone"}
+
+    stream = oc.chat.completions.create(model="claude-x", stream=True, stream_options={"include_usage": True},
+                                        messages=[{"role": "tool", "tool_call_id": "toolu_7", "content": "found"}])
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "echo: find x"  # (the fake echoes the last user *text*: the first question's)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    assert claude.last.body["messages"][1:] == [
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "toolu_7", "name": "lookup", "input": {"q": "x"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_7", "content": "found"}]},
+    ]
+
+
+def test_chat_fields_without_an_equivalent_are_refused(mproxy: Proxy, key: str, cid: str) -> None:
+    oc = mproxy.openai(key, conversation=cid)
+    with pytest.raises(Exception) as exc:
+        oc.chat.completions.create(model="claude-x", n=2, messages=[{"role": "user", "content": "x"}])
+    assert getattr(exc.value, "status_code", None) == 400
+
+
+# -- full history: clients that resend the whole session ----------------------------------------------
+
+
+def test_auto_full_history_session(mproxy: Proxy, claude: FakeAnthropic) -> None:
+    """Claude Code's shape: the whole session each call, under /auto; a tool round whose results
+    and the next text share one user message -- one conversation, each node only what is new."""
+    key = new_key()
+    c = client(mproxy, key, "/auto")
+    system = [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    history: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "run echo",
+                                                                   "cache_control": {"type": "ephemeral"}}]}]
+    claude.enqueue(AReply(content=[{"type": "tool_use", "id": "toolu_a", "name": "Bash", "input": {"command": "echo hi"}}],
+                          stop_reason="tool_use"))
+    r1 = c.messages.with_raw_response.create(model="claude-x", max_tokens=100, system=system, tools=tools,
+                                             messages=history)
+    cid = r1.headers["x-conversation-id"]
+    history = [{"role": "user", "content": [{"type": "text", "text": "run echo"}]},
+               {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r1.parse().content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_a", "content": "hi\n"},
+                                            {"type": "text", "text": "and now?", "cache_control": {"type": "ephemeral"}}]}]
+    r2 = c.messages.with_raw_response.create(model="claude-x", max_tokens=100, system=system, tools=tools,
+                                             messages=history)
+    assert r2.headers["x-conversation-id"] == cid
+    assert r2.headers["x-context-mode"] == "full" and r2.headers["x-context-matched"] == "2"
+    assert claude.last.body["messages"] == history  # exactly the client's messages, markers where it put them
+    assert claude.last.body["system"] == system
+    n2 = node(mproxy, key, r2.headers["x-node-id"])
+    assert n2["parent_id"] == r1.headers["x-node-id"]
+    assert [f["content"] for f in n2["sent"]] == [history[2]["content"][:1], history[2]["content"][1:]]
+    assert replay_verified(mproxy, key, r2.headers["x-node-id"]) == "true"
+
+    # the same session with its tool result and text restored (a resumed session): matched, not stored again
+    r3 = c.messages.with_raw_response.create(model="claude-x", max_tokens=100, system=system, tools=tools,
+                                             messages=[*history, {"role": "assistant", "content": [
+                                                 {"type": "text", "text": "echo: and now?"}]},
+                                                 {"role": "user", "content": "bye"}])
+    assert r3.headers["x-conversation-id"] == cid and r3.headers["x-context-matched"] == "5"
+    n3 = node(mproxy, key, r3.headers["x-node-id"])
+    assert n3["parent_id"] == r2.headers["x-node-id"] and n3["sent"] == [{"role": "user", "content": "bye"}]
+
+
+def test_x_api_key_and_bearer_are_one_tenant(mproxy: Proxy, claude: FakeAnthropic, cid: str) -> None:
+    key = new_key()
+    r = client(mproxy, key, f"/c/{cid}").messages.with_raw_response.create(
+        model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "mine"}])
+    seen = httpx.get(f"{mproxy.url}/admin/nodes/{r.headers['x-node-id']}",
+                     headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert seen.status_code == 200
+    other = httpx.get(f"{mproxy.url}/admin/nodes/{r.headers['x-node-id']}", headers={"x-api-key": new_key()}, timeout=30)
+    assert other.status_code == 404
