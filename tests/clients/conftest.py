@@ -1,12 +1,10 @@
 """Real clients, unmodified, against Branchpoint: what they need installed, and how each is run.
 
-The clients come from the registries, installed by these fixtures on first use (``.ci/clients.sh``
-installs them first, so CI fails there when a registry is down): npm packages in
-``tests/clients/node`` (``npm ci`` from its lock file: Codex CLI and opencode, whose binaries come
-inside the packages), PyPI tools each in a venv of its own under ``$BRANCHPOINT_CLIENTS_CACHE``
-(default ``~/.cache/branchpoint-clients``) -- aider pins ``openai`` and ``pydantic``, so none of
-them goes into the project's environment. A client that cannot be installed is skipped, saying so;
-nothing else skips.
+The clients come from the registries (tests/clients/install.py: npm packages in
+``tests/clients/node``, PyPI tools each in a venv of its own), installed by these fixtures on first
+use. A client that cannot be installed is skipped, saying so -- unless
+``BRANCHPOINT_CLIENTS_REQUIRED=1`` (``.ci/clients.sh`` sets it), which fails instead; nothing else
+skips.
 
 Every test here is marked ``clients`` and left out of the default ``uv run pytest`` (pyproject.toml's
 addopts); ``uv run pytest -m clients tests/clients`` runs them.
@@ -17,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,50 +26,26 @@ from storage.transcript import canonical
 
 from ..conftest import make_settings, serve_proxy
 from ..fakes import FakeUpstream, ServerThread
+from . import install
 
-HERE = Path(__file__).resolve().parent
-NODE = HERE / "node"
-CACHE = Path(os.environ.get("BRANCHPOINT_CLIENTS_CACHE") or Path.home() / ".cache" / "branchpoint-clients")
 
-# the PyPI clients and the versions the tests were written against
-PYPI = {"aider": ("aider-chat==0.86.2", "aider"), "llm": ("llm==0.36", "llm")}
+def _installed(name: str, find: Any) -> Path:
+    try:
+        return find(name)
+    except install.Unavailable as exc:
+        if os.environ.get("BRANCHPOINT_CLIENTS_REQUIRED") == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
 
 
 def npm_bin(name: str) -> Path:
-    """A binary of tests/clients/node's packages, installed (``npm ci``) when missing."""
-    binary = NODE / "node_modules" / ".bin" / name
-    if not binary.exists():
-        if not (shutil.which("node") and shutil.which("npm")):
-            pytest.skip(f"{name}: Node.js (node and npm) is not installed")
-        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, capture_output=True, text=True,
-                                timeout=600)
-        if result.returncode != 0 or not binary.exists():
-            pytest.skip(f"{name}: npm ci in tests/clients/node failed (is the npm registry reachable?): "
-                        f"{result.stderr[-1500:]}")
-    return binary
+    """A binary of tests/clients/node's packages (Codex CLI, opencode)."""
+    return _installed(name, install.npm_bin)
 
 
 def pypi_bin(tool: str) -> Path:
-    """A PyPI client's command, from a venv of its own under CACHE (made with uv when missing)."""
-    requirement, command = PYPI[tool]
-    venv = CACHE / tool
-    binary = venv / "bin" / command
-    stamp = venv / ".installed"
-    if binary.exists() and stamp.exists() and stamp.read_text() == requirement:
-        return binary
-    uv = shutil.which("uv")
-    if uv is None:
-        pytest.skip(f"{tool}: uv is not on PATH to install {requirement}")
-    made = subprocess.run([uv, "venv", "-q", "--allow-existing", "--python", "3.11", str(venv)], capture_output=True,
-                          text=True, timeout=300)
-    installed = made.returncode == 0 and subprocess.run(
-        [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), requirement],
-        capture_output=True, text=True, timeout=900)
-    if not installed or installed.returncode != 0 or not binary.exists():
-        why = (installed.stderr if installed else made.stderr)[-1500:]
-        pytest.skip(f"{tool}: could not install {requirement} from PyPI (is it reachable?): {why}")
-    stamp.write_text(requirement)
-    return binary
+    """A PyPI client's command (aider, llm), from its own venv."""
+    return _installed(tool, install.pypi_bin)
 
 
 def run(command: list[str | Path], *, cwd: Path, env: dict[str, str], stdin: str | None = None,

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The real-client tests (tests/clients/, pytest marker "clients", left out of the README's test
+# command): install Codex CLI and opencode (npm, tests/clients/node's lock file) and aider and llm
+# (PyPI, a venv each under $BRANCHPOINT_CLIENTS_CACHE, default ~/.cache/branchpoint-clients), then
+# run them. A client that cannot be installed fails this script (BRANCHPOINT_CLIENTS_REQUIRED=1),
+# where a developer's run of the tests would skip it. Needs the npm registry and PyPI, nothing else.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v uv >/dev/null 2>&1; then
+    python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
+    export PATH="$HOME/.local/bin:$PATH"
+fi
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    as_root=""
+    if [ "$(id -u)" != 0 ]; then as_root="sudo"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $as_root apt-get update -qq
+    $as_root apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+
+uv run --frozen python -m tests.clients.install
+BRANCHPOINT_CLIENTS_REQUIRED=1 uv run --frozen pytest -m clients tests/clients

@@ -1,0 +1,80 @@
+"""The real clients' installation, from the registries: npm packages in ``tests/clients/node``
+(``npm ci`` from its lock file: Codex CLI and opencode, whose binaries come inside the packages),
+PyPI tools each in a venv of its own under ``$BRANCHPOINT_CLIENTS_CACHE`` (default
+``~/.cache/branchpoint-clients``) -- aider pins ``openai`` and ``pydantic``, so none of them goes
+into the project's environment. Each step is skipped when already done.
+
+``python -m tests.clients.install`` installs them all (``.ci/clients.sh``); the tests' fixtures
+call the same functions (tests/clients/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+NODE = HERE / "node"
+CACHE = Path(os.environ.get("BRANCHPOINT_CLIENTS_CACHE") or Path.home() / ".cache" / "branchpoint-clients")
+
+NPM = ("codex", "opencode")  # binaries of tests/clients/node's packages
+# the PyPI clients: tool -> (requirement, command), the versions the tests were written against
+PYPI = {"aider": ("aider-chat==0.86.2", "aider"), "llm": ("llm==0.36", "llm")}
+
+
+class Unavailable(Exception):
+    """A client could not be installed (no Node.js or uv, a registry unreachable)."""
+
+
+def npm_bin(name: str) -> Path:
+    """A binary of tests/clients/node's packages, installed (``npm ci``) when missing."""
+    binary = NODE / "node_modules" / ".bin" / name
+    if not binary.exists():
+        if not (shutil.which("node") and shutil.which("npm")):
+            raise Unavailable(f"{name}: Node.js (node and npm) is not installed")
+        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, capture_output=True, text=True,
+                                timeout=900)
+        if result.returncode != 0 or not binary.exists():
+            raise Unavailable(f"{name}: npm ci in tests/clients/node failed (is the npm registry reachable?): "
+                              f"{result.stderr[-1500:]}")
+    return binary
+
+
+def pypi_bin(tool: str) -> Path:
+    """A PyPI client's command, from a venv of its own under CACHE (made with uv when missing)."""
+    requirement, command = PYPI[tool]
+    venv = CACHE / tool
+    binary = venv / "bin" / command
+    stamp = venv / ".installed"
+    if binary.exists() and stamp.exists() and stamp.read_text() == requirement:
+        return binary
+    uv = shutil.which("uv")
+    if uv is None:
+        raise Unavailable(f"{tool}: uv is not on PATH to install {requirement}")
+    for step in ([uv, "venv", "-q", "--allow-existing", "--python", "3.11", str(venv)],
+                 [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), requirement]):
+        result = subprocess.run(step, capture_output=True, text=True, timeout=900)
+        if result.returncode != 0:
+            raise Unavailable(f"{tool}: could not install {requirement} from PyPI (is it reachable?): "
+                              f"{result.stderr[-1500:]}")
+    if not binary.exists():
+        raise Unavailable(f"{tool}: {requirement} installed no {command} command")
+    stamp.write_text(requirement)
+    return binary
+
+
+def main() -> int:
+    failed = 0
+    for name, find in [*((n, npm_bin) for n in NPM), *((t, pypi_bin) for t in PYPI)]:
+        try:
+            print(f"{name}: {find(name)}")
+        except Unavailable as exc:
+            print(f"not installed: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
