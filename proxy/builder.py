@@ -9,6 +9,12 @@ against the hash stored with the node.
 A live call whose path is in the path cache takes a shortcut with the same result: the kept
 nodes' encoded items are spliced into the body (``proxy.splice``). The replay always takes the
 long way, so ``/request`` checks the shortcut too.
+
+What a call assembles is bounded (docs/behaviour.md#limits-and-hostile-peers): ``readable``
+counts the path's size (about its JSON's) against ``[server] max_bytes_in_flight`` for the rest of
+the request -- waiting for room like a large body, else 503 ``server_busy`` --, and ``build``
+refuses (413 ``payload_too_large``) a request that would be larger than that bound by itself.
+A node's size is measured once (``_sizes``: nodes never change).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from storage import NodeRow, PathNode, TreeStore
 
 from .assembly import Target, assemble, build_body
 from .dialects import Crossing, crossing, dialect, message_path
+from .limits import ContextTooLarge, bytes_bound, hold
 from .splice import EMPTY, Prefix, Segment, segment, splice
 
 __all__ = ["Built", "RequestBuilder"]
@@ -39,9 +46,52 @@ class Built:
         return hashlib.sha256(self.payload).digest()
 
 
+def weight(items: Any) -> int:
+    """About the bytes of ``items`` as JSON (characters of strings and keys, a few per scalar and
+    container), walked without recursion."""
+    total = 0
+    stack = [items]
+    while stack:
+        value = stack.pop()
+        t = type(value)
+        if t is str:
+            total += len(value) + 2
+        elif t is dict:
+            total += 2
+            for k, v in value.items():
+                total += len(k) + 4 if type(k) is str else 8
+                stack.append(v)
+        elif t is list or t is tuple:
+            total += 2 + len(value)
+            stack.extend(value)
+        else:
+            total += 8
+    return total
+
+
+_SIZES_KEPT = 50_000  # node sizes remembered (then forgotten all at once)
+
+
 class RequestBuilder:
     def __init__(self, tree: TreeStore) -> None:
         self.tree = tree
+        self._sizes: dict[tuple[uuid.UUID, str], int] = {}  # (node id, status) -> its items' weight
+
+    def path_size(self, path: Sequence[PathNode]) -> int:
+        """About the bytes ``path`` adds to a request: each node's ``sent``, and its ``received``
+        when it succeeded (as assembly reads them)."""
+        sizes = self._sizes
+        total = 0
+        for node in path:
+            key = (node.id, node.status)
+            size = sizes.get(key)
+            if size is None:
+                size = weight(node.sent) + (weight(node.received) if node.status == "success" and node.received else 0)
+                if len(sizes) >= _SIZES_KEPT:
+                    sizes.clear()
+                sizes[key] = size
+            total += size
+        return total
 
     async def readable(self, tree_id: uuid.UUID, path: list[PathNode], target: Target) -> list[PathNode]:
         """The path as assembly reads it: chat messages (nodes of other dialects converted), and a
@@ -53,7 +103,9 @@ class RequestBuilder:
                 break
             original = await self.tree.path(tree_id, path[0].compacted_from)
             path = original + path[1:]
-        return message_path(path)
+        path = message_path(path)
+        await hold(self.path_size(path))  # (the path is the call's to hold until its request ends)
+        return path
 
     def build(self, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]], params: dict[str, Any],
               target: Target, *, stream: bool, way: Crossing | None = None, tree_id: uuid.UUID | None = None) -> Built:
@@ -63,6 +115,11 @@ class RequestBuilder:
         and the assembled messages in its format. ``tree_id``: the path is the tree's stored
         chain (as ``readable`` returns it), so kept nodes may be spliced in -- towards a chat
         upstream, whose messages are the path cache's own encoding."""
+        bound = bytes_bound()
+        if bound:
+            size = self.path_size(path) + weight(new_items)
+            if size > bound:
+                raise ContextTooLarge(size, bound)
         way = way or crossing("chat", target.api)
         upstream = way.upstream
         fields = way.fields(params)

@@ -7,6 +7,11 @@
   ``BUSY_WAIT`` seconds for others to end, then is answered 503 ``server_busy`` with
   ``Retry-After``. A body is held -- bytes, decoded, re-encoded for the upstream and the
   database -- until its request ends, so this bounds what large requests cost together.
+  What a stored call assembles from its conversation's stored nodes counts too: the call takes
+  its path's size from the same budget before building the upstream request (``hold``), on top
+  of its body, until its request ends; a background compaction holds its path's size while it
+  summarises (``holding``). A call whose assembled request could never fit under the bound is
+  refused (``ContextTooLarge``, 413).
 - ``HeaderTimeoutHttpTools`` / ``HeaderTimeoutH11`` (uvicorn protocols): a connection on which a
   request's headers have not arrived ``client_header_timeout`` seconds after it opened -- or after
   the previous response -- is closed. uvicorn itself only times out idle keep-alive connections
@@ -18,15 +23,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .errors import BranchpointError, RequestTimeout, error_body
+from .errors import BranchpointError, InvalidRequest, RequestTimeout, error_body
 
-__all__ = ["BUSY_WAIT", "SMALL_BODY", "BodyTimeout", "BytesInFlight", "HeaderTimeoutH11", "HeaderTimeoutHttpTools",
-           "ServerBusy"]
+__all__ = ["BUSY_WAIT", "SMALL_BODY", "BodyTimeout", "BytesInFlight", "ContextTooLarge", "HeaderTimeoutH11",
+           "HeaderTimeoutHttpTools", "ServerBusy", "bytes_bound", "hold", "holding"]
 
 BUSY_WAIT = 5.0  # seconds a request waits for room under max_bytes_in_flight before it is refused
 SMALL_BODY = 65536  # bodies up to this size are counted but never held back (bounded by max_connections)
@@ -72,27 +80,39 @@ class ServerBusy(BranchpointError, status=503, type_="server_error", code="serve
                          "bytes); retry shortly", headers={"retry-after": "1"})
 
 
+class ContextTooLarge(InvalidRequest, code="payload_too_large"):
+    """What a call would assemble (its conversation's path and its own items) is larger than
+    ``max_bytes_in_flight``: it could never fit, however long it waited."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the request this call would assemble -- the conversation's context and this call's "
+                         f"messages, about {size} bytes -- is larger than the proxy holds for all requests at once "
+                         f"(server.max_bytes_in_flight = {limit} bytes); compact the conversation, or move its head "
+                         "past the large messages", status=413)
+
+
 class _Budget:
     """Bytes granted to requests, at most ``limit`` at once -- except that a request alone always
     gets what it asks (``max_body_bytes`` may exceed the bound), and small bodies always get theirs.
-    Waiters are served first come, first served: a large request is not starved by smaller ones."""
+    Waiters are served first come, first served: a large request is not starved by smaller ones.
+    ``own``: what the asking request holds already (it is alone when nobody else holds anything)."""
 
     def __init__(self, limit: int, on_change: Any = None) -> None:
         self.limit = limit
         self.used = 0
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._waiters: deque[tuple[int, int, asyncio.Future[None]]] = deque()
         self._on_change = on_change
 
-    def _fits(self, n: int) -> bool:
-        return self.used == 0 or self.used + n <= self.limit
+    def _fits(self, n: int, own: int = 0) -> bool:
+        return self.used <= own or self.used + n <= self.limit
 
-    async def take(self, n: int, wait: float) -> bool:
+    async def take(self, n: int, wait: float, own: int = 0) -> bool:
         """Take ``n`` bytes, waiting up to ``wait`` seconds for them; False: not granted."""
-        if n <= SMALL_BODY or (not self._waiters and self._fits(n)):
+        if n <= SMALL_BODY or (not self._waiters and self._fits(n, own)):
             self._grant(n)
             return True
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (n, future)
+        entry = (n, own, future)
         self._waiters.append(entry)
         try:
             async with asyncio.timeout(wait):
@@ -111,7 +131,7 @@ class _Budget:
             raise
         return True
 
-    def _leave(self, entry: tuple[int, asyncio.Future[None]]) -> None:
+    def _leave(self, entry: tuple[int, int, asyncio.Future[None]]) -> None:
         if entry in self._waiters:
             self._waiters.remove(entry)
         self._wake()  # (a large one leaving may let smaller ones behind it in)
@@ -127,8 +147,8 @@ class _Budget:
         self._changed()
 
     def _wake(self) -> None:
-        while self._waiters and self._fits(self._waiters[0][0]):
-            n, future = self._waiters.popleft()
+        while self._waiters and self._fits(self._waiters[0][0], self._waiters[0][1]):
+            n, _, future = self._waiters.popleft()
             if not future.done():
                 self._grant(n)
                 future.set_result(None)
@@ -136,6 +156,58 @@ class _Budget:
     def _changed(self) -> None:
         if self._on_change is not None:
             self._on_change(self.used)
+
+
+class _Hold:
+    """What one request holds under the budget (its body, what its call assembled), given back
+    when the request ends."""
+
+    __slots__ = ("budget", "held", "open", "refused", "wait")
+
+    def __init__(self, budget: _Budget, wait: float, refused: Any) -> None:
+        self.budget, self.wait, self.refused = budget, wait, refused
+        self.held = 0
+        self.open = True
+
+
+_hold: ContextVar[_Hold | None] = ContextVar("branchpoint_bytes_in_flight", default=None)
+
+
+def bytes_bound() -> int:
+    """The current request's bound on bytes in flight (0: none, or outside a request)."""
+    h = _hold.get()
+    return h.budget.limit if h is not None else 0
+
+
+async def hold(n: int) -> None:
+    """Count ``n`` more bytes against ``max_bytes_in_flight`` for the current request, until it
+    ends -- waiting up to ``BUSY_WAIT`` seconds for room, else ``ServerBusy``. Nothing outside a
+    request, or with no bound."""
+    h = _hold.get()
+    if h is None or not h.open or h.budget.limit <= 0 or n <= 0:
+        return
+    if not await h.budget.take(n, h.wait, own=h.held):
+        raise h.refused()
+    if h.open:
+        h.held += n
+    else:  # (the request ended meanwhile)
+        h.budget.give(n)
+
+
+@asynccontextmanager
+async def holding(n: int) -> AsyncIterator[None]:
+    """``n`` bytes held against ``max_bytes_in_flight`` for the block (work that outlives its
+    request: a background compaction), waiting up to ``BUSY_WAIT`` for room, else ``ServerBusy``."""
+    h = _hold.get()
+    if h is None or h.budget.limit <= 0 or n <= 0:
+        yield
+        return
+    if not await h.budget.take(n, h.wait):
+        raise h.refused()
+    try:
+        yield
+    finally:
+        h.budget.give(n)
 
 
 class BytesInFlight:
@@ -166,7 +238,8 @@ class BytesInFlight:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
-        held = 0
+        h = _Hold(self.budget, self.wait, self._refused)
+        token = _hold.set(h)
         try:
             if declared is not None:
                 n = min(declared, self.max_body + 1)  # (a larger one is refused 413 by the app)
@@ -175,23 +248,24 @@ class BytesInFlight:
                     error = self._refused()
                     await _answer(send, error)
                     return
-                held = n
+                h.held = n
                 await self.app(scope, receive, send)
                 return
 
             async def counted() -> Any:
-                nonlocal held
                 message = await receive()
                 n = len(message.get("body", b""))
                 if n:
-                    if not await self.budget.take(n, self.wait):
+                    if not await self.budget.take(n, self.wait, own=h.held):
                         raise self._refused()
-                    held += n
+                    h.held += n
                 return message
 
             await self.app(scope, counted, send)
         finally:
-            self.budget.give(held)
+            h.open = False
+            self.budget.give(h.held)
+            _hold.reset(token)
 
 
 def _content_length(scope: Any) -> int | None:

@@ -8,7 +8,12 @@ Whatever happens -- the end event, an error event, a cut stream, a disconnect --
 ``StreamEnd`` reaches the ``on_end`` callback, shielded from cancellation, so the node is always
 finalized.
 
-``BytesRelay`` relays a pass-through answer byte for byte (nothing parsed, nothing stored).
+``BytesRelay`` relays a pass-through answer byte for byte (nothing parsed, nothing stored). An
+answer cut at ``max_response_bytes`` never ends like a whole one: an event stream ends with an
+error event; any other body is read ahead (up to ``LOOKAHEAD`` bytes) before its status goes out,
+so one cut within that is answered 502 ``upstream_response_too_large`` instead, and one cut later
+has its connection aborted (no end of the body is sent: the client sees a broken answer, never a
+short 200).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from .errors import UpstreamFailure, UpstreamTooLarge
 from .failures import Failure, cancellation_handled, interrupted
 from .sse import SSEParser, sse_error_event
 
-__all__ = ["BytesRelay", "StreamEnd", "StreamRelay", "Translator", "client_disconnected", "wait_for_disconnect"]
+__all__ = ["LOOKAHEAD", "BytesRelay", "StreamEnd", "StreamRelay", "Translator", "client_disconnected", "wait_for_disconnect"]
 
 log = logging.getLogger("branchpoint.relay")
 
@@ -208,6 +213,10 @@ def client_disconnected(message: str = "the client disconnected before the answe
     return Failure.of(Outcome.TRANSIENT, "client_disconnected", "client_disconnected", message, 499)
 
 
+LOOKAHEAD = 4 << 20  # a pass-through body that is not an event stream: read this far before its status is sent
+_ABORT = object()  # the pump's answer: cut after the status went out -- end the connection unfinished
+
+
 class BytesRelay:
     """ASGI app relaying an upstream response byte for byte (pass-through: nothing is parsed or
     stored). Stops reading the upstream when the client goes away."""
@@ -218,8 +227,13 @@ class BytesRelay:
         self.headers = headers
         self.chunks = chunks
         self.close_upstream = close_upstream
-        # an event stream is ended with an error event when cut; any other body just ends
+        # an event stream is ended with an error event when cut; any other body is refused or aborted
         self.sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+        self._started = False  # the response's start went out
+
+    async def _start(self, send: Any, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self._started = True
+        await send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         watch = asyncio.ensure_future(wait_for_disconnect(receive))
@@ -231,13 +245,21 @@ class BytesRelay:
                 cancellation_handled()
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
-                err = interrupted("the proxy shut down during the answer").error
-                failed = sse_error_event(err.message, err.type, err.code) if self.sse else b""
+                failure = interrupted("the proxy shut down during the answer")
+                err = failure.error
+                if not self._started:  # (still reading ahead: nothing went out)
+                    await send({"type": "http.response.start", "status": failure.status,
+                                "headers": [(b"content-type", b"application/json")]})
+                    failed = failure.body
+                else:
+                    failed = sse_error_event(err.message, err.type, err.code) if self.sse else _ABORT
             else:
                 if not pump.done():
                     return
                 failed = pump.result()
-            if failed is not None:  # cut mid-body: tell an SSE client, else just end
+            if failed is _ABORT:  # (uvicorn closes a connection whose answer was left unfinished)
+                return
+            if failed:  # cut mid-stream: tell the SSE client
                 await send({"type": "http.response.body", "body": failed, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -245,14 +267,41 @@ class BytesRelay:
             pump.cancel()
             await asyncio.shield(self.close_upstream())
 
-    async def _pump(self, send: Any) -> bytes | None:
-        await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+    async def _pump(self, send: Any) -> Any:
+        """Relay the body; returns None (whole), an SSE error event to end with, or ``_ABORT``."""
+        chunks = self.chunks.__aiter__()
+        ahead: list[bytes] = []
+        if not self.sse:
+            size = 0
+            try:
+                while size <= LOOKAHEAD:
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        await self._start(send, self.status, self.headers)
+                        await send({"type": "http.response.body", "body": b"".join(ahead), "more_body": True})
+                        return None
+                    ahead.append(chunk)
+                    size += len(chunk)
+            except UpstreamFailure as exc:  # cut before anything went out: say so
+                log.info("pass-through answer refused", extra={"error": exc.message})
+                body = exc.body()
+                await self._start(send, exc.status, [(b"content-type", b"application/json"),
+                                                     (b"content-length", str(len(body)).encode())])
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                return None
+        await self._start(send, self.status, self.headers)
+        if ahead:
+            await send({"type": "http.response.body", "body": b"".join(ahead), "more_body": True})
+            ahead.clear()
         try:
-            async for chunk in self.chunks:
+            async for chunk in chunks:
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except UpstreamFailure as exc:
             log.info("pass-through stream cut", extra={"error": exc.message})
+            if not self.sse:
+                return _ABORT
             code = exc.code if isinstance(exc, UpstreamTooLarge) else "stream_interrupted"
-            return sse_error_event(exc.message, exc.type, code) if self.sse else b""
+            return sse_error_event(exc.message, exc.type, code)
         return None

@@ -47,6 +47,12 @@ def _role(item: Any) -> Any:
     return item.get("role") if isinstance(item, dict) else None
 
 
+def _chars(tokens: TokenCounter, items: Sequence[Any]) -> int:
+    """About how many characters counting ``items`` reads at most (for ``off_loop``): a quarter of
+    the 4-per-character bound."""
+    return tokens.messages(items, lambda text: len(text))
+
+
 @dataclass
 class Prepared:
     """A summary ready to be written as a compaction node."""
@@ -107,7 +113,10 @@ class Compactor:
         limits = self.thresholds.limits(model)
         system, body = path_items(path, _PORTABLE)
         pinned = frozenset(i.get("tool_call_id") for i in new_items if _role(i) == "tool") | unanswered_tail_calls(body)
-        older, recent = split_recent(body, c.keep_recent, pinned)
+        # what stays raw must leave room, under the hard threshold, for the summary, the system
+        # prompt and this call's new items -- else the next call would compact again, and again
+        fixed = await off_loop(self.tokens.messages, [*system, *new_items], chars=_chars(self.tokens, [*system, *new_items]))
+        older, recent = await self._fit_recent(body, c.keep_recent, pinned, limits.hard - limits.summary_budget - fixed)
         if all(is_summary(item) for item in older):  # nothing, or only the previous summary
             return "nothing_to_compact"
         try:
@@ -132,6 +141,25 @@ class Compactor:
         return Prepared(system, {"role": "user", "content": SUMMARY_PREFIX + summary.text}, recent, summariser,
                         self.summariser.provider(summariser), params, summary.usage, summary.tokens, len(older),
                         summary.calls, summary.requests[0])
+
+    async def _fit_recent(self, body: Sequence[dict[str, Any]], keep: int, pinned: frozenset[Any],
+                          room: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``split_recent``, with fewer items kept raw while they take more than ``room`` tokens: a
+        giant message (a 30 MB paste, a huge tool result) among the last ``keep_recent`` is
+        summarised -- cut to what the summariser takes -- instead of staying raw and holding the
+        path above the threshold for good."""
+        older, recent = split_recent(body, keep, pinned)
+        while recent:
+            if await off_loop(self.tokens.messages, recent, chars=_chars(self.tokens, recent)) <= room:
+                break
+            keep = min(keep, len(recent)) - 1
+            if keep < 0:
+                break
+            shorter = split_recent(body, keep, pinned)
+            if keep == 0 and len(shorter[1]) == len(recent):
+                break  # (what is left is pinned: answered by this call's tool results)
+            older, recent = shorter
+        return older, recent
 
     async def write(self, prepared: Prepared, *, tenant: str, conversation_id: str, tree_id: uuid.UUID,
                     mode: str, trigger: str, compacted_from: uuid.UUID, later: Sequence[PathNode] = (),
@@ -223,6 +251,14 @@ class Compactor:
         # (the bound is 4 per character: a quarter of it, the characters to count at most)
         estimate = await off_loop(estimate_request, self.tokens, path, new_items, extra, chars=bound // 4)
         if estimate <= hard:
+            return None
+        alone = await off_loop(estimate_request, self.tokens, [], new_items, extra, chars=bound // 4)
+        if alone > self.thresholds.limits(model).input:
+            # no summary can make room for this call's own items: summarising would only cost
+            # (the upstream decides: a context overflow leaves the head where it was)
+            self.metrics.compactions.labels("hard", "new_items_overflow").inc()
+            log.info("compaction skipped: the call's new items alone overflow the input limit",
+                     extra={"conversation_id": conversation_id, "estimate": alone})
             return None
         taken = await self.jobs.take_over(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, kind=kind,
                                           path=path, call_node=call_node)

@@ -1,9 +1,17 @@
 """The summariser: turns the older part of a path into one summary text held to a token budget,
 by upstream calls of the configured summariser model (a transcript too long for one request is
-summarised in chunks first; a summary over budget is summarised again, then cut)."""
+summarised in chunks first; a summary over budget is summarised again, then cut).
+
+What it is given is bounded: a message whose text is longer than one summariser request can carry
+(``room``: 90 % of the input limit less the prompt) is cut to that much -- its beginning (two
+thirds) and its end kept, the middle replaced by a marker saying how many characters were left
+out (``clip``). So a 30 MB message costs one request of the summariser's size, never a 30 MB
+request (which the summariser would refuse, leaving the conversation uncompactable) nor a 30 MB
+transcript in memory."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +26,7 @@ from ..errors import UpstreamFailure
 from ..tokens import TokenCounter, off_loop
 from ..upstream import UpstreamClient
 
-__all__ = ["SUMMARY_PREFIX", "Summariser", "Summary", "is_summary", "render_transcript", "summariser_messages"]
+__all__ = ["SUMMARY_PREFIX", "Summariser", "Summary", "clip", "is_summary", "render_transcript", "summariser_messages"]
 
 SUMMARY_PREFIX = (
     "Summary of the earlier part of this conversation (older messages were compacted into it; "
@@ -64,6 +72,67 @@ def _text(content: Any) -> str:
                     parts.append(msgspec.json.encode(part).decode())
         return "\n".join(parts)
     return "" if content is None else msgspec.json.encode(content).decode()
+
+
+_CLIP_MARKER = "\n\n[... {n} characters of this message left out for the summary ...]\n\n"
+
+
+def _clip_text(text: str, limit: int, tokens: TokenCounter) -> str:
+    if 4 * len(text) <= limit:  # (the bound: nothing to count)
+        return text
+    n = tokens.text(text)
+    if n <= limit:
+        return text
+    keep = max(0, int(len(text) * limit / n * 0.9) - 100)  # (a margin for the estimate and the marker)
+    head = keep * 2 // 3
+    tail = keep - head
+    return text[:head] + _CLIP_MARKER.format(n=len(text) - keep) + (text[len(text) - tail:] if tail else "")
+
+
+def clip(item: Any, limit: int, tokens: TokenCounter) -> Any:
+    """``item`` with each of its texts (content, text parts, other parts' JSON, tool call
+    arguments) cut to about ``limit`` tokens; the item itself when nothing needed cutting."""
+    if not isinstance(item, dict):
+        return item
+    out = item
+    content = item.get("content")
+    if isinstance(content, str):
+        cut = _clip_text(content, limit, tokens)
+        if cut is not content:
+            out = {**out, "content": cut}
+    elif isinstance(content, list):
+        parts, changed = [], False
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                cut = _clip_text(part["text"], limit, tokens)
+                if cut is not part["text"]:
+                    part, changed = {**part, "text": cut}, True
+            elif isinstance(part, dict) and part.get("type") not in ("image_url", "input_image"):
+                raw = _text([part])
+                cut = _clip_text(raw, limit, tokens)
+                if cut is not raw:
+                    part, changed = {"type": "text", "text": cut}, True
+            parts.append(part)
+        if changed:
+            out = {**out, "content": parts}
+    calls = item.get("tool_calls")
+    if isinstance(calls, list):
+        new_calls, changed = [], False
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if isinstance(args, str):
+                cut = _clip_text(args, limit, tokens)
+                if cut is not args:
+                    call, changed = {**call, "function": {**fn, "arguments": cut}}, True
+            new_calls.append(call)
+        if changed:
+            out = {**out, "tool_calls": new_calls}
+    if isinstance(item.get("refusal"), str):
+        cut = _clip_text(item["refusal"], limit, tokens)
+        if cut is not item["refusal"]:
+            out = {**out, "refusal": cut}
+    return out
 
 
 def render_transcript(items: Sequence[dict[str, Any]]) -> str:
@@ -116,6 +185,8 @@ class Summariser:
         # what one summariser request may carry: its input limit less the prompt and a margin for
         # estimate error (the summary itself counts against the model's reserved output)
         room = max(1000, int(input_limit * 0.9) - 300)
+        # no message larger than one request: cut (see the module's docstring)
+        older = await asyncio.to_thread(lambda: [clip(item, room, self.tokens) for item in older])  # (compaction is rare)
         transcript = render_transcript(older)
         if await off_loop(self.tokens.text, transcript, chars=len(transcript)) > room:
             # too long for one request: summarise it in chunks, then the summaries together
