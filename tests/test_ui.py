@@ -2,7 +2,7 @@
 chromium. Every scenario checks what the server then holds (admin API) or what the fake upstream
 received -- the picture alone proves nothing.
 
-Screenshots go to ``tests/artifacts/ui`` (``BRANCHPOINT_UI_ARTIFACTS`` elsewhere); the two in
+Screenshots go to ``tests/artifacts/ui`` (``BRANCHPOINT_UI_ARTIFACTS`` elsewhere); the three in
 ``docs/img`` are refreshed with ``BRANCHPOINT_UI_DOCS=1 uv run pytest tests/test_ui.py``.
 """
 
@@ -301,6 +301,46 @@ def test_node_detail_shows_tool_calls_usage_and_the_exact_request(ui, page, upst
     shot(page, "node-detail", docs=True)
     detail.locator("details summary", has_text="request parameters").click()
     expect(detail).to_contain_text('"temperature": 0.2')
+
+
+def test_an_anthropic_session_reads_as_blocks(ui, page, upstream):
+    """A Messages API session (Claude Code's shape: a tool round, then a rewind that edits the
+    question): tool uses, tool results and thinking drawn from the stored blocks, the edit a branch."""
+    cid = f"claude-{uuid.uuid4().hex[:8]}"
+    http = httpx.Client(base_url=f"{ui.url}/c/{cid}/v1", headers={"x-api-key": KEY}, timeout=30)
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    upstream.enqueue(Reply(content="Listing.", reasoning="the user wants files", tool_calls=[
+        tool_call("call_ls", name="Bash", args='{"command": "ls"}')]))
+    first = http.post("/messages", json={"model": MODEL, "max_tokens": 50, "system": "You are a coding agent.",
+                                          "tools": tools, "messages": [{"role": "user", "content": "list files"}]})
+    assert first.status_code == 200, first.text
+    upstream.enqueue(Reply(content="Two files: a.py and b.py."))
+    second = http.post("/messages", json={"model": MODEL, "max_tokens": 50, "tools": tools, "messages": [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_ls", "content": "a.py\nb.py"},
+                                     {"type": "text", "text": "summarise"}]}]})
+    assert second.status_code == 200, second.text
+    edit = http.post("/messages", headers={"x-parent-node-id": "root"}, json={
+        "model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "list only python files"}]})
+    assert edit.status_code == 200, edit.text
+    http.close()
+
+    page.set_viewport_size({"width": 1500, "height": 1100})
+    open_conversation(page, ui, cid)
+    expect(page.locator(".graph [data-id]")).to_have_count(3)  # the rewind: a second root, a branch
+    node_el(page, first.headers["x-node-id"]).click()
+    detail = page.locator(".detail")
+    expect(detail).to_contain_text("Messages API")
+    expect(detail).to_contain_text("tool call Bash (call_ls)")
+    expect(detail).to_contain_text("the user wants files")
+    stored = admin(ui).get(f"/admin/nodes/{first.headers['x-node-id']}").json()["usage"]
+    expect(detail).to_contain_text(f"{stored['input_tokens']} in · {stored['output_tokens']} out · "
+                                   f"{stored['input_tokens'] + stored['output_tokens']} total")
+    node_el(page, second.headers["x-node-id"]).click()
+    expect(detail).to_contain_text("result of call_ls")
+    expect(detail).to_contain_text("summarise")
+    detail.get_by_role("button", name="Show the request the model saw").click()
+    expect(detail.locator(".badge.ok", has_text="verified")).to_be_visible()
+    shot(page, "messages-session", docs=True)
 
 
 def test_nodes_are_coloured_by_kind_and_status(ui, page, upstream):

@@ -14,9 +14,12 @@ function duration(node) {
 
 function usage(value) {
   if (!value) return "—";
-  const input = value.prompt_tokens ?? value.input_tokens;
+  // (Anthropic's input_tokens leave out what was read from or written to its prompt cache)
+  const cache = (value.cache_read_input_tokens ?? 0) + (value.cache_creation_input_tokens ?? 0);
+  const input = value.prompt_tokens ?? (value.input_tokens === undefined ? undefined : value.input_tokens + cache);
   const output = value.completion_tokens ?? value.output_tokens;
-  return `${input ?? "?"} in · ${output ?? "?"} out · ${value.total_tokens ?? "?"} total`;
+  const total = value.total_tokens ?? (input !== undefined && output !== undefined ? input + output : undefined);
+  return `${input ?? "?"} in · ${output ?? "?"} out · ${total ?? "?"} total`;
 }
 
 function items(title, list, api) {
@@ -66,7 +69,7 @@ export function drawDetail(container, node, { head, conversation, canSend, actio
       el("dt", {}, "parent"), el("dd", {}, link(node.parent_id)),
       node.compacted_from ? [el("dt", {}, "replaces"), el("dd", {}, link(node.compacted_from))] : null,
       el("dt", {}, "model"), el("dd", {}, node.model ?? "—"),
-      el("dt", {}, "upstream"), el("dd", {}, `${node.provider ?? "—"} (${node.api === "responses" ? "Responses API" : "chat completions"})`),
+      el("dt", {}, "upstream"), el("dd", {}, `${node.provider ?? "—"} (${{ responses: "Responses API", messages: "Messages API" }[node.api] ?? "chat completions"})`),
       el("dt", {}, "usage"), el("dd", {}, usage(node.usage)),
       el("dt", {}, "finish"), el("dd", {}, node.finish_reason ?? "—"),
       el("dt", {}, "started"), el("dd", {}, when(node.created_at)),

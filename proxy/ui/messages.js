@@ -1,4 +1,5 @@
-// What a node's items say, in a form the views draw: chat messages and Responses items alike.
+// What a node's items say, in a form the views draw: chat messages, Responses items and Anthropic
+// messages alike.
 
 export function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -45,8 +46,42 @@ function textOf(content) {
 }
 
 // -> [{role, text, calls: [{id, name, arguments}], callId, output}]
+// One Messages item (an Anthropic message or a fragment of one): text, tool uses, tool results,
+// thinking -- each block as the views draw it.
+function readBlocks(item, out) {
+  const blocks = typeof item.content === "string" ? [{ type: "text", text: item.content }] : (item.content || []);
+  if (item.role === "system") {
+    out.push({ role: "system", text: textOf(blocks) });
+    return;
+  }
+  let current = null;
+  for (const block of blocks) {
+    if (block?.type === "tool_result") {
+      current = null;
+      out.push({ role: "tool", callId: block.tool_use_id, output: typeof block.content === "string"
+        ? block.content : textOf(block.content) });
+    } else if (block?.type === "thinking") {
+      out.push({ role: "reasoning", text: block.thinking || "" });
+    } else if (block?.type === "redacted_thinking") {
+      out.push({ role: "reasoning", text: "[redacted thinking]" });
+    } else {
+      if (!current) {
+        current = { role: item.role, text: "", calls: [] };
+        out.push(current);
+      }
+      if (block?.type === "tool_use") current.calls.push({ id: block.id, name: block.name, arguments: JSON.stringify(block.input ?? {}) });
+      else if (block?.type === "image") current.text += "[image]";
+      else current.text += typeof block?.text === "string" ? block.text : JSON.stringify(block);
+    }
+  }
+}
+
 export function readItems(items, api) {
   const out = [];
+  if (api === "messages") {
+    for (const item of items || []) if (item && typeof item === "object") readBlocks(item, out);
+    return out;
+  }
   for (const item of items || []) {
     if (!item || typeof item !== "object") continue;
     const type = item.type ?? (item.role ? "message" : null);
@@ -83,7 +118,7 @@ export function drawMessage(m) {
 
 // Items as chat messages for the chat endpoint (chat nodes keep theirs exactly).
 export function asChatMessages(items, api) {
-  if (api !== "responses") return structuredClone(items || []);
+  if (api !== "responses" && api !== "messages") return structuredClone(items || []);
   const out = [];
   for (const m of readItems(items, api)) {
     if (m.role === "tool") {
