@@ -34,6 +34,7 @@ from storage import (
     uuid7,
 )
 
+from .assembly import SYSTEM_AT, system_positions
 from .background import Background
 from .builder import RequestBuilder
 from .call import Call, Started
@@ -168,11 +169,16 @@ class CallLifecycle:
         dropped = way.prepare(call.params, unsupported_tools=self.unsupported_tools)  # (refusals: before any node)
         if dropped:  # recorded with the node: its replay leaves them out again
             call.dropped_tools, call.params = dropped, {**call.params, DROPPED_TOOLS: dropped}
+        if call.mode == "full":  # the client's layout: its system messages stay where it put them
+            at = system_positions(call.messages)
+            if at is not None:
+                call.params = {**call.params, SYSTEM_AT: at}
         started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
         ctx = current_request.get()
         if ctx is not None:
             ctx.conversation_id = started.conversation_id
             ctx.node_id = str(started.node_id)
+            ctx.context_mode, ctx.context_matched = started.mode, started.matched
         self.leases.track(started.tree_id, started.node_id)
         try:
             target = target_of(upstream)

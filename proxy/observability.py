@@ -31,12 +31,14 @@ _VALID_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
 class RequestContext:
-    __slots__ = ("conversation_id", "node_id", "request_id", "upstream_seconds")
+    __slots__ = ("context_matched", "context_mode", "conversation_id", "node_id", "request_id", "upstream_seconds")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
         self.conversation_id: str | None = None
         self.node_id: str | None = None
+        self.context_mode: str | None = None  # a stored call: the mode that handled it (X-Context-Mode)
+        self.context_matched: int | None = None  # ... and how many of its messages matched (X-Context-Matched)
         self.upstream_seconds = 0.0
 
 
@@ -112,8 +114,11 @@ class ObservabilityMiddleware:
             route = scope.get("path_template") or "unmatched"
             self.metrics.observe_request(route, status, elapsed, ctx.upstream_seconds)
             if log.isEnabledFor(logging.INFO):
-                log.info("request", extra={
+                fields = {
                     "method": scope["method"], "path": scope["path"], "route": route, "status": status,
                     "duration_ms": round(elapsed * 1000, 2), "upstream_ms": round(ctx.upstream_seconds * 1000, 2),
-                })
+                }
+                if ctx.context_mode is not None:  # a stored call
+                    fields["context_mode"], fields["context_matched"] = ctx.context_mode, ctx.context_matched
+                log.info("request", extra=fields)
             current_request.reset(token)

@@ -202,3 +202,21 @@ def test_a_retried_failed_first_call_of_another_session_continues_nothing(proxy,
     _, h = chat(client, [user("fails first")], {"session-id": other})
     assert h["x-conversation-id"] == other and h["x-parent-node-id"] == "root"
     assert db.fetchval("SELECT forked_from FROM conversations WHERE id = $1", other) is None
+
+
+def test_the_access_log_says_how_a_call_was_matched(proxy, upstream, key, caplog):
+    import json
+    import logging
+
+    from proxy.logs import JsonFormatter
+
+    caplog.set_level(logging.INFO)
+    client, session = auto(proxy, key), sid()
+    first, _ = chat(client, [user("logged question")], {"session-id": session, "X-Request-Id": f"first-{session}"})
+    chat(client, [user("logged question"), answer(first), user("logged follow-up")],
+         {"session-id": session, "X-Request-Id": f"second-{session}"})
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if r.name == "branchpoint.access"]
+    mine = {x["request_id"]: x for x in lines if x.get("request_id", "").endswith(session)}
+    assert mine[f"first-{session}"]["context_mode"] == "full" and mine[f"first-{session}"]["context_matched"] == 0
+    assert mine[f"second-{session}"]["context_matched"] == 2 and mine[f"second-{session}"]["conversation_id"] == session
+    assert all("context_mode" not in x for x in lines if x.get("route") == "/healthz")
