@@ -9,6 +9,8 @@ apply the result only if the conversation is still where it was (docs/behaviour.
   the node it summarised and no call is in flight; otherwise it is dropped (nothing was written).
 - A call that crosses the hard threshold while a summary of its own path is being written takes
   that summary over (``take_over``) instead of asking the summariser a second time.
+- The path's size is held against ``[server] max_bytes_in_flight`` while it is summarised (a
+  conversation may hold giant messages); no room within 5 s: the job is dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import TYPE_CHECKING
 from storage import PathNode
 
 from ..background import Background
+from ..builder import path_weight
 from ..dialects import message_path
+from ..limits import ServerBusy, holding
 
 if TYPE_CHECKING:
     from .compactor import CompactionResult, Compactor, Prepared
@@ -85,7 +89,15 @@ class BackgroundCompactions:
         self.summarising[job.key] = (job.head, future)
         try:
             path = message_path(await c.tree.path(job.tree_id, job.head))
-            prepared = await c.prepare(path, job.model, job.client_key, "soft")
+            try:
+                async with holding(path_weight(path)):  # (max_bytes_in_flight: a request's path counts too)
+                    prepared = await c.prepare(path, job.model, job.client_key, "soft")
+            except ServerBusy:
+                c.metrics.compactions.labels("soft", "busy").inc()
+                log.info("background compaction dropped: no room under max_bytes_in_flight",
+                         extra={"conversation_id": job.conversation_id})
+                return False
+            del path
             future.set_result(prepared)
             if isinstance(prepared, str):
                 return False
