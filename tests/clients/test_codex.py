@@ -2,7 +2,7 @@
 exec resume --last``), with its default tools, pointed at ``/auto/v1`` by a custom model provider
 in its config -- the README's "Use it with" snippet. Its session is one conversation (named by its
 ``session-id`` header), each node holds only what is new, and the fake upstream gets each history
-once."""
+once. ``codex exec fork`` -- a new session resending the old one's history -- is a fork of it."""
 
 import json
 
@@ -45,7 +45,7 @@ def session_id(output: str) -> str:
     return next(line.split(":", 1)[1].strip() for line in output.splitlines() if line.startswith("session id:"))
 
 
-def test_codex_two_turns_and_a_tool_round_are_one_conversation(proxy, upstream, key, db, client_home):
+def test_codex_two_turns_a_tool_round_and_a_fork(proxy, upstream, key, db, client_home):
     codex = npm_bin("codex")
     work, env = codex_setup(client_home, proxy, key)
     upstream.enqueue(
@@ -92,3 +92,22 @@ def test_codex_two_turns_and_a_tool_round_are_one_conversation(proxy, upstream, 
     assert db.head(session) == str(nodes[2]["id"])
     # the hosted tool a chat upstream cannot run was left out, and the node says so
     assert "web_search" in nodes[0]["params"]["_bp_dropped_tools"]
+
+    # codex exec fork: a new session (a new session id) that resends this one's history -- a fork
+    # of this conversation at its last node, holding only the new question
+    upstream.reset()
+    upstream.enqueue(Reply(content="An answer in the fork."))
+    forked = run([codex, "exec", "--skip-git-repo-check", "fork", session, "A question in the fork"], cwd=work, env=env)
+    assert "An answer in the fork." in forked.stdout
+    fork_session = session_id(forked.stderr + forked.stdout)
+    assert fork_session != session
+    (call,) = upstream.turn_requests
+    assert call.headers["session-id"] == fork_session
+    assert len(call.messages) == len(calls[2].messages) + 2  # the whole history once, the answer, the new question
+    each_history_once([calls[2], call])
+    assert call.messages[-1]["content"] == "A question in the fork"
+    fork = {c["id"]: c for c in conversations_of(db, tenant)}[fork_session]
+    assert fork["forked_from"] == session
+    (own,) = nodes_of(db, tenant, fork_session)
+    assert own["parent_id"] == nodes[2]["id"] and len(own["sent"]) == 1 and "A question in the fork" in json.dumps(own["sent"])
+    assert len(nodes_of(db, tenant, session)) == 3 and db.head(session) == str(nodes[2]["id"])  # the original as it was
