@@ -31,8 +31,13 @@ Each caller names its statement's ``key`` (the node of the call), and the statem
 it as their first column: that is how a batch's rows are handed back to their callers -- whatever
 the statement's arguments are.
 
-Batches take rows of several trees in one transaction; a PostgreSQL distributed by tree must have
-them off (``[database] batch_calls``, docs/scaling.md#past-one-postgresql).
+Batches take rows of several trees in one transaction; on a PostgreSQL distributed by tree
+(Citus, ``branchpoint distribute``) that would be a distributed transaction across shards, so a
+``Batch`` sends every statement alone when the database said, as it was opened, that the schema
+is distributed (``Database.distributed``, ``storage.distribute.is_distributed``) -- no setting to
+remember (``[database] batch_calls = false`` turns batching off anywhere). A process started
+before the schema was distributed goes on batching until it is restarted
+(docs/scaling.md#past-one-postgresql).
 """
 
 from __future__ import annotations
@@ -77,10 +82,15 @@ class Batch:
         self._gathering: list[_Item] | None = None  # the calls joining this turn's first one
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def batching(self) -> bool:
+        """Does this batch gather statements: enabled, and the schema not distributed (as the
+        database said when it was opened: ``Database.distributed``)?"""
+        return self.enabled and not self.db.distributed
+
     async def fetch(self, order: tuple[str, str], key: Hashable, *args: Any) -> list[asyncpg.Record]:
         """The statement's rows for ``args``: those whose first column is ``key`` (the call's
         node). ``order``: (tenant, conversation) -- the order a batch runs in."""
-        if not self.enabled:
+        if not self.batching():
             return await self.db.fetch(self.query, *args)
         loop = asyncio.get_running_loop()
         if self._gathering is not None:  # the first call of this turn gathers the others: join it

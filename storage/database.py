@@ -194,6 +194,7 @@ class Database:
         self.batches = 0  # round trips that carried several statements (``fetchmany``; batching.py)
         self.batched = 0  # the statements they carried
         self.acquire_timeout = 10.0
+        self.distributed = False  # the schema is distributed by tree (Citus): asked by open() (storage.distribute)
 
     @property
     def pool(self) -> ConnectionPool:
@@ -213,6 +214,7 @@ class Database:
         """Connect to ``url`` -- or, when it is empty, to the embedded PostgreSQL of ``data_dir``
         (started, or attached to when already running; ``batch_scheduling``: see
         ``start_embedded``) -- migrating first if asked."""
+        from .distribute import is_distributed
         from .embedded import start_embedded
         from .migrate import migrate
 
@@ -234,6 +236,8 @@ class Database:
 
             with map_db_errors():
                 self._pool = await ConnectionPool(connect, min_size=min_size, max_size=max_size, max_idle=300.0).open()
+                async with self._borrow() as conn:
+                    self.distributed = await is_distributed(conn, timeout=connect_timeout)  # (part of connecting)
         except BaseException:
             await self._stop_embedded()
             raise

@@ -21,7 +21,10 @@ SELECT call_node, conversation_id, tree_id, parent_id, mode, matched, start, wit
 
 # Store a call's outcome, release the lease, move the head by the head rule.
 # $1 tree, $2 node, $3 how it ended (storage.tree.CallFinish, jsonb); the first column: as in BEGIN_CALL.
-FINISH_CALL = "SELECT $2::uuid AS call, bp_finish_call(p_tree => $1, p_node => $2, p_finish => $3) AS finished"
+# (The call in FROM: on Citus the statement is then sent whole to the worker holding the tree.)
+FINISH_CALL = """
+SELECT $2::uuid AS call, finished FROM bp_finish_call(p_tree => $1, p_node => $2, p_finish => $3) AS finished
+"""
 
 # Keep a live call's leases from running out.  $1 tree, $2 node, $3 lease seconds
 RENEW_LEASE = "SELECT bp_renew(p_tree => $1, p_node => $2, p_lease_seconds => $3)"
@@ -55,10 +58,7 @@ SELECT bp_apply_compaction(
 NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"
 
 # Where a conversation's head is, and whether a turn call is in flight.  $1 tenant, $2 conversation
-CONVERSATION_STATE = """
-SELECT head_node_id, (lease_node_id IS NOT NULL AND lease_until > now()) AS busy
-  FROM conversations WHERE tree_id = bp_conversation_tree($1, $2) AND tenant = $1 AND id = $2
-"""
+CONVERSATION_STATE = "SELECT head_node_id, busy FROM bp_conversation_state(p_tenant => $1, p_conversation => $2)"
 
 # A session that continues another one (docs/behaviour.md#full-history-mode): the deepest node of
 # the tenant whose transcript hash is one of a full-history call's prefix hashes, never a
@@ -77,24 +77,20 @@ SELECT n.id, n.conversation_id, n.parent_id, n.outcome, p.k::integer AS k
 
 def _conversations(chosen: str, order: str = "") -> str:
     """Conversation rows with their counts: the conversations ``chosen`` (a query over
-    ``conversations``: a filter, an order, a limit) first, the counts only for those."""
+    ``conversations``: a filter, an order, a limit) first, the counts only for those -- each
+    conversation's from its own tree (bp_conversation_counts: on Citus, one shard each)."""
     return f"""
 SELECT {columns(ConversationRow, "c", skip=("busy", "node_count", "prompt_tokens", "completion_tokens"))},
        (c.lease_node_id IS NOT NULL AND c.lease_until > now()) AS busy,
        s.node_count, s.prompt_tokens, s.completion_tokens
   FROM ({chosen}) c
- CROSS JOIN LATERAL (
-       SELECT count(*) AS node_count,
-              bp_token_total(sum(bp_token_count(n.usage, 'prompt_tokens', 'input_tokens'))) AS prompt_tokens,
-              bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))) AS completion_tokens
-         FROM nodes n WHERE n.tenant = c.tenant AND n.conversation_id = c.id AND n.tree_id = c.tree_id) s
+ CROSS JOIN LATERAL bp_conversation_counts(c.tree_id, c.tenant, c.id) s
  {order}
 """
 
 
 # One conversation, with its node count and token usage.  $1 tenant, $2 conversation
-CONVERSATION = _conversations(
-    "SELECT * FROM conversations WHERE tree_id = bp_conversation_tree($1, $2) AND tenant = $1 AND id = $2")
+CONVERSATION = _conversations("SELECT * FROM bp_conversation_row($1, $2)")
 
 # A page of conversations, newest first, after the cursor (created_at, id), optionally only ids
 # containing a search string (case-insensitive).
@@ -173,24 +169,7 @@ _P_NODE = columns(NodeRow, "p")
 PATH_WITH_SIBLINGS = f"""
 SELECT {_P_NODE}, s.sibling_index, s.sibling_count
   FROM bp_path($1, $2) WITH ORDINALITY p
-  CROSS JOIN LATERAL (
-      SELECT coalesce(sum(i), 0)::int AS sibling_index, coalesce(sum(c), 0)::int AS sibling_count FROM (
-          SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p.created_at, p.id)) AS i, count(*) AS c
-            FROM nodes n
-           WHERE p.parent_id IS NOT NULL AND n.tree_id = $1 AND n.parent_id = p.parent_id AND n.kind = p.kind
-             AND (n.conversation_id = $3 OR n.id = ANY($4))
-          UNION ALL
-          SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p.created_at, p.id)), count(*)
-            FROM nodes n
-           WHERE p.parent_id IS NULL AND p.kind <> 'compaction' AND n.tree_id = $1 AND n.parent_id IS NULL
-             AND n.kind = p.kind AND (n.conversation_id = $3 OR n.id = ANY($4))
-          UNION ALL
-          SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p.created_at, p.id)), count(*)
-            FROM nodes n
-           WHERE p.kind = 'compaction' AND n.tree_id = $1 AND n.kind = 'compaction'
-             AND n.compacted_from = p.compacted_from AND (n.conversation_id = $3 OR n.id = ANY($4))
-      ) parts
-  ) s
+ CROSS JOIN LATERAL bp_siblings($1, p.id, p.parent_id, p.kind, p.created_at, p.compacted_from, $3, $4) s
  ORDER BY p.ordinality
 """
 

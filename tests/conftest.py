@@ -135,9 +135,21 @@ def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def template_url(pg_server_url: str) -> str:
-    """A migrated template database; ``fresh_database_url`` clones it."""
+    """A migrated template database; ``fresh_database_url`` clones it. On a Citus cluster
+    (tests/citus_cluster.py) it is distributed too, as ``branchpoint distribute`` does."""
     url = new_database(pg_server_url, "bp_template")
     run(migrate(url))
+    if citus_of(pg_server_url) is not None:
+        from storage.distribute import distribute
+
+        async def spread() -> None:
+            conn = await asyncpg.connect(url)
+            try:
+                await distribute(conn)
+            finally:
+                await conn.close()
+
+        run(spread())
     return url
 
 
@@ -377,10 +389,27 @@ def wait_for(predicate: Any, timeout: float = 10.0, what: str = "condition") -> 
     raise AssertionError(f"timed out waiting for {what}")
 
 
+_CITUS: dict[str, Any] = {}
+
+
+def citus_of(pg_server_url: str) -> Any:
+    """The Citus cluster the test server is the coordinator of (tests/citus_cluster.py), or None."""
+    if pg_server_url not in _CITUS:
+        from .citus_cluster import cluster
+
+        _CITUS[pg_server_url] = cluster(pg_server_url) if os.environ.get("BRANCHPOINT_TEST_DATABASE_URL") else None
+    return _CITUS[pg_server_url]
+
+
 def new_database(pg_server_url: str, prefix: str = "bp_empty", template: str | None = None) -> str:
-    """A new database on the test server -- empty, or a copy of ``template``; returns its URL."""
+    """A new database on the test server -- empty, or a copy of ``template``; returns its URL. On
+    a Citus cluster: on every node (an empty one with Citus and the workers registered)."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     copy = f' TEMPLATE "{template}"' if template else ""
+    citus = citus_of(pg_server_url)
+    if citus is not None:
+        run(citus.create_database(name, template))
+        return with_database(pg_server_url, name)
 
     async def make() -> None:
         conn = await asyncpg.connect(pg_server_url)

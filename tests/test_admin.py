@@ -1,5 +1,6 @@
 """The admin API endpoints (docs/behaviour.md#admin-api), through HTTP, tenant-scoped."""
 
+import datetime
 import uuid
 
 import pytest
@@ -79,8 +80,10 @@ def test_the_usage_report_sums_tokens_by_model_over_a_time_range(proxy, upstream
     say(client, b, user("three"))
     say(client, b, user("four"))
     # the last call was made 40 days ago
-    db.fetch("UPDATE nodes SET created_at = created_at - interval '40 days' WHERE conversation_id = $1"
-             " AND created_at = (SELECT max(created_at) FROM nodes WHERE conversation_id = $1)", b)
+    last = db.fetchrow("SELECT tree_id, id, created_at FROM nodes WHERE conversation_id = $1"
+                       " ORDER BY created_at DESC LIMIT 1", b)
+    db.fetch("UPDATE nodes SET created_at = $3 WHERE tree_id = $1 AND id = $2",  # (by its key, a value: as Citus updates)
+             last["tree_id"], last["id"], last["created_at"] - datetime.timedelta(days=40))
     report = http.get("/admin/usage").json()  # the last 30 days
     assert report["object"] == "usage_report"
     assert report["data"] == [

@@ -180,7 +180,9 @@ def test_end_of_stream_waits_for_the_node_to_be_stored(proxy, upstream, key, cid
         node_id = uuid.UUID(raw.headers["x-node-id"])
         tx = conn.transaction()
         await tx.start()
-        await conn.execute("SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE", node_id)  # finalize must wait
+        tree = await conn.fetchval("SELECT tree_id FROM nodes WHERE id = $1", node_id)
+        # finalize must wait (by its key: a distributed PostgreSQL locks rows of one shard only)
+        await conn.execute("SELECT 1 FROM nodes WHERE tree_id = $1 AND id = $2 FOR UPDATE", tree, node_id)
         gate.set()
         ended = asyncio.Event()
 

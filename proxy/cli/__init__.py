@@ -7,7 +7,7 @@ directory is used -- attached to if ``serve`` is running on it, started otherwis
 
 from __future__ import annotations
 
-from . import conversations, database, reports, serve  # each adds its commands to the group
+from . import conversations, database, distribute, reports, serve  # each adds its commands to the group
 from .common import main
 
-__all__ = ["conversations", "database", "main", "reports", "serve"]
+__all__ = ["conversations", "database", "distribute", "main", "reports", "serve"]

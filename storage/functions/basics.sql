@@ -9,6 +9,13 @@
 -- list is documented here only. Every part is re-applied (CREATE OR REPLACE) by every migration
 -- run, after the numbered migrations, so the functions always match the code.
 --
+-- Distributed (Citus, docs/scaling.md): every function that reads a table is PL/pgSQL, so each of
+-- its statements is planned with its arguments' values and Citus routes it to the one shard of the
+-- tree it names (a SQL-language function's parameters cannot be routed); a statement on a table
+-- never calls a function that reads a table itself (the shard it is sent to could not run it): such
+-- a value is computed into a variable first. The pure helpers (no table) stay SQL. `branchpoint
+-- distribute` places the functions that take a tree (p_tree) on the worker holding that tree.
+--
 -- Refusals: a rule that says no raises one of our own SQLSTATEs (bp_refuse), and nothing is
 -- written (the transaction is rolled back). storage/errors.py translates them into `Refused`
 -- exceptions:
@@ -78,11 +85,61 @@ $$;
 -- of that derived tree.
 CREATE OR REPLACE FUNCTION bp_conversation_tree(p_tenant text, p_conversation text)
 RETURNS uuid
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT a.target FROM conversation_aliases a
-                      WHERE a.tree_id = bp_tree_of(p_tenant, p_conversation)
-                        AND a.tenant = p_tenant AND a.id = p_conversation),
-                    bp_tree_of(p_tenant, p_conversation))
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_tree uuid := bp_tree_of(p_tenant, p_conversation);
+    v_target uuid;
+BEGIN
+    SELECT a.target INTO v_target FROM conversation_aliases a
+     WHERE a.tree_id = v_tree AND a.tenant = p_tenant AND a.id = p_conversation;
+    RETURN coalesce(v_target, v_tree);
+END
+$$;
+
+-- bp_conversation_row(tenant, conversation): the conversation's row, where bp_conversation_tree
+-- says it lives (none: no rows). What a query reads a conversation by name through: its tree is
+-- worked out first, so the row is read from that one tree (on Citus a statement on a table
+-- cannot call a function that reads a table).
+CREATE OR REPLACE FUNCTION bp_conversation_row(p_tenant text, p_conversation text)
+RETURNS SETOF conversations
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_tree uuid := bp_conversation_tree(p_tenant, p_conversation);
+BEGIN
+    RETURN QUERY SELECT * FROM conversations c
+                  WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_conversation;
+END
+$$;
+
+-- bp_conversation_state(tenant, conversation): where the conversation's head is, and whether a
+-- turn call is in flight (no rows: no such conversation).
+CREATE OR REPLACE FUNCTION bp_conversation_state(p_tenant text, p_conversation text)
+RETURNS TABLE (head_node_id uuid, busy boolean)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_tree uuid := bp_conversation_tree(p_tenant, p_conversation);
+BEGIN
+    RETURN QUERY SELECT c.head_node_id, (c.lease_node_id IS NOT NULL AND c.lease_until > now())
+                   FROM conversations c
+                  WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_conversation;
+END
+$$;
+
+-- bp_conversation_counts(tree, tenant, conversation): the nodes a conversation made and the tokens
+-- upstreams reported for them (bp_token_count: prompt/input, completion/output). One tree's
+-- rows: the admin API's lists call it per conversation listed (a conversation row and its counts
+-- in one statement would be a lateral aggregate over every shard, which Citus cannot run).
+CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_conversation text,
+                                                  OUT node_count bigint, OUT prompt_tokens bigint,
+                                                  OUT completion_tokens bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT count(*),
+           bp_token_total(sum(bp_token_count(n.usage, 'prompt_tokens', 'input_tokens'))),
+           bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens')))
+      INTO node_count, prompt_tokens, completion_tokens
+      FROM nodes n WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
+END
 $$;
 
 -- bp_claim_name(tenant, conversation, spare): make room for a new conversation of this name and

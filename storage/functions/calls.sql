@@ -100,6 +100,7 @@ RETURNS TABLE (call_node uuid, conversation_id text, tree_id uuid, parent_id uui
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    v_now timestamptz;
     s bp_call_start_t := jsonb_populate_record(NULL::bp_call_start_t, p_start);
     conv conversations%ROWTYPE;
     v_parent uuid;
@@ -107,6 +108,8 @@ DECLARE
     v_up record;
     v_lease timestamptz;
     v_ctree uuid;
+    v_resent boolean;
+    v_above bytea;
 BEGIN
     IF s.mode = 'full' THEN
         RETURN QUERY SELECT * FROM bp_begin_full(p_start, p_known);
@@ -140,9 +143,14 @@ BEGIN
         SELECT n.chain, n.answered INTO v_up FROM nodes n
          WHERE n.tree_id = conv.tree_id
            AND n.id = CASE WHEN s.parent_mode = 'node' THEN s.parent_id ELSE conv.head_node_id END;
-        IF (FOUND AND v_up.answered AND v_up.chain = ANY(s.prefixes))
-           OR EXISTS (SELECT 1 FROM nodes n
-                       WHERE n.answer = ANY(s.digests) AND n.tree_id = conv.tree_id AND n.tenant = s.tenant) THEN
+        v_resent := FOUND AND v_up.answered AND v_up.chain = ANY(s.prefixes);
+        IF NOT coalesce(v_resent, false) THEN
+            PERFORM 1 FROM nodes n
+             WHERE n.answer = ANY(s.digests) AND n.tree_id = conv.tree_id AND n.tenant = s.tenant
+             LIMIT 1;
+            v_resent := FOUND;
+        END IF;
+        IF v_resent THEN
             RETURN QUERY SELECT * FROM bp_begin_full(p_start || '{"prefix_offset": 0}', p_known);
             RETURN;
         END IF;
@@ -174,12 +182,13 @@ BEGIN
               FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
             -- the retry rule: an SDK retry of a failed call (the same items) hangs beside the
             -- failed node, so the items appear once and the failed attempt stays as a branch
-            IF s.kind = 'turn' AND v_head.outcome <> 'success'
-               AND v_head.chain = bp_fold(coalesce((SELECT n.chain FROM nodes n WHERE n.tree_id = conv.tree_id
-                                                                              AND n.id = v_head.parent_id),
+            IF s.kind = 'turn' AND v_head.outcome <> 'success' THEN
+                SELECT n.chain INTO v_above FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_head.parent_id;
+                IF v_head.chain = bp_fold(coalesce(v_above,
                                                    '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea),
                                           s.digests) THEN
-                v_parent := v_head.parent_id;
+                    v_parent := v_head.parent_id;
+                END IF;
             END IF;
         END IF;
     END IF;
@@ -195,7 +204,8 @@ BEGIN
             coalesce(v_up.answered, false), coalesce(s.system_hash, v_up.system_hash), s.api);
 
     IF s.kind = 'turn' THEN
-        UPDATE conversations c SET lease_node_id = s.node_id, lease_until = v_lease, updated_at = clock_timestamp()
+        v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
+        UPDATE conversations c SET lease_node_id = s.node_id, lease_until = v_lease, updated_at = v_now
          WHERE c.tree_id = conv.tree_id AND c.tenant = s.tenant AND c.id = s.conversation_id;
     END IF;
 
@@ -221,6 +231,7 @@ CREATE OR REPLACE FUNCTION bp_finish_call(p_tree uuid, p_node uuid, p_finish jso
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_now timestamptz;
     f bp_call_finish_t := jsonb_populate_record(NULL::bp_call_finish_t, p_finish);
     v record;
 BEGIN
@@ -232,6 +243,7 @@ BEGIN
         PERFORM 1 FROM conversations c WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
            FOR UPDATE;
     END IF;
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
     UPDATE nodes n
        SET outcome = f.outcome, received = f.received, usage = f.usage,
            finish_reason = f.finish_reason, error = f.error,
@@ -239,17 +251,18 @@ BEGIN
            chain = CASE WHEN f.outcome = 'success' THEN bp_fold(n.chain, f.received_digests) ELSE n.chain END,
            answered = n.answered OR (f.outcome = 'success' AND jsonb_array_length(coalesce(f.received, '[]')) > 0),
            answer = CASE WHEN f.outcome = 'success' AND n.kind = 'turn' THEN f.received_digests[1] END,
-           lease_until = NULL, finished_at = clock_timestamp()
+           lease_until = NULL, finished_at = v_now
      WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     IF v.kind = 'turn' THEN
+        v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
         UPDATE conversations c
            SET head_node_id = CASE WHEN bp_can_be_head(v.kind, f.outcome) THEN p_node ELSE c.head_node_id END,
                lease_node_id = CASE WHEN f.leased THEN NULL ELSE c.lease_node_id END,
                lease_until = CASE WHEN f.leased THEN NULL ELSE c.lease_until END,
-               updated_at = clock_timestamp()
+               updated_at = v_now
          WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
            AND (CASE WHEN f.leased THEN c.lease_node_id = p_node ELSE true END);
     END IF;

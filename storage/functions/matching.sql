@@ -23,37 +23,69 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
      WHERE (e.sys AND p_with_system) OR (NOT e.sys AND e.nth > p_skip)
 $$;
 
+-- bp_match_rows(tenant, conversation, tree, visible, chain, limit): the nodes whose transcript hash
+-- is `chain` that a full-history call may hang under -- in the named conversation's reach (its
+-- tree: its own nodes and the `visible` ones of its source: one shard on Citus), or, with no
+-- conversation named, anywhere in the tenant (every shard); never a transform. A compaction node
+-- first, then the newest; at most `limit` rows (null: all). bp_match_candidates orders them.
+CREATE OR REPLACE FUNCTION bp_match_rows(p_tenant text, p_conversation text, p_tree uuid, p_visible uuid[],
+                                         p_chain bytea, p_limit integer)
+RETURNS TABLE (id uuid, parent_id uuid, tree_id uuid, conversation_id text, outcome text, kind text,
+               created_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_conversation IS NOT NULL THEN
+        RETURN QUERY
+        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
+          FROM nodes n
+         WHERE n.tree_id = p_tree AND n.chain = p_chain AND n.kind <> 'transform' AND n.tenant = p_tenant
+           AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
+         ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+         LIMIT p_limit;
+    ELSE
+        RETURN QUERY
+        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
+          FROM nodes n
+         WHERE n.tenant = p_tenant AND n.chain = p_chain AND n.kind <> 'transform'
+         ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+         LIMIT p_limit;
+    END IF;
+END
+$$;
+
 -- bp_match_candidates(tenant, conversation, tree, visible, chain, tie break, limit): the nodes whose
--- transcript hash is `chain` that a full-history call may hang under -- in the named conversation's
--- reach (its tree: its own nodes and the `visible` ones of its source), or, with no conversation
--- named, anywhere in the tenant; never a transform. Best first: with `tie break`, a node on the
--- conversation's head path first (the walk: only asked for when two candidates tie), then a
--- compaction node over the node it replaced, then the newest. At most `limit` rows. (No SET
+-- transcript hash is `chain` that a full-history call may hang under (bp_match_rows). Best first:
+-- with `tie break`, a node on the conversation's head path first (the walk: only asked for when
+-- two candidates tie), then a compaction node over the node it replaced, then the newest. At most
+-- `limit` rows. The head-path test runs here, once per candidate, never inside the candidates'
+-- query (on Citus that query runs on a shard, which cannot walk the tree itself). (No SET
 -- clauses of its own, which would cost each probe a settings change: bp_begin_full's apply.)
 CREATE OR REPLACE FUNCTION bp_match_candidates(p_tenant text, p_conversation text, p_tree uuid, p_visible uuid[],
                                                p_chain bytea, p_tie_break boolean, p_limit integer)
 RETURNS TABLE (id uuid, parent_id uuid, tree_id uuid, conversation_id text, outcome text)
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
+DECLARE
+    r record;
+    v_n integer := 0;
 BEGIN
-    RETURN QUERY
-    SELECT m.id, m.parent_id, m.tree_id, m.conversation_id, m.outcome FROM (
-        -- a named conversation: its own tree only; none named: the whole tenant
-        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
-          FROM nodes n
-         WHERE p_conversation IS NOT NULL AND n.tree_id = p_tree AND n.chain = p_chain
-           AND n.kind <> 'transform' AND n.tenant = p_tenant
-           AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
-        UNION ALL
-        SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
-          FROM nodes n
-         WHERE p_conversation IS NULL AND n.tenant = p_tenant AND n.chain = p_chain
-           AND n.kind <> 'transform') m
-     ORDER BY CASE WHEN p_tie_break
-                   THEN bp_on_head_path(m.tree_id, p_tenant, coalesce(p_conversation, m.conversation_id), m.id) END
-                   DESC NULLS LAST,
-              (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC
-     LIMIT p_limit;
+    IF NOT p_tie_break THEN
+        RETURN QUERY SELECT m.id, m.parent_id, m.tree_id, m.conversation_id, m.outcome
+                       FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain, p_limit) m
+                      ORDER BY (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC;
+        RETURN;
+    END IF;
+    -- the candidates on the head path first, then the others, each part in the order above
+    FOR r IN SELECT m.*, bp_on_head_path(m.tree_id, p_tenant, coalesce(p_conversation, m.conversation_id), m.id) AS on_head
+               FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain, NULL) m
+              ORDER BY on_head DESC, (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC LOOP
+        EXIT WHEN v_n >= p_limit;
+        id := r.id; parent_id := r.parent_id; tree_id := r.tree_id; conversation_id := r.conversation_id;
+        outcome := r.outcome;
+        RETURN NEXT;
+        v_n := v_n + 1;
+    END LOOP;
 END
 $$;
 

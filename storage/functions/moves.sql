@@ -16,9 +16,10 @@ RETURNS conversations
 LANGUAGE plpgsql AS $$
 DECLARE
     conv conversations%ROWTYPE;
+    v_tree uuid := bp_conversation_tree(p_tenant, p_conversation);
 BEGIN
     SELECT * INTO conv FROM conversations c
-     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_conversation) AND c.tenant = p_tenant AND c.id = p_conversation
+     WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_conversation
        FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_conversation));
@@ -60,13 +61,15 @@ CREATE OR REPLACE FUNCTION bp_set_head(p_tenant text, p_conversation text, p_nod
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_now timestamptz;
     conv conversations%ROWTYPE;
 BEGIN
     conv := bp_lock_for_head_move(p_tenant, p_conversation);
     IF p_node IS NOT NULL THEN
         PERFORM bp_check_head(conv.tree_id, p_tenant, p_conversation, p_node);
     END IF;
-    UPDATE conversations c SET head_node_id = p_node, updated_at = clock_timestamp()
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
+    UPDATE conversations c SET head_node_id = p_node, updated_at = v_now
      WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
 END
 $$;
@@ -79,6 +82,7 @@ CREATE OR REPLACE FUNCTION bp_switch(p_tenant text, p_conversation text, p_node 
 RETURNS uuid
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_now timestamptz;
     conv conversations%ROWTYPE;
     v_visible uuid[] := '{}';
     v_head uuid := p_node;
@@ -104,7 +108,8 @@ BEGIN
         v_head := v_next;
     END LOOP;
     PERFORM bp_check_head(conv.tree_id, p_tenant, p_conversation, v_head);
-    UPDATE conversations c SET head_node_id = v_head, updated_at = clock_timestamp()
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
+    UPDATE conversations c SET head_node_id = v_head, updated_at = v_now
      WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
     RETURN v_head;
 END
@@ -121,9 +126,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     src conversations%ROWTYPE;
     v_node uuid := p_node;
+    v_tree uuid := bp_conversation_tree(p_tenant, p_source);
+    v_alias uuid := bp_tree_of(p_tenant, p_new);
 BEGIN
     SELECT * INTO src FROM conversations c
-     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_source) AND c.tenant = p_tenant AND c.id = p_source FOR SHARE;
+     WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_source FOR SHARE;
     IF NOT FOUND THEN
         PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_source));
     END IF;
@@ -137,7 +144,7 @@ BEGIN
         PERFORM bp_refuse('BPEXI', format('conversation %L already exists', p_new));
     END IF;
     INSERT INTO conversation_aliases (tree_id, tenant, id, target)
-    VALUES (bp_tree_of(p_tenant, p_new), p_tenant, p_new, src.tree_id)
+    VALUES (v_alias, p_tenant, p_new, src.tree_id)
     ON CONFLICT (tree_id, tenant, id) DO NOTHING;
     INSERT INTO conversations (tenant, id, tree_id, head_node_id, forked_from, fork_node_id, compactions)
     VALUES (p_tenant, p_new, src.tree_id, v_node, p_source, v_node, src.compactions);
@@ -166,6 +173,7 @@ CREATE OR REPLACE FUNCTION bp_apply_compaction(
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_now timestamptz;
     conv conversations%ROWTYPE;
     v_free boolean;
     v_move boolean;
@@ -196,20 +204,22 @@ BEGIN
 
     -- a compaction node stands for the conversation it replaced: it has that node's transcript
     SELECT n.chain, n.answered INTO v_from FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_compacted_from;
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent,
                        model, provider, params, usage, compacted_from, depth, finished_at,
                        summariser_request, request_hash, chain, answered, system_hash)
     VALUES (p_tree, p_node, p_tenant, p_conversation, NULL, 'compaction', 'success', p_sent,
-            p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, clock_timestamp(),
+            p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, v_now,
             p_request, sha256(p_request), v_from.chain, coalesce(v_from.answered, false), p_system_hash);
     IF p_call_node IS NOT NULL THEN
         UPDATE nodes n SET parent_id = p_node, depth = 1
          WHERE n.tree_id = p_tree AND n.id = p_call_node AND n.outcome IS NULL;
     END IF;
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
     UPDATE conversations c
        SET compactions = c.compactions + 1,
            head_node_id = CASE WHEN v_move THEN p_node ELSE c.head_node_id END,
-           updated_at = clock_timestamp()
+           updated_at = v_now
      WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation;
     RETURN 'ok';
 END
@@ -248,6 +258,7 @@ SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
 DECLARE
     conv conversations%ROWTYPE;
+    v_alias uuid := bp_tree_of(p_tenant, p_conversation);
 BEGIN
     deleted := 0;
     kept := 0;
@@ -261,7 +272,7 @@ BEGIN
     PERFORM bp_lock_tree_deletes(conv.tree_id);
     DELETE FROM conversations c WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
     DELETE FROM conversation_aliases a
-     WHERE a.tree_id = bp_tree_of(p_tenant, p_conversation) AND a.tenant = p_tenant AND a.id = p_conversation;
+     WHERE a.tree_id = v_alias AND a.tenant = p_tenant AND a.id = p_conversation;
 
     IF NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = conv.tree_id) THEN
         DELETE FROM nodes n WHERE n.tree_id = conv.tree_id;  -- the tree has no other conversation

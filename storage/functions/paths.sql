@@ -17,9 +17,11 @@
 -- measured faster than walking ids and joining back (bench/tree_reads.py).
 CREATE OR REPLACE FUNCTION bp_path(p_tree uuid, p_node uuid)
 RETURNS SETOF nodes
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
+BEGIN
+    RETURN QUERY
     WITH RECURSIVE up (node, lvl) AS (
         SELECT first, 0 FROM nodes first WHERE first.tree_id = p_tree AND first.id = p_node
         UNION ALL
@@ -27,7 +29,8 @@ AS $$
          CROSS JOIN LATERAL (SELECT parent FROM nodes parent  -- LIMIT: a fence, one PK lookup per step
                               WHERE parent.tree_id = p_tree AND parent.id = (up.node).parent_id LIMIT 1) step
     )
-    SELECT (up.node).* FROM up ORDER BY up.lvl DESC
+    SELECT (up.node).* FROM up ORDER BY up.lvl DESC;
+END
 $$;
 
 -- bp_path_nodes(tree, node, known): the path as assembly needs it (bp_path_node rows), root first,
@@ -62,9 +65,11 @@ $$;
 -- first node in `known`.
 CREATE OR REPLACE FUNCTION bp_path_walk(p_tree uuid, p_node uuid, p_known uuid[])
 RETURNS SETOF bp_path_node
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
+BEGIN
+    RETURN QUERY
     WITH RECURSIVE up (node, lvl) AS (
         SELECT first, 0 FROM nodes first
          WHERE first.tree_id = p_tree AND first.id = p_node AND first.id <> ALL (coalesce(p_known, '{}'))
@@ -77,7 +82,37 @@ AS $$
     SELECT (up.node).id, (up.node).parent_id, (up.node).kind, (up.node).status, (up.node).sent,
            (up.node).received, (up.node).provider, (up.node).model, (up.node).usage,
            (up.node).compacted_from, (up.node).api
-      FROM up ORDER BY up.lvl DESC
+      FROM up ORDER BY up.lvl DESC;
+END
+$$;
+
+-- bp_siblings(tree, node, parent, kind, created, compacted from, conversation, visible): a path
+-- node's place among its siblings (1-based) and how many there are -- the nodes of the same kind
+-- under the same parent; for a root, the conversation's roots of its kind; for a compaction node,
+-- those replacing the same node -- counting only nodes the conversation can see (its own and
+-- `visible`). The admin path read calls it per node of bp_path (one tree: one shard on Citus).
+CREATE OR REPLACE FUNCTION bp_siblings(p_tree uuid, p_node uuid, p_parent uuid, p_kind text, p_created timestamptz,
+                                       p_compacted_from uuid, p_conversation text, p_visible uuid[],
+                                       OUT sibling_index integer, OUT sibling_count integer)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT coalesce(sum(i), 0)::int, coalesce(sum(c), 0)::int INTO sibling_index, sibling_count FROM (
+        SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p_created, p_node)) AS i, count(*) AS c
+          FROM nodes n
+         WHERE p_parent IS NOT NULL AND n.tree_id = p_tree AND n.parent_id = p_parent AND n.kind = p_kind
+           AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
+        UNION ALL
+        SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p_created, p_node)), count(*)
+          FROM nodes n
+         WHERE p_parent IS NULL AND p_kind <> 'compaction' AND n.tree_id = p_tree AND n.parent_id IS NULL
+           AND n.kind = p_kind AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
+        UNION ALL
+        SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p_created, p_node)), count(*)
+          FROM nodes n
+         WHERE p_kind = 'compaction' AND n.tree_id = p_tree AND n.kind = 'compaction'
+           AND n.compacted_from = p_compacted_from AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
+    ) parts;
+END
 $$;
 
 -- bp_visible_foreign(tree, tenant, conversation): the nodes another conversation made that this
@@ -86,9 +121,11 @@ $$;
 -- Empty for a conversation that is not a fork: only forks share a tree.
 CREATE OR REPLACE FUNCTION bp_visible_foreign(p_tree uuid, p_tenant text, p_conversation text)
 RETURNS SETOF uuid
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
+BEGIN
+    RETURN QUERY
     WITH RECURSIVE seeds AS (
         SELECT n.parent_id AS id FROM nodes n
          WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation
@@ -112,30 +149,41 @@ AS $$
     )
     SELECT up.id FROM up, conversations c
      WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation AND c.fork_node_id IS NOT NULL
-       AND up.conversation_id <> p_conversation
+       AND up.conversation_id <> p_conversation;
+END
 $$;
 
 -- bp_node_in_conversation(tree, tenant, conversation, node): the rule for every node a request
 -- names (a parent, a new head, a switch or fork start): made by this conversation, or visible
--- to it (bp_visible_foreign).
+-- to it (bp_visible_foreign, walked only for a node another conversation made).
 CREATE OR REPLACE FUNCTION bp_node_in_conversation(p_tree uuid, p_tenant text, p_conversation text, p_node uuid)
 RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
-        SELECT 1 FROM nodes n
-         WHERE n.tree_id = p_tree AND n.id = p_node AND n.tenant = p_tenant
-           AND (n.conversation_id = p_conversation
-                OR n.id IN (SELECT bp_visible_foreign(p_tree, p_tenant, p_conversation)))
-    )
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_conversation text;
+BEGIN
+    SELECT n.conversation_id INTO v_conversation FROM nodes n
+     WHERE n.tree_id = p_tree AND n.id = p_node AND n.tenant = p_tenant;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF v_conversation = p_conversation THEN
+        RETURN true;
+    END IF;
+    RETURN EXISTS (SELECT 1 FROM bp_visible_foreign(p_tree, p_tenant, p_conversation) f WHERE f = p_node);
+END
 $$;
 
 -- bp_before_compaction(tree, head, node): does `node` lie before a compaction node on the head's
 -- path (on the original path a compaction replaced), and not on the current path itself?
 CREATE OR REPLACE FUNCTION bp_before_compaction(p_tree uuid, p_head uuid, p_node uuid)
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
+DECLARE
+    v boolean;
+BEGIN
     WITH RECURSIVE hist AS (
         SELECT n.id, n.parent_id, n.compacted_from, 0 AS phase
           FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_head
@@ -146,7 +194,9 @@ AS $$
               SELECT n.id, n.parent_id, n.compacted_from FROM nodes n
                WHERE n.tree_id = p_tree AND n.id = coalesce(hist.parent_id, hist.compacted_from) LIMIT 1) step
     )
-    SELECT coalesce(min(phase) > 0, false) FROM hist WHERE id = p_node
+    SELECT coalesce(min(phase) > 0, false) INTO v FROM hist WHERE id = p_node;
+    RETURN v;
+END
 $$;
 
 -- bp_on_head_path(tree, tenant, conversation, node): does `node` lie on the head path of the
@@ -154,21 +204,26 @@ $$;
 -- by one per step).
 CREATE OR REPLACE FUNCTION bp_on_head_path(p_tree uuid, p_tenant text, p_conversation text, p_node uuid)
 RETURNS boolean
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
+DECLARE
+    v boolean;
+BEGIN
     WITH RECURSIVE target AS (
         SELECT c.tree_id, c.head_node_id, n.depth
-          FROM conversations c JOIN nodes n ON n.tree_id = c.tree_id AND n.id = p_node
+          FROM conversations c JOIN nodes n ON n.tree_id = p_tree AND n.id = p_node
          WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation
     ), up AS (
-        SELECT n.id, n.parent_id, n.depth FROM target t JOIN nodes n ON n.tree_id = t.tree_id AND n.id = t.head_node_id
+        SELECT n.id, n.parent_id, n.depth FROM target t JOIN nodes n ON n.tree_id = p_tree AND n.id = t.head_node_id
          WHERE n.depth >= t.depth
         UNION ALL
         SELECT step.id, step.parent_id, step.depth FROM up, target t
-         CROSS JOIN LATERAL (SELECT n.id, n.parent_id, n.depth FROM nodes n
-                              WHERE n.tree_id = t.tree_id AND n.id = up.parent_id LIMIT 1) step
+         CROSS JOIN LATERAL (SELECT n.id, n.parent_id, n.depth FROM nodes n  -- (p_tree: what Citus routes a recursive CTE by)
+                              WHERE n.tree_id = p_tree AND n.id = up.parent_id LIMIT 1) step
          WHERE up.depth > t.depth
     )
-    SELECT EXISTS (SELECT 1 FROM up WHERE up.id = p_node)
+    SELECT true INTO v FROM up WHERE up.id = p_node LIMIT 1;
+    RETURN coalesce(v, false);
+END
 $$;

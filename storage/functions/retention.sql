@@ -18,6 +18,7 @@ CREATE OR REPLACE FUNCTION bp_reap(p_tree uuid, p_node uuid, p_abandoned boolean
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_now timestamptz;
     v record;
 BEGIN
     SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
@@ -26,8 +27,9 @@ BEGIN
     END IF;
     PERFORM 1 FROM conversations c WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
        FOR UPDATE;
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
     UPDATE nodes n
-       SET outcome = 'transient', lease_until = NULL, finished_at = clock_timestamp(),
+       SET outcome = 'transient', lease_until = NULL, finished_at = v_now,
            error = jsonb_build_object(
                'type', 'interrupted', 'code', 'interrupted', 'status', NULL,
                'message', CASE WHEN p_abandoned
@@ -43,9 +45,10 @@ BEGIN
                                                     AND n.outcome IS NULL);
         RETURN false;
     END IF;
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
     UPDATE conversations c
        SET head_node_id = CASE WHEN bp_can_be_head(v.kind, 'transient') THEN p_node ELSE c.head_node_id END,
-           lease_node_id = NULL, lease_until = NULL, updated_at = clock_timestamp()
+           lease_node_id = NULL, lease_until = NULL, updated_at = v_now
      WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id AND c.lease_node_id = p_node;
     RETURN true;
 END
@@ -77,11 +80,20 @@ $$;
 -- of its made since (no side call either).
 CREATE OR REPLACE FUNCTION bp_is_idle(p_conv conversations, p_cutoff timestamptz)
 RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT p_conv.updated_at < p_cutoff
-       AND NOT EXISTS (SELECT 1 FROM nodes n
-                        WHERE n.conversation_id = p_conv.id AND n.tenant = p_conv.tenant
-                          AND n.tree_id = p_conv.tree_id AND n.created_at >= p_cutoff)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT coalesce(p_conv.updated_at < p_cutoff, true) THEN
+        RETURN false;
+    END IF;
+    PERFORM 1 FROM nodes n
+     WHERE n.conversation_id = p_conv.id AND n.tenant = p_conv.tenant
+       AND n.tree_id = p_conv.tree_id AND n.created_at >= p_cutoff
+     LIMIT 1;
+    IF FOUND THEN
+        RETURN false;
+    END IF;
+    RETURN p_conv.updated_at < p_cutoff;
+END
 $$;
 
 -- bp_prune(cutoff, trees, tenants, ids): retention. Deletes the named conversations (found
@@ -128,31 +140,53 @@ $$;
 -- own, nor on the way up (parents, compaction origins) from a conversation's node, head or fork
 -- point. A delete takes such nodes at once, so none should exist: `branchpoint check` reports
 -- them (proxy/invariants.py). Only nodes whose conversation is gone can be unreached, so the walk
--- visits those alone.
+-- visits those alone: the trees holding such nodes are found first (one query over all trees),
+-- then each tree is walked by a query of its own (on Citus: one shard each; a recursive query
+-- cannot span shards).
 CREATE OR REPLACE FUNCTION bp_unreached_nodes(p_limit integer)
 RETURNS TABLE (tree_id uuid, id uuid, tenant text, conversation_id text)
-LANGUAGE sql STABLE AS $$
-    WITH RECURSIVE stray AS MATERIALIZED (
-        SELECT n.tree_id, n.id, n.parent_id, n.compacted_from, n.tenant, n.conversation_id FROM nodes n
-         WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant
-                                                          AND c.id = n.conversation_id)
-    ), pointed AS (  -- what live conversations point at directly
-        SELECT k.tree_id, x.id FROM nodes k
-          JOIN conversations c ON c.tree_id = k.tree_id AND c.tenant = k.tenant AND c.id = k.conversation_id
-         CROSS JOIN LATERAL (VALUES (k.parent_id), (k.compacted_from)) x(id)
-         WHERE k.tree_id IN (SELECT s.tree_id FROM stray s) AND x.id IS NOT NULL
-        UNION
-        SELECT c.tree_id, x.id FROM conversations c CROSS JOIN LATERAL (VALUES (c.head_node_id), (c.fork_node_id)) x(id)
-         WHERE c.tree_id IN (SELECT s.tree_id FROM stray s) AND x.id IS NOT NULL
-    ), reached AS (
-        SELECT s.tree_id, s.id, s.parent_id, s.compacted_from FROM stray s
-          JOIN pointed p ON p.tree_id = s.tree_id AND p.id = s.id
-        UNION
-        SELECT s.tree_id, s.id, s.parent_id, s.compacted_from FROM reached r
-          JOIN stray s ON s.tree_id = r.tree_id AND s.id IN (r.parent_id, r.compacted_from)
-    )
-    SELECT s.tree_id, s.id, s.tenant, s.conversation_id FROM stray s
-     WHERE NOT EXISTS (SELECT 1 FROM reached r WHERE r.tree_id = s.tree_id AND r.id = s.id)
-     ORDER BY s.tree_id, s.id
-     LIMIT p_limit
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_tree uuid;
+    v_left integer := p_limit;
+    r record;
+BEGIN
+    FOR v_tree IN SELECT DISTINCT n.tree_id FROM nodes n
+                   WHERE NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant
+                                                                    AND c.id = n.conversation_id)
+                   ORDER BY n.tree_id LOOP
+        EXIT WHEN v_left IS NOT NULL AND v_left <= 0;
+        FOR r IN
+            WITH RECURSIVE stray AS MATERIALIZED (
+                SELECT n.id, n.parent_id, n.compacted_from, n.tenant, n.conversation_id FROM nodes n
+                 WHERE n.tree_id = v_tree
+                   AND NOT EXISTS (SELECT 1 FROM conversations c WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant
+                                                                  AND c.id = n.conversation_id)
+            ), pointed AS (  -- what live conversations point at directly
+                SELECT x.id FROM nodes k
+                  JOIN conversations c ON c.tree_id = k.tree_id AND c.tenant = k.tenant AND c.id = k.conversation_id
+                 CROSS JOIN LATERAL (VALUES (k.parent_id), (k.compacted_from)) x(id)
+                 WHERE k.tree_id = v_tree AND c.tree_id = v_tree AND x.id IS NOT NULL
+                UNION
+                SELECT x.id FROM conversations c CROSS JOIN LATERAL (VALUES (c.head_node_id), (c.fork_node_id)) x(id)
+                 WHERE c.tree_id = v_tree AND x.id IS NOT NULL
+            ), reached AS (
+                SELECT s.id, s.parent_id, s.compacted_from FROM stray s
+                  JOIN pointed p ON p.id = s.id
+                UNION
+                SELECT s.id, s.parent_id, s.compacted_from FROM reached r
+                  JOIN stray s ON s.id IN (r.parent_id, r.compacted_from)
+            )
+            SELECT s.id, s.tenant, s.conversation_id FROM stray s
+             WHERE NOT EXISTS (SELECT 1 FROM reached r WHERE r.id = s.id)
+             ORDER BY s.id
+             LIMIT v_left
+        LOOP
+            tree_id := v_tree; id := r.id; tenant := r.tenant; conversation_id := r.conversation_id;
+            RETURN NEXT;
+            v_left := v_left - 1;
+        END LOOP;
+    END LOOP;
+END
 $$;

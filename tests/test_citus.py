@@ -1,0 +1,361 @@
+"""Branchpoint distributed by tree on Citus (docs/scaling.md): ``branchpoint distribute``, and the
+single-shard property on Citus itself.
+
+The Citus tests run when ``BRANCHPOINT_TEST_DATABASE_URL`` is a Citus coordinator with workers
+(tests/citus_cluster.py; .ci/citus.sh builds and starts one); elsewhere they are skipped, saying so.
+Two tests run everywhere: ``branchpoint distribute`` on a database without Citus changes nothing,
+and a plain database is not taken for a distributed one (batching stays on).
+
+The single-shard property is checked two ways, on a database of the test's own:
+
+1. Every statement of every hot operation is a router statement. The database is set, on the
+   coordinator and on every worker, to refuse any statement Citus would run as more than one task
+   (``citus.multi_task_query_log_level = error``): nested statements of the server-side functions
+   included, on the coordinator and inside the functions run on a worker (``DELEGATED``). Each hot
+   operation -- turn, stream, side call, full-history match in a named conversation, head move,
+   switch, fork, compaction, reap -- must then succeed through the HTTP API; a statement reading
+   several shards would fail it. A control statement that reads every shard is refused there, on
+   the coordinator and on a worker, so the check is live.
+2. EXPLAIN of the statements themselves, with real values: the calls ``branchpoint distribute``
+   delegates show one task sent to one worker (the function runs there), and the recursive path
+   read is one task (router); ``/auto/v1`` discovery's probe shows a task per shard (its fan-out,
+   measured: bench/citus.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main as cli
+from storage import open_database
+from storage.distribute import DELEGATED, NotDistributable, distribute, is_distributed
+
+from .conftest import citus_of, make_settings, new_database, run, serve_proxy, with_database
+from .helpers import MODEL
+
+NO_CLUSTER = ("no Citus cluster configured: BRANCHPOINT_TEST_DATABASE_URL is not a Citus coordinator with workers "
+              "(.ci/citus.sh starts one and runs these)")
+
+
+@pytest.fixture
+def cluster(pg_server_url):
+    found = citus_of(pg_server_url)
+    if found is None:
+        pytest.skip(NO_CLUSTER)
+    return found
+
+
+async def _fetch(url: str, sql: str, *args: Any, settings: dict[str, str] | None = None) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url, server_settings=settings or {})
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+def fetch(url: str, sql: str, *args: Any, **kw: Any) -> list[asyncpg.Record]:
+    return run(_fetch(url, sql, *args, **kw))
+
+
+def _plain_database(pg_server_url: str) -> str:
+    """A database without Citus on the test server (on a Citus coordinator too: Citus is per database)."""
+    name = f"bp_plain_{uuid.uuid4().hex[:12]}"
+
+    async def make():
+        conn = await asyncpg.connect(pg_server_url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    run(make())
+    return with_database(pg_server_url, name)
+
+
+# ---- everywhere -------------------------------------------------------------------------------
+
+def test_distribute_without_citus_changes_nothing(pg_server_url, monkeypatch):
+    """``branchpoint distribute`` on a database without Citus says so, fails, and changes nothing;
+    the product then takes its schema for a plain one (batching stays on)."""
+    from storage import migrate
+
+    url = _plain_database(pg_server_url)
+    run(migrate(url))
+    before = fetch(url, "SELECT p.oid::regprocedure::text AS f, md5(prosrc) AS body FROM pg_proc p "
+                        "WHERE proname LIKE 'bp\\_%' ORDER BY 1")
+    monkeypatch.setenv("BRANCHPOINT_DATABASE_URL", url)
+    result = CliRunner().invoke(cli, ["distribute"])
+    assert result.exit_code == 1, result.output
+    assert "no Citus extension" in result.output and "nothing was changed" in result.output
+    assert fetch(url, "SELECT count(*) FROM pg_extension WHERE extname = 'citus'")[0][0] == 0
+    assert fetch(url, "SELECT p.oid::regprocedure::text AS f, md5(prosrc) AS body FROM pg_proc p "
+                      "WHERE proname LIKE 'bp\\_%' ORDER BY 1") == before
+
+    async def opened():
+        db = await open_database(url, min_size=1, max_size=1)
+        try:
+            return db.distributed
+        finally:
+            await db.close()
+
+    assert run(opened()) is False
+
+
+# ---- on a Citus cluster -------------------------------------------------------------------------
+
+@pytest.fixture
+def distributed_url(cluster, fresh_database_url):
+    """A database of this test's own, distributed (a clone of the distributed template)."""
+    return fresh_database_url
+
+
+def test_distribute_colocates_by_tree_and_is_idempotent(cluster, pg_server_url, monkeypatch):
+    from storage import migrate
+
+    url = new_database(pg_server_url)  # Citus and the workers, nothing distributed yet
+    run(migrate(url))
+
+    async def distributed() -> bool:
+        conn = await asyncpg.connect(url)
+        try:
+            return await is_distributed(conn)
+        finally:
+            await conn.close()
+
+    assert run(distributed()) is False
+    monkeypatch.setenv("BRANCHPOINT_DATABASE_URL", url)
+    first = CliRunner().invoke(cli, ["distribute"])
+    assert first.exit_code == 0, first.output
+    assert "distributed by tree_id, co-located: nodes, conversations, conversation_aliases" in first.output
+    assert run(distributed()) is True
+
+    tables = fetch(url, "SELECT logicalrelid::text AS t, column_to_column_name(logicalrelid, partkey) AS col, "
+                        "colocationid FROM pg_dist_partition ORDER BY 1")
+    assert {r["t"]: r["col"] for r in tables} == {"nodes": "tree_id", "conversations": "tree_id",
+                                                  "conversation_aliases": "tree_id"}
+    assert len({r["colocationid"] for r in tables}) == 1
+    shards = fetch(url, "SELECT count(DISTINCT nodename || ':' || nodeport) FROM citus_shards WHERE table_name = 'nodes'::regclass")
+    assert shards[0][0] == len(cluster.workers)  # the shards spread over every worker
+
+    functions = fetch(url, """
+        SELECT p.oid::regprocedure::text AS f, o.distribution_argument_index AS arg, o.colocationid
+          FROM pg_proc p LEFT JOIN pg_catalog.pg_dist_object o ON o.classid = 'pg_proc'::regclass AND o.objid = p.oid
+         WHERE p.proname LIKE 'bp\\_%'""")
+    by_name = {r["f"]: r for r in functions}
+    group = tables[0]["colocationid"]
+    for signature, argument in DELEGATED:
+        row = by_name[fetch(url, "SELECT $1::regprocedure::text", signature)[0][0]]
+        assert row["arg"] is not None and row["colocationid"] == group, signature
+        names = fetch(url, "SELECT proargnames FROM pg_proc WHERE oid = $1::regprocedure", signature)[0][0]
+        assert names[row["arg"]] == argument
+    # every function of ours is on every node
+    for host, port in cluster.workers:
+        worker = cluster.node_url(host, port, url.rsplit("/", 1)[1])
+        assert {r[0] for r in fetch(worker, "SELECT oid::regprocedure::text FROM pg_proc WHERE proname LIKE 'bp\\_%'")} \
+            == set(by_name)
+
+    again = CliRunner().invoke(cli, ["distribute"])
+    assert again.exit_code == 0, again.output
+    assert "nothing changed" in again.output
+
+
+def test_the_product_sees_a_distributed_schema_and_batches_nothing(distributed_url, upstream_url, key):
+    """No setting: a process on a distributed schema sends every start and finish alone (a batch of
+    several trees would be a transaction across shards) -- and its calls work."""
+    with serve_proxy(make_settings(distributed_url, upstream_url)) as p:
+        assert p.runtime.db.distributed is True
+        assert p.settings.database.batch_calls is True  # the default: not what turns it off here
+        assert not p.runtime.tree._begins.batching() and not p.runtime.tree._finishes.batching()
+        client = p.openai(key)
+
+        async def many():
+            import asyncio
+
+            aclient = p.async_openai(key)
+            try:
+                return await asyncio.gather(*(aclient.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"hello {i}"}],
+                    extra_headers={"X-Conversation-Id": f"many-{i}-{uuid.uuid4().hex[:6]}"}) for i in range(16)))
+            finally:
+                await aclient.close()
+
+        batched = p.runtime.db.batched
+        answers = run(many())
+        assert all(a.headers["x-node-id"] for a in answers)
+        assert p.runtime.db.batched == batched  # nothing went in a batch
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "one more"}],
+                                           extra_headers={"X-Conversation-Id": "one-more"})
+        assert r.choices[0].message.content
+
+
+ROUTER_ONLY = "citus.multi_task_query_log_level"
+
+
+@pytest.fixture
+def router_only(cluster, distributed_url):
+    """The test's database, on every node, refusing any statement of more than one task."""
+    name = distributed_url.rsplit("/", 1)[1]
+    for host, port in cluster.every_node():
+        fetch(cluster.node_url(host, port), f"ALTER DATABASE \"{name}\" SET {ROUTER_ONLY} = 'error'")
+    return distributed_url
+
+
+def _tree_of(url: str, tenant: str, conversation: str) -> uuid.UUID:
+    return fetch(url, "SELECT bp_tree_of($1, $2)", tenant, conversation)[0][0]
+
+
+def test_every_statement_of_a_hot_operation_is_a_router_statement(cluster, router_only, upstream_url, key, cid):
+    url = router_only
+    # the check is live: a statement reading every shard is refused -- on the coordinator, and on
+    # a worker (where the delegated functions run)
+    with pytest.raises(asyncpg.PostgresError, match="multi-task query about to be executed"):
+        fetch(url, "SELECT count(*) FROM nodes")
+    host, port = cluster.workers[0]
+    with pytest.raises(asyncpg.PostgresError, match="multi-task query about to be executed"):
+        fetch(cluster.node_url(host, port, url.rsplit("/", 1)[1]), "SELECT count(*) FROM nodes")
+
+    settings = make_settings(url, upstream_url, server={"reaper_interval_seconds": 3600})  # no sweep (a fan-out)
+    with serve_proxy(settings) as p, httpx.Client(base_url=p.url, headers={"Authorization": f"Bearer {key}"},
+                                                  timeout=30) as http:
+        tenant = p.runtime.auth(f"Bearer {key}").tenant
+
+        def chat(what: str, conversation: str = cid, **kw: Any) -> httpx.Response:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": what}], **kw.pop("body", {})}
+            r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": conversation, **kw.pop("headers", {})},
+                          json=body)
+            assert r.status_code == 200, (what, r.text)
+            return r
+
+        first = chat("first turn")  # the conversation is made
+        chat("second turn")  # its path read, its finish, the head moved
+        streamed = chat("a stream", body={"stream": True})
+        assert "data:" in streamed.text and "[DONE]" in streamed.text
+        chat("a side call", headers={"X-Node-Kind": "transform"})
+        chat("an edit", headers={"X-Parent-Node-Id": first.headers["x-node-id"]})
+        history = [{"role": "user", "content": "first turn"}, {"role": "assistant", "content": "echo: first turn"},
+                   {"role": "user", "content": "resent"}]
+        r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Context-Mode": "full"},
+                      json={"model": MODEL, "messages": history})
+        assert r.status_code == 200 and r.headers["x-context-matched"] == "2", r.text
+        # head moves
+        assert http.put(f"/admin/conversations/{cid}/head", json={"node_id": first.headers["x-node-id"]}).status_code == 200
+        r = http.post(f"/admin/conversations/{cid}/switch", json={"node_id": first.headers["x-node-id"]})
+        assert r.status_code == 200, r.text
+        # compaction
+        r = http.post(f"/admin/conversations/{cid}/compact")
+        assert r.status_code == 200, r.text
+        # a fork, and a turn on it
+        fork = f"{cid}-fork"
+        r = http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": fork})
+        assert r.status_code == 200, r.text
+        chat("on the fork", conversation=fork)
+        # the admin reads of one conversation
+        assert http.get(f"/admin/conversations/{cid}").status_code == 200
+        assert http.get(f"/admin/conversations/{cid}/path").status_code == 200
+
+    # reap: a dead process's call, reaped by the statement the reaper runs for each expired node
+    tree = _tree_of(url, tenant, cid)
+    node = uuid.UUID(first.headers["x-node-id"])
+    fetch(url, "UPDATE nodes SET outcome = NULL, lease_until = now() - interval '1 min', finished_at = NULL, "
+               "received = NULL WHERE tree_id = $1 AND id = $2", tree, node)
+    assert fetch(url, "SELECT bp_reap(p_tree => $1, p_node => $2)", tree, node)[0][0] is True
+
+
+def _plan(url: str, sql: str, *args: Any) -> dict:
+    return json.loads(fetch(url, f"EXPLAIN (FORMAT JSON) {sql}", *args)[0][0])[0]["Plan"]
+
+
+def _jobs(plan: dict) -> list[dict]:
+    """Citus's distributed plans inside ``plan`` (its custom scans' jobs)."""
+    found = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "Job" in node:
+                found.append(node["Job"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(plan)
+    return found
+
+
+def test_explain_shows_one_task_for_the_delegated_calls_and_the_path_read(distributed_url, upstream_url, key, cid):
+    url = distributed_url
+    with serve_proxy(make_settings(url, upstream_url)) as p:
+        client = p.openai(key)
+        for text in ("one", "two", "three"):
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
+                                           extra_headers={"X-Conversation-Id": cid})
+        tenant = p.runtime.auth(f"Bearer {key}").tenant
+    tree = _tree_of(url, tenant, cid)
+    head = fetch(url, "SELECT head_node_id FROM conversations WHERE tree_id = $1 AND tenant = $2 AND id = $3",
+                 tree, tenant, cid)[0][0]
+
+    # the delegated calls: one task, the whole function call sent to the worker holding the tree
+    for sql, args in ((f"SELECT * FROM bp_path_nodes(p_tree => '{tree}', p_node => '{head}')", ()),
+                      (f"SELECT * FROM bp_path('{tree}', '{head}')", ()),
+                      (f"SELECT bp_renew(p_tree => '{tree}', p_node => '{head}', p_lease_seconds => 1)", ()),
+                      (f"SELECT '{head}'::uuid AS call, finished FROM bp_finish_call(p_tree => '{tree}', "
+                       f"p_node => '{head}', p_finish => '{{}}') finished", ())):
+        jobs = _jobs(_plan(url, sql, *args))
+        assert len(jobs) == 1 and jobs[0]["Task Count"] == 1, (sql, jobs)
+        remote = json.dumps(jobs[0])
+        assert "bp_" in remote, (sql, jobs)  # the function call itself is the task
+
+    # the recursive path read, as bp_path_walk runs it: one task (router), its CTE on one shard
+    walk = f"""
+        WITH RECURSIVE up (node, lvl) AS (
+            SELECT first, 0 FROM nodes first WHERE first.tree_id = '{tree}' AND first.id = '{head}'
+            UNION ALL
+            SELECT step.parent, up.lvl + 1 FROM up
+             CROSS JOIN LATERAL (SELECT parent FROM nodes parent
+                                  WHERE parent.tree_id = '{tree}' AND parent.id = (up.node).parent_id LIMIT 1) step)
+        SELECT (up.node).id FROM up ORDER BY up.lvl DESC"""
+    jobs = _jobs(_plan(url, walk))
+    assert len(jobs) == 1 and jobs[0]["Task Count"] == 1, jobs
+    assert [r[0] for r in fetch(url, walk)] == [r["id"] for r in fetch(
+        url, "SELECT id FROM bp_path_nodes(p_tree => $1, p_node => $2)", tree, head)]
+
+    # /auto/v1 discovery's probe (no conversation named): a task on every shard of the tenant's nodes
+    chain = fetch(url, "SELECT chain FROM nodes WHERE tree_id = $1 AND id = $2", tree, head)[0][0]
+    probe = (f"SELECT n.id FROM nodes n WHERE n.tenant = '{tenant}' AND n.chain = '\\x{chain.hex()}'::bytea "
+             "AND n.kind <> 'transform'")
+    shards = fetch(url, "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'nodes'::regclass")[0][0]
+    jobs = _jobs(_plan(url, probe))
+    assert len(jobs) == 1 and jobs[0]["Task Count"] == shards > 1, jobs
+
+
+@pytest.mark.skipif(not os.environ.get("BRANCHPOINT_TEST_DATABASE_URL"), reason=NO_CLUSTER)
+def test_a_plain_server_is_not_taken_for_a_cluster(pg_server_url):
+    """tests/citus_cluster.py finds a cluster only where there is one: a database without Citus on
+    the same server is plain."""
+    from .citus_cluster import cluster as find
+
+    assert find(_plain_database(pg_server_url)) is None
+
+
+def test_distribute_refuses_a_schema_that_is_not_current(cluster, pg_server_url):
+    url = new_database(pg_server_url)  # Citus, no migrations
+
+    async def attempt():
+        conn = await asyncpg.connect(url)
+        try:
+            await distribute(conn)
+        finally:
+            await conn.close()
+
+    with pytest.raises(NotDistributable, match="branchpoint migrate"):
+        run(attempt())
+    assert fetch(url, "SELECT count(*) FROM pg_dist_partition")[0][0] == 0
