@@ -73,15 +73,21 @@ def same(messages: list[dict[str, Any]], expected: list[dict[str, Any]]) -> bool
     return [canonical(m) for m in messages] == [canonical(m) for m in expected]
 
 
+def _conversation(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [m for m in messages if m.get("role") not in ("system", "developer")]
+
+
 def each_history_once(requests: list[Any]) -> None:
     """Each request's messages are the previous request's, then what is new since -- none of
     those earlier messages again: the upstream got every history as the client sent it, once (a
-    history appended to the stored path would repeat it)."""
+    history appended to the stored path would repeat it). System/developer messages aside: a
+    client may move them (aider's reminder goes last each time)."""
     for before, after in itertools.pairwise(requests):
-        assert same(after.messages[:len(before.messages)], before.messages), "a later call does not extend the earlier"
-        earlier = {json.dumps(canonical(m), sort_keys=True) for m in before.messages if m.get("role") == "user"}
-        new = [json.dumps(canonical(m), sort_keys=True) for m in after.messages[len(before.messages):]]
-        assert not earlier.intersection(new), f"an earlier question reached the upstream again: {new}"
+        old, new = _conversation(before.messages), _conversation(after.messages)
+        assert same(new[:len(old)], old), "a later call does not extend the earlier"
+        earlier = {json.dumps(canonical(m), sort_keys=True) for m in old if m.get("role") == "user"}
+        added = [json.dumps(canonical(m), sort_keys=True) for m in new[len(old):]]
+        assert not earlier.intersection(added), f"an earlier question reached the upstream again: {added}"
 
 
 def conversations_of(db: Any, tenant: str) -> list[Any]:
