@@ -6,7 +6,9 @@ Rules, in order:
    ``received`` items, shaped for the provider they are sent to (``shape_received``);
 2. the new items are appended;
 3. system rule: system/developer messages are not repeated in place; the most recent ones found
-   (this call's, if it sent any, else those of the last node that sent any) go first, once;
+   (this call's, if it sent any, else those of the last node that sent any) go first, once --
+   except in a full-history call that had them elsewhere (``SYSTEM_AT``): they go back where the
+   client put them, counted from the end (an agent's trailing reminder stays last);
 4. pairing check: tool results must directly follow the assistant message whose calls they
    answer; a call without its result there, a result anywhere else and a second result for the
    same call are dropped -- and reported, because on the normal path this changes nothing.
@@ -22,6 +24,7 @@ import msgspec
 
 __all__ = [
     "CHAT_ROLES",
+    "SYSTEM_AT",
     "Assembled",
     "PathLike",
     "Target",
@@ -32,9 +35,13 @@ __all__ = [
     "shape_received",
     "split_system",
     "strip",
+    "system_positions",
 ]
 
 NATIVE = "_bp_"  # the prefix of keys a dialect attaches to a message it read (its own items, their producer)
+# (in a full-history call's params) where its system/developer messages were: for each, how many
+# other messages followed it -- only when one of them was not at the start
+SYSTEM_AT = "_bp_system_at"
 SYSTEM_ROLES = frozenset({"system", "developer"})
 CHAT_ROLES = SYSTEM_ROLES | {"user", "assistant", "tool", "function"}  # what a chat message may be
 
@@ -191,12 +198,47 @@ def path_items(path: Iterable[PathLike], target: Target) -> tuple[list[dict[str,
     return system, body
 
 
-def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], target: Target) -> Assembled:
-    """The upstream ``messages`` for a call whose parent's path is ``path`` (root first)."""
+def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], target: Target,
+             system_at: Sequence[int] | None = None) -> Assembled:
+    """The upstream ``messages`` for a call whose parent's path is ``path`` (root first);
+    ``system_at``: where a full-history call had its system messages (``system_positions``)."""
     system, body = path_items(path, target)
     new_system, new_rest = split_system(new_items)
     kept, dropped = pair_check(body + new_rest)
-    return Assembled((new_system or system) + kept, dropped)
+    system = new_system or system
+    if system_at and len(system_at) == len(system):
+        return Assembled(_placed(system, kept, system_at), dropped)
+    return Assembled(system + kept, dropped)
+
+
+def system_positions(messages: Sequence[Any]) -> list[int] | None:
+    """For each system/developer message of a client's history, how many other messages follow it;
+    None when they all come first (the system rule's own layout)."""
+    after: list[int] = []
+    rest = 0
+    for m in reversed(messages):
+        if _role(m) in SYSTEM_ROLES:
+            after.append(rest)
+        else:
+            rest += 1
+    after.reverse()
+    return after if any(a != rest for a in after) else None
+
+
+def _placed(system: list[dict[str, Any]], messages: list[dict[str, Any]], after: Sequence[int]) -> list[dict[str, Any]]:
+    """System messages put back among ``messages``, each before the last ``after[i]`` of them
+    (first when it came before more than there are now: compaction summarised where it was)."""
+    n = len(messages)
+    at = [max(0, n - a) for a in after]
+    out: list[dict[str, Any]] = []
+    k = 0
+    for i, m in enumerate(messages):
+        while k < len(system) and at[k] <= i:
+            out.append(system[k])
+            k += 1
+        out.append(m)
+    out.extend(system[k:])
+    return out
 
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode

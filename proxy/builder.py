@@ -27,7 +27,7 @@ from typing import Any
 
 from storage import NodeRow, PathNode, TreeStore
 
-from .assembly import Target, assemble, build_body
+from .assembly import SYSTEM_AT, Target, assemble, build_body
 from .dialects import Crossing, crossing, dialect, message_path
 from .limits import ContextTooLarge, bytes_bound, hold
 from .splice import EMPTY, Prefix, Segment, segment, splice
@@ -128,12 +128,13 @@ class RequestBuilder:
         way = way or crossing("chat", target.api)
         upstream = way.upstream
         fields = way.fields(params)
-        if upstream.name == "chat" and tree_id is not None and path:
+        system_at = params.get(SYSTEM_AT)  # (a full-history call's system messages: where it had them)
+        if upstream.name == "chat" and tree_id is not None and path and system_at is None:
             spliced = self._spliced(tree_id, path, new_items, target)
             if spliced is not None:
                 messages, dropped = spliced
                 return Built(build_body(fields, messages, stream=stream), dropped, upstream.endpoint)
-        assembled = assemble(path, new_items, target)
+        assembled = assemble(path, new_items, target, system_at)
         return Built(upstream.request_body(fields, assembled.messages, target.provider, stream=stream), assembled.dropped,
                      upstream.endpoint)
 

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ...assembly import build_body, strip
+from ...assembly import SYSTEM_AT, build_body, strip
 from .. import Answer, Transcript
 from .completion import Completion, NotACompletion, parse_completion
 from .request import parse_chat_body
@@ -76,6 +76,8 @@ class Chat:
         return []
 
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        if SYSTEM_AT in params:  # (our own key: never sent)
+            return {k: v for k, v in params.items() if k != SYSTEM_AT}
         return params
 
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,

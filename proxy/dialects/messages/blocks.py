@@ -15,6 +15,9 @@ message back together exactly as the client sent it. The ``system`` field is a `
     user: text / image / document ...          user (text joined; other blocks as parts)
     assistant: text, tool_use, thinking ...    assistant (text joined, tool_calls, reasoning_content)
 
+A ``system`` message among the messages (Claude Code sends one) is a system item marked ``INLINE``:
+sent back in place when it follows other messages, else in the ``system`` field.
+
 ``cache_control`` and ``thinking`` / ``redacted_thinking`` blocks do not change the chat message
 (so they take no part in matching); a ``thinking`` block goes back only to the provider that
 produced it (``PRODUCER``), and ``cache_control`` markers are those of the call being made
@@ -40,6 +43,7 @@ __all__ = [
 ]
 
 CONT = "_bp_cont"  # this fragment continues the Anthropic message of the one before
+INLINE = "_bp_inline"  # a system message among the messages (not the ``system`` field)
 MARKERS = "_bp_cache_control"  # (in params) the call's cache_control markers, by position
 _THINKING = frozenset({"thinking", "redacted_thinking"})
 
@@ -70,6 +74,9 @@ def fragments(system: Any, messages: Sequence[Any]) -> list[dict[str, Any]]:
             continue
         role = message.get("role")
         content = message.get("content")
+        if role == "system":
+            out.append({**message, INLINE: True})
+            continue
         if role != "user" or not isinstance(content, list) or not any(
                 isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
             out.append(message)  # one message, one fragment (as it came)
@@ -283,6 +290,10 @@ def to_anthropic(messages: Iterable[dict[str, Any]], provider: str | None) -> tu
         fragment = native[0] if native and len(native) == 1 and isinstance(native[0], dict) else None
         role = m.get("role")
         if role in ("system", "developer"):
+            if fragment is not None and fragment.get(INLINE) and out:  # a message of its own, in place
+                out.append({k: v for k, v in fragment.items() if not k.startswith("_bp_")})
+                joinable = False
+                continue
             if fragment is not None and fragment.get("role") == "system":
                 content = fragment.get("content")
                 if isinstance(content, list):

@@ -11,7 +11,7 @@ from .blocks import MARKERS, fragments, markers
 
 __all__ = ["call_items", "call_params", "parse_messages_body"]
 
-_ROLES = frozenset({"user", "assistant"})
+_ROLES = frozenset({"user", "assistant", "system"})  # (system: a message of its own, where the client put it)
 
 
 def parse_messages_body(raw: bytes) -> dict[str, Any]:
@@ -21,7 +21,7 @@ def parse_messages_body(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest("messages: Field required (an array of messages)", param="messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise InvalidRequest(f"messages.{i}: each message is an object whose role is 'user' or 'assistant'",
+            raise InvalidRequest(f"messages.{i}: each message is an object whose role is 'user', 'assistant' or 'system'",
                                  param=f"messages.{i}")
         content = m.get("content")
         if not isinstance(content, (str, list)) or (isinstance(content, list)

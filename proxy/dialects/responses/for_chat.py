@@ -77,7 +77,7 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     text: dict[str, Any] = {}
     for key, value in params.items():
-        if key in _DROPPED or key in _REFUSED:
+        if key in _DROPPED or key in _REFUSED or key.startswith("_bp_"):  # (_bp_: our own keys)
             continue
         if key in ("max_tokens", "max_completion_tokens"):
             if value is not None:
