@@ -14,7 +14,7 @@ What a call assembles is bounded (docs/behaviour.md#limits-and-hostile-peers): `
 counts the path's size (about its JSON's) against ``[server] max_bytes_in_flight`` for the rest of
 the request -- waiting for room like a large body, else 503 ``server_busy`` --, and ``build``
 refuses (413 ``payload_too_large``) a request that would be larger than that bound by itself.
-A node's size is measured once (``_sizes``: nodes never change).
+A finished path's size is measured once (``path_size``: nodes never change).
 """
 
 from __future__ import annotations
@@ -74,28 +74,43 @@ def path_weight(path: Sequence[PathNode]) -> int:
     return sum(weight(n.sent) + (weight(n.received) if n.status == "success" and n.received else 0) for n in path)
 
 
-_SIZES_KEPT = 50_000  # node sizes remembered (then forgotten all at once)
+_SIZES_KEPT = 50_000  # path sizes remembered (then forgotten all at once)
 
 
 class RequestBuilder:
     def __init__(self, tree: TreeStore) -> None:
         self.tree = tree
-        self._sizes: dict[tuple[uuid.UUID, str], int] = {}  # (node id, status) -> its items' weight
+        self._sizes: dict[tuple[uuid.UUID, uuid.UUID], int] = {}  # (first node, node) -> the path's size up to it
 
     def path_size(self, path: Sequence[PathNode]) -> int:
         """About the bytes ``path`` adds to a request: each node's ``sent``, and its ``received``
-        when it succeeded (as assembly reads them)."""
+        when it succeeded (as assembly reads them). A finished path never changes, so the size up
+        to each of its nodes is remembered (keyed by the path's first node and that node: an
+        unfolded compaction starts elsewhere): a call measures only the nodes since the last one
+        measured in its tree -- one or two, not the whole path."""
+        if not path:
+            return 0
         sizes = self._sizes
+        root = path[0].id
+        i = len(path)
         total = 0
-        for node in path:
-            key = (node.id, node.status)
-            size = sizes.get(key)
-            if size is None:
-                size = weight(node.sent) + (weight(node.received) if node.status == "success" and node.received else 0)
+        while i > 0:
+            known = sizes.get((root, path[i - 1].id))
+            if known is not None:
+                total = known
+                break
+            i -= 1
+        finished = True  # (what follows a pending node may still change: not remembered)
+        for node in path[i:]:
+            total += weight(node.sent)
+            if node.status == "success" and node.received:
+                total += weight(node.received)
+            if node.status == "pending":
+                finished = False
+            if finished:
                 if len(sizes) >= _SIZES_KEPT:
                     sizes.clear()
-                sizes[key] = size
-            total += size
+                sizes[(root, node.id)] = total
         return total
 
     async def readable(self, tree_id: uuid.UUID, path: list[PathNode], target: Target) -> list[PathNode]:
