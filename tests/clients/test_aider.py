@@ -2,7 +2,7 @@
 unmodified, two turns piped into its prompt, pointed at ``/auto/v1`` with ``--openai-api-base``
 -- the README's "Use it with" line. Its session is one conversation found by content: the first
 node holds its system prompts, few-shot examples and the first question, the second only the
-second question; the upstream gets each history once. (aider offers no function
+second question; the upstream gets each history once, aider's trailing reminder last as aider put it. (aider offers no function
 tools -- its edits are text -- so there is no tool round.)"""
 
 import json
@@ -43,10 +43,12 @@ def test_aider_two_turns_are_one_conversation(proxy, upstream, key, db, client_h
     conversation = [m for m in calls[1].messages if m["role"] != "system"]
     assert [m["content"] for m in conversation[-3:]] == ["What is a closure?", "A closure captures variables.",
                                                          "And a generator?"]
-    # (Where the upstream gets aider's system messages is not asserted: aider 0.86 sends its
-    # SEARCH/REPLACE rules as a reminder after the question; full-history mode keeping it there --
-    # SPEC §10, "in the client's order" -- is not on main yet.)
-    assert calls[0].messages[0]["role"] == "system"
+    # system messages where aider put them (SPEC §10, the client's order): its prompt first, its
+    # SEARCH/REPLACE rules as a reminder after the last question, on every call
+    for call in calls:
+        assert call.messages[0]["role"] == "system" and call.messages[-1]["role"] == "system"
+        assert "SEARCH/REPLACE" in call.messages[-1]["content"]
+        assert [m["role"] for m in call.messages[1:-1]].count("system") == 0
 
     tenant = tenant_of(key)
     conversations = conversations_of(db, tenant)
