@@ -46,9 +46,8 @@ DELEGATED = (
 
 _HAS_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 
-_DISTRIBUTED = """
-SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'nodes'::regclass
-"""
+# (to_regclass: before the first migration there is no table yet)
+_DISTRIBUTED = "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = to_regclass('nodes')"
 
 _TABLE_DISTRIBUTION = """
 SELECT column_to_column_name(p.logicalrelid, p.partkey) AS column, p.colocationid

@@ -118,10 +118,10 @@ def distributed_url(cluster, fresh_database_url):
 
 
 def test_distribute_colocates_by_tree_and_is_idempotent(cluster, pg_server_url, monkeypatch):
-    from storage import migrate
-
-    url = new_database(pg_server_url)  # Citus and the workers, nothing distributed yet
-    run(migrate(url))
+    url = new_database(pg_server_url)  # Citus and the workers, no table yet
+    monkeypatch.setenv("BRANCHPOINT_DATABASE_URL", url)
+    migrated = CliRunner().invoke(cli, ["migrate"])  # as a deployment runs it, before distributing
+    assert migrated.exit_code == 0, migrated.output
 
     async def distributed() -> bool:
         conn = await asyncpg.connect(url)
@@ -131,7 +131,6 @@ def test_distribute_colocates_by_tree_and_is_idempotent(cluster, pg_server_url, 
             await conn.close()
 
     assert run(distributed()) is False
-    monkeypatch.setenv("BRANCHPOINT_DATABASE_URL", url)
     first = CliRunner().invoke(cli, ["distribute"])
     assert first.exit_code == 0, first.output
     assert "distributed by tree_id, co-located: nodes, conversations, conversation_aliases" in first.output

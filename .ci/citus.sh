@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# CI step: the end-to-end tests against a local Citus cluster (docs/scaling.md) -- a coordinator and
+# two workers (PostgreSQL 15 + Citus 13.2.2, built by ../shared/citus/build.sh, started by
+# ../shared/citus/cluster.sh in a temporary directory), the schema migrated and distributed
+# (`branchpoint migrate`, `branchpoint distribute`), then the suite's end-to-end flows and
+# tests/test_citus.py with BRANCHPOINT_TEST_DATABASE_URL at the coordinator (each test database is
+# made on every node: tests/citus_cluster.py). The cluster is stopped and removed however it ends.
+#
+# ../shared is looked for beside the repository's top directory (a clone at /work/<name> finds
+# /work/shared), or where BRANCHPOINT_SHARED says. Runs after .ci/run has installed uv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="$(pwd)"
+
+shared="${BRANCHPOINT_SHARED:-$repo/../shared}"
+if [ ! -x "$shared/citus/build.sh" ] && [ ! -f "$shared/citus/build.sh" ]; then
+    echo "citus: $shared/citus/build.sh not found (set BRANCHPOINT_SHARED to the folder holding citus/)" >&2
+    exit 1
+fi
+shared="$(cd "$shared" && pwd)"
+export PATH="$HOME/.local/bin:$PATH"
+
+bash "$shared/citus/build.sh"
+
+work="$(mktemp -d /tmp/branchpoint-citus.XXXXXX)"
+chmod 755 "$work"
+port="${BRANCHPOINT_CITUS_PORT:-$(( 20000 + RANDOM % 20000 ))}"
+stop() {
+    bash "$shared/citus/cluster.sh" stop "$work/cluster" || true
+    rm -rf "$work"
+}
+trap stop EXIT
+
+bash "$shared/citus/cluster.sh" start "$work/cluster" "$port" 2 >/dev/null
+# every Citus database runs a maintenance daemon (a background worker): room for the test run's
+# databases, then a restart to take it
+for p in "$port" $((port + 1)) $((port + 2)); do
+    psql -qAt -h 127.0.0.1 -p "$p" -U postgres -c "ALTER SYSTEM SET max_worker_processes = 256" >/dev/null
+done
+bash "$shared/citus/cluster.sh" stop "$work/cluster"
+url="$(bash "$shared/citus/cluster.sh" start "$work/cluster" "$port" 2 | tail -1)"
+echo "citus cluster: $url (workers on $((port + 1)), $((port + 2)))"
+
+# the product's own commands on a database of the cluster (tests make theirs the same way)
+psql -qAt -h 127.0.0.1 -p "$port" -U postgres -c "CREATE DATABASE branchpoint" >/dev/null 2>&1
+for p in "$port" $((port + 1)) $((port + 2)); do
+    [ "$p" = "$port" ] || psql -qAt -h 127.0.0.1 -p "$p" -U postgres -c "CREATE DATABASE branchpoint" >/dev/null
+    psql -qAt -h 127.0.0.1 -p "$p" -U postgres -d branchpoint -c "CREATE EXTENSION citus" >/dev/null
+done
+psql -qAt -h 127.0.0.1 -p "$port" -U postgres -d branchpoint \
+     -c "SELECT citus_set_coordinator_host('127.0.0.1', $port)" \
+     -c "SELECT citus_add_node('127.0.0.1', $((port + 1)))" \
+     -c "SELECT citus_add_node('127.0.0.1', $((port + 2)))" >/dev/null
+app="postgresql://postgres@127.0.0.1:$port/branchpoint"
+BRANCHPOINT_DATABASE_URL="$app" uv run --frozen branchpoint migrate
+BRANCHPOINT_DATABASE_URL="$app" uv run --frozen branchpoint distribute
+BRANCHPOINT_DATABASE_URL="$app" uv run --frozen branchpoint distribute  # idempotent: nothing changed
+
+# the end-to-end flows (turns, tools, failures, streams, branches, admin moves, compaction,
+# tenancy, full history, the Responses API) and the Citus tests themselves
+BRANCHPOINT_TEST_DATABASE_URL="$url" uv run --frozen pytest -p no:cacheprovider \
+    tests/test_citus.py tests/test_chat.py tests/test_failures.py tests/test_streaming.py \
+    tests/test_branching.py tests/test_admin.py tests/test_compaction.py tests/test_tenancy.py \
+    tests/test_full_history.py tests/test_responses.py "$@"
