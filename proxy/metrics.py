@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .tokens import reported_prompt
+
 __all__ = ["Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -90,7 +92,7 @@ class Metrics:
             calls = self._per_call[(kind, outcome)] = self.calls.labels(kind, outcome)
         calls.inc()
         if isinstance(usage, dict) and usage:
-            prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+            prompt = _count(reported_prompt(usage))
             completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))
             if prompt:
                 self._tokens_in.inc(prompt)

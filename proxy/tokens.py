@@ -42,7 +42,7 @@ import msgspec
 
 from .assembly import PathLike
 
-__all__ = ["EXACT_CHARS", "TokenCounter", "estimate_request", "off_loop"]
+__all__ = ["EXACT_CHARS", "TokenCounter", "estimate_request", "off_loop", "reported_prompt"]
 
 log = logging.getLogger("branchpoint.tokens")
 
@@ -167,11 +167,30 @@ class _PathNode(PathLike, Protocol):
     def usage(self) -> dict[str, Any] | None: ...
 
 
+def reported_prompt(usage: Any) -> int | None:
+    """The prompt's tokens as an upstream reported them, in any API's terms: chat's
+    ``prompt_tokens``, Responses' ``input_tokens`` -- and Anthropic's, whose ``input_tokens``
+    leave out what was read from or written to its prompt cache (added back here)."""
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    if isinstance(prompt, int):
+        return prompt
+    prompt = usage.get("input_tokens")
+    if not isinstance(prompt, int):
+        return None
+    for key in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+        extra = usage.get(key)
+        if isinstance(extra, int) and extra > 0:
+            prompt += extra
+    return prompt
+
+
 def _measured(usage: dict[str, Any] | None) -> int | None:
     """Tokens of a call's request + answer as the upstream reported them (reasoning excluded)."""
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))  # chat or Responses usage
+    prompt = reported_prompt(usage)  # chat, Responses or Messages usage
     if not isinstance(prompt, int):
         return None
     completion = usage.get("completion_tokens", usage.get("output_tokens"))

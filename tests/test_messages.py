@@ -392,3 +392,38 @@ def test_x_api_key_and_bearer_are_one_tenant(mproxy: Proxy, claude: FakeAnthropi
     assert seen.status_code == 200
     other = httpx.get(f"{mproxy.url}/admin/nodes/{r.headers['x-node-id']}", headers={"x-api-key": new_key()}, timeout=30)
     assert other.status_code == 404
+
+
+# -- compaction -------------------------------------------------------------------------------------
+
+
+def test_compaction_counts_anthropics_cached_tokens(fresh_database_url: str, upstream_url: str,
+                                                    claude_server: tuple[FakeAnthropic, ServerThread]) -> None:
+    """Anthropic's input_tokens leave out the cached prompt: a session served from the cache still
+    measures its whole context, so it is compacted at the soft threshold -- and the summary is made
+    by the Anthropic upstream itself, then starts the next request."""
+    from tests.conftest import Db, wait_for
+
+    claude = claude_server[0]
+    claude.reset()
+    settings = make_settings(fresh_database_url, upstream_url, upstreams=[
+        {"name": "anthropic", "base_url": claude_server[1].url + "/v1", "models": ["*"], "api": "anthropic"}],
+        models={"tiny*": {"context_window": 4000, "max_output_tokens": 1000}}, compaction={"keep_recent": 4})
+    key, cid = new_key(), f"cc-{uuid.uuid4().hex[:8]}"
+    with serve_proxy(settings) as p:
+        c = client(p, key, f"/c/{cid}")
+        for i in range(7):  # the 7th reports 5 + 2100 cached + 20 > the soft threshold (2100)
+            claude.enqueue(AReply(content=[{"type": "text", "text": f"answer {i}"}],
+                                  usage={"input_tokens": 5, "cache_read_input_tokens": 300 + 300 * i,
+                                         "output_tokens": 20}))
+            c.messages.create(model="tiny-claude", max_tokens=50, messages=[{"role": "user", "content": f"question {i}"}])
+        claude.enqueue(AReply(content=[{"type": "text", "text": "Facts so far: seven questions were asked."}]))
+        db = Db(fresh_database_url)
+        wait_for(lambda: db.fetch("SELECT id FROM nodes WHERE conversation_id = $1 AND kind = 'compaction'", cid),
+                 what="the background compaction")
+        summariser = claude.calls[-1].body
+        assert "question 0" in json.dumps(summariser) and summariser["max_tokens"] > 0
+        c.messages.create(model="tiny-claude", max_tokens=50, messages=[{"role": "user", "content": "what now?"}])
+        sent = claude.last.body["messages"]
+        assert "Facts so far: seven questions were asked." in json.dumps(sent[0])
+        assert "question 0" not in json.dumps(sent) and sent[-1] == {"role": "user", "content": "what now?"}

@@ -14,6 +14,8 @@ from typing import Any
 
 from config import CompactionSettings, Settings
 
+from ..tokens import reported_prompt
+
 __all__ = ["Limits", "Thresholds", "measured_context", "split_recent", "unanswered_tail_calls"]
 
 
@@ -48,10 +50,10 @@ class Thresholds:
 
 def measured_context(usage: dict[str, Any] | None) -> int | None:
     """The context a finished turn measured (its prompt plus its answer), as the upstream reported
-    (chat-completions or Responses usage)."""
+    (chat-completions, Responses or Messages usage)."""
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    prompt = reported_prompt(usage)
     if isinstance(prompt, int):
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
         return prompt + (completion if isinstance(completion, int) else 0)
