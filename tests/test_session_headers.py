@@ -11,7 +11,7 @@ import openai
 
 from proxy.sessions import Sessions
 
-from .conftest import make_settings, serve_proxy
+from .conftest import make_settings, serve_proxy, wait_for
 from .fakes import Reply
 from .helpers import MODEL, system, user
 
@@ -215,8 +215,14 @@ def test_the_access_log_says_how_a_call_was_matched(proxy, upstream, key, caplog
     first, _ = chat(client, [user("logged question")], {"session-id": session, "X-Request-Id": f"first-{session}"})
     chat(client, [user("logged question"), answer(first), user("logged follow-up")],
          {"session-id": session, "X-Request-Id": f"second-{session}"})
-    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if r.name == "branchpoint.access"]
-    mine = {x["request_id"]: x for x in lines if x.get("request_id", "").endswith(session)}
+
+    def logged() -> tuple[list[dict], dict[str, dict]] | None:
+        # (a request's line is written once its answer is sent: the client may read it first)
+        lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if r.name == "branchpoint.access"]
+        mine = {x["request_id"]: x for x in lines if x.get("request_id", "").endswith(session)}
+        return (lines, mine) if len(mine) == 2 else None
+
+    lines, mine = wait_for(logged, what="both requests' access-log lines")
     assert mine[f"first-{session}"]["context_mode"] == "full" and mine[f"first-{session}"]["context_matched"] == 0
     assert mine[f"second-{session}"]["context_matched"] == 2 and mine[f"second-{session}"]["conversation_id"] == session
     assert all("context_mode" not in x for x in lines if x.get("route") == "/healthz")
