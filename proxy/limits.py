@@ -31,6 +31,8 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from .dialects.messages.errors import from_openai_body as anthropic_error
+from .dialects.messages.errors import is_messages_path
 from .errors import BranchpointError, InvalidRequest, RequestTimeout, error_body
 
 __all__ = ["BUSY_WAIT", "SMALL_BODY", "BodyTimeout", "BytesInFlight", "ContextTooLarge", "HeaderTimeoutH11",
@@ -203,7 +205,7 @@ async def holding(n: int) -> AsyncIterator[None]:
         yield
         return
     if not await h.budget.take(n, h.wait):
-        raise h.refused()
+        raise ServerBusy(h.budget.limit)  # (no request answered: not counted as a rejection)
     try:
         yield
     finally:
@@ -246,7 +248,7 @@ class BytesInFlight:
                 if n and not await self.budget.take(n, self.wait):
                     await _drain(receive)
                     error = self._refused()
-                    await _answer(send, error)
+                    await _answer(scope, send, error)
                     return
                 h.held = n
                 await self.app(scope, receive, send)
@@ -286,8 +288,10 @@ async def _drain(receive: Any) -> None:
             return
 
 
-async def _answer(send: Any, error: BranchpointError) -> None:
+async def _answer(scope: Any, send: Any, error: BranchpointError) -> None:
     body = error_body(error.message, error.type, error.code)
+    if is_messages_path(scope.get("path", "")):  # Anthropic's clients: its shape
+        body = anthropic_error(error.status, body)
     await send({"type": "http.response.start", "status": error.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         *((k.encode(), v.encode()) for k, v in error.headers.items())]})
