@@ -427,3 +427,17 @@ def test_compaction_counts_anthropics_cached_tokens(fresh_database_url: str, ups
         sent = claude.last.body["messages"]
         assert "Facts so far: seven questions were asked." in json.dumps(sent[0])
         assert "question 0" not in json.dumps(sent) and sent[-1] == {"role": "user", "content": "what now?"}
+
+
+def test_refusals_before_the_call_have_anthropics_shape(database_url: str, upstream_url: str) -> None:
+    """A body that can never fit under max_bytes_in_flight (the middleware) and one over
+    max_body_bytes (the app): both answered 413 in Anthropic's shape on /v1/messages."""
+    settings = make_settings(database_url, upstream_url, server={"max_body_bytes": 4096, "max_bytes_in_flight": 2048})
+    with serve_proxy(settings) as p:
+        for size in (3000, 5000):
+            big = {"model": "gpt-x", "max_tokens": 5, "messages": [{"role": "user", "content": "x" * size}]}
+            r = httpx.post(f"{p.url}/c/conv-big/v1/messages", json=big, headers={"x-api-key": new_key()}, timeout=30)
+            assert r.status_code == 413, r.text
+            assert r.json()["type"] == "error" and r.json()["error"]["type"] == "request_too_large"
+        chat = httpx.post(f"{p.url}/c/conv-big/v1/chat/completions", json=big, headers={"x-api-key": new_key()}, timeout=30)
+        assert chat.status_code == 413 and "type" not in chat.json()  # (chat clients: OpenAI's shape)

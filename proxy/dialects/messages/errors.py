@@ -22,8 +22,10 @@ _BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 402: "b
 
 
 def anthropic_type(status: int, error: Any = None) -> str:
+    """An error's Anthropic type: its own when it is one of Anthropic's specific ones (an
+    Anthropic upstream's), else the one of its status (the generic types say less than a 413)."""
     own = getattr(error, "type", None) if not isinstance(error, dict) else error.get("type")
-    if own in ANTHROPIC_TYPES:
+    if own in ANTHROPIC_TYPES and own not in ("invalid_request_error", "api_error"):
         return own
     return _BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
