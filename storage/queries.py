@@ -147,13 +147,17 @@ SELECT tree_id, tenant, id, updated_at FROM conversations
 # since $1 (bp_prune).
 PRUNE = "SELECT conversations, deleted, kept FROM bp_prune(p_cutoff => $1, p_trees => $2, p_tenants => $3, p_ids => $4)"
 
-# Retention's preview: how many conversations are idle since $1, and how many nodes they made.
+# Retention's preview: how many conversations are idle since $1 (bp_is_idle's test: not updated
+# since, no node made since), and how many nodes they made. Each conversation grouped with its
+# nodes by its key (on Citus: on its own shard, every shard at once).
 IDLE_COUNT = """
-SELECT count(*) AS conversations,
-       coalesce(sum((SELECT count(*) FROM nodes n
-                      WHERE n.conversation_id = cv.id AND n.tenant = cv.tenant AND n.tree_id = cv.tree_id)), 0)::bigint AS nodes
-  FROM conversations cv
- WHERE cv.updated_at < $1 AND bp_is_idle(cv, $1)
+SELECT count(*) AS conversations, coalesce(sum(s.nodes), 0)::bigint AS nodes
+  FROM (SELECT count(n.id) AS nodes, max(n.created_at) AS newest
+          FROM conversations cv
+          LEFT JOIN nodes n ON n.tree_id = cv.tree_id AND n.tenant = cv.tenant AND n.conversation_id = cv.id
+         WHERE cv.updated_at < $1
+         GROUP BY cv.tree_id, cv.tenant, cv.id) s
+ WHERE s.newest IS NULL OR s.newest < $1
 """
 
 # The nodes of other conversations this one can see (forks only).  $1 tree, $2 tenant, $3 conversation
