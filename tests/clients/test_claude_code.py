@@ -7,6 +7,7 @@ is new; over a chat upstream (translated both ways) and over an Anthropic one (n
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -130,7 +131,7 @@ def test_claude_code_over_an_anthropic_upstream(database_url: str, db: Any, clie
 
     calls = fake.calls
     assert len(calls) == 3
-    for before, after in zip(calls, calls[1:], strict=False):  # each call extends the one before, as sent
+    for before, after in itertools.pairwise(calls):  # each call extends the one before, as sent
         assert after.body["messages"][:len(before.body["messages"]) - 1] == before.body["messages"][:-1]
     for call in calls:  # what Claude Code sent reached Anthropic as it was: path, headers, markers
         assert call.path == "/v1/messages?beta=true"
