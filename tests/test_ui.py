@@ -2,7 +2,7 @@
 chromium. Every scenario checks what the server then holds (admin API) or what the fake upstream
 received -- the picture alone proves nothing.
 
-Screenshots go to ``tests/artifacts/ui`` (``BRANCHPOINT_UI_ARTIFACTS`` elsewhere); the three in
+Screenshots go to ``tests/artifacts/ui`` (``BRANCHPOINT_UI_ARTIFACTS`` elsewhere); the four in
 ``docs/img`` are refreshed with ``BRANCHPOINT_UI_DOCS=1 uv run pytest tests/test_ui.py``.
 """
 
@@ -341,6 +341,60 @@ def test_an_anthropic_session_reads_as_blocks(ui, page, upstream):
     detail.get_by_role("button", name="Show the request the model saw").click()
     expect(detail.locator(".badge.ok", has_text="verified")).to_be_visible()
     shot(page, "messages-session", docs=True)
+
+
+def test_compare_two_answers_and_what_their_models_saw(ui, page, upstream):
+    """Compare: the answer to q2 and the answer to its edit side by side, and the requests' diff --
+    the first turn the same on both sides, each side's own question (and nothing else) its own."""
+    cid, ids = edited_conversation(ui)
+    page.set_viewport_size({"width": 1500, "height": 1000})
+    open_conversation(page, ui, cid)
+    node_el(page, ids["q2"]).click()
+    page.locator(".detail button.compare").click()
+    expect(page.locator(".status")).to_contain_text("Pick another node")
+    node_el(page, ids["q2_edit"]).click()
+    view = page.locator(".compare-view")
+    expect(view).to_be_visible()
+    expect(view.locator(".answer-a")).to_contain_text("echo: And of Italy?")
+    expect(view.locator(".answer-b")).to_contain_text("echo: And of Spain?")
+    diff = view.locator(".diff")
+    same = diff.locator("details.same").first
+    expect(same.locator("summary")).to_have_text("2 messages the same on both sides")  # q1 and its answer
+    same.locator("summary").click()
+    expect(same).to_contain_text("What is the capital of France?")
+    expect(diff.locator(".only-a")).to_have_count(1)
+    expect(diff.locator(".only-a")).to_contain_text("And of Italy?")
+    expect(diff.locator(".only-b")).to_have_count(1)
+    expect(diff.locator(".only-b")).to_contain_text("And of Spain?")
+    shot(page, "compare", docs=True)
+    page.keyboard.press("Escape")
+    expect(view).to_have_count(0)
+
+
+def test_long_tool_results_are_folded_and_shown_in_part(ui, page, upstream):
+    """An agent session's tool calls and results are one folded line each (name, size); a 200 KB
+    result shows its first part until "show all"."""
+    cid = f"fold-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_big", name="read_file", args='{"path": "big.log"}')]))
+    _, first = say(client, cid, user("read big.log"), tools=tools)
+    big = "".join(f"line {i:06d} of the log\n" for i in range(9000))  # ~200 KB
+    upstream.enqueue(Reply(content="It is a log."))
+    _, second = say(client, cid, tool("call_big", big), tools=tools)
+    open_conversation(page, ui, cid)
+    chat = page.locator(".messages")
+    call = chat.locator("details.fold-item", has_text="tool call read_file (call_big)")
+    expect(call).to_have_count(1)
+    expect(call.locator("summary")).to_contain_text("B")  # its size
+    result = chat.locator("details.fold-item", has_text="result of call_big (read_file)")
+    expect(result.locator("summary")).to_contain_text("KB")
+    assert result.get_attribute("open") is None  # folded
+    result.locator("summary").click()
+    pre = result.locator("pre")
+    assert len(pre.inner_text()) < 5000  # its first part
+    result.locator("button.show-all").click()
+    expect(result.locator("pre")).to_contain_text("line 008999 of the log")
 
 
 def test_nodes_are_coloured_by_kind_and_status(ui, page, upstream):

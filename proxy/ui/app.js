@@ -3,6 +3,7 @@
 
 import { Api, ApiError, storedKey, storeKey } from "./api.js";
 import { drawChat, drawPending } from "./chat.js";
+import { drawCompare } from "./compare.js";
 import { drawDetail } from "./detail.js";
 import { asChatMessages, el, fill, lastUserText, withQuestion } from "./messages.js";
 import { TreeView } from "./tree.js";
@@ -230,11 +231,22 @@ class ConversationView {
     this.opened = performance.now();
     this.reload().then(() => this.graph.querySelector("svg")?.setAttribute("data-open-ms", (performance.now() - this.opened).toFixed(1)));
     this.timer = setInterval(() => this.poll(), POLL_MS);
+    this.onEscape = (event) => {
+      if (event.key !== "Escape") return;
+      if (this.comparing) {
+        this.comparing = null;
+        this.say("");
+      }
+      this.closeCompare();
+    };
+    document.addEventListener("keydown", this.onEscape);
   }
 
   stop() {
     clearInterval(this.timer);
     this.stopped = true;
+    this.closeCompare();
+    document.removeEventListener("keydown", this.onEscape);
   }
 
   say(text, isError = false) {
@@ -308,7 +320,38 @@ class ConversationView {
     return withModel?.model ?? "";
   }
 
+  // "Compare with…": the next node picked is shown beside this one.
+  compare(nodeId) {
+    this.comparing = nodeId;
+    this.say("Pick another node to compare with (Esc cancels).");
+  }
+
+  async showCompare(first, second) {
+    this.comparing = null;
+    let a, b, ra, rb;
+    try {
+      [a, b, ra, rb] = await Promise.all([this.api.node(first), this.api.node(second), this.api.request(first),
+                                          this.api.request(second)]);
+    } catch (error) {
+      return this.failed(error);
+    }
+    this.say("");
+    this.closeCompare();
+    this.compareView = el("section", { class: "compare-view", role: "dialog", "aria-label": "compare two nodes" });
+    drawCompare(this.compareView, a, b, ra, rb, { onClose: () => this.closeCompare(), select: (id) => {
+      this.closeCompare();
+      this.select(id);
+    } });
+    document.body.append(this.compareView);
+  }
+
+  closeCompare() {
+    this.compareView?.remove();
+    this.compareView = null;
+  }
+
   async select(nodeId) {
+    if (this.comparing && this.comparing !== nodeId) return this.showCompare(this.comparing, nodeId);
     this.selected = nodeId;
     if (!this.tree.elements.has(nodeId)) this.drawGraph(); // inside a fold: unfold it
     else if (this.tree.selected !== nodeId) this.tree.select(nodeId, { quiet: true });
@@ -340,6 +383,7 @@ class ConversationView {
         reply: () => this.setMode({ kind: "reply", node }),
         edit: () => this.setMode({ kind: "edit", node }),
         regenerate: () => this.regenerate(node),
+        compare: (id) => this.compare(id),
       },
     });
   }

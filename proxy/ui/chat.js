@@ -1,7 +1,7 @@
 // The head path read as a chat (docs/viewer.md#the-chat): each node's new items, then its answer,
 // with `‹ i/n ›` arrows on every node that has siblings.
 
-import { drawMessage, el, fill, readItems } from "./messages.js";
+import { drawMessage, el, fill, readItems, toolNames } from "./messages.js";
 import { siblingsOf } from "./tree.js";
 
 function roleLabel(role) {
@@ -25,18 +25,21 @@ function arrows(index, node, onSwitch) {
                    disabled: at === siblings.length - 1, onclick: go(at + 1) }, "›"));
 }
 
-function message(m, extra = null) {
+function message(m, extra = null, names = undefined) {
   return el("div", { class: `msg ${m.role}` },
     el("div", { class: "role" }, roleLabel(m.role), extra),
-    ...drawMessage(m));
+    ...drawMessage(m, names));
 }
 
 // path: the /path rows (root first); index: the tree's index (for sibling ids).
 export function drawChat(container, path, index, { selected, onSelect, onSwitch }) {
   const blocks = [];
+  const names = new Map(); // tool call id -> name, along the path
   for (const node of path) {
     const sent = readItems(node.sent, node.api);
     const received = node.status === "success" ? readItems(node.received, node.api) : [];
+    toolNames(sent, names);
+    toolNames(received, names);
     const branch = arrows(index, node, onSwitch);
     const parts = [];
     if (node.kind === "compaction") {
@@ -48,12 +51,12 @@ export function drawChat(container, path, index, { selected, onSelect, onSwitch 
       let first = true;
       for (const m of sent) {
         // a system prompt the client repeats each call is still shown once per node that sent it
-        parts.push(message(m, first ? branch : null));
+        parts.push(message(m, first ? branch : null, names));
         first = false;
       }
       if (first && branch) parts.push(el("div", { class: "msg system" }, branch));
       if (node.kind === "transform") parts.unshift(el("div", { class: "msg system" }, "side call (transform)"));
-      for (const m of received) parts.push(message(m));
+      for (const m of received) parts.push(message(m, null, names));
       if (node.status === "pending") parts.push(el("div", { class: "msg assistant pending" }, "… answering"));
       if (node.error) {
         parts.push(el("div", { class: "msg failed" },

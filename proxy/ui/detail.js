@@ -1,7 +1,7 @@
 // One node in full (docs/viewer.md#a-node): what it sent and received, model, usage, timings,
 // error, the exact upstream request, and what can be done from it.
 
-import { drawMessage, el, fill, pretty, readItems } from "./messages.js";
+import { drawMessage, el, fill, pretty, readItems, toolNames } from "./messages.js";
 
 function when(value) {
   return value ? new Date(value).toLocaleString() : "—";
@@ -22,11 +22,11 @@ function usage(value) {
   return `${input ?? "?"} in · ${output ?? "?"} out · ${total ?? "?"} total`;
 }
 
-function items(title, list, api) {
+function items(title, list, api, names) {
   const read = readItems(list, api);
   if (!read.length) return el("p", { class: "notice" }, `${title}: nothing`);
   return el("section", {}, el("h4", {}, title),
-    ...read.map((m) => el("div", { class: `msg ${m.role}` }, el("div", { class: "role" }, m.role), ...drawMessage(m))));
+    ...read.map((m) => el("div", { class: `msg ${m.role}` }, el("div", { class: "role" }, m.role), ...drawMessage(m, names))));
 }
 
 function badge(text, kind) {
@@ -42,6 +42,7 @@ export function drawDetail(container, node, { head, conversation, canSend, actio
     : node.status === "failed" ? badge(`failed (${node.outcome})`, "bad") : badge(node.status);
   const inherited = conversation && node.conversation_id !== conversation;
   const hasQuestion = readItems(node.sent, node.api).some((m) => m.role === "user");
+  const names = toolNames(readItems(node.received, node.api), toolNames(readItems(node.sent, node.api)));
   // the head rule: a turn or compaction that succeeded or failed transiently (a retry hangs beside it)
   const headable = node.kind !== "transform";
   const canBeHead = headable && (node.outcome === "success" || node.outcome === "transient");
@@ -81,10 +82,12 @@ export function drawDetail(container, node, { head, conversation, canSend, actio
       el("button", { onclick: () => actions.fork(node.id) }, "Fork from here"),
       canReply ? el("button", { onclick: () => actions.reply(node.id) }, "Reply from here") : null,
       canSend && hasQuestion && node.kind === "turn" ? el("button", { onclick: () => actions.edit(node.id) }, "Edit question") : null,
-      canSend && node.kind !== "compaction" ? el("button", { onclick: () => actions.regenerate(node.id) }, "Regenerate") : null),
+      canSend && node.kind !== "compaction" ? el("button", { onclick: () => actions.regenerate(node.id) }, "Regenerate") : null,
+      actions.compare ? el("button", { class: "compare", onclick: () => actions.compare(node.id),
+                                       title: "pick another node to see both side by side" }, "Compare with…") : null),
     node.error ? el("section", {}, el("h4", { class: "error" }, "error"), el("pre", { class: "error" }, pretty(node.error))) : null,
-    items("sent", node.sent, node.api),
-    node.status === "success" ? items("received", node.received, node.api) : null,
+    items("sent", node.sent, node.api, names),
+    node.status === "success" ? items("received", node.received, node.api, names) : null,
     Object.keys(node.params || {}).length
       ? el("details", {}, el("summary", {}, "request parameters"), el("pre", {}, pretty(node.params))) : null,
     node.usage ? el("details", {}, el("summary", {}, "usage (raw)"), el("pre", {}, pretty(node.usage))) : null,

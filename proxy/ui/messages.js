@@ -58,8 +58,8 @@ function readBlocks(item, out) {
   for (const block of blocks) {
     if (block?.type === "tool_result") {
       current = null;
-      out.push({ role: "tool", callId: block.tool_use_id, output: typeof block.content === "string"
-        ? block.content : textOf(block.content) });
+      out.push({ role: "tool", callId: block.tool_use_id, isError: block.is_error === true,
+        output: typeof block.content === "string" ? block.content : textOf(block.content) });
     } else if (block?.type === "thinking") {
       out.push({ role: "reasoning", text: block.thinking || "" });
     } else if (block?.type === "redacted_thinking") {
@@ -103,17 +103,49 @@ export function readItems(items, api) {
   return out;
 }
 
-export function drawMessage(m) {
+// Agent sessions hold tool results of tens of kilobytes: each tool call and result is one folded
+// line (name, size, status), unfolded on demand, and a long one shows its first SHOWN characters
+// until "show all" -- what the page holds stays small however long the session.
+export const SHOWN = 4000;
+
+export function size(text) {
+  const n = new TextEncoder().encode(text).length;
+  return n < 1024 ? `${n} B` : n < 1024 * 1024 ? `${(n / 1024).toFixed(1)} KB` : `${(n / 1048576).toFixed(1)} MB`;
+}
+
+function clipped(text) {
+  if (text.length <= SHOWN) return el("pre", {}, text);
+  const pre = el("pre", { class: "clipped" }, text.slice(0, SHOWN) + "…");
+  const all = el("button", { class: "link show-all", onclick: () => { pre.textContent = text; pre.classList.remove("clipped"); all.remove(); } },
+    `show all (${size(text)})`);
+  return [pre, all];
+}
+
+function folded(label, text, open = false) {
+  return el("details", { class: "fold-item", open }, el("summary", {}, label), clipped(text));
+}
+
+// names: tool call id -> the tool's name (a result says which tool it answers)
+export function drawMessage(m, names = new Map()) {
   const body = [];
   if (m.text) body.push(el("div", { class: "text" }, m.text));
   if (m.refusal) body.push(el("div", { class: "text error" }, `Refused: ${m.refusal}`));
   for (const call of m.calls || []) {
-    body.push(el("div", { class: "role" }, `tool call ${call.name} (${call.id})`), el("pre", {}, pretty(call.arguments ?? "")));
+    const args = pretty(call.arguments ?? "");
+    body.push(folded(`tool call ${call.name} (${call.id}) · ${size(args)}`, args));
   }
   if (m.role === "tool") {
-    body.push(el("div", { class: "role" }, `result of ${m.callId}`), el("pre", {}, pretty(m.output ?? "")));
+    const output = typeof m.output === "string" ? pretty(m.output) : pretty(m.output ?? "");
+    const name = names.get(m.callId);
+    body.push(folded(`result of ${m.callId}${name ? ` (${name})` : ""} · ${size(output)}${m.isError ? " · error" : ""}`, output));
   }
   return body;
+}
+
+// tool call id -> name, over read messages
+export function toolNames(read, names = new Map()) {
+  for (const m of read) for (const call of m.calls || []) names.set(call.id, call.name);
+  return names;
 }
 
 // Items as chat messages for the chat endpoint (chat nodes keep theirs exactly).
