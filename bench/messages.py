@@ -77,7 +77,7 @@ def session(http: httpx.Client, turns: int) -> dict:
 
 
 async def stored_bytes(dsn: str, conversation: str) -> dict:
-    conn = await asyncpg.connect(dsn, database="branchpoint")
+    conn = await asyncpg.connect(dsn)  # (the embedded server keeps its tables in "postgres")
     try:
         row = await conn.fetchrow(
             "SELECT count(*) AS nodes, sum(octet_length(sent::text)) AS sent, sum(octet_length(coalesce(received, '[]')::text)) AS received,"
