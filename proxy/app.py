@@ -32,6 +32,7 @@ from .observability import ObservabilityMiddleware, install_log_context
 from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_auto, chat_completions_prefixed
 from .routes.context import CallContext
+from .routes.conversations import conversation_item, conversation_items, conversation_resource, conversations_create
 from .routes.health import healthz, metrics, readyz
 from .routes.messages import messages_count_tokens, messages_create
 from .routes.passthrough import (
@@ -152,6 +153,10 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             messages_count_tokens,
             response_resource,
             response_input_items,
+            conversations_create,
+            conversation_resource,
+            conversation_items,
+            conversation_item,
             healthz,
             readyz,
             metrics,

@@ -38,7 +38,7 @@ class _Line(msgspec.Struct, forbid_unknown_fields=False):
     ``conversation_id``, are ignored)."""
 
     id: uuid.UUID
-    kind: Literal["turn", "transform", "compaction"]
+    kind: Literal["turn", "transform", "compaction", "items"]
     sent: list[dict[str, Any]]
     created_at: datetime
     parent_id: uuid.UUID | None = None
@@ -125,7 +125,7 @@ def prepare_import(data: bytes) -> Prepared:
         _check_items(f"{where} sent", line.sent, line.api)
         _check_items(f"{where} received", line.received or [], line.api)
         outcome, error, finished_at = _outcome(line), line.error, line.finished_at
-        if outcome == "success" and line.kind != "compaction" and line.received is None:
+        if outcome == "success" and line.kind not in ("compaction", "items") and line.received is None:
             raise NotAnExport(f"{where}: a {line.kind} that succeeded needs its received items")
         if outcome is None:  # still in flight when exported
             outcome = "transient"

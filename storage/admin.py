@@ -53,6 +53,25 @@ class AdminStore:
         assert row is not None
         return row["deleted"], row["kept"]
 
+    async def add_items(self, tenant: str, conversation_id: str, nodes: list[dict[str, Any]], *,
+                        create: bool = False, metadata: dict[str, str] | None = None,
+                        parent: uuid.UUID | None = None, replace_from: bool = False,
+                        expected_head: uuid.UUID | None = None) -> uuid.UUID:
+        """Nodes of kind 'items' (each ``{id, sent, digests, system_hash, answered, params}``), each under
+        the one before, the first under the head -- or, ``replace_from``, under ``parent`` (None: a
+        root) while the head still is ``expected_head``; the head moves to the last. ``create``:
+        the conversation is made if it does not exist (with ``metadata``). Returns its tree."""
+        return await self.db.fetchval(queries.ADD_ITEMS, tenant, conversation_id, uuid7(), create, metadata,
+                                      "node" if replace_from else "head", parent, expected_head, nodes)
+
+    async def set_metadata(self, tenant: str, conversation_id: str, metadata: dict[str, str]) -> None:
+        await self.db.fetchval(queries.SET_METADATA, tenant, conversation_id, metadata)
+
+    async def conversation_metadata(self, tenant: str, conversation_id: str) -> tuple[dict[str, str] | None, datetime] | None:
+        """(metadata, created_at) of a conversation, or None when there is none."""
+        row = await self.db.fetchrow(queries.CONVERSATION_METADATA, tenant, conversation_id)
+        return None if row is None else (row["metadata"], row["created_at"])
+
     async def usage(self, tenant: str | None, since: datetime, until: datetime) -> list[UsageRow]:
         """Token usage by tenant and model of the calls made in ``[since, until)`` in the
         conversations of ``tenant`` (None: every tenant)."""

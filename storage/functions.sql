@@ -10,3 +10,4 @@
 \ir functions/matching.sql
 \ir functions/moves.sql
 \ir functions/retention.sql
+\ir functions/conversations.sql

@@ -40,7 +40,7 @@ def can_be_head(kind: str, outcome: str | None) -> bool:
     """May a conversation's head rest on a node of this kind and outcome? The database's head rule
     (``bp_can_be_head`` in storage/functions/basics.sql) read in Python, for checks made before anything is
     written (an import); ``tests/test_schema.py`` keeps the two equal."""
-    return kind in ("turn", "compaction") and outcome in (Outcome.SUCCESS, Outcome.TRANSIENT)
+    return kind in ("turn", "compaction", "items") and outcome in (Outcome.SUCCESS, Outcome.TRANSIENT)
 
 
 class PathNode(msgspec.Struct, frozen=True):

@@ -73,6 +73,22 @@ SELECT n.id, n.conversation_id, n.parent_id, n.outcome, p.k::integer AS k
  LIMIT 1
 """
 
+# ---- the Conversations API (storage/functions/conversations.sql) ------------------------------
+
+# Items added without a call: nodes of kind 'items', the head moved to the last.
+# $1 tenant, $2 conversation, $3 spare tree, $4 create, $5 metadata, $6 parent mode, $7 parent,
+# $8 expected head, $9 the nodes (jsonb)
+ADD_ITEMS = """
+SELECT bp_add_items(p_tenant => $1, p_conversation => $2, p_spare => $3, p_create => $4, p_metadata => $5,
+                    p_parent_mode => $6, p_parent => $7, p_expected_head => $8, p_nodes => $9)
+"""
+
+# Replace a conversation's metadata.  $1 tenant, $2 conversation, $3 metadata
+SET_METADATA = "SELECT bp_set_metadata(p_tenant => $1, p_conversation => $2, p_metadata => $3)"
+
+# A conversation's metadata and creation time (no row: no such conversation).  $1 tenant, $2 conversation
+CONVERSATION_METADATA = "SELECT metadata, created_at FROM bp_conversation_row($1, $2)"
+
 # ---- admin API --------------------------------------------------------------------------------
 
 def _conversations(chosen: str, order: str = "") -> str:
@@ -266,10 +282,10 @@ SELECT c.id, c.head_node_id FROM conversations c
    AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = c.tree_id AND n.id = c.head_node_id)
 """
 
-# Successful turn/transform nodes without received items.
+# Successful turn/transform nodes without received items (compaction and items nodes receive nothing).
 SUCCESS_WITHOUT_RECEIVED = """
 SELECT id, conversation_id FROM nodes
- WHERE outcome = 'success' AND kind <> 'compaction' AND received IS NULL
+ WHERE outcome = 'success' AND kind NOT IN ('compaction', 'items') AND received IS NULL
 """
 
 # Pending nodes whose lease ran out more than $1 seconds ago (the reaper's job).

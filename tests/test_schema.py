@@ -91,7 +91,7 @@ def test_the_head_rule_table(template_url):
     expected = {
         ("turn", "success"): True, ("turn", "transient"): True,
         ("turn", "overflow"): False, ("turn", "invalid"): False, ("turn", None): False,
-        ("compaction", "success"): True,
+        ("compaction", "success"): True, ("items", "success"): True,
         ("transform", "success"): False, ("transform", "transient"): False,
         ("transform", "overflow"): False, ("transform", "invalid"): False,
     }
@@ -104,7 +104,7 @@ def test_the_head_rule_table(template_url):
             for (kind, outcome), moves in expected.items():
                 assert await conn.fetchval("SELECT coalesce(bp_can_be_head($1, $2), false)", kind, outcome) is moves, (kind, outcome)
             # its Python reading (imports check a head before writing) says the same everywhere
-            for kind in ("turn", "transform", "compaction"):
+            for kind in ("turn", "transform", "compaction", "items"):
                 for outcome in (None, *[o.value for o in Outcome]):
                     sql = await conn.fetchval("SELECT coalesce(bp_can_be_head($1, $2), false)", kind, outcome)
                     assert can_be_head(kind, outcome) is sql, (kind, outcome)

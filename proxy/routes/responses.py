@@ -24,7 +24,7 @@ from ..call import Call
 from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import items as responses_items
 from ..dialects.responses import translate
-from ..errors import InvalidRequest, NodeNotFound, NotFound
+from ..errors import ConversationNotFound, InvalidConversationId, InvalidRequest, NodeNotFound, NotFound
 from ..http import RawResponse
 from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
@@ -80,6 +80,25 @@ async def _stored_response(admin: AdminStore, caller: Caller, response_id: str |
     return None if node is None or node.response_deleted else node
 
 
+async def _named_conversation(value: Any, cid: str | None, previous: Any, admin: AdminStore, caller: Caller) -> str | None:
+    """The conversation a call's ``conversation`` field names (an id, or ``{"id": ...}``): one of
+    the caller's conversations -- a ``conv_`` one the Conversations API made, or any other."""
+    if value is None:
+        return cid
+    if previous is not None:
+        raise InvalidRequest("conversation and previous_response_id cannot be used together", param="conversation")
+    named = value.get("id") if isinstance(value, dict) else value
+    if not isinstance(named, str):
+        raise InvalidRequest("conversation must be a conversation id or an object with its id", param="conversation")
+    valid_conversation_id(named, source="conversation")
+    if cid is not None and cid != named:
+        raise InvalidConversationId("the conversation of the body and of the path or X-Conversation-Id disagree",
+                                    param="conversation")
+    if await admin.conversation_metadata(caller.tenant, named) is None:
+        raise ConversationNotFound(f"conversation {named!r} not found", param="conversation")
+    return named
+
+
 async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder: Forwarder, caller: Caller,
                   admin: AdminStore, path_cid: str | None, *, auto: bool = False) -> ASGIApp:
     headers = RequestHeaders(request.scope)
@@ -87,6 +106,8 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     raw = await request.body()
     body = RESPONSES.parse(raw)
     previous = body.get("previous_response_id")
+    if "conversation" in body:  # OpenAI's conversation state: the call belongs to it, as under /c/{id}/v1
+        cid = await _named_conversation(body.pop("conversation"), cid, previous, admin, caller)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
     parent = await _stored_response(admin, caller, previous) if ours else None
     if cid is None and not auto and not ours:

@@ -42,14 +42,15 @@
 -- a cycle. A new name is claimed under a transaction advisory lock (bp_claim_name).
 
 -- bp_can_be_head(kind, outcome): THE head rule. A node may carry the head when it is a turn (or
--- the compaction node standing for one) that succeeded, or that failed transiently -- its sent
--- items (e.g. paid-for tool results) stay in context and a retry hangs under or beside it. An
--- overflow or an invalid request must not: every later turn would fail the same way. Transforms
--- never carry it; pending nodes (outcome null) neither.
+-- the compaction node standing for one, or items added without a call: kind 'items') that
+-- succeeded, or that failed transiently -- its sent items (e.g. paid-for tool results) stay in
+-- context and a retry hangs under or beside it. An overflow or an invalid request must not:
+-- every later turn would fail the same way. Transforms never carry it; pending nodes (outcome
+-- null) neither.
 CREATE OR REPLACE FUNCTION bp_can_be_head(p_kind text, p_outcome text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT p_kind IN ('turn', 'compaction') AND p_outcome IN ('success', 'transient')
+    SELECT p_kind IN ('turn', 'compaction', 'items') AND p_outcome IN ('success', 'transient')
 $$;
 
 -- bp_token_count(usage, key, other key): a token count of a node's reported usage -- the number

@@ -98,7 +98,7 @@ BEGIN
     LOOP
         SELECT n.id INTO v_next FROM nodes n
          WHERE n.tree_id = conv.tree_id
-           AND ((n.parent_id = v_head AND n.kind = 'turn')
+           AND ((n.parent_id = v_head AND n.kind IN ('turn', 'items'))
                 OR (n.kind = 'compaction' AND n.compacted_from = v_head))
            AND bp_can_be_head(n.kind, n.outcome)
            AND (n.conversation_id = p_conversation OR n.id = ANY(v_visible))

@@ -1,0 +1,339 @@
+"""OpenAI's Conversations API on the tree (docs/behaviour.md#the-conversations-api), under ``/v1``
+and ``/c/{id}/v1``: a conversation object is a Branchpoint conversation (``conv_`` + 32 hex
+digits, or any conversation id of ours), its items are the items on its head path.
+
+    POST   /v1/conversations                       a conversation, its items one ``items`` node
+    GET    /v1/conversations/{id}                  the object
+    POST   /v1/conversations/{id}                  its metadata replaced
+    DELETE /v1/conversations/{id}                  as the admin delete
+    GET    /v1/conversations/{id}/items            the head path's items, paginated
+    POST   /v1/conversations/{id}/items            items appended as one ``items`` node
+    GET    /v1/conversations/{id}/items/{item}     one item
+    DELETE /v1/conversations/{id}/items/{item}     a new branch without it (nothing removed)
+
+Items added here are stored as nodes of ``kind = 'items'``: ``sent`` the items (Responses items,
+``api = 'responses'``), nothing received, no upstream call. Their ids are kept in the node's
+params (``_bp_item_ids``) rather than in the items, so the items an upstream later receives are
+exactly what the client gave. An item's id is stable: the one it was given (or its node's id and
+its place in the node, for items a call stored), carried along when a delete copies its node.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Request, route
+from litestar.di import NamedDependency
+from litestar.types import ASGIApp
+
+from storage import AdminStore, NodeRow, transcript, uuid7
+
+from ..dialects import message_path
+from ..dialects.responses import DIALECT as RESPONSES
+from ..dialects.responses import items as responses_items
+from ..dialects.responses import translate
+from ..errors import ConversationNotFound, InvalidRequest, NotFound
+from ..http import RawResponse
+from ..ids import valid_conversation_id
+from .context import CallContext
+from .docs import errors
+
+__all__ = ["conversation_item", "conversation_items", "conversation_resource", "conversations_create",
+           "new_conversation_id"]
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+
+ITEM_IDS = "_bp_item_ids"  # an items node's params: the ids of its items, in order
+MAX_ITEMS = 20  # items per create (OpenAI's limit)
+MAX_METADATA = 16  # metadata pairs; keys at most 64 characters, values at most 512 (OpenAI's)
+
+
+def new_conversation_id() -> str:
+    return f"conv_{uuid7().hex}"
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Item:
+    """One item on a head path: as stored (``raw``, what assembly reads) and as listed (``listed``,
+    with its id), and the path node that holds it."""
+
+    raw: dict[str, Any]
+    listed: dict[str, Any]
+    node: NodeRow
+
+
+def _prefix(kind: str) -> str:
+    return {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}.get(kind, kind)
+
+
+def _listed(item: dict[str, Any], item_id: str) -> dict[str, Any]:
+    out = dict(item)
+    kind = out.get("type") or ("message" if "role" in out else "item")
+    out["type"] = kind
+    out["id"] = item_id
+    if kind == "message":
+        out.setdefault("status", "completed")
+        if isinstance(out.get("content"), str):  # listed messages carry content parts
+            part = "output_text" if out.get("role") == "assistant" else "input_text"
+            out["content"] = [{"type": part, "text": out["content"]}]
+    return out
+
+
+def _instructions(node: NodeRow) -> bool:
+    """Does the node's ``sent`` begin with a Responses call's instructions (no item of its own)?"""
+    instructions = node.params.get("instructions")
+    return node.api == "responses" and isinstance(instructions, str) and bool(instructions)
+
+
+def node_items(node: NodeRow) -> list[Item]:
+    """The items one path node contributes to its conversation: what it sent (a Responses call's
+    instructions aside), then -- when it succeeded -- what it received."""
+    if node.api == "responses":
+        sent = list(node.sent[1:] if _instructions(node) else node.sent)
+        received = list(node.received or []) if node.status == "success" else []
+    else:
+        chat = message_path([node])[0]
+        sent = responses_items.to_items(chat.sent)
+        received = []
+        if node.status == "success":
+            for message in chat.received or ():
+                if isinstance(message, dict) and message.get("role") == "assistant":
+                    received.extend(translate.output_items(message, node.id, node.params.get("tools")))
+    given = node.params.get(ITEM_IDS) if node.kind == "items" else None
+    out = []
+    for i, item in enumerate(sent):
+        if not isinstance(item, dict):
+            continue
+        item_id = given[i] if isinstance(given, list) and i < len(given) and isinstance(given[i], str) else None
+        if item_id is None:
+            item_id = item.get("id") if isinstance(item.get("id"), str) else None
+        kind = item.get("type") or ("message" if "role" in item else "item")
+        out.append(Item(item, _listed(item, item_id or f"{_prefix(kind)}_{node.id.hex}_{i}"), node))
+    for i, item in enumerate(received):
+        if isinstance(item, dict):
+            kind = item.get("type") or "item"
+            item_id = item.get("id") if isinstance(item.get("id"), str) else f"{_prefix(kind)}_{node.id.hex}_r{i}"
+            out.append(Item(item, _listed(item, item_id), node))
+    return out
+
+
+async def _path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, list[Item]]:
+    conv = await admin.conversation(tenant, cid)
+    if conv is None:
+        raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation_id")
+    path = await admin.path(conv)
+    return conv, [item for node in path for item in node_items(node)]
+
+
+# -- writing ----------------------------------------------------------------------------------------
+
+def _checked_items(value: Any, *, param: str, required: bool) -> list[dict[str, Any]]:
+    if value is None and not required:
+        return []
+    if not isinstance(value, list) or (required and not value):
+        raise InvalidRequest(f"{param} must be a {'non-empty ' if required else ''}array of items", param=param)
+    if len(value) > MAX_ITEMS:
+        raise InvalidRequest(f"{param} holds {len(value)} items; at most {MAX_ITEMS} may be added at once", param=param)
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not (isinstance(item.get("type"), str) or "role" in item):
+            raise InvalidRequest(f"{param}[{i}] is not an item (an object with a type, or a message with a role)",
+                                 param=f"{param}[{i}]")
+        if item.get("type") == "item_reference":
+            raise InvalidRequest("item references cannot be added to a conversation", param=f"{param}[{i}]")
+        if "type" not in item:
+            item = {"type": "message", **item}
+        out.append(item)
+    return out
+
+
+def _checked_metadata(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequest("metadata must be an object of string pairs", param="metadata")
+    if len(value) > MAX_METADATA:
+        raise InvalidRequest(f"metadata holds {len(value)} pairs; at most {MAX_METADATA}", param="metadata")
+    for k, v in value.items():
+        if not isinstance(v, str) or len(k) > 64 or len(v) > 512:
+            raise InvalidRequest("metadata keys are at most 64 characters and values strings of at most 512",
+                                 param=f"metadata.{k}")
+    return value
+
+
+def items_node(sent: list[dict[str, Any]], ids: list[str] | None = None, *, node_id: uuid.UUID | None = None,
+               params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One ``items`` node as ``bp_add_items`` takes it: its items and their transcript keys (read
+    as messages, as a Responses call's items are); ``ids``: the items' ids (made from the node's
+    id where not given)."""
+    node_id = node_id or uuid7()
+    if ids is None:
+        ids = [item["id"] if isinstance(item.get("id"), str)
+               else f"{_prefix(item.get('type') or 'message')}_{node_id.hex}_{i}" for i, item in enumerate(sent)]
+    messages = RESPONSES.read(sent).messages
+    return {
+        "id": str(node_id), "sent": sent,
+        "digests": ["\\x" + d.hex() for d in transcript.digests(messages)],
+        "system_hash": None if (h := transcript.system_hash(messages)) is None else "\\x" + h.hex(),
+        "answered": any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages),
+        "params": {**(params or {}), ITEM_IDS: ids},
+    }
+
+
+# -- the objects ------------------------------------------------------------------------------------
+
+async def _object(admin: AdminStore, tenant: str, cid: str) -> dict[str, Any]:
+    found = await admin.conversation_metadata(tenant, cid)
+    if found is None:
+        raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation_id")
+    metadata, created = found
+    return {"id": cid, "object": "conversation", "created_at": int(created.timestamp()), "metadata": metadata or {}}
+
+
+def _json(value: Any) -> RawResponse:
+    return RawResponse(200, _encode(value))
+
+
+async def _body(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = _decode(raw)
+    except msgspec.DecodeError:
+        raise InvalidRequest("the body is not JSON", param="body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object", param="body")
+    return body
+
+
+def _cid(request: Request[Any, Any, Any]) -> str | None:
+    prefix = request.path_params.get("conversation_id")
+    if prefix is not None:
+        valid_conversation_id(prefix, source="path")
+    cid = request.path_params.get("conv")
+    if cid is not None:
+        valid_conversation_id(cid, source="path")
+    return cid
+
+
+def _page(items: list[dict[str, Any]], query: Any, *, noun: str = "item") -> dict[str, Any]:
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be 'asc' or 'desc'", param="order")
+    try:
+        limit = int(query.get("limit", 20))
+    except ValueError:
+        raise InvalidRequest("limit must be an integer", param="limit") from None
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100", param="limit")
+    if order == "desc":
+        items = items[::-1]
+    after = query.get("after")
+    if after:
+        index = next((i for i, item in enumerate(items) if item["id"] == after), None)
+        if index is None:
+            raise InvalidRequest(f"no {noun} {after!r} in this conversation", param="after")
+        items = items[index + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+
+def _list(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None, "has_more": False}
+
+
+# -- the routes -------------------------------------------------------------------------------------
+
+_PREFIXES = ("/v1", "/c/{conversation_id:str}/v1")
+
+
+@route([f"{p}/conversations" for p in _PREFIXES], http_method=["POST"], status_code=200,
+       summary="Create a conversation (a Branchpoint conversation; its items one node)", tags=["conversations"],
+       responses=errors(400, 401))
+async def conversations_create(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    _cid(request)
+    body = await _body(request)
+    items = _checked_items(body.get("items"), param="items", required=False)
+    metadata = _checked_metadata(body.get("metadata"))
+    cid = new_conversation_id()
+    tenant, admin = call.caller.tenant, call.admin
+    await admin.add_items(tenant, cid, [items_node(items)] if items else [], create=True, metadata=metadata or {})
+    return _json(await _object(admin, tenant, cid))
+
+
+@route([f"{p}/conversations/{{conv:str}}" for p in _PREFIXES], http_method=["GET", "POST", "DELETE"], status_code=200,
+       summary="Retrieve, update (metadata) or delete a conversation", tags=["conversations"],
+       responses=errors(400, 401, 404, 409))
+async def conversation_resource(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    cid = _cid(request)
+    assert cid is not None
+    tenant, admin = call.caller.tenant, call.admin
+    if request.method == "GET":
+        return _json(await _object(admin, tenant, cid))
+    if request.method == "POST":
+        body = await _body(request)
+        if "metadata" not in body:
+            raise InvalidRequest("metadata is required", param="metadata")
+        await admin.set_metadata(tenant, cid, _checked_metadata(body["metadata"]) or {})
+        return _json(await _object(admin, tenant, cid))
+    await admin.delete(tenant, cid)
+    return _json({"id": cid, "object": "conversation.deleted", "deleted": True})
+
+
+@route([f"{p}/conversations/{{conv:str}}/items" for p in _PREFIXES], http_method=["GET", "POST"], status_code=200,
+       summary="List the items on a conversation's head path, or append items (one node)", tags=["conversations"],
+       responses=errors(400, 401, 404, 409))
+async def conversation_items(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    cid = _cid(request)
+    assert cid is not None
+    tenant, admin = call.caller.tenant, call.admin
+    if request.method == "GET":
+        _, items = await _path_items(admin, tenant, cid)
+        return _json(_page([i.listed for i in items], request.query_params))
+    body = await _body(request)
+    items = _checked_items(body.get("items"), param="items", required=True)
+    node = items_node(items)
+    await admin.add_items(tenant, cid, [node])
+    return _json(_list([_listed(item, item_id) for item, item_id in zip(items, node["params"][ITEM_IDS], strict=True)]))
+
+
+@route([f"{p}/conversations/{{conv:str}}/items/{{item_id:str}}" for p in _PREFIXES], http_method=["GET", "DELETE"], status_code=200,
+       summary="One item of a conversation, or a new branch without it", tags=["conversations"],
+       responses=errors(400, 401, 404, 409))
+async def conversation_item(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    cid = _cid(request)
+    assert cid is not None
+    tenant, admin = call.caller.tenant, call.admin
+    item_id = request.path_params["item_id"]
+    conv, items = await _path_items(admin, tenant, cid)
+    index = next((i for i, item in enumerate(items) if item.listed["id"] == item_id), None)
+    if index is None:
+        raise NotFound(f"no item {item_id!r} in conversation {cid!r}", code="item_not_found", param="item_id")
+    if request.method == "GET":
+        return _json(items[index].listed)
+    # DELETE: the nodes from the item's node on, made anew without it, beside the old ones
+    first = items[index].node
+    copies: list[dict[str, Any]] = []
+    # every node from `first` to the head (one contributing no item is copied too, empty)
+    path = await admin.path(conv)
+    start = next(i for i, n in enumerate(path) if n.id == first.id)
+    for node in path[start:]:
+        kept = [i for i in node_items(node) if i.listed["id"] != item_id]
+        params: dict[str, Any] = {}
+        sent = [i.raw for i in kept]
+        if _instructions(node):
+            params["instructions"] = node.params["instructions"]
+            sent = [node.sent[0], *sent]
+        copies.append(items_node(sent, [i.listed["id"] for i in kept], params=params))
+    await admin.add_items(tenant, cid, copies, parent=first.parent_id, replace_from=True,
+                          expected_head=conv.head_node_id)
+    return _json(await _object(admin, tenant, cid))

@@ -1,0 +1,279 @@
+"""OpenAI's Conversations API on the tree, driven by the official openai SDK
+(``client.conversations.*``, ``client.responses.create(conversation=...)``): conversation objects
+that are Branchpoint conversations, ``items`` nodes (no upstream call), the head path's items in
+OpenAI's list shape with stable ids, deleting an item as a new branch, tenancy -- asserted on the
+tree and on what the fake upstream received."""
+
+import re
+import uuid
+
+import openai
+import pytest
+
+from .conftest import new_key
+from .fakes import Reply
+from .helpers import MODEL
+
+
+def user_item(text):
+    return {"type": "message", "role": "user", "content": text}
+
+
+def texts(items):
+    """The text of each listed item (messages: their parts joined; others: their type)."""
+    out = []
+    for item in items:
+        item = item if isinstance(item, dict) else item.model_dump()
+        if item["type"] == "message":
+            content = item["content"]
+            out.append(content if isinstance(content, str) else "".join(p.get("text") or "" for p in content))
+        else:
+            out.append(item["type"])
+    return out
+
+
+def upstream_texts(recorded):
+    """What a chat upstream received, as texts."""
+    return [m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])
+            for m in recorded.messages]
+
+
+def test_a_conversation_is_a_branchpoint_conversation_with_an_items_node(proxy, upstream, key, db):
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("Remember: the code is 42.")], metadata={"topic": "codes"})
+    assert re.fullmatch(r"conv_[0-9a-f]{32}", conv.id) and conv.object == "conversation"
+    assert conv.metadata == {"topic": "codes"} and isinstance(conv.created_at, int)
+    assert upstream.requests == []  # adding items calls no model
+    head = db.head(conv.id)
+    node = db.node(head)
+    assert node["kind"] == "items" and node["status"] == "success" and node["outcome"] == "success"
+    assert node["sent"] == [user_item("Remember: the code is 42.")] and node["received"] is None
+    assert node["api"] == "responses" and node["parent_id"] is None
+    # the same conversation everywhere: retrieve, the admin API, /c/{id}/v1
+    again = client.conversations.retrieve(conv.id)
+    assert (again.id, again.created_at, again.metadata) == (conv.id, conv.created_at, {"topic": "codes"})
+    admin = proxy.http(key).get(f"/admin/conversations/{conv.id}").json()
+    assert admin["id"] == conv.id and admin["head_node_id"] == head and admin["node_count"] == 1
+    tree = proxy.http(key).get(f"/admin/conversations/{conv.id}/tree").json()["data"]
+    assert [n["kind"] for n in tree] == ["items"]
+    chat = proxy.openai(key, conversation=conv.id)
+    chat.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is the code?"}])
+    assert upstream_texts(upstream.last) == ["Remember: the code is 42.", "What is the code?"]
+    assert db.node(db.head(conv.id))["parent_id"] == node["id"]
+
+
+def test_an_empty_conversation_and_its_metadata(proxy, key, db):
+    client = proxy.openai(key)
+    conv = client.conversations.create()
+    assert conv.metadata == {} and db.head(conv.id) is None
+    updated = client.conversations.update(conv.id, metadata={"a": "1", "b": "2"})
+    assert updated.metadata == {"a": "1", "b": "2"}
+    assert client.conversations.retrieve(conv.id).metadata == {"a": "1", "b": "2"}
+    assert client.conversations.items.list(conv.id).data == []
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.conversations.update(conv.id, metadata={f"k{i}": "v" for i in range(17)})
+    assert too_many.value.body["param"] == "metadata"
+    with pytest.raises(openai.BadRequestError):
+        client.conversations.create(items=[user_item(str(i)) for i in range(21)])
+    with pytest.raises(openai.BadRequestError):
+        client.conversations.create(metadata={"k": "v" * 513})
+
+
+def test_items_are_the_head_path_in_openais_list_shape_with_stable_ids(proxy, upstream, key):
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("one"), user_item("two")])
+    added = client.conversations.items.create(conv.id, items=[user_item("three")])
+    assert added.object == "list" and texts(added.data) == ["three"] and added.first_id == added.data[0].id
+    upstream.enqueue(Reply(content="an answer"))
+    client.responses.create(model=MODEL, conversation=conv.id, input="four")
+    listing = client.conversations.items.list(conv.id, order="asc")
+    assert texts(listing.data) == ["one", "two", "three", "four", "an answer"]
+    assert listing.has_more is False and listing.first_id == listing.data[0].id and listing.last_id == listing.data[-1].id
+    ids = [i.id for i in listing.data]
+    assert len(set(ids)) == 5 and ids[2] == added.data[0].id
+    # newest first by default; the same ids every time
+    newest = client.conversations.items.list(conv.id)
+    assert [i.id for i in newest.data] == ids[::-1]
+    # pages: limit and after
+    page = client.conversations.items.list(conv.id, order="asc", limit=2)
+    assert [i.id for i in page.data] == ids[:2] and page.has_more is True
+    rest = client.conversations.items.list(conv.id, order="asc", limit=2, after=page.last_id)
+    assert [i.id for i in rest.data] == ids[2:4] and rest.has_more is True
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc").data] == ids  # stable
+    # the SDK's auto-pagination walks them all
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc", limit=1)] == ids
+    one = client.conversations.items.retrieve(ids[1], conversation_id=conv.id)
+    assert one.id == ids[1] and texts([one]) == ["two"]
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.retrieve("msg_nothing", conversation_id=conv.id)
+    with pytest.raises(openai.BadRequestError):
+        client.conversations.items.list(conv.id, limit=101)
+
+
+def test_deleting_an_item_makes_a_new_branch_and_removes_nothing(proxy, upstream, key, db):
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("keep me"), user_item("drop me")])
+    client.responses.create(model=MODEL, conversation=conv.id, input="first question")
+    before = client.conversations.items.list(conv.id, order="asc").data
+    assert texts(before) == ["keep me", "drop me", "first question", "echo: first question"]
+    old_head = db.head(conv.id)
+    answer = client.conversations.items.delete(before[1].id, conversation_id=conv.id)
+    assert answer.id == conv.id and answer.object == "conversation"
+    after = client.conversations.items.list(conv.id, order="asc").data
+    assert texts(after) == ["keep me", "first question", "echo: first question"]
+    assert [i.id for i in after] == [before[0].id, before[2].id, before[3].id]  # ids carried along
+    new_head = db.head(conv.id)
+    assert new_head != old_head
+    # nothing removed: the old nodes are still there, a branch beside the new one
+    tree = proxy.http(key).get(f"/admin/conversations/{conv.id}/tree").json()["data"]
+    assert old_head in {n["id"] for n in tree} and len(tree) == 4
+    roots = [n for n in tree if n["parent_id"] is None]
+    assert len(roots) == 2 and all(n["kind"] == "items" for n in roots)
+    # the next call's context leaves the deleted item out
+    client.responses.create(model=MODEL, conversation=conv.id, input="second question")
+    assert upstream_texts(upstream.last) == ["keep me", "first question", "echo: first question", "second question"]
+    # the old branch is a branch: the head can go back to it
+    proxy.http(key).put(f"/admin/conversations/{conv.id}/head", json={"node_id": old_head}).raise_for_status()
+    assert "drop me" in texts(client.conversations.items.list(conv.id).data)
+
+
+def test_deleting_a_conversation(proxy, key):
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("hello")])
+    deleted = client.conversations.delete(conv.id)
+    assert deleted.id == conv.id and deleted.deleted is True and deleted.object == "conversation.deleted"
+    with pytest.raises(openai.NotFoundError) as gone:
+        client.conversations.retrieve(conv.id)
+    assert gone.value.body["code"] == "conversation_not_found"
+    assert proxy.http(key).get(f"/admin/conversations/{conv.id}").status_code == 404
+
+
+def test_another_tenants_conversation_is_not_found(proxy, upstream, key):
+    mine = proxy.openai(key)
+    conv = mine.conversations.create(items=[user_item("secret")])
+    theirs = proxy.openai(new_key())
+    for attempt in (lambda: theirs.conversations.retrieve(conv.id),
+                    lambda: theirs.conversations.items.list(conv.id),
+                    lambda: theirs.conversations.items.create(conv.id, items=[user_item("x")]),
+                    lambda: theirs.conversations.update(conv.id, metadata={"a": "b"}),
+                    lambda: theirs.conversations.delete(conv.id),
+                    lambda: theirs.responses.create(model=MODEL, conversation=conv.id, input="hi")):
+        with pytest.raises(openai.NotFoundError) as missing:
+            attempt()
+        assert missing.value.body["code"] == "conversation_not_found"
+    assert upstream.requests == []
+    assert texts(mine.conversations.items.list(conv.id).data) == ["secret"]  # untouched
+
+
+def test_responses_with_a_conversation_over_a_chat_upstream(proxy, upstream, key, db):
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("My name is Ada.")])
+    first = client.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input="Hello")
+    assert first.headers["x-conversation-id"] == conv.id
+    assert upstream_texts(upstream.last) == ["My name is Ada.", "Hello"]
+    assert "conversation" not in upstream.last.body  # ours: never sent upstream
+    assert db.head(conv.id) == first.headers["x-node-id"]
+    # {"id": ...} names it too, and continues from the head
+    client.responses.create(model=MODEL, conversation={"id": conv.id}, input="Again")
+    assert upstream_texts(upstream.last) == ["My name is Ada.", "Hello", "echo: Hello", "Again"]
+    # any conversation of ours, not only conv_ ones
+    named = f"plain-{uuid.uuid4().hex}"
+    proxy.openai(key, conversation=named).responses.create(model=MODEL, input="first")
+    client.responses.create(model=MODEL, conversation=named, input="second")
+    assert upstream_texts(upstream.last) == ["first", "echo: first", "second"]
+    # with previous_response_id as well: refused, as OpenAI does
+    with pytest.raises(openai.BadRequestError) as both:
+        client.responses.create(model=MODEL, conversation=conv.id, input="x",
+                                previous_response_id="resp_" + uuid.UUID(first.headers["x-node-id"]).hex)
+    assert both.value.body["code"] == "invalid_request" and both.value.body["param"] == "conversation"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, conversation="conv_" + "0" * 32, input="x")
+
+
+def test_responses_with_a_conversation_over_a_responses_upstream(native, upstream, key):
+    client = native.openai(key)
+    conv = client.conversations.create(items=[user_item("Context item.")])
+    upstream.enqueue(Reply(content="native answer"))
+    client.responses.create(model="native-1", conversation=conv.id, input="Question?")
+    request = upstream.responses_requests[-1].body
+    assert "conversation" not in request and request["store"] is False
+    assert [i.get("content") for i in request["input"]] == ["Context item.", "Question?"]
+    client.responses.create(model="native-1", conversation=conv.id, input="Next?")
+    request = upstream.responses_requests[-1].body
+    assert texts(request["input"]) == ["Context item.", "Question?", "native answer", "Next?"]
+    assert texts(client.conversations.items.list(conv.id, order="asc").data) == [
+        "Context item.", "Question?", "native answer", "Next?", "echo: Next?"]
+
+
+def test_conversations_under_a_prefix_and_raw_http_errors(proxy, key):
+    http = proxy.http(key)
+    made = http.post("/c/whatever/v1/conversations", json={"items": [user_item("hi")]})
+    assert made.status_code == 200 and made.json()["id"].startswith("conv_")
+    cid = made.json()["id"]
+    assert http.get(f"/c/{cid}/v1/conversations/{cid}/items").json()["data"][0]["content"] == [
+        {"type": "input_text", "text": "hi"}]
+    assert http.post(f"/v1/conversations/{cid}/items", json={"items": []}).status_code == 400
+    assert http.post(f"/v1/conversations/{cid}/items", json={"items": [42]}).status_code == 400
+    assert http.post("/v1/conversations", content=b"not json").status_code == 400
+    assert http.get(f"/v1/conversations/{cid}/items", params={"order": "sideways"}).status_code == 400
+
+
+def test_items_nodes_export_import_and_keep_the_invariants(own_proxy, upstream, key):
+    proxy = own_proxy  # (a database of its own: the invariants are checked over all of it)
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("alpha"), user_item("beta")])
+    client.responses.create(model=MODEL, conversation=conv.id, input="gamma")
+    client.conversations.items.create(conv.id, items=[user_item("delta")])
+    listed = client.conversations.items.list(conv.id, order="asc").data
+    client.conversations.items.delete(listed[1].id, conversation_id=conv.id)  # a branch of copies
+    http = proxy.http(key)
+    lines = http.get(f"/admin/conversations/{conv.id}/export").text
+    assert sum('"kind":"items"' in line for line in lines.splitlines()) == 5  # 2 + 3 copies
+    copy = f"copy-{uuid.uuid4().hex}"
+    r = http.post(f"/admin/conversations/{copy}/import", content=lines.encode())
+    assert r.status_code == 201, r.text
+    mine = client.conversations.items.list(conv.id, order="asc").data
+    theirs = client.conversations.items.list(copy, order="asc").data
+    assert texts(theirs) == texts(mine) == ["alpha", "gamma", "echo: gamma", "delta"]
+    assert [i.id for i in theirs if i.id.startswith("msg_") and i.type == "message"][0] == mine[0].id  # kept ids
+    client.responses.create(model=MODEL, conversation=copy, input="epsilon")
+    assert upstream_texts(upstream.last) == ["alpha", "gamma", "echo: gamma", "delta", "epsilon"]
+    from .conftest import assert_invariants
+
+    assert_invariants(proxy.db.url)
+
+
+def test_a_full_history_client_matches_the_items_as_part_of_the_transcript(proxy, upstream, key):
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("from the items API")])
+    client.responses.create(model=MODEL, conversation=conv.id, input="a question")
+    head = proxy.db.head(conv.id)
+    full = proxy.openai(key, conversation=conv.id, default_headers={"X-Context-Mode": "full"})
+    raw = full.chat.completions.with_raw_response.create(model=MODEL, messages=[
+        {"role": "user", "content": "from the items API"}, {"role": "user", "content": "a question"},
+        {"role": "assistant", "content": "echo: a question"}, {"role": "user", "content": "next"}])
+    assert raw.headers["x-parent-node-id"] == head  # the items and the turn matched: only "next" is new
+    assert upstream_texts(upstream.last) == ["from the items API", "a question", "echo: a question", "next"]
+    assert proxy.db.node(raw.headers["x-node-id"])["sent"] == [{"role": "user", "content": "next"}]
+
+
+def test_items_cannot_be_added_while_a_turn_is_in_flight(proxy, upstream, key):
+    import threading
+
+    client = proxy.openai(key)
+    conv = client.conversations.create()
+    answer = threading.Event()
+    upstream.enqueue(Reply(hold=answer))  # (in flight until the items have been refused)
+    t = threading.Thread(target=lambda: client.responses.create(model=MODEL, conversation=conv.id, input="slow"))
+    t.start()
+    upstream.wait_for(1)
+    try:
+        with pytest.raises(openai.ConflictError) as busy:
+            client.conversations.items.create(conv.id, items=[user_item("impatient")])
+    finally:
+        answer.set()
+    t.join(20)
+    assert busy.value.body["code"] == "conversation_busy"
+    assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["slow", "ok"]
+    client.conversations.items.create(conv.id, items=[user_item("now")])  # the lease was released
+    assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["slow", "ok", "now"]
