@@ -397,6 +397,35 @@ def test_long_tool_results_are_folded_and_shown_in_part(ui, page, upstream):
     expect(result.locator("pre")).to_contain_text("line 008999 of the log")
 
 
+def test_spend_per_day_and_per_call(ui, page, upstream):
+    """The list draws the key's tokens per day by model for 30 days (SVG, from /admin/usage); a
+    conversation its tokens per call along its path -- the bars hold what the admin API reports."""
+    cid, ids = edited_conversation(ui)
+    sign_in(page, ui)
+    chart = page.locator(".spend svg.spend-daily")
+    expect(chart).to_be_visible()
+    expect(chart.locator("g.bar")).to_have_count(30)
+    today = datetime.now(UTC).date()
+    since = datetime(today.year, today.month, today.day, tzinfo=UTC)
+    report = admin(ui).get("/admin/usage", params={"since": since.isoformat(),
+                                                   "until": (since + timedelta(days=1)).isoformat()}).json()
+    drawn = chart.locator(f'g.bar[data-column="{today.isoformat()}"]')
+    assert int(drawn.get_attribute("data-total")) == report["prompt_tokens"] + report["completion_tokens"] > 0
+    expect(page.locator(".legend-models")).to_contain_text(MODEL)
+    shot(page, "spend-daily")
+
+    page.goto(f"{ui.url}/ui/#/c/{cid}")
+    expect(page.locator(".graph svg")).to_be_visible()
+    page.locator("details.tokens-per-call summary").click()
+    bars = page.locator("svg.spend-path g.bar")
+    expect(bars).to_have_count(2)  # the head path: the first question and the edited second one
+    for bar, node_id in zip(bars.all(), (ids["q1"], ids["q2_edit"]), strict=True):
+        usage = admin(ui).get(f"/admin/nodes/{node_id}").json()["usage"]
+        assert bar.get_attribute("data-column") == node_id
+        assert int(bar.get_attribute("data-total")) == usage["prompt_tokens"] + usage["completion_tokens"]
+    shot(page, "spend")
+
+
 def test_nodes_are_coloured_by_kind_and_status(ui, page, upstream):
     """A working session: a side call, an edit, a failure and a call still in flight."""
     cid = f"trip-{uuid.uuid4().hex[:6]}"

@@ -74,7 +74,10 @@ export class Api {
     return this.json("GET", `/admin/conversations?${query}`);
   }
   conversation(id) { return this.json("GET", `/admin/conversations/${enc(id)}`); }
-  usage() { return this.json("GET", "/admin/usage"); }
+  usage(since, until) {
+    const query = new URLSearchParams(Object.entries({ since, until }).filter(([, v]) => v)).toString();
+    return this.json("GET", `/admin/usage${query ? `?${query}` : ""}`);
+  }
   tree(id) { return this.json("GET", `/admin/conversations/${enc(id)}/tree`); }
   path(id) { return this.json("GET", `/admin/conversations/${enc(id)}/path`); }
   node(id) { return this.json("GET", `/admin/nodes/${enc(id)}`); }

@@ -5,6 +5,7 @@ import { Api, ApiError, storedKey, storeKey } from "./api.js";
 import { drawChat, drawPending } from "./chat.js";
 import { drawCompare } from "./compare.js";
 import { drawDetail } from "./detail.js";
+import { drawDaily, drawPathTokens, loadDaily } from "./spend.js";
 import { asChatMessages, el, fill, lastUserText, withQuestion } from "./messages.js";
 import { TreeView } from "./tree.js";
 
@@ -90,6 +91,7 @@ class ListView {
     this.more = el("button", { hidden: true, onclick: () => this.load() }, "Load more");
     this.status = el("p", { class: "notice", role: "status" });
     this.usage = el("p", { class: "notice usage" });
+    this.spend = el("div", { class: "spend" });
     let timer = null;
     this.search.addEventListener("input", () => {
       clearTimeout(timer);
@@ -101,7 +103,7 @@ class ListView {
       el("div", { class: "row" }, this.search, el("button", { onclick: () => this.reset() }, "Refresh"),
         el("span", { class: "spacer" }), this.file, el("button", { onclick: () => this.file.click() }, "Import…")),
       el("table", {}, el("thead", {}, el("tr", {}, ...["conversation", "nodes", "tokens", "state", "created", "updated"].map((h) => el("th", {}, h)))), this.rows),
-      this.more, this.status, this.usage));
+      this.more, this.status, this.usage, this.spend));
     this.reset();
     this.search.focus();
     this.showUsage();
@@ -120,6 +122,11 @@ class ListView {
       + line.total_tokens.toLocaleString()).join(", ");
     this.usage.textContent = `Last 30 days: ${report.calls.toLocaleString()} calls, `
       + `${report.total_tokens.toLocaleString()} tokens (${models}).`;
+    try {
+      drawDaily(this.spend, await loadDaily(api));
+    } catch (error) {
+      this.spend.textContent = `tokens per day: ${error.message}`;
+    }
   }
 
   stop() {}
@@ -211,6 +218,8 @@ class ConversationView {
     });
     fill(main,
       el("div", { class: "toolbar" }, this.meta, el("span", { class: "spacer" }), this.status,
+        this.tokensPanel = el("details", { class: "tokens-per-call" }, el("summary", {}, "tokens per call"),
+          this.tokensChart = el("div", {})),
         el("button", { onclick: () => this.reload() }, "Refresh"),
         el("button", { onclick: () => this.compact() }, "Compact now"),
         el("button", { onclick: () => this.download() }, "Export"),
@@ -285,6 +294,7 @@ class ConversationView {
       this.tenant ? el("span", { class: "badge" }, `tenant ${this.tenant}`) : null);
     if (this.selected && !this.nodes.some((n) => n.id === this.selected)) this.selected = null;
     this.drawGraph();
+    drawPathTokens(this.tokensChart, this.path);
     drawChat(this.messages, this.path, this.tree.index, {
       selected: this.selected,
       onSelect: (node) => this.select(node),
