@@ -48,6 +48,14 @@ class Usage(msgspec.Struct):
     total_tokens: int
 
 
+class Match(msgspec.Struct):
+    """Where a conversation matched a search (``GET /admin/conversations?q=``): its best node."""
+
+    node_id: uuid.UUID
+    snippet: str  # the words found, between « and », with what surrounds them
+    rank: float
+
+
 class Conversation(msgspec.Struct, omit_defaults=True):
     id: str
     head_node_id: uuid.UUID | None
@@ -60,6 +68,7 @@ class Conversation(msgspec.Struct, omit_defaults=True):
     forked_from: str | None = None  # set on forks
     fork_node_id: uuid.UUID | None = None
     tenant: str | None = None  # shown to admin keys only
+    match: Match | None = None  # a search's best node in it
 
 
 class UsageLine(msgspec.Struct, omit_defaults=True):

@@ -13,7 +13,7 @@ from typing import Any
 from . import queries
 from .database import Database
 from .ids import uuid7
-from .model import ConversationRow, NodeRow, PathRow, TreeRow, UsageRow, rows
+from .model import ConversationRow, NodeRow, PathRow, SearchHit, TreeRow, UsageRow, rows
 
 __all__ = ["AdminStore"]
 
@@ -71,6 +71,11 @@ class AdminStore:
         """(metadata, created_at) of a conversation, or None when there is none."""
         row = await self.db.fetchrow(queries.CONVERSATION_METADATA, tenant, conversation_id)
         return None if row is None else (row["metadata"], row["created_at"])
+
+    async def search(self, tenant: str | None, words: str, limit: int) -> list[SearchHit]:
+        """The ``limit`` nodes whose messages best match ``words`` (full-text, migration 0021), in
+        the conversations of ``tenant`` (None: every tenant)."""
+        return rows(SearchHit, await self.db.fetch(queries.SEARCH, tenant, words, limit))
 
     async def usage(self, tenant: str | None, since: datetime, until: datetime) -> list[UsageRow]:
         """Token usage by tenant and model of the calls made in ``[since, until)`` in the

@@ -19,6 +19,7 @@ __all__ = [
     "PathNode",
     "PathRow",
     "Pruned",
+    "SearchHit",
     "TreeRow",
     "UsageRow",
     "can_be_head",
@@ -144,6 +145,16 @@ class Pruned(msgspec.Struct, frozen=True):
 
     def __add__(self, other: Pruned) -> Pruned:
         return Pruned(self.conversations + other.conversations, self.deleted + other.deleted, self.kept + other.kept)
+
+
+class SearchHit(msgspec.Struct, frozen=True):
+    """A node whose messages hold the words searched for (``AdminStore.search``)."""
+
+    conversation_id: str
+    node_id: uuid.UUID
+    created_at: datetime
+    rank: float
+    snippet: str
 
 
 class UsageRow(msgspec.Struct, frozen=True):

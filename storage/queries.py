@@ -119,6 +119,25 @@ SELECT * FROM conversations c
  ORDER BY c.created_at DESC, c.id DESC
  LIMIT $4""", order="ORDER BY c.created_at DESC, c.id DESC")
 
+# The nodes whose messages hold these words, best match first: the conversation that made each
+# (still there), a snippet around the words, the rank. The expression is the one migration 0021
+# indexes.  $1 tenant (null: every tenant -- admin keys), $2 the words, $3 limit
+SEARCH = """
+SELECT n.conversation_id, n.id AS node_id, n.created_at,
+       ts_rank(jsonb_to_tsvector('simple'::regconfig, n.sent || coalesce(n.received, '[]'::jsonb), '["string"]'),
+               plainto_tsquery('simple'::regconfig, $2)) AS rank,
+       ts_headline('simple'::regconfig, (n.sent || coalesce(n.received, '[]'::jsonb))::text,
+                   plainto_tsquery('simple'::regconfig, $2),
+                   'StartSel=«, StopSel=», MaxWords=18, MinWords=6, MaxFragments=1') AS snippet
+  FROM nodes n
+  JOIN conversations c ON c.tree_id = n.tree_id AND c.id = n.conversation_id AND c.tenant = n.tenant
+ WHERE ($1::text IS NULL OR n.tenant = $1)
+   AND jsonb_to_tsvector('simple'::regconfig, n.sent || coalesce(n.received, '[]'::jsonb), '["string"]')
+       @@ plainto_tsquery('simple'::regconfig, $2)
+ ORDER BY rank DESC, n.created_at DESC
+ LIMIT $3
+"""
+
 # Token usage by tenant and model of the calls made between $2 (inclusive) and $3 (exclusive),
 # in the conversations of tenant $1 (null: every tenant -- admin keys): calls, prompt and
 # completion tokens read as a conversation's counts are (bp_token_count).

@@ -426,6 +426,27 @@ def test_spend_per_day_and_per_call(ui, page, upstream):
     shot(page, "spend")
 
 
+def test_find_a_conversation_by_what_was_said(ui, page, upstream):
+    """Search in messages: the list shows the conversations whose messages hold the words, with a
+    snippet, and opens one on the node that matched."""
+    word = f"zebra{uuid.uuid4().hex[:6]}"
+    cid = f"find-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    say(client, cid, user("What is the capital of France?"))
+    _, found = say(client, cid, user(f"Is the {word} striped?"))
+    say(client, cid, user("And of Spain?"))
+    sign_in(page, ui)
+    page.locator("select[aria-label='search in']").select_option("text")
+    page.fill("input[type=search]", word)
+    row = page.locator("tr.row", has_text=cid)
+    expect(row).to_have_count(1)
+    expect(row.locator(".snippet")).to_contain_text(f"«{word}»")
+    expect(page.locator("tr.row")).to_have_count(1)
+    row.click()
+    expect(page.locator(".detail")).to_contain_text(found["x-node-id"])
+    expect(node_el(page, found["x-node-id"])).to_have_class(re.compile(r"\bselected\b"))
+
+
 def test_nodes_are_coloured_by_kind_and_status(ui, page, upstream):
     """A working session: a side call, an edit, a failure and a call still in flight."""
     cid = f"trip-{uuid.uuid4().hex[:6]}"

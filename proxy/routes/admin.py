@@ -30,6 +30,7 @@ from ..admin_objects import (
     Conversation,
     ConversationList,
     Deleted,
+    Match,
     Node,
     NodeList,
     NodeOnPath,
@@ -155,6 +156,31 @@ async def _node_row(admin: AdminStore, reach: Reach, node_id: str) -> NodeRow:
     return row
 
 
+async def _found(admin: AdminStore, reach: Reach, words: str, limit: int) -> ConversationList:
+    """The conversations whose messages best match ``words``, each once, at its best node."""
+    tenant = None if reach.any_tenant else reach.tenant
+    best: dict[str, Any] = {}
+    for hit in await admin.search(tenant, words, 5 * limit):  # (several hits may share a conversation)
+        if hit.conversation_id not in best:
+            best[hit.conversation_id] = hit
+        if len(best) == limit:
+            break
+    out = []
+    for cid, hit in best.items():
+        row = await admin.conversation(tenant, cid) if tenant is not None else await _any_tenant_row(admin, hit)
+        if row is None:  # (deleted meanwhile)
+            continue
+        found = _conversation(row, reach)
+        found.match = Match(node_id=hit.node_id, snippet=hit.snippet, rank=round(hit.rank, 6))
+        out.append(found)
+    return ConversationList(data=out, next_cursor=None)
+
+
+async def _any_tenant_row(admin: AdminStore, hit: Any) -> Any:
+    node = await admin.node(None, hit.node_id)
+    return await admin.conversation(node.tenant, hit.conversation_id) if node is not None else None
+
+
 # -- routes -----------------------------------------------------------------------------------
 
 
@@ -172,9 +198,15 @@ class AdminController(Controller):
         cursor: str | None = Parameter(default=None, max_length=512),
         search: str | None = Parameter(default=None, max_length=256,
                                        description="only ids containing this (case-insensitive)"),
+        q: str | None = Parameter(default=None, max_length=256,
+                                  description="only conversations whose messages hold these words, best match first "
+                                              "(each with its best node and a snippet; no cursor)"),
     ) -> ConversationList:
-        if search is not None and "\x00" in search:  # no id holds one, and PostgreSQL's text cannot
-            raise InvalidRequest("search must not contain NUL characters", param="search")
+        for name, value in (("search", search), ("q", q)):
+            if value is not None and "\x00" in value:  # no id holds one, and PostgreSQL's text cannot
+                raise InvalidRequest(f"{name} must not contain NUL characters", param=name)
+        if q is not None and q.strip():
+            return await _found(admin, reach, q, limit)
         rows = await admin.conversations(None if reach.any_tenant else reach.tenant,
                                          after=_decode_cursor(cursor) if cursor else None, limit=limit + 1,
                                          search=search)

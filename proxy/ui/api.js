@@ -67,10 +67,11 @@ export class Api {
     return (await this.raw(method, path, body)).json();
   }
 
-  conversations(cursor, search) {
+  conversations(cursor, search, words) {
     const query = new URLSearchParams({ limit: "25" });
     if (cursor) query.set("cursor", cursor);
     if (search) query.set("search", search);
+    if (words) query.set("q", words); // by what was said: ranked, each with its best node
     return this.json("GET", `/admin/conversations?${query}`);
   }
   conversation(id) { return this.json("GET", `/admin/conversations/${enc(id)}`); }

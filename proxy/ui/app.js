@@ -72,8 +72,9 @@ function route() {
   if (!api) return signIn();
   signOutButton.hidden = false;
   // #/c/<id>, or #/t/<tenant>/c/<id> for an admin key looking into another tenant
-  const match = location.hash.match(/^#\/(?:t\/([^/]+)\/)?c\/(.+)$/);
-  current = match ? new ConversationView(decodeURIComponent(match[2]), match[1] ? decodeURIComponent(match[1]) : null)
+  const match = location.hash.match(/^#\/(?:t\/([^/]+)\/)?c\/([^?]+)(?:\?node=(.+))?$/);
+  current = match ? new ConversationView(decodeURIComponent(match[2]), match[1] ? decodeURIComponent(match[1]) : null,
+                                         match[3] ? decodeURIComponent(match[3]) : null)
     : new ListView();
 }
 
@@ -87,6 +88,10 @@ class ListView {
   constructor() {
     crumb.textContent = "conversations";
     this.search = el("input", { type: "search", placeholder: "search by id", "aria-label": "search by id" });
+    this.scope = el("select", { "aria-label": "search in", onchange: () => {
+      this.search.placeholder = this.scope.value === "text" ? "search what was said" : "search by id";
+      this.reset();
+    } }, el("option", { value: "id" }, "ids"), el("option", { value: "text" }, "messages"));
     this.rows = el("tbody");
     this.more = el("button", { hidden: true, onclick: () => this.load() }, "Load more");
     this.status = el("p", { class: "notice", role: "status" });
@@ -100,7 +105,7 @@ class ListView {
     this.file = el("input", { type: "file", accept: ".jsonl,application/jsonl", "aria-label": "export file", hidden: true,
       onchange: () => this.importFile() });
     fill(main, el("div", { class: "list" },
-      el("div", { class: "row" }, this.search, el("button", { onclick: () => this.reset() }, "Refresh"),
+      el("div", { class: "row" }, this.search, this.scope, el("button", { onclick: () => this.reset() }, "Refresh"),
         el("span", { class: "spacer" }), this.file, el("button", { onclick: () => this.file.click() }, "Import…")),
       el("table", {}, el("thead", {}, el("tr", {}, ...["conversation", "nodes", "tokens", "state", "created", "updated"].map((h) => el("th", {}, h)))), this.rows),
       this.more, this.status, this.usage, this.spend));
@@ -156,19 +161,22 @@ class ListView {
 
   async load() {
     const term = this.search.value.trim();
+    const byText = this.scope.value === "text" && term;
     let page;
     try {
-      page = await api.conversations(this.cursor, term);
+      page = await api.conversations(this.cursor, byText ? null : term, byText ? term : null);
     } catch (error) {
       if (!refused(error)) this.status.textContent = error.message;
       return;
     }
     if (term !== this.search.value.trim()) return; // a newer search is on its way
     for (const c of page.data) {
-      const open = conversationLink(c.id, c.tenant);
+      // a match opens the conversation on the node that matched
+      const open = conversationLink(c.id, c.tenant) + (c.match ? `?node=${encodeURIComponent(c.match.node_id)}` : "");
       this.rows.append(el("tr", { class: "row", onclick: () => { location.hash = open; } },
         el("td", {}, el("a", { href: open }, c.id), c.tenant ? el("span", { class: "badge" }, `tenant ${c.tenant}`) : null,
-          c.forked_from ? el("span", { class: "badge" }, `fork of ${c.forked_from}`) : null),
+          c.forked_from ? el("span", { class: "badge" }, `fork of ${c.forked_from}`) : null,
+          c.match ? el("div", { class: "snippet" }, c.match.snippet) : null),
         el("td", {}, String(c.node_count)),
         el("td", {}, c.usage ? c.usage.total_tokens.toLocaleString() : ""),
         el("td", {}, c.busy ? el("span", { class: "badge" }, "call in flight") : ""),
@@ -178,6 +186,7 @@ class ListView {
     this.cursor = page.next_cursor;
     this.more.hidden = !this.cursor;
     this.status.textContent = this.rows.children.length ? ""
+      : byText ? `No conversation's messages hold "${term}".`
       : term ? `No conversation id contains "${term}".`
         : "No conversations for this key yet. (Without configured keys every key is a tenant of its own: use the key your clients send.)";
   }
@@ -186,12 +195,12 @@ class ListView {
 // -- one conversation --------------------------------------------------------------------------
 
 class ConversationView {
-  constructor(id, tenant) {
+  constructor(id, tenant, node = null) {
     this.id = id;
     this.tenant = tenant; // an admin key looking into another tenant
     this.api = tenant ? api.within(tenant) : api;
     this.expanded = new Set();
-    this.selected = null;
+    this.selected = node; // (a search's match opens the conversation on its node)
     this.mode = { kind: "head" };
     this.signature = null;
     fill(crumb, el("a", { href: "#/" }, "conversations"), " / ", id);
