@@ -44,7 +44,7 @@ from .routes.passthrough import (
     passthrough_auto,
     passthrough_prefixed,
 )
-from .routes.responses import response_input_items, response_resource, responses_create
+from .routes.responses import response_input_items, response_resource, responses_compact, responses_create
 from .routes.ui import ui_router
 from .runtime import Runtime
 
@@ -153,6 +153,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             messages_count_tokens,
             response_resource,
             response_input_items,
+            responses_compact,
             conversations_create,
             conversation_resource,
             conversation_items,

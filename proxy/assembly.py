@@ -119,7 +119,13 @@ def shape_received(msg: dict[str, Any], target: Target, producer: str | None) ->
 
 
 def _role(item: Any) -> Any:
-    return item.get("role") if isinstance(item, dict) else None
+    role = item.get("role") if isinstance(item, dict) else None
+    return role if type(role) is str else None  # (a client's role may be anything: a list too)
+
+
+def _key(value: Any) -> Any:
+    """A tool call's id as a set member: a client's id may be anything, a list too."""
+    return value if value is None or type(value) in (str, int, float, bool) else msgspec.json.encode(value)
 
 
 def pair_check(items: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -142,23 +148,23 @@ def pair_check(items: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
             kept.append(item)
             i += 1
             continue
-        calls = [tc for tc in item["tool_calls"] if isinstance(tc, dict)]
-        ids = {tc.get("id") for tc in calls}
+        calls = [tc for tc in item["tool_calls"] if isinstance(tc, dict)] if isinstance(item["tool_calls"], list) else []
+        ids = {_key(tc.get("id")) for tc in calls}
         results: dict[Any, dict[str, Any]] = {}
         j = i + 1
         while j < n and _role(items[j]) == "tool":
-            tid = items[j].get("tool_call_id")
+            tid = _key(items[j].get("tool_call_id"))
             if tid in ids and tid not in results:
                 results[tid] = items[j]
             else:
                 reason = "a second result for the same call" if tid in results else "tool result not right after its call"
-                dropped.append({"tool_call_id": tid, "reason": reason})
+                dropped.append({"tool_call_id": items[j].get("tool_call_id"), "reason": reason})
             j += 1
-        good = [tc for tc in calls if tc.get("id") in results]
+        good = [tc for tc in calls if _key(tc.get("id")) in results]
         for tc in calls:
-            if tc.get("id") not in results:
+            if _key(tc.get("id")) not in results:
                 dropped.append({"tool_call_id": tc.get("id"), "reason": "tool call without a result"})
-        if len(good) == len(item["tool_calls"]):
+        if isinstance(item["tool_calls"], list) and len(good) == len(item["tool_calls"]):
             kept.append(item)
         else:
             trimmed = {k: v for k, v in item.items() if k != "tool_calls"}
@@ -169,7 +175,7 @@ def pair_check(items: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], l
                 kept.append(trimmed)
             else:
                 dropped.append({"message": "assistant", "reason": "empty after dropping its tool calls"})
-        kept.extend(r for r in items[i + 1:j] if r.get("tool_call_id") in results and results[r.get("tool_call_id")] is r)
+        kept.extend(r for r in items[i + 1:j] if results.get(_key(r.get("tool_call_id"))) is r)
         i = j
     return kept, dropped
 

@@ -11,7 +11,9 @@ from storage import transcript
 
 from .dialects import Dialect
 
-__all__ = ["Call", "Started"]
+__all__ = ["COMPACTED", "Call", "Started"]
+
+COMPACTED = "_bp_compacted"  # exchange params: the compaction node this call was compacted under
 
 
 @dataclass(slots=True)
@@ -37,6 +39,18 @@ class Call:
     params: dict[str, Any] = None  # type: ignore[assignment]  # the other fields, stored (default: by the dialect)
     dropped_tools: list[str] = field(default_factory=list)  # hosted tools its upstream cannot run, left out
     query: bytes = b""  # the request's query string: forwarded to an upstream that speaks the client's API
+    compact_threshold: int | None = None  # the client's own threshold (Responses context_management): tokens
+    truncation_auto: bool = False  # Responses truncation "auto": an overflow compacts and retries once
+    compaction_controls: bool = False  # the client asked for either: its answer shows a compaction made first
+    compaction: Any = None  # set when this call was compacted first: the compaction node (storage.PathNode)
+
+    def exchange_params(self) -> dict[str, Any]:
+        """The params an answer is translated with: the stored ones, and -- when the call was
+        compacted first and its client asked for OpenAI's compaction controls -- the compaction
+        node (``COMPACTED``), which a Responses answer begins with."""
+        if self.compaction is None or not self.compaction_controls:
+            return self.params
+        return {**self.params, COMPACTED: self.compaction}
 
     def __post_init__(self) -> None:
         if self.messages is None:

@@ -209,8 +209,10 @@ class CallLifecycle:
             return RawResponse(failure.status, call.dialect.error_body(failure), started.headers())
         except BaseException as exc:
             if not started.finished:
-                failure = Failure.from_error(exc if isinstance(exc, BranchpointError) else BranchpointError(
-                    f"the proxy failed: {type(exc).__name__}"))
+                # a failure of the proxy's own is invalid, not transient: the head stays, so what
+                # made it fail is not every later call's context (and fails them too)
+                failure = Failure.from_error(exc) if isinstance(exc, BranchpointError) else Failure.of(
+                    Outcome.INVALID, "server_error", "internal_error", f"the proxy failed: {type(exc).__name__}", 500)
                 await asyncio.shield(self.outcomes.finish(started, failure.outcome, error=failure.error))
             if isinstance(exc, BranchpointError):
                 exc.headers.update(dict(started.headers()))

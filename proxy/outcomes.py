@@ -126,7 +126,8 @@ class Outcomes:
         call = started.call
         try:
             self.metrics.observe_call(call.kind, outcome.value, usage)
-            if outcome is Outcome.SUCCESS and call.kind == "turn":
+            # (a call with a threshold of its own -- context_management -- compacts only at it)
+            if outcome is Outcome.SUCCESS and call.kind == "turn" and call.compact_threshold is None:
                 self.compactor.after_turn(tenant=call.tenant, conversation_id=started.conversation_id,
                                           tree_id=started.tree_id, head=started.node_id, model=call.body["model"],
                                           usage=usage, client_key=call.client_key)

@@ -87,7 +87,7 @@ def _check_items(where: str, items: list[dict[str, Any]], api: str) -> None:
     if api != "chat":
         return
     for i, item in enumerate(items):
-        if item.get("role") not in CHAT_ROLES:
+        if not isinstance(item.get("role"), str) or item.get("role") not in CHAT_ROLES:
             raise NotAnExport(f"{where}[{i}]: a chat message needs a role of {sorted(CHAT_ROLES)}")
 
 

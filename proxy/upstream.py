@@ -196,8 +196,9 @@ def _decoder(headers: httpx.Headers, limit: int) -> _Zlib | _Zstd | _Chain | Non
 
 
 def target_of(upstream: Upstream) -> Target:
-    """The provider a request goes to, as assembly needs to know it."""
-    return Target(upstream.name, upstream.accepts_reasoning, upstream.api)
+    """The provider a request goes to, as assembly needs to know it. An Anthropic upstream always
+    takes its own signed thinking back (it needs it to go on with a tool round)."""
+    return Target(upstream.name, upstream.accepts_reasoning or upstream.api == "anthropic", upstream.api)
 
 
 def response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:

@@ -57,8 +57,19 @@ _sha256 = hashlib.sha256
 _decode = msgspec.json.Decoder().decode
 
 
+def _system_role(role: Any) -> bool:
+    return type(role) is str and role in SYSTEM_ROLES  # (a client's role may be anything: a list too)
+
+
+def _text_part(part: Any) -> bool:
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type", "text")
+    return type(kind) is str and kind in _TEXT_PARTS and isinstance(part.get("text"), str)
+
+
 def is_system(item: Any) -> bool:
-    return isinstance(item, dict) and item.get("role") in SYSTEM_ROLES
+    return isinstance(item, dict) and _system_role(item.get("role"))
 
 
 def _json_value(value: Any) -> Any:
@@ -81,7 +92,7 @@ def _content(content: Any, *, strip: bool = False) -> Any:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if isinstance(part, dict) and part.get("type", "text") in _TEXT_PARTS and isinstance(part.get("text"), str):
+            if _text_part(part):
                 texts.append(part["text"])
             else:
                 break
@@ -90,7 +101,7 @@ def _content(content: Any, *, strip: bool = False) -> Any:
             return text.strip() if strip else text
         return [
             ["text", part["text"].strip() if strip else part["text"]]
-            if isinstance(part, dict) and part.get("type", "text") in _TEXT_PARTS and isinstance(part.get("text"), str)
+            if _text_part(part)
             else ["part", part]
             for part in content
         ]
@@ -109,7 +120,7 @@ def canonical(message: Any) -> Any | None:
     if not isinstance(message, dict):
         return ["other", message]
     role = message.get("role")
-    if role in SYSTEM_ROLES:
+    if _system_role(role):
         return None
     out: dict[str, Any] = {"role": role, "content": _content(message.get("content"), strip=True)}
     if message.get("name") is not None:
@@ -141,7 +152,7 @@ def digest(message: Any) -> bytes:
 
 def digests(items: Iterable[Any]) -> list[bytes]:
     """The digests of the non-system items, in order."""
-    return [digest(i) for i in items if not (type(i) is dict and i.get("role") in SYSTEM_ROLES)]
+    return [digest(i) for i in items if not (type(i) is dict and _system_role(i.get("role")))]
 
 
 def fold(start: bytes, message_digests: Iterable[bytes]) -> bytes:

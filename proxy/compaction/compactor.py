@@ -232,19 +232,41 @@ class Compactor:
             kind=apply_mode, path=path, new_items=started.new_items, model=call.body["model"],
             client_key=call.client_key, call_node=started.node_id,
             extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
+            threshold=call.compact_threshold,
         )
         if compacted is not None and compacted.compacted and compacted.node is not None:
             started.parent_id = compacted.node.id
+            call.compaction = compacted.node
             return [compacted.node]
         return path
 
-    async def before_call(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
-                          path: list[PathNode], new_items: Sequence[dict[str, Any]], model: str,
-                          client_key: str | None, call_node: uuid.UUID, extra: Sequence[Any] = ()) -> CompactionResult | None:
-        """Before a call: compact synchronously if the request would be above the hard threshold."""
+    async def before_retry(self, started: Started, path: list[PathNode]) -> list[PathNode] | None:
+        """A call the upstream refused as too long for its context (Responses ``truncation:
+        "auto"``): its path compacted now, whatever the thresholds say -- the call then hangs
+        under the compaction node. None when nothing could be compacted."""
         if not path:
             return None
-        hard = self.thresholds.limits(model).hard
+        call = started.call
+        apply_mode = call.kind if call.kind == "transform" or started.mode == "delta" else "full"
+        result = await self.compact(tenant=call.tenant, conversation_id=started.conversation_id,
+                                    tree_id=started.tree_id, path=path, model=call.body["model"],
+                                    client_key=call.client_key, mode=apply_mode, trigger="hard",
+                                    call_node=started.node_id, new_items=started.new_items)
+        if not result.compacted or result.node is None:
+            return None
+        started.parent_id = result.node.id
+        call.compaction = result.node
+        return [result.node]
+
+    async def before_call(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
+                          path: list[PathNode], new_items: Sequence[dict[str, Any]], model: str,
+                          client_key: str | None, call_node: uuid.UUID, extra: Sequence[Any] = (),
+                          threshold: int | None = None) -> CompactionResult | None:
+        """Before a call: compact synchronously if the request would be above the hard threshold
+        (``threshold``: the call's own, in tokens, instead)."""
+        if not path:
+            return None
+        hard = self.thresholds.limits(model).hard if threshold is None else threshold
         bound = estimate_request(self.tokens, path, new_items, extra, upper_bound=True)
         if bound <= hard:
             return None  # far below: nothing to tokenise (proxy/tokens.py)

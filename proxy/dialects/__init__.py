@@ -34,7 +34,7 @@ from ..errors import InvalidRequest
 from ..relay import Translator
 
 __all__ = ["Answer", "Crossing", "Dialect", "Exchange", "Transcript", "crossing", "dialect", "message_path",
-           "parse_model_request"]
+           "parse_model_request", "refuse_own_keys"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +226,22 @@ def parse_model_request(raw: bytes) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model or "\x00" in model:
         raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    for key in body:
+        if key.startswith(OWN):  # the proxy's own keys in what it stores: never a client's
+            raise InvalidRequest(f"{key!r} is not a request field (the prefix {OWN} is Branchpoint's own)", param=key)
     return body
+
+
+OWN = "_bp_"  # (assembly.NATIVE: the prefix of the proxy's own keys in stored items and params)
+
+
+def refuse_own_keys(item: Any, where: str) -> None:
+    """Refuse an item (a message) of a client's that carries one of the proxy's own keys."""
+    if isinstance(item, dict):
+        for key in item:
+            if type(key) is str and key.startswith(OWN):
+                raise InvalidRequest(f"{where}: {key!r} is not a message field (the prefix {OWN} is Branchpoint's own)",
+                                     param=where)
 
 
 def _registry() -> dict[str, Dialect]:

@@ -9,6 +9,7 @@ HTTP only: the call itself is the lifecycle's, like a chat call.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -17,23 +18,35 @@ from litestar import Request, route
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
-from storage import AdminStore, NodeRow
+from storage import AdminStore, NodeRow, transcript
 
 from ..auth import Caller
 from ..call import Call
+from ..compaction import Compactor
+from ..dialects import message_path, parse_model_request
 from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import items as responses_items
 from ..dialects.responses import translate
-from ..errors import ConversationNotFound, InvalidConversationId, InvalidRequest, NodeNotFound, NotFound
+from ..dialects.responses.compaction import compaction_item, compaction_node_of, is_compaction_item
+from ..errors import (
+    ConversationBusy,
+    ConversationNotFound,
+    InvalidConversationId,
+    InvalidRequest,
+    NodeNotFound,
+    NotFound,
+    UpstreamFailure,
+)
 from ..http import RawResponse
 from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
 from .common import RequestHeaders, context_mode, node_kind, resolve_conversation_id
 from .context import CallContext
+from .conversations import items_node, new_conversation_id
 from .docs import errors
 from .passthrough import Forwarder, upstream_path
 
-__all__ = ["response_input_items", "response_resource", "responses_create"]
+__all__ = ["response_input_items", "response_resource", "responses_compact", "responses_create"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -99,6 +112,73 @@ async def _named_conversation(value: Any, cid: str | None, previous: Any, admin:
     return named
 
 
+def _holds_compaction(body: dict[str, Any]) -> bool:
+    """Does the input hold a compaction item of ours (a stateless client continuing from one)?"""
+    value = body.get("input")
+    return isinstance(value, list) and any(is_compaction_item(i) and compaction_node_of(i) for i in value)
+
+
+def _compaction_controls(body: dict[str, Any]) -> tuple[int | None, bool, bool]:
+    """(the call's own compaction threshold, truncation "auto", whether it asked for either) --
+    OpenAI's compaction controls, read and checked; the proxy applies them (never the upstream)."""
+    threshold, asked = None, False
+    management = body.get("context_management")
+    if management is not None:
+        if not isinstance(management, list):
+            raise InvalidRequest("context_management must be an array", param="context_management")
+        for i, entry in enumerate(management):
+            if not isinstance(entry, dict) or entry.get("type") != "compaction":
+                raise InvalidRequest("context_management entries are {\"type\": \"compaction\", ...}",
+                                     param=f"context_management[{i}]")
+            asked = True
+            value = entry.get("compact_threshold")
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise InvalidRequest("compact_threshold must be a positive number of tokens",
+                                         param=f"context_management[{i}].compact_threshold")
+                threshold = value
+    truncation = body.get("truncation")
+    if truncation not in (None, "auto", "disabled"):
+        raise InvalidRequest("truncation must be 'auto' or 'disabled'", param="truncation")
+    return threshold, truncation == "auto", asked or truncation == "auto"
+
+
+def _messages_digests(items: list[dict[str, Any]]) -> tuple[list[bytes], list[int] | None]:
+    transcript_ = RESPONSES.read(items)
+    return transcript.digests(transcript_.messages), transcript_.ordinals
+
+
+async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore,
+                             caller: Caller) -> tuple[list[dict[str, Any]], NodeRow] | None:
+    """A stateless client's input holding a compaction item of ours: the node to continue from
+    and the items that are new after it -- or None when the input holds none. The item stands for
+    everything before it: the compaction node (its summary and kept items), and the call that was
+    compacted under it when the items that follow begin with that call's answer."""
+    at = max((i for i, item in enumerate(items) if is_compaction_item(item)), default=None)
+    if at is None:
+        return None
+    named = compaction_node_of(items[at])
+    node = await admin.node(caller.tenant, named[0]) if named else None
+    if node is None or node.kind != "compaction":  # not ours, another tenant's, or gone
+        raise NodeNotFound("the compaction item names no compaction of this tenant", param="input")
+    rest = [item for item in items[at + 1:] if not is_compaction_item(item)]
+    call = await admin.node(caller.tenant, named[1]) if named and named[1] else None
+    if call is not None and call.parent_id == node.id and call.status == "success" and not call.response_deleted:
+        answer = [i.get("id") for i in _response_of(call)["output"]]
+        if answer and [i.get("id") for i in rest[:len(answer)]] == answer:
+            return rest[len(answer):], call
+    # the compaction's kept items, when the client sends them back (as /v1/responses/compact gave them)
+    kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
+    kept_digests = transcript.digests(kept)
+    digests, ordinals = _messages_digests(rest)
+    same = 0
+    while same < min(len(kept_digests), len(digests)) and kept_digests[same] == digests[same]:
+        same += 1
+    if same and ordinals is not None:
+        rest = [item for item, n in zip(rest, ordinals, strict=True) if n == 0 or n > same]
+    return rest, node
+
+
 async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder: Forwarder, caller: Caller,
                   admin: AdminStore, path_cid: str | None, *, auto: bool = False) -> ASGIApp:
     headers = RequestHeaders(request.scope)
@@ -110,7 +190,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         cid = await _named_conversation(body.pop("conversation"), cid, previous, admin, caller)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
     parent = await _stored_response(admin, caller, previous) if ours else None
-    if cid is None and not auto and not ours:
+    if cid is None and not auto and not ours and not _holds_compaction(body):
         return await forwarder.forward(request, "responses", raw, headers, caller)
     if previous and parent is None:  # another tenant's, deleted, or an upstream's in a stored call
         raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
@@ -125,10 +205,19 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         mode = "full" if auto else context_mode(headers, calls.default_mode)
         parent_mode, parent_id = "head", None
     items = await _resolve_references(RESPONSES.items(body), admin, caller)
+    if parent is None:
+        resumed = await _resume_compaction(items, admin, caller)
+        if resumed is not None:  # a stateless client continuing from a compaction item of ours
+            items, parent = resumed
+            mode, parent_mode, parent_id = "delta", "node", parent.id
+            cid = cid or parent.conversation_id
+    items = [item for item in items if not is_compaction_item(item)]  # (what they stand for is the parent's path)
+    threshold, truncation_auto, controls = _compaction_controls(body)
     call = Call(
         tenant=caller.tenant, conversation_id=cid, kind=kind, mode=mode, parent_mode=parent_mode, parent_id=parent_id,
         body=body, items=items, stream=body.get("stream") is True, client_key=caller.client_key,
         headers=headers.items, dialect=RESPONSES, credentials=headers.credentials(),
+        compact_threshold=threshold, truncation_auto=truncation_auto, compaction_controls=controls,
     )
     return await calls.run(call, request.receive)
 
@@ -143,6 +232,70 @@ async def responses_create(request: Request[Any, Any, Any], call: NamedDependenc
     path_cid = request.path_params.get("conversation_id")
     return await _create(request, call.calls, call.forwarder, call.caller, call.admin, path_cid,
                          auto=request.scope["path"].startswith("/auto/"))
+
+
+@route(["/v1/responses/compact", "/c/{conversation_id:str}/v1/responses/compact"], http_method=["POST"],
+       summary="Compact a conversation, a stored response's path or the given input now", tags=["responses"],
+       status_code=200, responses=errors(400, 401, 404, 409, 502))
+async def responses_compact(request: Request[Any, Any, Any], call: NamedDependency[CallContext],
+                            compactor: NamedDependency[Compactor]) -> ASGIApp:
+    caller, admin = call.caller, call.admin
+    headers = RequestHeaders(request.scope)
+    cid = resolve_conversation_id(request.path_params.get("conversation_id"), headers.get("x-conversation-id"))
+    raw = await request.body()
+    body = parse_model_request(raw)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model is required", param="model")
+    previous = body.get("previous_response_id")
+    if "conversation" in body:
+        cid = await _named_conversation(body["conversation"], cid, previous, admin, caller)
+    if previous is not None:
+        node = await _stored_response(admin, caller, previous)
+        if node is None:
+            raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
+        path = message_path(await admin.path_rows(node.tree_id, node.id))
+        result = await compactor.compact(tenant=caller.tenant, conversation_id=node.conversation_id,
+                                         tree_id=node.tree_id, path=path, model=model, client_key=caller.client_key,
+                                         mode="transform", trigger="admin")
+        source: list[Any] = path
+    else:
+        if cid is None:  # the input alone: it becomes a conversation of its own, then compacted
+            if body.get("input") is None:
+                raise InvalidRequest("input, previous_response_id or conversation is required", param="input")
+            # (its instructions, a system message, first)
+            items = await _resolve_references(RESPONSES.items(RESPONSES.parse(raw)), admin, caller)
+            cid = new_conversation_id()
+            await admin.add_items(caller.tenant, cid, [items_node(items)], create=True, metadata={})
+        conv = await admin.conversation(caller.tenant, cid)
+        if conv is None:
+            raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation")
+        result = await compactor.compact_now(conv, caller.client_key, default_model=model)
+        source = [] if conv.head_node_id is None else message_path(await admin.path_rows(conv.tree_id, conv.head_node_id))
+    if result.compacted and result.node is not None:
+        node = result.node
+        kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
+        output = [compaction_item(node), *(_with_parts(i) for i in responses_items.to_items(kept))]
+        usage = translate.usage_of(node.usage) if node.usage and "prompt_tokens" in node.usage else node.usage
+        rid = responses_items.response_id(node.id)
+    elif result.reason in ("empty", "nothing_to_compact"):  # too short to compact: the context as it is
+        output = [_with_parts(item) for n in source for item in responses_items.to_items([*n.sent, *(n.received or [])])]
+        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        rid = responses_items.response_id(source[-1].id) if source else "resp_" + "0" * 32
+    elif result.reason in ("moved", "busy"):
+        raise ConversationBusy("the conversation moved while compacting; retry")
+    else:
+        raise UpstreamFailure(f"the summary could not be made ({result.reason}); nothing was compacted")
+    return RawResponse(200, _encode({"id": rid, "object": "response.compaction", "created_at": int(time.time()),
+                                     "output": output, "usage": usage}))
+
+
+def _with_parts(item: dict[str, Any]) -> dict[str, Any]:
+    """A message item as OpenAI's lists carry it: its text in content parts."""
+    if item.get("type") == "message" and isinstance(item.get("content"), str):
+        part = "output_text" if item.get("role") == "assistant" else "input_text"
+        return {**item, "content": [{"type": part, "text": item["content"]}]}
+    return item
 
 
 def _response_of(node: NodeRow) -> dict[str, Any]:

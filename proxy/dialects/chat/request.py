@@ -7,7 +7,7 @@ from typing import Any
 
 from ...assembly import CHAT_ROLES
 from ...errors import InvalidRequest
-from .. import parse_model_request
+from .. import parse_model_request, refuse_own_keys
 
 __all__ = ["parse_chat_body"]
 
@@ -22,8 +22,9 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
         if not isinstance(message, dict):
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = message.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", param=f"messages[{i}].role")
+        refuse_own_keys(message, f"messages[{i}]")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be a boolean", param="stream")

@@ -16,7 +16,9 @@ message back together exactly as the client sent it. The ``system`` field is a `
     assistant: text, tool_use, thinking ...    assistant (text joined, tool_calls, reasoning_content)
 
 A ``system`` message among the messages (Claude Code sends one) is a system item marked ``INLINE``:
-sent back in place when it follows other messages, else in the ``system`` field.
+sent back in place when it follows other messages, else in the ``system`` field (where delta
+mode's system rule -- system messages first -- always puts it; full-history calls keep the
+client's order).
 
 ``cache_control`` and ``thinking`` / ``redacted_thinking`` blocks do not change the chat message
 (so they take no part in matching); a ``thinking`` block goes back only to the provider that
@@ -126,12 +128,27 @@ def _user_content(blocks: list[Any]) -> Any:
         elif block.get("type") == "image":
             only_text = False
             parts.append(_image_part(block))
-        else:  # documents, search results ...: compared by their JSON, dropped for a chat upstream
+        else:  # documents, search results ...: as text a chat upstream can read
             only_text = False
-            parts.append({k: v for k, v in block.items() if k != "cache_control"})
+            parts.append({"type": "text", "text": _as_text(block)})
     if only_text:
         return "".join(p["text"] for p in parts)
     return parts
+
+
+def _as_text(block: dict[str, Any]) -> str:
+    """A block chat has no part for, as text: a plain-text document's own text, a search result's
+    texts, else a line saying what it was (its bytes stay in the fragment, for Anthropic)."""
+    kind = block.get("type")
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    title = f" {block['title']}" if isinstance(block.get("title"), str) else ""
+    if kind == "document" and source.get("type") == "text" and isinstance(source.get("data"), str):
+        return f"[document{title}]\n{source['data']}"
+    if kind == "search_result":
+        texts = [b.get("text") for b in _blocks(block.get("content")) if isinstance(b, dict) and isinstance(b.get("text"), str)]
+        return f"[search result{title}: {block.get('source', '')}]\n" + "\n".join(texts)
+    media = source.get("media_type") or source.get("type") or ""
+    return f"[{kind}{title}{f' ({media})' if media else ''}: not readable by this model]"
 
 
 def _tool_content(content: Any) -> Any:
@@ -244,10 +261,10 @@ def _from_chat(message: dict[str, Any], provider: str | None) -> tuple[str, list
         return "user", [block]
     if role == "assistant":
         blocks: list[dict[str, Any]] = []
-        if provider is not None and message.get(PRODUCER) == provider:
-            for b in message.get("thinking_blocks") or ():  # (a chat client's, from this very provider)
-                if isinstance(b, dict) and b.get("type") in _THINKING:
-                    blocks.append(b)
+        # a chat node's signed thinking: assembly kept it only towards the provider that produced it
+        for b in message.get("thinking_blocks") if isinstance(message.get("thinking_blocks"), list) else ():
+            if isinstance(b, dict) and type(b.get("type")) is str and b["type"] in _THINKING:
+                blocks.append(b)
         blocks.extend(_parts_to_blocks(message.get("content")))
         if message.get("refusal") and not blocks:
             blocks.append({"type": "text", "text": str(message["refusal"])})
@@ -344,13 +361,28 @@ def markers(system: Any, messages: Sequence[Any]) -> list[list[Any]]:
     the system field), block index, the marker]`` -- positions that hold in the assembled request
     too, whose last messages are the client's."""
     found: list[list[Any]] = []
+    in_system = 0  # blocks of the system field so far (a string is one)
     if isinstance(system, list):
         for j, block in enumerate(system):
             if isinstance(block, dict) and block.get("cache_control") is not None:
                 found.append([-1, j, block["cache_control"]])
+        in_system = len(system)
+    elif isinstance(system, str) and system:
+        in_system = 1
     n = len(messages)
+    leading = True  # system messages before any other go into the system field (``to_anthropic``)
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
+        if leading and isinstance(message, dict) and message.get("role") == "system":
+            if isinstance(content, list):
+                for j, block in enumerate(content):
+                    if isinstance(block, dict) and block.get("cache_control") is not None:
+                        found.append([-1, in_system + j, block["cache_control"]])
+                in_system += len(content)
+            elif content:
+                in_system += 1
+            continue
+        leading = False
         if isinstance(content, list):
             for j, block in enumerate(content):
                 if isinstance(block, dict) and block.get("cache_control") is not None:

@@ -18,7 +18,6 @@ from typing import Any
 import msgspec
 
 from ...relay import Translator
-from ...secrets import Masker
 from .. import Answer
 from ..chat import NotACompletion, parse_completion
 from ..chat.stream import masked_chunks
@@ -53,7 +52,7 @@ class MessagesNative:
         return Answer(content, received, self.messages(received), usage, translate.finish_reason(data.get("stop_reason")))
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
-        return stream.Native(masker=Masker(secrets) or None)
+        return stream.Native(secrets=secrets)
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)
@@ -94,8 +93,7 @@ class ChatOverMessages:
         return Answer(_encode(body), [message], [message], body["usage"], choice["finish_reason"])
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
-        return stream.ToChat(node_id=self.node_id, provider=self.provider, wants_usage=wants_usage,
-                             masker=Masker(secrets) or None)
+        return stream.ToChat(node_id=self.node_id, provider=self.provider, wants_usage=wants_usage, secrets=secrets)
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return received

@@ -6,12 +6,46 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidRequest
-from .. import parse_model_request
+from .. import parse_model_request, refuse_own_keys
 from .blocks import MARKERS, fragments, markers
 
 __all__ = ["call_items", "call_params", "parse_messages_body"]
 
 _ROLES = frozenset({"user", "assistant", "system"})  # (system: a message of its own, where the client put it)
+
+
+# what the proxy reads of a block, by type: each of these fields, when present, of this type
+_FIELDS: dict[str, tuple[tuple[str, type | tuple[type, ...], bool], ...]] = {  # (field, type, required)
+    "text": (("text", str, True),),
+    "tool_use": (("id", str, True), ("name", str, True), ("input", dict, False)),
+    "server_tool_use": (("id", str, True), ("name", str, False)),
+    "tool_result": (("tool_use_id", str, True), ("content", (str, list), False), ("is_error", bool, False)),
+    "thinking": (("thinking", str, True), ("signature", str, False)),
+    "redacted_thinking": (("data", str, True),),
+    "image": (("source", dict, True),),
+    "document": (("source", dict, True),),
+}
+
+
+_NAMES = {str: "a string", dict: "an object", bool: "a boolean", (str, list): "a string or an array of blocks"}
+
+
+def _check_blocks(blocks: list[Any], where: str) -> None:
+    """Refuse (400) a block the proxy could not read the way Anthropic does: every block an object
+    with a string type, and the fields the proxy uses of the known types as the API defines them."""
+    for j, block in enumerate(blocks):
+        at = f"{where}.{j}"
+        if not isinstance(block, dict) or type(block.get("type")) is not str:
+            raise InvalidRequest(f"{at}: each content block is an object with a string 'type'", param=at)
+        for field, kind, required in _FIELDS.get(block["type"], ()):
+            value = block.get(field)
+            if value is None and not required:
+                continue
+            if not isinstance(value, kind):
+                raise InvalidRequest(f"{at}.{field}: {_NAMES.get(kind, 'of another type')} in a {block['type']} block",
+                                     param=f"{at}.{field}")
+        if block["type"] == "tool_result" and isinstance(block.get("content"), list):
+            _check_blocks(block["content"], f"{at}.content")
 
 
 def parse_messages_body(raw: bytes) -> dict[str, Any]:
@@ -20,17 +54,22 @@ def parse_messages_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(messages, list):
         raise InvalidRequest("messages: Field required (an array of messages)", param="messages")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+        role = m.get("role") if isinstance(m, dict) else None
+        if not isinstance(role, str) or role not in _ROLES:
             raise InvalidRequest(f"messages.{i}: each message is an object whose role is 'user', 'assistant' or 'system'",
                                  param=f"messages.{i}")
+        refuse_own_keys(m, f"messages.{i}")
         content = m.get("content")
-        if not isinstance(content, (str, list)) or (isinstance(content, list)
-                                                     and not all(isinstance(b, dict) for b in content)):
+        if not isinstance(content, (str, list)):
             raise InvalidRequest(f"messages.{i}.content: a string or an array of content blocks",
                                  param=f"messages.{i}.content")
+        if isinstance(content, list):
+            _check_blocks(content, f"messages.{i}.content")
     system = body.get("system")
     if system is not None and not isinstance(system, (str, list)):
         raise InvalidRequest("system: a string or an array of text blocks", param="system")
+    if isinstance(system, list):
+        _check_blocks(system, "system")
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise InvalidRequest("tools: an array of objects", param="tools")

@@ -6,7 +6,7 @@
   ``message_stop`` is held back until the node is stored.
 - ``FromChat``: a chat-completions stream as Messages events, for an Anthropic client over a chat
   upstream: a thinking block for reasoning, a text block, one ``tool_use`` block per tool call
-  with its input as ``input_json_delta`` pieces, then ``message_delta`` and ``message_stop``.
+  with its input (sent whole, at the end), then ``message_delta`` and ``message_stop``.
 - ``ToChat``: an Anthropic upstream's events as chat chunks, for a chat client.
 
 A failure ends a Messages stream with Anthropic's ``error`` event.
@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from ...failures import Failure
-from ...secrets import Masker
+from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, sse_error_event
 from ..chat.stream import MaskedChunks, StreamAccumulator
 from . import translate
@@ -38,6 +39,44 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 
 def error_event(type_: str, message: str) -> bytes:
     return _event("error", {"error": {"type": type_, "message": message}})
+
+
+_DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
+
+
+class _Deltas:
+    """The call's credentials masked in an Anthropic stream's deltas, however the upstream cut
+    them: text, thinking and tool input pieces go through a ``TextMasker`` per block (what may
+    begin a credential is held back), and what a block still holds is given out before its
+    ``content_block_stop``."""
+
+    def __init__(self, secrets: Sequence[str | None]) -> None:
+        self.text = TextMasker(secrets)
+        self.kinds: dict[Any, str] = {}  # block index -> its delta type
+
+    def __bool__(self) -> bool:
+        return bool(self.text)
+
+    def events(self, event: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The events to send for ``event``, masked; None when it is to go as it came."""
+        kind = event.get("type")
+        index = event.get("index")
+        if kind == "content_block_delta" and isinstance(event.get("delta"), dict):
+            delta = event["delta"]
+            field = _DELTA_FIELDS.get(delta.get("type"))
+            piece = delta.get(field) if field else None
+            if not isinstance(piece, str) or isinstance(index, (dict, list)):
+                return None
+            self.kinds[index] = delta["type"]
+            masked = self.text.feed(index, piece)
+            return [{**event, "delta": {**delta, field: masked}}] if masked else []
+        if kind == "content_block_stop" and not isinstance(index, (dict, list)) and index in self.kinds:
+            rest = self.text.flush(index)
+            dtype = self.kinds.pop(index)
+            if rest:
+                return [{"type": "content_block_delta", "index": index, "delta": {"type": dtype, _DELTA_FIELDS[dtype]: rest}},
+                        event]
+        return None
 
 
 class Message:
@@ -114,8 +153,9 @@ class Message:
 class Native:
     """An Anthropic upstream's stream, relayed to an Anthropic client."""
 
-    def __init__(self, *, masker: Masker | None = None) -> None:
-        self.masker = masker
+    def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
+        self.masker = Masker(secrets) or None  # (a credential whole in one event)
+        self.deltas = _Deltas(secrets)  # (one cut across deltas)
         self.acc = Message()
         self.finished = False
         self.error: Any = None
@@ -138,6 +178,13 @@ class Native:
         event = payload(raw)
         if event is UNREAD or event is DONE or not isinstance(event, dict):
             return raw + b"\n\n"  # (comments and the like: relayed as they came)
+        masked = self.deltas.events(event) if self.deltas else None
+        if masked is not None:
+            out = []
+            for e in masked:
+                self.acc.feed(e)
+                out.append(_event(str(e.get("type")), {k: v for k, v in e.items() if k != "type"}))
+            return b"".join(out)
         self.acc.feed(event)
         if self.acc.error is not None:
             self.error = self.acc.error
@@ -177,7 +224,6 @@ class FromChat:
         self.blocks: list[dict[str, Any]] = []
         self.open: int | None = None  # the block being streamed
         self.kind: str | None = None  # its kind: "thinking" | "text" | ("tool", chat index)
-        self.calls: dict[int, int] = {}  # chat tool-call index -> block index
 
     @property
     def usage(self) -> dict[str, Any] | None:
@@ -224,7 +270,6 @@ class FromChat:
     def _chunk(self, chunk: Any) -> bytes:
         before = (len("".join(self.acc.reasoning_content)) + len("".join(self.acc.reasoning)),
                   len("".join(self.acc.content)))
-        before_args = {i: len(tc["function"]["arguments"]) for i, tc in self.acc.tool_calls.items()}
         self.acc.feed(chunk)
         if self.acc.error is not None:
             self.error = self.acc.error
@@ -240,23 +285,27 @@ class FromChat:
             if self.kind != "text":
                 out.append(self._start("text", {"type": "text", "text": ""}))
             out.append(self._delta({"type": "text_delta", "text": text[before[1]:]}))
-        for i, call in sorted(self.acc.tool_calls.items()):
+        # (tool calls: sent whole at the end -- a chat stream may interleave several calls'
+        # arguments, or text between a call's start and its arguments, which Anthropic's blocks,
+        # one open at a time and never reopened, cannot say)
+        return b"".join(out)
+
+    def _tools(self) -> bytes:
+        out = [self._stop()]
+        for _, call in sorted(self.acc.tool_calls.items()):
+            out.append(self._start("tool", {"type": "tool_use", "id": call.get("id"), "name": call["function"]["name"],
+                                            "input": {}}))
             arguments = call["function"]["arguments"]
-            if i not in self.calls:
-                out.append(self._start(f"tool{i}", {"type": "tool_use", "id": call.get("id"),
-                                                   "name": call["function"]["name"], "input": {}}))
-                self.calls[i] = self.open  # type: ignore[assignment]
-                before_args[i] = 0
-            added = arguments[before_args.get(i, 0):]
-            if added and self.kind == f"tool{i}":
-                out.append(self._delta({"type": "input_json_delta", "partial_json": added}))
+            if arguments:
+                out.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+            out.append(self._stop())
         return b"".join(out)
 
     def received(self) -> list[dict[str, Any]]:
         return [{"role": "assistant", "content": translate.content_of(self.acc.message())}]
 
     def closing(self) -> bytes:
-        out = self._stop()
+        out = self._stop() + self._tools()
         usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
         out += _event("message_delta", {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason),
                                                   "stop_sequence": None}, "usage": usage})
@@ -271,8 +320,9 @@ class ToChat:
     chunk, when the client asked) and ``[DONE]`` once the node is stored."""
 
     def __init__(self, *, node_id: uuid.UUID, provider: str | None, wants_usage: bool,
-                 masker: Masker | None = None) -> None:
-        self.masker = masker
+                 secrets: Sequence[str | None] = ()) -> None:
+        self.masker = Masker(secrets) or None
+        self.deltas = _Deltas(secrets)
         self.node_id = node_id
         self.provider = provider
         self.wants_usage = wants_usage
@@ -312,6 +362,12 @@ class ToChat:
         event = payload(raw)
         if not isinstance(event, dict):
             return b""
+        masked = self.deltas.events(event) if self.deltas else None
+        if masked is not None:
+            return b"".join(self._one(e) for e in masked)
+        return self._one(event)
+
+    def _one(self, event: dict[str, Any]) -> bytes:
         self.acc.feed(event)
         if self.acc.error is not None:
             self.error = self.acc.error

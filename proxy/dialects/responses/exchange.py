@@ -24,9 +24,19 @@ from ..chat import parse_completion
 from ..chat.stream import masked_chunks
 from . import for_chat, translate
 from . import stream as responses_stream
+from .compaction import compaction_item
 from .items import read_response, response_id, to_messages
 
-__all__ = ["ChatOverResponses", "ResponsesNative", "ResponsesOverChat", "own_item_ids"]
+__all__ = ["ChatOverResponses", "ResponsesNative", "ResponsesOverChat", "compaction_output", "own_item_ids"]
+
+_COMPACTED = "_bp_compacted"  # (proxy.call.COMPACTED: the compaction node the call was compacted under)
+
+
+def compaction_output(params: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The compaction item a client's answer begins with (none when the call was not compacted
+    under its client's compaction controls). Never stored with the node: it stands for its path."""
+    node = params.get(_COMPACTED)
+    return [] if node is None else [compaction_item(node, node_id)]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -62,14 +72,16 @@ class ResponsesOverChat:
         completion = parse_completion(content)
         output = translate.output_items(completion.message, self.node_id, self.params.get("tools"))
         usage = translate.usage_of(completion.usage)
-        response = translate.response_object(node_id=self.node_id, params=self.params, output=output, usage=usage,
-                                             instructions=self.instructions, finish_reason=completion.finish_reason,
-                                             model=_decode(content).get("model"))
+        response = translate.response_object(node_id=self.node_id, params=self.params,
+                                             output=[*compaction_output(self.params, self.node_id), *output],
+                                             usage=usage, instructions=self.instructions,
+                                             finish_reason=completion.finish_reason, model=_decode(content).get("model"))
         return Answer(_encode(response), output, self.messages(output), usage, completion.finish_reason)
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
         return responses_stream.FromChat(node_id=self.node_id, params=self.params, instructions=self.instructions,
-                                         masker=masked_chunks(secrets))
+                                         masker=masked_chunks(secrets),
+                                         compaction=compaction_output(self.params, self.node_id))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)
@@ -86,7 +98,7 @@ class ResponsesNative:
         data.update(id=response_id(self.node_id), previous_response_id=self.params.get("previous_response_id"),
                     store=self.params.get("store", True))
         output = own_item_ids([item for item in data["output"] if isinstance(item, dict)], self.node_id)
-        data["output"] = output
+        data["output"] = [*compaction_output(self.params, self.node_id), *output]
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
         finish = "length" if data.get("status") == "incomplete" else "stop"
         return Answer(_encode(data), output, self.messages(output), usage, finish)
@@ -96,7 +108,8 @@ class ResponsesNative:
         # pieces, but the done events, the completed response and the stored answer carry it whole
         # -- and masked (docs/behaviour.md#limits-and-hostile-peers)
         return responses_stream.Native(node_id=self.node_id, previous_response_id=self.params.get("previous_response_id"),
-                                       store=self.params.get("store", True), masker=Masker(secrets) or None)
+                                       store=self.params.get("store", True), masker=Masker(secrets) or None,
+                                       compaction=compaction_output(self.params, self.node_id))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)

@@ -44,7 +44,7 @@ class _Events:
 
 class FromChat:
     def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any,
-                 masker: MaskedChunks | None = None) -> None:
+                 masker: MaskedChunks | None = None, compaction: list[dict[str, Any]] | None = None) -> None:
         self.masker = masker  # the call's credentials masked in the chat chunks' text
         self.node_id = node_id
         self.params = params
@@ -58,6 +58,7 @@ class FromChat:
         self.text = ""
         self.calls: dict[int, int] = {}  # chat tool-call index -> output_index
         self.closed: set[int] = set()
+        self.compaction = compaction or []  # the compaction item the output begins with (never stored)
 
     # -- the Translator protocol --------------------------------------------------------------
 
@@ -76,7 +77,13 @@ class FromChat:
 
     def opening(self) -> bytes:
         response = self._response("in_progress", [])
-        return self.emit("response.created", response=response) + self.emit("response.in_progress", response=response)
+        out = self.emit("response.created", response=response) + self.emit("response.in_progress", response=response)
+        for item in self.compaction:  # output_index 0: the answer's items follow it
+            self.items.append(item)
+            self.closed.add(len(self.items) - 1)
+            out += self.emit("response.output_item.added", output_index=len(self.items) - 1, item=item)
+            out += self.emit("response.output_item.done", output_index=len(self.items) - 1, item=item)
+        return out
 
     def event(self, raw: bytes) -> bytes:
         chunk = payload(raw)
@@ -169,9 +176,10 @@ class FromChat:
 
     def closing(self) -> bytes:
         out = self._close_text() + self._close_calls()
-        if not self.items:  # an empty answer is still one (empty) message
+        if len(self.items) == len(self.compaction):  # an empty answer is still one (empty) message
             out += self._text_delta("") + self._close_text()
-        final = self._response("completed", self.received(), usage=self.usage, finish_reason=self.finish_reason)
+        final = self._response("completed", [*self.compaction, *self.received()], usage=self.usage,
+                               finish_reason=self.finish_reason)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         return out + self.emit(kind, response=final)
 
@@ -187,7 +195,7 @@ class Native:
     """A Responses upstream's stream, relayed with the node's response id."""
 
     def __init__(self, *, node_id: uuid.UUID, previous_response_id: str | None, store: Any,
-                 masker: Masker | None = None) -> None:
+                 masker: Masker | None = None, compaction: list[dict[str, Any]] | None = None) -> None:
         self.masker = masker  # the call's credentials masked in each event (docs/behaviour.md#limits-and-hostile-peers)
         self.rid = response_id(node_id)
         self.previous = previous_response_id
@@ -201,6 +209,9 @@ class Native:
         self._tail = b""
         self.emit = _Events()
         self.ids: dict[str, str] = {}  # the upstream's item ids -> ours
+        # the compaction item the output begins with (never stored): the upstream's items shift by it
+        self.compaction = compaction or []
+        self._opened = False
 
     def opening(self) -> bytes:
         return b""
@@ -223,6 +234,8 @@ class Native:
         self._own_ids(event)
         if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
             self.done_items[int(event.get("output_index", len(self.done_items)))] = event["item"]
+        if self.compaction:
+            return self._shifted(kind, event)
         if kind in ("response.failed", "error"):
             response = event.get("response") or {}
             self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
@@ -236,6 +249,32 @@ class Native:
             self.finished = True
             self._tail = line
             return b""
+        return line
+
+    def _shifted(self, kind: Any, event: dict[str, Any]) -> bytes:
+        """An event when the output begins with a compaction item: announced once the response is
+        created, the upstream's output indexes after it, its completed response holding it first."""
+        if kind in ("response.failed", "error"):
+            response = event.get("response") or {}
+            self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
+            return b""
+        if isinstance(event.get("output_index"), int):
+            event["output_index"] += len(self.compaction)
+        if kind in ("response.completed", "response.incomplete"):
+            self.final = dict(event["response"])
+            usage = self.final.get("usage")
+            self.usage = usage if isinstance(usage, dict) else None
+            self.finish_reason = "length" if kind == "response.incomplete" else "stop"
+            self.finished = True
+            shown = {**self.final, "output": [*self.compaction, *(self.final.get("output") or [])]}
+            self._tail = b"event: " + str(kind).encode() + b"\ndata: " + _encode({**event, "response": shown}) + b"\n\n"
+            return b""
+        line = b"event: " + str(kind).encode() + b"\ndata: " + _encode(event) + b"\n\n"
+        if kind == "response.created" and not self._opened:
+            self._opened = True
+            for i, item in enumerate(self.compaction):
+                line += self.emit("response.output_item.added", output_index=i, item=item)
+                line += self.emit("response.output_item.done", output_index=i, item=item)
         return line
 
     def received(self) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ __all__ = ["chat_params", "chat_usage_of", "native_params", "output_items", "res
 _SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "prompt_cache_key",
          "safety_identifier", "top_logprobs", "stream")
 # Fields only the proxy uses (or a Responses upstream must not get).
-_OURS = ("input", "instructions", "previous_response_id", "store", "conversation")
+_OURS = ("input", "instructions", "previous_response_id", "store", "conversation", "context_management", "truncation")
 
 
 def _tool_choice(choice: Any, dropped: Any) -> Any:

@@ -1,0 +1,202 @@
+"""OpenAI's compaction controls on the tree, through the official openai SDK: a call's own
+``context_management`` threshold, the readable ``compaction`` output item (plain and streamed,
+over chat and Responses upstreams), a stateless client sending it back, ``POST
+/v1/responses/compact`` and ``truncation: "auto"`` -- asserted on what the fake upstream received."""
+
+import uuid
+
+import openai
+import pytest
+
+from proxy.compaction import SUMMARY_PREFIX
+
+from .conftest import new_key
+from .fakes import Reply
+from .helpers import MODEL
+
+CONTROL = [{"type": "compaction", "compact_threshold": 60}]
+OVERFLOW = {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in "
+                       "200000 tokens.", "type": "invalid_request_error", "param": "input",
+            "code": "context_length_exceeded"}
+
+
+def user_item(text):
+    return {"type": "message", "role": "user", "content": text}
+
+
+def contents(messages):
+    return [m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])
+            for m in messages]
+
+
+def summary_text(item):
+    """A compaction item's readable summary (an extra field for the SDK's own type)."""
+    part = item.summary[0]
+    return part["text"] if isinstance(part, dict) else part.text
+
+
+def item_text(item):
+    item = item if isinstance(item, dict) else item.model_dump()
+    content = item["content"]
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)
+
+
+def long_conversation(client, n=10):
+    """A conversation of ``n`` items (more than compaction keeps raw), well below any default threshold."""
+    return client.conversations.create(items=[user_item(f"fact {i}: the answer to item {i} is {i * 7}.")
+                                              for i in range(n)])
+
+
+def test_a_calls_own_threshold_compacts_and_the_answer_begins_with_a_readable_compaction_item(proxy, upstream, key):
+    client = proxy.openai(key)
+    plain = long_conversation(client)
+    client.responses.create(model=MODEL, conversation=plain.id, input="no controls")
+    assert upstream.summariser_requests == []  # far below the configured thresholds: nothing compacted
+    conv = long_conversation(client)
+    raw = client.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input="the question",
+                                                    context_management=CONTROL)
+    response = raw.parse()
+    assert len(upstream.summariser_requests) == 1
+    compaction, answer = response.output[0], response.output[1]
+    assert compaction.type == "compaction" and compaction.id.startswith("cmp_")
+    assert summary_text(compaction).startswith(SUMMARY_PREFIX) and "Facts so far" in summary_text(compaction)
+    assert compaction.encrypted_content and "Facts" not in compaction.encrypted_content  # opaque
+    assert answer.type == "message" and response.output_text == "echo: the question"
+    # the call hangs under the compaction node, and the upstream got the summary, the kept items, the question
+    node_id = uuid.UUID(hex=compaction.id[4:])
+    assert raw.headers["x-parent-node-id"] == str(node_id)
+    sent = contents(upstream.last.messages)
+    assert sent[0].startswith(SUMMARY_PREFIX) and sent[-1] == "the question"
+    assert "fact 0: the answer to item 0 is 0." not in sent and "fact 9: the answer to item 9 is 63." in sent
+    assert "context_management" not in upstream.last.body
+    # stored: the compaction node; the call's own node holds only its answer (never the compaction item)
+    assert proxy.db.node(node_id)["kind"] == "compaction"
+    stored = proxy.db.node(raw.headers["x-node-id"])
+    assert [i["type"] for i in stored["received"]] == ["message"]
+
+
+def test_a_stateless_client_sends_the_compaction_item_back(proxy, upstream, key):
+    client = proxy.openai(key)
+    conv = long_conversation(client)
+    first = client.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input="question one",
+                                                      context_management=CONTROL)
+    response = first.parse()
+    items = [i.model_dump(exclude_none=True) for i in response.output]
+    stateless = proxy.openai(key)  # names no conversation, continues nothing: only the item
+    again = stateless.responses.with_raw_response.create(
+        model=MODEL, store=False, input=[*items, user_item("question two")])
+    sent = contents(upstream.last.messages)
+    assert sent[0].startswith(SUMMARY_PREFIX)
+    assert sent[-3:] == ["question one", "echo: question one", "question two"]
+    assert sum(s == "question one" for s in sent) == 1
+    # resolved to the tree: the compacted call is the parent, in its conversation
+    assert again.headers["x-conversation-id"] == conv.id
+    assert again.headers["x-parent-node-id"] == first.headers["x-node-id"]
+    # another tenant's item names nothing of theirs
+    with pytest.raises(openai.NotFoundError):
+        proxy.openai(new_key()).responses.create(model=MODEL, store=False, input=[*items, user_item("steal")])
+    with pytest.raises(openai.NotFoundError):
+        stateless.responses.create(model=MODEL, input=[{**items[0], "encrypted_content": "bpcmp1.AAAA",
+                                                        "id": "cmp_" + "0" * 32}, user_item("x")])
+
+
+def test_the_compaction_item_in_a_stream_over_a_chat_upstream(proxy, upstream, key):
+    client = proxy.openai(key)
+    conv = long_conversation(client)
+    events = list(client.responses.create(model=MODEL, conversation=conv.id, input="streamed",
+                                          context_management=CONTROL, stream=True))
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert added[0].item.type == "compaction" and added[0].output_index == 0
+    assert added[1].item.type == "message" and added[1].output_index == 1
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert deltas and all(e.output_index == 1 for e in deltas)
+    final = events[-1].response
+    assert [i.type for i in final.output] == ["compaction", "message"] and final.output_text == "echo: streamed"
+
+
+def test_compaction_controls_over_a_responses_upstream(native, upstream, key):
+    client = native.openai(key)
+    conv = long_conversation(client)
+    upstream.enqueue(Reply(content="native answer"))
+    response = client.responses.create(model="native-1", conversation=conv.id, input="native question",
+                                       context_management=CONTROL)
+    assert [i.type for i in response.output] == ["compaction", "message"]
+    request = upstream.responses_requests[-1].body
+    assert "context_management" not in request and "truncation" not in request
+    texts = [item_text(i) for i in request["input"]]
+    assert texts[0].startswith(SUMMARY_PREFIX) and texts[-1] == "native question"
+    upstream.enqueue(Reply(content="streamed native"))
+    conv2 = long_conversation(client)
+    events = list(client.responses.create(model="native-1", conversation=conv2.id, input="q",
+                                          context_management=CONTROL, stream=True))
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert [(e.output_index, e.item.type) for e in added] == [(0, "compaction"), (1, "message")]
+    assert [i.type for i in events[-1].response.output] == ["compaction", "message"]
+    # the stored answer is the upstream's alone
+    listed = client.conversations.items.list(conv2.id, order="asc").data
+    assert [i.type for i in listed][-1] == "message" and "compaction" not in [i.type for i in listed]
+
+
+def test_compact_now_a_conversation_and_continue(proxy, upstream, key):
+    client = proxy.openai(key)
+    conv = long_conversation(client)
+    compacted = client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})  # (not an SDK argument yet)
+    assert compacted.object == "response.compaction"
+    first = compacted.output[0]
+    assert first.type == "compaction" and summary_text(first).startswith(SUMMARY_PREFIX)
+    node_id = uuid.UUID(hex=first.id[4:])
+    assert proxy.db.head(conv.id) == str(node_id)  # the head moved to the compaction node
+    kept = [item_text(i) for i in compacted.output[1:]]
+    assert kept and kept[-1] == "fact 9: the answer to item 9 is 63."
+    client.responses.create(model=MODEL, conversation=conv.id, input="after")
+    sent = contents(upstream.last.messages)
+    assert sent[0].startswith(SUMMARY_PREFIX) and sent[1:] == [*kept, "after"]
+
+
+def test_compact_stateless_input_then_send_the_output_back(proxy, upstream, key):
+    client = proxy.openai(key)
+    compacted = client.responses.compact(model=MODEL, input=[user_item(f"note {i}") for i in range(10)])
+    assert compacted.output[0].type == "compaction"
+    output = [i.model_dump(exclude_none=True) for i in compacted.output]
+    kept = [item_text(i) for i in output[1:]]
+    client.responses.create(model=MODEL, store=False, input=[*output, user_item("and now?")])
+    sent = contents(upstream.last.messages)
+    assert sent[0].startswith(SUMMARY_PREFIX) and sent[1:] == [*kept, "and now?"]  # the kept items once
+
+
+def test_compact_a_stored_response(proxy, upstream, key, cid):
+    client = proxy.openai(key, conversation=cid)
+    last = None
+    for i in range(5):
+        last = client.responses.create(model=MODEL, input=f"turn {i}")
+    compacted = proxy.openai(key).responses.compact(model=MODEL, previous_response_id=last.id)
+    assert compacted.output[0].type == "compaction"
+    assert proxy.db.head(cid) == str(uuid.UUID(hex=compacted.output[0].id[4:]))
+    # its id is a response id: continuing from it continues from the compaction
+    proxy.openai(key).responses.create(model=MODEL, input="next", previous_response_id=compacted.id)
+    assert contents(upstream.last.messages)[0].startswith(SUMMARY_PREFIX)
+    with pytest.raises(openai.NotFoundError):
+        proxy.openai(new_key()).responses.compact(model=MODEL, previous_response_id=last.id)
+
+
+def test_truncation_auto_compacts_instead_of_failing(proxy, upstream, key):
+    client = proxy.openai(key)
+    failing = long_conversation(client)
+    upstream.enqueue(Reply(kind="error", status=400, error=OVERFLOW))
+    with pytest.raises(openai.BadRequestError) as refused:  # "disabled", the default: the overflow fails the call
+        client.responses.create(model=MODEL, conversation=failing.id, input="too long")
+    assert refused.value.body["code"] == "context_length_exceeded" and upstream.summariser_requests == []
+    conv = long_conversation(client)
+    upstream.enqueue(Reply(kind="error", status=400, error=OVERFLOW), Reply(content="fits now"))
+    raw = client.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input="too long",
+                                                    truncation="auto")
+    response = raw.parse()
+    assert response.output_text == "fits now" and response.output[0].type == "compaction"
+    assert response.truncation == "auto"
+    assert len(upstream.summariser_requests) == 1
+    sent = contents(upstream.last.messages)
+    assert sent[0].startswith(SUMMARY_PREFIX) and sent[-1] == "too long"
+    assert proxy.db.head(conv.id) == raw.headers["x-node-id"]  # a success like any turn
+    assert "truncation" not in upstream.last.body
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL, conversation=conv.id, input="x", truncation="sometimes")
