@@ -184,21 +184,29 @@ class CallLifecycle:
             target = target_of(upstream)
             path = await self.builder.readable(started.tree_id, path, target)
             path = await self.compactor.before_started(started, path)
-            built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream, way=way,
-                                       tree_id=started.tree_id)
-            if built.dropped:
-                self.metrics.pairing_drops.inc(len(built.dropped))
-                log.warning("pairing check dropped items", extra={
-                    "conversation_id": started.conversation_id, "node_id": str(started.node_id), "dropped": built.dropped})
-            started.request_hash = built.sha256
-            headers = self.upstream.request_headers(upstream, call.headers, call.client_key)
-            request = self.upstream.build("POST", upstream, built.endpoint, headers=headers, content=built.payload,
-                                          params=call.query if way.native and call.query else None)
-            exchange = way.exchange(node_id=started.node_id, params=call.params, provider=upstream.name)
-            try:
-                return await self._exchange(started, request, receive, exchange, way)
-            except _Failed as failed:
-                return await self._fail(started, failed.failure, failed.headers)
+            while True:
+                built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream, way=way,
+                                           tree_id=started.tree_id)
+                if built.dropped:
+                    self.metrics.pairing_drops.inc(len(built.dropped))
+                    log.warning("pairing check dropped items", extra={
+                        "conversation_id": started.conversation_id, "node_id": str(started.node_id),
+                        "dropped": built.dropped})
+                started.request_hash = built.sha256
+                headers = self.upstream.request_headers(upstream, call.headers, call.client_key)
+                request = self.upstream.build("POST", upstream, built.endpoint, headers=headers, content=built.payload,
+                                              params=call.query if way.native and call.query else None)
+                exchange = way.exchange(node_id=started.node_id, params=call.exchange_params(), provider=upstream.name)
+                try:
+                    return await self._exchange(started, request, receive, exchange, way)
+                except _Failed as failed:
+                    # truncation "auto" (Responses): an overflow compacts the path and tries once more
+                    if failed.failure.outcome is Outcome.OVERFLOW and call.truncation_auto and call.compaction is None:
+                        compacted = await self.compactor.before_retry(started, path)
+                        if compacted is not None:
+                            path = compacted
+                            continue
+                    return await self._fail(started, failed.failure, failed.headers)
         except asyncio.CancelledError:
             if started.finished:  # (a node is finished once; ``Outcomes.finish`` handles its own cancellation)
                 raise
