@@ -24,7 +24,7 @@ def texts(items):
     out = []
     for item in items:
         item = item if isinstance(item, dict) else item.model_dump()
-        if item["type"] == "message":
+        if item.get("type", "message" if "role" in item else None) == "message":
             content = item["content"]
             out.append(content if isinstance(content, str) else "".join(p.get("text") or "" for p in content))
         else:
@@ -277,3 +277,39 @@ def test_items_cannot_be_added_while_a_turn_is_in_flight(proxy, upstream, key):
     assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["slow", "ok"]
     client.conversations.items.create(conv.id, items=[user_item("now")])  # the lease was released
     assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["slow", "ok", "now"]
+
+
+def test_the_agents_sdks_conversation_session_unmodified(proxy, upstream, key):
+    """The Agents SDK's conversation-backed session (``OpenAIConversationsSession``) keeps its
+    history in the Conversations API: here, on the tree -- and a Runner using it sends that history."""
+    import asyncio
+
+    from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+    from agents.memory import OpenAIConversationsSession
+
+    set_tracing_disabled(True)  # (nothing leaves the machine)
+
+    async def scenario():
+        client = proxy.async_openai(key)
+        session = OpenAIConversationsSession(openai_client=client)
+        agent = Agent(name="helper", instructions="Be brief.",
+                      model=OpenAIResponsesModel(model=MODEL, openai_client=client))
+        await Runner.run(agent, "first question", session=session)
+        await Runner.run(agent, "second question", session=session)
+        cid = await session._get_session_id()
+        items = await session.get_items()
+        popped = await session.pop_item()
+        after = await session.get_items()
+        await session.clear_session()
+        await client.close()
+        return cid, items, popped, after
+
+    cid, items, popped, after = asyncio.run(scenario())
+    assert re.fullmatch(r"conv_[0-9a-f]{32}", cid)
+    assert texts(items) == ["first question", "echo: first question", "second question", "echo: second question"]
+    # the second turn was sent the session's history (the model call itself names no conversation)
+    sent = upstream.responses_requests[-1].body["input"]
+    assert texts(sent) == ["first question", "echo: first question", "second question"]
+    assert texts([popped]) == ["echo: second question"] and texts(after) == texts(items)[:3]
+    with pytest.raises(openai.NotFoundError):  # cleared: the conversation is gone
+        proxy.openai(key).conversations.retrieve(cid)
