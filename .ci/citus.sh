@@ -6,18 +6,24 @@
 # tests/test_citus.py with BRANCHPOINT_TEST_DATABASE_URL at the coordinator (each test database is
 # made on every node: tests/citus_cluster.py). The cluster is stopped and removed however it ends.
 #
-# ../shared is looked for beside the repository's top directory (a clone at /work/<name> finds
-# /work/shared), or where BRANCHPOINT_SHARED says. Runs after .ci/run has installed uv.
+# The shared folder is BRANCHPOINT_SHARED, else ../shared beside the repository's top directory (a
+# clone at /work/<name> finds /work/shared), else ../../shared (as bench/_harness.py looks for it);
+# it fails, saying so, when none holds citus/. Runs after .ci/run has installed uv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
 
-shared="${BRANCHPOINT_SHARED:-$repo/../shared}"
-if [ ! -x "$shared/citus/build.sh" ] && [ ! -f "$shared/citus/build.sh" ]; then
-    echo "citus: $shared/citus/build.sh not found (set BRANCHPOINT_SHARED to the folder holding citus/)" >&2
+shared=""
+for candidate in "${BRANCHPOINT_SHARED:-}" "$repo/../shared" "$repo/../../shared"; do
+    if [ -n "$candidate" ] && [ -f "$candidate/citus/build.sh" ] && [ -f "$candidate/citus/cluster.sh" ]; then
+        shared="$(cd "$candidate" && pwd)"
+        break
+    fi
+done
+if [ -z "$shared" ]; then
+    echo "citus: no shared/citus/ beside $repo (or its parent): set BRANCHPOINT_SHARED to the folder holding citus/" >&2
     exit 1
 fi
-shared="$(cd "$shared" && pwd)"
 export PATH="$HOME/.local/bin:$PATH"
 
 bash "$shared/citus/build.sh"

@@ -358,3 +358,96 @@ def test_distribute_refuses_a_schema_that_is_not_current(cluster, pg_server_url)
     with pytest.raises(NotDistributable, match="branchpoint migrate"):
         run(attempt())
     assert fetch(url, "SELECT count(*) FROM pg_dist_partition")[0][0] == 0
+
+
+def _start_node(tmp_path, pg_server_url: str) -> tuple[str, int, Any]:
+    """One more PostgreSQL + Citus server on 127.0.0.1, as ../shared/citus/cluster.sh starts its nodes
+    (the coordinator's own binaries); returns (its data directory, its port, a stop function)."""
+    import shutil
+    import subprocess
+
+    from .fakes import free_port
+
+    major = fetch(pg_server_url, "SELECT current_setting('server_version_num')::int / 10000")[0][0]
+    pgbin = os.environ.get("PGBIN", f"/usr/lib/postgresql/{major}/bin")
+    if not os.path.exists(f"{pgbin}/initdb"):
+        pytest.skip(f"no PostgreSQL {major} binaries at {pgbin} to start another node with (PGBIN)")
+    root = tmp_path / "node"
+    root.mkdir()
+    data, port = root / "data", free_port()
+
+    def as_postgres(cmd: str) -> None:
+        argv = ["su", "postgres", "-s", "/bin/bash", "-c", cmd] if os.getuid() == 0 else ["bash", "-c", cmd]
+        subprocess.run(argv, check=True, capture_output=True, timeout=120)
+
+    if os.getuid() == 0:
+        shutil.chown(root, "postgres")
+        for parent in root.parents:  # the server's user must reach its folder
+            if str(parent) in ("/", "/tmp"):
+                break
+            os.chmod(parent, os.stat(parent).st_mode | 0o011)
+    as_postgres(f"{pgbin}/initdb -D '{data}' -A trust -U postgres >/dev/null")
+    with (data / "postgresql.conf").open("a") as conf:
+        conf.write("shared_preload_libraries = 'citus'\nmax_connections = 200\n")
+    as_postgres(f"{pgbin}/pg_ctl -D '{data}' -w -o '-p {port} -k {root} -c listen_addresses=127.0.0.1' "
+                f"-l '{root}/log' start >/dev/null")
+    return str(data), port, lambda: as_postgres(f"{pgbin}/pg_ctl -D '{data}' -m fast stop >/dev/null")
+
+
+def test_a_worker_added_and_the_shards_rebalanced_keeps_every_conversation(cluster, pg_server_url, upstream_url,
+                                                                              key, tmp_path):
+    """docs/scaling.md's procedure: a new worker (Citus in the database there), citus_add_node, the
+    shards rebalanced (block_writes: copied while writes to the moving shards wait); every tree
+    stays whole on one node, and every conversation goes on with its whole context. (A database
+    made as a deployment makes it -- migrate, distribute --, not a clone of the template: Citus's
+    metadata in a clone still names the template's database, which a new node does not have.)"""
+    from storage import migrate
+
+    url = new_database(pg_server_url)
+    run(migrate(url))
+
+    async def spread():
+        conn = await asyncpg.connect(url)
+        try:
+            await distribute(conn)
+        finally:
+            await conn.close()
+
+    run(spread())
+    name = url.rsplit("/", 1)[1]
+    with serve_proxy(make_settings(url, upstream_url)) as p:
+        client = p.openai(key)
+        conversations = [f"grow-{i}-{uuid.uuid4().hex[:6]}" for i in range(12)]
+        for cid in conversations:
+            for turn in ("one", "two"):
+                client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"{turn} {cid}"}],
+                                               extra_headers={"X-Conversation-Id": cid})
+        _, port, stop = _start_node(tmp_path, url)
+        try:
+            node = cluster.node_url("127.0.0.1", port, "postgres")
+            fetch(node, f'CREATE DATABASE "{name}"')
+            fetch(cluster.node_url("127.0.0.1", port, name), "CREATE EXTENSION citus")
+            fetch(url, "SELECT citus_add_node('127.0.0.1', $1)", port)
+            fetch(url, "SELECT rebalance_table_shards(shard_transfer_mode => 'block_writes')")
+            placed = fetch(url, """
+                SELECT s.shardminvalue, count(DISTINCT p.nodename || ':' || p.nodeport) AS nodes, min(p.nodeport) AS port
+                  FROM pg_dist_shard s JOIN pg_dist_placement pl ON pl.shardid = s.shardid
+                  JOIN pg_dist_node p ON p.groupid = pl.groupid
+                 WHERE s.logicalrelid IN ('nodes'::regclass, 'conversations'::regclass, 'conversation_aliases'::regclass)
+                 GROUP BY s.shardminvalue""")
+            assert all(r["nodes"] == 1 for r in placed)  # a tree's three shards on one node
+            assert port in {r["port"] for r in placed}  # the new worker holds some of them
+            moved = {r["shardminvalue"] for r in placed if r["port"] == port}
+            assert moved and len(moved) < len(placed)
+            for cid in conversations:
+                r = client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"three {cid}"}], extra_headers={"X-Conversation-Id": cid})
+                assert r.status_code == 200
+                path = p.http(key).get(f"/admin/conversations/{cid}/path").json()["data"]
+                assert [n["sent"][0]["content"] for n in path] == [f"one {cid}", f"two {cid}", f"three {cid}"]
+            trees = {_tree_of(url, p.runtime.auth(f"Bearer {key}").tenant, cid) for cid in conversations}
+            ports = {fetch(url, "SELECT nodeport FROM citus_shards WHERE shardid = "
+                                "get_shard_id_for_distribution_column('nodes', $1::uuid)", tree)[0][0] for tree in trees}
+            assert port in ports, "no conversation of the test lives on the new worker: nothing was shown"
+        finally:
+            stop()
