@@ -69,6 +69,7 @@ class Conversation(msgspec.Struct, omit_defaults=True):
     fork_node_id: uuid.UUID | None = None
     tenant: str | None = None  # shown to admin keys only
     match: Match | None = None  # a search's best node in it
+    metadata: dict[str, str] | None = None  # the Conversations API's, when it has any
 
 
 class UsageLine(msgspec.Struct, omit_defaults=True):
@@ -173,7 +174,7 @@ def conversation_of(row: ConversationRow, *, show_tenant: bool) -> Conversation:
     return Conversation(id=row.id, head_node_id=row.head_node_id, node_count=row.node_count, busy=row.busy,
                         created_at=row.created_at, updated_at=row.updated_at, object="conversation", usage=usage,
                         forked_from=row.forked_from, fork_node_id=row.fork_node_id,
-                        tenant=row.tenant if show_tenant else None)
+                        tenant=row.tenant if show_tenant else None, metadata=row.metadata or None)
 
 
 def in_utc(moment: datetime) -> datetime | None:

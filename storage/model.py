@@ -70,6 +70,7 @@ class ConversationRow(msgspec.Struct, frozen=True):
     compactions: int
     created_at: datetime
     updated_at: datetime
+    metadata: dict[str, str] | None  # the Conversations API's (null: made by a call, never given any)
     busy: bool  # a turn call holds a live lease
     node_count: int  # nodes this conversation made
     prompt_tokens: int  # summed over those nodes' reported usage (input tokens of Responses calls)

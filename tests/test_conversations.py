@@ -54,6 +54,7 @@ def test_a_conversation_is_a_branchpoint_conversation_with_an_items_node(proxy, 
     assert (again.id, again.created_at, again.metadata) == (conv.id, conv.created_at, {"topic": "codes"})
     admin = proxy.http(key).get(f"/admin/conversations/{conv.id}").json()
     assert admin["id"] == conv.id and admin["head_node_id"] == head and admin["node_count"] == 1
+    assert admin["metadata"] == {"topic": "codes"}
     tree = proxy.http(key).get(f"/admin/conversations/{conv.id}/tree").json()["data"]
     assert [n["kind"] for n in tree] == ["items"]
     chat = proxy.openai(key, conversation=conv.id)

@@ -127,7 +127,8 @@ async def _path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, li
     conv = await admin.conversation(tenant, cid)
     if conv is None:
         raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation_id")
-    path = await admin.path(conv)
+    # (the plain path: what the items are made of -- no sibling counts, which a deep path pays for)
+    path = [] if conv.head_node_id is None else await admin.path_rows(conv.tree_id, conv.head_node_id)
     return conv, [item for node in path for item in node_items(node)]
 
 
@@ -324,7 +325,7 @@ async def conversation_item(request: Request[Any, Any, Any], call: NamedDependen
     first = items[index].node
     copies: list[dict[str, Any]] = []
     # every node from `first` to the head (one contributing no item is copied too, empty)
-    path = await admin.path(conv)
+    path = await admin.path_rows(conv.tree_id, conv.head_node_id)
     start = next(i for i, n in enumerate(path) if n.id == first.id)
     for node in path[start:]:
         kept = [i for i in node_items(node) if i.listed["id"] != item_id]

@@ -300,7 +300,8 @@ class ConversationView {
       ` · ${conv.usage.total_tokens.toLocaleString()} tokens`) : null,
       conv.busy ? el("span", { class: "badge" }, "call in flight") : null,
       conv.forked_from ? [" · fork of ", el("a", { href: conversationLink(conv.forked_from, this.tenant) }, conv.forked_from)] : null,
-      this.tenant ? el("span", { class: "badge" }, `tenant ${this.tenant}`) : null);
+      this.tenant ? el("span", { class: "badge" }, `tenant ${this.tenant}`) : null,
+      conv.metadata ? Object.entries(conv.metadata).map(([k, v]) => el("span", { class: "badge metadata" }, `${k}: ${v}`)) : null);
     if (this.selected && !this.nodes.some((n) => n.id === this.selected)) this.selected = null;
     this.drawGraph();
     drawPathTokens(this.tokensChart, this.path);

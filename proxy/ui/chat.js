@@ -56,6 +56,7 @@ export function drawChat(container, path, index, { selected, onSelect, onSwitch 
       }
       if (first && branch) parts.push(el("div", { class: "msg system" }, branch));
       if (node.kind === "transform") parts.unshift(el("div", { class: "msg system" }, "side call (transform)"));
+      if (node.kind === "items") parts.unshift(el("div", { class: "msg system" }, "items added (Conversations API, no model call)"));
       for (const m of received) parts.push(message(m, null, names));
       if (node.status === "pending") parts.push(el("div", { class: "msg assistant pending" }, "… answering"));
       if (node.error) {
