@@ -126,7 +126,13 @@ SEARCH = """
 SELECT n.conversation_id, n.id AS node_id, n.created_at,
        ts_rank(jsonb_to_tsvector('simple'::regconfig, n.sent || coalesce(n.received, '[]'::jsonb), '["string"]'),
                plainto_tsquery('simple'::regconfig, $2)) AS rank,
-       ts_headline('simple'::regconfig, (n.sent || coalesce(n.received, '[]'::jsonb))::text,
+       ts_headline('simple'::regconfig,
+                   -- (the snippet from what was said: texts, contents, tool arguments and results, not keys or roles)
+                   coalesce((SELECT string_agg(t.value #>> '{}', ' … ')
+                               FROM unnest(ARRAY['strict $.**.content', 'strict $.**.text', 'strict $.**.arguments',
+                                                 'strict $.**.output', 'strict $.**.thinking']::jsonpath[]) AS p(path),
+                                    jsonb_path_query(n.sent || coalesce(n.received, '[]'::jsonb), p.path) AS t(value)
+                              WHERE jsonb_typeof(t.value) = 'string'), ''),
                    plainto_tsquery('simple'::regconfig, $2),
                    'StartSel=«, StopSel=», MaxWords=18, MinWords=6, MaxFragments=1') AS snippet
   FROM nodes n

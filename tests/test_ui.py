@@ -2,7 +2,7 @@
 chromium. Every scenario checks what the server then holds (admin API) or what the fake upstream
 received -- the picture alone proves nothing.
 
-Screenshots go to ``tests/artifacts/ui`` (``BRANCHPOINT_UI_ARTIFACTS`` elsewhere); the four in
+Screenshots go to ``tests/artifacts/ui`` (``BRANCHPOINT_UI_ARTIFACTS`` elsewhere); the six in
 ``docs/img`` are refreshed with ``BRANCHPOINT_UI_DOCS=1 uv run pytest tests/test_ui.py``.
 """
 
@@ -412,7 +412,7 @@ def test_spend_per_day_and_per_call(ui, page, upstream):
     drawn = chart.locator(f'g.bar[data-column="{today.isoformat()}"]')
     assert int(drawn.get_attribute("data-total")) == report["prompt_tokens"] + report["completion_tokens"] > 0
     expect(page.locator(".legend-models")).to_contain_text(MODEL)
-    shot(page, "spend-daily")
+    shot(page, "spend-daily", docs=True)
 
     page.goto(f"{ui.url}/ui/#/c/{cid}")
     expect(page.locator(".graph svg")).to_be_visible()
@@ -442,6 +442,7 @@ def test_find_a_conversation_by_what_was_said(ui, page, upstream):
     expect(row).to_have_count(1)
     expect(row.locator(".snippet")).to_contain_text(f"«{word}»")
     expect(page.locator("tr.row")).to_have_count(1)
+    shot(page, "find", docs=True)
     row.click()
     expect(page.locator(".detail")).to_contain_text(found["x-node-id"])
     expect(node_el(page, found["x-node-id"])).to_have_class(re.compile(r"\bselected\b"))
