@@ -314,3 +314,20 @@ def test_the_agents_sdks_conversation_session_unmodified(proxy, upstream, key):
     assert texts([popped]) == ["echo: second question"] and texts(after) == texts(items)[:3]
     with pytest.raises(openai.NotFoundError):  # cleared: the conversation is gone
         proxy.openai(key).conversations.retrieve(cid)
+
+
+def test_conversation_under_auto_is_delta_and_item_references_resolve(proxy, upstream, key):
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("referenced later")])
+    item_id = client.conversations.items.list(conv.id).data[0].id
+    auto = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0)
+    try:
+        raw = auto.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input="new only")
+    finally:
+        auto.close()
+    assert raw.headers["x-context-mode"] == "delta" and raw.headers["x-conversation-id"] == conv.id
+    assert upstream_texts(upstream.last) == ["referenced later", "new only"]
+    # an item_reference to an item the Conversations API added is resolved from the tree
+    client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": item_id}, user_item("again")],
+                            extra_headers={"X-Conversation-Id": f"other-{uuid.uuid4().hex}"})
+    assert upstream_texts(upstream.last) == ["referenced later", "again"]

@@ -42,7 +42,7 @@ from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
 from .common import RequestHeaders, context_mode, node_kind, resolve_conversation_id
 from .context import CallContext
-from .conversations import items_node, new_conversation_id
+from .conversations import items_node, new_conversation_id, node_items
 from .docs import errors
 from .passthrough import Forwarder, upstream_path
 
@@ -75,6 +75,9 @@ async def _resolve_references(items: list[dict[str, Any]], admin: AdminStore, ca
             for item in [*(node.received or []), *node.sent]:
                 if isinstance(item, dict) and isinstance(item.get("id"), str):
                     found.setdefault(item["id"], item)
+            if node.kind == "items":  # items the Conversations API added: their ids are the node's
+                for item in node_items(node):
+                    found.setdefault(item.listed["id"], item.raw)
     out = []
     for item in items:
         if item.get("type") == "item_reference":
@@ -186,6 +189,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     raw = await request.body()
     body = RESPONSES.parse(raw)
     previous = body.get("previous_response_id")
+    named = body.get("conversation") is not None
     if "conversation" in body:  # OpenAI's conversation state: the call belongs to it, as under /c/{id}/v1
         cid = await _named_conversation(body.pop("conversation"), cid, previous, admin, caller)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
@@ -202,7 +206,8 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         mode, parent_mode, parent_id = "delta", "node", parent.id
         cid = cid or parent.conversation_id
     else:
-        mode = "full" if auto else context_mode(headers, calls.default_mode)
+        # (conversation=: its input holds the new items, whatever the path or the headers say)
+        mode = "delta" if named else "full" if auto else context_mode(headers, calls.default_mode)
         parent_mode, parent_id = "head", None
     items = await _resolve_references(RESPONSES.items(body), admin, caller)
     if parent is None:
