@@ -259,6 +259,9 @@ def test_every_statement_of_a_hot_operation_is_a_router_statement(cluster, route
         # the admin reads of one conversation
         assert http.get(f"/admin/conversations/{cid}").status_code == 200
         assert http.get(f"/admin/conversations/{cid}/path").status_code == 200
+        # a delete (the fork's: what its source still reaches stays)
+        r = http.delete(f"/admin/conversations/{fork}")
+        assert r.status_code == 200, r.text
 
     # reap: a dead process's call, reaped by the statement the reaper runs for each expired node
     tree = _tree_of(url, tenant, cid)
