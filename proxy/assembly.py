@@ -73,6 +73,7 @@ class Target:
     provider: str
     accepts_reasoning: bool = False
     api: str = "chat"
+    max_output: int | None = None  # the model's most output tokens (configured): a translated call asks no more
 
 
 @dataclass(slots=True)

@@ -142,7 +142,7 @@ class RequestBuilder:
                 raise ContextTooLarge(size, bound)
         way = way or crossing("chat", target.api)
         upstream = way.upstream
-        fields = way.fields(params)
+        fields = way.fields(params, max_output=target.max_output)
         system_at = params.get(SYSTEM_AT)  # (a full-history call's system messages: where it had them)
         if upstream.name == "chat" and tree_id is not None and path and system_at is None:
             spliced = self._spliced(tree_id, path, new_items, target)

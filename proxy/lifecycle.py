@@ -181,7 +181,7 @@ class CallLifecycle:
             ctx.context_mode, ctx.context_matched = started.mode, started.matched
         self.leases.track(started.tree_id, started.node_id)
         try:
-            target = target_of(upstream)
+            target = target_of(upstream, self.upstream.max_output(call.body.get("model")))
             path = await self.builder.readable(started.tree_id, path, target)
             path = await self.compactor.before_started(started, path)
             while True:

@@ -195,10 +195,10 @@ def _decoder(headers: httpx.Headers, limit: int) -> _Zlib | _Zstd | _Chain | Non
     return stages[0] if len(stages) == 1 else _Chain(stages)
 
 
-def target_of(upstream: Upstream) -> Target:
+def target_of(upstream: Upstream, max_output: int | None = None) -> Target:
     """The provider a request goes to, as assembly needs to know it. An Anthropic upstream always
     takes its own signed thinking back (it needs it to go on with a tool round)."""
-    return Target(upstream.name, upstream.accepts_reasoning or upstream.api == "anthropic", upstream.api)
+    return Target(upstream.name, upstream.accepts_reasoning or upstream.api == "anthropic", upstream.api, max_output)
 
 
 def response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
@@ -236,6 +236,7 @@ class UpstreamClient:
         default = [u for u in settings.upstreams if "*" in u.models]
         self.default = default[0] if default else settings.upstreams[0]
         self._route_cache: dict[str, Upstream | None] = {}
+        self._max_output: dict[str, int] = {}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._by_name = {u.name: u for u in settings.upstreams}
         self.max_response_bytes = settings.server.max_response_bytes
@@ -260,6 +261,17 @@ class UpstreamClient:
         if upstream is None:
             raise InvalidRequest(f"no upstream is configured for model {model!r}", param="model", code="model_not_found")
         return upstream
+
+    def max_output(self, model: str | None) -> int | None:
+        """The most output tokens ``[models]`` gives ``model`` (None when no model is named)."""
+        if not model:
+            return None
+        found = self._max_output.get(model)
+        if found is None:
+            found = self.settings.limits_for(model).max_output_tokens
+            if len(self._max_output) < 4096:  # (model names come from clients: bounded)
+                self._max_output[model] = found
+        return found
 
     def named(self, name: str | None) -> Upstream | None:
         """The configured upstream of this name (a stored node's provider), if it still exists."""

@@ -563,3 +563,21 @@ def test_documents_reach_a_chat_upstream_as_text(mproxy: Proxy, upstream: FakeUp
     parts = upstream.last.messages[-1]["content"]
     assert [p["type"] for p in parts] == ["text", "text", "text"]
     assert "The plan: ship it." in parts[0]["text"] and "application/pdf" in parts[1]["text"]
+
+
+def test_a_translated_maximum_is_held_to_the_models_output(database_url: str, upstream_url: str,
+                                                           upstream: FakeUpstream) -> None:
+    """Claude Code asks max_tokens 32,000 (or 128,000): a chat model that gives at most what
+    [models] says gets that much instead of a 400; natively the client's number goes as it is."""
+    settings = make_settings(database_url, upstream_url, models={"small-*": {"context_window": 128000,
+                                                                             "max_output_tokens": 16384}})
+    key, cid = new_key(), f"cap-{uuid.uuid4().hex[:8]}"
+    with serve_proxy(settings) as p:
+        r = httpx.post(f"{p.url}/c/{cid}/v1/messages", headers={"x-api-key": key}, timeout=30, json={
+            "model": "small-model", "max_tokens": 128000, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text  # (the SDK itself wants a stream for so many tokens)
+        assert upstream.last.body["max_tokens"] == 16384
+        assert admin(p, key, f"/admin/nodes/{r.headers['x-node-id']}/request").headers["x-request-verified"] == "true"
+        client(p, key, f"/c/{cid}").messages.create(model="small-model", max_tokens=1000,
+                                                    messages=[{"role": "user", "content": "again"}])
+        assert upstream.last.body["max_tokens"] == 1000  # (below the limit: as asked)

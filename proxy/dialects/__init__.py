@@ -120,11 +120,19 @@ class Crossing:
             self.upstream.check_from_chat(self.client.params_to_chat(params))
         return dropped
 
-    def fields(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The request's other fields as the upstream gets them."""
+    def fields(self, params: dict[str, Any], *, max_output: int | None = None) -> dict[str, Any]:
+        """The request's other fields as the upstream gets them. Translated, a maximum of output
+        tokens above what the model can give (``max_output``, configured) is brought down to it:
+        a client of another API asks for its own API's models (Claude Code asks 32,000 or more)."""
         if self.native:
             return self.upstream.native_params(params)
-        return self.upstream.params_from_chat(self.client.params_to_chat(params))
+        chat = self.client.params_to_chat(params)
+        if max_output:
+            for key in ("max_tokens", "max_completion_tokens"):
+                value = chat.get(key)
+                if type(value) is int and value > max_output:
+                    chat = {**chat, key: max_output}
+        return self.upstream.params_from_chat(chat)
 
     def exchange(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> Exchange:
         if self.native:

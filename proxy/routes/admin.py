@@ -326,7 +326,8 @@ class AdminController(Controller):
         else:
             path = await admin.path_rows(row.tree_id, row.parent_id) if row.parent_id is not None else []
             configured = upstream.named(row.provider)
-            target = target_of(configured) if configured is not None else Target(row.provider or "")
+            target = (target_of(configured, upstream.max_output(row.model)) if configured is not None
+                      else Target(row.provider or "", max_output=upstream.max_output(row.model)))
             body = (await builder.replay(row, path, target)).payload
         stored = row.request_hash
         verified = "unknown" if stored is None else ("true" if hashlib.sha256(body).digest() == bytes(stored) else "false")
