@@ -200,3 +200,23 @@ def test_truncation_auto_compacts_instead_of_failing(proxy, upstream, key):
     assert "truncation" not in upstream.last.body
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, conversation=conv.id, input="x", truncation="sometimes")
+
+
+def test_truncation_auto_holds_a_calls_own_threshold_to_the_input_limit(fresh_database_url, upstream_url, upstream,
+                                                                         key):
+    from .conftest import make_settings, serve_proxy
+
+    settings = make_settings(fresh_database_url, upstream_url,
+                             models={"tiny*": {"context_window": 1200, "max_output_tokens": 200}})  # input limit 1000
+    lax = [{"type": "compaction", "compact_threshold": 1_000_000}]  # far above what the model takes
+    filler = "The quarterly revenue figures for the northern region were reviewed in detail. " * 20
+    with serve_proxy(settings) as p:
+        client = p.openai(key)
+        alone = client.conversations.create(items=[user_item(f"{i}: {filler}") for i in range(10)])
+        client.responses.create(model="tiny-1", conversation=alone.id, input="no truncation", context_management=lax)
+        assert upstream.summariser_requests == []  # its own threshold: sent whole, as asked
+        conv = client.conversations.create(items=[user_item(f"{i}: {filler}") for i in range(10)])
+        response = client.responses.create(model="tiny-1", conversation=conv.id, input="held", truncation="auto",
+                                           context_management=lax)
+        assert upstream.summariser_requests and response.output[0].type == "compaction"
+        assert contents(upstream.last.messages)[0].startswith(SUMMARY_PREFIX)

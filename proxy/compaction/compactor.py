@@ -232,13 +232,22 @@ class Compactor:
             kind=apply_mode, path=path, new_items=started.new_items, model=call.body["model"],
             client_key=call.client_key, call_node=started.node_id,
             extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
-            threshold=call.compact_threshold,
+            threshold=self._threshold(call),
         )
         if compacted is not None and compacted.compacted and compacted.node is not None:
             started.parent_id = compacted.node.id
             call.compaction = compacted.node
             return [compacted.node]
         return path
+
+    def _threshold(self, call: Any) -> int | None:
+        """A call's own compaction threshold (None: the configured one): its client's
+        ``compact_threshold``, held to the input limit when it asked for truncation "auto" --
+        such a call is compacted rather than sent above what the model takes."""
+        threshold = call.compact_threshold
+        if call.truncation_auto and threshold is not None:
+            threshold = min(threshold, self.thresholds.limits(call.body["model"]).input)
+        return threshold
 
     async def before_retry(self, started: Started, path: list[PathNode]) -> list[PathNode] | None:
         """A call the upstream refused as too long for its context (Responses ``truncation:
