@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 from litestar.openapi.datastructures import ResponseSpec
 
-__all__ = ["ErrorBody", "ErrorResponse", "errors"]
+__all__ = ["AnthropicErrorResponse", "ErrorBody", "ErrorResponse", "errors"]
 
 
 class ErrorBody(msgspec.Struct):
@@ -33,8 +33,22 @@ _DESCRIPTIONS = {
 }
 
 
-def errors(*codes: int) -> dict[int, ResponseSpec]:
-    """``responses=`` for a route handler: the error statuses it can answer with."""
+class AnthropicErrorBody(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(msgspec.Struct):
+    """The errors of Anthropic's Messages API routes (its shape)."""
+
+    type: str
+    error: AnthropicErrorBody
+
+
+def errors(*codes: int, anthropic: bool = False) -> dict[int, ResponseSpec]:
+    """``responses=`` for a route handler: the error statuses it can answer with (``anthropic``:
+    in Anthropic's shape, for the Messages API's routes)."""
     chosen = codes or (400, 401, 404, 409, 413, 503)
-    return {c: ResponseSpec(data_container=ErrorResponse, description=_DESCRIPTIONS[c], generate_examples=False)
+    container = AnthropicErrorResponse if anthropic else ErrorResponse
+    return {c: ResponseSpec(data_container=container, description=_DESCRIPTIONS[c], generate_examples=False)
             for c in chosen}

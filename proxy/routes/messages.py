@@ -69,7 +69,7 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     return await call.calls.run(stored, request.receive)
 
 
-_ERRORS = errors(400, 401, 404, 409, 413, 502, 503, 504)
+_ERRORS = errors(400, 401, 404, 409, 413, 502, 503, 504, anthropic=True)
 
 
 @route(["/v1/messages", "/c/{conversation_id:str}/v1/messages", "/auto/v1/messages"], http_method=["POST"],
@@ -82,7 +82,7 @@ async def messages_create(request: Request[Any, Any, Any], call: NamedDependency
 @route(["/v1/messages/count_tokens", "/c/{conversation_id:str}/v1/messages/count_tokens",
         "/auto/v1/messages/count_tokens"], http_method=["POST"],
        summary="Count a Messages request's input tokens (an Anthropic upstream's count; estimated otherwise)",
-       tags=["messages"], status_code=200, responses=errors(400, 401))
+       tags=["messages"], status_code=200, responses=errors(400, 401, 413, 502, 503, 504, anthropic=True))
 async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
     headers = RequestHeaders(request.scope)
     raw = await request.body()
