@@ -581,3 +581,26 @@ def test_a_translated_maximum_is_held_to_the_models_output(database_url: str, up
         client(p, key, f"/c/{cid}").messages.create(model="small-model", max_tokens=1000,
                                                     messages=[{"role": "user", "content": "again"}])
         assert upstream.last.body["max_tokens"] == 1000  # (below the limit: as asked)
+
+
+def test_a_side_call_lands_where_its_content_hangs(mproxy: Proxy, claude: FakeAnthropic) -> None:
+    """An agent's side call (a title request on a small model, carrying the session so far) under
+    the same session header hangs where its content does -- beside the session's next turn, never
+    in its context."""
+    key, session = new_key(), str(uuid.uuid4())
+    headers = {"x-api-key": key, "x-claude-code-session-id": session}
+
+    def post(model: str, messages: list[dict[str, Any]]) -> httpx.Response:
+        r = httpx.post(f"{mproxy.url}/auto/v1/messages", headers=headers, timeout=30,
+                       json={"model": model, "max_tokens": 20, "messages": messages})
+        assert r.status_code == 200, r.text
+        return r
+
+    first = [{"role": "user", "content": "fix the failing test"}]
+    r1 = post("claude-x", first)
+    history = [*first, {"role": "assistant", "content": [{"type": "text", "text": "echo: fix the failing test"}]}]
+    side = post("claude-haiku-x", [*history, {"role": "user", "content": "Write a 5-word title for this session."}])
+    r2 = post("claude-x", [*history, {"role": "user", "content": "now run it"}])
+    assert r1.headers["x-conversation-id"] == side.headers["x-conversation-id"] == r2.headers["x-conversation-id"] == session
+    assert side.headers["x-parent-node-id"] == r1.headers["x-node-id"] == r2.headers["x-parent-node-id"]
+    assert "title" not in json.dumps(claude.last.body["messages"])  # the side call is no context of the turn
