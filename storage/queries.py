@@ -14,8 +14,13 @@ from .model import ConversationRow, NodeRow, TreeRow, columns
 # Start a call (conversation, lease, parent, pending node, path read: one round trip).
 # $1 the call's start (storage.tree.CallStart, jsonb), $2 the nodes whose path this process keeps.
 # The first column is the new node's id, which tells the calls of a batch apart (storage/batching.py).
+# The path node's fields as columns of their own (storage.model.PathNode's order), not the composite
+# bp_path_node: a composite column makes asyncpg introspect its type on every new connection --
+# seconds each on a Citus coordinator under load, where it collapsed throughput (docs/scaling.md).
 BEGIN_CALL = """
-SELECT call_node, conversation_id, tree_id, parent_id, mode, matched, start, with_system, node
+SELECT call_node, conversation_id, tree_id, parent_id, mode, matched, start, with_system,
+       (node).id AS node_id, (node).parent_id AS node_parent_id, (node).kind, (node).status, (node).sent,
+       (node).received, (node).provider, (node).model, (node).usage, (node).compacted_from, (node).api
   FROM bp_begin_call(p_start => $1, p_known => $2)
 """
 

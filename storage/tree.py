@@ -151,7 +151,7 @@ class TreeStore:
         known = self.cache.known(tenant, conversation_id, start.parent_id if start.parent_mode == "node" else None)
         records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start), known)
         first = records[0]
-        fresh = rows(PathNode, (r["node"] for r in records)) if first["node"] is not None else []
+        fresh = rows(PathNode, (r[8:] for r in records)) if first["node_id"] is not None else []  # (BEGIN_CALL)
         parent = first["parent_id"]
         path: list[PathNode] = []
         if parent is not None:

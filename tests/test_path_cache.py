@@ -122,7 +122,7 @@ def test_the_usual_next_turn_reads_its_parent_by_key_without_the_walk(database_u
                         await conn.execute("SET LOCAL track_functions = 'all'")
                         before = await conn.fetchval(WALKS)  # (counts not yet reported may be there)
                         got = await conn.fetch(queries.BEGIN_CALL, *_begin_args(cid, "q2", known))
-                        assert [r["node"]["id"] if r["node"] else None for r in got] == rows
+                        assert [r["node_id"] for r in got] == rows
                         assert got[-1]["parent_id"] == second
                         assert await conn.fetchval(WALKS) - before == walks, known
                     finally:
