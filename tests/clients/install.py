@@ -34,7 +34,9 @@ def npm_bin(name: str) -> Path:
     if not binary.exists():
         if not (shutil.which("node") and shutil.which("npm")):
             raise Unavailable(f"{name}: Node.js (node and npm) is not installed")
-        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE, capture_output=True, text=True,
+        # (npm install from the lock, not npm ci: npm 11 locks only this platform's optional
+        # packages -- opencode's binaries -- and npm ci then calls the lock out of sync)
+        result = subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=NODE, capture_output=True, text=True,
                                 timeout=900)
         if result.returncode != 0 or not binary.exists():
             raise Unavailable(f"{name}: npm ci in tests/clients/node failed (is the npm registry reachable?): "
