@@ -21,7 +21,8 @@ CACHE = Path(os.environ.get("BRANCHPOINT_CLIENTS_CACHE") or Path.home() / ".cach
 
 NPM = ("codex", "opencode")  # binaries of tests/clients/node's packages
 # the PyPI clients: tool -> (requirement, command), the versions the tests were written against
-PYPI = {"aider": ("aider-chat==0.86.2", "aider"), "llm": ("llm==0.36", "llm")}
+PYPI = {"aider": ("aider-chat==0.86.2", "aider"), "llm": ("llm==0.36", "llm"),
+        "open-webui": ("open-webui==0.12.4", "open-webui")}  # pulls torch: about a minute
 
 
 class Unavailable(Exception):

@@ -9,6 +9,7 @@ from pathlib import Path
 from .test_aider import AIDER_ARGS
 from .test_codex import CODEX_CONFIG
 from .test_llm import LLM_MODELS
+from .test_open_webui import OPEN_WEBUI_ENV, OPEN_WEBUI_SERVE
 from .test_opencode import OPENCODE_CONFIG
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -33,3 +34,11 @@ def test_each_client_snippet_is_the_one_its_test_uses():
     words = block("sh").split()
     assert words[0] == "aider" and words[1:1 + len(AIDER_ARGS)] == AIDER_ARGS
     assert words[1 + len(AIDER_ARGS):] == ["--openai-api-key", "sk-your-upstream-key"]  # the test passes its key so
+
+
+def test_the_open_webui_environment_is_the_one_its_test_uses():
+    words = block("shell").replace("\\\n", " ").split()
+    settings = [w for w in words if "=" in w and not w.startswith("-")]
+    assert dict(w.split("=", 1) for w in settings) == OPEN_WEBUI_ENV
+    assert words[:len(settings)] == settings, "the environment comes first"
+    assert words[len(settings):] == ["open-webui", *OPEN_WEBUI_SERVE, "3000"]
