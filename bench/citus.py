@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -254,6 +255,7 @@ def main() -> None:
         finally:
             procs.stop()
             servers.stop()
+            shutil.rmtree(work, ignore_errors=True)  # (ours: made by this run)
     write_result(results, out=args.out)
     print("| topology | proxy processes | cores | mode | stored calls/s | proxy CPU ms/call | database CPU ms/call | p50 ms |")
     print("|---|---|---|---|---|---|---|---|")
