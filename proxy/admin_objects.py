@@ -78,6 +78,7 @@ class UsageLine(msgspec.Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0  # of the prompt tokens, those a provider's prompt cache served
     tenant: str | None = None  # shown to admin keys only
 
 
@@ -89,6 +90,7 @@ class UsageReport(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0
     object: str = "usage_report"
 
 

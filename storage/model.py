@@ -167,6 +167,7 @@ class UsageRow(msgspec.Struct, frozen=True):
     calls: int
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt tokens, those a provider's prompt cache served
 
     @property
     def total_tokens(self) -> int:
@@ -175,7 +176,7 @@ class UsageRow(msgspec.Struct, frozen=True):
     @classmethod
     def total_of(cls, rows: list[UsageRow]) -> UsageRow:
         return cls("", None, sum(r.calls for r in rows), sum(r.prompt_tokens for r in rows),
-                   sum(r.completion_tokens for r in rows))
+                   sum(r.completion_tokens for r in rows), sum(r.cached_tokens for r in rows))
 
 
 S = TypeVar("S", bound=msgspec.Struct)

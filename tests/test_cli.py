@@ -194,8 +194,9 @@ def test_usage_by_tenant_and_model(populated):
     result = cli(url, "usage")
     assert result.exit_code == 0, result.output
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in result.output.splitlines() if "│" in line]
-    shown = {(c[0], int(c[2].replace(",", "")), int(c[5].replace(",", ""))) for c in cells
+    shown = {(c[0], int(c[2].replace(",", "")), int(c[6].replace(",", ""))) for c in cells  # (tenant, calls, total)
              if c[0] in {t for t, _, _ in expected}}
+    assert "cached" in result.output
     assert shown == expected and len(expected) == 2  # the two tenants, each apart
     assert "gpt-4o-mini" in result.output
     tenant = next(iter(expected))[0]

@@ -604,3 +604,24 @@ def test_a_side_call_lands_where_its_content_hangs(mproxy: Proxy, claude: FakeAn
     assert r1.headers["x-conversation-id"] == side.headers["x-conversation-id"] == r2.headers["x-conversation-id"] == session
     assert side.headers["x-parent-node-id"] == r1.headers["x-node-id"] == r2.headers["x-parent-node-id"]
     assert "title" not in json.dumps(claude.last.body["messages"])  # the side call is no context of the turn
+
+
+def test_usage_counts_cached_prompts_in_every_apis_terms(mproxy: Proxy, claude: FakeAnthropic,
+                                                         upstream: FakeUpstream, cid: str) -> None:
+    """Anthropic's input_tokens leave out its cache's reads and writes: the conversation's usage
+    and /admin/usage count them in, and /admin/usage says how much of the prompt came from a cache
+    -- Anthropic's cache reads, chat's prompt_tokens_details.cached_tokens."""
+    key = new_key()
+    claude.enqueue(AReply(usage={"input_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20,
+                                 "output_tokens": 7}))
+    client(mproxy, key, f"/c/{cid}").messages.create(model="claude-x", max_tokens=9,
+                                                     messages=[{"role": "user", "content": "a"}])
+    upstream.enqueue(Reply(content="b", usage={"prompt_tokens": 50, "completion_tokens": 3, "total_tokens": 53,
+                                               "prompt_tokens_details": {"cached_tokens": 30}}))
+    mproxy.openai(key, conversation=cid).chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "b"}])
+    conversation = admin(mproxy, key, f"/admin/conversations/{cid}").json()
+    assert conversation["usage"]["prompt_tokens"] == 125 + 50
+    report = admin(mproxy, key, "/admin/usage").json()
+    assert (report["prompt_tokens"], report["cached_tokens"], report["completion_tokens"]) == (175, 130, 10)
+    by_model = {line["model"]: line for line in report["data"]}
+    assert by_model["claude-x"]["cached_tokens"] == 100 and by_model["gpt-x"]["cached_tokens"] == 30

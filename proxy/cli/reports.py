@@ -39,14 +39,14 @@ def usage(config_file: str | None, since: datetime | None, until: datetime | Non
 
     rows = run(go())
     table = Table(title=f"usage {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC", title_justify="left")
-    for column in ("tenant", "model", "calls", "prompt", "completion", "total"):
+    for column in ("tenant", "model", "calls", "prompt", "cached", "completion", "total"):
         table.add_column(column, justify="left" if column in ("tenant", "model") else "right")
     for r in rows:
-        table.add_row(r.tenant[:16], r.model or "-", f"{r.calls:,}", f"{r.prompt_tokens:,}", f"{r.completion_tokens:,}",
-                      f"{r.total_tokens:,}")
+        table.add_row(r.tenant[:16], r.model or "-", f"{r.calls:,}", f"{r.prompt_tokens:,}", f"{r.cached_tokens:,}",
+                      f"{r.completion_tokens:,}", f"{r.total_tokens:,}")
     total = UsageRow.total_of(rows)
-    table.add_row("all", "", f"{total.calls:,}", f"{total.prompt_tokens:,}", f"{total.completion_tokens:,}",
-                  f"{total.total_tokens:,}", style="bold")
+    table.add_row("all", "", f"{total.calls:,}", f"{total.prompt_tokens:,}", f"{total.cached_tokens:,}",
+                  f"{total.completion_tokens:,}", f"{total.total_tokens:,}", style="bold")
     console().print(table)
 
 

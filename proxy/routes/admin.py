@@ -224,11 +224,12 @@ class AdminController(Controller):
     ) -> UsageReport:
         since, until = usage_window(since, until)
         rows = await admin.usage(None if reach.any_tenant else reach.tenant, since, until)
-        lines = [UsageLine(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.total_tokens,
+        lines = [UsageLine(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.cached_tokens,
                            tenant=r.tenant if reach.caller.admin else None) for r in rows]
         total = UsageRow.total_of(rows)
         return UsageReport(since=since, until=until, data=lines, calls=total.calls, prompt_tokens=total.prompt_tokens,
-                           completion_tokens=total.completion_tokens, total_tokens=total.total_tokens)
+                           completion_tokens=total.completion_tokens, total_tokens=total.total_tokens,
+                           cached_tokens=total.cached_tokens)
 
     @get("/conversations/{conversation_id:str}", summary="One conversation", responses=errors())
     async def get_conversation(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> Conversation:

@@ -1,4 +1,5 @@
-// Spend you can see (docs/viewer.md#spend): tokens per day by model over the last 30 days (from
+// Spend you can see (docs/viewer.md#spend): tokens per day by model -- prompt, cached, completion --
+// over the last 30 days (from
 // /admin/usage, one window per day), and a conversation's tokens per call along its path. Plain SVG.
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -60,8 +61,11 @@ export function drawDaily(container, days) {
   const color = new Map(models.map((m, i) => [m, PALETTE[i % PALETTE.length]]));
   const stacks = days.map((d) => d.lines.flatMap((l) => {
     const model = l.model ?? "no model";
+    const cached = Math.min(l.cached_tokens ?? 0, l.prompt_tokens);
     return [
-      { value: l.prompt_tokens, color: shade(color.get(model), true), kind: "prompt",
+      { value: cached, color: `${color.get(model)}44`, kind: "cached",
+        title: `${d.day} · ${model} · prompt from the cache ${cached.toLocaleString()}` },
+      { value: l.prompt_tokens - cached, color: shade(color.get(model), true), kind: "prompt",
         title: `${d.day} · ${model} · prompt ${l.prompt_tokens.toLocaleString()}` },
       { value: l.completion_tokens, color: color.get(model), kind: "completion",
         title: `${d.day} · ${model} · completion ${l.completion_tokens.toLocaleString()}` },
@@ -79,7 +83,7 @@ export function drawDaily(container, days) {
     key.append(swatch, ` ${m}`);
     legend.append(key);
   }
-  legend.append(" (lighter: prompt, darker: completion)");
+  legend.append(" (palest: prompt served from the cache, lighter: the rest of the prompt, darker: completion)");
   container.replaceChildren(chart, legend);
 }
 

@@ -136,7 +136,12 @@ CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     SELECT count(*),
-           bp_token_total(sum(bp_token_count(n.usage, 'prompt_tokens', 'input_tokens'))),
+           -- (prompt tokens in any API's terms: Anthropic's input_tokens leave out its cache's reads
+           -- and writes, added back -- storage/queries.py's PROMPT_TOKENS)
+           bp_token_total(sum(coalesce(bp_token_count(n.usage, 'prompt_tokens', 'prompt_tokens'),
+                                       bp_token_count(n.usage, 'input_tokens', 'input_tokens')
+                                       + coalesce(bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens'), 0)
+                                       + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'), 0)))),
            bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens')))
       INTO node_count, prompt_tokens, completion_tokens
       FROM nodes n WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
