@@ -44,7 +44,8 @@ from .routes.passthrough import (
     passthrough_auto,
     passthrough_prefixed,
 )
-from .routes.responses import response_input_items, response_resource, responses_compact, responses_create
+from .routes.response_objects import response_input_items, response_resource
+from .routes.responses import responses_compact, responses_create
 from .routes.ui import ui_router
 from .runtime import Runtime
 

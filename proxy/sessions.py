@@ -1,5 +1,5 @@
 """Which conversation a full-history call belongs to when the request does not say it by id, and
-where a new conversation begins (docs/behaviour.md#full-history-mode, SPEC §10):
+where a new conversation begins (docs/behaviour.md#full-history-mode):
 
 - **session headers**: under ``/auto/v1`` without ``X-Conversation-Id``, the first header of
   ``[server] session_headers`` the request carries with a valid conversation id as its value names

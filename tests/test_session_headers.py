@@ -1,5 +1,5 @@
 """Session headers and sessions that continue another one (docs/behaviour.md#full-history-mode,
-SPEC §10): under /auto/v1 an app's session header names the conversation, so one app session is
+docs/behaviour.md#full-history-mode): under /auto/v1 an app's session header names the conversation, so one app session is
 one conversation (an edit of its first question a second root of it); a full-history call to a
 conversation that does not exist yet, continuing another conversation's node, makes it a fork
 there. Driven through the openai SDK over HTTP; the assertions are on what the fake upstream

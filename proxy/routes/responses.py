@@ -1,6 +1,7 @@
-"""The Responses API on the tree (docs/behaviour.md#the-responses-api):
-``POST /v1/responses`` (also under ``/c/{id}/v1`` and ``/auto/v1``), and ``GET``/``DELETE
-/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` served from the tree.
+"""The Responses API on the tree (docs/behaviour.md#the-responses-api): ``POST /v1/responses``
+(also under ``/c/{id}/v1`` and ``/auto/v1``) and ``POST /v1/responses/compact``. The stored
+responses themselves -- ``GET``/``DELETE /v1/responses/{id}``, its input items -- are
+``proxy.routes.response_objects``'.
 
 A call is stored when it names a conversation (header, path prefix or ``/auto/v1``) or carries the
 ``previous_response_id`` of a stored response of the caller's tenant; otherwise it passes through.
@@ -44,9 +45,10 @@ from .common import RequestHeaders, context_mode, node_kind, resolve_conversatio
 from .context import CallContext
 from .conversations import items_node, new_conversation_id, node_items
 from .docs import errors
-from .passthrough import Forwarder, upstream_path
+from .passthrough import Forwarder
+from .response_objects import response_of, stored_response, with_parts
 
-__all__ = ["response_input_items", "response_resource", "responses_compact", "responses_create"]
+__all__ = ["responses_compact", "responses_create"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -86,14 +88,6 @@ async def _resolve_references(items: list[dict[str, Any]], admin: AdminStore, ca
             item = found[item["id"]]
         out.append(item)
     return out
-
-
-async def _stored_response(admin: AdminStore, caller: Caller, response_id: str | None) -> NodeRow | None:
-    node_id = responses_items.node_id_of(response_id)
-    if node_id is None:
-        return None
-    node = await admin.node(caller.tenant, node_id)
-    return None if node is None or node.response_deleted else node
 
 
 async def _named_conversation(value: Any, cid: str | None, previous: Any, admin: AdminStore, caller: Caller) -> str | None:
@@ -167,7 +161,7 @@ async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore,
     rest = [item for item in items[at + 1:] if not is_compaction_item(item)]
     call = await admin.node(caller.tenant, named[1]) if named and named[1] else None
     if call is not None and call.parent_id == node.id and call.status == "success" and not call.response_deleted:
-        answer = [i.get("id") for i in _response_of(call)["output"]]
+        answer = [i.get("id") for i in response_of(call)["output"]]
         if answer and [i.get("id") for i in rest[:len(answer)]] == answer:
             return rest[len(answer):], call
     # the compaction's kept items, when the client sends them back (as /v1/responses/compact gave them)
@@ -193,7 +187,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     if "conversation" in body:  # OpenAI's conversation state: the call belongs to it, as under /c/{id}/v1
         cid = await _named_conversation(body.pop("conversation"), cid, previous, admin, caller)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
-    parent = await _stored_response(admin, caller, previous) if ours else None
+    parent = await stored_response(admin, caller, previous) if ours else None
     if cid is None and not auto and not ours and not _holds_compaction(body):
         return await forwarder.forward(request, "responses", raw, headers, caller)
     if previous and parent is None:  # another tenant's, deleted, or an upstream's in a stored call
@@ -256,7 +250,7 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
     if "conversation" in body:
         cid = await _named_conversation(body["conversation"], cid, previous, admin, caller)
     if previous is not None:
-        node = await _stored_response(admin, caller, previous)
+        node = await stored_response(admin, caller, previous)
         if node is None:
             raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
         path = message_path(await admin.path_rows(node.tree_id, node.id))
@@ -280,11 +274,11 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
     if result.compacted and result.node is not None:
         node = result.node
         kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
-        output = [compaction_item(node), *(_with_parts(i) for i in responses_items.to_items(kept))]
+        output = [compaction_item(node), *(with_parts(i) for i in responses_items.to_items(kept))]
         usage = translate.usage_of(node.usage) if node.usage and "prompt_tokens" in node.usage else node.usage
         rid = responses_items.response_id(node.id)
     elif result.reason in ("empty", "nothing_to_compact"):  # too short to compact: the context as it is
-        output = [_with_parts(item) for n in source for item in responses_items.to_items([*n.sent, *(n.received or [])])]
+        output = [with_parts(item) for n in source for item in responses_items.to_items([*n.sent, *(n.received or [])])]
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         rid = responses_items.response_id(source[-1].id) if source else "resp_" + "0" * 32
     elif result.reason in ("moved", "busy"):
@@ -293,113 +287,3 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         raise UpstreamFailure(f"the summary could not be made ({result.reason}); nothing was compacted")
     return RawResponse(200, _encode({"id": rid, "object": "response.compaction", "created_at": int(time.time()),
                                      "output": output, "usage": usage}))
-
-
-def _with_parts(item: dict[str, Any]) -> dict[str, Any]:
-    """A message item as OpenAI's lists carry it: its text in content parts."""
-    if item.get("type") == "message" and isinstance(item.get("content"), str):
-        part = "output_text" if item.get("role") == "assistant" else "input_text"
-        return {**item, "content": [{"type": part, "text": item["content"]}]}
-    return item
-
-
-def _response_of(node: NodeRow) -> dict[str, Any]:
-    """The response object a stored node stands for (a chat node's answer reads as output items)."""
-    if node.api == "responses":
-        output = list(node.received or [])
-        usage = node.usage
-    else:
-        output = translate.output_items(node.received[0], node.id, node.params.get("tools")) if node.received else []
-        usage = translate.usage_of(node.usage)
-    status = {"success": "completed", "failed": "failed", "pending": "in_progress"}[node.status]
-    error = None
-    if node.error:
-        error = {"code": node.error.get("code") or "server_error", "message": node.error.get("message") or ""}
-    return translate.response_object(node_id=node.id, params=node.params, output=output, usage=usage, status=status,
-                                     model=node.model, error=error, finish_reason=node.finish_reason,
-                                     instructions=node.params.get("instructions"),
-                                     created_at=node.created_at.timestamp())
-
-
-def _skip_prefix(scope: Any) -> int:
-    path = scope["path"]
-    return 4 if path.startswith("/c/") else 3 if path.startswith("/auto/") else 2
-
-
-@route(["/v1/responses/{response_id:str}", "/c/{conversation_id:str}/v1/responses/{response_id:str}",
-        "/auto/v1/responses/{response_id:str}"], http_method=["GET", "DELETE", "POST"],
-       summary="Retrieve or delete a response (served from the tree)", tags=["responses"], responses=errors(400, 404))
-async def response_resource(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
-    forwarder, caller, admin = call.forwarder, call.caller, call.admin
-    if request.path_params.get("conversation_id") is not None:
-        valid_conversation_id(request.path_params["conversation_id"], source="path")
-    response_id = request.path_params["response_id"]
-    node_id = responses_items.node_id_of(response_id)
-    if node_id is None or request.method == "POST":  # not one of ours (or a sub-resource): the upstream's
-        path = upstream_path(request.scope, _skip_prefix(request.scope))
-        return await forwarder.forward(request, path, await request.body(), RequestHeaders(request.scope), caller)
-    if request.method == "DELETE":
-        outcome = await admin.delete_response(caller.tenant, node_id)
-        if outcome == "not_found":
-            raise NotFound(f"no response {response_id!r}", code="response_not_found", param="response_id")
-        return RawResponse(200, _encode({"id": response_id, "object": "response", "deleted": True}))
-    node = await _stored_response(admin, caller, response_id)
-    if node is None:
-        raise NotFound(f"no response {response_id!r}", code="response_not_found", param="response_id")
-    return RawResponse(200, _encode(_response_of(node)))
-
-
-def _input_items(node: NodeRow) -> list[dict[str, Any]]:
-    """A stored call's input items, each with an id (made up from the node's where it had none)."""
-    sent = list(node.sent)
-    if node.api == "responses" and isinstance(node.params.get("instructions"), str) and node.params["instructions"]:
-        sent = sent[1:]  # the instructions: not an input item
-    items = sent if node.api == "responses" else responses_items.to_items(sent)
-    out = []
-    for i, item in enumerate(items):
-        item = dict(item)
-        kind = item.get("type") or ("message" if "role" in item else "item")
-        item.setdefault("type", kind)
-        item.setdefault("id", f"{'msg' if kind == 'message' else kind}_{node.id.hex}_{i}")
-        if kind == "message":
-            item.setdefault("status", "completed")
-            if isinstance(item.get("content"), str):  # listed items carry content parts
-                item["content"] = [{"type": "input_text", "text": item["content"]}]
-        out.append(item)
-    return out
-
-
-@route(["/v1/responses/{response_id:str}/input_items", "/c/{conversation_id:str}/v1/responses/{response_id:str}/input_items",
-        "/auto/v1/responses/{response_id:str}/input_items"], http_method=["GET"],
-       summary="The input items of a response, paginated", tags=["responses"], responses=errors(400, 404))
-async def response_input_items(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
-    forwarder, caller, admin = call.forwarder, call.caller, call.admin
-    response_id = request.path_params["response_id"]
-    if responses_items.node_id_of(response_id) is None:
-        path = upstream_path(request.scope, _skip_prefix(request.scope))
-        return await forwarder.forward(request, path, b"", RequestHeaders(request.scope), caller)
-    node = await _stored_response(admin, caller, response_id)
-    if node is None:
-        raise NotFound(f"no response {response_id!r}", code="response_not_found", param="response_id")
-    query = request.query_params
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("order must be 'asc' or 'desc'", param="order")
-    try:
-        limit = int(query.get("limit", 20))
-    except ValueError:
-        raise InvalidRequest("limit must be an integer", param="limit") from None
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("limit must be between 1 and 100", param="limit")
-    items = _input_items(node)
-    if order == "desc":
-        items.reverse()
-    after = query.get("after")
-    if after:
-        ids = [i["id"] for i in items]
-        if after not in ids:
-            raise InvalidRequest(f"no input item {after!r} in this response", param="after")
-        items = items[ids.index(after) + 1:]
-    page = items[:limit]
-    return RawResponse(200, _encode({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                                     "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}))

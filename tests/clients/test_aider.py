@@ -43,7 +43,7 @@ def test_aider_two_turns_are_one_conversation(proxy, upstream, key, db, client_h
     conversation = [m for m in calls[1].messages if m["role"] != "system"]
     assert [m["content"] for m in conversation[-3:]] == ["What is a closure?", "A closure captures variables.",
                                                          "And a generator?"]
-    # system messages where aider put them (SPEC §10, the client's order): its prompt first, its
+    # system messages where aider put them (docs/behaviour.md#full-history-mode: the client's order): its prompt first, its
     # SEARCH/REPLACE rules as a reminder after the last question, on every call
     for call in calls:
         assert call.messages[0]["role"] == "system" and call.messages[-1]["role"] == "system"
