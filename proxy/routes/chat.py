@@ -15,9 +15,8 @@ from litestar.types import ASGIApp
 from ..auth import Caller
 from ..call import Call
 from ..dialects.chat import DIALECT as CHAT
-from ..errors import InvalidRequest
 from ..lifecycle import CallLifecycle
-from .common import RequestHeaders, context_mode, node_kind, parse_node_id, resolve_conversation_id
+from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder
@@ -36,16 +35,7 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
 
     kind = node_kind(headers)
     mode = "full" if auto else context_mode(headers, calls.default_mode)
-    parent_header = headers.get("x-parent-node-id")
-    if parent_header is None or not parent_header.strip():
-        parent_mode, parent_id = "head", None
-    elif mode == "full":
-        raise InvalidRequest("X-Parent-Node-Id cannot be used in full-history mode: the messages decide the parent",
-                             param="X-Parent-Node-Id")
-    elif parent_header.strip().lower() == "root":
-        parent_mode, parent_id = "root", None
-    else:
-        parent_mode, parent_id = "node", parse_node_id(parent_header, param="X-Parent-Node-Id")
+    parent_mode, parent_id = parent_of(headers, mode)
 
     body = CHAT.parse(raw)
     call = Call(

@@ -8,7 +8,8 @@ from typing import Any, Literal
 from ..errors import InvalidConversationId, InvalidRequest
 from ..ids import valid_conversation_id
 
-__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "context_mode", "node_kind", "parse_node_id", "resolve_conversation_id",
+__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "context_mode", "node_kind", "parent_of", "parse_node_id",
+           "resolve_conversation_id",
            "valid_conversation_id"]
 
 
@@ -92,3 +93,17 @@ def context_mode(headers: RequestHeaders, default: str) -> str:
     if value not in _MODES:
         raise InvalidRequest("X-Context-Mode must be 'delta' or 'full'", param="X-Context-Mode")
     return value
+
+
+def parent_of(headers: RequestHeaders, mode: str) -> tuple[str, uuid.UUID | None]:
+    """``X-Parent-Node-Id``: (parent mode, node) -- the head (not given), ``root``, or a node;
+    refused in full-history mode, where the messages decide the parent."""
+    value = headers.get("x-parent-node-id")
+    if value is None or not value.strip():
+        return "head", None
+    if mode == "full":
+        raise InvalidRequest("X-Parent-Node-Id cannot be used in full-history mode: the messages decide the parent",
+                             param="X-Parent-Node-Id")
+    if value.strip().lower() == "root":
+        return "root", None
+    return "node", parse_node_id(value, param="X-Parent-Node-Id")

@@ -21,7 +21,7 @@ from ..call import Call
 from ..dialects.messages import DIALECT as MESSAGES
 from ..dialects.messages.blocks import to_messages
 from ..http import RawResponse
-from .common import RequestHeaders, context_mode, node_kind, resolve_conversation_id
+from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 
@@ -47,19 +47,7 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
         auto = True  # (translated: stored, found by content)
     kind = node_kind(headers)
     mode = "full" if auto else context_mode(headers, call.calls.default_mode)
-    parent_header = headers.get("x-parent-node-id")
-    parent_mode, parent_id = "head", None
-    if parent_header is not None and parent_header.strip():
-        from ..errors import InvalidRequest
-        from .common import parse_node_id
-
-        if mode == "full":
-            raise InvalidRequest("X-Parent-Node-Id cannot be used in full-history mode: the messages decide the parent",
-                                 param="X-Parent-Node-Id")
-        if parent_header.strip().lower() == "root":
-            parent_mode = "root"
-        else:
-            parent_mode, parent_id = "node", parse_node_id(parent_header, param="X-Parent-Node-Id")
+    parent_mode, parent_id = parent_of(headers, mode)
     stored = Call(
         tenant=call.caller.tenant, conversation_id=cid, kind=kind, mode=mode, parent_mode=parent_mode,
         parent_id=parent_id, body=body, items=MESSAGES.items(body), stream=body.get("stream") is True,
