@@ -27,6 +27,7 @@ __all__ = [
     "AuthKey",
     "AuthSettings",
     "CompactionSettings",
+    "ContextEditingSettings",
     "DatabaseSettings",
     "ModelLimits",
     "RetentionSettings",
@@ -134,6 +135,13 @@ class CompactionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     model: str
 
 
+class ContextEditingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    clear_tool_results: float  # share of the input limit above which old tool results are cleared; 0: off
+    keep_tool_results: int  # the most recent tool results are never cleared
+    clear_at_least: float  # clear only when it frees at least this share of the input limit
+    exclude_tools: tuple[str, ...]  # tools whose results are never cleared
+
+
 class RetentionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     idle_days: float  # delete conversations idle this long; 0: keep everything
     interval_seconds: float
@@ -148,6 +156,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     upstreams: tuple[Upstream, ...]
     models: dict[str, ModelLimits]
     compaction: CompactionSettings
+    context_editing: ContextEditingSettings
     retention: RetentionSettings
 
     def upstream_for(self, model: str) -> Upstream | None:
@@ -250,6 +259,13 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("compaction.summary_budget must be in (0, 1)")
     if c.keep_recent < 0:
         raise SettingsError("compaction.keep_recent must be >= 0")
+    e = settings.context_editing
+    if not 0 <= e.clear_tool_results <= 1:
+        raise SettingsError("context_editing.clear_tool_results must be in [0, 1] (0: off)")
+    if not 0 <= e.clear_at_least < 1:
+        raise SettingsError("context_editing.clear_at_least must be in [0, 1)")
+    if e.keep_tool_results < 0:
+        raise SettingsError("context_editing.keep_tool_results must be >= 0")
     if settings.server.lease_seconds <= 0:
         raise SettingsError("server.lease_seconds must be > 0")
     if settings.server.max_response_bytes <= 0 or settings.server.max_body_bytes <= 0:

@@ -46,6 +46,7 @@ class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cached_tokens: int = 0  # of the prompt tokens, those a provider's prompt cache served
 
 
 class Match(msgspec.Struct):
@@ -103,6 +104,7 @@ class ConversationList(msgspec.Struct):
 class Node(NodeFields, frozen=False):  # the stored call's fields, then the API's
     api: str  # the format of sent/received: "chat" messages, or "responses" items
     object: str = "node"
+    method: str | None = None  # a compaction node's: "summary" or "clear_tool_results" (context editing)
 
 
 class NodeOnPath(Node):
@@ -147,12 +149,21 @@ class Deleted(msgspec.Struct):
     object: str = "conversation.deleted"
 
 
-_NODE_FIELDS = tuple(f for f in Node.__struct_fields__ if f != "object")
+_NODE_FIELDS = tuple(f for f in Node.__struct_fields__ if f not in ("object", "method"))
+
+
+def compaction_method(row: NodeRow) -> str | None:
+    """How a compaction node was made (None for any other node): "summary" -- also every
+    compaction stored before there were two methods -- or "clear_tool_results"."""
+    if row.kind != "compaction":
+        return None
+    method = row.params.get("method") if isinstance(row.params, dict) else None
+    return method if isinstance(method, str) else "summary"
 
 
 def node_of(row: NodeRow, cls: type[Node] = Node, **extra: Any) -> Node:
     """The API's node (or a subclass of it: ``extra`` fills its own fields) of a stored row."""
-    return cls(**{f: getattr(row, f) for f in _NODE_FIELDS}, **extra)
+    return cls(**{f: getattr(row, f) for f in _NODE_FIELDS}, method=compaction_method(row), **extra)
 
 
 class ExportedNode(Node, omit_defaults=False):
@@ -172,7 +183,7 @@ def tree_node_of(row: TreeRow) -> TreeNode:
 
 def conversation_of(row: ConversationRow, *, show_tenant: bool) -> Conversation:
     """The API's conversation of a stored row; its tenant shown to admin keys only."""
-    usage = Usage(row.prompt_tokens, row.completion_tokens, row.total_tokens)
+    usage = Usage(row.prompt_tokens, row.completion_tokens, row.total_tokens, row.cached_tokens)
     return Conversation(id=row.id, head_node_id=row.head_node_id, node_count=row.node_count, busy=row.busy,
                         created_at=row.created_at, updated_at=row.updated_at, object="conversation", usage=usage,
                         forked_from=row.forked_from, fork_node_id=row.fork_node_id,

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .tokens import reported_prompt
+from .tokens import cached_prompt, reported_prompt
 
 __all__ = ["Metrics"]
 
@@ -45,6 +45,10 @@ class Metrics:
         self.calls = Counter("branchpoint_calls", "Stored calls by kind and outcome", ["kind", "outcome"], registry=r)
         self.tokens = Counter("branchpoint_tokens", "Tokens reported by upstreams", ["direction"], registry=r)
         self.compactions = Counter("branchpoint_compactions", "Compactions by mode and result", ["mode", "result"], registry=r)
+        self.cleared_results = Counter("branchpoint_cleared_tool_results",
+                                       "Old tool results replaced by placeholders (context editing)", registry=r)
+        self.cached_tokens = Counter("branchpoint_cached_tokens",
+                                     "Prompt tokens upstreams reported served from their prompt caches", registry=r)
         self.pairing_drops = Counter("branchpoint_pairing_drops", "Items dropped by the pairing check", registry=r)
         self.busy_rejections = Counter("branchpoint_busy_rejections", "Turn calls refused with 409 conversation_busy", registry=r)
         self.bytes_in_flight = Gauge("branchpoint_request_bytes_in_flight",
@@ -98,6 +102,9 @@ class Metrics:
                 self._tokens_in.inc(prompt)
             if completion:
                 self._tokens_out.inc(completion)
+            cached = _count(cached_prompt(usage))
+            if cached:
+                self.cached_tokens.inc(cached)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -42,7 +42,7 @@ import msgspec
 
 from .assembly import PathLike
 
-__all__ = ["EXACT_CHARS", "TokenCounter", "estimate_request", "off_loop", "reported_prompt"]
+__all__ = ["EXACT_CHARS", "TokenCounter", "cached_prompt", "estimate_request", "off_loop", "reported_prompt"]
 
 log = logging.getLogger("branchpoint.tokens")
 
@@ -184,6 +184,21 @@ def reported_prompt(usage: Any) -> int | None:
         if isinstance(extra, int) and extra > 0:
             prompt += extra
     return prompt
+
+
+def cached_prompt(usage: Any) -> int | None:
+    """Of the prompt's tokens, those a provider's prompt cache served, as the upstream reported
+    them: chat's ``prompt_tokens_details.cached_tokens``, Responses'
+    ``input_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens`` (what it
+    wrote to its cache, ``cache_creation_input_tokens``, was not served from it)."""
+    if not isinstance(usage, dict):
+        return None
+    for key in ("prompt_tokens_details", "input_tokens_details"):
+        details = usage.get(key)
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            return details["cached_tokens"]
+    read = usage.get("cache_read_input_tokens")
+    return read if isinstance(read, int) else None
 
 
 def _measured(usage: dict[str, Any] | None) -> int | None:

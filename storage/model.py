@@ -75,6 +75,7 @@ class ConversationRow(msgspec.Struct, frozen=True):
     node_count: int  # nodes this conversation made
     prompt_tokens: int  # summed over those nodes' reported usage (input tokens of Responses calls)
     completion_tokens: int  # (output tokens of Responses calls)
+    cached_tokens: int  # of the prompt tokens, those a provider's prompt cache served
 
     @property
     def total_tokens(self) -> int:
@@ -133,6 +134,7 @@ class TreeRow(NodeBase, frozen=True):
     created_at: datetime
     finished_at: datetime | None
     api: str
+    method: str | None  # a compaction node's: "summary" or "clear_tool_results"
     preview: str | None
 
 

@@ -101,9 +101,10 @@ def _conversations(chosen: str, order: str = "") -> str:
     ``conversations``: a filter, an order, a limit) first, the counts only for those -- each
     conversation's from its own tree (bp_conversation_counts: on Citus, one shard each)."""
     return f"""
-SELECT {columns(ConversationRow, "c", skip=("busy", "node_count", "prompt_tokens", "completion_tokens"))},
+SELECT {columns(ConversationRow, "c", skip=("busy", "node_count", "prompt_tokens", "completion_tokens",
+                                              "cached_tokens"))},
        (c.lease_node_id IS NOT NULL AND c.lease_until > now()) AS busy,
-       s.node_count, s.prompt_tokens, s.completion_tokens
+       s.node_count, s.prompt_tokens, s.completion_tokens, s.cached_tokens
   FROM ({chosen}) c
  CROSS JOIN LATERAL bp_conversation_counts(c.tree_id, c.tenant, c.id) s
  {order}
@@ -243,7 +244,8 @@ PATH = f"SELECT {_P_NODE} FROM bp_path($1, $2) p"
 # Every node of a conversation (and the nodes of its source it can see), oldest first, with a
 # short preview instead of the full items.  $1 tree, $2 tenant, $3 conversation, $4 visible foreign
 TREE = f"""
-SELECT {columns(TreeRow, "n", skip=("preview",))},
+SELECT {columns(TreeRow, "n", skip=("method", "preview"))},
+       CASE WHEN n.kind = 'compaction' THEN coalesce(n.params ->> 'method', 'summary') END AS method,
        left(coalesce(n.received -> 0 -> 'content' -> 0 ->> 'text', n.received -> 0 ->> 'content',
                      n.received -> 0 -> 'tool_calls' -> 0 -> 'function' ->> 'name' || '(…)',
                      n.received -> 0 ->> 'name' || '(…)',

@@ -197,7 +197,7 @@ class TreeStore:
     async def apply_compaction(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, node_id: uuid.UUID,
                                compacted_from: uuid.UUID, sent: list[Any], model: str,
                                provider: str, params: dict[str, Any], usage: dict[str, Any] | None, mode: str,
-                               call_node: uuid.UUID | None, request: bytes) -> str:
+                               call_node: uuid.UUID | None, request: bytes | None) -> str:
         """'ok', or why nothing was written: 'moved', 'busy', 'lost_lease', 'conversation_not_found'."""
         return await self.db.fetchval(
             queries.APPLY_COMPACTION, tenant, conversation_id, tree_id, node_id, compacted_from, sent, system_hash(sent),

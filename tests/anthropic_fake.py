@@ -87,7 +87,7 @@ class FakeAnthropic:
         body: Any = json.loads(raw) if raw else None
         path = scope["path"] + ("?" + scope["query_string"].decode() if scope.get("query_string") else "")
         with self.lock:
-            self.requests.append(Recorded(scope["method"], path, headers, body))
+            self.requests.append(Recorded(scope["method"], path, headers, body, raw))
             self.counter += 1
             n = self.counter
             reply = self.queue.popleft() if self.queue and scope["path"].endswith("/messages") else None

@@ -99,6 +99,7 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: Any  # decoded JSON, or raw bytes when not JSON
+    raw: bytes = b""  # the body as it came, byte for byte
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -177,12 +178,18 @@ class FakeUpstream:
         self.queue: deque[Reply] = deque()
         self.summaries: deque[Reply] = deque()  # answers to Branchpoint's summariser requests
         self.lock = threading.Lock()
+        # how the prompt tokens an answer reports are counted (None: about 4 characters of JSON each)
+        self.count_prompt: Callable[[list[dict[str, Any]]], int] | None = None
 
     def reset(self) -> None:
         with self.lock:
             self.requests.clear()
             self.queue.clear()
             self.summaries.clear()
+            self.count_prompt = None
+
+    def _prompt(self, body: dict[str, Any]) -> int:
+        return self.count_prompt(body.get("messages", [])) if self.count_prompt else _estimate_prompt(body)
 
     def enqueue_summary(self, *replies: Reply) -> None:
         with self.lock:
@@ -251,7 +258,7 @@ class FakeUpstream:
         except ValueError:
             body = raw
         path = scope["path"]
-        recorded = Recorded(scope["method"], path, headers, body)
+        recorded = Recorded(scope["method"], path, headers, body, raw)
         summariser = self.is_summariser(recorded)
         with self.lock:
             self.requests.append(recorded)
@@ -297,7 +304,7 @@ class FakeUpstream:
         elif reply.kind == "stream" or (reply.kind == "json" and isinstance(body, dict) and body.get("stream")):
             await self._stream(send, reply, body if isinstance(body, dict) else {}, model)
         else:
-            await self._json(send, reply.status, completion(reply, model, _estimate_prompt(body or {})), extra)
+            await self._json(send, reply.status, completion(reply, model, self._prompt(body or {})), extra)
 
     async def _json(self, send: Any, status: int, data: Any, extra: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
         await self._raw(send, status, json.dumps(data).encode(), "application/json", extra)
@@ -338,7 +345,7 @@ class FakeUpstream:
         else:
             events.append(chunk({}, reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")))
             if include_usage:
-                prompt = _estimate_prompt(body)
+                prompt = self._prompt(body)
                 events.append(dict(base, choices=[], usage=reply.usage or {
                     "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7}))
         for n, event in enumerate(events):

@@ -40,3 +40,36 @@ def say(client: Any, cid: str | None, *messages: dict[str, Any], parent: str | N
         extra["X-Node-Kind"] = kind
     raw = client.chat.completions.with_raw_response.create(model=model, messages=list(messages), extra_headers=extra, **kw)
     return raw.parse(), raw.headers
+
+
+def prefix_extends(previous: bytes, current: bytes, key: str = "messages") -> bool:
+    """Whether the upstream request ``current`` continues ``previous`` byte for byte (what a
+    provider's prompt cache needs, docs/behaviour.md#context-editing): every other field the same
+    bytes, and the list under ``key`` (``messages``; ``input`` for Responses) the previous list's
+    bytes followed by more items. Anthropic's ``cache_control`` markers move with each call and do
+    not count (``without_markers``)."""
+    import msgspec
+
+    before = msgspec.json.decode(previous, type=dict[str, msgspec.Raw])
+    after = msgspec.json.decode(current, type=dict[str, msgspec.Raw])
+    if before.keys() != after.keys() or any(bytes(before[k]) != bytes(after[k]) for k in before if k != key):
+        return False
+    old, new = bytes(before.get(key, b"[]")), bytes(after.get(key, b"[]"))
+    if old == b"[]":
+        return True
+    return new.startswith(old[:-1]) and new[len(old) - 1:len(old)] in (b",", b"]")
+
+
+def without_markers(raw: bytes) -> bytes:
+    """An Anthropic request's bytes with its ``cache_control`` markers taken out (they are placed
+    by position from the end, so they move with every call by design)."""
+    import msgspec
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "cache_control"}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return msgspec.json.encode(strip(msgspec.json.decode(raw)))

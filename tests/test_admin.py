@@ -63,7 +63,7 @@ def test_a_conversation_counts_the_tokens_of_all_its_calls(proxy, upstream, key,
     assert http.get(f"/admin/conversations/{cid}/tree").json()["data"][-1]["usage"]["output_tokens"] == 3  # stored so
     c = http.get(f"/admin/conversations/{cid}").json()
     assert c["node_count"] == 5
-    assert c["usage"] == {"prompt_tokens": 237, "completion_tokens": 28, "total_tokens": 265}
+    assert c["usage"] == {"prompt_tokens": 237, "completion_tokens": 28, "total_tokens": 265, "cached_tokens": 0}
     listed = next(x for x in http.get("/admin/conversations").json()["data"] if x["id"] == cid)
     assert listed["usage"] == c["usage"]
 

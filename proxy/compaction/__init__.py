@@ -2,6 +2,7 @@
 summarised into a compaction node that assembly stops at.
 
     compactor.py    Compactor: prepare and write a compaction; the hard, soft and admin triggers
+    clearing.py     context editing: old tool results replaced by placeholders (pure)
     background.py   background jobs: one per conversation, newest request next, take-over
     policy.py       thresholds and what stays raw (pure)
     summariser.py   the summariser calls and the summary budget

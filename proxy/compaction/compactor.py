@@ -1,15 +1,22 @@
-"""The compactor: summarises the older part of a path into a compaction node -- ``kind =
-compaction``, no parent, ``compacted_from`` = the node it replaces -- whose ``sent`` is the most
-recent system prompt, one summary message and the last ``keep_recent`` messages raw. Assembly
-stops at it; nothing before it is deleted. The whole result is written by one statement
-(``bp_apply_compaction``), so a process that stops mid-way leaves no trace.
+"""The compactor: when a path grows too long, a compaction node replaces it -- ``kind =
+compaction``, no parent, ``compacted_from`` = the node it replaces. Assembly stops at it; nothing
+before it is deleted. Two methods (the node's ``params.method``):
 
-Its three triggers:
-- ``before_started`` / ``before_call`` (hard): before a call whose estimated input is above the hard threshold,
-  synchronously; the call's node is hung under the new compaction node;
-- ``after_turn`` (soft): after a successful turn above the soft threshold, in the background
-  (``background.BackgroundCompactions``);
-- ``compact_now`` (admin): ``POST /admin/conversations/{id}/compact``.
+- ``clear_tool_results`` (context editing, ``clearing.py``): the path's items with old tool results
+  replaced by placeholders -- no model call, tried first;
+- ``summary``: the most recent system prompt, one summary message of the older part and the last
+  ``keep_recent`` messages raw.
+
+Each is written by one statement (``bp_apply_compaction``), so a process that stops mid-way leaves
+no trace. When, in one place (docs/behaviour.md#compaction, #context-editing):
+- ``before_started`` / ``before_call``: before a call whose estimated input is above
+  ``clear_tool_results``, old tool results are cleared if that frees at least ``clear_at_least``;
+  still above the hard threshold, the path is summarised -- synchronously; the call's node is hung
+  under the new compaction node;
+- ``after_turn`` (soft): after a successful turn above the soft threshold, summarised in the
+  background (``background.BackgroundCompactions``) -- unless clearing before the next call will
+  bring the path under it;
+- ``compact_now`` (admin): ``POST /admin/conversations/{id}/compact`` (either method).
 A failed summarisation changes nothing.
 """
 
@@ -19,6 +26,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from storage import ConversationRow, PathNode, TreeStore, uuid7
@@ -30,6 +38,7 @@ from ..dialects import message_path
 from ..errors import ConversationBusy, UpstreamFailure
 from ..metrics import Metrics
 from ..tokens import TokenCounter, estimate_request, off_loop
+from . import clearing
 from .background import BackgroundCompactions, Job
 from .policy import Thresholds, measured_context, split_recent, unanswered_tail_calls
 from .summariser import SUMMARY_PREFIX, Summariser, is_summary
@@ -45,6 +54,12 @@ _PORTABLE = Target("", accepts_reasoning=False)
 
 def _role(item: Any) -> Any:
     return item.get("role") if isinstance(item, dict) else None
+
+
+def path_chars(path: Sequence[PathNode]) -> int:
+    """About how many characters counting ``path`` reads at most (for ``off_loop``)."""
+    return sum(len(m["content"]) if isinstance(m, dict) and isinstance(m.get("content"), str) else 100
+               for n in path for m in [*n.sent, *(n.received or ())])
 
 
 def _chars(tokens: TokenCounter, items: Sequence[Any]) -> int:
@@ -81,13 +96,21 @@ class CompactionResult:
     compacted_messages: int = 0
     calls: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    method: str = "summary"  # or "clear_tool_results"
+    cleared_results: int = 0  # (a clearing) tool results replaced by placeholders
+    freed_tokens: int = 0  # (a clearing) about how many tokens that took out of the request
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"object": "compaction", "compacted": self.compacted}
+        if self.compacted or self.method != "summary":  # (a summary not made: the shape it always had)
+            out["method"] = self.method
         if self.compacted and self.node is not None:
-            out.update(node_id=str(self.node.id), compacted_from=str(self.node.compacted_from),
-                       summary_tokens=self.summary_tokens, kept_messages=self.kept_messages,
-                       compacted_messages=self.compacted_messages)
+            out.update(node_id=str(self.node.id), compacted_from=str(self.node.compacted_from))
+            if self.method == "summary":
+                out.update(summary_tokens=self.summary_tokens, kept_messages=self.kept_messages,
+                           compacted_messages=self.compacted_messages)
+            else:
+                out.update(cleared_results=self.cleared_results, freed_tokens=self.freed_tokens)
         else:
             out["reason"] = self.reason
         return out
@@ -129,6 +152,7 @@ class Compactor:
             log.warning("summarisation failed; nothing compacted", extra={"error": getattr(exc, "message", str(exc))})
             return "summarisation_failed"
         params = {
+            "method": "summary",
             "format": "text",
             "trigger": trigger,
             "summariser_model": summariser,
@@ -207,6 +231,83 @@ class Compactor:
             log.info("compaction not applied", extra={"conversation_id": conversation_id, "outcome": result.reason})
         return result
 
+    # -- clearing old tool results (context editing) ----------------------------------------------
+
+    async def plan_clearing(self, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]] = (), *,
+                            everything: bool = False) -> clearing.Plan:
+        """Which of ``path``'s tool results a clearing before a call sending ``new_items`` would
+        replace, and the tokens that frees (``clearing.plan``; counted off the event loop when the
+        results are large)."""
+        e = self.thresholds.editing
+        chars = sum(len(m["content"]) if isinstance(m.get("content"), str) else 1_000
+                    for node in path for m in node.sent if isinstance(m, dict) and m.get("role") == "tool")
+        planning = partial(clearing.plan, keep=e.keep_tool_results, exclude=self.thresholds.exclude_tools,
+                           count=self.tokens.message, everything=everything)
+        return await off_loop(planning, path, new_items, chars=chars)
+
+    async def clear(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
+                    model: str, mode: str, trigger: str, call_node: uuid.UUID | None = None,
+                    new_items: Sequence[dict[str, Any]] = (), everything: bool = False,
+                    estimate: int | None = None) -> CompactionResult:
+        """Clear ``path``'s old tool results and write that as a compaction node (``method =
+        clear_tool_results``), in one go -- when it frees at least ``clear_at_least`` of the
+        model's input limit (``everything``: whatever it frees; an admin's clearing). ``mode`` as
+        for ``compact``. The result says why nothing was written."""
+        if not path:
+            return CompactionResult(False, "empty", method=clearing.METHOD)
+        planned = await self.plan_clearing(path, new_items, everything=everything)
+        if not planned.count:
+            return self._not_cleared(trigger, "nothing_to_clear", conversation_id)
+        if not everything and planned.freed < self.thresholds.limits(model).clear_at_least:
+            return self._not_cleared(trigger, "too_little_to_clear", conversation_id)
+        node_id = uuid7()
+        sent = [*planned.system, *planned.items]
+        params: dict[str, Any] = {
+            "method": clearing.METHOD,
+            "format": "text",
+            "trigger": trigger,
+            "cleared_results": planned.count,
+            "freed_tokens": planned.freed,
+            "keep_tool_results": self.thresholds.editing.keep_tool_results,
+            "cleared": planned.cleared,
+        }
+        if estimate is not None:
+            params["estimate_before"] = estimate
+        provider = self.summariser.provider(model)
+        outcome = await self.tree.apply_compaction(
+            tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, node_id=node_id,
+            compacted_from=path[-1].id, sent=sent, model=model, provider=provider, params=params, usage=None,
+            mode=mode, call_node=call_node, request=None)
+        if outcome != "ok":
+            return self._not_cleared(trigger, outcome, conversation_id)
+        self.metrics.compactions.labels(f"{trigger}_clear", "ok").inc()
+        self.metrics.cleared_results.inc(planned.count)
+        log.info("tool results cleared", extra={"conversation_id": conversation_id, "node_id": str(node_id),
+                                                "trigger": trigger, "cleared": planned.count, "freed_tokens": planned.freed})
+        node = PathNode(id=node_id, parent_id=None, kind="compaction", status="success", sent=sent, received=None,
+                        provider=provider, model=model, usage=None, compacted_from=path[-1].id)
+        return CompactionResult(True, node=node, method=clearing.METHOD, cleared_results=planned.count,
+                                freed_tokens=planned.freed)
+
+    def _not_cleared(self, trigger: str, reason: str, conversation_id: str) -> CompactionResult:
+        self.metrics.compactions.labels(f"{trigger}_clear", reason).inc()
+        if reason not in ("nothing_to_clear", "too_little_to_clear"):
+            log.info("clearing not applied", extra={"conversation_id": conversation_id, "outcome": reason})
+        return CompactionResult(False, reason, method=clearing.METHOD)
+
+    async def clearing_suffices(self, path: Sequence[PathNode], model: str) -> bool:
+        """Whether clearing before the next call will bring ``path`` under the soft threshold (so no
+        summary is needed after a turn above it): the path is above ``clear_tool_results`` -- the
+        next call will clear -- and its clearable results free enough."""
+        limits = self.thresholds.limits(model)
+        if not limits.clear:
+            return False
+        estimate = await off_loop(estimate_request, self.tokens, path, (), chars=path_chars(path))
+        if estimate <= limits.clear:
+            return False
+        planned = await self.plan_clearing(path)
+        return planned.freed >= limits.clear_at_least and estimate - planned.freed <= limits.soft
+
     # -- the three triggers ---------------------------------------------------------------------
 
     def after_turn(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, head: uuid.UUID, model: str,
@@ -271,26 +372,41 @@ class Compactor:
                           path: list[PathNode], new_items: Sequence[dict[str, Any]], model: str,
                           client_key: str | None, call_node: uuid.UUID, extra: Sequence[Any] = (),
                           threshold: int | None = None) -> CompactionResult | None:
-        """Before a call: compact synchronously if the request would be above the hard threshold
-        (``threshold``: the call's own, in tokens, instead)."""
+        """Before a call: clear old tool results if the request would be above
+        ``clear_tool_results`` and that frees enough; then, if it would still be above the hard
+        threshold (``threshold``: the call's own, in tokens, instead), summarise synchronously.
+        Returns the compaction the call hangs under (None: none)."""
         if not path:
             return None
-        hard = self.thresholds.limits(model).hard if threshold is None else threshold
+        limits = self.thresholds.limits(model)
+        hard = limits.hard if threshold is None else threshold
+        lowest = min(hard, limits.clear) if limits.clear else hard
         bound = estimate_request(self.tokens, path, new_items, extra, upper_bound=True)
-        if bound <= hard:
+        if bound <= lowest:
             return None  # far below: nothing to tokenise (proxy/tokens.py)
         # (the bound is 4 per character: a quarter of it, the characters to count at most)
         estimate = await off_loop(estimate_request, self.tokens, path, new_items, extra, chars=bound // 4)
+        cleared: CompactionResult | None = None
+        if limits.clear and estimate > limits.clear:
+            cleared = await self.clear(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, path=path,
+                                       model=model, mode=kind, trigger="call", call_node=call_node,
+                                       new_items=new_items, estimate=estimate)
+            if cleared.compacted and cleared.node is not None:
+                cleared.extra["estimate_before"] = estimate
+                estimate -= cleared.freed_tokens
+                path = [cleared.node]
+            else:
+                cleared = None
         if estimate <= hard:
-            return None
+            return cleared
         alone = await off_loop(estimate_request, self.tokens, [], new_items, extra, chars=bound // 4)
-        if alone > self.thresholds.limits(model).input:
+        if alone > limits.input:
             # no summary can make room for this call's own items: summarising would only cost
             # (the upstream decides: a context overflow leaves the head where it was)
             self.metrics.compactions.labels("hard", "new_items_overflow").inc()
             log.info("compaction skipped: the call's new items alone overflow the input limit",
                      extra={"conversation_id": conversation_id, "estimate": alone})
-            return None
+            return cleared
         taken = await self.jobs.take_over(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, kind=kind,
                                           path=path, call_node=call_node)
         if taken is not None:
@@ -300,19 +416,28 @@ class Compactor:
                                     model=model, client_key=client_key, mode=kind, trigger="hard",
                                     call_node=call_node, new_items=new_items)
         result.extra["estimate_before"] = estimate
+        if not result.compacted and cleared is not None:
+            return cleared  # (the clearing stands: the call hangs under it)
         return result
 
-    async def compact_now(self, conv: ConversationRow, client_key: str | None, default_model: str) -> CompactionResult:
-        """``POST /admin/conversations/{id}/compact``: compact the head path now."""
+    async def compact_now(self, conv: ConversationRow, client_key: str | None, default_model: str,
+                          method: str = "summary") -> CompactionResult:
+        """``POST /admin/conversations/{id}/compact``: compact the head path now -- summarised, or
+        (``method = "clear_tool_results"``) every tool result but the most recent
+        ``keep_tool_results`` cleared, whatever the thresholds say."""
         if conv.busy:
             raise ConversationBusy(f"conversation {conv.id!r} has a turn call in flight")
         if conv.head_node_id is None:
-            return CompactionResult(False, "empty")
+            return CompactionResult(False, "empty", method=method)
         path = message_path(await self.tree.path(conv.tree_id, conv.head_node_id))
         model = next((n.model for n in reversed(path) if n.kind != "compaction" and n.model), None)
         model = model or self.thresholds.compaction.model or default_model
-        result = await self.compact(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id, path=path,
-                                    model=model, client_key=client_key, mode="admin", trigger="admin")
+        if method == clearing.METHOD:
+            result = await self.clear(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id, path=path,
+                                      model=model, mode="admin", trigger="admin", everything=True)
+        else:
+            result = await self.compact(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id, path=path,
+                                        model=model, client_key=client_key, mode="admin", trigger="admin")
         if not result.compacted and result.reason in ("moved", "busy"):
             raise ConversationBusy(f"conversation {conv.id!r} moved while compacting; retry")
         return result

@@ -1,7 +1,7 @@
 """When to compact and what stays raw -- pure functions over the settings and the path.
 
-- ``Thresholds``: a model's input limit and the hard/soft thresholds as token counts, and the
-  summary budget;
+- ``Thresholds``: a model's input limit and the hard/soft thresholds as token counts, the
+  summary budget, and context editing's threshold and least step (0: clearing off);
 - ``split_recent``: the older part (summarised) and the recent part (kept raw) of a path's items,
   never separating a tool call from its result.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from config import CompactionSettings, Settings
+from config import CompactionSettings, ContextEditingSettings, Settings
 
 from ..tokens import reported_prompt
 
@@ -29,20 +29,25 @@ class Limits:
     hard: int  # above this, compact before the call
     soft: int  # after a turn above this, compact in the background
     summary_budget: int  # the most tokens a summary may take
+    clear: int = 0  # above this, old tool results are cleared before a call (0: never)
+    clear_at_least: int = 0  # ... when that frees at least this many tokens
 
 
 class Thresholds:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.compaction: CompactionSettings = settings.compaction
+        self.editing: ContextEditingSettings = settings.context_editing
+        self.exclude_tools = frozenset(settings.context_editing.exclude_tools)
         self._limits: dict[str, Limits] = {}
 
     def limits(self, model: str) -> Limits:
         found = self._limits.get(model)
         if found is None:
             limit = self.settings.limits_for(model).input_limit
-            c = self.compaction
-            found = Limits(limit, int(limit * c.hard), int(limit * c.soft), max(64, int(limit * c.summary_budget)))
+            c, e = self.compaction, self.editing
+            found = Limits(limit, int(limit * c.hard), int(limit * c.soft), max(64, int(limit * c.summary_budget)),
+                           int(limit * e.clear_tool_results), int(limit * e.clear_at_least))
             if len(self._limits) < 4096:  # model names come from clients: bounded
                 self._limits[model] = found
         return found

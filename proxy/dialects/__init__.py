@@ -33,8 +33,8 @@ import msgspec.structs
 from ..errors import InvalidRequest
 from ..relay import Translator
 
-__all__ = ["Answer", "Crossing", "Dialect", "Exchange", "Transcript", "crossing", "dialect", "message_path",
-           "parse_model_request", "refuse_own_keys"]
+__all__ = ["Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
+           "message_path", "parse_model_request", "refuse_own_keys"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,9 @@ class Dialect(Protocol):
     def read(self, items: list[dict[str, Any]]) -> Transcript: ...
     def to_messages(self, items: Iterable[Any], provider: str | None) -> list[dict[str, Any]]: ...
     def error_body(self, failure: Any) -> bytes: ...  # a ``Failure`` in this API's error shape
+    # one of this dialect's own items (kept beside a message it read) that is a tool result, with
+    # its output replaced by ``text`` (context editing: a cleared result); None for any other item
+    def cleared(self, item: dict[str, Any], text: str) -> dict[str, Any] | None: ...
 
     # -- translations through chat, and the upstream side ------------------------------------
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]: ...  # may refuse
@@ -298,4 +301,22 @@ def message_path(path: Sequence[Any]) -> list[Any]:
         out.append(msgspec.structs.replace(
             node, api="chat", sent=d.to_messages(node.sent, node.provider),
             received=d.to_messages(node.received, node.provider) if node.received else node.received))
+    return out
+
+
+_ITEMS = OWN + "items"  # (responses.items.ITEMS: a message's own items, of the dialect that read it)
+
+
+def cleared_result(message: dict[str, Any], text: str) -> dict[str, Any]:
+    """A tool result message with its content replaced by ``text`` (a cleared result,
+    docs/behaviour.md#context-editing): the chat message's, and that of each dialect's own item
+    kept beside it -- so an upstream of that dialect gets the placeholder natively too."""
+    out = {**message, "content": text}
+    native = message.get(_ITEMS)
+    if isinstance(native, list):
+        if not _REGISTRY:
+            _REGISTRY.update(_registry())
+        kinds = {id(d): d for d in _REGISTRY.values()}.values()
+        out[_ITEMS] = [next((c for d in kinds if isinstance(item, dict) and (c := d.cleared(item, text)) is not None),
+                            item) for item in native]
     return out

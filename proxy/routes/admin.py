@@ -79,6 +79,15 @@ class ForkRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     node_id: uuid.UUID | None = None
 
 
+class CompactRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Body of ``POST .../compact`` (optional): how -- a summary, or old tool results cleared."""
+
+    method: str = "summary"
+
+
+_COMPACT_METHODS = ("summary", "clear_tool_results")
+
+
 # -- helpers ----------------------------------------------------------------------------------
 
 
@@ -274,10 +283,17 @@ class AdminController(Controller):
         return _conversation(await _conversation_row(admin, reach, cid), reach)
 
     @post("/conversations/{conversation_id:str}/compact", status_code=200, summary="Compact the head path now", responses=errors())
-    async def compact(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], compactor: NamedDependency[Compactor],
-                      conversation_id: FromPath[str]) -> dict[str, Any]:
+    async def compact(self, request: Request[Any, Any, Any], reach: NamedDependency[Reach], admin: NamedDependency[AdminStore],
+                      compactor: NamedDependency[Compactor], conversation_id: FromPath[str]) -> dict[str, Any]:
+        raw = await request.body()
+        try:
+            method = msgspec.json.decode(raw, type=CompactRequest).method if raw.strip() else "summary"
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"invalid body: {exc}", param="method") from None
+        if method not in _COMPACT_METHODS:
+            raise InvalidRequest(f"method must be one of {', '.join(_COMPACT_METHODS)}", param="method")
         conv = await _conversation_row(admin, reach, conversation_id)
-        result = await compactor.compact_now(conv, reach.caller.client_key, default_model="gpt-4o-mini")
+        result = await compactor.compact_now(conv, reach.caller.client_key, default_model="gpt-4o-mini", method=method)
         return result.as_dict()
 
     @get("/conversations/{conversation_id:str}/path", summary="The head path, root first, with sibling positions", responses=errors())

@@ -127,23 +127,29 @@ END
 $$;
 
 -- bp_conversation_counts(tree, tenant, conversation): the nodes a conversation made and the tokens
--- upstreams reported for them (bp_token_count: prompt/input, completion/output). One tree's
--- rows: the admin API's lists call it per conversation listed (a conversation row and its counts
--- in one statement would be a lateral aggregate over every shard, which Citus cannot run).
+-- upstreams reported for them (bp_token_count: prompt/input, completion/output, and of the prompt
+-- those a provider's prompt cache served -- storage/queries.py's PROMPT_TOKENS and CACHED_TOKENS).
+-- One tree's rows: the admin API's lists call it per conversation listed (a conversation row and
+-- its counts in one statement would be a lateral aggregate over every shard, which Citus cannot run).
 CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_conversation text,
                                                   OUT node_count bigint, OUT prompt_tokens bigint,
-                                                  OUT completion_tokens bigint)
+                                                  OUT completion_tokens bigint, OUT cached_tokens bigint)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     SELECT count(*),
            -- (prompt tokens in any API's terms: Anthropic's input_tokens leave out its cache's reads
-           -- and writes, added back -- storage/queries.py's PROMPT_TOKENS)
+           -- and writes, added back)
            bp_token_total(sum(coalesce(bp_token_count(n.usage, 'prompt_tokens', 'prompt_tokens'),
                                        bp_token_count(n.usage, 'input_tokens', 'input_tokens')
                                        + coalesce(bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens'), 0)
                                        + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'), 0)))),
-           bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens')))
-      INTO node_count, prompt_tokens, completion_tokens
+           bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))),
+           -- (chat's prompt_tokens_details.cached_tokens, Responses' input_tokens_details.cached_tokens,
+           -- Anthropic's cache_read_input_tokens)
+           bp_token_total(sum(coalesce(bp_token_count(n.usage -> 'prompt_tokens_details', 'cached_tokens', 'cached_tokens'),
+                                       bp_token_count(n.usage -> 'input_tokens_details', 'cached_tokens', 'cached_tokens'),
+                                       bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens'))))
+      INTO node_count, prompt_tokens, completion_tokens, cached_tokens
       FROM nodes n WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
 END
 $$;

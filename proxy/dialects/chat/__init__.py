@@ -63,6 +63,9 @@ class Chat:
     def error_body(self, failure: Any) -> bytes:
         return failure.body
 
+    def cleared(self, item: dict[str, Any], text: str) -> dict[str, Any] | None:
+        return None  # (chat messages are the items themselves: nothing of its own beside them)
+
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 

@@ -50,6 +50,9 @@ class Messages:
     def error_body(self, failure: Any) -> bytes:
         return errors.error_body(failure.status, failure.error.message, failure.error)
 
+    def cleared(self, item: dict[str, Any], text: str) -> dict[str, Any] | None:
+        return blocks.cleared(item, text)
+
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return translate.chat_params(params)
 

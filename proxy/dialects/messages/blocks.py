@@ -38,6 +38,7 @@ from ..responses.items import ITEMS, PRODUCER
 __all__ = [
     "CONT",
     "apply_markers",
+    "cleared",
     "fragments",
     "markers",
     "to_anthropic",
@@ -212,6 +213,17 @@ def to_message(fragment: dict[str, Any], producer: str | None = None) -> dict[st
 
 def to_messages(items: Iterable[Any], producer: str | None = None) -> list[dict[str, Any]]:
     return [to_message(item, producer) for item in items if isinstance(item, dict)]
+
+
+def cleared(fragment: dict[str, Any], text: str) -> dict[str, Any] | None:
+    """A fragment that is one ``tool_result`` block with that block's content replaced by ``text``
+    (a cleared tool result, docs/behaviour.md#context-editing; ``is_error`` and the rest kept);
+    None for any other fragment."""
+    content = fragment.get("content")
+    if fragment.get("role") == "user" and isinstance(content, list) and len(content) == 1 \
+            and isinstance(content[0], dict) and content[0].get("type") == "tool_result":
+        return {**fragment, "content": [{**content[0], "content": text}]}
+    return None
 
 
 # -- chat messages -> an Anthropic request's system and messages -----------------------------------

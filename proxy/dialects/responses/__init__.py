@@ -47,6 +47,9 @@ class Responses:
     def error_body(self, failure: Any) -> bytes:
         return failure.body
 
+    def cleared(self, item: dict[str, Any], text: str) -> dict[str, Any] | None:
+        return items.cleared(item, text)
+
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return translate.chat_params(params)
 

@@ -30,6 +30,7 @@ from .tools import flat_name
 __all__ = [
     "ITEMS",
     "PRODUCER",
+    "cleared",
     "convert",
     "input_items",
     "node_id_of",
@@ -220,6 +221,14 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
     for w in waiting:  # trailing items no message follows: they go with the last one
         ordinals[w] = counted
     return out, ordinals
+
+
+def cleared(item: dict[str, Any], text: str) -> dict[str, Any] | None:
+    """A ``function_call_output`` item with its output replaced by ``text`` (a cleared tool result,
+    docs/behaviour.md#context-editing); None for any other item."""
+    if item.get("type") == "function_call_output":
+        return {**item, "output": text}
+    return None
 
 
 # -- messages -> items ----------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+"""Context editing (docs/behaviour.md#context-editing): old tool results cleared -- no model call,
+nothing lost (the originals stay on the tree) -- before anything is summarised.
+
+Pure functions over a path read as chat messages (``dialects.message_path``):
+
+- ``tool_results``: the tool results of a path's items, each with the tool that made it and the
+  node that holds it;
+- ``plan``: which of them a clearing would replace -- every result but the most recent
+  ``keep_tool_results`` (counted over the path and the call's new items), those of
+  ``exclude_tools`` and those already cleared -- and the path's items with each replaced by a
+  placeholder naming the tool, its size and the node holding the original. Calls and results stay
+  paired: only a result's content changes (and, where a dialect's own item stands behind the
+  message -- a Responses ``function_call_output``, an Anthropic ``tool_result`` block --, that
+  item's output: ``dialects.cleared_result``).
+
+Whether to clear is the compactor's (``Compactor.clear``): only above ``clear_tool_results`` of the
+input limit, and only when the plan frees at least ``clear_at_least`` of it -- so the request
+shrinks in steps and is otherwise a byte-for-byte extension of the one before (provider prompt
+caches keep hitting between steps).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..assembly import PathLike, Target, path_items
+from ..dialects import cleared_result
+
+__all__ = ["METHOD", "PLACEHOLDER_PREFIX", "Plan", "ToolResult", "is_cleared", "placeholder", "plan", "tool_results"]
+
+METHOD = "clear_tool_results"  # a clearing compaction node's ``params.method`` (a summary's: "summary")
+PLACEHOLDER_PREFIX = "[Tool result cleared to save context"
+
+
+def placeholder(tool: str | None, chars: int, tokens: int, node: uuid.UUID) -> str:
+    """The text that stands for a cleared tool result."""
+    name = f"`{tool}`" if tool else "a tool"
+    return (f"{PLACEHOLDER_PREFIX}: {name} returned {chars:,} characters (about {tokens:,} tokens). "
+            f"The original is kept by the proxy in node {node}.]")
+
+
+def is_cleared(message: Any) -> bool:
+    """Is this a tool result that a clearing already replaced?"""
+    content = message.get("content") if isinstance(message, dict) else None
+    return isinstance(content, str) and content.startswith(PLACEHOLDER_PREFIX)
+
+
+def _role(item: Any) -> Any:
+    return item.get("role") if isinstance(item, dict) else None
+
+
+def _chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(_chars(p.get("text")) if isinstance(p, dict) and isinstance(p.get("text"), str) else 0
+                   for p in content)
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    index: int  # in the path's items (``Plan.items``)
+    call_id: Any
+    tool: str | None  # the name of the tool whose call it answers (None: not found)
+    node: uuid.UUID  # the node on the path that holds it
+
+
+def tool_results(items: Sequence[dict[str, Any]], origins: Sequence[uuid.UUID]) -> list[ToolResult]:
+    """The tool results among ``items`` (``origins[i]``: the node item ``i`` came from), oldest
+    first, each with the name of the tool its call named."""
+    names: dict[Any, str] = {}
+    out: list[ToolResult] = []
+    for i, item in enumerate(items):
+        role = _role(item)
+        if role == "assistant":
+            for call in item.get("tool_calls") or ():
+                if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                    name = call["function"].get("name")
+                    key = call.get("id")
+                    if isinstance(name, str) and isinstance(key, str | int):
+                        names[key] = name
+        elif role == "tool":
+            key = item.get("tool_call_id")
+            out.append(ToolResult(i, key, names.get(key) if isinstance(key, str | int) else None, origins[i]))
+    return out
+
+
+@dataclass(slots=True)
+class Plan:
+    """What a clearing would write: the path's system messages and items (with placeholders), the
+    results it replaces and the tokens that frees."""
+
+    system: list[dict[str, Any]]
+    items: list[dict[str, Any]]
+    cleared: list[dict[str, Any]] = field(default_factory=list)  # per result: tool, call id, node, chars, tokens
+    freed: int = 0  # tokens
+
+    @property
+    def count(self) -> int:
+        return len(self.cleared)
+
+
+# a neutral target: items are kept provider-neutral, as a summary's kept items are
+# (proxy/compaction/compactor.py), so a compaction node can be sent to any provider
+_PORTABLE = Target("", accepts_reasoning=False)
+
+
+def path_with_origins(path: Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[uuid.UUID]]:
+    """(system messages, items, the node each item came from) of a path, as assembly reads it
+    (``assembly.path_items``, node by node)."""
+    system: list[dict[str, Any]] = []
+    items: list[dict[str, Any]] = []
+    origins: list[uuid.UUID] = []
+    for node in path:
+        node_system, node_items = path_items([node], _PORTABLE)
+        if node_system:
+            system = node_system
+        items.extend(node_items)
+        origins.extend([node.id] * len(node_items))
+    return system, items, origins
+
+
+def plan(path: Sequence[PathLike], new_items: Sequence[dict[str, Any]], *, keep: int, exclude: frozenset[str],
+         count: Callable[[dict[str, Any]], int], everything: bool = False) -> Plan:
+    """The clearing of ``path`` before a call that sends ``new_items``: every tool result of the
+    path but the ``keep`` most recent (counted over the path and ``new_items``), those of the tools
+    in ``exclude`` and those already cleared, replaced by a placeholder. ``count``: a message's
+    tokens. ``everything``: ``keep`` counts the path only (an admin's clearing, no call)."""
+    system, items, origins = path_with_origins(path)
+    results = tool_results(items, origins)
+    newer = 0 if everything else sum(1 for i in new_items if _role(i) == "tool")
+    keep_in_path = max(0, keep - newer)
+    clearable = results[:len(results) - keep_in_path] if keep_in_path else results
+    out = Plan(system, list(items))
+    for result in clearable:
+        message = items[result.index]
+        if is_cleared(message) or (result.tool is not None and result.tool in exclude):
+            continue
+        before = count(message)
+        chars = _chars(message.get("content"))
+        text = placeholder(result.tool, chars, max(0, before - 3), result.node)  # (3: a message's framing)
+        after_message = cleared_result(message, text)
+        freed = before - count(after_message)
+        if freed <= 0:  # a result shorter than its placeholder stays as it is
+            continue
+        out.items[result.index] = after_message
+        out.freed += freed
+        out.cleared.append({"tool": result.tool, "tool_call_id": result.call_id, "node_id": str(result.node),
+                            "chars": chars, "tokens": freed})
+    return out
