@@ -625,3 +625,23 @@ def test_usage_counts_cached_prompts_in_every_apis_terms(mproxy: Proxy, claude: 
     assert (report["prompt_tokens"], report["cached_tokens"], report["completion_tokens"]) == (175, 130, 10)
     by_model = {line["model"]: line for line in report["data"]}
     assert by_model["claude-x"]["cached_tokens"] == 100 and by_model["gpt-x"]["cached_tokens"] == 30
+
+
+def test_parallel_tool_results_stay_whole_on_later_calls(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                          cid: str) -> None:
+    """Two tool results in one user message (parallel tool use): the request that put them back
+    together must not change the stored fragments -- it had joined the second result into the
+    path cache's copy of the first, so from the next call on the results read as a user message
+    and the tool calls were dropped (Anthropic refuses that request)."""
+    c = client(mproxy, key, f"/c/{cid}")
+    claude.enqueue(AReply(content=[{"type": "tool_use", "id": "t1", "name": "Read", "input": {}},
+                                   {"type": "tool_use", "id": "t2", "name": "Read", "input": {}}],
+                          stop_reason="tool_use"))
+    c.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "go"}])
+    c.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t1", "content": "one"},
+        {"type": "tool_result", "tool_use_id": "t2", "content": "two"}]}])
+    with_results = claude.last.body["messages"]
+    for text in ("next", "again", "and again"):
+        c.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": text}])
+        assert claude.last.body["messages"][:3] == with_results

@@ -341,7 +341,10 @@ def to_anthropic(messages: Iterable[dict[str, Any]], provider: str | None) -> tu
             if fragment.get(CONT) and out and out[-1]["role"] == piece["role"]:
                 content_list(out[-1]).extend(_blocks(piece.get("content")))
             else:
-                out.append(dict(piece))
+                # (a list of its own: the fragments after it are joined into it, and the stored
+                # fragment -- a path cache's, kept for later calls -- must not change)
+                content = piece.get("content")
+                out.append({**piece, "content": list(content)} if isinstance(content, list) else dict(piece))
             joinable = False
             continue
         new_role, blocks = _from_chat(m, provider)
