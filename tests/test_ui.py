@@ -397,6 +397,45 @@ def test_long_tool_results_are_folded_and_shown_in_part(ui, page, upstream):
     expect(result.locator("pre")).to_contain_text("line 008999 of the log")
 
 
+def test_cleared_tool_results_and_their_originals(ui, page, upstream):
+    """Context editing in the viewer: a clearing node is drawn as one (not a summary), its
+    placeholders say what was cleared, and each original is one click away."""
+    cid = f"cleared-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    senders = []
+    for i in range(5):
+        upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"call_{i}", name="read_file", args=f'{{"path": "f{i}"}}')]))
+        say(client, cid, user(f"read f{i}"))
+        upstream.enqueue(Reply(content=f"read {i}"))
+        _, h = say(client, cid, tool(f"call_{i}", f"contents of f{i}: " + "lorem ipsum " * 40))
+        senders.append(h["x-node-id"])
+    before = head_of(ui, cid)
+    open_conversation(page, ui, cid)
+    page.click(".toolbar >> text=Clear old tool results")
+    expect(page.locator(".graph .node.compaction.cleared")).to_have_count(1)
+    done = admin(ui).get(f"/admin/nodes/{head_of(ui, cid)}").json()
+    assert done["method"] == "clear_tool_results" and done["compacted_from"] == before
+    assert done["params"]["cleared_results"] == 2
+    done["node_id"] = done["id"]
+    chat = page.locator(".messages")
+    line = chat.locator(".msg.compaction.cleared > summary")
+    expect(line).to_contain_text("2 tool results cleared")
+    line.click()
+    cleared = chat.locator(".fold-item.cleared")
+    expect(cleared).to_have_count(2)
+    expect(cleared.first).to_contain_text("result of call_0 (read_file) · cleared")
+    shot(page, "cleared-tool-results", docs=True)
+    cleared.first.locator("button.original").click()  # the original, one click away
+    detail = page.locator(".detail")
+    expect(detail.locator("dd.mono")).to_have_text(senders[0])
+    detail.locator("details.fold-item summary", has_text="result of call_0").click()
+    expect(detail).to_contain_text("contents of f0: lorem ipsum")
+    node_el(page, done["node_id"]).click()
+    expect(detail.locator("dd.method")).to_contain_text("old tool results cleared (2")
+    detail.locator("button.link", has_text=done["compacted_from"][-12:]).click()  # the path it replaces
+    expect(detail.locator("dd.mono")).to_have_text(done["compacted_from"])
+
+
 def test_spend_per_day_and_per_call(ui, page, upstream):
     """The list draws the key's tokens per day by model for 30 days (SVG, from /admin/usage); a
     conversation its tokens per call along its path -- the bars hold what the admin API reports."""

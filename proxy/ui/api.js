@@ -85,7 +85,10 @@ export class Api {
   switchTo(id, node) { return this.json("POST", `/admin/conversations/${enc(id)}/switch`, { node_id: node }); }
   setHead(id, node) { return this.json("PUT", `/admin/conversations/${enc(id)}/head`, { node_id: node }); }
   fork(id, node) { return this.json("POST", `/admin/conversations/${enc(id)}/fork`, { node_id: node }); }
-  compact(id) { return this.json("POST", `/admin/conversations/${enc(id)}/compact`); }
+  // method: "summary" (default) or "clear_tool_results" (context editing: no model call)
+  compact(id, method) {
+    return this.json("POST", `/admin/conversations/${enc(id)}/compact`, method ? { method } : undefined);
+  }
   remove(id) { return this.json("DELETE", `/admin/conversations/${enc(id)}`); }
   // The whole tree as JSON Lines (what `branchpoint conversations import` reads), as a Blob.
   async exportTree(id) { return (await this.raw("GET", `/admin/conversations/${enc(id)}/export`)).blob(); }

@@ -231,6 +231,8 @@ class ConversationView {
           this.tokensChart = el("div", {})),
         el("button", { onclick: () => this.reload() }, "Refresh"),
         el("button", { onclick: () => this.compact() }, "Compact now"),
+        el("button", { onclick: () => this.compact("clear_tool_results"),
+                       title: "replace old tool results by placeholders (no model call; the originals stay)" }, "Clear old tool results"),
         el("button", { onclick: () => this.download() }, "Export"),
         el("button", { class: "danger", onclick: () => this.confirmDelete() }, "Delete…")),
       el("div", { class: "workspace" },
@@ -297,7 +299,8 @@ class ConversationView {
     fill(this.meta, el("strong", {}, conv.id), ` · ${conv.node_count} nodes`,
       conv.usage?.total_tokens ? el("span", { class: "tokens", title: `prompt ${conv.usage.prompt_tokens.toLocaleString()}, `
         + `completion ${conv.usage.completion_tokens.toLocaleString()} (every call, side calls included)` },
-      ` · ${conv.usage.total_tokens.toLocaleString()} tokens`) : null,
+      ` · ${conv.usage.total_tokens.toLocaleString()} tokens`,
+      conv.usage.cached_tokens ? ` (${conv.usage.cached_tokens.toLocaleString()} of the prompt from the cache)` : null) : null,
       conv.busy ? el("span", { class: "badge" }, "call in flight") : null,
       conv.forked_from ? [" · fork of ", el("a", { href: conversationLink(conv.forked_from, this.tenant) }, conv.forked_from)] : null,
       this.tenant ? el("span", { class: "badge" }, `tenant ${this.tenant}`) : null,
@@ -427,11 +430,12 @@ class ConversationView {
     }
   }
 
-  async compact() {
-    this.say("compacting…");
+  async compact(method) {
+    this.say(method ? "clearing…" : "compacting…");
     try {
-      const result = await this.api.compact(this.id);
-      this.say(result.compacted ? "compacted" : `not compacted: ${result.reason ?? "nothing to do"}`);
+      const result = await this.api.compact(this.id, method);
+      const done = method ? `${result.cleared_results} tool results cleared` : "compacted";
+      this.say(result.compacted ? done : `not ${method ? "cleared" : "compacted"}: ${result.reason ?? "nothing to do"}`);
       await this.reload();
     } catch (error) {
       this.failed(error);

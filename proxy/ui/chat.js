@@ -25,10 +25,21 @@ function arrows(index, node, onSwitch) {
                    disabled: at === siblings.length - 1, onclick: go(at + 1) }, "›"));
 }
 
-function message(m, extra = null, names = undefined) {
+function message(m, extra = null, names = undefined, onNode = null) {
   return el("div", { class: `msg ${m.role}` },
     el("div", { class: "role" }, roleLabel(m.role), extra),
-    ...drawMessage(m, names));
+    ...drawMessage(m, names, onNode));
+}
+
+// what a compaction node is: a summary, or old tool results cleared (context editing)
+function compactionLine(node, sent) {
+  if (node.method !== "clear_tool_results") {
+    return `compaction: ${sent.length} items stand for the conversation before this point`;
+  }
+  const cleared = node.params?.cleared_results ?? 0;
+  const freed = node.params?.freed_tokens;
+  return `${cleared} tool results cleared${freed ? ` (about ${freed.toLocaleString("en")} tokens)` : ""}: `
+    + `${sent.length} items, the old results as placeholders, stand for the conversation before this point`;
 }
 
 // path: the /path rows (root first); index: the tree's index (for sibling ids).
@@ -43,21 +54,25 @@ export function drawChat(container, path, index, { selected, onSelect, onSwitch 
     const branch = arrows(index, node, onSwitch);
     const parts = [];
     if (node.kind === "compaction") {
-      parts.push(el("details", { class: "msg system compaction" },
-        el("summary", {}, `compaction: ${sent.length} items stand for the conversation before this point`),
-        ...sent.map((m) => message(m))));
+      const original = node.compacted_from
+        ? el("button", { class: "link replaced", onclick: (event) => { event.stopPropagation(); onSelect(node.compacted_from); } },
+          "the path it replaces")
+        : null;
+      parts.push(el("details", { class: `msg system compaction${node.method === "clear_tool_results" ? " cleared" : ""}` },
+        el("summary", {}, compactionLine(node, sent), original ? " · " : null, original),
+        ...sent.map((m) => message(m, null, names, onSelect))));
       if (branch) parts.unshift(el("div", { class: "msg system" }, branch));
     } else {
       let first = true;
       for (const m of sent) {
         // a system prompt the client repeats each call is still shown once per node that sent it
-        parts.push(message(m, first ? branch : null, names));
+        parts.push(message(m, first ? branch : null, names, onSelect));
         first = false;
       }
       if (first && branch) parts.push(el("div", { class: "msg system" }, branch));
       if (node.kind === "transform") parts.unshift(el("div", { class: "msg system" }, "side call (transform)"));
       if (node.kind === "items") parts.unshift(el("div", { class: "msg system" }, "items added (Conversations API, no model call)"));
-      for (const m of received) parts.push(message(m, null, names));
+      for (const m of received) parts.push(message(m, null, names, onSelect));
       if (node.status === "pending") parts.push(el("div", { class: "msg assistant pending" }, "… answering"));
       if (node.error) {
         parts.push(el("div", { class: "msg failed" },

@@ -22,11 +22,20 @@ function usage(value) {
   return `${input ?? "?"} in · ${output ?? "?"} out · ${total ?? "?"} total`;
 }
 
-function items(title, list, api, names) {
+function items(title, list, api, names, onNode) {
   const read = readItems(list, api);
   if (!read.length) return el("p", { class: "notice" }, `${title}: nothing`);
   return el("section", {}, el("h4", {}, title),
-    ...read.map((m) => el("div", { class: `msg ${m.role}` }, el("div", { class: "role" }, m.role), ...drawMessage(m, names))));
+    ...read.map((m) => el("div", { class: `msg ${m.role}` }, el("div", { class: "role" }, m.role), ...drawMessage(m, names, onNode))));
+}
+
+// how a compaction node was made (docs/behaviour.md#context-editing)
+function method(node) {
+  if (node.method === "clear_tool_results") {
+    const freed = node.params?.freed_tokens;
+    return `old tool results cleared (${node.params?.cleared_results ?? "?"}${freed ? `, about ${freed.toLocaleString("en")} tokens` : ""}), no model call`;
+  }
+  return "summary";
 }
 
 function badge(text, kind) {
@@ -69,6 +78,7 @@ export function drawDetail(container, node, { head, conversation, canSend, actio
       el("dt", {}, "id"), el("dd", { class: "mono" }, node.id),
       el("dt", {}, "parent"), el("dd", {}, link(node.parent_id)),
       node.compacted_from ? [el("dt", {}, "replaces"), el("dd", {}, link(node.compacted_from))] : null,
+      node.kind === "compaction" ? [el("dt", {}, "method"), el("dd", { class: "method" }, method(node))] : null,
       el("dt", {}, "model"), el("dd", {}, node.model ?? "—"),
       el("dt", {}, "upstream"), el("dd", {}, node.provider ?? "—"),
       el("dt", {}, "client API"), el("dd", {}, { responses: "Responses API", messages: "Messages API" }[node.api] ?? "chat completions"),
@@ -87,8 +97,8 @@ export function drawDetail(container, node, { head, conversation, canSend, actio
       actions.compare ? el("button", { class: "compare", onclick: () => actions.compare(node.id),
                                        title: "pick another node to see both side by side" }, "Compare with…") : null),
     node.error ? el("section", {}, el("h4", { class: "error" }, "error"), el("pre", { class: "error" }, pretty(node.error))) : null,
-    items("sent", node.sent, node.api, names),
-    node.status === "success" ? items("received", node.received, node.api, names) : null,
+    items("sent", node.sent, node.api, names, actions.select),
+    node.status === "success" ? items("received", node.received, node.api, names, actions.select) : null,
     Object.keys(node.params || {}).length
       ? el("details", {}, el("summary", {}, "request parameters"), el("pre", {}, pretty(node.params))) : null,
     node.usage ? el("details", {}, el("summary", {}, "usage (raw)"), el("pre", {}, pretty(node.usage))) : null,

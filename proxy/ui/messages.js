@@ -125,8 +125,17 @@ function folded(label, text, open = false) {
   return el("details", { class: "fold-item", open }, el("summary", {}, label), clipped(text));
 }
 
-// names: tool call id -> the tool's name (a result says which tool it answers)
-export function drawMessage(m, names = new Map()) {
+// A tool result that context editing replaced by a placeholder (docs/behaviour.md#context-editing):
+// the node holding the original, or null.
+const CLEARED = /^\[Tool result cleared to save context\b[^]*? in node ([0-9a-f-]{36})\.\]$/;
+export function clearedFrom(output) {
+  const found = typeof output === "string" ? CLEARED.exec(output) : null;
+  return found ? found[1] : null;
+}
+
+// names: tool call id -> the tool's name (a result says which tool it answers); onNode: open a
+// node (a cleared result's original is one click away)
+export function drawMessage(m, names = new Map(), onNode = null) {
   const body = [];
   if (m.text) body.push(el("div", { class: "text" }, m.text));
   if (m.refusal) body.push(el("div", { class: "text error" }, `Refused: ${m.refusal}`));
@@ -137,7 +146,16 @@ export function drawMessage(m, names = new Map()) {
   if (m.role === "tool") {
     const output = typeof m.output === "string" ? pretty(m.output) : pretty(m.output ?? "");
     const name = names.get(m.callId);
-    body.push(folded(`result of ${m.callId}${name ? ` (${name})` : ""} · ${size(output)}${m.isError ? " · error" : ""}`, output));
+    const original = clearedFrom(m.output);
+    if (original) {
+      body.push(el("div", { class: "fold-item cleared" },
+        `result of ${m.callId}${name ? ` (${name})` : ""} · cleared · `,
+        onNode ? el("button", { class: "link original", onclick: (event) => { event.stopPropagation(); onNode(original); } },
+          `the original: node ${original.slice(-12)}`) : `the original: node ${original}`,
+        el("div", { class: "text placeholder" }, m.output)));
+    } else {
+      body.push(folded(`result of ${m.callId}${name ? ` (${name})` : ""} · ${size(output)}${m.isError ? " · error" : ""}`, output));
+    }
   }
   return body;
 }

@@ -202,6 +202,7 @@ export class TreeView {
     for (const [id, point] of points) {
       const node = this.index.byId.get(id);
       const classes = ["node", node.kind, statusClass(node)];
+      if (node.method === "clear_tool_results") classes.push("cleared");  // (context editing: no summary)
       if (this.onPath.has(id)) classes.push("onpath");
       if (id === head) classes.push("head");
       if (conversation && node.conversation_id !== conversation) classes.push("inherited");
@@ -213,7 +214,8 @@ export class TreeView {
       title.textContent = `${node.kind} · ${node.status}${node.model ? ` · ${node.model}` : ""}\n${node.preview ?? ""}`;
       g.append(title);
       const room = Math.floor(((right.get(id) ?? LABEL_ROOM) - R - 8) / CHAR);
-      const text = `${id === head ? "head · " : ""}${node.preview ?? node.kind}`.replace(/\s+/g, " ");
+      const what = node.method === "clear_tool_results" ? "old tool results cleared" : node.preview ?? node.kind;
+      const text = `${id === head ? "head · " : ""}${what}`.replace(/\s+/g, " ");
       if (room >= 4) {
         const label = svg("text", { x: R + 5, y: 4, class: id === head ? "head-label" : "" });
         label.textContent = text.length > room ? `${text.slice(0, room - 1)}…` : text;
