@@ -1,8 +1,8 @@
 """Context editing in every API's own shape (docs/behaviour.md#context-editing): a Responses
 client's ``function_call_output`` items reach a Responses upstream with the placeholder as their
 ``output``, an Anthropic client's ``tool_result`` blocks reach an Anthropic upstream with it as
-their ``content`` (``is_error`` kept) -- asserted on what the fake upstreams received -- and a
-clearing node is shown as such in the viewer (chromium)."""
+their ``content`` (``is_error`` kept) -- asserted on what the fake upstreams received. (The viewer's
+side: tests/test_ui.py::test_cleared_tool_results_and_their_originals.)"""
 
 from __future__ import annotations
 
