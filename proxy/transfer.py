@@ -24,6 +24,7 @@ from storage.transcript import node_keys
 
 from .admin_objects import in_utc
 from .assembly import CHAT_ROLES
+from .compaction import clearing
 from .dialects import dialect
 
 __all__ = ["NotAnExport", "Prepared", "prepare_import"]
@@ -140,13 +141,17 @@ def prepare_import(data: bytes) -> Prepared:
             if not can_be_head(line.kind, outcome):
                 raise NotAnExport(f"{where}: a {line.kind} node that is {outcome} cannot be the head")
             head = new_id
+        sent, params = line.sent, line.params
+        if line.kind == "compaction" and isinstance(params, dict) and params.get("method") == clearing.METHOD:
+            # (its placeholders name the nodes holding the originals: their new ids)
+            sent, params = clearing.renamed(sent, ids), clearing.renamed(params, ids)
         nodes.append({
             "id": new_id,
             "parent_id": ids[line.parent_id] if line.parent_id else None,
             "compacted_from": ids[line.compacted_from] if line.compacted_from else None,
-            "kind": line.kind, "outcome": outcome, "sent": line.sent,
+            "kind": line.kind, "outcome": outcome, "sent": sent,
             "received": line.received,
-            "model": _text(line.model), "provider": _text(line.provider), "params": line.params, "usage": line.usage,
+            "model": _text(line.model), "provider": _text(line.provider), "params": params, "usage": line.usage,
             "finish_reason": _text(line.finish_reason), "error": error, "depth": depth[line.id],
             "created_at": line.created_at, "finished_at": finished_at, "api": line.api,
         })

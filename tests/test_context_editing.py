@@ -294,3 +294,24 @@ def test_cached_tokens_are_summed_in_the_conversation_and_on_metrics(tiny, upstr
     listed = next(c for c in tiny.http(key).get("/admin/conversations").json()["data"] if c["id"] == cid)
     assert listed["usage"]["cached_tokens"] == 176
     assert "branchpoint_cached_tokens_total 176.0" in httpx.get(f"{tiny.url}/metrics").text
+
+
+def test_an_imported_copy_names_its_own_originals(tiny, upstream, key, cid):
+    client = tiny.openai(key)
+    for i in range(5):
+        agent_round(client, upstream, cid, i, 300)
+    admin = tiny.http(key)
+    assert admin.post(f"/admin/conversations/{cid}/compact", json={"method": "clear_tool_results"}).json()["compacted"]
+    export = admin.get(f"/admin/conversations/{cid}/export").content
+    copy = f"{cid}-copy"
+    assert admin.post(f"/admin/conversations/{copy}/import", content=export).status_code == 201
+    path = admin.get(f"/admin/conversations/{copy}/path").json()["data"]
+    clearing = path[0]
+    assert clearing["method"] == "clear_tool_results"
+    copied = {n["id"] for n in admin.get(f"/admin/conversations/{copy}/tree").json()["data"]}
+    placeholders = [m["content"] for m in clearing["sent"] if m.get("role") == "tool" and m["content"].startswith(PLACEHOLDER_PREFIX)]
+    assert len(placeholders) == 2
+    for text, entry in zip(placeholders, clearing["params"]["cleared"]):
+        holder = re.search(r"in node ([0-9a-f-]{36})", text).group(1)
+        assert holder in copied and entry["node_id"] == holder  # a node of the copy, not of the source
+        assert admin.get(f"/admin/nodes/{holder}").json()["sent"][0]["tool_call_id"] == entry["tool_call_id"]

@@ -21,6 +21,7 @@ caches keep hitting between steps).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ from typing import Any
 from ..assembly import PathLike, Target, path_items
 from ..dialects import cleared_result
 
-__all__ = ["METHOD", "PLACEHOLDER_PREFIX", "Plan", "ToolResult", "is_cleared", "placeholder", "plan", "tool_results"]
+__all__ = ["METHOD", "PLACEHOLDER_PREFIX", "Plan", "ToolResult", "is_cleared", "placeholder", "plan", "renamed",
+           "tool_results"]
 
 METHOD = "clear_tool_results"  # a clearing compaction node's ``params.method`` (a summary's: "summary")
 PLACEHOLDER_PREFIX = "[Tool result cleared to save context"
@@ -46,6 +48,35 @@ def is_cleared(message: Any) -> bool:
     """Is this a tool result that a clearing already replaced?"""
     content = message.get("content") if isinstance(message, dict) else None
     return isinstance(content, str) and content.startswith(PLACEHOLDER_PREFIX)
+
+
+_NODE_IN_PLACEHOLDER = re.compile(r" in node ([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.\]$")
+
+
+def renamed(value: Any, ids: dict[uuid.UUID, uuid.UUID]) -> Any:
+    """``value`` (a clearing node's items or params) with the nodes its placeholders and its list
+    of what was cleared name renamed by ``ids`` (an import gives every node a new id): the
+    original stays one click away in the copy. Anything else is returned as it is."""
+    def node(text: str) -> str:
+        try:
+            return str(ids.get(uuid.UUID(text), text))
+        except ValueError:
+            return text
+
+    def walk(v: Any, key: Any = None) -> Any:
+        if isinstance(v, str):
+            if key == "node_id":
+                return node(v)
+            if v.startswith(PLACEHOLDER_PREFIX):
+                return _NODE_IN_PLACEHOLDER.sub(lambda m: f" in node {node(m.group(1))}.]", v)
+            return v
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {k: walk(x, k) for k, x in v.items()}
+        return v
+
+    return walk(value)
 
 
 def _role(item: Any) -> Any:
