@@ -82,6 +82,7 @@ class DatabaseSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     connect_timeout: float
     embedded_batch_scheduling: bool
     batch_calls: bool
+    share_items_above: int  # bytes: system items and request fields this large are stored once per tenant (0: never)
 
 
 class AuthKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -266,6 +267,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("context_editing.clear_at_least must be in [0, 1)")
     if e.keep_tool_results < 0:
         raise SettingsError("context_editing.keep_tool_results must be >= 0")
+    if settings.database.share_items_above < 0:
+        raise SettingsError("database.share_items_above must be >= 0 (0: nothing is shared)")
     if settings.server.lease_seconds <= 0:
         raise SettingsError("server.lease_seconds must be > 0")
     if settings.server.max_response_bytes <= 0 or settings.server.max_body_bytes <= 0:

@@ -113,7 +113,7 @@ class RequestBuilder:
                 sizes[(root, node.id)] = total
         return total
 
-    async def readable(self, tree_id: uuid.UUID, path: list[PathNode], target: Target) -> list[PathNode]:
+    async def readable(self, tree_id: uuid.UUID, path: list[PathNode], target: Target, *, tenant: str) -> list[PathNode]:
         """The path as assembly reads it: chat messages (nodes of other dialects converted), and a
         compaction in a provider-specific (opaque) form that the target cannot read unfolded --
         assembly follows ``compacted_from`` and uses the original path instead."""
@@ -121,7 +121,7 @@ class RequestBuilder:
             params = await self.tree.node_params(tree_id, path[0].id)
             if params.get("format", "text") != "opaque" or path[0].compacted_from is None:
                 break
-            original = await self.tree.path(tree_id, path[0].compacted_from)
+            original = await self.tree.path(tree_id, path[0].compacted_from, tenant=tenant)
             path = original + path[1:]
         path = message_path(path)
         await hold(self.path_size(path))  # (the path is the call's to hold until its request ends)
@@ -205,7 +205,7 @@ class RequestBuilder:
             as_of.append(PathNode(id=r.id, parent_id=r.parent_id, kind=r.kind, status=status, sent=r.sent,
                                   received=r.received, provider=r.provider, model=r.model, usage=r.usage,
                                   compacted_from=r.compacted_from, api=r.api))
-        readable = await self.readable(node.tree_id, as_of, target)
+        readable = await self.readable(node.tree_id, as_of, target, tenant=node.tenant)
         params = dict(node.params)
         client = dialect(node.api)
         return self.build(readable, client.to_messages(node.sent, node.provider), params, target,

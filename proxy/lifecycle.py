@@ -182,7 +182,7 @@ class CallLifecycle:
         self.leases.track(started.tree_id, started.node_id)
         try:
             target = target_of(upstream, self.upstream.max_output(call.body.get("model")))
-            path = await self.builder.readable(started.tree_id, path, target)
+            path = await self.builder.readable(started.tree_id, path, target, tenant=call.tenant)
             path = await self.compactor.before_started(started, path)
             while True:
                 built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream, way=way,

@@ -2,7 +2,11 @@
 deleted with their nodes -- as ``DELETE /admin/conversations/{id}`` deletes them, so what a fork
 still reaches stays. Every process runs a pass every ``interval_seconds``; passes running at once
 skip each other's conversations (``bp_prune``). ``branchpoint conversations prune`` runs one pass
-from the command line."""
+from the command line.
+
+Whatever deleted the nodes (retention, an admin delete, a response deleted), a shared item
+(``storage.shared``) no node refers to any more is removed by the sweep every process runs every
+``SWEEP_SECONDS`` -- once nobody has seen it for ``storage.shared.GRACE``."""
 
 from __future__ import annotations
 
@@ -11,12 +15,14 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from storage import OpsStore, Pruned
+from storage import OpsStore, Pruned, SharedItems
 
 from .background import periodically
 from .metrics import Metrics
 
-__all__ = ["Retention", "idle_since", "prune"]
+__all__ = ["SWEEP_SECONDS", "Retention", "idle_since", "prune"]
+
+SWEEP_SECONDS = 300.0  # how often a process sweeps the shared items no node refers to
 
 log = logging.getLogger("branchpoint.retention")
 
@@ -48,23 +54,38 @@ async def prune(ops: OpsStore, idle_days: float, batch: int, *, scan: int = 5000
 
 
 class Retention:
-    def __init__(self, ops: OpsStore, metrics: Metrics, *, idle_days: float, interval: float, batch: int) -> None:
+    def __init__(self, ops: OpsStore, metrics: Metrics, *, idle_days: float, interval: float, batch: int,
+                 shared: SharedItems | None = None) -> None:
         self.ops = ops
         self.metrics = metrics
         self.idle_days = idle_days
         self.interval = interval
         self.batch = batch
-        self._task: asyncio.Task[None] | None = None
+        self.shared = shared
+        self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         if self.idle_days > 0:
-            self._task = asyncio.create_task(self._loop(), name="branchpoint-retention")
+            self._tasks.append(asyncio.create_task(self._loop(), name="branchpoint-retention"))
+        if self.shared is not None:
+            self._tasks.append(asyncio.create_task(
+                periodically(self.sweep, SWEEP_SECONDS, what="the shared items' sweep", log=log),
+                name="branchpoint-shared-sweep"))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def sweep(self) -> int:
+        """Remove the shared items no node refers to any more (``SharedItems.sweep``)."""
+        assert self.shared is not None
+        removed = await self.shared.sweep()
+        if removed:
+            self.metrics.pruned.labels("shared_items").inc(removed)
+            log.info("removed shared items no node refers to", extra={"shared_items": removed})
+        return removed
 
     def _count(self, step: Pruned) -> None:
         self.metrics.pruned.labels("conversations").inc(step.conversations)

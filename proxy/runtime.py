@@ -11,7 +11,7 @@ import asyncio
 import httpx
 
 from config import Settings
-from storage import AdminStore, Database, OpsStore, PathCache, TreeStore
+from storage import AdminStore, Database, OpsStore, PathCache, SharedItems, TreeStore
 
 from .auth import Authenticator
 from .background import Background
@@ -33,9 +33,10 @@ class Runtime:
         server = settings.server
         self.settings = settings
         self.db = Database()
+        self.shared = SharedItems(self.db, min_bytes=settings.database.share_items_above)
         self.tree = TreeStore(self.db, PathCache(server.path_cache_mb * 1024 * 1024),
-                              batch=settings.database.batch_calls)
-        self.admin = AdminStore(self.db)
+                              batch=settings.database.batch_calls, shared=self.shared)
+        self.admin = AdminStore(self.db, self.shared)
         self.ops = OpsStore(self.db)
         self.metrics = Metrics()
         self.auth = Authenticator(settings.auth)
@@ -46,7 +47,7 @@ class Runtime:
                                   reaper_interval=server.reaper_interval)
         retention = settings.retention
         self.retention = Retention(self.ops, self.metrics, idle_days=retention.idle_days,
-                                   interval=retention.interval_seconds, batch=retention.batch)
+                                   interval=retention.interval_seconds, batch=retention.batch, shared=self.shared)
         self.builder = RequestBuilder(self.tree)
         self.compactor = Compactor(tree=self.tree, summariser=Summariser(self.upstream, self.tokens),
                                    thresholds=Thresholds(settings), tokens=self.tokens, metrics=self.metrics,

@@ -27,6 +27,7 @@ from .migrate import latest_version, migrate
 from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, Pruned, TreeRow, UsageRow, can_be_head
 from .ops import OpsStore
 from .pathcache import PathCache
+from .shared import SharedItems
 from .tree import Begun, CallFinish, CallStart, ContextMode, ParentMode, TreeStore
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "PathRow",
     "Pruned",
     "Refused",
+    "SharedItems",
     "StorageError",
     "StorageUnavailable",
     "TreeRow",

@@ -14,13 +14,17 @@ from . import queries
 from .database import Database
 from .ids import uuid7
 from .model import ConversationRow, NodeRow, PathRow, SearchHit, TreeRow, UsageRow, rows
+from .shared import SharedItems
 
 __all__ = ["AdminStore"]
 
 
 class AdminStore:
-    def __init__(self, db: Database) -> None:
+    """``shared``: large items stored once per tenant -- the nodes read here come back whole."""
+
+    def __init__(self, db: Database, shared: SharedItems | None = None) -> None:
         self.db = db
+        self.shared = shared if shared is not None else SharedItems(db, min_bytes=0)
 
     async def conversation(self, tenant: str, conversation_id: str) -> ConversationRow | None:
         found = rows(ConversationRow, await self.db.fetch(queries.CONVERSATION, tenant, conversation_id))
@@ -61,6 +65,7 @@ class AdminStore:
         the one before, the first under the head -- or, ``replace_from``, under ``parent`` (None: a
         root) while the head still is ``expected_head``; the head moves to the last. ``create``:
         the conversation is made if it does not exist (with ``metadata``). Returns its tree."""
+        nodes = [{**n, "sent": (await self.shared.prepare(tenant, n["sent"], {}))[0]} for n in nodes]
         return await self.db.fetchval(queries.ADD_ITEMS, tenant, conversation_id, uuid7(), create, metadata,
                                       "node" if replace_from else "head", parent, expected_head, nodes)
 
@@ -91,12 +96,12 @@ class AdminStore:
         if conv.head_node_id is None:
             return []
         visible = await self.visible_foreign(conv)
-        return rows(PathRow, await self.db.fetch(queries.PATH_WITH_SIBLINGS, conv.tree_id, conv.head_node_id,
-                                                 conv.id, visible))
+        return await self.shared.resolve_rows(rows(PathRow, await self.db.fetch(
+            queries.PATH_WITH_SIBLINGS, conv.tree_id, conv.head_node_id, conv.id, visible)))
 
     async def path_rows(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> list[NodeRow]:
         """A path, root first, whole rows (with their times: replay needs them)."""
-        return rows(NodeRow, await self.db.fetch(queries.PATH, tree_id, node_id))
+        return await self.shared.resolve_rows(rows(NodeRow, await self.db.fetch(queries.PATH, tree_id, node_id)))
 
     async def tree(self, conv: ConversationRow) -> list[TreeRow]:
         visible = await self.visible_foreign(conv)
@@ -104,7 +109,7 @@ class AdminStore:
 
     async def node(self, tenant: str | None, node_id: uuid.UUID) -> NodeRow | None:
         found = rows(NodeRow, await self.db.fetch(queries.NODE, node_id, tenant))
-        return found[0] if found else None
+        return (await self.shared.resolve_rows(found))[0] if found else None
 
     async def delete_response(self, tenant: str, node_id: uuid.UUID) -> str:
         """'deleted' (the node went), 'withdrawn' (other nodes need it: kept, hidden from the
@@ -116,7 +121,8 @@ class AdminStore:
         return bytes(value) if value is not None else None
 
     async def children(self, node: NodeRow) -> list[NodeRow]:
-        return rows(NodeRow, await self.db.fetch(queries.CHILDREN, node.tree_id, node.id, node.tenant))
+        return await self.shared.resolve_rows(rows(NodeRow, await self.db.fetch(queries.CHILDREN, node.tree_id, node.id,
+                                                                                 node.tenant)))
 
     async def export(self, conv: ConversationRow, batch: int = 500) -> AsyncIterator[NodeRow]:
         """Every node of the conversation, oldest first, read ``batch`` at a time: no connection
@@ -125,8 +131,8 @@ class AdminStore:
         visible = await self.visible_foreign(conv)
         after: tuple[datetime | None, uuid.UUID | None] = (None, None)
         while True:
-            page = rows(NodeRow, await self.db.fetch(queries.EXPORT, conv.tree_id, conv.tenant, conv.id, visible,
-                                                     *after, batch))
+            page = await self.shared.resolve_rows(rows(NodeRow, await self.db.fetch(
+                queries.EXPORT, conv.tree_id, conv.tenant, conv.id, visible, *after, batch)))
             for row in page:
                 yield row
             if len(page) < batch:
@@ -137,6 +143,12 @@ class AdminStore:
                           head: uuid.UUID | None, compactions: int) -> int | None:
         """Insert an exported tree (ids already remapped) as a new conversation, in one statement.
         Returns the number of nodes written, or None when the conversation id is taken."""
+        shared = []
+        for node in nodes:
+            given = node.get("params")
+            sent, params = await self.shared.prepare(tenant, node["sent"], given or {})
+            shared.append({**node, "sent": sent, "params": params if given is not None else given})
+        nodes = shared
         row = await self.db.fetchrow(queries.IMPORT_TREE, tenant, conversation_id, uuid7(), head, compactions, nodes)
         assert row is not None
         return row["nodes"] if row["created"] else None

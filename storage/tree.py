@@ -18,6 +18,7 @@ from .batching import Batch
 from .database import _NUL, Database, _encode, _on_a_fresh_stack, _shield
 from .model import Outcome, PathNode, rows
 from .pathcache import PathCache
+from .shared import SharedItems
 from .transcript import digests, system_hash
 
 __all__ = ["Begun", "CallFinish", "CallStart", "ContextMode", "ParentMode", "TreeStore"]
@@ -133,11 +134,14 @@ def _jsonb_here(contract: msgspec.Struct) -> msgspec.Raw:
 
 class TreeStore:
     """``batch``: starts and finishes reaching the database together share a round trip
-    (``storage.batching``)."""
+    (``storage.batching``); ``shared``: large items stored once per tenant (``storage.shared``) --
+    a node is written with references and read back whole."""
 
-    def __init__(self, db: Database, cache: PathCache | None = None, *, batch: bool = True) -> None:
+    def __init__(self, db: Database, cache: PathCache | None = None, *, batch: bool = True,
+                 shared: SharedItems | None = None) -> None:
         self.db = db
         self.cache = cache if cache is not None else PathCache(0)
+        self.shared = shared if shared is not None else SharedItems(db, min_bytes=0)
         self._begins = Batch(db, queries.BEGIN_CALL, enabled=batch)
         self._finishes = Batch(db, queries.FINISH_CALL, enabled=batch)
 
@@ -148,10 +152,14 @@ class TreeStore:
         The parent's path is read only below the nodes this process keeps (``PathCache``)
         and completed from them."""
         tenant, conversation_id = start.tenant, start.conversation_id
+        sent, params = await self.shared.prepare(tenant, start.sent, start.params)
+        if sent is not start.sent or params is not start.params:
+            start = msgspec.structs.replace(start, sent=sent, params=params)
         known = self.cache.known(tenant, conversation_id, start.parent_id if start.parent_mode == "node" else None)
         records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start), known)
         first = records[0]
         fresh = rows(PathNode, (r[8:] for r in records)) if first["node_id"] is not None else []  # (BEGIN_CALL)
+        fresh = await self.shared.resolve(tenant, fresh)
         parent = first["parent_id"]
         path: list[PathNode] = []
         if parent is not None:
@@ -159,7 +167,7 @@ class TreeStore:
             stop = fresh[0].parent_id if fresh else parent
             completed = self.cache.complete(tenant, first["conversation_id"], first["tree_id"], stop, fresh)
             if completed is None:  # the kept part was evicted meanwhile: read it all
-                completed = await self.path(first["tree_id"], parent)
+                completed = await self.path(first["tree_id"], parent, tenant=tenant)
                 self.cache.complete(tenant, first["conversation_id"], first["tree_id"], None, completed)
             path = completed
         elif first["conversation_id"] is not None:
@@ -191,16 +199,20 @@ class TreeStore:
         """'reaped', 'missing' or 'finished' (``bp_abandon``)."""
         return await self.db.fetchval(queries.ABANDON, node_id)
 
-    async def path(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> list[PathNode]:
-        return rows(PathNode, await self.db.fetch(queries.PATH_NODES, tree_id, node_id))
+    async def path(self, tree_id: uuid.UUID, node_id: uuid.UUID, *, tenant: str) -> list[PathNode]:
+        """The path of ``node_id``, root first, whole (``tenant``: the tree's, whose shared items
+        it may refer to)."""
+        return await self.shared.resolve(tenant, rows(PathNode, await self.db.fetch(queries.PATH_NODES, tree_id, node_id)))
 
     async def apply_compaction(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, node_id: uuid.UUID,
                                compacted_from: uuid.UUID, sent: list[Any], model: str,
                                provider: str, params: dict[str, Any], usage: dict[str, Any] | None, mode: str,
                                call_node: uuid.UUID | None, request: bytes | None) -> str:
         """'ok', or why nothing was written: 'moved', 'busy', 'lost_lease', 'conversation_not_found'."""
+        hashed = system_hash(sent)  # (of the items themselves, before any is shared)
+        sent, _ = await self.shared.prepare(tenant, sent, {})
         return await self.db.fetchval(
-            queries.APPLY_COMPACTION, tenant, conversation_id, tree_id, node_id, compacted_from, sent, system_hash(sent),
+            queries.APPLY_COMPACTION, tenant, conversation_id, tree_id, node_id, compacted_from, sent, hashed,
             model, provider, params, usage, mode, call_node, request,
         )
 

@@ -93,7 +93,7 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
     from proxy.errors import BranchpointError
     from proxy.ids import valid_conversation_id
     from proxy.transfer import NotAnExport, prepare_import
-    from storage import AdminStore
+    from storage import AdminStore, SharedItems
 
     if (tenant is None) == (key is None):
         raise click.ClickException("name the owner with exactly one of --tenant and --key")
@@ -110,8 +110,9 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
 
     async def go() -> int | None:
         async with database(settings) as db:
-            return await AdminStore(db).import_tree(tenant, conversation_id, prepared.nodes, prepared.head,
-                                                    prepared.compactions)
+            shared = SharedItems(db, min_bytes=settings.database.share_items_above)
+            return await AdminStore(db, shared).import_tree(tenant, conversation_id, prepared.nodes, prepared.head,
+                                                            prepared.compactions)
 
     written = run(go())
     if written is None:

@@ -90,7 +90,7 @@ class BackgroundCompactions:
         future: asyncio.Future[Prepared | str] = loop.create_future()
         self.summarising[job.key] = (job.head, future)
         try:
-            path = message_path(await c.tree.path(job.tree_id, job.head))
+            path = message_path(await c.tree.path(job.tree_id, job.head, tenant=job.tenant))
             if await c.clearing_suffices(path, job.model):
                 # the next call clears old tool results and is then under the soft threshold: no
                 # summary (a model call, and a new prefix for the provider's cache) is needed

@@ -429,7 +429,7 @@ class Compactor:
             raise ConversationBusy(f"conversation {conv.id!r} has a turn call in flight")
         if conv.head_node_id is None:
             return CompactionResult(False, "empty", method=method)
-        path = message_path(await self.tree.path(conv.tree_id, conv.head_node_id))
+        path = message_path(await self.tree.path(conv.tree_id, conv.head_node_id, tenant=conv.tenant))
         model = next((n.model for n in reversed(path) if n.kind != "compaction" and n.model), None)
         model = model or self.thresholds.compaction.model or default_model
         if method == clearing.METHOD:
