@@ -243,6 +243,11 @@ class Proxy:
     def runtime(self) -> Any:
         return self.server.server.config.app.state.runtime
 
+    def in_loop(self, coro: Any, timeout: float = 30) -> Any:
+        """Run a coroutine on the server's event loop (where its pool and tasks live); its result."""
+        assert self.server.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.server.loop).result(timeout)
+
     def openai(self, api_key: str | None = None, *, conversation: str | None = None, **kw: Any) -> openai.OpenAI:
         base = f"{self.url}/c/{conversation}/v1" if conversation else f"{self.url}/v1"
         kw.setdefault("max_retries", 0)

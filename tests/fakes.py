@@ -66,7 +66,15 @@ class ServerThread:
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, access_log=False,
                                 lifespan="on", loop="asyncio", http="h11", timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def serve() -> None:
+            self.loop = asyncio.get_running_loop()
+            await self.server.serve()
+
+        asyncio.run(serve())
 
     def start(self) -> ServerThread:
         self.thread.start()

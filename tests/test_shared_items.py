@@ -235,3 +235,16 @@ def test_a_shared_value_may_hold_any_character(own, upstream, key, cid):
     assert upstream.last.body["messages"][0] == odd
     assert stored(own.db, h["x-node-id"])["sent"][0]["_bp_shared"]
     assert own.http(key).get(f"/admin/nodes/{h['x-node-id']}").json()["sent"][0] == odd
+
+
+def test_a_serving_process_sweeps_and_counts_it(own, upstream, key, cid):
+    """The retention side of a serving process: its sweep (run every SWEEP_SECONDS) removes what
+    nothing refers to and says so on /metrics."""
+    import httpx
+
+    session(own, key, cid, upstream)
+    assert own.http(key).delete(f"/admin/conversations/{cid}").status_code == 200
+    own.db.fetch("UPDATE shared_items SET seen_at = now() - interval '1 hour'")
+    assert own.in_loop(own.runtime.retention.sweep()) == 2
+    assert shared_rows(own.db) == []
+    assert 'branchpoint_pruned_total{what="shared_items"} 2.0' in httpx.get(f"{own.url}/metrics").text
