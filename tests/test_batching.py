@@ -291,6 +291,7 @@ def test_finishes_whose_connection_is_cut_are_stored_afterwards(fresh_database_u
     assert_invariants(fresh_database_url)
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_starts_whose_connection_is_cut_answer_503_and_leave_nothing_pending(fresh_database_url, upstream_url, key):
     """Turns started together wait for their conversations' rows -- alone or in batches, as they
     arrive -- when their connections are cut: each client gets 503 ``database_unavailable`` (the start may or may not

@@ -188,6 +188,7 @@ def test_a_call_that_could_never_fit_is_refused_and_leaves_the_conversation_usab
         assert "branchpoint_request_bytes_in_flight 0.0" in metrics
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_a_call_waiting_for_room_to_assemble_is_answered_server_busy(
         fresh_database_url, upstream_url, upstream):
     """Bytes in flight bounded to 8 MiB, two conversations of a model never compacted, each with a
@@ -226,6 +227,7 @@ def _rss_kb(pid: int) -> dict[str, int]:
         return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in f) if k in ("VmRSS", "VmHWM")}
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_turns_after_30_mb_messages_stay_small_in_memory(fresh_database_url, upstream_url, upstream, tmp_path):
     """Three conversations each holding a 30 MB message (and its 30 MB echo) in a proxy of its
     own; then a turn in each at once. Without bounds each turn read, tokenised and sent its 60 MB

@@ -240,6 +240,7 @@ def test_invalid_config_is_a_clear_error(tmp_path):
     assert result.exit_code != 0 and "lease_seconds" in result.output
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_serve_with_several_workers_sharing_the_database(fresh_database_url, upstream_url, upstream, tmp_path):
     port = free_port()
     env = {**os.environ, "BRANCHPOINT_DATABASE_URL": fresh_database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,

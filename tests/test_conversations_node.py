@@ -1,11 +1,14 @@
 """The Conversations API and the compaction controls through the official openai Node package
 (tests/node/conversations.mjs), asserted on what the fake upstream received."""
 
+import pytest
+
 from proxy.compaction import SUMMARY_PREFIX
 
 from .test_node_sdk import _run_node
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_the_node_sdk_drives_the_conversations_api(proxy, upstream, key):
     seen = _run_node("conversations.mjs", {"BASE_URL": proxy.url, "API_KEY": key})
     assert seen["conversation"]["id"].startswith("conv_") and seen["conversation"]["metadata"] == {"sdk": "node"}

@@ -102,6 +102,7 @@ def test_waiting_for_a_pooled_connection_gives_up_without_losing_it(database_url
     run(scenario())
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_an_exhausted_pool_answers_503_in_time_and_recovers(fresh_database_url, upstream_url, upstream, key, cid):
     """The only pooled connection stuck (its statement waits on a row lock another session
     holds): the stuck call and one waiting for a connection are both answered 503 within the

@@ -93,12 +93,14 @@ def _race(proxy: Any, urls: list[str], key: str, forks: int, trials: int = 20, b
 
 
 @pytest.mark.parametrize("forks", [1, 2])
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_a_conversation_and_its_forks_deleted_at_once_leave_nothing(own_proxy, key, fresh_database_url, forks):
     _race(own_proxy, [own_proxy.url], key, forks)
     assert own_proxy.db.fetchval("SELECT count(*) FROM nodes") == 0
     assert_invariants(fresh_database_url)
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_deletes_at_once_from_two_processes_leave_nothing(own_proxy, key, fresh_database_url, upstream_url, tmp_path):
     proc, url = spawn_proxy(fresh_database_url, upstream_url, tmp_path)
     try:

@@ -53,6 +53,7 @@ def test_the_embedded_server_runs_as_batch_work_unless_configured_not_to(tmp_pat
         assert set(policies(data).values()) == {os.SCHED_OTHER}
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_serve_with_workers_starts_the_embedded_server_as_configured(tmp_path, upstream_url, key, cid):
     # several workers share one embedded server, started by `serve` itself before them
     data = tmp_path / "data"
@@ -136,6 +137,7 @@ def test_the_embedded_database_is_backed_up_without_anything_installed(tmp_path,
     assert Db(target).fetchval("SELECT count(*) FROM nodes WHERE conversation_id = $1", cid) == 1
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_a_backup_of_the_embedded_database_while_it_serves_leaves_it_serving(tmp_path, upstream_url, key, cid):
     """The command attaches to the embedded server `serve` runs, and leaves it running."""
     from click.testing import CliRunner

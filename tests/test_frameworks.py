@@ -164,6 +164,7 @@ def test_pydantic_ai_over_two_turns(proxy, upstream, key, db):
     assert len(stored_line(db, cid)) == 2
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_litellm_as_a_client(proxy, upstream, key, db):
     import litellm
 

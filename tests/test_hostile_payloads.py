@@ -256,6 +256,7 @@ def _big_calls(url: str, n: int, size: int = BIG) -> list[httpx.Response]:
 _BIG_MODEL = '[models."big-*"]\ncontext_window = 1000000000000\nmax_output_tokens = 1000\n'
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_eight_large_bodies_at_once_stay_within_the_bound_and_memory_is_given_back(
         fresh_database_url, upstream_url, upstream, tmp_path):
     """Eight 30 MB stored calls at once (each echoed back: a 30 MB answer too) to a proxy in a

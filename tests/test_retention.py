@@ -165,6 +165,7 @@ def test_retention_settings_are_checked():
             load_settings(env={}, overrides={"retention": bad})
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_pruning_beside_live_traffic_breaks_nothing(fresh_database_url, upstream_url, upstream):
     """Passes every 50 ms deleting conversations idle for a second, while four clients call into
     twelve conversations with pauses up to a second and a half (turns, side calls, streams): no call fails,

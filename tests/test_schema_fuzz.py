@@ -5,6 +5,7 @@ every documented operation -- zero 5xx, and every response as the schema documen
 """
 
 import hypothesis.strategies as st
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
@@ -19,6 +20,7 @@ FUZZ_KEY = "sk-fuzz-tenant"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
 def test_api_conforms_to_its_schema(proxy, upstream):
     client = proxy.openai(FUZZ_KEY)
     for cid in ("fuzz-a", "fuzz-b"):  # some real data for generated requests to stumble upon

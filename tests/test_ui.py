@@ -33,6 +33,10 @@ from .conftest import make_settings, serve_proxy, wait_for
 from .fakes import Reply
 from .helpers import MODEL, assistant, say, tool, tool_call, user
 
+# (the page's own waits are 10 s; assertions wait as long: a loaded machine -- CI beside other work --
+# once took over 5 s, Playwright's default, to draw a page of the list)
+expect.set_options(timeout=10_000)
+
 KEY = "sk-ui-viewer-0123456789"
 ADMIN_KEY = "sk-ui-admin-0123456789"
 ARTIFACTS = Path(os.environ.get("BRANCHPOINT_UI_ARTIFACTS") or Path(__file__).parent / "artifacts" / "ui")
