@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import msgspec
 
 __all__ = [
+    "CARRIED",
     "CHAT_ROLES",
     "SYSTEM_AT",
     "Assembled",
@@ -30,18 +31,27 @@ __all__ = [
     "Target",
     "assemble",
     "build_body",
+    "carried",
+    "carried_items",
+    "node_items",
     "pair_check",
     "path_items",
     "shape_received",
     "split_system",
     "strip",
     "system_positions",
+    "uncarry",
 ]
 
 NATIVE = "_bp_"  # the prefix of keys a dialect attaches to a message it read (its own items, their producer)
 # (in a full-history call's params) where its system/developer messages were: for each, how many
 # other messages followed it -- only when one of them was not at the start
 SYSTEM_AT = "_bp_system_at"
+# On an item of a compaction node: an answer carried over whole from the path it replaces (its
+# reasoning of every kind included), whose value names the provider that produced it ("": none
+# known). Assembly shapes it for each later call's provider like any answer (``node_items``): a
+# provider that needs its signed reasoning back mid tool loop gets it; another provider does not.
+CARRIED = "_bp_carried"
 SYSTEM_ROLES = frozenset({"system", "developer"})
 CHAT_ROLES = SYSTEM_ROLES | {"user", "assistant", "tool", "function"}  # what a chat message may be
 
@@ -190,18 +200,60 @@ def split_system(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]],
     return system, rest
 
 
+def uncarry(item: Any, target: Target) -> Any:
+    """A compaction node's item as ``target`` gets it: a carried answer shaped for it."""
+    if not isinstance(item, dict) or CARRIED not in item:
+        return item
+    producer = item[CARRIED]
+    return shape_received({k: v for k, v in item.items() if k != CARRIED}, target, producer or None)
+
+
+def node_items(node: PathLike, target: Target) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rule 1 for one node: (its system/developer messages, its other items -- ``sent``, then
+    ``received`` if it succeeded -- shaped for ``target``)."""
+    node_system, items = split_system(node.sent)
+    if any(isinstance(m, dict) and CARRIED in m for m in items):
+        items = [uncarry(m, target) for m in items]
+    if node.status == "success" and node.received:
+        items = items + [shape_received(m, target, node.provider) for m in node.received if isinstance(m, dict)]
+    return node_system, items
+
+
 def path_items(path: Iterable[PathLike], target: Target) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Rule 1 and the system rule over a path: (the most recent system/developer messages,
     every other item root first -- ``sent``, then ``received`` of nodes that succeeded)."""
     system: list[dict[str, Any]] = []
     body: list[dict[str, Any]] = []
     for node in path:
-        node_system, node_rest = split_system(node.sent)
+        node_system, node_rest = node_items(node, target)
         if node_system:
             system = node_system
         body.extend(node_rest)
-        if node.status == "success" and node.received:
-            body.extend(shape_received(m, target, node.provider) for m in node.received if isinstance(m, dict))
+    return system, body
+
+
+def carried(node: PathLike) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(system/developer messages, other items) of one node as a compaction node keeps them: its
+    ``sent`` items as they are, its answers whole (nulls dropped) and marked ``CARRIED`` with
+    their producer -- so the compaction node can still be sent to any provider, each getting
+    what it accepts back."""
+    node_system, items = split_system(node.sent)
+    if node.status == "success" and node.received:
+        producer = node.provider or ""
+        items = items + [{**{k: v for k, v in m.items() if v is not None}, CARRIED: producer}
+                         for m in node.received if isinstance(m, dict)]
+    return node_system, items
+
+
+def carried_items(path: Iterable[PathLike]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``path_items`` as a compaction node keeps them (``carried``)."""
+    system: list[dict[str, Any]] = []
+    body: list[dict[str, Any]] = []
+    for node in path:
+        node_system, node_rest = carried(node)
+        if node_system:
+            system = node_system
+        body.extend(node_rest)
     return system, body
 
 

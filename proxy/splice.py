@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from .assembly import PathLike, Target, pair_check, shape_received, split_system, strip
+from .assembly import PathLike, Target, node_items, pair_check, split_system, strip
 
 __all__ = ["EMPTY", "Prefix", "Segment", "segment", "splice"]
 
@@ -59,9 +59,7 @@ EMPTY = Prefix(b"", 0)
 
 def segment(node: PathLike, before: Segment | None, target: Target) -> Segment:
     """The segment of ``node`` for ``target``, after its parent's segment ``before``."""
-    node_system, items = split_system(node.sent)
-    if node.status == "success" and node.received:
-        items = items + [shape_received(m, target, node.provider) for m in node.received if isinstance(m, dict)]
+    node_system, items = node_items(node, target)
     raws = [msgspec.Raw(_encode_sorted(x)) for x in strip(items)] if items else []
     combined = (before.tail if before else []) + items
     combined_raws = (before.tail_raws if before else []) + raws

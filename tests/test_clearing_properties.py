@@ -28,7 +28,7 @@ from storage import PathNode
 
 from .helpers import prefix_extends
 
-KEEP, EXCLUDED = 2, frozenset({"memory"})
+EXCLUDED = frozenset({"memory"})
 THRESHOLD, AT_LEAST = 600, 150  # tokens
 
 
@@ -83,8 +83,8 @@ def _calls(session: list[dict[str, Any]]) -> list[tuple[list[dict[str, Any]], di
 
 
 @settings(max_examples=150, deadline=None)
-@given(session=sessions(), api=st.sampled_from(["chat", "responses", "messages"]))
-def test_requests_extend_each_other_between_clearings(session: list[dict[str, Any]], api: str) -> None:
+@given(session=sessions(), api=st.sampled_from(["chat", "responses", "messages"]), keep=st.integers(0, 6))
+def test_requests_extend_each_other_between_clearings(session: list[dict[str, Any]], api: str, keep: int) -> None:
     target = Target("up", api="chat" if api == "chat" else ("responses" if api == "responses" else "messages"))
     upstream = dialect(api)
     path: list[PathNode] = []  # as assembly reads it: from the root (or the last clearing) down
@@ -97,13 +97,13 @@ def test_requests_extend_each_other_between_clearings(session: list[dict[str, An
         unclear = assemble(readable, new_items, target)
         event = False
         if sum(count(m) for m in unclear.messages) > THRESHOLD and readable:
-            planned = plan(readable, new_items, keep=KEEP, exclude=EXCLUDED, count=count)
+            planned = plan(readable, new_items, keep=keep, exclude=EXCLUDED, count=count)
             if planned.count and planned.freed >= AT_LEAST:
                 event = True
                 clearing = PathNode(id=uuid.uuid4(), parent_id=None, kind="compaction", status="success",
                                     sent=[*planned.system, *planned.items], provider="up",
                                     compacted_from=readable[-1].id)
-                _check_plan(planned, readable, new_items, tree)
+                _check_plan(planned, readable, new_items, tree, keep)
                 tree[clearing.id] = clearing
                 hyp_event(f"a clearing ({api})")
                 path, readable = [clearing], [clearing]
@@ -123,11 +123,13 @@ def _shape(messages: list[dict[str, Any]]) -> list[Any]:
     return [(m.get("role"), m.get("tool_call_id"), [c.get("id") for c in m.get("tool_calls") or ()]) for m in messages]
 
 
-def _check_plan(planned: Any, path: list[PathNode], new_items: list[dict[str, Any]], tree: dict[uuid.UUID, PathNode]) -> None:
+def _check_plan(planned: Any, path: list[PathNode], new_items: list[dict[str, Any]], tree: dict[uuid.UUID, PathNode],
+                keep: int) -> None:
     assert planned.freed >= AT_LEAST
     results = [m for m in planned.items if m.get("role") == "tool"]
     newer = sum(1 for m in new_items if m.get("role") == "tool")
-    kept = results[len(results) - max(0, KEEP - newer):] if KEEP - newer > 0 else []
+    in_path = max(0, keep - newer)
+    kept = results[max(0, len(results) - in_path):] if in_path else []
     assert not any(is_cleared(m) for m in kept)  # the most recent are never cleared
     names = {c["id"]: c["function"]["name"] for m in planned.items for c in m.get("tool_calls") or ()}
     for entry in planned.cleared:
@@ -138,3 +140,42 @@ def _check_plan(planned: Any, path: list[PathNode], new_items: list[dict[str, An
     for m in results:
         if is_cleared(m):
             assert m["content"].endswith("]") and " in node " in m["content"]
+
+
+def test_fewer_results_than_kept_clears_none() -> None:
+    """``keep`` larger than the path's results (and the call's own): nothing is cleared -- not the
+    oldest ones by a slice counted from the end."""
+    path: list[PathNode] = []
+    for new_chat, answer in _calls([{"task": f"task {r}", "calls": [(f"c{r}", "shell", 900)], "answer": "ok",
+                                     "system": r == 0} for r in range(2)]):
+        node = _node(new_chat, [answer], "chat", path[-1].id if path else None)
+        path.append(node)
+    for keep in (2, 3, 5):
+        assert plan(path, [], keep=keep, exclude=EXCLUDED, count=count).count == 0
+    assert plan(path, [], keep=1, exclude=EXCLUDED, count=count).count == 1
+    assert plan(path, [{"role": "tool", "tool_call_id": "x", "content": "new"}], keep=2, exclude=EXCLUDED,
+                count=count).count == 1
+
+
+def test_a_result_is_counted_once_across_plans() -> None:
+    """Planning again (the next call, still above the clearing threshold) counts only what is new:
+    a finished node's results were counted by the plan before, and the plan is the same."""
+    path: list[PathNode] = []
+    for new_chat, answer in _calls([{"task": f"task {r}", "calls": [(f"c{r}", "shell", 900)], "answer": "ok",
+                                     "system": r == 0} for r in range(6)]):
+        path.append(_node(new_chat, [answer], "chat", path[-1].id if path else None))
+    counted: list[Any] = []
+
+    def counting(message: dict[str, Any]) -> int:
+        counted.append(message)
+        return count(message)
+
+    memo: dict[Any, Any] = {}
+    first = plan(path, [], keep=2, exclude=EXCLUDED, count=counting, memo=memo)
+    assert first.count == 4 and len(counted) == 8  # each result and its placeholder
+    counted.clear()
+    again = plan(path, [], keep=2, exclude=EXCLUDED, count=counting, memo=memo)
+    assert counted == [] and again.items == first.items and again.freed == first.freed
+    assert again.cleared == first.cleared
+    plain = plan(path, [], keep=2, exclude=EXCLUDED, count=count)
+    assert plain.items == first.items and plain.freed == first.freed

@@ -315,3 +315,18 @@ def test_an_imported_copy_names_its_own_originals(tiny, upstream, key, cid):
         holder = re.search(r"in node ([0-9a-f-]{36})", text).group(1)
         assert holder in copied and entry["node_id"] == holder  # a node of the copy, not of the source
         assert admin.get(f"/admin/nodes/{holder}").json()["sent"][0]["tool_call_id"] == entry["tool_call_id"]
+
+
+def test_an_edit_before_a_clearing_is_not_refused(tiny, upstream, key, cid):
+    """A clearing compacted no question away: a call whose parent lies before it (a regenerate, a
+    ``previous_response_id`` of an earlier answer) is served on the original path -- not refused
+    as an edit before a summary would be -- and sees nothing that came after its parent."""
+    client = tiny.openai(key)
+    senders = [agent_round(client, upstream, cid, i, 600) for i in range(10)]
+    assert clearing_nodes(tiny.db, cid)
+    upstream.enqueue(Reply(content="edited"))
+    _, headers = say(client, cid, user("task 2, asked differently"), parent=senders[2], model=MODEL)
+    assert headers["x-parent-node-id"] == senders[2]
+    sent = upstream.last.text()
+    assert "task 2, asked differently" in sent and "task 3" not in sent and "done 2" in sent
+    assert tiny.db.head(cid) == headers["x-node-id"]

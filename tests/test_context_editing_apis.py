@@ -96,3 +96,89 @@ def test_anthropic_tool_results_are_cleared_natively(apis, claude, key, cid):
             if b.get("type") == "tool_result":
                 uses = [u["id"] for u in sent[k - 1]["content"] if u.get("type") == "tool_use"]
                 assert b["tool_use_id"] in uses
+
+
+def test_thinking_survives_a_clearing_mid_tool_loop(apis, claude, key, cid):
+    """A chat client on an Anthropic model with extended thinking: Anthropic wants each tool
+    round's signed thinking blocks back while the loop goes on. A clearing node carries the answers
+    whole (reasoning included), and they are shaped for the provider of each later call -- so the
+    call after the clearing still sends them (without them: a 400 mid tool loop, and the
+    conversation stuck)."""
+    from .helpers import say, tool, user
+
+    client = apis.openai(key)
+    for i in range(7):
+        usage = {"input_tokens": 1600, "output_tokens": 10} if i == 6 else {"input_tokens": 11, "output_tokens": 5}
+        claude.enqueue(AReply(content=[
+            {"type": "thinking", "thinking": f"I should read f{i}.py", "signature": f"sig-{i}"},
+            {"type": "tool_use", "id": f"toolu_{i}", "name": "Read", "input": {"path": f"f{i}.py"}}],
+            stop_reason="tool_use", usage=usage))
+        say(client, cid, user(f"task {i}"), model="claude-tiny")
+        claude.enqueue(AReply(content=[{"type": "thinking", "thinking": "done", "signature": f"sig-done-{i}"},
+                                       {"type": "text", "text": f"done {i}"}]))
+        say(client, cid, tool(f"toolu_{i}", output(i, 600)), model="claude-tiny")
+    assert len(clearing_nodes(apis.db, cid)) == 1
+    sent = claude.last.body["messages"]
+    results = [b for m in sent if m["role"] == "user" and isinstance(m["content"], list)
+               for b in m["content"] if b.get("type") == "tool_result"]
+    assert sum(str(r["content"]).startswith(PLACEHOLDER_PREFIX) for r in results) == 4  # it was cleared
+    # every tool round's assistant message still opens with its signed thinking block
+    rounds = [m for m in sent if m["role"] == "assistant" and any(b.get("type") == "tool_use" for b in m["content"])]
+    assert len(rounds) == 7
+    for i, m in enumerate(rounds):
+        assert m["content"][0] == {"type": "thinking", "thinking": f"I should read f{i}.py", "signature": f"sig-{i}"}
+    # and the clearing node keeps no provider's shaping: another provider gets no thinking back
+    stored = [item for item in clearing_nodes(apis.db, cid)[0]["sent"] if item.get("role") == "assistant"]
+    assert stored and all(item.get("_bp_carried") == "anthropic" for item in stored)
+
+
+def test_conversation_items_keep_their_ids_and_contents_across_a_clearing(apis, upstream, key, cid):
+    """The Conversations API lists what the conversation holds: a clearing edits what is sent, so
+    the items listed (their ids, the tool outputs) are the same before and after one."""
+    client = apis.openai(key)
+    headers = {"X-Conversation-Id": cid}
+    listed: list[list[dict]] = []
+    for i in range(7):
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+        big = {"input_tokens": 1600, "output_tokens": 10, "total_tokens": 1610} if i == 6 else None
+        upstream.enqueue(Reply(content=None, tool_calls=[call], usage=big))
+        client.responses.create(model="native-tiny", input=f"task {i}", extra_headers=headers)
+        upstream.enqueue(Reply(content=f"done {i}"))
+        client.responses.create(model="native-tiny", extra_headers=headers, input=[
+            {"type": "function_call_output", "call_id": f"call_{i}", "output": output(i, 600)}])
+        page = apis.http(key).get(f"/v1/conversations/{cid}/items", params={"order": "asc", "limit": 100}).json()
+        listed.append(page["data"])
+    assert len(clearing_nodes(apis.db, cid)) == 1
+    before, after = listed[-2], listed[-1]
+    assert after[:len(before)] == before
+    outputs = [item["output"] for item in after if item["type"] == "function_call_output"]
+    assert outputs == [output(i, 600) for i in range(7)]  # no placeholder among what the conversation holds
+    # an item from before the clearing can be fetched by its id, and deleted (a new branch without it)
+    first = next(item for item in after if item["type"] == "function_call_output")
+    assert apis.http(key).get(f"/v1/conversations/{cid}/items/{first['id']}").json() == first
+    assert apis.http(key).delete(f"/v1/conversations/{cid}/items/{first['id']}").status_code == 200
+    left = apis.http(key).get(f"/v1/conversations/{cid}/items", params={"order": "asc", "limit": 100}).json()["data"]
+    assert [item["id"] for item in left] == [item["id"] for item in after if item["id"] != first["id"]]
+
+
+def test_a_clearing_is_no_compaction_item_in_a_responses_answer(apis, upstream, key, cid):
+    """A client that asked for OpenAI's compaction controls gets a ``compaction`` item first when a
+    summary was made for its call; a clearing of old tool results is no summary -- its answer
+    begins with the answer, and the call still hangs under the clearing node."""
+    client = apis.openai(key)
+    headers = {"X-Conversation-Id": cid}
+    control = [{"type": "compaction", "compact_threshold": 100_000}]  # (far above: no summary)
+    for i in range(7):
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+        big = {"input_tokens": 1600, "output_tokens": 10, "total_tokens": 1610} if i == 6 else None
+        upstream.enqueue(Reply(content=None, tool_calls=[call], usage=big))
+        client.responses.create(model="native-tiny", input=f"task {i}", extra_headers=headers)
+        upstream.enqueue(Reply(content=f"done {i}"))
+        raw = client.responses.with_raw_response.create(
+            model="native-tiny", extra_headers=headers, context_management=control,
+            input=[{"type": "function_call_output", "call_id": f"call_{i}", "output": output(i, 600)}])
+    nodes = clearing_nodes(apis.db, cid)
+    assert len(nodes) == 1 and upstream.summariser_requests == []
+    response = raw.parse()
+    assert [item.type for item in response.output] == ["message"] and response.output_text == "done 6"
+    assert raw.headers["x-parent-node-id"] == str(nodes[0]["id"])

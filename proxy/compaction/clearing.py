@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..assembly import PathLike, Target, path_items
+from ..assembly import PathLike, carried
 from ..dialects import cleared_result
 
 __all__ = ["METHOD", "PLACEHOLDER_PREFIX", "Plan", "ToolResult", "is_cleared", "placeholder", "plan", "renamed",
@@ -135,19 +135,16 @@ class Plan:
         return len(self.cleared)
 
 
-# a neutral target: items are kept provider-neutral, as a summary's kept items are
-# (proxy/compaction/compactor.py), so a compaction node can be sent to any provider
-_PORTABLE = Target("", accepts_reasoning=False)
-
-
 def path_with_origins(path: Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[uuid.UUID]]:
-    """(system messages, items, the node each item came from) of a path, as assembly reads it
-    (``assembly.path_items``, node by node)."""
+    """(system messages, items, the node each item came from) of a path, as a compaction node
+    keeps them (``assembly.carried``: answers whole, reasoning included, shaped for each later
+    call's provider when sent -- a tool loop on a provider that wants its signed reasoning back
+    goes on after a clearing)."""
     system: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
     origins: list[uuid.UUID] = []
     for node in path:
-        node_system, node_items = path_items([node], _PORTABLE)
+        node_system, node_items = carried(node)
         if node_system:
             system = node_system
         items.extend(node_items)
@@ -155,27 +152,43 @@ def path_with_origins(path: Sequence[Any]) -> tuple[list[dict[str, Any]], list[d
     return system, items, origins
 
 
+# (tokens of a result, its placeholder message, what replacing it frees) by (node, call id, size): a
+# finished node never changes, so a result is counted once however many calls plan a clearing
+Memo = MutableMapping[tuple[uuid.UUID, str, int], tuple[int, dict[str, Any], int]]
+MEMO_ENTRIES = 100_000
+
+
 def plan(path: Sequence[PathLike], new_items: Sequence[dict[str, Any]], *, keep: int, exclude: frozenset[str],
-         count: Callable[[dict[str, Any]], int], everything: bool = False) -> Plan:
+         count: Callable[[dict[str, Any]], int], everything: bool = False, memo: Memo | None = None) -> Plan:
     """The clearing of ``path`` before a call that sends ``new_items``: every tool result of the
     path but the ``keep`` most recent (counted over the path and ``new_items``), those of the tools
     in ``exclude`` and those already cleared, replaced by a placeholder. ``count``: a message's
-    tokens. ``everything``: ``keep`` counts the path only (an admin's clearing, no call)."""
+    tokens. ``everything``: ``keep`` counts the path only (an admin's clearing, no call).
+    ``memo``: what earlier plans counted (``Memo``), read and filled."""
     system, items, origins = path_with_origins(path)
     results = tool_results(items, origins)
     newer = 0 if everything else sum(1 for i in new_items if _role(i) == "tool")
     keep_in_path = max(0, keep - newer)
-    clearable = results[:len(results) - keep_in_path] if keep_in_path else results
+    clearable = results[:max(0, len(results) - keep_in_path)]
     out = Plan(system, list(items))
     for result in clearable:
         message = items[result.index]
         if is_cleared(message) or (result.tool is not None and result.tool in exclude):
             continue
-        before = count(message)
         chars = _chars(message.get("content"))
-        text = placeholder(result.tool, chars, max(0, before - 3), result.node)  # (3: a message's framing)
-        after_message = cleared_result(message, text)
-        freed = before - count(after_message)
+        key = (result.node, result.call_id, chars) if memo is not None and type(result.call_id) is str else None
+        known = memo.get(key) if key is not None else None  # type: ignore[union-attr]
+        if known is not None:
+            _, after_message, freed = known
+        else:
+            before = count(message)
+            text = placeholder(result.tool, chars, max(0, before - 3), result.node)  # (3: a message's framing)
+            after_message = cleared_result(message, text)
+            freed = before - count(after_message)
+            if key is not None:
+                if len(memo) >= MEMO_ENTRIES:  # type: ignore[arg-type]
+                    memo.clear()  # type: ignore[union-attr]
+                memo[key] = (before, after_message, freed)  # type: ignore[index]
         if freed <= 0:  # a result shorter than its placeholder stays as it is
             continue
         out.items[result.index] = after_message

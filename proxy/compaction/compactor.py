@@ -31,7 +31,7 @@ from typing import Any
 
 from storage import ConversationRow, PathNode, TreeStore, uuid7
 
-from ..assembly import Target, path_items
+from ..assembly import Target, carried_items, uncarry
 from ..background import Background
 from ..call import Started
 from ..dialects import message_path
@@ -47,8 +47,9 @@ __all__ = ["CompactionResult", "Compactor", "Prepared"]
 
 log = logging.getLogger("branchpoint.compaction")
 
-# a neutral target: kept raw items are stored provider-neutral (no reasoning, no opaque items),
-# so a compaction node can be sent to any provider
+# what the summariser reads of any provider's answers (no reasoning, no opaque items); the items a
+# compaction node keeps raw are carried whole instead (``assembly.carried``) and shaped for each
+# later call's provider
 _PORTABLE = Target("", accepts_reasoning=False)
 
 
@@ -125,6 +126,7 @@ class Compactor:
         self.tokens = tokens
         self.metrics = metrics
         self.jobs = BackgroundCompactions(self, tasks, give_up_after=max(30.0, lease_seconds))
+        self._counted: clearing.Memo = {}  # (tool results counted by earlier plans: ``clearing.plan``)
 
     # -- compacting a path ---------------------------------------------------------------------
 
@@ -134,7 +136,7 @@ class Compactor:
         c = self.thresholds.compaction
         summariser = c.model or model
         limits = self.thresholds.limits(model)
-        system, body = path_items(path, _PORTABLE)
+        system, body = carried_items(path)
         pinned = frozenset(i.get("tool_call_id") for i in new_items if _role(i) == "tool") | unanswered_tail_calls(body)
         # what stays raw must leave room, under the hard threshold, for the summary, the system
         # prompt and this call's new items -- else the next call would compact again, and again
@@ -143,7 +145,7 @@ class Compactor:
         if all(is_summary(item) for item in older):  # nothing, or only the previous summary
             return "nothing_to_compact"
         try:
-            summary = await self.summariser.summarise(older, model=summariser, client_key=client_key,
+            summary = await self.summariser.summarise([uncarry(m, _PORTABLE) for m in older], model=summariser, client_key=client_key,
                                                       budget=limits.summary_budget, input_limit=limits.input)
         except Exception as exc:
             if not isinstance(exc, UpstreamFailure):
@@ -190,7 +192,7 @@ class Compactor:
                     call_node: uuid.UUID | None = None) -> CompactionResult:
         """Write the compaction node replacing the path up to ``compacted_from``: the summary,
         then raw the recent items and those of ``later`` nodes (added after the summarised path)."""
-        system, extra = path_items(later, _PORTABLE)
+        system, extra = carried_items(later)
         system = system or prepared.system
         recent = [*prepared.recent, *extra]
         sent = [*system, prepared.summary, *recent]
@@ -242,7 +244,7 @@ class Compactor:
         chars = sum(len(m["content"]) if isinstance(m.get("content"), str) else 1_000
                     for node in path for m in node.sent if isinstance(m, dict) and m.get("role") == "tool")
         planning = partial(clearing.plan, keep=e.keep_tool_results, exclude=self.thresholds.exclude_tools,
-                           count=self.tokens.message, everything=everything)
+                           count=self.tokens.message, everything=everything, memo=self._counted)
         return await off_loop(planning, path, new_items, chars=chars)
 
     async def clear(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
@@ -337,7 +339,8 @@ class Compactor:
         )
         if compacted is not None and compacted.compacted and compacted.node is not None:
             started.parent_id = compacted.node.id
-            call.compaction = compacted.node
+            if compacted.method != clearing.METHOD:  # (a clearing is no summary a client's answer could show)
+                call.compaction = compacted.node
             return [compacted.node]
         return path
 

@@ -31,6 +31,7 @@ from litestar.types import ASGIApp
 
 from storage import AdminStore, NodeRow, transcript, uuid7
 
+from ..compaction.clearing import METHOD as CLEARING
 from ..dialects import message_path
 from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import items as responses_items
@@ -123,13 +124,23 @@ def node_items(node: NodeRow) -> list[Item]:
     return out
 
 
+async def _head_path(admin: AdminStore, conv: Any) -> list[NodeRow]:
+    """The head path whose items a conversation holds, read through the clearings of old tool
+    results on it (context editing: a request's edit, not the conversation's): its items, and
+    their ids, are what they were before any clearing."""
+    # (the plain path: what the items are made of -- no sibling counts, which a deep path pays for)
+    path = [] if conv.head_node_id is None else await admin.path_rows(conv.tree_id, conv.head_node_id)
+    while path and path[0].kind == "compaction" and path[0].compacted_from is not None \
+            and path[0].params.get("method") == CLEARING:
+        path = await admin.path_rows(conv.tree_id, path[0].compacted_from) + path[1:]
+    return path
+
+
 async def _path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, list[Item]]:
     conv = await admin.conversation(tenant, cid)
     if conv is None:
         raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation_id")
-    # (the plain path: what the items are made of -- no sibling counts, which a deep path pays for)
-    path = [] if conv.head_node_id is None else await admin.path_rows(conv.tree_id, conv.head_node_id)
-    return conv, [item for node in path for item in node_items(node)]
+    return conv, [item for node in await _head_path(admin, conv) for item in node_items(node)]
 
 
 # -- writing ----------------------------------------------------------------------------------------
@@ -325,7 +336,7 @@ async def conversation_item(request: Request[Any, Any, Any], call: NamedDependen
     first = items[index].node
     copies: list[dict[str, Any]] = []
     # every node from `first` to the head (one contributing no item is copied too, empty)
-    path = await admin.path_rows(conv.tree_id, conv.head_node_id)
+    path = await _head_path(admin, conv)
     start = next(i for i, n in enumerate(path) if n.id == first.id)
     for node in path[start:]:
         kept = [i for i in node_items(node) if i.listed["id"] != item_id]

@@ -174,8 +174,10 @@ BEGIN
 END
 $$;
 
--- bp_before_compaction(tree, head, node): does `node` lie before a compaction node on the head's
--- path (on the original path a compaction replaced), and not on the current path itself?
+-- bp_before_compaction(tree, head, node): does `node` lie before a summary on the head's path (on
+-- the original path a summary replaced), and not on the current path itself? A clearing of old
+-- tool results (params.method = 'clear_tool_results') is no such barrier: it compacted no question
+-- away, and the path beyond it stays editable.
 CREATE OR REPLACE FUNCTION bp_before_compaction(p_tree uuid, p_head uuid, p_node uuid)
 RETURNS boolean
 LANGUAGE plpgsql STABLE
@@ -185,13 +187,14 @@ DECLARE
     v boolean;
 BEGIN
     WITH RECURSIVE hist AS (
-        SELECT n.id, n.parent_id, n.compacted_from, 0 AS phase
+        SELECT n.id, n.parent_id, n.compacted_from, n.params ->> 'method' AS method, 0 AS phase
           FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_head
         UNION ALL
-        SELECT step.id, step.parent_id, step.compacted_from,
-               hist.phase + CASE WHEN hist.parent_id IS NULL THEN 1 ELSE 0 END
+        SELECT step.id, step.parent_id, step.compacted_from, step.method,
+               hist.phase + CASE WHEN hist.parent_id IS NULL
+                                  AND hist.method IS DISTINCT FROM 'clear_tool_results' THEN 1 ELSE 0 END
           FROM hist CROSS JOIN LATERAL (
-              SELECT n.id, n.parent_id, n.compacted_from FROM nodes n
+              SELECT n.id, n.parent_id, n.compacted_from, n.params ->> 'method' AS method FROM nodes n
                WHERE n.tree_id = p_tree AND n.id = coalesce(hist.parent_id, hist.compacted_from) LIMIT 1) step
     )
     SELECT coalesce(min(phase) > 0, false) INTO v FROM hist WHERE id = p_node;
