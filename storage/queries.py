@@ -380,6 +380,9 @@ SELECT DISTINCT r.ref
    AND r.ref = ANY($2::text[])
 """
 
+# Mark these shared items seen now (nodes still refer to them).  $1 tenant, $2 hashes
+SHARED_SEEN = "UPDATE shared_items SET seen_at = now() WHERE tenant = $1 AND hash = ANY($2::text[])"
+
 # Delete these shared items if still unseen.  $1 tenant, $2 hashes, $3 seconds
 SHARED_DELETE = """
 DELETE FROM shared_items

@@ -41,7 +41,7 @@ from .database import Database
 
 __all__ = ["FRESH", "GRACE", "REF", "SharedItems", "is_ref"]
 
-REF = "_bp_shared"  # (a client's _bp_ keys are refused: no item of theirs looks like a reference)
+REF = "_bp_shared"  # (a client's item or field that looks like a reference is shared itself: ``split``)
 FRESH = 60.0  # seconds a process counts an item as stored after it last wrote its row
 GRACE = 600.0  # an item not seen for this long, and referred to by no node, is removed
 SHARED_ROLES = frozenset({"system", "developer"})
@@ -82,22 +82,29 @@ class SharedItems:
         remembering the values it read."""
         found: dict[str, bytes] = {}
         out_sent = sent if isinstance(sent, list) else list(sent)
-        if self.min_bytes <= 0:
-            return out_sent, params, found
+        share = self.min_bytes > 0
         for i, item in enumerate(sent):
-            if isinstance(item, dict) and item.get("role") in SHARED_ROLES and not is_ref(item):
+            if not isinstance(item, dict):
+                continue
+            role = item.get("role")
+            shared_role = type(role) is str and role in SHARED_ROLES
+            # (an item that looks like a reference is stored as it is, behind a real one: a
+            # client's value is never taken for a reference, however it was sent)
+            if (share and shared_role) or is_ref(item):
                 key, encoded = _digest(item)
-                if len(encoded) >= self.min_bytes:
+                if len(encoded) >= self.min_bytes or is_ref(item):
                     if out_sent is sent:
                         out_sent = list(sent)
                     found[key] = encoded
                     self._remember(tenant, key, item, len(encoded))
-                    out_sent[i] = {REF: key, "role": item["role"]}
+                    out_sent[i] = {REF: key, "role": role} if type(role) is str else {REF: key}
         out_params = params
         for name, value in params.items():
-            if isinstance(value, (dict, list, str)) and not name.startswith("_bp_") and not is_ref(value):
+            if name.startswith("_bp_") or not isinstance(value, (dict, list, str)):
+                continue
+            if share or is_ref(value):
                 key, encoded = _digest(value)
-                if len(encoded) >= self.min_bytes:
+                if len(encoded) >= self.min_bytes or is_ref(value):
                     if out_params is params:
                         out_params = dict(params)
                     found[key] = encoded
@@ -214,6 +221,8 @@ class SharedItems:
                 by_tenant.setdefault(row["tenant"], []).append(row["hash"])
             for tenant, keys in by_tenant.items():
                 used = {row["ref"] for row in await self.db.fetch(queries.SHARED_REFERRED, tenant, keys)}
+                if used:  # (seen now: not looked at again for ``grace``, not at every sweep)
+                    await self.db.execute(queries.SHARED_SEEN, tenant, sorted(used))
                 unused = [k for k in keys if k not in used]
                 if unused:
                     status = await self.db.execute(queries.SHARED_DELETE, tenant, unused, grace)

@@ -5,7 +5,9 @@ shared, for starts and finishes, with the other calls' that reach the database a
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import typing
 import uuid
 from dataclasses import dataclass, field
@@ -16,12 +18,15 @@ import msgspec
 from . import queries
 from .batching import Batch
 from .database import _NUL, Database, _encode, _on_a_fresh_stack, _shield
+from .errors import StorageUnavailable
 from .model import Outcome, PathNode, rows
 from .pathcache import PathCache
 from .shared import SharedItems
 from .transcript import digests, system_hash
 
 __all__ = ["Begun", "CallFinish", "CallStart", "ContextMode", "ParentMode", "TreeStore"]
+
+log = logging.getLogger("branchpoint.storage")
 
 ParentMode = Literal["head", "root", "node"]
 
@@ -157,6 +162,20 @@ class TreeStore:
             start = msgspec.structs.replace(start, sent=sent, params=params)
         known = self.cache.known(tenant, conversation_id, start.parent_id if start.parent_mode == "node" else None)
         records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start), known)
+        try:
+            return await self._begun(tenant, records)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # the call has started (its pending node holds the conversation): whatever failed in
+            # reading its path, the caller must release it -- as for a start it stopped waiting for
+            if isinstance(exc, StorageUnavailable) and exc.sent:
+                raise
+            if not isinstance(exc, StorageUnavailable):
+                log.exception("a started call's path could not be read")
+            raise StorageUnavailable(f"the call's path could not be read: {type(exc).__name__}", sent=True) from exc
+
+    async def _begun(self, tenant: str, records: list[Any]) -> Begun:
         first = records[0]
         fresh = rows(PathNode, (r[8:] for r in records)) if first["node_id"] is not None else []  # (BEGIN_CALL)
         fresh = await self.shared.resolve(tenant, fresh)

@@ -150,6 +150,8 @@ def test_what_nothing_refers_to_is_swept(own, upstream, key, cid):
     own.db.fetch("UPDATE shared_items SET seen_at = now() - interval '1 hour'")  # (the grace has passed)
     assert asyncio.run(_sweep(url)) == 1  # the tools went; the prompt is still the other session's
     assert [r["item"] for r in shared_rows(own.db)] == [SYSTEM]
+    # found still referred to: marked seen, so the next sweeps do not look at it again and again
+    assert own.db.fetch("SELECT seen_at > now() - interval '1 minute' AS seen FROM shared_items")[0]["seen"]
     assert http.get(f"/admin/conversations/{keep}/path").json()["data"][0]["sent"][0] == SYSTEM
     assert http.delete(f"/admin/conversations/{keep}").status_code == 200
     own.db.fetch("UPDATE shared_items SET seen_at = now() - interval '1 hour'")
@@ -248,3 +250,69 @@ def test_a_serving_process_sweeps_and_counts_it(own, upstream, key, cid):
     assert own.in_loop(own.runtime.retention.sweep()) == 2
     assert shared_rows(own.db) == []
     assert 'branchpoint_pruned_total{what="shared_items"} 2.0' in httpx.get(f"{own.url}/metrics").text
+
+
+@pytest.mark.parametrize("share", [2048, 0])
+def test_a_clients_lookalike_reference_comes_back_as_sent(fresh_database_url, upstream_url, upstream, key, cid, share):
+    """Nothing a client sends is taken for a reference: a ``metadata`` value, a Responses item or
+    an imported node that looks like one is stored as it is (shared itself, behind a real
+    reference) -- the conversation goes on, and every read gives back exactly what was sent."""
+    forged = {"_bp_shared": "0" * 64}
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, database={"share_items_above": share})) as p:
+        db = Db(fresh_database_url)
+        client = p.openai(key)
+        _, h = say(client, cid, user("hi"), metadata=forged, store=True)
+        say(client, cid, user("again"), metadata=forged, store=True)
+        assert upstream.last.body["metadata"] == forged
+        assert p.http(key).get(f"/admin/nodes/{h['x-node-id']}").json()["params"]["metadata"] == forged
+        rcid = f"{cid}-r"
+        item = {"type": "message", "role": "user", "content": "look", "_bp_shared": "f" * 64}
+        odd = {"type": "message", "role": ["user"], "content": "a role that is a list"}
+        r = client.responses.with_raw_response.create(model="gpt-x", input=[item, odd],
+                                                      extra_headers={"X-Conversation-Id": rcid})
+        assert r.status_code == 200
+        client.responses.create(model="gpt-x", input="and on", extra_headers={"X-Conversation-Id": rcid})
+        texts = json.dumps(upstream.last.body)
+        assert "look" in texts and "and on" in texts
+        node = p.http(key).get(f"/admin/nodes/{r.headers['x-node-id']}").json()
+        assert node["sent"][0] == item and node["sent"][1] == odd
+        # an export and its import: the same conversation, readable again
+        exported = p.http(key).get(f"/admin/conversations/{rcid}/export")
+        assert exported.status_code == 200
+        copy = f"{rcid}-copy"
+        assert p.http(key).post(f"/admin/conversations/{copy}/import", content=exported.content).status_code == 201
+        path = p.http(key).get(f"/admin/conversations/{copy}/path").json()["data"]
+        assert path[0]["sent"][0] == item
+        client.responses.create(model="gpt-x", input="the copy goes on", extra_headers={"X-Conversation-Id": copy})
+        assert "look" in json.dumps(upstream.last.body)
+        # in the database: a real reference in the forged value's place, to a row holding it
+        ref = stored(db, h["x-node-id"])["params"]["metadata"]["_bp_shared"]
+        assert ref != forged["_bp_shared"]
+        assert {r["hash"]: r["item"] for r in shared_rows(db)}[ref] == forged
+
+
+def test_a_started_call_whose_path_cannot_be_read_holds_nothing(fresh_database_url, upstream_url, upstream, key, cid):
+    """A call starts (its pending node holds the conversation), then reading its path fails -- here
+    a shared item taken from under it by hand. The call fails as unavailable, nothing goes
+    upstream, and its node is released at once: the conversation is not held for a lease."""
+    from .conftest import wait_for
+
+    settings = make_settings(fresh_database_url, upstream_url)
+    db = Db(fresh_database_url)
+    with serve_proxy(settings) as p:
+        session(p, key, cid, upstream)
+    saved = db.fetch("SELECT tenant, hash, item FROM shared_items")
+    db.fetch("DELETE FROM shared_items")
+    with serve_proxy(settings) as p:  # an empty cache: the path is read and must be resolved
+        calls = len(upstream.turn_requests)
+        r = p.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
+                             json={"model": "gpt-x", "messages": [user("one more")]})
+        assert r.status_code == 503, r.text
+        assert len(upstream.turn_requests) == calls
+        wait_for(lambda: not db.fetch("SELECT 1 FROM nodes WHERE conversation_id = $1 AND outcome IS NULL", cid),
+                 what="the started call's node released")
+        for row in saved:
+            db.fetch("INSERT INTO shared_items (tenant, hash, item) VALUES ($1, $2, $3)", row["tenant"], row["hash"],
+                     row["item"])
+        say(p.openai(key), cid, user("one more"), tools=TOOLS)  # (not busy: goes on at once)
+        assert upstream.last.body["messages"][0] == SYSTEM
