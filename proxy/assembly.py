@@ -212,7 +212,7 @@ def node_items(node: PathLike, target: Target) -> tuple[list[dict[str, Any]], li
     """Rule 1 for one node: (its system/developer messages, its other items -- ``sent``, then
     ``received`` if it succeeded -- shaped for ``target``)."""
     node_system, items = split_system(node.sent)
-    if any(isinstance(m, dict) and CARRIED in m for m in items):
+    if getattr(node, "kind", None) == "compaction":  # (only a compaction node carries answers)
         items = [uncarry(m, target) for m in items]
     if node.status == "success" and node.received:
         items = items + [shape_received(m, target, node.provider) for m in node.received if isinstance(m, dict)]
@@ -234,13 +234,14 @@ def path_items(path: Iterable[PathLike], target: Target) -> tuple[list[dict[str,
 
 def carried(node: PathLike) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(system/developer messages, other items) of one node as a compaction node keeps them: its
-    ``sent`` items as they are, its answers whole (nulls dropped) and marked ``CARRIED`` with
-    their producer -- so the compaction node can still be sent to any provider, each getting
-    what it accepts back."""
+    ``sent`` items as they are, its answers as their producer would get them back (every kind of
+    reasoning kept, ``shape_received``) and marked ``CARRIED`` with it -- so the compaction node
+    can still be sent to any provider, each getting what it accepts back."""
     node_system, items = split_system(node.sent)
     if node.status == "success" and node.received:
         producer = node.provider or ""
-        items = items + [{**{k: v for k, v in m.items() if v is not None}, CARRIED: producer}
+        whole = Target(producer, accepts_reasoning=True)  # (what its producer takes back: everything)
+        items = items + [{**shape_received(m, whole, producer), CARRIED: producer}
                          for m in node.received if isinstance(m, dict)]
     return node_system, items
 

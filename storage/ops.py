@@ -11,6 +11,7 @@ import asyncpg
 from . import queries
 from .database import Database
 from .model import PathNode, Pruned, rows
+from .shared import SharedItems
 
 __all__ = ["OpsStore"]
 
@@ -21,6 +22,7 @@ _UNREACHED_NODES = "SELECT tree_id, id, tenant, conversation_id FROM bp_unreache
 class OpsStore:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self._shared = SharedItems(db, min_bytes=0)  # (reads paths whole: ``head_paths``)
 
     async def schema_version(self) -> int:
         return await self.db.fetchval(queries.SCHEMA_VERSION)
@@ -66,5 +68,5 @@ class OpsStore:
         out = []
         for head in await self.db.fetch(queries.HEADS, limit):
             path = rows(PathNode, await self.db.fetch(queries.PATH_NODES, head["tree_id"], head["head_node_id"]))
-            out.append((head["id"], path))
+            out.append((head["id"], await self._shared.resolve(head["tenant"], path)))
         return out

@@ -5,7 +5,6 @@ shared, for starts and finishes, with the other calls' that reach the database a
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import typing
@@ -18,7 +17,7 @@ import msgspec
 from . import queries
 from .batching import Batch
 from .database import _NUL, Database, _encode, _on_a_fresh_stack, _shield
-from .errors import StorageUnavailable
+from .errors import StorageError, StorageUnavailable
 from .model import Outcome, PathNode, rows
 from .pathcache import PathCache
 from .shared import SharedItems
@@ -164,16 +163,21 @@ class TreeStore:
         records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start), known)
         try:
             return await self._begun(tenant, records)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # the call has started (its pending node holds the conversation): whatever failed in
-            # reading its path, the caller must release it -- as for a start it stopped waiting for
-            if isinstance(exc, StorageUnavailable) and exc.sent:
+        except StorageUnavailable as exc:
+            # the call has started (its pending node holds the conversation): the caller releases
+            # it, as for a start it stopped waiting for
+            if exc.sent:
                 raise
-            if not isinstance(exc, StorageUnavailable):
-                log.exception("a started call's path could not be read")
-            raise StorageUnavailable(f"the call's path could not be read: {type(exc).__name__}", sent=True) from exc
+            raise StorageUnavailable(str(exc), sent=True) from exc
+        except Exception:
+            # not the database's fault (a shared item gone, a bug): released here, then reported
+            # as what it is
+            log.exception("a started call's path could not be read; its node is released")
+            try:
+                await self.abandon(start.node_id)
+            except StorageError:
+                pass  # (its lease runs out: the reaper finishes it)
+            raise
 
     async def _begun(self, tenant: str, records: list[Any]) -> Begun:
         first = records[0]

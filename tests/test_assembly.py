@@ -129,3 +129,28 @@ def test_pairing_drops_a_second_result_for_the_same_call():
 def test_a_well_paired_list_is_unchanged():
     items = [user("q"), assistant(None, tool_calls=[call("c1")]), tool("c1", "r"), assistant("a"), user("more")]
     assert pair_check(items) == (items, [])
+
+
+def test_a_compaction_node_carries_answers_whole_and_each_provider_gets_its_own_shape():
+    """``carried``: what a compaction node keeps of an answer -- normalised as any answer is (a
+    missing role is the assistant's), every kind of reasoning kept with its producer; assembly
+    shapes it for each call's provider. Only a compaction node's items are read so: an item of
+    another node that happens to hold the marker is sent as it is."""
+    from proxy.assembly import CARRIED, carried
+
+    answer = {"content": "42", "reasoning_content": "6 times 7", "thinking_blocks": [{"signature": "s"}],
+              "tool_calls": None, "audio": None}
+    _, items = carried(node([user("q")], [answer], provider="deepseek"))
+    assert items[1] == {"role": "assistant", "content": "42", "reasoning_content": "6 times 7",
+                        "thinking_blocks": [{"signature": "s"}], CARRIED: "deepseek"}
+    compaction = PathNode(id=uuid.uuid4(), parent_id=None, kind="compaction", status="success", sent=items,
+                          received=None, provider="deepseek")
+    same = assemble([compaction], [], Target("deepseek", accepts_reasoning=True)).messages
+    assert same[1] == {"role": "assistant", "content": "42", "reasoning_content": "6 times 7",
+                       "thinking_blocks": [{"signature": "s"}]}
+    other = assemble([compaction], [], Target("other", accepts_reasoning=True)).messages
+    assert other[1] == {"role": "assistant", "content": "42", "reasoning_content": "6 times 7"}
+    plain = assemble([compaction], [], T).messages
+    assert plain[1] == {"role": "assistant", "content": "42"}
+    odd = {"role": "user", "content": "r", CARRIED: "openai"}
+    assert assemble([node([odd], None, parent=False)], [], T).messages == [odd]

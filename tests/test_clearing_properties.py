@@ -175,7 +175,29 @@ def test_a_result_is_counted_once_across_plans() -> None:
     assert first.count == 4 and len(counted) == 8  # each result and its placeholder
     counted.clear()
     again = plan(path, [], keep=2, exclude=EXCLUDED, count=counting, memo=memo)
-    assert counted == [] and again.items == first.items and again.freed == first.freed
+    assert len(counted) == 4 and all(is_cleared(m) for m in counted)  # (only the short placeholders)
+    assert again.items == first.items and again.freed == first.freed
     assert again.cleared == first.cleared
     plain = plan(path, [], keep=2, exclude=EXCLUDED, count=count)
     assert plain.items == first.items and plain.freed == first.freed
+
+
+def test_two_results_of_one_node_with_the_same_call_id_keep_their_own_placeholders() -> None:
+    """A node may hold two results answering calls of the same id (a full-history first call, a
+    model that numbers its calls per turn): each is planned as itself, memo or not."""
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}
+    again = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "grep", "arguments": "{}"}}]}
+    sent = [{"role": "user", "content": "go"}, call, {"role": "tool", "tool_call_id": "c1", "content": "a" * 900},
+            again, {"role": "tool", "tool_call_id": "c1", "name": "grep", "content": "b" * 900},
+            {"role": "user", "content": "more"}]
+    node = PathNode(id=uuid.uuid4(), parent_id=None, kind="turn", status="success", sent=sent,
+                    received=[{"role": "assistant", "content": "ok"}], provider="up")
+    plain = plan([node], [], keep=0, exclude=frozenset(), count=count)
+    memo: dict[Any, Any] = {}
+    memoised = plan([node], [], keep=0, exclude=frozenset(), count=count, memo=memo)
+    assert plan([node], [], keep=0, exclude=frozenset(), count=count, memo=memo).items == plain.items
+    assert memoised.items == plain.items
+    results = [m for m in plain.items if m.get("role") == "tool"]
+    assert results[1].get("name") == "grep" and all(is_cleared(m) for m in results)

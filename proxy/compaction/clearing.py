@@ -98,11 +98,14 @@ class ToolResult:
     call_id: Any
     tool: str | None  # the name of the tool whose call it answers (None: not found)
     node: uuid.UUID  # the node on the path that holds it
+    position: int = 0  # its place among that node's items
 
 
-def tool_results(items: Sequence[dict[str, Any]], origins: Sequence[uuid.UUID]) -> list[ToolResult]:
-    """The tool results among ``items`` (``origins[i]``: the node item ``i`` came from), oldest
-    first, each with the name of the tool its call named."""
+def tool_results(items: Sequence[dict[str, Any]], origins: Sequence[uuid.UUID],
+                 positions: Sequence[int] | None = None) -> list[ToolResult]:
+    """The tool results among ``items`` (``origins[i]``: the node item ``i`` came from,
+    ``positions[i]``: its place there), oldest first, each with the name of the tool its call
+    named."""
     names: dict[Any, str] = {}
     out: list[ToolResult] = []
     for i, item in enumerate(items):
@@ -116,7 +119,8 @@ def tool_results(items: Sequence[dict[str, Any]], origins: Sequence[uuid.UUID]) 
                         names[key] = name
         elif role == "tool":
             key = item.get("tool_call_id")
-            out.append(ToolResult(i, key, names.get(key) if isinstance(key, str | int) else None, origins[i]))
+            out.append(ToolResult(i, key, names.get(key) if isinstance(key, str | int) else None, origins[i],
+                                  positions[i] if positions is not None else 0))
     return out
 
 
@@ -135,26 +139,28 @@ class Plan:
         return len(self.cleared)
 
 
-def path_with_origins(path: Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[uuid.UUID]]:
-    """(system messages, items, the node each item came from) of a path, as a compaction node
-    keeps them (``assembly.carried``: answers whole, reasoning included, shaped for each later
-    call's provider when sent -- a tool loop on a provider that wants its signed reasoning back
-    goes on after a clearing)."""
+def path_with_origins(path: Sequence[Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[uuid.UUID], list[int]]:
+    """(system messages, items, the node each item came from, its place among that node's items)
+    of a path, as a compaction node keeps them (``assembly.carried``: answers whole, reasoning
+    included, shaped for each later call's provider when sent -- a tool loop on a provider that
+    wants its signed reasoning back goes on after a clearing)."""
     system: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
     origins: list[uuid.UUID] = []
+    positions: list[int] = []
     for node in path:
         node_system, node_items = carried(node)
         if node_system:
             system = node_system
         items.extend(node_items)
         origins.extend([node.id] * len(node_items))
-    return system, items, origins
+        positions.extend(range(len(node_items)))
+    return system, items, origins, positions
 
 
-# (tokens of a result, its placeholder message, what replacing it frees) by (node, call id, size): a
-# finished node never changes, so a result is counted once however many calls plan a clearing
-Memo = MutableMapping[tuple[uuid.UUID, str, int], tuple[int, dict[str, Any], int]]
+# a result's tokens by (its node, its place there, its size): a finished node never changes, so a
+# result is tokenised once however many calls plan a clearing (its short placeholder is counted anew)
+Memo = MutableMapping[tuple[uuid.UUID, int, int], int]
 MEMO_ENTRIES = 100_000
 
 
@@ -165,8 +171,8 @@ def plan(path: Sequence[PathLike], new_items: Sequence[dict[str, Any]], *, keep:
     in ``exclude`` and those already cleared, replaced by a placeholder. ``count``: a message's
     tokens. ``everything``: ``keep`` counts the path only (an admin's clearing, no call).
     ``memo``: what earlier plans counted (``Memo``), read and filled."""
-    system, items, origins = path_with_origins(path)
-    results = tool_results(items, origins)
+    system, items, origins, positions = path_with_origins(path)
+    results = tool_results(items, origins, positions)
     newer = 0 if everything else sum(1 for i in new_items if _role(i) == "tool")
     keep_in_path = max(0, keep - newer)
     clearable = results[:max(0, len(results) - keep_in_path)]
@@ -176,19 +182,17 @@ def plan(path: Sequence[PathLike], new_items: Sequence[dict[str, Any]], *, keep:
         if is_cleared(message) or (result.tool is not None and result.tool in exclude):
             continue
         chars = _chars(message.get("content"))
-        key = (result.node, result.call_id, chars) if memo is not None and type(result.call_id) is str else None
-        known = memo.get(key) if key is not None else None  # type: ignore[union-attr]
-        if known is not None:
-            _, after_message, freed = known
-        else:
+        key = (result.node, result.position, chars)
+        before = memo.get(key) if memo is not None else None
+        if before is None:
             before = count(message)
-            text = placeholder(result.tool, chars, max(0, before - 3), result.node)  # (3: a message's framing)
-            after_message = cleared_result(message, text)
-            freed = before - count(after_message)
-            if key is not None:
-                if len(memo) >= MEMO_ENTRIES:  # type: ignore[arg-type]
-                    memo.clear()  # type: ignore[union-attr]
-                memo[key] = (before, after_message, freed)  # type: ignore[index]
+            if memo is not None:
+                if len(memo) >= MEMO_ENTRIES:
+                    memo.clear()
+                memo[key] = before
+        text = placeholder(result.tool, chars, max(0, before - 3), result.node)  # (3: a message's framing)
+        after_message = cleared_result(message, text)
+        freed = before - count(after_message)
         if freed <= 0:  # a result shorter than its placeholder stays as it is
             continue
         out.items[result.index] = after_message

@@ -187,14 +187,14 @@ DECLARE
     v boolean;
 BEGIN
     WITH RECURSIVE hist AS (
-        SELECT n.id, n.parent_id, n.compacted_from, n.params ->> 'method' AS method, 0 AS phase
+        SELECT n.id, n.parent_id, n.compacted_from, CASE WHEN n.kind = 'compaction' THEN n.params ->> 'method' END AS method, 0 AS phase
           FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_head
         UNION ALL
         SELECT step.id, step.parent_id, step.compacted_from, step.method,
                hist.phase + CASE WHEN hist.parent_id IS NULL
                                   AND hist.method IS DISTINCT FROM 'clear_tool_results' THEN 1 ELSE 0 END
           FROM hist CROSS JOIN LATERAL (
-              SELECT n.id, n.parent_id, n.compacted_from, n.params ->> 'method' AS method FROM nodes n
+              SELECT n.id, n.parent_id, n.compacted_from, CASE WHEN n.kind = 'compaction' THEN n.params ->> 'method' END AS method FROM nodes n
                WHERE n.tree_id = p_tree AND n.id = coalesce(hist.parent_id, hist.compacted_from) LIMIT 1) step
     )
     SELECT coalesce(min(phase) > 0, false) INTO v FROM hist WHERE id = p_node;
