@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Reading big trees: the admin path and tree of a conversation with 1,000 nodes on one branch,
 and of one with 1,000 nodes in 50 branches; plus a chat call whose context is that 1,000-node
-path, and the proxy's and PostgreSQL's CPU per call on it against a 20-node path.
+path, and the proxy's and PostgreSQL's CPU per call on it against a 20-node path; a full-history
+call matched on a 100-node path (the client resends its 200 messages) and on the 1,000-node one
+(2,000 messages); ``/auto/v1`` discovery of a 20-node conversation by its content; a retention
+pass deleting 10 idle conversations of 100 nodes; the proxy's RSS before and after.
 
     uv run python bench/tree_reads.py [--nodes 1000] [--branches 50] [--reads 50] [--fill 10000000]
 
 ``--fill N`` first loads N other nodes (lines of 100 in N/100 conversations of another tenant)
-with COPY, so the measured conversations live in a big table.
+with COPY, so the measured conversations live in a big table: compare a run with ``--fill
+10000`` against one with ``--fill 10000000``.
 
 Trees are built through the chat API against the fast fake upstream (about 5 s per 1,000 calls).
 Latency is measured sequentially from this process (one request at a time), so it is the time
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -43,6 +48,13 @@ from _harness import (
 FILL_LINE = 100  # nodes per filler conversation
 
 
+def proc_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
 def _fill_rows(count: int):
     """Filler nodes and conversations: finished turns, lines of FILL_LINE, in tree order (so the
     load appends to most indexes, as live traffic does); ids time-ordered like uuid7."""
@@ -54,8 +66,8 @@ def _fill_rows(count: int):
     base = (int(time.time() * 1000) - 86_400_000) << 80 | 0x7 << 76 | 0b10 << 62
     node_rows, conv_rows = [], []
     for k in range(count // FILL_LINE):
-        tree = uuid.UUID(int=(k + 1) << 64 | 0x4000 << 48 | 0x8000 << 32)
         cid, parent = f"fill-{k}", None
+        tree = uuid.UUID(hashlib.md5(f"4:fill{cid}".encode()).hexdigest())  # (bp_tree_of: where its name leads)
         for depth in range(FILL_LINE):
             n = k * FILL_LINE + depth
             node = uuid.UUID(int=base | (n // 4096) << 80 | (n % 4096) << 64 | n)
@@ -102,6 +114,73 @@ def fill(data_dir: Path, count: int) -> None:
             await conn.close()
 
     asyncio.run(load())
+
+
+def history(http: httpx.Client, cid: str) -> list[dict]:
+    """The messages a client that resends its history holds for ``cid``'s head path."""
+    out: list[dict] = []
+    for node in http.get(f"/admin/conversations/{cid}/path").json()["data"]:
+        out.extend(m for m in node["sent"] if m.get("role") != "system")
+        out.extend({"role": m["role"], "content": m.get("content")} for m in node.get("received") or ())
+    return out
+
+
+def full_history_call(http: httpx.Client, cid: str, reads: int) -> dict:
+    """A side call resending ``cid``'s whole history (full-history mode): matched on its head,
+    which it does not move."""
+    body = {"model": MODEL, "messages": [*history(http, cid), {"role": "user", "content": "and so?"}]}
+    headers = {"X-Conversation-Id": cid, "X-Context-Mode": "full", "X-Node-Kind": "transform"}
+    r = http.post("/v1/chat/completions", headers=headers, json=body)
+    r.raise_for_status()
+    assert r.headers.get("x-context-matched") == str(len(body["messages"]) - 1), r.headers
+    return {"messages": len(body["messages"]),
+            **timed(http, "POST", "/v1/chat/completions", reads, headers=headers, json=body)}
+
+
+def auto_discovery(http: httpx.Client, cid: str, reads: int) -> dict:
+    """``/auto/v1``: the conversation found by what the client resends (a side call: nothing moves)."""
+    body = {"model": MODEL, "messages": [*history(http, cid), {"role": "user", "content": "and so?"}]}
+    headers = {"X-Node-Kind": "transform"}
+    r = http.post("/auto/v1/chat/completions", headers=headers, json=body)
+    r.raise_for_status()
+    assert r.headers.get("x-conversation-id") == cid, r.headers
+    return {"messages": len(body["messages"]),
+            **timed(http, "POST", "/auto/v1/chat/completions", reads, headers=headers, json=body)}
+
+
+def retention_pass(data_dir: Path, conversations: int = 10) -> dict:
+    """A retention pass (``proxy.retention.prune``, as the serving process runs it) that finds
+    ``conversations`` filler conversations of 100 nodes idle and deletes them; the rest of the
+    table is recent."""
+    import asyncio
+
+    import asyncpg
+
+    from proxy.retention import prune
+    from storage import open_database
+    from storage.ops import OpsStore
+
+    async def go() -> dict:
+        conn = await asyncpg.connect(postgres_dsn(data_dir))
+        try:
+            idle = [f"fill-{k}" for k in range(conversations)]
+            await conn.execute("UPDATE conversations SET updated_at = now() - interval '400 days' WHERE tenant = 'fill' "
+                               "AND id = ANY($1::text[])", idle)
+            await conn.execute("UPDATE nodes n SET created_at = now() - interval '400 days', "
+                               "finished_at = now() - interval '400 days' FROM conversations c "
+                               "WHERE c.tenant = 'fill' AND c.id = ANY($1::text[]) AND n.tree_id = c.tree_id", idle)
+        finally:
+            await conn.close()
+        db = await open_database(postgres_dsn(data_dir))
+        try:
+            t0 = time.perf_counter()
+            done = await prune(OpsStore(db), 365, 100)
+            ms = (time.perf_counter() - t0) * 1000
+        finally:
+            await db.close()
+        return {"ms": round(ms, 1), "conversations": done.conversations, "nodes_deleted": done.deleted}
+
+    return asyncio.run(go())
 
 
 def turn(http: httpx.Client, cid: str, text: str, parent: str | None = None) -> str:
@@ -182,6 +261,7 @@ def main() -> None:
         _, proxy, px = start_stack(procs, work, up_port=args.up_port, port=args.port, bench=shared_bench())
         if args.fill:
             fill(work / "data", args.fill)
+        rss_before = proc_rss_mb(px.pid)
         with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
             t0 = time.time()
             build_line(http, "line", args.nodes)
@@ -203,10 +283,22 @@ def main() -> None:
                                                json={"model": MODEL, "messages": [{"role": "user", "content": "summarise"}]}),
                 }
             build_line(http, "short", 20)
+            build_line(http, "hundred", 100)
             results["cpu_per_call"] = cpu_per_call(http, px.pid, work / "data", ("short", "line"), args.reads)
             log(f"CPU per call: {results['cpu_per_call']}")
+            results["full_history_call"] = {cid: full_history_call(http, cid, args.reads) for cid in ("hundred", "line")}
+            log(f"full-history calls: {results['full_history_call']}")
+            for i in range(20):  # (words of its own: the other conversations begin alike)
+                turn(http, "found", f"found {i}: where did the quarterly figures come from")
+            results["auto_discovery"] = auto_discovery(http, "found", args.reads)
+            log(f"/auto/v1 discovery: {results['auto_discovery']}")
+            if args.fill >= 10 * FILL_LINE:
+                results["retention_pass"] = retention_pass(work / "data")
+                log(f"retention pass: {results['retention_pass']}")
+            results["proxy_rss_mb"] = {"before": rss_before, "after": proc_rss_mb(px.pid)}
     finally:
         procs.stop()
+        shutil.rmtree(work, ignore_errors=True)  # (a 10-million-node database is ~20 GB)
     print(json.dumps(results, indent=2))
     write_result(results, suffix="fill" if args.fill else "", out=args.out)
 
