@@ -182,3 +182,32 @@ def test_a_clearing_is_no_compaction_item_in_a_responses_answer(apis, upstream, 
     response = raw.parse()
     assert [item.type for item in response.output] == ["message"] and response.output_text == "done 6"
     assert raw.headers["x-parent-node-id"] == str(nodes[0]["id"])
+
+
+def test_truncation_auto_summarises_what_a_clearing_left_too_long(apis, upstream, key, cid):
+    """A Responses call with ``truncation: "auto"``, cleared before it is sent, still overflows the
+    upstream's context: the cleared path is summarised and the call tried once more -- the answer
+    then begins with that summary's compaction item."""
+    from tests.test_conversations_compaction import OVERFLOW
+
+    client = apis.openai(key)
+    headers = {"X-Conversation-Id": cid}
+    for i in range(7):
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+        big = {"input_tokens": 1600, "output_tokens": 10, "total_tokens": 1610} if i == 6 else None
+        upstream.enqueue(Reply(content=None, tool_calls=[call], usage=big))
+        client.responses.create(model="native-tiny", input=f"task {i}", extra_headers=headers)
+        if i == 6:  # the overflow, then the summariser's answer (it asks the same upstream), then the retry's
+            upstream.enqueue(Reply(kind="error", status=400, error=OVERFLOW), Reply(content="Facts so far: six tasks."))
+        upstream.enqueue(Reply(content=f"done {i}"))
+        raw = client.responses.with_raw_response.create(
+            model="native-tiny", extra_headers=headers, truncation="auto",
+            input=[{"type": "function_call_output", "call_id": f"call_{i}", "output": output(i, 600)}])
+    response = raw.parse()
+    assert len(clearing_nodes(apis.db, cid)) == 1
+    assert [item.type for item in response.output] == ["compaction", "message"] and response.output_text == "done 6"
+    assert "Facts so far: six tasks." in json.dumps(upstream.responses_requests[-1].body["input"])
+    summary = apis.db.fetch("SELECT id, compacted_from FROM nodes WHERE conversation_id = $1 AND kind = 'compaction' "
+                            "AND params ->> 'method' = 'summary'", cid)
+    assert len(summary) == 1 and summary[0]["compacted_from"] == clearing_nodes(apis.db, cid)[0]["id"]
+    assert raw.headers["x-parent-node-id"] == str(summary[0]["id"])
