@@ -41,10 +41,13 @@ stop() {
 trap stop EXIT
 
 bash "$shared/citus/cluster.sh" start "$work/cluster" "$port" 2 >/dev/null
-# every Citus database runs a maintenance daemon (a background worker): room for the test run's
-# databases, then a restart to take it
+# every Citus database runs a maintenance daemon (a background worker) on each node, and these
+# keep connections to the other nodes (about three per database on a worker, in pg_stat_activity
+# as citus_internal): room for the test run's databases (one per test, never dropped), then a
+# restart to take it
 for p in "$port" $((port + 1)) $((port + 2)); do
-    psql -qAt -h 127.0.0.1 -p "$p" -U postgres -c "ALTER SYSTEM SET max_worker_processes = 256" >/dev/null
+    psql -qAt -h 127.0.0.1 -p "$p" -U postgres -c "ALTER SYSTEM SET max_worker_processes = 256" \
+         -c "ALTER SYSTEM SET max_connections = 600" >/dev/null
 done
 bash "$shared/citus/cluster.sh" stop "$work/cluster"
 url="$(bash "$shared/citus/cluster.sh" start "$work/cluster" "$port" 2 | tail -1)"
@@ -67,11 +70,13 @@ BRANCHPOINT_DATABASE_URL="$app" uv run --frozen branchpoint distribute  # idempo
 
 # the end-to-end flows (turns, tools, failures, streams, branches, admin moves, compaction,
 # tenancy, full history, the Responses, Messages and Conversations APIs, sessions, export and
-# import, deletes, the safety net) and the Citus tests themselves. The other files stay on the
-# embedded PostgreSQL: their own setup SQL is not what Citus runs (docs/scaling.md, not yet done).
+# import, deletes, the safety net, shared items, context editing) and the Citus tests themselves.
+# The other files stay on the embedded PostgreSQL: their own setup SQL is not what Citus runs
+# (docs/scaling.md, not yet done).
 BRANCHPOINT_TEST_DATABASE_URL="$url" uv run --frozen pytest -p no:cacheprovider \
     tests/test_citus.py tests/test_chat.py tests/test_failures.py tests/test_streaming.py \
     tests/test_branching.py tests/test_admin.py tests/test_compaction.py tests/test_tenancy.py \
     tests/test_full_history.py tests/test_responses.py tests/test_messages.py tests/test_conversations.py \
     tests/test_session_headers.py tests/test_transfer.py tests/test_deletes_and_imports.py \
-    tests/test_safety_net.py tests/test_whitespace_matching.py "$@"
+    tests/test_safety_net.py tests/test_whitespace_matching.py tests/test_shared_items.py \
+    tests/test_context_editing.py tests/test_context_editing_apis.py "$@"

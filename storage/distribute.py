@@ -5,6 +5,8 @@ Citus coordinator:
 
 1. the three tables distributed by ``tree_id`` and co-located: ``nodes`` first, then
    ``conversations`` and ``conversation_aliases`` with it -- every row of a tree on one shard;
+   and ``shared_items`` (storage/shared.py) by ``tenant``, in a group of its own -- a tenant's
+   items on one shard, each statement a call makes on them one of that shard's;
 2. the server-side functions applied again (``storage/functions/*.sql``): now that the tables are
    distributed, Citus creates the functions that read their row types on every node too;
 3. every function of ours made a distributed object (created on every node, kept in step by
@@ -29,10 +31,13 @@ import asyncpg
 
 from .migrate import _functions_sql, applied_versions, latest_version
 
-__all__ = ["DELEGATED", "TABLES", "Distribution", "NotDistributable", "distribute", "is_distributed"]
+__all__ = ["BY_TENANT", "DELEGATED", "TABLES", "Distribution", "NotDistributable", "distribute", "is_distributed"]
 
 # the tables, in the order they are distributed (the first is the co-location group's anchor)
 TABLES = ("nodes", "conversations", "conversation_aliases")
+
+# the tables distributed by tenant: the shared items a call stores and reads (one tenant each)
+BY_TENANT = ("shared_items",)
 
 # the functions run where their tree lives: (signature, the argument naming the tree)
 DELEGATED = (
@@ -139,6 +144,17 @@ async def distribute(conn: asyncpg.Connection) -> Distribution:
         elif row["colocationid"] != group:
             raise NotDistributable(f"table {table} is not co-located with {anchor}: co-locate it "
                                    f"(update_distributed_table_colocation) first")
+
+    for table in BY_TENANT:
+        row = await conn.fetchrow(_TABLE_DISTRIBUTION, table)
+        if row is None:
+            # a group of its own: a tenant's items, not a tree's (docs/scaling.md)
+            await conn.execute("SELECT create_distributed_table($1, 'tenant', colocate_with => 'none')", table)
+            result.tables.append(table)
+            row = await conn.fetchrow(_TABLE_DISTRIBUTION, table)
+        if row["column"] != "tenant":
+            raise NotDistributable(f"table {table} is distributed by {row['column']}, not tenant: redistribute it "
+                                   "by tenant (alter_distributed_table) first")
 
     if result.tables:
         # the functions that read the tables' row types are created on the workers now

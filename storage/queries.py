@@ -352,10 +352,12 @@ HEADS = "SELECT tenant, id, tree_id, head_node_id FROM conversations WHERE head_
 # ---- shared items (storage/shared.py, migration 0023) ------------------------------------------
 
 # Store shared values, or mark them seen when they are there.  $1 tenant, $2 {hash: value} (jsonb)
+# (seen_at from EXCLUDED, not now() in DO UPDATE: Citus takes only immutable functions there --
+# docs/scaling.md#past-one-postgresql)
 SHARED_STORE = """
-INSERT INTO shared_items (tenant, hash, item)
-SELECT $1, v.key, v.value FROM jsonb_each($2::jsonb) AS v
-ON CONFLICT (tenant, hash) DO UPDATE SET seen_at = now()
+INSERT INTO shared_items (tenant, hash, item, seen_at)
+SELECT $1, v.key, v.value, now() FROM jsonb_each($2::jsonb) AS v
+ON CONFLICT (tenant, hash) DO UPDATE SET seen_at = EXCLUDED.seen_at
 """
 
 # The values of these hashes.  $1 tenant, $2 hashes

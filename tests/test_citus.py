@@ -134,13 +134,20 @@ def test_distribute_colocates_by_tree_and_is_idempotent(cluster, pg_server_url, 
     first = CliRunner().invoke(cli, ["distribute"])
     assert first.exit_code == 0, first.output
     assert "distributed by tree_id, co-located: nodes, conversations, conversation_aliases" in first.output
+    assert "distributed by tenant: shared_items" in first.output
     assert run(distributed()) is True
 
-    tables = fetch(url, "SELECT logicalrelid::text AS t, column_to_column_name(logicalrelid, partkey) AS col, "
-                        "colocationid FROM pg_dist_partition ORDER BY 1")
-    assert {r["t"]: r["col"] for r in tables} == {"nodes": "tree_id", "conversations": "tree_id",
-                                                  "conversation_aliases": "tree_id"}
+    every = fetch(url, "SELECT logicalrelid::text AS t, column_to_column_name(logicalrelid, partkey) AS col, "
+                       "colocationid FROM pg_dist_partition ORDER BY 1")
+    assert {r["t"]: r["col"] for r in every} == {"nodes": "tree_id", "conversations": "tree_id",
+                                                 "conversation_aliases": "tree_id", "shared_items": "tenant"}
+    tables = [r for r in every if r["t"] != "shared_items"]
     assert len({r["colocationid"] for r in tables}) == 1
+    # the shared items: a group of their own (a tenant's, not a tree's), spread over the workers too
+    assert {r["colocationid"] for r in every if r["t"] == "shared_items"}.isdisjoint({tables[0]["colocationid"]})
+    spread = fetch(url, "SELECT count(DISTINCT nodename || ':' || nodeport) FROM citus_shards "
+                        "WHERE table_name = 'shared_items'::regclass")
+    assert spread[0][0] == len(cluster.workers)
     shards = fetch(url, "SELECT count(DISTINCT nodename || ':' || nodeport) FROM citus_shards WHERE table_name = 'nodes'::regclass")
     assert shards[0][0] == len(cluster.workers)  # the shards spread over every worker
 
@@ -269,6 +276,92 @@ def test_every_statement_of_a_hot_operation_is_a_router_statement(cluster, route
     fetch(url, "UPDATE nodes SET outcome = NULL, lease_until = now() - interval '1 min', finished_at = NULL, "
                "received = NULL WHERE tree_id = $1 AND id = $2", tree, node)
     assert fetch(url, "SELECT bp_reap(p_tree => $1, p_node => $2)", tree, node)[0][0] is True
+
+
+def test_a_schema_distributed_before_the_shared_items_gets_them_distributed(cluster, pg_server_url, monkeypatch):
+    """An upgrade: a schema distributed before ``shared_items`` existed (that table still local
+    to the coordinator) -- a second ``branchpoint distribute`` distributes it by tenant, keeping
+    its rows, and a third changes nothing."""
+    from storage import migrate
+
+    url = new_database(pg_server_url)
+    run(migrate(url))
+    fetch(url, "INSERT INTO shared_items (tenant, hash, item) VALUES ('t-up', 'h1', '{\"a\": 1}'), "
+               "('t-up', 'h2', '[2]'), ('t-other', 'h1', '\"three\"')")
+
+    async def spread(before: Any = None) -> Any:
+        conn = await asyncpg.connect(url)
+        try:
+            if before is not None:
+                await before(conn)
+            return await distribute(conn)
+        finally:
+            await conn.close()
+
+    async def without_shared_items(conn: asyncpg.Connection) -> None:
+        # what the earlier `distribute` did: the three tree tables only
+        await conn.execute("SELECT create_distributed_table('nodes', 'tree_id')")
+        await conn.execute("SELECT create_distributed_table('conversations', 'tree_id', colocate_with => 'nodes')")
+        await conn.execute("SELECT create_distributed_table('conversation_aliases', 'tree_id', "
+                           "colocate_with => 'nodes')")
+
+    first = run(spread(without_shared_items))
+    assert first.tables == ["shared_items"]
+    assert fetch(url, "SELECT column_to_column_name(logicalrelid, partkey) FROM pg_dist_partition "
+                      "WHERE logicalrelid = 'shared_items'::regclass")[0][0] == "tenant"
+    assert sorted(tuple(r) for r in fetch(url, "SELECT tenant, hash FROM shared_items")) == [
+        ("t-other", "h1"), ("t-up", "h1"), ("t-up", "h2")]
+    assert not run(spread()).changed
+
+
+def test_a_large_system_prompt_and_tools_are_router_statements_end_to_end(cluster, router_only, upstream_url,
+                                                                          upstream, key, cid):
+    """A call whose system prompt and tools are shared (at least ``[database] share_items_above``
+    bytes: stored once per tenant, storage/shared.py) on a database refusing any statement of more
+    than one task: storing the items (and marking them seen again, from a second process), reading
+    them back for a path, deleting them -- each a statement on the tenant's one shard. The sweep's
+    scans (the candidates, the nodes still referring to them) read every shard: refused here, run
+    by the background sweep (docs/scaling.md)."""
+    from storage import queries
+
+    from .helpers import say, system, tool_call, user
+    from .fakes import Reply
+
+    prompt = system("You are a careful agent. " + " ".join(f"Rule {i}: keep it green." for i in range(150)))
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 30,
+                                               "parameters": {"type": "object"}}} for i in range(8)]
+    assert len(json.dumps(prompt)) >= 2048 and len(json.dumps(tools)) >= 2048
+    url = router_only
+    settings = make_settings(url, upstream_url, server={"reaper_interval_seconds": 3600})  # no sweep (a fan-out)
+    with serve_proxy(settings) as p:
+        tenant = p.runtime.auth(f"Bearer {key}").tenant
+        upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_1", "tool_0", "{}")]))
+        _, first = say(p.openai(key), cid, prompt, user("fix the bug"), tools=tools)
+        say(p.openai(key), cid, {"role": "tool", "tool_call_id": "call_1", "content": "done"}, tools=tools)
+        say(p.openai(key), f"{cid}-2", prompt, user("another session"), tools=tools)
+    stored = fetch(url, "SELECT hash FROM shared_items WHERE tenant = $1", tenant)
+    assert len(stored) == 2  # the prompt and the tools, once each
+    node = fetch(url, "SELECT sent, params FROM nodes WHERE tree_id = $1 AND id = $2",
+                 _tree_of(url, tenant, cid), uuid.UUID(first["x-node-id"]))[0]
+    assert "_bp_shared" in json.loads(node["sent"])[0] and "_bp_shared" in json.loads(node["params"])["tools"]
+
+    # a second process (nothing cached): it stores the items again (seen, the rows there) and reads
+    # them back for the conversation's path; the upstream gets them whole
+    upstream.reset()
+    with serve_proxy(settings) as p:
+        say(p.openai(key), cid, user("and the docs"), tools=tools)
+        shown = p.http(key).get(f"/admin/conversations/{cid}/path").json()["data"]
+    assert upstream.chat_requests[-1].body["messages"][0] == prompt
+    assert upstream.chat_requests[-1].body["tools"] == tools
+    assert shown[0]["sent"][0] == prompt and all(n["params"]["tools"] == tools for n in shown)
+
+    hashes = [r["hash"] for r in stored]
+    assert fetch(url, queries.SHARED_LOAD, tenant, hashes)  # (as the second process read them)
+    fetch(url, queries.SHARED_DELETE, tenant, hashes, 600.0)  # the sweep's delete: one tenant, one shard
+    assert len(fetch(url, "SELECT hash FROM shared_items WHERE tenant = $1", tenant)) == 2  # (seen: kept)
+    for sql, args in ((queries.SHARED_CANDIDATES, (600.0, "", "", 100)), (queries.SHARED_REFERRED, (tenant, hashes))):
+        with pytest.raises(asyncpg.PostgresError, match="multi-task query about to be executed"):
+            fetch(url, sql, *args)
 
 
 def _plan(url: str, sql: str, *args: Any) -> dict:

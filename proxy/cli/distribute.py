@@ -15,7 +15,7 @@ __all__ = ["distribute"]
 def distribute(config_file: str | None) -> None:
     """Distribute the tables by tree and place the call functions with their trees (Citus; after
     `branchpoint migrate`, on the coordinator). Idempotent; changes nothing without Citus."""
-    from storage.distribute import NotDistributable
+    from storage.distribute import BY_TENANT, NotDistributable
     from storage.distribute import distribute as run_distribution
 
     settings = settings_of(config_file)
@@ -32,8 +32,12 @@ def distribute(config_file: str | None) -> None:
     if not done.changed:
         out.print(f"already distributed by tree on {done.workers} worker(s); nothing changed")
         return
-    if done.tables:
-        out.print(f"distributed by tree_id, co-located: {', '.join(done.tables)}")
+    by_tree = [t for t in done.tables if t not in BY_TENANT]
+    by_tenant = [t for t in done.tables if t in BY_TENANT]
+    if by_tree:
+        out.print(f"distributed by tree_id, co-located: {', '.join(by_tree)}")
+    if by_tenant:
+        out.print(f"distributed by tenant: {', '.join(by_tenant)}")
     if done.delegated:
         out.print(f"run where their tree lives: {', '.join(done.delegated)}")
     if done.propagated:
