@@ -324,8 +324,8 @@ def test_a_large_system_prompt_and_tools_are_router_statements_end_to_end(cluste
     by the background sweep (docs/scaling.md)."""
     from storage import queries
 
-    from .helpers import say, system, tool_call, user
     from .fakes import Reply
+    from .helpers import say, system, tool_call, user
 
     prompt = system("You are a careful agent. " + " ".join(f"Rule {i}: keep it green." for i in range(150)))
     tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing " * 30,
