@@ -7,6 +7,9 @@ functions in ``functions/*.sql`` (in the order ``functions.sql`` lists them), ca
 arguments, so their parameter lists are documented there only.
 """
 
+import uuid
+from collections.abc import Iterable
+
 from .model import ConversationRow, NodeRow, TreeRow, columns
 
 # ---- the call path ----------------------------------------------------------------------------
@@ -17,12 +20,19 @@ from .model import ConversationRow, NodeRow, TreeRow, columns
 # The path node's fields as columns of their own (storage.model.PathNode's order), not the composite
 # bp_path_node: a composite column makes asyncpg introspect its type on every new connection --
 # seconds each on a Citus coordinator under load, where it collapsed throughput (docs/scaling.md).
+# For the same reason $2 is sent as text ('{id,...}': ``uuid_array``) and cast here: asyncpg has no
+# built-in codec for uuid[] and would introspect it on every new connection too.
 BEGIN_CALL = """
 SELECT call_node, conversation_id, tree_id, parent_id, mode, matched, start, with_system,
        (node).id AS node_id, (node).parent_id AS node_parent_id, (node).kind, (node).status, (node).sent,
        (node).received, (node).provider, (node).model, (node).usage, (node).compacted_from, (node).api
-  FROM bp_begin_call(p_start => $1, p_known => $2)
+  FROM bp_begin_call(p_start => $1, p_known => $2::text::uuid[])
 """
+
+
+def uuid_array(ids: Iterable[uuid.UUID]) -> str:
+    """Node ids as a PostgreSQL array literal, sent as text and cast in SQL (``BEGIN_CALL``)."""
+    return "{" + ",".join(str(i) for i in ids) + "}"
 
 # Store a call's outcome, release the lease, move the head by the head rule.
 # $1 tree, $2 node, $3 how it ended (storage.tree.CallFinish, jsonb); the first column: as in BEGIN_CALL.

@@ -160,7 +160,8 @@ class TreeStore:
         if sent is not start.sent or params is not start.params:
             start = msgspec.structs.replace(start, sent=sent, params=params)
         known = self.cache.known(tenant, conversation_id, start.parent_id if start.parent_mode == "node" else None)
-        records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start), known)
+        records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start),
+                                           queries.uuid_array(known))
         try:
             return await self._begun(tenant, records)
         except StorageUnavailable as exc:

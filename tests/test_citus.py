@@ -3,8 +3,9 @@ single-shard property on Citus itself.
 
 The Citus tests run when ``BRANCHPOINT_TEST_DATABASE_URL`` is a Citus coordinator with workers
 (tests/citus_cluster.py; .ci/citus.sh builds and starts one); elsewhere they are skipped, saying so.
-Two tests run everywhere: ``branchpoint distribute`` on a database without Citus changes nothing,
-and a plain database is not taken for a distributed one (batching stays on).
+Three tests run everywhere: ``branchpoint distribute`` on a database without Citus changes nothing,
+a plain database is not taken for a distributed one (batching stays on), and a call makes asyncpg
+introspect no type on a new connection.
 
 The single-shard property is checked two ways, on a database of the test's own:
 
@@ -107,6 +108,42 @@ def test_distribute_without_citus_changes_nothing(pg_server_url, monkeypatch):
             await db.close()
 
     assert run(opened()) is False
+
+
+def test_a_call_introspects_no_type_on_a_new_connection(fresh_database_url, upstream_url, key, cid, monkeypatch):
+    """asyncpg asks the server about every type it has no codec for, once per connection -- a
+    catalog query that on a loaded Citus coordinator took seconds (docs/scaling.md). A process's
+    calls send and read none: turns (the second sends the path cache's known nodes), a stream, a
+    side call, an edit, full history in a named conversation, on the connections of a new pool.
+    On one PostgreSQL and on the cluster alike."""
+    introspected: list[list[int]] = []
+    original = asyncpg.connection.Connection._introspect_types
+
+    async def spy(self: Any, typeoids: Any, timeout: Any) -> Any:
+        introspected.append(sorted(typeoids))
+        return await original(self, typeoids, timeout)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "_introspect_types", spy)
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        client = p.openai(key)
+        first = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "one"}], extra_headers={"X-Conversation-Id": cid})
+        for text in ("two", "three"):
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
+                                           extra_headers={"X-Conversation-Id": cid})
+        assert p.runtime.tree.cache.known(p.runtime.auth(f"Bearer {key}").tenant, cid, None)  # (sent as known)
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "four"}],
+                                                stream=True, extra_headers={"X-Conversation-Id": cid})
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        for headers in ({"X-Node-Kind": "transform"}, {"X-Parent-Node-Id": first.headers["x-node-id"]}):
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "five"}],
+                                           extra_headers={"X-Conversation-Id": cid, **headers})
+        history = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "echo: one"},
+                   {"role": "user", "content": "again"}]
+        r = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=history, extra_headers={"X-Conversation-Id": cid, "X-Context-Mode": "full"})
+        assert r.headers["x-context-matched"] == "2"
+    assert introspected == []
 
 
 # ---- on a Citus cluster -------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def _begin_args(cid, text, known):
     return (_jsonb(CallStart(tenant="t_walk", conversation_id=cid, node_id=uuid7(), new_tree_id=uuid.uuid4(),
                              kind="turn", mode="delta", parent_mode="head", parent_id=None, sent=sent,
                              digests=digests(sent), prefixes=[], system_hash=None, lease_seconds=60.0, model=MODEL,
-                             provider="default", params={})), known)
+                             provider="default", params={})), queries.uuid_array(known))
 
 
 async def _turn(store, cid, text, known):
