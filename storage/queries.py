@@ -34,6 +34,11 @@ def uuid_array(ids: Iterable[uuid.UUID]) -> str:
     """Node ids as a PostgreSQL array literal, sent as text and cast in SQL (``BEGIN_CALL``)."""
     return "{" + ",".join(str(i) for i in ids) + "}"
 
+
+def bytea_array(values: Iterable[bytes]) -> list[str]:
+    """Byte strings in bytea's hex input form, sent as text[] and cast in SQL (``CONTINUED_NODE``)."""
+    return ["\\x" + v.hex() for v in values]
+
 # Store a call's outcome, release the lease, move the head by the head rule.
 # $1 tree, $2 node, $3 how it ended (storage.tree.CallFinish, jsonb); the first column: as in BEGIN_CALL.
 # (The call in FROM: on Citus the statement is then sent whole to the worker holding the tree.)
@@ -79,10 +84,12 @@ CONVERSATION_STATE = "SELECT head_node_id, busy FROM bp_conversation_state(p_ten
 # the tenant whose transcript hash is one of a full-history call's prefix hashes, never a
 # transform -- the node the call continues, read before a conversation's first call (nothing is
 # started). Ties: a compaction node over the node it replaced, then the newest.
-# $1 tenant, $2 the prefix hashes h_1..h_m (storage.transcript.prefix_hashes); k: the matched prefix
+# $1 tenant, $2 the prefix hashes h_1..h_m (storage.transcript.prefix_hashes) as text ('\x<hex>':
+# ``bytea_array``; asyncpg would introspect bytea[] on every new connection, as BEGIN_CALL's uuid[]);
+# k: the matched prefix
 CONTINUED_NODE = """
 SELECT n.id, n.conversation_id, n.parent_id, n.outcome, p.k::integer AS k
-  FROM unnest($2::bytea[]) WITH ORDINALITY AS p(chain, k)
+  FROM unnest($2::text[]::bytea[]) WITH ORDINALITY AS p(chain, k)
   JOIN nodes n ON n.chain = p.chain AND n.tenant = $1 AND n.kind <> 'transform'
  ORDER BY p.k DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
  LIMIT 1

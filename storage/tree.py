@@ -250,7 +250,7 @@ class TreeStore:
         matched against (proxy/sessions.py)."""
         if not prefixes:
             return None
-        row = await self.db.fetchrow(queries.CONTINUED_NODE, tenant, prefixes)
+        row = await self.db.fetchrow(queries.CONTINUED_NODE, tenant, queries.bytea_array(prefixes))
         return None if row is None else dict(row)
 
     async def conversation_state(self, tenant: str, conversation_id: str) -> tuple[uuid.UUID | None, bool] | None:

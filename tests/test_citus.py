@@ -32,6 +32,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import openai
 import pytest
 from click.testing import CliRunner
 
@@ -114,8 +115,8 @@ def test_a_call_introspects_no_type_on_a_new_connection(fresh_database_url, upst
     """asyncpg asks the server about every type it has no codec for, once per connection -- a
     catalog query that on a loaded Citus coordinator took seconds (docs/scaling.md). A process's
     calls send and read none: turns (the second sends the path cache's known nodes), a stream, a
-    side call, an edit, full history in a named conversation, on the connections of a new pool.
-    On one PostgreSQL and on the cluster alike."""
+    side call, an edit, full history in a named conversation, found by ``/auto/v1``, and continued
+    in a new conversation (the prefix hashes), on the connections of a new pool. On one PostgreSQL and on the cluster alike."""
     introspected: list[list[int]] = []
     original = asyncpg.connection.Connection._introspect_types
 
@@ -142,6 +143,17 @@ def test_a_call_introspects_no_type_on_a_new_connection(fresh_database_url, upst
                    {"role": "user", "content": "again"}]
         r = client.chat.completions.with_raw_response.create(
             model=MODEL, messages=history, extra_headers={"X-Conversation-Id": cid, "X-Context-Mode": "full"})
+        assert r.headers["x-context-matched"] == "2"
+        # /auto/v1: no conversation named, the session found by its prefix hashes (sent as text too)
+        auto = openai.OpenAI(base_url=f"{p.url}/auto/v1", api_key=key, max_retries=0)
+        r = auto.chat.completions.with_raw_response.create(model=MODEL, messages=history[:2] + [
+            {"role": "user", "content": "discovered"}])
+        assert r.headers["x-context-matched"] == "2"
+        # a new conversation's first full-history call that continues another's node (its prefix
+        # hashes, sent as text too: storage/queries.py CONTINUED_NODE)
+        r = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=history[:2] + [{"role": "user", "content": "continued"}],
+            extra_headers={"X-Conversation-Id": f"{cid}-continued", "X-Context-Mode": "full"})
         assert r.headers["x-context-matched"] == "2"
     assert introspected == []
 
