@@ -11,9 +11,11 @@ proxy's tokenizer). Reported per turn: bytes the client sent (cumulative) agains
 upstream received.
 
 Part 2 -- matching cost. Conversations whose head paths hold 10, 100 and 1,000 messages; on each,
-side calls (X-Node-Kind: transform, so the path stays the same) in delta mode (one new message)
-and in full mode (the whole history + the new message), interleaved, ``--reps`` each, one at a
-time. Reported: p50 latency of each and the difference.
+side calls (X-Node-Kind: transform, so the path stays the same) in delta mode (one new message),
+the same delta call padded with whitespace to the full call's size (what the bytes cost by
+themselves: reading them, and scanning them as JSON) and in full mode (the whole history + the new
+message), interleaved, ``--reps`` each, one at a time. Reported: p50 latency of each and the
+differences.
 
 Part 3 -- flat in the tenant's size. Under /auto/v1 (conversation found by content, tenant-wide),
 a full-mode side call matching a 100-message conversation, with 10 and then ``--conversations``
@@ -102,17 +104,24 @@ def matching_cost(http: httpx.Client, reps: int) -> list[dict]:
         side = {"role": "user", "content": "one more side question"}
         delta_body = json.dumps({"model": MODEL, "messages": [side]}).encode()
         full_body = json.dumps({"model": MODEL, "messages": [*history, side]}).encode()
+        # the same delta call padded with whitespace to the full body's size: what moving (and
+        # scanning) that many bytes costs by itself, whatever the mode
+        padded_body = delta_body[:-1] + b" " * (len(full_body) - len(delta_body)) + b"}"
         base = {"content-type": "application/json", "X-Conversation-Id": cid, "X-Node-Kind": "transform"}
-        delta, full = [], []
+        delta, padded, full = [], [], []
         for _ in range(10):  # warm up
             timed_post(http, "/v1/chat/completions", delta_body, base)
+            timed_post(http, "/v1/chat/completions", padded_body, base)
             timed_post(http, "/v1/chat/completions", full_body, {**base, "X-Context-Mode": "full"})
         for _ in range(reps):
             delta.append(timed_post(http, "/v1/chat/completions", delta_body, base))
+            padded.append(timed_post(http, "/v1/chat/completions", padded_body, base))
             full.append(timed_post(http, "/v1/chat/completions", full_body, {**base, "X-Context-Mode": "full"}))
         row = {"history_messages": messages, "delta_p50_ms": round(statistics.median(delta), 3),
                "full_p50_ms": round(statistics.median(full), 3),
                "full_minus_delta_ms": round(statistics.median(full) - statistics.median(delta), 3),
+               "delta_same_bytes_p50_ms": round(statistics.median(padded), 3),
+               "full_minus_same_bytes_ms": round(statistics.median(full) - statistics.median(padded), 3),
                "full_request_bytes": len(full_body)}
         log(f"matching: {row}")
         out.append(row)
@@ -166,6 +175,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--conversations", type=int, default=10000)
     ap.add_argument("--skip-growth", action="store_true")
+    ap.add_argument("--skip-tenant", action="store_true")
     args = ap.parse_args()
     results: dict = {}
     if not args.skip_growth:
@@ -176,7 +186,8 @@ def main() -> None:
         _, proxy, _ = start_stack(procs, work, up_port=args.up_port, port=args.port + 2, bench=shared_bench())
         with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as http:
             results["matching"] = matching_cost(http, args.reps)
-        results["tenant"] = tenant_scale(proxy, args.reps, args.conversations)
+        if not args.skip_tenant:
+            results["tenant"] = tenant_scale(proxy, args.reps, args.conversations)
     finally:
         procs.stop()
     print(json.dumps(results, indent=2))
