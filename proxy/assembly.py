@@ -40,6 +40,7 @@ __all__ = [
     "split_system",
     "strip",
     "system_positions",
+    "system_positions_at",
     "uncarry",
 ]
 
@@ -282,6 +283,14 @@ def system_positions(messages: Sequence[Any]) -> list[int] | None:
         else:
             rest += 1
     after.reverse()
+    return after if any(a != rest for a in after) else None
+
+
+def system_positions_at(system: Sequence[int], count: int) -> list[int] | None:
+    """``system_positions`` of ``count`` messages whose system/developer ones are at the indexes
+    ``system`` (in order)."""
+    rest = count - len(system)
+    after = [rest - (i - j) for j, i in enumerate(system)]
     return after if any(a != rest for a in after) else None
 
 

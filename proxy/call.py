@@ -43,6 +43,8 @@ class Call:
     truncation_auto: bool = False  # Responses truncation "auto": an overflow compacts and retries once
     compaction_controls: bool = False  # the client asked for either: its answer shows a compaction made first
     compaction: Any = None  # set when this call was compacted first: the compaction node (storage.PathNode)
+    raw_items: list[bytes] | None = None  # each item as the JSON bytes it was sent as (full history, chat)
+    keys: transcript.HistoryKeys | None = None  # full history: its keys, once worked out (``CallLifecycle``)
 
     def exchange_params(self) -> dict[str, Any]:
         """The params an answer is translated with: the stored ones, and -- when the call was
@@ -65,9 +67,25 @@ class Call:
     def tail(self, skip: int, *, with_system: bool) -> list[dict[str, Any]]:
         """The items after the first ``skip`` non-system messages they stand for."""
         if self.ordinals is None:  # one item, one message
+            if self.keys is not None:
+                return _tail(self.items, self.keys.system, skip, with_system)
             return transcript.tail(self.items, skip, with_system=with_system)
         # (``bp_tail`` given ordinals: an ordinal 0 is a system/developer message)
         return [item for item, n in zip(self.items, self.ordinals, strict=True) if (n > skip if n else with_system)]
+
+
+def _tail(items: list[Any], system: list[int], skip: int, with_system: bool) -> list[Any]:
+    """``transcript.tail`` of ``items`` whose system/developer items are at ``system``."""
+    cut = skip  # the index of the first item after ``skip`` non-system ones
+    for i in system:
+        if i > cut:
+            break
+        cut += 1
+    before = [items[i] for i in system if i < cut] if with_system else []
+    if with_system or not system or system[-1] < cut:
+        return before + items[cut:]
+    at = set(system)
+    return before + [item for i, item in enumerate(items[cut:], cut) if i not in at]
 
 
 @dataclass(slots=True)

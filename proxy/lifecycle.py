@@ -34,7 +34,7 @@ from storage import (
     uuid7,
 )
 
-from .assembly import SYSTEM_AT, system_positions
+from .assembly import SYSTEM_AT, system_positions_at
 from .background import Background
 from .builder import RequestBuilder
 from .call import Call, Started
@@ -85,27 +85,45 @@ class CallLifecycle:
         self.default_mode = default_mode  # for calls that do not say (X-Context-Mode)
         self.unsupported_tools = unsupported_tools  # hosted tools over a chat upstream: "drop" or "refuse"
         self.sessions = sessions  # session headers; a new conversation continuing another (proxy/sessions.py)
+        self.histories = transcript.KnownHistories()  # full history: what was hashed before, by conversation
         self.later = Later(tree, lease_seconds)
         self.outcomes = Outcomes(tree=tree, later=self.later, compactor=compactor, leases=leases, metrics=metrics,
                                  tasks=tasks)
 
     # -- start -------------------------------------------------------------------------------
 
+    def _history_keys(self, call: Call) -> transcript.HistoryKeys:
+        """A full-history call's keys: only the items this process has not seen sent before in
+        this conversation are hashed (``KnownHistories``; docs/behaviour.md#full-history-mode)."""
+        raws = call.raw_items
+        if raws is None or call.ordinals is not None or len(raws) != len(call.messages):
+            return transcript.history_keys(call.messages)
+        # (the key only decides what is compared: the keys come from the bytes whichever it is)
+        key = (call.tenant, call.conversation_id) if call.conversation_id is not None else \
+            (call.tenant, None, raws[0] if raws else b"")
+        return self.histories.keys(key, raws, call.messages)
+
     async def _begin(self, call: Call, provider: str, secrets: tuple[str | None, ...]) -> tuple[Started, list[Any]]:
         node_id = uuid7()
-        digests = transcript.digests(call.messages)
-        # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
-        # safety net recognise a client resending its history -- only when an assistant message is
-        # among them (a delta client never resends the model's answers: an ordinary turn probes nothing)
-        prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or any(
-            type(m) is dict and m.get("role") == "assistant" for m in call.messages) else []
+        if call.keys is not None:  # full history
+            digests: list[bytes] = []
+            prefixes = call.keys.prefixes
+            system_hash = transcript.system_hash([call.messages[i] for i in call.keys.system])
+        else:
+            digests = transcript.digests(call.messages)
+            # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
+            # safety net recognise a client resending its history -- only when an assistant message is
+            # among them (a delta client never resends the model's answers: an ordinary turn probes nothing)
+            prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or any(
+                type(m) is dict and m.get("role") == "assistant" for m in call.messages) else []
+            system_hash = transcript.system_hash(call.messages)
         if self.sessions is not None and call.mode == "full" and call.conversation_id is not None:
             await self.sessions.continue_from(call.tenant, call.conversation_id, prefixes)  # (first calls only)
         start = CallStart(
             tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id, new_tree_id=uuid7(),
             kind=call.kind, mode=call.mode, parent_mode=call.parent_mode, parent_id=call.parent_id,
             sent=call.items, digests=digests if call.mode == "delta" else [], prefixes=prefixes,
-            system_hash=transcript.system_hash(call.messages), lease_seconds=self.lease_seconds,
+            system_hash=system_hash, lease_seconds=self.lease_seconds,
             model=call.body.get("model"), provider=provider, params=call.params,
             new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}", ordinals=call.ordinals,
             api=call.api,
@@ -170,7 +188,8 @@ class CallLifecycle:
         if dropped:  # recorded with the node: its replay leaves them out again
             call.dropped_tools, call.params = dropped, {**call.params, DROPPED_TOOLS: dropped}
         if call.mode == "full":  # the client's layout: its system messages stay where it put them
-            at = system_positions(call.messages)
+            call.keys = self._history_keys(call)
+            at = system_positions_at(call.keys.system, len(call.messages))
             if at is not None:
                 call.params = {**call.params, SYSTEM_AT: at}
         started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))

@@ -29,19 +29,23 @@ Canonical form (what compares, and what does not):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 import msgspec
 
 __all__ = [
     "EMPTY",
     "SYSTEM_ROLES",
+    "HistoryKeys",
+    "KnownHistories",
     "canonical",
     "chain",
     "digest",
     "digests",
     "fold",
+    "history_keys",
     "is_system",
     "prefix_hashes",
     "system_hash",
@@ -249,3 +253,79 @@ def node_keys(nodes: Iterable[dict[str, Any]],
             keys[n["id"]] = NodeKeys(h, bool(base and base.answered) or (succeeded and bool(received)),
                                      own_system or (base.system_hash if base else None))
     return keys
+
+
+class HistoryKeys(NamedTuple):
+    """What full-history matching needs of a client's items (one message each: chat):
+    ``prefixes`` h_1..h_m (``prefix_hashes``) and ``system``, the indexes of its system/developer
+    items, in order."""
+
+    prefixes: list[bytes]
+    system: list[int]
+
+
+def history_keys(items: Sequence[Any], start: int = 0, base: HistoryKeys | None = None) -> HistoryKeys:
+    """The keys of ``items``; with ``base``, the keys of ``items[:start]``, only the rest is hashed."""
+    prefixes = list(base.prefixes) if base is not None else []
+    system = [i for i in base.system if i < start] if base is not None else []
+    if base is not None:
+        del prefixes[start - len(system):]
+    h = prefixes[-1] if prefixes else EMPTY
+    for i in range(start, len(items)):
+        item = items[i]
+        if type(item) is dict and _system_role(item.get("role")):
+            system.append(i)
+            continue
+        h = _sha256(h + digest(item)).digest()
+        prefixes.append(h)
+    return HistoryKeys(prefixes, system)
+
+
+class _Seen(NamedTuple):
+    raws: list[bytes]
+    keys: HistoryKeys
+    size: int
+
+
+class KnownHistories:
+    """Per conversation, the history a process last saw from a client that resends it, as sent
+    (each item's JSON bytes) with its keys: the next call hashes only the items after the longest
+    run of byte-equal items at the start (docs/behaviour.md#full-history-mode). The keys are a
+    function of the bytes alone -- never of what is stored -- so whatever the key of an entry
+    (another conversation's, a stale one), a call gets exactly the keys it would hash itself. At
+    most ``max_bytes`` of items are kept, the least recently used dropped first."""
+
+    def __init__(self, max_bytes: int = 32 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._seen: OrderedDict[Hashable, _Seen] = OrderedDict()
+        self._size = 0
+        self.hashed = 0  # items hashed so far (tests: what was hashed again)
+
+    def keys(self, key: Hashable, raws: list[bytes], items: Sequence[Any]) -> HistoryKeys:
+        """The keys of ``items``, which were sent as ``raws`` (one each, in order)."""
+        if len(raws) != len(items):
+            raise ValueError("one raw item per item")
+        seen = self._seen.pop(key, None)
+        if seen is not None:
+            self._size -= seen.size
+            old = seen.raws
+            n = min(len(old), len(raws))
+            if raws[:n] == old[:n]:  # (the common case: everything seen before still there)
+                same = n
+            else:
+                same = 0
+                while raws[same] == old[same]:
+                    same += 1
+            keys = history_keys(items, same, seen.keys)
+        else:
+            same = 0
+            keys = history_keys(items)
+        self.hashed += len(items) - same
+        size = sum(map(len, raws)) + 100 * len(raws)  # (the bytes, and roughly their keys)
+        if size <= self.max_bytes:
+            self._seen[key] = _Seen(raws, keys, size)
+            self._size += size
+            while self._size > self.max_bytes:
+                _, dropped = self._seen.popitem(last=False)
+                self._size -= dropped.size
+        return keys

@@ -15,6 +15,7 @@ from litestar.types import ASGIApp
 from ..auth import Caller
 from ..call import Call
 from ..dialects.chat import DIALECT as CHAT
+from ..dialects.chat.request import raw_messages
 from ..lifecycle import CallLifecycle
 from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
@@ -52,6 +53,8 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
         headers=headers.items,
         dialect=CHAT,
         credentials=headers.credentials(),
+        # full history: each message as sent, so what this process saw before is not hashed again
+        raw_items=raw_messages(raw) if mode == "full" else None,
     )
     return await calls.run(call, request.receive)
 
