@@ -9,20 +9,14 @@ import msgspec
 
 from ...assembly import CHAT_ROLES
 from ...errors import InvalidRequest
-from .. import OWN, parse_model_request, refuse_own_keys
+from .. import parse_model_request, refuse_own_keys
 
 __all__ = ["parse_chat_body", "raw_messages"]
 
-_OWN = OWN.encode()
-# how JSON can write the characters of the own prefix ("_", "b", "p") other than as themselves
-# (a superset: "\\u0050" and the like only cost the slower check)
-_ESCAPED = (b"\\u005", b"\\u0062", b"\\u0070")
-
-
-def _may_hold_own_keys(raw: bytes) -> bool:
-    """False when no key anywhere in ``raw`` can begin with the proxy's own prefix: neither the
-    prefix nor an escape that could spell it is in the bytes."""
-    return _OWN in raw or any(e in raw for e in _ESCAPED)
+# the fields of a chat message as clients send them: a message with no other key needs no look at
+# its keys for the proxy's own prefix (``refuse_own_keys``)
+_PLAIN_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "function_call", "refusal",
+                         "audio", "annotations", "reasoning_content", "reasoning", "prefix"})
 
 
 class _Messages(msgspec.Struct):
@@ -44,14 +38,13 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' is required and must be an array", param="messages")
-    own = _may_hold_own_keys(raw)
     for i, message in enumerate(messages):
         if type(message) is not dict:
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = message.get("role")
         if type(role) is not str or role not in CHAT_ROLES:
             raise InvalidRequest(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}", param=f"messages[{i}].role")
-        if own:
+        if not message.keys() <= _PLAIN_KEYS:
             refuse_own_keys(message, f"messages[{i}]")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
