@@ -1,6 +1,7 @@
 -- Server-side functions, part 4 of 6: full-history mode (docs/behaviour.md#full-history-mode) --
--- finding the node a resent history continues (bp_match_candidates, the one candidate query) and
--- starting the call under it (bp_begin_full, reached through bp_begin_call).
+-- finding the node a resent history continues (probes of the transcript index by prefix groups in
+-- bp_begin_full; bp_match_candidates when two candidates tie) and starting the call under it
+-- (bp_begin_full, reached through bp_begin_call).
 --
 -- Refusals: none -- a history that matches nothing starts a new root (or a new conversation).
 -- Locks: the conversation row FOR KEY SHARE (a named one when it is opened, a found one once it is
@@ -92,7 +93,7 @@ $$;
 -- bp_begin_full(start, known): start a call in full-history mode (called by bp_begin_call; `start`
 -- as bp_call_start_t reads it). The client sent its whole history; the parent is the node whose
 -- transcript equals the longest start of it: candidates are the nodes whose transcript hash is
--- one of the client's prefix hashes (bp_match_candidates) -- the deepest wins; ties: as
+-- one of the client's prefix hashes (bp_match_rows' rows) -- the deepest wins; ties: as
 -- bp_match_candidates orders them. Nothing matched: a new root (a new conversation,
 -- new_conversation_id, when none was named). Everything matched and the node failed (or is in
 -- flight): the retry rule, beside it. The new node stores only what is new, and the client's
@@ -116,7 +117,8 @@ DECLARE
     v_up record;
     v_ties integer := 1;
     v_k integer := 0;
-    i integer;
+    v_hi integer;
+    v_lo integer;
     v_start integer := 0;
     v_with_system boolean;
     v_parent uuid;
@@ -130,21 +132,51 @@ BEGIN
         END IF;
     END IF;
 
-    -- the deepest candidate: probe the prefixes from the longest down, one equality lookup on
-    -- (tenant, chain) each -- a resent history almost always matches at its first or second
-    -- probe. The tie rules are only worked out when two candidates tie (a compaction and the node
-    -- it replaced, a failed attempt and its retry ...): the head-path test walks the path.
-    FOR i IN REVERSE v_given..1 LOOP
-        FOR v_row IN SELECT * FROM bp_match_candidates(s.tenant, s.conversation_id, conv.tree_id, v_visible,
-                                                       s.prefixes[i], false, 2) LOOP
-            IF v_k = 0 THEN
-                v_best := v_row;
-                v_k := s.prefix_offset + i;
-            ELSE
-                v_ties := 2;
-            END IF;
-        END LOOP;
+    -- the deepest candidate: the prefixes probed in two groups, the longest two first (a resent
+    -- history almost always matches one of them), then the others -- each group one statement,
+    -- one index lookup on (chain, tenant, tree_id) per prefix in it, the deepest prefix's best
+    -- candidate first (in bp_match_rows' order: a compaction node, then the newest), and a second
+    -- row only to see whether it ties. The tie rules are only worked out when two candidates tie
+    -- (a compaction and the node it replaced, a failed attempt and its retry ...): the head-path
+    -- test walks the path.
+    v_hi := v_given;
+    v_lo := greatest(v_given - 1, 1);
+    WHILE v_hi >= 1 LOOP
+        IF s.conversation_id IS NOT NULL THEN
+            FOR v_row IN
+                SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome,
+                       array_position(s.prefixes, n.chain) AS nth
+                  FROM nodes n
+                 WHERE n.tree_id = conv.tree_id AND n.chain = ANY(s.prefixes[v_lo:v_hi]) AND n.kind <> 'transform'
+                   AND n.tenant = s.tenant AND (n.conversation_id = s.conversation_id OR n.id = ANY(v_visible))
+                 ORDER BY nth DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+                 LIMIT 2 LOOP
+                IF v_k = 0 THEN
+                    v_best := v_row;
+                    v_k := s.prefix_offset + v_row.nth;
+                ELSIF s.prefix_offset + v_row.nth = v_k THEN
+                    v_ties := 2;
+                END IF;
+            END LOOP;
+        ELSE
+            FOR v_row IN
+                SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome,
+                       array_position(s.prefixes, n.chain) AS nth
+                  FROM nodes n
+                 WHERE n.tenant = s.tenant AND n.chain = ANY(s.prefixes[v_lo:v_hi]) AND n.kind <> 'transform'
+                 ORDER BY nth DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+                 LIMIT 2 LOOP
+                IF v_k = 0 THEN
+                    v_best := v_row;
+                    v_k := s.prefix_offset + v_row.nth;
+                ELSIF s.prefix_offset + v_row.nth = v_k THEN
+                    v_ties := 2;
+                END IF;
+            END LOOP;
+        END IF;
         EXIT WHEN v_k > 0;
+        v_hi := v_lo - 1;
+        v_lo := 1;
     END LOOP;
     IF v_ties > 1 THEN
         SELECT * INTO v_best FROM bp_match_candidates(s.tenant, s.conversation_id, conv.tree_id, v_visible,
