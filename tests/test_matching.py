@@ -212,3 +212,34 @@ def test_the_fast_digest_is_the_general_one():
               {"role": "user", "content": 'quote " and \\u00e9 \u00e9'}, {"role": None, "content": "no role"},
               {"role": "assistant", "content": "named", "name": None}, user("\n padded \t"), user("   ")):
         assert digest(m) == hashlib.sha256(_encode(canonical(m))).digest(), m
+
+
+def test_bp_tail_cuts_as_the_python_tail_does(db: Db):
+    """bp_tail's jsonpath slices (system items first, or none) and its general query agree with
+    transcript.tail on every layout -- system items anywhere, shared ones, roles that only look
+    like a system role to a lax jsonpath (a list, an object), items that are no objects."""
+    import random
+
+    shapes = [system("s"), {"role": "developer", "content": "d"}, user("u"), assistant("a"), tool("c", "r"),
+              {"_bp_shared": "ab" * 32, "role": "system"}, {"role": ["system"], "content": "x"},
+              {"role": {"r": "system"}}, {"role": 5}, {"content": "no role"}, "text", [system("inside a list")],
+              {"role": None}]
+    rng = random.Random(4)
+    cases = []
+    for _ in range(300):
+        n = rng.randrange(7)
+        if rng.random() < 0.5:  # the usual layout: system items first
+            items = [rng.choice(shapes[:2] + shapes[5:6]) for _ in range(rng.randrange(3))] + [
+                rng.choice(shapes[2:5]) for _ in range(n)]
+        else:
+            items = [rng.choice(shapes) for _ in range(n)]
+        for skip in range(len(items) + 2):
+            for with_system in (False, True):
+                cases.append({"items": items, "skip": skip, "with_system": with_system})
+    got = db.fetch("SELECT bp_tail(c.items, c.skip, c.with_system) AS t "
+                   "FROM ROWS FROM (jsonb_to_recordset($1::jsonb) AS (items jsonb, skip integer, with_system boolean)) "
+                   "WITH ORDINALITY AS c(items, skip, with_system, i) ORDER BY c.i", cases)
+    assert len(got) == len(cases)
+    for case, row in zip(cases, got, strict=True):
+        expected = transcript.tail(case["items"], case["skip"], with_system=case["with_system"])
+        assert row["t"] == expected, case

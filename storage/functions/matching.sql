@@ -11,17 +11,35 @@
 -- messages, in their order; system/developer messages kept only when `with_system`. Chat
 -- messages count one each; Responses items say, in `ordinals`, which message they stand for
 -- (0: a system/developer message; several items can make one message).
+-- Chat items whose system/developer messages all come first (none, or a prompt at the start:
+-- almost every history) are cut with jsonpath slices, the system ones found by one strict jsonpath
+-- filter (objects whose role is the string "system" or "developer", as the general query reads
+-- them; a shared system item, {"_bp_shared": ..., "role": "system"} -- storage/shared.py -- is
+-- one); any other layout goes through the general query.
 CREATE OR REPLACE FUNCTION bp_tail(p_items jsonb, p_skip integer, p_with_system boolean, p_ordinals integer[] DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(jsonb_agg(e.v ORDER BY e.i), '[]'::jsonb)
-      FROM (SELECT x.v, x.i, x.sys,
-                   coalesce(p_ordinals[x.i], count(*) FILTER (WHERE NOT x.sys) OVER (ORDER BY x.i)) AS nth
-              FROM (SELECT v, i, CASE WHEN p_ordinals IS NULL
-                                      THEN coalesce(v ->> 'role' IN ('system', 'developer'), false)
-                                      ELSE p_ordinals[i] = 0 END AS sys
-                      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS t(v, i)) x) e
-     WHERE (e.sys AND p_with_system) OR (NOT e.sys AND e.nth > p_skip)
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    v_sys jsonb;
+    v_n integer;
+BEGIN
+    IF p_ordinals IS NULL AND jsonb_typeof(p_items) = 'array' THEN
+        v_sys := jsonb_path_query_array(p_items, 'strict $[*] ? (@.role == "system" || @.role == "developer")');
+        v_n := jsonb_array_length(v_sys);
+        IF v_n = 0 OR jsonb_path_query_array(p_items, '$[0 to $k]', jsonb_build_object('k', v_n - 1)) = v_sys THEN
+            RETURN CASE WHEN p_with_system THEN v_sys ELSE '[]'::jsonb END
+                   || jsonb_path_query_array(p_items, '$[$k to last]', jsonb_build_object('k', v_n + greatest(p_skip, 0)));
+        END IF;
+    END IF;
+    RETURN (SELECT coalesce(jsonb_agg(e.v ORDER BY e.i), '[]'::jsonb)
+              FROM (SELECT x.v, x.i, x.sys,
+                           coalesce(p_ordinals[x.i], count(*) FILTER (WHERE NOT x.sys) OVER (ORDER BY x.i)) AS nth
+                      FROM (SELECT t.v, t.i, CASE WHEN p_ordinals IS NULL
+                                                  THEN coalesce(t.v ->> 'role' IN ('system', 'developer'), false)
+                                                  ELSE p_ordinals[t.i] = 0 END AS sys
+                              FROM jsonb_array_elements(p_items) WITH ORDINALITY AS t(v, i)) x) e
+             WHERE (e.sys AND p_with_system) OR (NOT e.sys AND e.nth > p_skip));
+END
 $$;
 
 -- bp_match_rows(tenant, conversation, tree, visible, chain, limit): the nodes whose transcript hash
