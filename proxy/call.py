@@ -11,9 +11,18 @@ from storage import transcript
 
 from .dialects import Dialect
 
-__all__ = ["COMPACTED", "Call", "Started"]
+__all__ = ["COMPACTED", "Call", "Started", "history_key"]
 
 COMPACTED = "_bp_compacted"  # exchange params: the compaction node this call was compacted under
+
+
+def history_key(tenant: str, conversation_id: str | None, raws: list[bytes]) -> Any:
+    """What a process remembers a resent history under (``transcript.KnownHistories``): its
+    conversation, or -- none named yet (/auto/v1) -- its first item. Only what is compared depends
+    on it: the keys come from the bytes, whichever entry they are compared with."""
+    if conversation_id is not None:
+        return (tenant, conversation_id)
+    return (tenant, None, raws[0] if raws else b"")
 
 
 @dataclass(slots=True)
@@ -44,6 +53,7 @@ class Call:
     compaction_controls: bool = False  # the client asked for either: its answer shows a compaction made first
     compaction: Any = None  # set when this call was compacted first: the compaction node (storage.PathNode)
     raw_items: list[bytes] | None = None  # each item as the JSON bytes it was sent as (full history, chat)
+    history_key: Any = None  # what this process remembers them under (``history_key``)
     keys: transcript.HistoryKeys | None = None  # full history: its keys, once worked out (``CallLifecycle``)
 
     def exchange_params(self) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from storage import (
 from .assembly import SYSTEM_AT, system_positions_at
 from .background import Background
 from .builder import RequestBuilder
-from .call import Call, Started
+from .call import Call, Started, history_key
 from .compaction import Compactor
 from .dialects import Crossing, Exchange, crossing
 from .dialects.chat import NotACompletion
@@ -98,9 +98,7 @@ class CallLifecycle:
         raws = call.raw_items
         if raws is None or call.ordinals is not None or len(raws) != len(call.messages):
             return transcript.history_keys(call.messages)
-        # (the key only decides what is compared: the keys come from the bytes whichever it is)
-        key = (call.tenant, call.conversation_id) if call.conversation_id is not None else \
-            (call.tenant, None, raws[0] if raws else b"")
+        key = call.history_key if call.history_key is not None else history_key(call.tenant, call.conversation_id, raws)
         return self.histories.keys(key, raws, call.messages)
 
     async def _begin(self, call: Call, provider: str, secrets: tuple[str | None, ...]) -> tuple[Started, list[Any]]:

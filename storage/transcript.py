@@ -301,6 +301,22 @@ class KnownHistories:
         self._size = 0
         self.hashed = 0  # items hashed so far (tests: what was hashed again)
 
+    @staticmethod
+    def _same(old: list[bytes], raws: list[bytes]) -> int:
+        n = min(len(old), len(raws))
+        if raws[:n] == old[:n]:  # (the common case: everything seen before still there)
+            return n
+        same = 0
+        while raws[same] == old[same]:
+            same += 1
+        return same
+
+    def seen(self, key: Hashable, raws: list[bytes]) -> int:
+        """How many of ``raws``, from the first, are the items last seen under ``key``: items a call
+        sent before, which passed the checks every call's items pass."""
+        seen = self._seen.get(key)
+        return self._same(seen.raws, raws) if seen is not None else 0
+
     def keys(self, key: Hashable, raws: list[bytes], items: Sequence[Any]) -> HistoryKeys:
         """The keys of ``items``, which were sent as ``raws`` (one each, in order)."""
         if len(raws) != len(items):
@@ -308,14 +324,7 @@ class KnownHistories:
         seen = self._seen.pop(key, None)
         if seen is not None:
             self._size -= seen.size
-            old = seen.raws
-            n = min(len(old), len(raws))
-            if raws[:n] == old[:n]:  # (the common case: everything seen before still there)
-                same = n
-            else:
-                same = 0
-                while raws[same] == old[same]:
-                    same += 1
+            same = self._same(seen.raws, raws)
             keys = history_keys(items, same, seen.keys)
         else:
             same = 0

@@ -229,3 +229,29 @@ def test_the_openai_sdk_resending_a_long_history_stores_only_what_is_new(proxy, 
         assert raw.headers["x-context-matched"] == str(2 * i)
         history.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
         assert db.node(raw.headers["x-node-id"])["sent"] == ([system("Be brief.")] if i == 0 else []) + [user(f"q{i}")]
+
+
+def test_what_was_seen_before_is_not_checked_again_but_everything_new_is(proxy, upstream, key, cid):
+    """Messages sent before in this conversation passed the checks then; a new or changed one is
+    checked as ever: a bad role or an own key anywhere among them is refused."""
+    http = proxy.http(key)
+    history = _turns(http, cid, 3)
+    _full(http, cid, history + [user("next")])
+    post = lambda messages: http.post("/v1/chat/completions", headers={**FULL, "X-Conversation-Id": cid},  # noqa: E731
+                                      json={"model": MODEL, "messages": messages})
+    bad_role = post(history + [{"role": "root", "content": "x"}])
+    assert bad_role.status_code == 400 and "messages[6].role" in bad_role.text
+    changed = post([history[0], {**history[1], "_bp_x": 1}, *history[2:], user("next")])
+    assert changed.status_code == 400 and "messages[1]" in changed.text
+    not_an_object = post([*history[:2], "text", *history[2:]])
+    assert not_an_object.status_code == 400 and "messages[2] must be an object" in not_an_object.text
+    assert post(history + [user("next")]).status_code == 200
+
+
+def test_a_repeated_messages_key_whose_first_value_is_no_array(proxy, upstream, key, cid):
+    http = proxy.http(key)
+    history = _turns(http, cid, 1)
+    body = f'{{"model": "{MODEL}", "messages": 5, "messages": {json.dumps(history + [user("next")])}}}'
+    r = http.post("/v1/chat/completions", content=body,
+                  headers={**FULL, "X-Conversation-Id": cid, "content-type": "application/json"})
+    assert r.status_code == 200 and r.headers["x-context-matched"] == "2"

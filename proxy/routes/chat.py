@@ -13,9 +13,9 @@ from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
 from ..auth import Caller
-from ..call import Call
+from ..call import Call, history_key
 from ..dialects.chat import DIALECT as CHAT
-from ..dialects.chat.request import raw_messages
+from ..dialects.chat.request import parse_chat_history
 from ..lifecycle import CallLifecycle
 from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
@@ -38,7 +38,16 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
     mode = "full" if auto else context_mode(headers, calls.default_mode)
     parent_mode, parent_id = parent_of(headers, mode)
 
-    body = CHAT.parse(raw)
+    raws = key = None
+    if mode == "full":  # each message as sent: what this process saw sent before is not hashed (or checked) again
+        def seen(messages: list[bytes]) -> int:
+            nonlocal key
+            key = history_key(caller.tenant, cid, messages)
+            return calls.histories.seen(key, messages)
+
+        body, raws = parse_chat_history(raw, seen)
+    else:
+        body = CHAT.parse(raw)
     call = Call(
         tenant=caller.tenant,
         conversation_id=cid,
@@ -53,8 +62,8 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
         headers=headers.items,
         dialect=CHAT,
         credentials=headers.credentials(),
-        # full history: each message as sent, so what this process saw before is not hashed again
-        raw_items=raw_messages(raw) if mode == "full" else None,
+        raw_items=raws,
+        history_key=key,
     )
     return await calls.run(call, request.receive)
 

@@ -3,6 +3,7 @@ refused (400)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -11,7 +12,7 @@ from ...assembly import CHAT_ROLES
 from ...errors import InvalidRequest
 from .. import parse_model_request, refuse_own_keys
 
-__all__ = ["parse_chat_body", "raw_messages"]
+__all__ = ["parse_chat_body", "parse_chat_history", "raw_messages"]
 
 # the fields of a chat message as clients send them: a message with no other key needs no look at
 # its keys for the proxy's own prefix (``refuse_own_keys``)
@@ -26,19 +27,44 @@ class _Messages(msgspec.Struct):
 _decode_raw = msgspec.json.Decoder(_Messages).decode
 
 
-def raw_messages(raw: bytes) -> list[bytes]:
+def raw_messages(raw: bytes) -> list[bytes] | None:
     """Each message of a chat request (``parse_chat_body`` accepted) as the JSON bytes it was sent
-    as, in order: the same messages the body holds (a repeated key: the last, as in the body)."""
-    return [bytes(m) for m in _decode_raw(raw).messages]
+    as, in order: the same messages the body holds (a repeated key: the last, as in the body).
+    None when they cannot be told apart so (a repeated ``messages`` key whose first value is no
+    array)."""
+    try:
+        return [bytes(m) for m in _decode_raw(raw).messages]
+    except msgspec.ValidationError:
+        return None
 
 
 def parse_chat_body(raw: bytes) -> dict[str, Any]:
     """The client's body as a dict (every field kept); refuses what cannot be a chat request."""
     body = parse_model_request(raw)
+    _check(body, 0)
+    return body
+
+
+def parse_chat_history(raw: bytes, seen: Callable[[list[bytes]], int]) -> tuple[dict[str, Any], list[bytes] | None]:
+    """``parse_chat_body`` for a client that resends its history: also each message's bytes
+    (``raw_messages``); the messages ``seen`` says were sent before (the first n: items the same
+    checks passed then) are not checked again."""
+    body = parse_model_request(raw)
+    if not isinstance(body.get("messages"), list):
+        _check(body, 0)  # (refused)
+    raws = raw_messages(raw)
+    known = seen(raws) if raws is not None and len(raws) == len(body["messages"]) else 0
+    _check(body, known)
+    return body, raws
+
+
+def _check(body: dict[str, Any], start: int) -> None:
+    """Refuse what cannot be a chat request; messages before ``start`` passed these checks before."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("'messages' is required and must be an array", param="messages")
-    for i, message in enumerate(messages):
+    for i in range(start, len(messages)):
+        message = messages[i]
         if type(message) is not dict:
             raise InvalidRequest(f"messages[{i}] must be an object", param=f"messages[{i}]")
         role = message.get("role")
@@ -52,4 +78,3 @@ def parse_chat_body(raw: bytes) -> dict[str, Any]:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequest("'stream_options' must be an object", param="stream_options")
-    return body
