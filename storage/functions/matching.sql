@@ -1,7 +1,7 @@
 -- Server-side functions, part 4 of 6: full-history mode (docs/behaviour.md#full-history-mode) --
--- finding the node a resent history continues (probes of the transcript index by prefix groups in
--- bp_begin_full; bp_match_candidates when two candidates tie) and starting the call under it
--- (bp_begin_full, reached through bp_begin_call).
+-- finding the node a resent history continues (bp_begin_full's probes of the transcript index;
+-- bp_match_candidates when two candidates tie) and starting the call under it (bp_begin_full,
+-- reached through bp_begin_call).
 --
 -- Refusals: none -- a history that matches nothing starts a new root (or a new conversation).
 -- Locks: the conversation row FOR KEY SHARE (a named one when it is opened, a found one once it is
@@ -135,8 +135,7 @@ DECLARE
     v_up record;
     v_ties integer := 1;
     v_k integer := 0;
-    v_hi integer;
-    v_lo integer;
+    i integer;
     v_start integer := 0;
     v_with_system boolean;
     v_parent uuid;
@@ -150,51 +149,46 @@ BEGIN
         END IF;
     END IF;
 
-    -- the deepest candidate: the prefixes probed in two groups, the longest two first (a resent
-    -- history almost always matches one of them), then the others -- each group one statement,
-    -- one index lookup on (chain, tenant, tree_id) per prefix in it, the deepest prefix's best
-    -- candidate first (in bp_match_rows' order: a compaction node, then the newest), and a second
-    -- row only to see whether it ties. The tie rules are only worked out when two candidates tie
-    -- (a compaction and the node it replaced, a failed attempt and its retry ...): the head-path
-    -- test walks the path.
-    v_hi := v_given;
-    v_lo := greatest(v_given - 1, 1);
-    WHILE v_hi >= 1 LOOP
+    -- the deepest candidate: the prefixes probed from the longest down, one lookup on the
+    -- transcript index (chain, tenant, tree_id) each, in this statement (a resent history almost
+    -- always matches at the first or second): the best candidate first (in bp_match_rows' order:
+    -- a compaction node, then the newest), a second row only to see whether it ties. The tie rules
+    -- are only worked out when two candidates tie (a compaction and the node it replaced, a failed
+    -- attempt and its retry ...): the head-path test walks the path. (One statement per prefix,
+    -- not one for several: `chain = ANY(...)` let the planner prefer the key's tree prefix --
+    -- every node of the tree -- whenever it thought trees small.)
+    FOR i IN REVERSE v_given..1 LOOP
         IF s.conversation_id IS NOT NULL THEN
             FOR v_row IN
-                SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome,
-                       array_position(s.prefixes, n.chain) AS nth
+                SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome
                   FROM nodes n
-                 WHERE n.tree_id = conv.tree_id AND n.chain = ANY(s.prefixes[v_lo:v_hi]) AND n.kind <> 'transform'
+                 WHERE n.tree_id = conv.tree_id AND n.chain = s.prefixes[i] AND n.kind <> 'transform'
                    AND n.tenant = s.tenant AND (n.conversation_id = s.conversation_id OR n.id = ANY(v_visible))
-                 ORDER BY nth DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+                 ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
                  LIMIT 2 LOOP
                 IF v_k = 0 THEN
                     v_best := v_row;
-                    v_k := s.prefix_offset + v_row.nth;
-                ELSIF s.prefix_offset + v_row.nth = v_k THEN
+                    v_k := s.prefix_offset + i;
+                ELSE
                     v_ties := 2;
                 END IF;
             END LOOP;
         ELSE
             FOR v_row IN
-                SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome,
-                       array_position(s.prefixes, n.chain) AS nth
+                SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome
                   FROM nodes n
-                 WHERE n.tenant = s.tenant AND n.chain = ANY(s.prefixes[v_lo:v_hi]) AND n.kind <> 'transform'
-                 ORDER BY nth DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+                 WHERE n.tenant = s.tenant AND n.chain = s.prefixes[i] AND n.kind <> 'transform'
+                 ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
                  LIMIT 2 LOOP
                 IF v_k = 0 THEN
                     v_best := v_row;
-                    v_k := s.prefix_offset + v_row.nth;
-                ELSIF s.prefix_offset + v_row.nth = v_k THEN
+                    v_k := s.prefix_offset + i;
+                ELSE
                     v_ties := 2;
                 END IF;
             END LOOP;
         END IF;
         EXIT WHEN v_k > 0;
-        v_hi := v_lo - 1;
-        v_lo := 1;
     END LOOP;
     IF v_ties > 1 THEN
         SELECT * INTO v_best FROM bp_match_candidates(s.tenant, s.conversation_id, conv.tree_id, v_visible,
