@@ -11,6 +11,7 @@ import httpx
 import msgspec
 import pytest
 
+from proxy.assembly import system_positions, system_positions_at
 from proxy.call import _tail
 from proxy.dialects.chat.request import raw_messages
 from storage import transcript
@@ -103,8 +104,10 @@ def test_what_is_remembered_is_bounded():
 
 
 @pytest.mark.parametrize("system_at", [[], [0], [0, 1], [2], [0, 3, 5], [5], [1, 4]])
-def test_the_tail_from_the_system_indexes_is_the_tail(system_at):
+def test_the_tail_and_layout_from_the_system_indexes_are_the_scans(system_at):
     items = [system(f"s{i}") if i in system_at else user(f"u{i}") for i in range(6)]
+    assert transcript.history_keys(items).system == system_at
+    assert system_positions_at(system_at, len(items)) == system_positions(items)
     for skip in range(7):
         for with_system in (True, False):
             assert _tail(items, system_at, skip, with_system) == transcript.tail(items, skip, with_system=with_system)
