@@ -91,10 +91,16 @@ $$;
 -- under the same parent; for a root, the conversation's roots of its kind; for a compaction node,
 -- those replacing the same node -- counting only nodes the conversation can see (its own and
 -- `visible`). The admin path read calls it per node of bp_path (one tree: one shard on Citus).
+-- Its plan is the generic one, always: each call is a few index probes (~20 us), and planning it
+-- anew costs ~0.1 ms -- which PostgreSQL chose to do on every call once the table held 10 million
+-- nodes (its estimate of the generic plan grew with the table), making a 1,000-node path read 2.5x
+-- slower (bench/tree_reads.py --fill).
 CREATE OR REPLACE FUNCTION bp_siblings(p_tree uuid, p_node uuid, p_parent uuid, p_kind text, p_created timestamptz,
                                        p_compacted_from uuid, p_conversation text, p_visible uuid[],
                                        OUT sibling_index integer, OUT sibling_count integer)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
 BEGIN
     SELECT coalesce(sum(i), 0)::int, coalesce(sum(c), 0)::int INTO sibling_index, sibling_count FROM (
         SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p_created, p_node)) AS i, count(*) AS c
