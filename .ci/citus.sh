@@ -36,6 +36,7 @@ chmod 755 "$work"
 port="${BRANCHPOINT_CITUS_PORT:-$(( 20000 + RANDOM % 20000 ))}"
 stop() {
     bash "$shared/citus/cluster.sh" stop "$work/cluster" || true
+    bash "$shared/citus/cluster.sh" stop "$work/plain" || true
     rm -rf "$work"
 }
 trap stop EXIT
@@ -80,3 +81,10 @@ BRANCHPOINT_TEST_DATABASE_URL="$url" uv run --frozen pytest -p no:cacheprovider 
     tests/test_session_headers.py tests/test_transfer.py tests/test_deletes_and_imports.py \
     tests/test_safety_net.py tests/test_whitespace_matching.py tests/test_shared_items.py \
     tests/test_context_editing.py tests/test_context_editing_apis.py "$@"
+
+# PostgreSQL 15 alone (no workers: a plain server, README's "any PostgreSQL >= 15"): backup and
+# restore, whose tools are the embedded build's newer ones (storage/backup.py)
+plain_port=$((port + 3))
+bash "$shared/citus/cluster.sh" start "$work/plain" "$plain_port" 0 >/dev/null
+BRANCHPOINT_TEST_DATABASE_URL="postgresql://postgres@127.0.0.1:$plain_port/postgres" uv run --frozen pytest \
+    -p no:cacheprovider tests/test_cli.py -k "backup or restore"

@@ -11,8 +11,11 @@ database already holds conversations.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import tempfile
 from pathlib import Path
+from typing import IO
 
 import asyncpg
 
@@ -50,7 +53,64 @@ async def restore_blockers(conn: asyncpg.Connection) -> tuple[int, int]:
     return others, conversations
 
 
+_RESTORE = ("--clean", "--if-exists", "--no-owner", "--no-privileges", "--single-transaction")
+
+# What the embedded build's pg_restore (18) sets before restoring that servers before 17 do not
+# know -- and refuse, failing the restore on its first statement.
+_NEWER_SETTINGS = {b"SET transaction_timeout = 0;\n": 170000}
+
+
 async def restore(dsn: str, file: Path) -> None:
     """Replace what the database holds by a backup, in one transaction: all of it or nothing."""
-    await _run("pg_restore", "--clean", "--if-exists", "--no-owner", "--no-privileges", "--single-transaction",
-               "--exit-on-error", f"--dbname={dsn}", str(file))
+    conn = await asyncpg.connect(dsn)
+    try:
+        version = int(await conn.fetchval("SHOW server_version_num"))
+    finally:
+        await conn.close()
+    if version >= max(_NEWER_SETTINGS.values()):
+        await _run("pg_restore", *_RESTORE, "--exit-on-error", f"--dbname={dsn}", str(file))
+    else:
+        await asyncio.to_thread(_restore_by_script, dsn, file, version)
+
+
+def _restore_by_script(dsn: str, file: Path, version: int) -> None:
+    """A restore into a server older than the tools: pg_restore writes the restore as a script,
+    the settings the server does not know are left out of its opening lines, psql runs it (one
+    transaction, stopping at the first error)."""
+    unknown = {line for line, since in _NEWER_SETTINGS.items() if version < since}
+    # (their messages go to files: a pipe nobody reads while the script flows could fill and stall)
+    with tempfile.TemporaryFile() as script_err, tempfile.TemporaryFile() as runner_err:
+        script = subprocess.Popen([str(client_program("pg_restore")), *_RESTORE, "--file=-", str(file)],
+                                  stdout=subprocess.PIPE, stderr=script_err)
+        runner = subprocess.Popen([str(client_program("psql")), "--no-psqlrc", "--quiet", "--set=ON_ERROR_STOP=1",
+                                   f"--dbname={dsn}"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                  stderr=runner_err, env={**os.environ, "PGOPTIONS": "-c client_min_messages=warning"})
+        assert script.stdout is not None and runner.stdin is not None
+        opening = True  # (only the script's opening settings are looked at: never a row of data)
+        try:
+            for line in script.stdout:
+                if opening:
+                    if line.startswith((b"COPY ", b"CREATE ")):
+                        opening = False
+                    elif line in unknown:
+                        continue
+                runner.stdin.write(line)
+        except BrokenPipeError:
+            pass  # (psql stopped at an error: said below)
+        finally:
+            try:
+                runner.stdin.close()
+            except BrokenPipeError:
+                pass
+            script.stdout.close()
+        script.wait()
+        runner.wait()
+        if script.returncode != 0:
+            raise BackupError(f"pg_restore failed: {_tail(script_err)}")
+        if runner.returncode != 0:
+            raise BackupError(f"pg_restore failed (its script run by psql): {_tail(runner_err)}")
+
+
+def _tail(file: IO[bytes]) -> str:
+    file.seek(0)
+    return file.read().decode(errors="replace").strip()[-2000:]
