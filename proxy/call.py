@@ -18,11 +18,13 @@ COMPACTED = "_bp_compacted"  # exchange params: the compaction node this call wa
 
 def history_key(tenant: str, conversation_id: str | None, raws: list[bytes]) -> Any:
     """What a process remembers a resent history under (``transcript.KnownHistories``): its
-    conversation, or -- none named yet (/auto/v1) -- its first item. Only what is compared depends
-    on it: the keys come from the bytes, whichever entry they are compared with."""
+    conversation, or -- none named yet (/auto/v1) -- its first three items (not the first alone:
+    every user of an app shares its system prompt, and would compare with another's history). Only
+    what is compared depends on it: the keys come from the bytes, whichever entry they are compared
+    with."""
     if conversation_id is not None:
         return (tenant, conversation_id)
-    return (tenant, None, raws[0] if raws else b"")
+    return (tenant, None, *raws[:3])
 
 
 @dataclass(slots=True)

@@ -287,16 +287,24 @@ class _Seen(NamedTuple):
     size: int
 
 
+REMEMBERED_FROM = 8  # items: a shorter history is not remembered (hashing it anew costs microseconds)
+ENTRY_BYTES = 1024  # what an entry holds besides its items: its key, its tuples and lists, its slot
+ITEM_BYTES = 140  # per item besides its bytes: its bytes object, its digest and prefix hash, list slots
+
+
 class KnownHistories:
     """Per conversation, the history a process last saw from a client that resends it, as sent
     (each item's JSON bytes) with its keys: the next call hashes only the items after the longest
     run of byte-equal items at the start (docs/behaviour.md#full-history-mode). The keys are a
     function of the bytes alone -- never of what is stored -- so whatever the key of an entry
     (another conversation's, a stale one), a call gets exactly the keys it would hash itself. At
-    most ``max_bytes`` of items are kept, the least recently used dropped first."""
+    most ``max_bytes`` are kept (counted as their bytes and what holds them), the least recently
+    used dropped first; histories shorter than ``REMEMBERED_FROM`` items are not kept, nor one
+    larger than an eighth of ``max_bytes``."""
 
-    def __init__(self, max_bytes: int = 32 << 20) -> None:
+    def __init__(self, max_bytes: int = 32 << 20, remember_from: int = REMEMBERED_FROM) -> None:
         self.max_bytes = max_bytes
+        self.remember_from = remember_from
         self._seen: OrderedDict[Hashable, _Seen] = OrderedDict()
         self._size = 0
         self.hashed = 0  # items hashed so far (tests: what was hashed again)
@@ -330,8 +338,11 @@ class KnownHistories:
             same = 0
             keys = history_keys(items)
         self.hashed += len(items) - same
-        size = sum(map(len, raws)) + 100 * len(raws)  # (the bytes, and roughly their keys)
-        if size <= self.max_bytes:
+        # (the bytes, each item's keys and list slots, the entry itself -- ~15 % above tracemalloc's
+        # count of what it holds; a short history is hashed in microseconds: not worth an entry;
+        # one history never takes more than an eighth of the room, so no one caller flushes all)
+        size = ENTRY_BYTES + sum(map(len, raws)) + ITEM_BYTES * len(raws)
+        if len(raws) >= self.remember_from and size <= self.max_bytes // 8:
             self._seen[key] = _Seen(raws, keys, size)
             self._size += size
             while self._size > self.max_bytes:

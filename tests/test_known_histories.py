@@ -52,7 +52,7 @@ def test_remembered_keys_are_always_the_keys_of_what_was_sent():
     """Histories resent, grown, edited anywhere, cut short, re-encoded, and other conversations'
     under the same key: every call gets exactly the keys a fresh hash gives."""
     rng = random.Random(34)
-    known = transcript.KnownHistories()
+    known = transcript.KnownHistories(remember_from=0)  # (short histories too: the test's are)
     for _ in range(400):
         key = rng.choice(["a", "b"])
         seen = known._seen.get(key)
@@ -89,18 +89,43 @@ def test_only_what_was_not_sent_before_is_hashed():
 
 
 def test_what_is_remembered_is_bounded():
-    known = transcript.KnownHistories(max_bytes=3000)
+    known = transcript.KnownHistories(max_bytes=40_000)
     items = [user(f"question {i}") for i in range(10)]
     raws = [json.dumps(i).encode() for i in items]
-    for key in range(5):
+    for key in range(20):
         known.keys(key, raws, items)
-    assert 0 < len(known._seen) < 5 and known._size <= 3000
-    assert list(known._seen)[-1] == 4  # the most recent kept
-    big = [user("x" * 4000)]
-    known.keys("big", [json.dumps(big[0]).encode()], big)
-    assert "big" not in known._seen and known._size <= 3000
+    assert 0 < len(known._seen) < 20 and known._size <= 40_000
+    assert list(known._seen)[-1] == 19  # the most recent kept
+    # one history larger than an eighth of the room is not kept (no one caller flushes all)
+    big = [user("x" * 6000)] * 8
+    known.keys("big", [json.dumps(m).encode() for m in big], big)
+    assert "big" not in known._seen and known._size <= 40_000
+    # nor a short one: hashed anew in microseconds, and an entry costs more than its items
+    short = items[:3]
+    known.keys("short", raws[:3], short)
+    known.keys("empty", [], [])
+    assert "short" not in known._seen and "empty" not in known._seen
     with pytest.raises(ValueError):
         known.keys("c", raws[:3], items)
+
+
+def test_the_room_counts_what_the_entries_really_hold():
+    """The bound is on memory, not only the items' bytes: many small histories (the most common
+    traffic) stay within it as tracemalloc counts what they hold."""
+    import tracemalloc
+
+    known = transcript.KnownHistories(max_bytes=1 << 20)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for k in range(4000):
+            items = [user(f"{k}:{i}") for i in range(8)]
+            known.keys(("tenant", f"conversation-{k}-" + "c" * 100), [json.dumps(m).encode() for m in items], items)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(known._seen) < 4000 and known._size <= 1 << 20
+    assert held <= 1.1 * (1 << 20), held
 
 
 @pytest.mark.parametrize("system_at", [[], [0], [0, 1], [2], [0, 3, 5], [5], [1, 4]])
