@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from .migrate import _functions_sql, applied_versions, latest_version
+from .migrate import _functions_sql, applied_versions, latest_version, suit_citus
 
 __all__ = ["BY_TENANT", "DELEGATED", "TABLES", "Distribution", "NotDistributable", "distribute", "is_distributed"]
 
@@ -160,6 +160,7 @@ async def distribute(conn: asyncpg.Connection) -> Distribution:
         # the functions that read the tables' row types are created on the workers now
         async with conn.transaction():
             await conn.execute(_functions_sql())
+            await suit_citus(conn)
 
     functions = {r["signature"]: r for r in await conn.fetch(_FUNCTIONS)}
     for signature, argument in DELEGATED:

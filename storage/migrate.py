@@ -80,6 +80,23 @@ def function_files() -> list[str]:
     return _INCLUDE.findall(resources.files("storage").joinpath("functions.sql").read_text(encoding="utf-8"))
 
 
+# Functions whose plans are pinned generic on one PostgreSQL (their comments say why). On a schema
+# distributed by Citus (docs/scaling.md) a generic plan of a query on a distributed table cannot be
+# routed -- Citus plans each call for its values -- so there they plan as Citus needs.
+_GENERIC_PLANS = ("bp_siblings(uuid,uuid,uuid,text,timestamp with time zone,uuid,text,uuid[])",)
+
+
+async def suit_citus(conn: asyncpg.Connection) -> None:
+    """On a schema distributed by Citus, the functions' settings Citus cannot plan with undone
+    (after the functions are applied: by ``migrate``, and by ``distribute``)."""
+    if not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"):
+        return
+    if not await conn.fetchval("SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = to_regclass('nodes')"):
+        return
+    for signature in _GENERIC_PLANS:
+        await conn.execute(f"ALTER FUNCTION {signature} RESET plan_cache_mode")
+
+
 def _functions_sql() -> str:
     root = resources.files("storage")
     return "\n".join(root.joinpath(name).read_text(encoding="utf-8") for name in function_files())
@@ -137,6 +154,7 @@ async def _migrate(conn: asyncpg.Connection, progress) -> list[int]:
             progress(len(todo), len(todo), "functions")
         async with conn.transaction():
             await conn.execute(_functions_sql())
+            await suit_citus(conn)
         return applied
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
