@@ -94,7 +94,8 @@ $$;
 -- Its plan is the generic one, always: each call is a few index probes (~20 us), and planning it
 -- anew costs ~0.1 ms -- which PostgreSQL chose to do on every call once the table held 10 million
 -- nodes (its estimate of the generic plan grew with the table), making a 1,000-node path read 2.5x
--- slower (bench/tree_reads.py --fill).
+-- slower (bench/tree_reads.py --fill). (On a schema distributed by Citus the setting is reset: Citus
+-- routes each call by its values, storage/migrate.py suit_citus.)
 CREATE OR REPLACE FUNCTION bp_siblings(p_tree uuid, p_node uuid, p_parent uuid, p_kind text, p_created timestamptz,
                                        p_compacted_from uuid, p_conversation text, p_visible uuid[],
                                        OUT sibling_index integer, OUT sibling_count integer)
