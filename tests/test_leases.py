@@ -164,7 +164,7 @@ def test_only_calls_older_than_the_interval_are_renewed(fresh_database_url, cid)
             tree, _ = keeper.inflight[started["old"]]
             keeper.inflight[started["old"]] = (tree, time.monotonic() - keeper.interval)  # set an interval ago
             leases = "SELECT n.lease_until AS node, c.lease_until AS conv FROM nodes n JOIN conversations c " \
-                     "ON c.tenant = n.tenant AND c.id = n.conversation_id WHERE n.id = $1"
+                     "ON c.tree_id = n.tree_id AND c.tenant = n.tenant AND c.id = n.conversation_id WHERE n.id = $1"
             before = {k: await db.fetchrow(leases, n) for k, n in started.items()}
             statements = db.statements
             await keeper.renew_due()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -18,12 +19,13 @@ from .helpers import MODEL, user
 
 
 def age(db: Db, conversation_id: str, days: float) -> None:
-    """Move a conversation and its nodes ``days`` into the past."""
-    db.fetch("UPDATE conversations SET updated_at = updated_at - make_interval(secs => $2 * 86400) WHERE id = $1",
-             conversation_id, days)
-    db.fetch("UPDATE nodes SET created_at = created_at - make_interval(secs => $2 * 86400),"
-             " finished_at = finished_at - make_interval(secs => $2 * 86400) WHERE conversation_id = $1",
-             conversation_id, days)
+    """Move a conversation and its nodes ``days`` into the past (to that moment: Citus computes no
+    column's new value with a stable function, as ``updated_at - interval`` would)."""
+    then = datetime.now(UTC) - timedelta(days=days)
+    db.fetch("UPDATE conversations SET updated_at = $2 WHERE id = $1", conversation_id, then)
+    db.fetch("UPDATE nodes SET created_at = $2::timestamptz,"
+             " finished_at = CASE WHEN finished_at IS NULL THEN NULL ELSE $2::timestamptz END"
+             " WHERE conversation_id = $1", conversation_id, then)
 
 
 def exists(db: Db, conversation_id: str) -> bool:
@@ -115,8 +117,9 @@ def test_a_conversation_a_call_holds_is_left_for_a_later_run(stocked):
     async def holding() -> tuple[int, str]:
         conn = await asyncpg.connect(url)
         try:
-            async with conn.transaction():
-                await conn.execute("SELECT 1 FROM conversations WHERE id = 'old' FOR UPDATE")
+            tree = await conn.fetchval("SELECT tree_id FROM conversations WHERE id = 'old'")
+            async with conn.transaction():  # (by its tree: Citus locks rows of one shard only)
+                await conn.execute("SELECT 1 FROM conversations WHERE tree_id = $1 AND id = 'old' FOR UPDATE", tree)
                 result = await asyncio.to_thread(cli, url, "--idle-days", "30")
             return result.exit_code, result.output
         finally:
