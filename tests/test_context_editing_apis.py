@@ -70,6 +70,22 @@ def test_responses_function_call_outputs_are_cleared_natively(apis, upstream, ke
     assert calls == [f"call_{i}" for i in range(7)]
 
 
+def responses_round(client, upstream, cid: str, i: int, *, before_output=(), **kw):
+    """One tool round of a Responses agent on native-tiny: a task, the model's call, its output
+    (``kw``: more fields of that call). The last round (6) reports a context above the clearing
+    threshold (1,500 of 3,000). ``before_output``: replies the upstream gives first on the output's
+    call. Returns the raw response to the output's call."""
+    headers = {"X-Conversation-Id": cid}
+    call = {"id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
+    big = {"input_tokens": 1600, "output_tokens": 10, "total_tokens": 1610} if i == 6 else None
+    upstream.enqueue(Reply(content=None, tool_calls=[call], usage=big))
+    client.responses.create(model="native-tiny", input=f"task {i}", extra_headers=headers)
+    upstream.enqueue(*before_output, Reply(content=f"done {i}"))
+    return client.responses.with_raw_response.create(
+        model="native-tiny", extra_headers=headers,
+        input=[{"type": "function_call_output", "call_id": f"call_{i}", "output": output(i, 600)}], **kw)
+
+
 def test_anthropic_tool_results_are_cleared_natively(apis, claude, key, cid):
     c = anthropic.Anthropic(base_url=f"{apis.url}/c/{cid}", api_key=key, max_retries=0)
     tools = [{"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}}]
@@ -136,16 +152,9 @@ def test_conversation_items_keep_their_ids_and_contents_across_a_clearing(apis, 
     """The Conversations API lists what the conversation holds: a clearing edits what is sent, so
     the items listed (their ids, the tool outputs) are the same before and after one."""
     client = apis.openai(key)
-    headers = {"X-Conversation-Id": cid}
     listed: list[list[dict]] = []
     for i in range(7):
-        call = {"id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
-        big = {"input_tokens": 1600, "output_tokens": 10, "total_tokens": 1610} if i == 6 else None
-        upstream.enqueue(Reply(content=None, tool_calls=[call], usage=big))
-        client.responses.create(model="native-tiny", input=f"task {i}", extra_headers=headers)
-        upstream.enqueue(Reply(content=f"done {i}"))
-        client.responses.create(model="native-tiny", extra_headers=headers, input=[
-            {"type": "function_call_output", "call_id": f"call_{i}", "output": output(i, 600)}])
+        responses_round(client, upstream, cid, i)
         page = apis.http(key).get(f"/v1/conversations/{cid}/items", params={"order": "asc", "limit": 100}).json()
         listed.append(page["data"])
     assert len(clearing_nodes(apis.db, cid)) == 1
@@ -166,17 +175,9 @@ def test_a_clearing_is_no_compaction_item_in_a_responses_answer(apis, upstream, 
     summary was made for its call; a clearing of old tool results is no summary -- its answer
     begins with the answer, and the call still hangs under the clearing node."""
     client = apis.openai(key)
-    headers = {"X-Conversation-Id": cid}
     control = [{"type": "compaction", "compact_threshold": 100_000}]  # (far above: no summary)
     for i in range(7):
-        call = {"id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
-        big = {"input_tokens": 1600, "output_tokens": 10, "total_tokens": 1610} if i == 6 else None
-        upstream.enqueue(Reply(content=None, tool_calls=[call], usage=big))
-        client.responses.create(model="native-tiny", input=f"task {i}", extra_headers=headers)
-        upstream.enqueue(Reply(content=f"done {i}"))
-        raw = client.responses.with_raw_response.create(
-            model="native-tiny", extra_headers=headers, context_management=control,
-            input=[{"type": "function_call_output", "call_id": f"call_{i}", "output": output(i, 600)}])
+        raw = responses_round(client, upstream, cid, i, context_management=control)
     nodes = clearing_nodes(apis.db, cid)
     assert len(nodes) == 1 and upstream.summariser_requests == []
     response = raw.parse()
@@ -191,18 +192,10 @@ def test_truncation_auto_summarises_what_a_clearing_left_too_long(apis, upstream
     from tests.test_conversations_compaction import OVERFLOW
 
     client = apis.openai(key)
-    headers = {"X-Conversation-Id": cid}
+    # on the last round: the overflow, then the summariser's answer (it asks the same upstream), then the retry's
+    overflow = (Reply(kind="error", status=400, error=OVERFLOW), Reply(content="Facts so far: six tasks."))
     for i in range(7):
-        call = {"id": f"call_{i}", "type": "function", "function": {"name": "shell", "arguments": "{}"}}
-        big = {"input_tokens": 1600, "output_tokens": 10, "total_tokens": 1610} if i == 6 else None
-        upstream.enqueue(Reply(content=None, tool_calls=[call], usage=big))
-        client.responses.create(model="native-tiny", input=f"task {i}", extra_headers=headers)
-        if i == 6:  # the overflow, then the summariser's answer (it asks the same upstream), then the retry's
-            upstream.enqueue(Reply(kind="error", status=400, error=OVERFLOW), Reply(content="Facts so far: six tasks."))
-        upstream.enqueue(Reply(content=f"done {i}"))
-        raw = client.responses.with_raw_response.create(
-            model="native-tiny", extra_headers=headers, truncation="auto",
-            input=[{"type": "function_call_output", "call_id": f"call_{i}", "output": output(i, 600)}])
+        raw = responses_round(client, upstream, cid, i, before_output=overflow if i == 6 else (), truncation="auto")
     response = raw.parse()
     assert len(clearing_nodes(apis.db, cid)) == 1
     assert [item.type for item in response.output] == ["compaction", "message"] and response.output_text == "done 6"
