@@ -206,11 +206,14 @@ def test_conversation_list_newest_first_search_and_paging(ui, page):
         f"Last 30 days: {report['calls']:,} calls, {report['total_tokens']:,} tokens ({MODEL} ")
     page.fill("input[type=search]", f"list-{marker}")
     rows = page.locator("tbody tr")
+    # (the search's rows, newest first -- waited for: the unfiltered list has 25 rows too, and a
+    # "Load more" clicked before the search answered pages that list instead)
+    expect(rows.filter(has_not_text=f"list-{marker}")).to_have_count(0)
+    expect(rows.first.locator("a")).to_have_text(ids[-1])
     expect(rows).to_have_count(25)
-    assert rows.first.locator("a").inner_text() == ids[-1]  # newest first
     page.click("text=Load more")
     expect(rows).to_have_count(28)
-    assert rows.last.locator("a").inner_text() == ids[0]
+    expect(rows.last.locator("a")).to_have_text(ids[0])
     expect(page.locator("text=Load more")).to_be_hidden()
     page.fill("input[type=search]", f"list-{marker}-07")
     expect(rows).to_have_count(1)
