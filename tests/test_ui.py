@@ -544,6 +544,7 @@ def test_sending_from_a_node_streams_in_and_branches(ui, page, upstream):
     gate = threading.Event()
     upstream.enqueue(Reply(kind="stream", pieces=["Rome ", "is the ", "capital."], gate=gate, gate_after=2))
     node_el(page, n["q1"]).click()
+    expect(page.locator(".detail")).to_contain_text(n["q1"])  # (its detail, not the last one's)
     page.locator(".detail button", has_text="Reply from here").click()
     expect(page.locator(".composer .mode")).to_contain_text("Reply under node")
     page.fill(".composer textarea", "What about Rome?")
@@ -565,6 +566,7 @@ def test_sending_from_a_node_streams_in_and_branches(ui, page, upstream):
 
     # edit a question: prefilled, sent beside the original with the same context before it
     node_el(page, n["q2"]).click()
+    expect(page.locator(".detail")).to_contain_text(n["q2"])  # (its detail, not the last one's)
     page.locator(".detail button", has_text="Edit question").click()
     expect(page.locator(".composer textarea")).to_have_value("And of Italy?")
     page.fill(".composer textarea", "And of Portugal?")
@@ -577,6 +579,7 @@ def test_sending_from_a_node_streams_in_and_branches(ui, page, upstream):
 
     # regenerate an answer: the same messages again, a sibling of that node
     node_el(page, n["q1"]).click()
+    expect(page.locator(".detail")).to_contain_text(n["q1"])  # (its detail, not the last one's)
     page.locator(".detail button", has_text="Regenerate").click()
     wait_for(lambda: len(admin(ui).get(f"/admin/conversations/{cid}/tree").json()["data"]) == 6, what="the regeneration")
     assert upstream.chat_requests[-1].messages == [user("What is the capital of France?")]
