@@ -11,8 +11,8 @@ Citus coordinator:
    distributed, Citus creates the functions that read their row types on every node too;
 3. every function of ours made a distributed object (created on every node, kept in step by
    Citus's DDL propagation when ``migrate`` re-applies them), and those that take a tree
-   (``DELEGATED``: the call's finish, lease renewal, reaping, path reads, compaction) placed with
-   their trees: ``create_distributed_function(..., distribution_arg_name => 'p_tree',
+   (``DELEGATED``: a named conversation's start, a call's finish, lease renewal, reaping, path
+   reads, compaction) placed with their trees: ``create_distributed_function(..., distribution_arg_name => 'p_tree',
    colocate_with => 'nodes')`` -- a call ``SELECT ... FROM f(p_tree => $1, ...)`` is then run
    whole on the worker holding that tree (one round trip there, its statements local).
 
@@ -41,6 +41,7 @@ BY_TENANT = ("shared_items",)
 
 # the functions run where their tree lives: (signature, the argument naming the tree)
 DELEGATED = (
+    ("bp_begin_call_at(uuid,jsonb,text)", "p_tree"),
     ("bp_finish_call(uuid,uuid,jsonb)", "p_tree"),
     ("bp_renew(uuid,uuid,double precision)", "p_tree"),
     ("bp_reap(uuid,uuid,boolean)", "p_tree"),

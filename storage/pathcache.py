@@ -71,6 +71,11 @@ class PathCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
+    def tree(self, tenant: str, conversation_id: str) -> uuid.UUID | None:
+        """The tree this conversation was last seen in (None: not remembered) -- where its next
+        start is sent first on a distributed schema (storage.tree)."""
+        return self._conversations.get((tenant, conversation_id))
+
     # -- what a read may stop at --------------------------------------------------------------
 
     def known(self, tenant: str, conversation_id: str | None, parent_id: uuid.UUID | None) -> list[uuid.UUID]:

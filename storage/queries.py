@@ -22,11 +22,19 @@ from .model import ConversationRow, NodeRow, TreeRow, columns
 # seconds each on a Citus coordinator under load, where it collapsed throughput (docs/scaling.md).
 # For the same reason $2 is sent as text ('{id,...}': ``uuid_array``) and cast here: asyncpg has no
 # built-in codec for uuid[] and would introspect it on every new connection too.
-BEGIN_CALL = """
+_BEGUN = """
 SELECT call_node, conversation_id, tree_id, parent_id, mode, matched, start, with_system,
        (node).id AS node_id, (node).parent_id AS node_parent_id, (node).kind, (node).status, (node).sent,
-       (node).received, (node).provider, (node).model, (node).usage, (node).compacted_from, (node).api
+       (node).received, (node).provider, (node).model, (node).usage, (node).compacted_from, (node).api"""
+BEGIN_CALL = _BEGUN + """
   FROM bp_begin_call(p_start => $1, p_known => $2::text::uuid[])
+"""
+
+# Start a named conversation's call beside its tree (a schema distributed by tree: the call runs on
+# the worker holding it).  $1 the tree (also the start's tree_id), $2 and $3 as BEGIN_CALL's $1, $2.
+# Its rows as BEGIN_CALL's, or one row of mode 'elsewhere' (storage.tree.TreeStore.begin_call).
+BEGIN_CALL_AT = _BEGUN + """
+  FROM bp_begin_call_at(p_tree => $1, p_start => $2, p_known => $3)
 """
 
 

@@ -18,6 +18,7 @@ from . import queries
 from .batching import Batch
 from .database import _NUL, Database, _encode, _on_a_fresh_stack, _shield
 from .errors import StorageError, StorageUnavailable
+from .ids import tree_of
 from .model import Outcome, PathNode, rows
 from .pathcache import PathCache
 from .shared import SharedItems
@@ -76,6 +77,7 @@ class CallStart(msgspec.Struct, kw_only=True):
     prefix_offset: int = 0
     ordinals: list[int] | None = None
     api: str = "chat"
+    tree_id: uuid.UUID | None = None  # set by TreeStore.begin_call only (a start beside its tree)
 
 
 class CallFinish(msgspec.Struct, kw_only=True):
@@ -159,9 +161,12 @@ class TreeStore:
         sent, params = await self.shared.prepare(tenant, start.sent, start.params)
         if sent is not start.sent or params is not start.params:
             start = msgspec.structs.replace(start, sent=sent, params=params)
-        known = self.cache.known(tenant, conversation_id, start.parent_id if start.parent_mode == "node" else None)
-        records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start),
-                                           queries.uuid_array(known))
+        known = queries.uuid_array(
+            self.cache.known(tenant, conversation_id, start.parent_id if start.parent_mode == "node" else None))
+        if self.db.distributed and conversation_id is not None:
+            records = await self._begin_beside_tree(start, known)
+        else:
+            records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start), known)
         try:
             return await self._begun(tenant, records)
         except StorageUnavailable as exc:
@@ -179,6 +184,26 @@ class TreeStore:
             except StorageError:
                 pass  # (its lease runs out: the reaper finishes it)
             raise
+
+    async def _begin_beside_tree(self, start: CallStart, known: str) -> list[Any]:
+        """A named conversation's start on a schema distributed by tree (docs/scaling.md): run
+        beside the tree it is expected in -- the one this process last saw it in, else its name's
+        derived tree -- so the whole start runs on the worker holding that tree. An alias there (a
+        fork) points to its tree: once more beside that one. A conversation not found where it
+        was looked for (a new name, or deleted or made again meanwhile) starts on the
+        coordinator, which claims names (their lock is taken there, for every claim of a name)."""
+        assert start.conversation_id is not None
+        tree: uuid.UUID | None = self.cache.tree(start.tenant, start.conversation_id) or tree_of(
+            start.tenant, start.conversation_id)
+        for _ in range(2):
+            start = msgspec.structs.replace(start, tree_id=tree)
+            records = await self.db.fetch(queries.BEGIN_CALL_AT, tree, _jsonb(start), known)
+            if records[0]["mode"] != "elsewhere":
+                return records
+            tree = records[0]["tree_id"]
+            if tree is None:
+                break
+        return await self.db.fetch(queries.BEGIN_CALL, _jsonb(msgspec.structs.replace(start, tree_id=None)), known)
 
     async def _begun(self, tenant: str, records: list[Any]) -> Begun:
         first = records[0]

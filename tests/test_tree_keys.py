@@ -273,3 +273,87 @@ def test_every_round_trip_of_a_call_touches_one_tree(plan_log, guarded, key, cid
 
     assert run(reap()) is True
     assert all(_trees(rels) == {tree} for _, rels in _one_tree_each(url, "reap"))
+
+
+def test_a_start_beside_its_tree_reads_that_tree_only(guarded, key, cid):
+    """On a schema distributed by tree a named conversation's start runs on the worker holding
+    the tree it is sent beside (``bp_begin_call_at``, storage.tree): each such round trip must
+    touch that one tree, or it would reach other shards from a worker. Checked here by making the
+    proxy take its database for a distributed one: every start statement's rows, and where the
+    starts go -- a fork's first turn beside its name's tree (its alias row only), then beside its
+    tree; a new name, and a name made again after a delete, on the coordinator's general start."""
+    p, url = guarded
+    p.runtime.db.distributed = True  # (read by each start: storage.tree.TreeStore.begin_call)
+    headers = {"Authorization": f"Bearer {key}"}
+    tenant = p.runtime.auth(f"Bearer {key}").tenant
+    tree, fork = _tree_of(url, tenant, cid), f"{cid}-fork"
+    fork_tree = _tree_of(url, tenant, fork)
+
+    def starts(what):
+        """The start statements of the call just made that touched rows: [(beside a tree?, trees
+        touched)] (one that found nothing touched none, and is not recorded)."""
+        found = [("bp_begin_call_at" in q, _trees(rels)) for q, rels in _one_tree_each(url, what)
+                 if "bp_begin_call" in q]
+        assert found, what
+        return found
+
+    with httpx.Client(base_url=p.url, headers=headers, timeout=30) as http:
+        def chat(what, conversation=cid, **kw):
+            r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": conversation, **kw.pop("headers", {})},
+                          json={"model": MODEL, "messages": [{"role": "user", "content": what}], **kw.pop("body", {})})
+            assert r.status_code == 200, r.text
+            return r
+
+        # a new name: looked for beside its derived tree (nothing there), made on the coordinator
+        first = chat("first turn")
+        assert starts("first turn") == [(False, {tree})]
+        for what, kw in (("second turn", {}), ("a stream", {"body": {"stream": True}}),
+                         ("a side call", {"headers": {"X-Node-Kind": "transform"}}),
+                         ("an edit", {"headers": {"X-Parent-Node-Id": first.headers["x-node-id"]}})):
+            chat(what, **kw)
+            assert starts(what) == [(True, {tree})], what
+        history = [{"role": "user", "content": "first turn"}, {"role": "assistant", "content": "echo: first turn"},
+                   {"role": "user", "content": "resent"}]
+        r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Context-Mode": "full"},
+                      json={"model": MODEL, "messages": history})
+        assert r.status_code == 200 and r.headers["x-context-matched"] == "2"
+        assert starts("full history") == [(True, {tree})]
+        # the safety net: a delta call resending the history, handled in full mode, beside the tree
+        r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
+                      json={"model": MODEL, "messages": history + [{"role": "assistant", "content": "echo: resent"},
+                                                                   {"role": "user", "content": "again"}]})
+        assert r.status_code == 200 and r.headers["x-context-mode"] == "full", r.headers
+        assert starts("safety net") == [(True, {tree})]
+
+        # a fork lives in its source's tree: its first start finds the alias beside its own
+        # name's tree, then runs beside the source's; the next goes there at once
+        assert http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": fork}).status_code == 200
+        _statements(url)
+        p.runtime.tree.cache._conversations.clear()  # (as a process that never saw it)
+        chat("on the fork", conversation=fork)
+        assert starts("on the fork") == [(True, {fork_tree}), (True, {tree})]
+        chat("on the fork again", conversation=fork)
+        assert starts("on the fork again") == [(True, {tree})]
+
+        # the fork deleted and its name made again: the remembered tree no longer holds it, so
+        # the start goes to the coordinator, which makes it in the name's own tree
+        assert http.delete(f"/admin/conversations/{fork}").status_code == 200
+        _statements(url)
+        chat("a new conversation of that name", conversation=fork)
+        assert starts("made again") == [(False, {fork_tree})]
+        path = http.get(f"/admin/conversations/{fork}/path").json()
+        assert [n["sent"][0]["content"] for n in path["data"]] == ["a new conversation of that name"], path
+
+        # a parent outside the conversation: still 404, from the coordinator's start
+        r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": "never-made",
+                                                      "X-Parent-Node-Id": first.headers["x-node-id"]},
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 404, r.text
+
+
+def test_the_derived_tree_is_computed_in_python_as_in_the_database(database_url):
+    from storage.ids import tree_of
+
+    for tenant, name in (("t", "c"), ("", ""), ("tenant-ß", "conversation ✓ 💬"), ("ab", "c:d"), ("a", "bc:d")):
+        assert tree_of(tenant, name) == _tree_of(database_url, tenant, name), (tenant, name)
+    assert tree_of("ab", "c") != tree_of("a", "bc")  # (the tenant's length keeps them apart)

@@ -265,3 +265,31 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- bp_conversation_at(tenant, conversation, at, for update): the conversation as a start run beside
+-- tree `at` finds it (bp_begin_call_at) -- reading rows of that tree only: its row locked as
+-- bp_lock_conversation locks it, when it lives in `at`; else a row of nulls whose tree_id says
+-- where it lives (an alias row in `at`, when `at` is the name's derived tree: a fork), or is null
+-- (not known there: a new name, or one deleted or made again meanwhile -- the caller starts again
+-- without a tree, and may claim the name).
+CREATE OR REPLACE FUNCTION bp_conversation_at(p_tenant text, p_conversation text, p_at uuid, p_for_update boolean)
+RETURNS conversations
+LANGUAGE plpgsql AS $$
+DECLARE
+    conv conversations%ROWTYPE;
+    v_tree uuid := p_at;
+BEGIN
+    IF p_at = bp_tree_of(p_tenant, p_conversation) THEN
+        v_tree := bp_conversation_tree(p_tenant, p_conversation);  -- (its alias row: in `at`)
+    END IF;
+    IF v_tree = p_at THEN
+        conv := bp_lock_conversation(p_at, p_tenant, p_conversation, p_for_update);
+        IF conv.id IS NOT NULL THEN
+            RETURN conv;
+        END IF;
+        v_tree := NULL;
+    END IF;
+    conv.tree_id := v_tree;
+    RETURN conv;
+END
+$$;

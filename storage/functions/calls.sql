@@ -40,8 +40,13 @@
 --   lease_seconds, model, provider, params (the request's other fields)
 --   ordinals                  Responses items: the message each item of sent stands for (bp_tail)
 --   api                       chat | responses: the format sent is in
+--   tree_id                   the tree the caller looks for the conversation in, given when the
+--                             start runs on the node holding that tree (bp_begin_call_at): the
+--                             start then reads no other tree and claims no name -- a conversation
+--                             not there answers 'elsewhere' (bp_conversation_at); null: look it up
+--                             by name, and make it if it is new
 SELECT bp_define_type('bp_call_start_t', '
-    tenant text, conversation_id text, new_conversation_id text, new_tree_id uuid,
+    tenant text, conversation_id text, new_conversation_id text, new_tree_id uuid, tree_id uuid,
     node_id uuid, kind text, mode text, parent_mode text, parent_id uuid,
     sent jsonb, digests bytea[], prefixes bytea[], prefix_offset integer,
     system_hash bytea, lease_seconds double precision, model text, provider text,
@@ -92,8 +97,10 @@ $$;
 -- of its non-system messages matched stored nodes (full mode), `start` how many of them the new
 -- node does not repeat, `with_system` whether it stores the call's system messages (full mode:
 -- only when they differ from the path's). `mode` is 'window' (nothing written) when a window at
--- the end did not suffice: call again with the whole history. Refuses with BPBSY, BPNFN or BPPBC
--- (delta mode).
+-- the end did not suffice: call again with the whole history; 'elsewhere' (nothing written) when
+-- the start was given a tree (`tree_id`) and the conversation is not there: its `tree_id` names
+-- the tree it is in (start again there), or is null (start again without a tree). Refuses with
+-- BPBSY, BPNFN or BPPBC (delta mode).
 CREATE OR REPLACE FUNCTION bp_begin_call(p_start jsonb, p_known uuid[] DEFAULT '{}')
 RETURNS TABLE (call_node uuid, conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
                start integer, with_system boolean, node bp_path_node)
@@ -107,7 +114,6 @@ DECLARE
     v_head record;
     v_up record;
     v_lease timestamptz;
-    v_ctree uuid;
     v_resent boolean;
     v_above bytea;
 BEGIN
@@ -117,18 +123,27 @@ BEGIN
     END IF;
 
     v_lease := now() + make_interval(secs => s.lease_seconds);
-    v_ctree := bp_conversation_tree(s.tenant, s.conversation_id);  -- (full mode resolves it itself)
 
     -- 1. the conversation, locked for the rest of this transaction (turns only: transforms take
     --    no lease and move no head, so any number of them run side by side)
-    IF s.parent_mode = 'node' THEN
+    IF s.tree_id IS NOT NULL THEN
+        -- run beside a tree (bp_begin_call_at): the conversation must be there
+        conv := bp_conversation_at(s.tenant, s.conversation_id, s.tree_id, s.kind = 'turn');
+        IF conv.id IS NULL THEN
+            RETURN QUERY SELECT s.node_id, NULL::text, conv.tree_id, NULL::uuid, 'elsewhere', 0, 0, false,
+                                NULL::bp_path_node;
+            RETURN;
+        END IF;
+    ELSIF s.parent_mode = 'node' THEN
         -- a given parent needs an existing conversation: never create one just to answer 404
-        conv := bp_lock_conversation(v_ctree, s.tenant, s.conversation_id, s.kind = 'turn');
+        conv := bp_lock_conversation(bp_conversation_tree(s.tenant, s.conversation_id), s.tenant, s.conversation_id,
+                                     s.kind = 'turn');
         IF conv.id IS NULL THEN
             PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', s.parent_id, s.conversation_id));
         END IF;
     ELSE
-        conv := bp_open_conversation(s.tenant, s.conversation_id, v_ctree, s.new_tree_id, s.kind = 'turn');
+        conv := bp_open_conversation(s.tenant, s.conversation_id, bp_conversation_tree(s.tenant, s.conversation_id),
+                                     s.new_tree_id, s.kind = 'turn');
     END IF;
 
     -- 2. the safety net: a delta client never resends the model's answers, so a delta call whose
@@ -216,6 +231,27 @@ BEGIN
     IF NOT FOUND THEN
         RETURN QUERY SELECT s.node_id, conv.id, conv.tree_id, v_parent, 'delta', 0, 0, false, NULL::bp_path_node;
     END IF;
+END
+$$;
+
+-- bp_begin_call_at(tree, start, known): bp_begin_call, beside a tree -- `tree` is the start's
+-- tree_id, its conversation's tree as the caller expects it (bp_tree_of(tenant, conversation),
+-- or where an 'elsewhere' answer pointed). What a PostgreSQL distributed by tree runs a named
+-- conversation's start as: placed with its tree (storage/distribute.py), the call runs whole on
+-- the worker holding that tree, its statements local there. Never claims a name (a new
+-- conversation answers 'elsewhere' with a null tree: its first call starts on the coordinator,
+-- where every claim of a name takes the name's lock -- storage/tree.py). `known` as uuid[]'s text
+-- ('{id,...}'): Citus, sending the call to the worker, could not pass on a cast of the text sent.
+CREATE OR REPLACE FUNCTION bp_begin_call_at(p_tree uuid, p_start jsonb, p_known text DEFAULT '{}')
+RETURNS TABLE (call_node uuid, conversation_id text, tree_id uuid, parent_id uuid, mode text, matched integer,
+               start integer, with_system boolean, node bp_path_node)
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF (p_start ->> 'tree_id') IS DISTINCT FROM p_tree::text THEN
+        RAISE EXCEPTION 'bp_begin_call_at: the start''s tree_id (%) is not the tree it runs beside (%)',
+            p_start ->> 'tree_id', p_tree;
+    END IF;
+    RETURN QUERY SELECT * FROM bp_begin_call(p_start, p_known::uuid[]);
 END
 $$;
 

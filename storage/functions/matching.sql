@@ -140,7 +140,18 @@ DECLARE
     v_with_system boolean;
     v_parent uuid;
 BEGIN
-    IF s.conversation_id IS NOT NULL THEN
+    IF s.tree_id IS NOT NULL THEN
+        -- run beside a tree (bp_begin_call_at): the conversation must be there
+        conv := bp_conversation_at(s.tenant, s.conversation_id, s.tree_id, false);
+        IF conv.id IS NULL THEN
+            RETURN QUERY SELECT s.node_id, NULL::text, conv.tree_id, NULL::uuid, 'elsewhere', 0, 0, false,
+                                NULL::bp_path_node;
+            RETURN;
+        END IF;
+        IF conv.fork_node_id IS NOT NULL THEN
+            v_visible := ARRAY(SELECT bp_visible_foreign(conv.tree_id, s.tenant, s.conversation_id));
+        END IF;
+    ELSIF s.conversation_id IS NOT NULL THEN
         -- key-share locked: calls run side by side, but never beside a delete of the conversation
         conv := bp_open_conversation(s.tenant, s.conversation_id, bp_conversation_tree(s.tenant, s.conversation_id),
                                      s.new_tree_id, false);
