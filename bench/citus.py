@@ -50,7 +50,7 @@ PGBIN = "/usr/lib/postgresql/15/bin"
 
 
 def _shared() -> Path:
-    for candidate in (os.environ.get("BRANCHPOINT_SHARED"), ROOT.parent / "shared"):
+    for candidate in (os.environ.get("BRANCHPOINT_SHARED"), ROOT.parent / "shared", ROOT.parent.parent / "shared"):
         if candidate and (Path(candidate) / "citus" / "cluster.sh").exists():
             return Path(candidate)
     raise SystemExit("../shared/citus not found: set BRANCHPOINT_SHARED")
