@@ -99,9 +99,9 @@ class PathCache:
         """The whole path (root first): the kept chain ending at ``stop`` (None: ``rows`` start at
         the root), then ``rows``. Keeps what of ``rows`` may be kept. None when the chain is no
         longer kept (evicted meanwhile): read the path again without stopping."""
+        self._remember(tenant, conversation_id, tree_id)  # (even when off: where its next start goes, ``tree``)
         if not self.enabled:
             return rows if stop is None else None
-        self._remember(tenant, conversation_id, tree_id)
         tree = self._trees.get(tree_id)
         if stop is None:
             prefix: list[PathNode] = []
