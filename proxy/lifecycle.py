@@ -1,10 +1,12 @@
 """The call lifecycle: one stored call, of any dialect, from the parsed request to the stored
 node (docs/behaviour.md#the-chat-endpoint).
 
-    begin: conversation, lease, parent, pending node, path read       (storage: one round trip)
+    begin: conversation, lease, parent, pending node, path read       (storage: one round trip [*])
     maybe compact, build the exact upstream body                      (proxy.compaction, proxy.builder)
     call the upstream, relay the answer                               (proxy.upstream, proxy.relay)
     finish: outcome stored, lease released, head moved by the rule   (storage: one round trip)
+
+    [*] on one PostgreSQL; on a schema distributed by tree, up to three (docs/scaling.md)
 
 Every way out of a started call goes through ``Outcomes.finish`` (proxy/outcomes.py; or ``_fail``,
 which also answers the client), so a started node is always finished: with its answer, or with a

@@ -12,7 +12,7 @@ where a new conversation begins (docs/behaviour.md#full-history-mode):
   conversation is made a fork at that node (nothing copied), and the call, matched in it as usual,
   hangs there.
 
-Both happen before the call's one round trip (``bp_begin_call``), which never changes: a named
+Both happen before the call's start (``bp_begin_call``), which never changes: a named
 conversation already seen by this process costs nothing more (``_seen``); one not seen costs one
 look-up of its row, and a new one the tenant-wide match (and the fork when it continues something).
 (A conversation deleted and named again while this process remembers it is not matched against

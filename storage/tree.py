@@ -1,7 +1,8 @@
 """The conversation tree as the call path uses it: start a call, finish it, keep its lease alive,
 reap calls whose process died, write compactions. One method, one statement, one round trip --
 shared, for starts and finishes, with the other calls' that reach the database at the same time
-(``storage.batching``)."""
+(``storage.batching``). (On a schema distributed by tree a named conversation's start is sent
+beside its tree, and may take a second or third round trip: ``TreeStore._begin_beside_tree``.)"""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ class CallStart(msgspec.Struct, kw_only=True):
     prefix_offset: int = 0
     ordinals: list[int] | None = None
     api: str = "chat"
-    tree_id: uuid.UUID | None = None  # set by TreeStore.begin_call only (a start beside its tree)
+    tree_id: uuid.UUID | None = None  # None here: bp_begin_call_at sets it (a start beside its tree)
 
 
 class CallFinish(msgspec.Struct, kw_only=True):
@@ -195,15 +196,15 @@ class TreeStore:
         assert start.conversation_id is not None
         tree: uuid.UUID | None = self.cache.tree(start.tenant, start.conversation_id) or tree_of(
             start.tenant, start.conversation_id)
+        body = _jsonb(start)  # (bp_begin_call_at sets its tree_id: encoded once for every try)
         for _ in range(2):
-            start = msgspec.structs.replace(start, tree_id=tree)
-            records = await self.db.fetch(queries.BEGIN_CALL_AT, tree, _jsonb(start), known)
+            records = await self.db.fetch(queries.BEGIN_CALL_AT, tree, body, known)
             if records[0]["mode"] != "elsewhere":
                 return records
             tree = records[0]["tree_id"]
             if tree is None:
                 break
-        return await self.db.fetch(queries.BEGIN_CALL, _jsonb(msgspec.structs.replace(start, tree_id=None)), known)
+        return await self.db.fetch(queries.BEGIN_CALL, body, known)
 
     async def _begun(self, tenant: str, records: list[Any]) -> Begun:
         first = records[0]

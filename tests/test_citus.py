@@ -450,7 +450,7 @@ def test_explain_shows_one_task_for_the_delegated_calls_and_the_path_read(distri
     # the delegated calls: one task, the whole function call sent to the worker holding the tree
     for sql, args in ((f"SELECT * FROM bp_path_nodes(p_tree => '{tree}', p_node => '{head}')", ()),
                       (f"SELECT * FROM bp_path('{tree}', '{head}')", ()),
-                      (queries.BEGIN_CALL_AT, (tree, json.dumps({"tree_id": str(tree)}), "{}")),  # (as sent)
+                      (queries.BEGIN_CALL_AT, (tree, "{}", "{}")),
                       (f"SELECT bp_renew(p_tree => '{tree}', p_node => '{head}', p_lease_seconds => 1)", ()),
                       (f"SELECT '{head}'::uuid AS call, finished FROM bp_finish_call(p_tree => '{tree}', "
                        f"p_node => '{head}', p_finish => '{{}}') finished", ())):

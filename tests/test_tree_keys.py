@@ -357,3 +357,17 @@ def test_the_derived_tree_is_computed_in_python_as_in_the_database(database_url)
     for tenant, name in (("t", "c"), ("", ""), ("tenant-ß", "conversation ✓ 💬"), ("ab", "c:d"), ("a", "bc:d")):
         assert tree_of(tenant, name) == _tree_of(database_url, tenant, name), (tenant, name)
     assert tree_of("ab", "c") != tree_of("a", "bc")  # (the tenant's length keeps them apart)
+
+
+def test_a_start_beside_no_tree_is_refused(database_url):
+    """``bp_begin_call_at`` needs the tree it runs beside (it sets the start's tree_id to it): a
+    null one is refused, not taken for a start that may claim a name anywhere."""
+    async def start_beside_nothing():
+        conn = await asyncpg.connect(database_url)
+        try:
+            with pytest.raises(asyncpg.RaiseError, match="no tree given"):
+                await conn.fetch("SELECT * FROM bp_begin_call_at(NULL, '{}'::jsonb)")
+        finally:
+            await conn.close()
+
+    run(start_beside_nothing())

@@ -40,8 +40,8 @@
 --   lease_seconds, model, provider, params (the request's other fields)
 --   ordinals                  Responses items: the message each item of sent stands for (bp_tail)
 --   api                       chat | responses: the format sent is in
---   tree_id                   the tree the caller looks for the conversation in, given when the
---                             start runs on the node holding that tree (bp_begin_call_at): the
+--   tree_id                   the tree the caller looks for the conversation in, set by
+--                             bp_begin_call_at (the start runs on the node holding that tree): the
 --                             start then reads no other tree and claims no name -- a conversation
 --                             not there answers 'elsewhere' (bp_conversation_at); null: look it up
 --                             by name, and make it if it is new
@@ -234,9 +234,10 @@ BEGIN
 END
 $$;
 
--- bp_begin_call_at(tree, start, known): bp_begin_call, beside a tree -- `tree` is the start's
--- tree_id, its conversation's tree as the caller expects it (bp_tree_of(tenant, conversation),
--- or where an 'elsewhere' answer pointed). What a PostgreSQL distributed by tree runs a named
+-- bp_begin_call_at(tree, start, known): bp_begin_call, beside a tree -- `tree` becomes the start's
+-- tree_id (set here, so a caller trying one tree after another sends the same start each time): its
+-- conversation's tree as the caller expects it (bp_tree_of(tenant, conversation), or where an
+-- 'elsewhere' answer pointed). What a PostgreSQL distributed by tree runs a named
 -- conversation's start as: placed with its tree (storage/distribute.py), the call runs whole on
 -- the worker holding that tree, its statements local there. Never claims a name (a new
 -- conversation answers 'elsewhere' with a null tree: its first call starts on the coordinator,
@@ -247,11 +248,10 @@ RETURNS TABLE (call_node uuid, conversation_id text, tree_id uuid, parent_id uui
                start integer, with_system boolean, node bp_path_node)
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF (p_start ->> 'tree_id') IS DISTINCT FROM p_tree::text THEN
-        RAISE EXCEPTION 'bp_begin_call_at: the start''s tree_id (%) is not the tree it runs beside (%)',
-            p_start ->> 'tree_id', p_tree;
+    IF p_tree IS NULL THEN  -- (nothing to run beside: the caller starts on the coordinator instead)
+        RAISE EXCEPTION 'bp_begin_call_at: no tree given';
     END IF;
-    RETURN QUERY SELECT * FROM bp_begin_call(p_start, p_known::uuid[]);
+    RETURN QUERY SELECT * FROM bp_begin_call(p_start || jsonb_build_object('tree_id', p_tree), p_known::uuid[]);
 END
 $$;
 
