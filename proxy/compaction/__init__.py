@@ -5,11 +5,13 @@ summarised into a compaction node that assembly stops at.
     clearing.py     context editing: old tool results replaced by placeholders (pure)
     background.py   background jobs: one per conversation, newest request next, take-over
     policy.py       thresholds and what stays raw (pure)
+    results.py      CompactionResult and Prepared: what a compaction hands back
     summariser.py   the summariser calls and the summary budget
 """
 
-from .compactor import CompactionResult, Compactor, Prepared
+from .compactor import Compactor
 from .policy import Limits, Thresholds, split_recent
+from .results import CompactionResult, Prepared
 from .summariser import SUMMARY_PREFIX, Summariser, render_transcript, summariser_messages
 
 __all__ = [

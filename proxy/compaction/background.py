@@ -32,7 +32,8 @@ from ..dialects import message_path
 from ..limits import ServerBusy, holding
 
 if TYPE_CHECKING:
-    from .compactor import CompactionResult, Compactor, Prepared
+    from .compactor import Compactor
+    from .results import CompactionResult, Prepared
 
 __all__ = ["BackgroundCompactions", "Job"]
 

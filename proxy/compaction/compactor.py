@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -41,9 +40,10 @@ from ..tokens import TokenCounter, estimate_request, off_loop
 from . import clearing
 from .background import BackgroundCompactions, Job
 from .policy import Thresholds, measured_context, split_recent, unanswered_tail_calls
+from .results import CompactionResult, Prepared
 from .summariser import SUMMARY_PREFIX, Summariser, is_summary
 
-__all__ = ["CompactionResult", "Compactor", "Prepared"]
+__all__ = ["Compactor"]
 
 log = logging.getLogger("branchpoint.compaction")
 
@@ -67,54 +67,6 @@ def _chars(tokens: TokenCounter, items: Sequence[Any]) -> int:
     """About how many characters counting ``items`` reads at most (for ``off_loop``): a quarter of
     the 4-per-character bound."""
     return tokens.messages(items, lambda text: len(text))
-
-
-@dataclass
-class Prepared:
-    """A summary ready to be written as a compaction node."""
-
-    system: list[dict[str, Any]]
-    summary: dict[str, Any]
-    recent: list[dict[str, Any]]
-    model: str
-    provider: str
-    params: dict[str, Any]
-    usage: dict[str, int]
-    tokens: int
-    compacted: int
-    calls: int
-    first_request: bytes  # the summariser's first request body, kept with the node
-    taken_over: bool = False  # a call crossing the hard threshold wrote it
-
-
-@dataclass
-class CompactionResult:
-    compacted: bool
-    reason: str = ""
-    node: PathNode | None = None
-    summary_tokens: int = 0
-    kept_messages: int = 0
-    compacted_messages: int = 0
-    calls: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-    method: str = "summary"  # or "clear_tool_results"
-    cleared_results: int = 0  # (a clearing) tool results replaced by placeholders
-    freed_tokens: int = 0  # (a clearing) about how many tokens that took out of the request
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"object": "compaction", "compacted": self.compacted}
-        if self.compacted or self.method != "summary":  # (a summary not made: the shape it always had)
-            out["method"] = self.method
-        if self.compacted and self.node is not None:
-            out.update(node_id=str(self.node.id), compacted_from=str(self.node.compacted_from))
-            if self.method == "summary":
-                out.update(summary_tokens=self.summary_tokens, kept_messages=self.kept_messages,
-                           compacted_messages=self.compacted_messages)
-            else:
-                out.update(cleared_results=self.cleared_results, freed_tokens=self.freed_tokens)
-        else:
-            out["reason"] = self.reason
-        return out
 
 
 class Compactor:
