@@ -3,6 +3,7 @@ summarised into a compaction node that assembly stops at.
 
     compactor.py    Compactor: prepare and write a compaction; the hard, soft and admin triggers
     clearing.py     context editing: old tool results replaced by placeholders (pure)
+    clearer.py      Clearer: a clearing planned off the loop and written as a compaction node
     background.py   background jobs: one per conversation, newest request next, take-over
     policy.py       thresholds and what stays raw (pure)
     results.py      CompactionResult and Prepared: what a compaction hands back

@@ -10,7 +10,7 @@ apply the result only if the conversation is still where it was (docs/behaviour.
 - A call that crosses the hard threshold while a summary of its own path is being written takes
   that summary over (``take_over``) instead of asking the summariser a second time.
 - No summary when clearing old tool results before the next call will bring the path under the
-  soft threshold (``Compactor.clearing_suffices``; docs/behaviour.md#context-editing).
+  soft threshold (``Clearer.suffices``; docs/behaviour.md#context-editing).
 - The path's size is held against ``[server] max_bytes_in_flight`` while it is summarised (a
   conversation may hold giant messages); no room within 5 s: the job is dropped.
 """
@@ -92,7 +92,7 @@ class BackgroundCompactions:
         self.summarising[job.key] = (job.head, future)
         try:
             path = message_path(await c.tree.path(job.tree_id, job.head, tenant=job.tenant))
-            if await c.clearing_suffices(path, job.model):
+            if await c.clearer.suffices(path, job.model):
                 # the next call clears old tool results and is then under the soft threshold: no
                 # summary (a model call, and a new prefix for the provider's cache) is needed
                 c.metrics.compactions.labels("soft", "left_to_clearing").inc()

@@ -13,10 +13,10 @@ Pure functions over a path read as chat messages (``dialects.message_path``):
   message -- a Responses ``function_call_output``, an Anthropic ``tool_result`` block --, that
   item's output: ``dialects.cleared_result``).
 
-Whether to clear is the compactor's (``Compactor.clear``): only above ``clear_tool_results`` of the
-input limit, and only when the plan frees at least ``clear_at_least`` of it -- so the request
-shrinks in steps and is otherwise a byte-for-byte extension of the one before (provider prompt
-caches keep hitting between steps).
+Whether to clear is the compactor's (``Compactor.before_call``; ``Clearer.clear`` in
+``clearer.py``): only above ``clear_tool_results`` of the input limit, and only when the plan
+frees at least ``clear_at_least`` of it -- so the request shrinks in steps and is otherwise a
+byte-for-byte extension of the one before (provider prompt caches keep hitting between steps).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 compaction``, no parent, ``compacted_from`` = the node it replaces. Assembly stops at it; nothing
 before it is deleted. Two methods (the node's ``params.method``):
 
-- ``clear_tool_results`` (context editing, ``clearing.py``): the path's items with old tool results
-  replaced by placeholders -- no model call, tried first;
+- ``clear_tool_results`` (context editing: planned by ``clearing.py``, written by ``clearer.py``):
+  the path's items with old tool results replaced by placeholders -- no model call, tried first;
 - ``summary``: the most recent system prompt, one summary message of the older part and the last
   ``keep_recent`` messages raw.
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from storage import ConversationRow, PathNode, TreeStore, uuid7
@@ -39,6 +38,7 @@ from ..metrics import Metrics
 from ..tokens import TokenCounter, estimate_request, off_loop
 from . import clearing
 from .background import BackgroundCompactions, Job
+from .clearer import Clearer
 from .policy import Thresholds, measured_context, split_recent, unanswered_tail_calls
 from .results import CompactionResult, Prepared
 from .summariser import SUMMARY_PREFIX, Summariser, is_summary
@@ -57,12 +57,6 @@ def _role(item: Any) -> Any:
     return item.get("role") if isinstance(item, dict) else None
 
 
-def path_chars(path: Sequence[PathNode]) -> int:
-    """About how many characters counting ``path`` reads at most (for ``off_loop``)."""
-    return sum(len(m["content"]) if isinstance(m, dict) and isinstance(m.get("content"), str) else 100
-               for n in path for m in [*n.sent, *(n.received or ())])
-
-
 def _chars(tokens: TokenCounter, items: Sequence[Any]) -> int:
     """About how many characters counting ``items`` reads at most (for ``off_loop``): a quarter of
     the 4-per-character bound."""
@@ -77,8 +71,9 @@ class Compactor:
         self.thresholds = thresholds
         self.tokens = tokens
         self.metrics = metrics
+        self.clearer = Clearer(tree=tree, thresholds=thresholds, tokens=tokens, metrics=metrics,
+                               provider=summariser.provider)
         self.jobs = BackgroundCompactions(self, tasks, give_up_after=max(30.0, lease_seconds))
-        self._counted: clearing.Memo = {}  # (tool results counted by earlier plans: ``clearing.plan``)
 
     # -- compacting a path ---------------------------------------------------------------------
 
@@ -185,83 +180,6 @@ class Compactor:
             log.info("compaction not applied", extra={"conversation_id": conversation_id, "outcome": result.reason})
         return result
 
-    # -- clearing old tool results (context editing) ----------------------------------------------
-
-    async def plan_clearing(self, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]] = (), *,
-                            everything: bool = False) -> clearing.Plan:
-        """Which of ``path``'s tool results a clearing before a call sending ``new_items`` would
-        replace, and the tokens that frees (``clearing.plan``; counted off the event loop when the
-        results are large)."""
-        e = self.thresholds.editing
-        chars = sum(len(m["content"]) if isinstance(m.get("content"), str) else 1_000
-                    for node in path for m in node.sent if isinstance(m, dict) and m.get("role") == "tool")
-        planning = partial(clearing.plan, keep=e.keep_tool_results, exclude=self.thresholds.exclude_tools,
-                           count=self.tokens.message, everything=everything, memo=self._counted)
-        return await off_loop(planning, path, new_items, chars=chars)
-
-    async def clear(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
-                    model: str, mode: str, trigger: str, call_node: uuid.UUID | None = None,
-                    new_items: Sequence[dict[str, Any]] = (), everything: bool = False,
-                    estimate: int | None = None) -> CompactionResult:
-        """Clear ``path``'s old tool results and write that as a compaction node (``method =
-        clear_tool_results``), in one go -- when it frees at least ``clear_at_least`` of the
-        model's input limit (``everything``: whatever it frees; an admin's clearing). ``mode`` as
-        for ``compact``. The result says why nothing was written."""
-        if not path:
-            return CompactionResult(False, "empty", method=clearing.METHOD)
-        planned = await self.plan_clearing(path, new_items, everything=everything)
-        if not planned.count:
-            return self._not_cleared(trigger, "nothing_to_clear", conversation_id)
-        if not everything and planned.freed < self.thresholds.limits(model).clear_at_least:
-            return self._not_cleared(trigger, "too_little_to_clear", conversation_id)
-        node_id = uuid7()
-        sent = [*planned.system, *planned.items]
-        params: dict[str, Any] = {
-            "method": clearing.METHOD,
-            "format": "text",
-            "trigger": trigger,
-            "cleared_results": planned.count,
-            "freed_tokens": planned.freed,
-            "keep_tool_results": self.thresholds.editing.keep_tool_results,
-            "cleared": planned.cleared,
-        }
-        if estimate is not None:
-            params["estimate_before"] = estimate
-        provider = self.summariser.provider(model)
-        outcome = await self.tree.apply_compaction(
-            tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, node_id=node_id,
-            compacted_from=path[-1].id, sent=sent, model=model, provider=provider, params=params, usage=None,
-            mode=mode, call_node=call_node, request=None)
-        if outcome != "ok":
-            return self._not_cleared(trigger, outcome, conversation_id)
-        self.metrics.compactions.labels(f"{trigger}_clear", "ok").inc()
-        self.metrics.cleared_results.inc(planned.count)
-        log.info("tool results cleared", extra={"conversation_id": conversation_id, "node_id": str(node_id),
-                                                "trigger": trigger, "cleared": planned.count, "freed_tokens": planned.freed})
-        node = PathNode(id=node_id, parent_id=None, kind="compaction", status="success", sent=sent, received=None,
-                        provider=provider, model=model, usage=None, compacted_from=path[-1].id)
-        return CompactionResult(True, node=node, method=clearing.METHOD, cleared_results=planned.count,
-                                freed_tokens=planned.freed)
-
-    def _not_cleared(self, trigger: str, reason: str, conversation_id: str) -> CompactionResult:
-        self.metrics.compactions.labels(f"{trigger}_clear", reason).inc()
-        if reason not in ("nothing_to_clear", "too_little_to_clear"):
-            log.info("clearing not applied", extra={"conversation_id": conversation_id, "outcome": reason})
-        return CompactionResult(False, reason, method=clearing.METHOD)
-
-    async def clearing_suffices(self, path: Sequence[PathNode], model: str) -> bool:
-        """Whether clearing before the next call will bring ``path`` under the soft threshold (so no
-        summary is needed after a turn above it): the path is above ``clear_tool_results`` -- the
-        next call will clear -- and its clearable results free enough."""
-        limits = self.thresholds.limits(model)
-        if not limits.clear:
-            return False
-        estimate = await off_loop(estimate_request, self.tokens, path, (), chars=path_chars(path))
-        if estimate <= limits.clear:
-            return False
-        planned = await self.plan_clearing(path)
-        return planned.freed >= limits.clear_at_least and estimate - planned.freed <= limits.soft
-
     # -- the three triggers ---------------------------------------------------------------------
 
     def after_turn(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, head: uuid.UUID, model: str,
@@ -343,9 +261,9 @@ class Compactor:
         estimate = await off_loop(estimate_request, self.tokens, path, new_items, extra, chars=bound // 4)
         cleared: CompactionResult | None = None
         if limits.clear and estimate > limits.clear:
-            cleared = await self.clear(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, path=path,
-                                       model=model, mode=kind, trigger="call", call_node=call_node,
-                                       new_items=new_items, estimate=estimate)
+            cleared = await self.clearer.clear(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                               path=path, model=model, mode=kind, trigger="call", call_node=call_node,
+                                               new_items=new_items, estimate=estimate)
             if cleared.compacted and cleared.node is not None:
                 cleared.extra["estimate_before"] = estimate
                 estimate -= cleared.freed_tokens
@@ -388,8 +306,8 @@ class Compactor:
         model = next((n.model for n in reversed(path) if n.kind != "compaction" and n.model), None)
         model = model or self.thresholds.compaction.model or default_model
         if method == clearing.METHOD:
-            result = await self.clear(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id, path=path,
-                                      model=model, mode="admin", trigger="admin", everything=True)
+            result = await self.clearer.clear(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id,
+                                              path=path, model=model, mode="admin", trigger="admin", everything=True)
         else:
             result = await self.compact(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id, path=path,
                                         model=model, client_key=client_key, mode="admin", trigger="admin")
