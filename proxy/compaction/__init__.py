@@ -1,7 +1,8 @@
 """Compaction (docs/behaviour.md#compaction): when a path grows too long, its older part is
 summarised into a compaction node that assembly stops at.
 
-    compactor.py    Compactor: prepare and write a compaction; the hard, soft and admin triggers
+    compactor.py    Compactor: the hard, soft and admin triggers (when to clear, when to summarise)
+    summaries.py    Summaries: a summary prepared and written as a compaction node
     clearing.py     context editing: old tool results replaced by placeholders (pure)
     clearer.py      Clearer: a clearing planned off the loop and written as a compaction node
     background.py   background jobs: one per conversation, newest request next, take-over

@@ -99,7 +99,7 @@ class BackgroundCompactions:
                 return False
             try:
                 async with holding(path_weight(path)):  # (max_bytes_in_flight: a request's path counts too)
-                    prepared = await c.prepare(path, job.model, job.client_key, "soft")
+                    prepared = await c.summaries.prepare(path, job.model, job.client_key, "soft")
             except ServerBusy:
                 c.metrics.compactions.labels("soft", "busy").inc()
                 log.info("background compaction dropped: no room under max_bytes_in_flight",
@@ -128,8 +128,9 @@ class BackgroundCompactions:
                         break
                     await asyncio.sleep(0.05)
                     continue
-                result = await c.write(prepared, tenant=job.tenant, conversation_id=job.conversation_id,
-                                       tree_id=job.tree_id, mode="background", trigger="soft", compacted_from=job.head)
+                result = await c.summaries.write(prepared, tenant=job.tenant, conversation_id=job.conversation_id,
+                                                 tree_id=job.tree_id, mode="background", trigger="soft",
+                                                 compacted_from=job.head)
                 if result.compacted:
                     return True
                 if result.reason not in ("moved", "busy"):
@@ -163,9 +164,10 @@ class BackgroundCompactions:
             return None
         if isinstance(prepared, str):
             return None
-        result = await self.compactor.write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
-                                            mode=kind, trigger="hard", compacted_from=path[-1].id,
-                                            later=path[ids.index(summarised_to) + 1:], call_node=call_node)
+        result = await self.compactor.summaries.write(prepared, tenant=tenant, conversation_id=conversation_id,
+                                                      tree_id=tree_id, mode=kind, trigger="hard",
+                                                      compacted_from=path[-1].id,
+                                                      later=path[ids.index(summarised_to) + 1:], call_node=call_node)
         if not result.compacted:
             return None
         prepared.taken_over = True

@@ -62,7 +62,7 @@ class Clearer:
         """Clear ``path``'s old tool results and write that as a compaction node (``method =
         clear_tool_results``), in one go -- when it frees at least ``clear_at_least`` of the
         model's input limit (``everything``: whatever it frees; an admin's clearing). ``mode`` as
-        for ``Compactor.compact``. The result says why nothing was written."""
+        for ``Summaries.compact``. The result says why nothing was written."""
         if not path:
             return CompactionResult(False, "empty", method=clearing.METHOD)
         planned = await self.plan(path, new_items, everything=everything)

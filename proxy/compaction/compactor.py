@@ -4,8 +4,8 @@ before it is deleted. Two methods (the node's ``params.method``):
 
 - ``clear_tool_results`` (context editing: planned by ``clearing.py``, written by ``clearer.py``):
   the path's items with old tool results replaced by placeholders -- no model call, tried first;
-- ``summary``: the most recent system prompt, one summary message of the older part and the last
-  ``keep_recent`` messages raw.
+- ``summary`` (``summaries.py``): the most recent system prompt, one summary message of the older
+  part and the last ``keep_recent`` messages raw.
 
 Each is written by one statement (``bp_apply_compaction``), so a process that stops mid-way leaves
 no trace. When, in one place (docs/behaviour.md#compaction, #context-editing):
@@ -27,40 +27,25 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from storage import ConversationRow, PathNode, TreeStore, uuid7
+from storage import ConversationRow, PathNode, TreeStore
 
-from ..assembly import Target, carried_items, uncarry
 from ..background import Background
 from ..call import Started
 from ..dialects import message_path
-from ..errors import ConversationBusy, UpstreamFailure
+from ..errors import ConversationBusy
 from ..metrics import Metrics
 from ..tokens import TokenCounter, estimate_request, off_loop
 from . import clearing
 from .background import BackgroundCompactions, Job
 from .clearer import Clearer
-from .policy import Thresholds, measured_context, split_recent, unanswered_tail_calls
-from .results import CompactionResult, Prepared
-from .summariser import SUMMARY_PREFIX, Summariser, is_summary
+from .policy import Thresholds, measured_context
+from .results import CompactionResult
+from .summaries import Summaries
+from .summariser import Summariser
 
 __all__ = ["Compactor"]
 
 log = logging.getLogger("branchpoint.compaction")
-
-# what the summariser reads of any provider's answers (no reasoning, no opaque items); the items a
-# compaction node keeps raw are carried whole instead (``assembly.carried``) and shaped for each
-# later call's provider
-_PORTABLE = Target("", accepts_reasoning=False)
-
-
-def _role(item: Any) -> Any:
-    return item.get("role") if isinstance(item, dict) else None
-
-
-def _chars(tokens: TokenCounter, items: Sequence[Any]) -> int:
-    """About how many characters counting ``items`` reads at most (for ``off_loop``): a quarter of
-    the 4-per-character bound."""
-    return tokens.messages(items, lambda text: len(text))
 
 
 class Compactor:
@@ -71,114 +56,11 @@ class Compactor:
         self.thresholds = thresholds
         self.tokens = tokens
         self.metrics = metrics
+        self.summaries = Summaries(tree=tree, summariser=summariser, thresholds=thresholds, tokens=tokens,
+                                   metrics=metrics)
         self.clearer = Clearer(tree=tree, thresholds=thresholds, tokens=tokens, metrics=metrics,
                                provider=summariser.provider)
         self.jobs = BackgroundCompactions(self, tasks, give_up_after=max(30.0, lease_seconds))
-
-    # -- compacting a path ---------------------------------------------------------------------
-
-    async def prepare(self, path: Sequence[PathNode], model: str, client_key: str | None, trigger: str,
-                      new_items: Sequence[dict[str, Any]] = ()) -> Prepared | str:
-        """Summarise the older part of ``path``; returns what to write, or why not."""
-        c = self.thresholds.compaction
-        summariser = c.model or model
-        limits = self.thresholds.limits(model)
-        system, body = carried_items(path)
-        pinned = frozenset(i.get("tool_call_id") for i in new_items if _role(i) == "tool") | unanswered_tail_calls(body)
-        # what stays raw must leave room, under the hard threshold, for the summary, the system
-        # prompt and this call's new items -- else the next call would compact again, and again
-        fixed = await off_loop(self.tokens.messages, [*system, *new_items], chars=_chars(self.tokens, [*system, *new_items]))
-        older, recent = await self._fit_recent(body, c.keep_recent, pinned, limits.hard - limits.summary_budget - fixed)
-        if all(is_summary(item) for item in older):  # nothing, or only the previous summary
-            return "nothing_to_compact"
-        try:
-            summary = await self.summariser.summarise([uncarry(m, _PORTABLE) for m in older], model=summariser, client_key=client_key,
-                                                      budget=limits.summary_budget, input_limit=limits.input)
-        except Exception as exc:
-            if not isinstance(exc, UpstreamFailure):
-                log.exception("summarisation failed")
-            self.metrics.compactions.labels(trigger, "failed").inc()
-            log.warning("summarisation failed; nothing compacted", extra={"error": getattr(exc, "message", str(exc))})
-            return "summarisation_failed"
-        params = {
-            "method": "summary",
-            "format": "text",
-            "trigger": trigger,
-            "summariser_model": summariser,
-            "keep_recent": c.keep_recent,
-            "summary_budget_tokens": limits.summary_budget,
-            "summary_tokens": summary.tokens,
-            "compacted_messages": len(older),
-            "summariser_calls": summary.calls,
-        }
-        return Prepared(system, {"role": "user", "content": SUMMARY_PREFIX + summary.text}, recent, summariser,
-                        self.summariser.provider(summariser), params, summary.usage, summary.tokens, len(older),
-                        summary.calls, summary.requests[0])
-
-    async def _fit_recent(self, body: Sequence[dict[str, Any]], keep: int, pinned: frozenset[Any],
-                          room: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """``split_recent``, with fewer items kept raw while they take more than ``room`` tokens: a
-        giant message (a 30 MB paste, a huge tool result) among the last ``keep_recent`` is
-        summarised -- cut to what the summariser takes -- instead of staying raw and holding the
-        path above the threshold for good."""
-        older, recent = split_recent(body, keep, pinned)
-        while recent:
-            if await off_loop(self.tokens.messages, recent, chars=_chars(self.tokens, recent)) <= room:
-                break
-            keep = min(keep, len(recent)) - 1
-            if keep < 0:
-                break
-            shorter = split_recent(body, keep, pinned)
-            if keep == 0 and len(shorter[1]) == len(recent):
-                break  # (what is left is pinned: answered by this call's tool results)
-            older, recent = shorter
-        return older, recent
-
-    async def write(self, prepared: Prepared, *, tenant: str, conversation_id: str, tree_id: uuid.UUID,
-                    mode: str, trigger: str, compacted_from: uuid.UUID, later: Sequence[PathNode] = (),
-                    call_node: uuid.UUID | None = None) -> CompactionResult:
-        """Write the compaction node replacing the path up to ``compacted_from``: the summary,
-        then raw the recent items and those of ``later`` nodes (added after the summarised path)."""
-        system, extra = carried_items(later)
-        system = system or prepared.system
-        recent = [*prepared.recent, *extra]
-        sent = [*system, prepared.summary, *recent]
-        node_id = uuid7()
-        params = {**prepared.params, "kept_messages": len(recent)}
-        outcome = await self.tree.apply_compaction(
-            tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, node_id=node_id,
-            compacted_from=compacted_from, sent=sent, model=prepared.model, provider=prepared.provider,
-            params=params, usage=prepared.usage or None,
-            mode=mode, call_node=call_node, request=prepared.first_request,
-        )
-        if outcome != "ok":
-            return CompactionResult(False, outcome)
-        self.metrics.compactions.labels(trigger, "ok").inc()
-        log.info("compacted", extra={"conversation_id": conversation_id, "node_id": str(node_id), "trigger": trigger,
-                                     "compacted_messages": prepared.compacted, "summary_tokens": prepared.tokens})
-        node = PathNode(id=node_id, parent_id=None, kind="compaction", status="success", sent=sent, received=None,
-                        provider=prepared.provider, model=prepared.model, usage=prepared.usage or None,
-                        compacted_from=compacted_from)
-        return CompactionResult(True, node=node, summary_tokens=prepared.tokens, kept_messages=len(recent),
-                                compacted_messages=prepared.compacted, calls=prepared.calls)
-
-    async def compact(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
-                      model: str, client_key: str | None, mode: str, trigger: str,
-                      call_node: uuid.UUID | None = None, new_items: Sequence[dict[str, Any]] = ()) -> CompactionResult:
-        """Summarise the older part of ``path`` and write the compaction node in one go (``mode``:
-        turn, transform or admin -- see ``bp_apply_compaction``). Never raises for an upstream
-        failure: the result says why nothing was compacted."""
-        if not path:
-            return CompactionResult(False, "empty")
-        prepared = await self.prepare(path, model, client_key, trigger, new_items)
-        if isinstance(prepared, str):
-            return CompactionResult(False, prepared)
-        result = await self.write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
-                                  mode=mode, trigger=trigger, compacted_from=path[-1].id, call_node=call_node)
-        if not result.compacted:
-            self.metrics.compactions.labels(trigger, result.reason).inc()
-            log.info("compaction not applied", extra={"conversation_id": conversation_id, "outcome": result.reason})
-        return result
 
     # -- the three triggers ---------------------------------------------------------------------
 
@@ -231,10 +113,10 @@ class Compactor:
             return None
         call = started.call
         apply_mode = call.kind if call.kind == "transform" or started.mode == "delta" else "full"
-        result = await self.compact(tenant=call.tenant, conversation_id=started.conversation_id,
-                                    tree_id=started.tree_id, path=path, model=call.body["model"],
-                                    client_key=call.client_key, mode=apply_mode, trigger="hard",
-                                    call_node=started.node_id, new_items=started.new_items)
+        result = await self.summaries.compact(tenant=call.tenant, conversation_id=started.conversation_id,
+                                              tree_id=started.tree_id, path=path, model=call.body["model"],
+                                              client_key=call.client_key, mode=apply_mode, trigger="hard",
+                                              call_node=started.node_id, new_items=started.new_items)
         if not result.compacted or result.node is None:
             return None
         started.parent_id = result.node.id
@@ -285,9 +167,9 @@ class Compactor:
         if taken is not None:
             taken.extra["estimate_before"] = estimate
             return taken
-        result = await self.compact(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, path=path,
-                                    model=model, client_key=client_key, mode=kind, trigger="hard",
-                                    call_node=call_node, new_items=new_items)
+        result = await self.summaries.compact(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                              path=path, model=model, client_key=client_key, mode=kind,
+                                              trigger="hard", call_node=call_node, new_items=new_items)
         result.extra["estimate_before"] = estimate
         if not result.compacted and cleared is not None:
             return cleared  # (the clearing stands: the call hangs under it)
@@ -309,8 +191,9 @@ class Compactor:
             result = await self.clearer.clear(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id,
                                               path=path, model=model, mode="admin", trigger="admin", everything=True)
         else:
-            result = await self.compact(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id, path=path,
-                                        model=model, client_key=client_key, mode="admin", trigger="admin")
+            result = await self.summaries.compact(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id,
+                                                  path=path, model=model, client_key=client_key, mode="admin",
+                                                  trigger="admin")
         if not result.compacted and result.reason in ("moved", "busy"):
             raise ConversationBusy(f"conversation {conv.id!r} moved while compacting; retry")
         return result

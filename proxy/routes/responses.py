@@ -254,9 +254,9 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         if node is None:
             raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
         path = message_path(await admin.path_rows(node.tree_id, node.id))
-        result = await compactor.compact(tenant=caller.tenant, conversation_id=node.conversation_id,
-                                         tree_id=node.tree_id, path=path, model=model, client_key=caller.client_key,
-                                         mode="transform", trigger="admin")
+        result = await compactor.summaries.compact(tenant=caller.tenant, conversation_id=node.conversation_id,
+                                                   tree_id=node.tree_id, path=path, model=model,
+                                                   client_key=caller.client_key, mode="transform", trigger="admin")
         source: list[Any] = path
     else:
         if cid is None:  # the input alone: it becomes a conversation of its own, then compacted
