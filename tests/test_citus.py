@@ -150,7 +150,7 @@ def test_a_call_introspects_no_type_on_a_new_connection(fresh_database_url, upst
             {"role": "user", "content": "discovered"}])
         assert r.headers["x-context-matched"] == "2"
         # a new conversation's first full-history call that continues another's node (its prefix
-        # hashes, sent as text too: storage/queries.py CONTINUED_NODE)
+        # hashes, sent as text too: storage/queries/calls.py CONTINUED_NODE)
         r = client.chat.completions.with_raw_response.create(
             model=MODEL, messages=history[:2] + [{"role": "user", "content": "continued"}],
             extra_headers={"X-Conversation-Id": f"{cid}-continued", "X-Context-Mode": "full"})
