@@ -3,7 +3,7 @@ Its client side is the ``messages`` dialect (a node's ``api``); an upstream that
 ``api = "anthropic"`` -- the same dialect under its provider's name.
 
     request.py    a client's Messages request read and checked; the items it sends (fragments)
-    blocks.py     Anthropic messages <-> chat messages; cache_control markers; thinking kept to its provider
+    blocks/       Anthropic messages <-> chat messages; cache_control markers; thinking kept to its provider
     translate.py  requests and answers in chat terms, both ways
     stream.py     Messages event streams: relayed natively, from chat, to chat
     exchange.py   the three ways an answer travels back (native, from chat, to chat)

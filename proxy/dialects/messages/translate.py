@@ -30,7 +30,7 @@ import msgspec
 
 from ...errors import InvalidRequest
 from ..responses.tools import DROPPED
-from .blocks import _input, _parts_to_blocks
+from .blocks.from_chat import _input, _parts_to_blocks
 
 __all__ = ["anthropic_usage", "chat_params", "chat_usage", "check_fields", "completion", "content_of", "hosted",
            "message_object", "request_fields"]
@@ -251,7 +251,7 @@ def read_message(data: Any) -> bool:
 def chat_message(content: list[Any], provider: str | None) -> dict[str, Any]:
     """The chat assistant message an Anthropic answer's content stands for (its signed thinking
     kept as ``thinking_blocks``, which go back only to the provider that produced them)."""
-    from .blocks import _assistant
+    from .blocks.to_chat import _assistant
 
     message = _assistant([b for b in content if isinstance(b, dict)])
     thinking = [b for b in content if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")]

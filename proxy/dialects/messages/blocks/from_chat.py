@@ -1,0 +1,164 @@
+"""Assembled chat messages back into an Anthropic request's ``system`` field and messages
+(``to_anthropic``): messages read from fragments put back together from them exactly as the
+client sent them (a ``thinking`` block only to the provider that produced it), the others -- chat
+nodes, summaries -- translated and joined to the message before when they have its role. Pure
+functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from ...responses.items import ITEMS, PRODUCER
+from .to_chat import CONT, INLINE, _blocks
+
+__all__ = ["to_anthropic"]
+
+_THINKING = frozenset({"thinking", "redacted_thinking"})
+
+_decode = msgspec.json.Decoder().decode
+
+
+# -- chat messages -> an Anthropic request's system and messages -----------------------------------
+
+
+def _parts_to_blocks(content: Any) -> list[dict[str, Any]]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    blocks = []
+    for part in content if isinstance(content, list) else [content]:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text"):
+            blocks.append({"type": "text", "text": part.get("text", "")})
+        elif kind == "image_url":
+            url = (part.get("image_url") or {}).get("url") or ""
+            if url.startswith("data:") and ";base64," in url:
+                media, data = url[5:].split(";base64,", 1)
+                blocks.append({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
+            else:
+                blocks.append({"type": "image", "source": {"type": "url", "url": url}})
+        elif kind in ("image", "document", "search_result"):
+            blocks.append(part)
+        # (audio, files by id ...: nothing Anthropic reads)
+    return blocks
+
+
+def _input(arguments: Any) -> Any:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = _decode(arguments) if isinstance(arguments, str | bytes) and arguments else {}
+    except (msgspec.DecodeError, RecursionError):
+        return {"arguments": arguments}  # (not JSON: kept, as a field)
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def _from_chat(message: dict[str, Any], provider: str | None) -> tuple[str, list[dict[str, Any]]]:
+    role = message.get("role")
+    if role == "tool":
+        content = message.get("content")
+        block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.get("tool_call_id")}
+        block["content"] = content if isinstance(content, str) else _parts_to_blocks(content)
+        return "user", [block]
+    if role == "assistant":
+        blocks: list[dict[str, Any]] = []
+        # a chat node's signed thinking: assembly kept it only towards the provider that produced it
+        for b in message.get("thinking_blocks") if isinstance(message.get("thinking_blocks"), list) else ():
+            if isinstance(b, dict) and type(b.get("type")) is str and b["type"] in _THINKING:
+                blocks.append(b)
+        blocks.extend(_parts_to_blocks(message.get("content")))
+        if message.get("refusal") and not blocks:
+            blocks.append({"type": "text", "text": str(message["refusal"])})
+        for call in message.get("tool_calls") or ():
+            if not isinstance(call, dict):
+                continue
+            fn = call.get("function") or {}
+            blocks.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"),
+                           "input": _input(fn.get("arguments"))})
+        return "assistant", blocks
+    return "user", _parts_to_blocks(message.get("content"))
+
+
+def _native(fragment: dict[str, Any], same: bool) -> dict[str, Any]:
+    """A stored fragment fit to send back: thinking only to the provider that produced it; our own
+    keys left out."""
+    content = fragment.get("content")
+    if isinstance(content, list) and not same and any(
+            isinstance(b, dict) and b.get("type") in _THINKING for b in content):
+        content = [b for b in content if not (isinstance(b, dict) and b.get("type") in _THINKING)]
+    return {**{k: v for k, v in fragment.items() if not k.startswith("_bp_")}, "content": content}
+
+
+def to_anthropic(messages: Iterable[dict[str, Any]], provider: str | None) -> tuple[Any, list[dict[str, Any]]]:
+    """(system, messages) of an Anthropic request for assembled chat messages: those read from
+    fragments are put back together from them; the others (chat nodes, summaries) translated, and
+    joined to the message before when they have its role (tool results become one user message)."""
+    system: list[Any] = []
+    system_text_only = True
+    out: list[dict[str, Any]] = []
+    joinable = False  # the last message out may take translated blocks of its role
+
+    def content_list(message: dict[str, Any]) -> list[Any]:
+        if not isinstance(message.get("content"), list):
+            message["content"] = _blocks(message.get("content"))
+        return message["content"]
+
+    for m in messages:
+        native = m.get(ITEMS)
+        fragment = native[0] if native and len(native) == 1 and isinstance(native[0], dict) else None
+        role = m.get("role")
+        if role in ("system", "developer"):
+            if fragment is not None and fragment.get(INLINE) and out:  # a message of its own, in place
+                out.append({k: v for k, v in fragment.items() if not k.startswith("_bp_")})
+                joinable = False
+                continue
+            if fragment is not None and fragment.get("role") == "system":
+                content = fragment.get("content")
+                if isinstance(content, list):
+                    system_text_only = False
+                    system.extend(content)
+                    continue
+                text = content
+            else:
+                text = m.get("content") if isinstance(m.get("content"), str) else "".join(
+                    b["text"] for b in _parts_to_blocks(m.get("content")) if b.get("type") == "text")
+            if text:
+                system.append({"type": "text", "text": text})
+            continue
+        if fragment is not None and fragment.get("role") in ("user", "assistant") and _still_whole(m, fragment):
+            piece = _native(fragment, provider is not None and m.get(PRODUCER) == provider)
+            if fragment.get(CONT) and out and out[-1]["role"] == piece["role"]:
+                content_list(out[-1]).extend(_blocks(piece.get("content")))
+            else:
+                # (a list of its own: the fragments after it are joined into it, and the stored
+                # fragment -- a path cache's, kept for later calls -- must not change)
+                content = piece.get("content")
+                out.append({**piece, "content": list(content)} if isinstance(content, list) else dict(piece))
+            joinable = False
+            continue
+        new_role, blocks = _from_chat(m, provider)
+        if out and out[-1]["role"] == new_role and (joinable or new_role == "user"):
+            content_list(out[-1]).extend(blocks)
+        else:
+            out.append({"role": new_role, "content": blocks})
+        joinable = True
+    if system_text_only and len(system) == 1:
+        return system[0]["text"], out
+    return (system or None), out
+
+
+def _still_whole(message: dict[str, Any], fragment: dict[str, Any]) -> bool:
+    """Whether the pairing check left a fragment's assistant message whole (its tool uses are the
+    message's tool calls)."""
+    if message.get("role") != "assistant":
+        return True
+    uses = {b.get("id") for b in _blocks(fragment.get("content")) if isinstance(b, dict) and b.get("type") == "tool_use"}
+    calls = {c.get("id") for c in message.get("tool_calls") or () if isinstance(c, dict)}
+    return uses == calls

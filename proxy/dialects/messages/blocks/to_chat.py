@@ -1,0 +1,193 @@
+"""A Messages request read the way the tree reads it: its messages cut into fragments
+(``fragments``; ``CONT`` and ``INLINE`` mark what putting them back together needs) and each
+fragment read as the chat message it stands for (``to_message`` / ``to_messages``), the fragment
+kept under ``ITEMS``; and a fragment's tool result cleared (``cleared``). Pure functions; the
+package docstring (``blocks/__init__.py``) has the table of fragments and chat messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+
+from ...responses.items import ITEMS, PRODUCER
+
+__all__ = ["CONT", "INLINE", "cleared", "fragments", "to_message", "to_messages"]
+
+CONT = "_bp_cont"  # this fragment continues the Anthropic message of the one before
+INLINE = "_bp_inline"  # a system message among the messages (not the ``system`` field)
+
+_encode = msgspec.json.Encoder().encode
+
+
+def _blocks(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return content
+    return [] if content is None else [content]
+
+
+# -- a request's messages -> fragments ------------------------------------------------------------
+
+
+def fragments(system: Any, messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """A request's items: the system item (when ``system`` is given), then each message cut into
+    the fragments it reads as (see the package docstring, ``blocks/__init__.py``)."""
+    out: list[dict[str, Any]] = []
+    if system is not None and system != [] and system != "":
+        out.append({"role": "system", "content": system})
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        content = message.get("content")
+        if role == "system":
+            out.append({**message, INLINE: True})
+            continue
+        if role != "user" or not isinstance(content, list) or not any(
+                isinstance(b, dict) and b.get("type") == "tool_result" for b in content):
+            out.append(message)  # one message, one fragment (as it came)
+            continue
+        extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+        groups: list[list[Any]] = []  # each tool result alone; the blocks between them together
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                groups.append([block])
+                groups.append([])
+            elif groups:
+                groups[-1].append(block)
+            else:
+                groups.append([block])
+        for i, group in enumerate(g for g in groups if g):
+            out.append({"role": "user", "content": group, **extra, **({CONT: True} if i else {})})
+    return out
+
+
+# -- fragments -> chat messages -------------------------------------------------------------------
+
+
+def _text(block: dict[str, Any]) -> str | None:
+    text = block.get("text")
+    return text if block.get("type") == "text" and isinstance(text, str) else None
+
+
+def _image_part(block: dict[str, Any]) -> dict[str, Any]:
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    if source.get("type") == "base64":
+        url = f"data:{source.get('media_type', '')};base64,{source.get('data', '')}"
+    else:
+        url = source.get("url") or source.get("file_id")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _user_content(blocks: list[Any]) -> Any:
+    """Chat content of user blocks: the text joined when there is only text, else parts."""
+    parts: list[dict[str, Any]] = []
+    only_text = True
+    for block in blocks:
+        if not isinstance(block, dict):
+            continue
+        text = _text(block)
+        if text is not None:
+            parts.append({"type": "text", "text": text})
+        elif block.get("type") == "image":
+            only_text = False
+            parts.append(_image_part(block))
+        else:  # documents, search results ...: as text a chat upstream can read
+            only_text = False
+            parts.append({"type": "text", "text": _as_text(block)})
+    if only_text:
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _as_text(block: dict[str, Any]) -> str:
+    """A block chat has no part for, as text: a plain-text document's own text, a search result's
+    texts, else a line saying what it was (its bytes stay in the fragment, for Anthropic)."""
+    kind = block.get("type")
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    title = f" {block['title']}" if isinstance(block.get("title"), str) else ""
+    if kind == "document" and source.get("type") == "text" and isinstance(source.get("data"), str):
+        return f"[document{title}]\n{source['data']}"
+    if kind == "search_result":
+        texts = [b.get("text") for b in _blocks(block.get("content")) if isinstance(b, dict) and isinstance(b.get("text"), str)]
+        return f"[search result{title}: {block.get('source', '')}]\n" + "\n".join(texts)
+    media = source.get("media_type") or source.get("type") or ""
+    return f"[{kind}{title}{f' ({media})' if media else ''}: not readable by this model]"
+
+
+def _tool_content(content: Any) -> Any:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return _user_content(_blocks(content))
+
+
+def _arguments(value: Any) -> str:
+    return _encode(value if value is not None else {}).decode()
+
+
+def _assistant(blocks: list[Any]) -> dict[str, Any]:
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    thinking: list[str] = []
+    for block in blocks:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use":
+            calls.append({"id": block.get("id"), "type": "function",
+                          "function": {"name": block.get("name"), "arguments": _arguments(block.get("input"))}})
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])
+        # redacted thinking, server tool uses and their results: kept in the fragment only
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["reasoning_content"] = "".join(thinking)
+    if message["content"] is None and not calls:
+        message["content"] = ""
+    return message
+
+
+def to_message(fragment: dict[str, Any], producer: str | None = None) -> dict[str, Any]:
+    """The chat message a fragment reads as, with the fragment kept under ``ITEMS``."""
+    role = fragment.get("role")
+    blocks = _blocks(fragment.get("content"))
+    if role == "system":
+        content = fragment.get("content")
+        text = content if isinstance(content, str) else "\n".join(t for b in blocks if isinstance(b, dict)
+                                                                   and (t := _text(b)) is not None)
+        message: dict[str, Any] = {"role": "system", "content": text}
+    elif role == "assistant":
+        message = _assistant(blocks)
+    elif len(blocks) == 1 and isinstance(blocks[0], dict) and blocks[0].get("type") == "tool_result":
+        block = blocks[0]
+        message = {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": _tool_content(block.get("content"))}
+    else:
+        content = fragment.get("content")
+        message = {"role": role or "user", "content": content if isinstance(content, str) else _user_content(blocks)}
+    message[ITEMS] = [fragment]
+    if producer is not None:
+        message[PRODUCER] = producer
+    return message
+
+
+def to_messages(items: Iterable[Any], producer: str | None = None) -> list[dict[str, Any]]:
+    return [to_message(item, producer) for item in items if isinstance(item, dict)]
+
+
+def cleared(fragment: dict[str, Any], text: str) -> dict[str, Any] | None:
+    """A fragment that is one ``tool_result`` block with that block's content replaced by ``text``
+    (a cleared tool result, docs/behaviour.md#context-editing; ``is_error`` and the rest kept);
+    None for any other fragment."""
+    content = fragment.get("content")
+    if fragment.get("role") == "user" and isinstance(content, list) and len(content) == 1 \
+            and isinstance(content[0], dict) and content[0].get("type") == "tool_result":
+        return {**fragment, "content": [{**content[0], "content": text}]}
+    return None
