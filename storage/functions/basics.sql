@@ -128,7 +128,7 @@ $$;
 
 -- bp_conversation_counts(tree, tenant, conversation): the nodes a conversation made and the tokens
 -- upstreams reported for them (bp_token_count: prompt/input, completion/output, and of the prompt
--- those a provider's prompt cache served -- storage/queries.py's PROMPT_TOKENS and CACHED_TOKENS).
+-- those a provider's prompt cache served -- storage/queries/ops.py's PROMPT_TOKENS and CACHED_TOKENS).
 -- One tree's rows: the admin API's lists call it per conversation listed (a conversation row and
 -- its counts in one statement would be a lateral aggregate over every shard, which Citus cannot run).
 CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_conversation text,

@@ -11,7 +11,8 @@ Plain SQL, parameters always bound (never formatted in; the only composition is 
 taken from the row structs of ``storage.model``, and of the fixed conversation queries that
 ``admin._conversations`` gives their counts). The multi-step statements are server-side
 functions in ``storage/functions/*.sql`` (in the order ``storage/functions.sql`` lists them),
-called with named arguments, so their parameter lists are documented there only.
+called with named arguments, so their parameter lists are documented there only. (The applied
+migrations, frozen, name this package as it was before: ``storage/queries.py``.)
 """
 
 from .admin import (
