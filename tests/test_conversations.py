@@ -206,6 +206,27 @@ def test_responses_with_a_conversation_over_a_responses_upstream(native, upstrea
         "Context item.", "Question?", "native answer", "Next?", "echo: Next?"]
 
 
+def test_item_ids_over_a_responses_upstream_are_distinct_and_delete_one_item(native, upstream, key):
+    """An answer's output items and its call's input items are items of one node: their ids must
+    differ, or deleting the answer deletes its question (and a page after it starts at itself)."""
+    client = native.openai(key)
+    conv = client.conversations.create()
+    for q in ("q0", "q1", "q2"):
+        client.responses.create(model="native-1", conversation=conv.id, input=q)
+    listing = client.conversations.items.list(conv.id, order="asc").data
+    assert texts(listing) == ["q0", "echo: q0", "q1", "echo: q1", "q2", "echo: q2"]
+    ids = [i.id for i in listing]
+    assert len(set(ids)) == len(ids), ids
+    assert texts([client.conversations.items.retrieve(ids[1], conversation_id=conv.id)]) == ["echo: q0"]
+    after = client.conversations.items.list(conv.id, order="asc", limit=1, after=ids[1]).data
+    assert [i.id for i in after] == [ids[2]]
+    client.conversations.items.delete(ids[1], conversation_id=conv.id)  # the first answer only
+    assert texts(client.conversations.items.list(conv.id, order="asc").data) == [
+        "q0", "q1", "echo: q1", "q2", "echo: q2"]
+    client.responses.create(model="native-1", conversation=conv.id, input="after")
+    assert texts(upstream.responses_requests[-1].body["input"]) == ["q0", "q1", "echo: q1", "q2", "echo: q2", "after"]
+
+
 def test_conversations_under_a_prefix_and_raw_http_errors(proxy, key):
     http = proxy.http(key)
     made = http.post("/c/whatever/v1/conversations", json={"items": [user_item("hi")]})

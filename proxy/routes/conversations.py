@@ -69,10 +69,6 @@ class Item:
     node: NodeRow
 
 
-def _prefix(kind: str) -> str:
-    return {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}.get(kind, kind)
-
-
 def _listed(item: dict[str, Any], item_id: str) -> dict[str, Any]:
     out = dict(item)
     kind = out.get("type") or ("message" if "role" in out else "item")
@@ -115,11 +111,11 @@ def node_items(node: NodeRow) -> list[Item]:
         if item_id is None:
             item_id = item.get("id") if isinstance(item.get("id"), str) else None
         kind = item.get("type") or ("message" if "role" in item else "item")
-        out.append(Item(item, _listed(item, item_id or f"{_prefix(kind)}_{node.id.hex}_{i}"), node))
+        out.append(Item(item, _listed(item, item_id or translate.input_item_id(kind, node.id, i)), node))
     for i, item in enumerate(received):
         if isinstance(item, dict):
             kind = item.get("type") or "item"
-            item_id = item.get("id") if isinstance(item.get("id"), str) else f"{_prefix(kind)}_{node.id.hex}_r{i}"
+            item_id = item.get("id") if isinstance(item.get("id"), str) else f"{translate.item_id_prefix(kind)}_{node.id.hex}_r{i}"
             out.append(Item(item, _listed(item, item_id), node))
     return out
 
@@ -187,7 +183,7 @@ def items_node(sent: list[dict[str, Any]], ids: list[str] | None = None, *, node
     node_id = node_id or uuid7()
     if ids is None:
         ids = [item["id"] if isinstance(item.get("id"), str)
-               else f"{_prefix(item.get('type') or 'message')}_{node_id.hex}_{i}" for i, item in enumerate(sent)]
+               else translate.input_item_id(item.get("type") or "message", node_id, i) for i, item in enumerate(sent)]
     messages = RESPONSES.read(sent).messages
     return {
         "id": str(node_id), "sent": sent,

@@ -102,7 +102,7 @@ def _input_items(node: NodeRow) -> list[dict[str, Any]]:
         item = dict(item)
         kind = item.get("type") or ("message" if "role" in item else "item")
         item.setdefault("type", kind)
-        item.setdefault("id", f"{'msg' if kind == 'message' else kind}_{node.id.hex}_{i}")
+        item.setdefault("id", translate.input_item_id(kind, node.id, i))
         if kind == "message":
             item.setdefault("status", "completed")
             if isinstance(item.get("content"), str):  # listed items carry content parts

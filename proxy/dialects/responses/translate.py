@@ -19,7 +19,8 @@ from typing import Any
 from ...assembly import NATIVE
 from .tools import DROPPED, chat_tools, flat_name, split_name
 
-__all__ = ["chat_params", "chat_usage_of", "native_params", "output_items", "response_object", "usage_of"]
+__all__ = ["chat_params", "chat_usage_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
+           "usage_of"]
 
 # Responses fields with a chat-completions equivalent of the same name and meaning.
 _SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "prompt_cache_key",
@@ -113,6 +114,22 @@ def message_item_id(node_id: uuid.UUID) -> str:
 
 def call_item_id(node_id: uuid.UUID, index: int) -> str:
     return f"fc_{node_id.hex}_{index}"
+
+
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def item_id_prefix(kind: str) -> str:
+    """What an item id made by the proxy begins with, by the item's type."""
+    return _ID_PREFIX.get(kind, kind)
+
+
+def input_item_id(kind: str, node_id: uuid.UUID, index: int) -> str:
+    """The id of a call's ``index``-th input item that came without one (the Conversations API's
+    items, a response's input items): the node's, marked as input (``_in``) -- never the id of one
+    of its output items (``msg_<node>_<i>``, ``fc_<node>_<i>``), or deleting an answer would delete
+    its question."""
+    return f"{item_id_prefix(kind)}_{node_id.hex}_in{index}"
 
 
 def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None) -> list[dict[str, Any]]:
