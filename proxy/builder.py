@@ -8,7 +8,9 @@ against the hash stored with the node.
 
 A live call whose path is in the path cache takes a shortcut with the same result: the kept
 nodes' encoded items are spliced into the body (``proxy.splice``). The replay always takes the
-long way, so ``/request`` checks the shortcut too.
+long way, so ``/request`` checks the shortcut too. A chat client's ``cache_control`` markers are
+the call's own only (``dialects.chat.markers``): a call that has some, or a path that holds an
+earlier call's, takes the long way.
 
 What a call assembles is bounded (docs/behaviour.md#limits-and-hostile-peers): ``readable``
 counts the path's size (about its JSON's) against ``[server] max_bytes_in_flight`` for the rest of
@@ -29,6 +31,8 @@ from storage import NodeRow, PathNode, TreeStore
 
 from .assembly import SYSTEM_AT, Target, assemble, build_body
 from .dialects import Crossing, crossing, dialect, message_path
+from .dialects.chat.markers import MARKERS as CHAT_MARKERS
+from .dialects.chat.markers import apply_markers
 from .limits import ContextTooLarge, bytes_bound, hold
 from .splice import EMPTY, Prefix, Segment, segment, splice
 
@@ -144,13 +148,15 @@ class RequestBuilder:
         upstream = way.upstream
         fields = way.fields(params, max_output=target.max_output)
         system_at = params.get(SYSTEM_AT)  # (a full-history call's system messages: where it had them)
-        if upstream.name == "chat" and tree_id is not None and path and system_at is None:
+        marked = params.get(CHAT_MARKERS)  # (a chat client's cache_control markers: the call's own only)
+        if upstream.name == "chat" and tree_id is not None and path and system_at is None and marked is None:
             spliced = self._spliced(tree_id, path, new_items, target)
             if spliced is not None:
                 messages, dropped = spliced
                 return Built(build_body(fields, messages, stream=stream), dropped, upstream.endpoint)
         assembled = assemble(path, new_items, target, system_at)
-        return Built(upstream.request_body(fields, assembled.messages, target.provider, stream=stream), assembled.dropped,
+        messages = apply_markers(assembled.messages, marked or ()) if way.client.name == "chat" else assembled.messages
+        return Built(upstream.request_body(fields, messages, target.provider, stream=stream), assembled.dropped,
                      upstream.endpoint)
 
     def _spliced(self, tree_id: uuid.UUID, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]],

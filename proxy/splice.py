@@ -38,6 +38,7 @@ class Segment:
     tail_raws: list[msgspec.Raw]  # those items encoded
     clean: bool  # the pairing check changes nothing before ``tail``
     settled: list[msgspec.Raw]  # this node's contribution to the part before ``tail``, encoded
+    marked: bool = False  # a cache_control marker on the path through it (a chat client's: not sent again)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,8 @@ EMPTY = Prefix(b"", 0)
 def segment(node: PathLike, before: Segment | None, target: Target) -> Segment:
     """The segment of ``node`` for ``target``, after its parent's segment ``before``."""
     node_system, items = node_items(node, target)
-    raws = [msgspec.Raw(_encode_sorted(x)) for x in strip(items)] if items else []
+    encoded = [_encode_sorted(x) for x in strip(items)] if items else []
+    raws = [msgspec.Raw(x) for x in encoded]
     combined = (before.tail if before else []) + items
     combined_raws = (before.tail_raws if before else []) + raws
     cut = len(combined) - 1
@@ -71,14 +73,17 @@ def segment(node: PathLike, before: Segment | None, target: Target) -> Segment:
         clean = not pair_check(combined[:cut])[1]
     cut = max(cut, 0)
     system = node_system or (before.system if before else [])
-    return Segment(system, combined[cut:], combined_raws[cut:], clean, combined_raws[:cut])
+    marked = (before.marked if before else False) or any(b'"cache_control"' in x for x in encoded) or (
+        bool(node_system) and b'"cache_control"' in _encode_sorted(node_system))
+    return Segment(system, combined[cut:], combined_raws[cut:], clean, combined_raws[:cut], marked)
 
 
 def splice(prefix: Prefix, last: Segment, new_items: Sequence[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]] | None:
     """(the upstream ``messages``, what the pairing check dropped) for a path whose encoded
     prefix is ``prefix`` and whose last node's segment is ``last``, and the call's new items;
-    None when the path's own pairing is not clean (then assemble it the slow way)."""
-    if not last.clean:
+    None when the path's own pairing is not clean, or a stored message holds a cache_control
+    marker, which only the call that put it there sends (then assemble it the slow way)."""
+    if not last.clean or last.marked:
         return None
     new_system, new_rest = split_system(new_items)
     kept, dropped = pair_check(last.tail + new_rest)

@@ -3,6 +3,7 @@
     request.py     a client's chat request read and checked
     completion.py  a chat completion read (the assistant message, usage, finish reason)
     stream.py      chat streams: the chunks merged into the stored message, relayed as they arrive
+    markers.py     the client's cache_control markers: the call's own, by position, on the request
 
 Its items are chat messages already, so every translation to or from chat is the identity here;
 the other dialects translate to and from it.
@@ -17,6 +18,7 @@ from typing import Any
 from ...assembly import SYSTEM_AT, build_body, strip
 from .. import Answer, Transcript
 from .completion import Completion, NotACompletion, parse_completion
+from .markers import MARKERS, markers
 from .request import parse_chat_body
 from .stream import ChatStream, StreamAccumulator, masked_chunks
 
@@ -51,8 +53,16 @@ class Chat:
     def items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         return body["messages"]
 
-    def params(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in body.items() if k != "messages"}
+    def params(self, body: dict[str, Any], *, marked: bool = True) -> dict[str, Any]:
+        """Every other field, and where the client put its cache_control markers (``markers``:
+        the builder puts back the call's own, and only those). ``marked``: False when the body is
+        known to hold none (its bytes do not say ``cache_control``), which spares a long history
+        the look at every message."""
+        params = {k: v for k, v in body.items() if k != "messages"}
+        found = markers(body["messages"]) if marked else None
+        if found:
+            params[MARKERS] = found
+        return params
 
     def read(self, items: list[dict[str, Any]]) -> Transcript:
         return Transcript(items, None)
@@ -79,8 +89,8 @@ class Chat:
         return []
 
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        if SYSTEM_AT in params:  # (our own key: never sent)
-            return {k: v for k, v in params.items() if k != SYSTEM_AT}
+        if SYSTEM_AT in params or MARKERS in params:  # (our own keys: never sent)
+            return {k: v for k, v in params.items() if k != SYSTEM_AT and k != MARKERS}
         return params
 
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,

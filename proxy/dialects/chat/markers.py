@@ -1,0 +1,82 @@
+"""A chat client's ``cache_control`` markers -- Anthropic's prompt caching as OpenAI-compatible
+gateways (OpenRouter, LiteLLM) take it: on a content part, or on a message. The markers of the
+call being made are recorded by position (``markers``, kept in the node's params) and put back on
+the assembled messages, every marker an earlier call left on a stored message taken off
+(``apply_markers``): a client that marks its newest message on every call sends the upstream one
+marker, not one per turn so far (Anthropic refuses more than four). Pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["MARKERS", "apply_markers", "markers"]
+
+MARKERS = "_bp_chat_cache_control"  # (in params) the call's cache_control markers, by position
+MESSAGE = -1  # a marker's part index when it is on the message itself
+
+
+def markers(messages: Sequence[Any]) -> list[list[Any]]:
+    """Where the client put ``cache_control``: ``[where, part, marker]`` -- ``where`` the message's
+    index from the end (0: the last) or, for the system/developer messages the request begins
+    with, ``-1 - k`` (the k-th of them: assembly puts the system messages in effect first); ``part``
+    the content part's index, or ``MESSAGE``. Positions that hold in the assembled request too,
+    whose last messages are the client's."""
+    found: list[list[Any]] = []
+    n, leading = len(messages), 0
+    for i, message in enumerate(messages):
+        if type(message) is not dict:
+            leading = -1
+            continue
+        if leading >= 0 and message.get("role") in ("system", "developer"):
+            where, leading = -1 - leading, leading + 1
+        else:
+            where, leading = n - 1 - i, -1
+        if message.get("cache_control") is not None:
+            found.append([where, MESSAGE, message["cache_control"]])
+        content = message.get("content")
+        if type(content) is list:
+            for j, part in enumerate(content):
+                if type(part) is dict and part.get("cache_control") is not None:
+                    found.append([where, j, part["cache_control"]])
+    return found
+
+
+def _unmarked(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if type(content) is list and any(type(p) is dict and "cache_control" in p for p in content):
+        content = [{k: v for k, v in p.items() if k != "cache_control"} if type(p) is dict and "cache_control" in p
+                   else p for p in content]
+        message = {**message, "content": content}
+    if "cache_control" in message:
+        message = {k: v for k, v in message.items() if k != "cache_control"}
+    return message
+
+
+def apply_markers(messages: Sequence[dict[str, Any]], found: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The assembled messages with exactly the call's markers: earlier calls' markers on stored
+    messages removed, the call's put back where the client had them (a marker on the first part of
+    a message stored with string content: that string as a text part). A new list; the messages
+    given (the path's, shared) are not changed."""
+    out = [_unmarked(m) for m in messages]
+    n = len(out)
+    leading = 0
+    while leading < n and out[leading].get("role") in ("system", "developer"):
+        leading += 1
+    for where, part, marker in found:
+        i = -1 - where if where < 0 else n - 1 - where
+        if not (0 <= i < n) or (where < 0 and i >= leading):
+            continue
+        message = out[i]
+        if part == MESSAGE:
+            out[i] = {**message, "cache_control": marker}
+            continue
+        content = message.get("content")
+        if type(content) is str and part == 0:
+            content = [{"type": "text", "text": content}]
+        if type(content) is list and 0 <= part < len(content) and type(content[part]) is dict:
+            content = list(content)
+            content[part] = {**content[part], "cache_control": marker}
+            out[i] = {**message, "content": content}
+    return out
