@@ -645,3 +645,76 @@ def test_parallel_tool_results_stay_whole_on_later_calls(mproxy: Proxy, claude: 
     for text in ("next", "again", "and again"):
         c.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": text}])
         assert claude.last.body["messages"][:3] == with_results
+
+
+# -- one conversation, several APIs: what each upstream gets is in its own format ---------------------
+
+_ANTHROPIC_BLOCKS = {"text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking"}
+_RESPONSES_PARTS = {"input_text", "input_image", "input_file", "output_text", "refusal"}
+
+
+def _anthropic_shaped(messages: list[dict[str, Any]]) -> None:
+    for m in messages:
+        assert set(m) <= {"role", "content"} and m["role"] in ("user", "assistant"), m
+        if isinstance(m["content"], list):
+            assert all(b.get("type") in _ANTHROPIC_BLOCKS for b in m["content"]), m
+
+
+def _responses_shaped(items: list[dict[str, Any]]) -> None:
+    for item in items:
+        if item.get("type", "message") == "message":
+            content = item.get("content")
+            if isinstance(content, list):
+                assert all(p.get("type") in _RESPONSES_PARTS for p in content), item
+        else:
+            assert item["type"] in ("function_call", "function_call_output", "reasoning"), item
+
+
+def test_a_responses_conversation_continued_over_anthropic(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                           cid: str) -> None:
+    """Responses items stored by one call reach an Anthropic upstream as Anthropic messages, not
+    as the items they were (``type``, ``id``, ``input_text`` / ``output_text`` parts)."""
+    oc = mproxy.openai(key, conversation=cid)
+    oc.responses.create(model="claude-x", input="hello")
+    oc.responses.create(model="claude-x", input=[{"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "parts"}]}])
+    sent = claude.last.body["messages"]
+    _anthropic_shaped(sent)
+    assert [m["role"] for m in sent] == ["user", "assistant", "user"]
+    assert json.dumps(sent).count("parts") == 1 and "echo: hello" in json.dumps(sent[1])
+
+
+def test_conversation_items_then_a_chat_client_over_anthropic(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
+    oc = mproxy.openai(key)
+    conv = oc.conversations.create(items=[{"type": "message", "role": "user", "content": "Remember 7"}])
+    mproxy.openai(key, conversation=conv.id).chat.completions.create(
+        model="claude-x", messages=[{"role": "user", "content": "What?"}])
+    sent = claude.last.body["messages"]
+    _anthropic_shaped(sent)
+    assert "Remember 7" in json.dumps(sent) and "What?" in json.dumps(sent)
+
+
+def test_a_messages_tool_round_over_a_responses_upstream(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                         cid: str) -> None:
+    """Anthropic blocks stored by a Messages call reach a Responses upstream as Responses items:
+    the tool result a function_call_output answering the function call, the image an input_image."""
+    c = client(mproxy, key, f"/c/{cid}")
+    tools = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
+    upstream.enqueue(Reply(content="let me run", tool_calls=[
+        {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": '{"cmd": "ls"}'}}]))
+    first = c.messages.create(model="native-1", max_tokens=50, tools=tools, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "first"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])
+    assert first.stop_reason == "tool_use"
+    c.messages.create(model="native-1", max_tokens=50, tools=tools, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "call_1", "content": "a.txt"}]}])
+    sent = upstream.responses_requests[-1].body["input"]
+    _responses_shaped(sent)
+    calls = [i for i in sent if i.get("type") == "function_call"]
+    outputs = [i for i in sent if i.get("type") == "function_call_output"]
+    assert [c["call_id"] for c in calls] == ["call_1"] and [o["call_id"] for o in outputs] == ["call_1"]
+    assert outputs[0]["output"] == "a.txt"
+    # and the Conversations API lists the tool result as what it is
+    listed = mproxy.openai(key).conversations.items.list(cid, order="asc").data
+    assert [i.type for i in listed] == ["message", "message", "function_call", "function_call_output", "message"]
+    assert listed[3].output == "a.txt" and listed[4].role == "assistant"

@@ -29,10 +29,12 @@ from .tools import flat_name
 
 __all__ = [
     "ITEMS",
+    "ITEMS_OF",
     "PRODUCER",
     "cleared",
     "convert",
     "input_items",
+    "items_of",
     "node_id_of",
     "read_response",
     "request_body",
@@ -42,6 +44,7 @@ __all__ = [
 ]
 
 ITEMS = "_bp_items"  # the native items a message was made from
+ITEMS_OF = "_bp_items_of"  # the dialect they are items of: "responses" or "messages" (``items_of``)
 PRODUCER = "_bp_producer"  # the provider that produced them (opaque reasoning goes back only there)
 _TEXT_IN = frozenset({"input_text", "text"})
 _TEXT_OUT = frozenset({"output_text", "text"})
@@ -49,6 +52,20 @@ _TEXT_OUT = frozenset({"output_text", "text"})
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
+
+
+def items_of(message: dict[str, Any]) -> str | None:
+    """The dialect whose items a message keeps under ``ITEMS`` -- only that dialect's upstream may
+    get them back as they are; any other gets the message translated. Messages read before the
+    dialect was recorded beside them (kept raw in a compaction node) by their shape: Responses
+    items have a ``type``, Anthropic messages never."""
+    native = message.get(ITEMS)
+    if not native:
+        return None
+    known = message.get(ITEMS_OF)
+    if known is not None:
+        return known
+    return "responses" if all(isinstance(i, dict) and "type" in i for i in native) else "messages"
 
 
 def response_id(node_id: uuid.UUID) -> str:
@@ -157,6 +174,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
     def attach(message: dict[str, Any], *native: dict[str, Any]) -> dict[str, Any]:
         nonlocal counted
         message[ITEMS] = [*pending, *native]
+        message[ITEMS_OF] = "responses"
         if producer is not None:
             message[PRODUCER] = producer
         pending.clear()
@@ -218,6 +236,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             pending.append(item)
     if pending and out:
         out[-1][ITEMS] = [*out[-1].get(ITEMS, []), *pending]
+        out[-1][ITEMS_OF] = "responses"
     for w in waiting:  # trailing items no message follows: they go with the last one
         ordinals[w] = counted
     return out, ordinals
@@ -280,7 +299,7 @@ def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) ->
     out: list[dict[str, Any]] = []
     for m in messages:
         native = m.get(ITEMS)
-        if native:
+        if native and items_of(m) == "responses":  # (another dialect's: translated from the message)
             kept = _native(native, m, provider)
             calls_kept = {i.get("call_id") for i in kept if i.get("type") == "function_call"}
             calls_now = {c.get("id") for c in m.get("tool_calls") or () if isinstance(c, dict)}

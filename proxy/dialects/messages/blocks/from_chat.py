@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from ...responses.items import ITEMS, PRODUCER
+from ...responses.items import ITEMS, PRODUCER, items_of
 from .to_chat import CONT, INLINE, _blocks
 
 __all__ = ["to_anthropic"]
@@ -111,7 +111,7 @@ def to_anthropic(messages: Iterable[dict[str, Any]], provider: str | None) -> tu
         return message["content"]
 
     for m in messages:
-        native = m.get(ITEMS)
+        native = m.get(ITEMS) if items_of(m) == "messages" else None  # (another dialect's: translated)
         fragment = native[0] if native and len(native) == 1 and isinstance(native[0], dict) else None
         role = m.get("role")
         if role in ("system", "developer"):

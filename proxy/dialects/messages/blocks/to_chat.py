@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from ...responses.items import ITEMS, PRODUCER
+from ...responses.items import ITEMS, ITEMS_OF, PRODUCER
 
 __all__ = ["CONT", "INLINE", "cleared", "fragments", "to_message", "to_messages"]
 
@@ -173,6 +173,7 @@ def to_message(fragment: dict[str, Any], producer: str | None = None) -> dict[st
         content = fragment.get("content")
         message = {"role": role or "user", "content": content if isinstance(content, str) else _user_content(blocks)}
     message[ITEMS] = [fragment]
+    message[ITEMS_OF] = "messages"
     if producer is not None:
         message[PRODUCER] = producer
     return message
