@@ -187,18 +187,19 @@ def reported_prompt(usage: Any) -> int | None:
 
 
 def cached_prompt(usage: Any) -> int | None:
-    """Of the prompt's tokens, those a provider's prompt cache served, as the upstream reported
-    them: chat's ``prompt_tokens_details.cached_tokens``, Responses'
-    ``input_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens`` (what it
-    wrote to its cache, ``cache_creation_input_tokens``, was not served from it)."""
+    """Of the prompt's tokens, those that went through a provider's prompt cache, as the upstream
+    reported them: chat's ``prompt_tokens_details.cached_tokens``, Responses'
+    ``input_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens`` and
+    ``cache_creation_input_tokens`` (read from its cache, and written to it)."""
     if not isinstance(usage, dict):
         return None
     for key in ("prompt_tokens_details", "input_tokens_details"):
         details = usage.get(key)
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
             return details["cached_tokens"]
-    read = usage.get("cache_read_input_tokens")
-    return read if isinstance(read, int) else None
+    found = [v for key in ("cache_read_input_tokens", "cache_creation_input_tokens")
+             if isinstance(v := usage.get(key), int)]
+    return sum(found) if found else None
 
 
 def _measured(usage: dict[str, Any] | None) -> int | None:

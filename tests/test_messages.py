@@ -609,9 +609,10 @@ def test_a_side_call_lands_where_its_content_hangs(mproxy: Proxy, claude: FakeAn
 def test_usage_counts_cached_prompts_in_every_apis_terms(mproxy: Proxy, claude: FakeAnthropic,
                                                          upstream: FakeUpstream, cid: str) -> None:
     """Anthropic's input_tokens leave out its cache's reads and writes: the conversation's usage
-    and /admin/usage count them in, and /admin/usage says how much of the prompt came from a cache
-    -- Anthropic's cache reads, chat's prompt_tokens_details.cached_tokens."""
+    and /admin/usage count them in, and say how much of the prompt went through a cache --
+    Anthropic's cache reads and writes, chat's prompt_tokens_details.cached_tokens."""
     key = new_key()
+    metered = _cached_tokens_metered(mproxy)
     claude.enqueue(AReply(usage={"input_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20,
                                  "output_tokens": 7}))
     client(mproxy, key, f"/c/{cid}").messages.create(model="claude-x", max_tokens=9,
@@ -622,9 +623,17 @@ def test_usage_counts_cached_prompts_in_every_apis_terms(mproxy: Proxy, claude: 
     conversation = admin(mproxy, key, f"/admin/conversations/{cid}").json()
     assert conversation["usage"]["prompt_tokens"] == 125 + 50
     report = admin(mproxy, key, "/admin/usage").json()
-    assert (report["prompt_tokens"], report["cached_tokens"], report["completion_tokens"]) == (175, 130, 10)
+    assert conversation["usage"]["cached_tokens"] == 120 + 30
+    assert (report["prompt_tokens"], report["cached_tokens"], report["completion_tokens"]) == (175, 150, 10)
     by_model = {line["model"]: line for line in report["data"]}
-    assert by_model["claude-x"]["cached_tokens"] == 100 and by_model["gpt-x"]["cached_tokens"] == 30
+    assert by_model["claude-x"]["cached_tokens"] == 120 and by_model["gpt-x"]["cached_tokens"] == 30
+    assert _cached_tokens_metered(mproxy) - metered == 150
+
+
+def _cached_tokens_metered(proxy: Proxy) -> float:
+    text = httpx.get(f"{proxy.url}/metrics", timeout=30).text
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith("branchpoint_cached_tokens_total ")))
 
 
 def test_parallel_tool_results_stay_whole_on_later_calls(mproxy: Proxy, claude: FakeAnthropic, key: str,

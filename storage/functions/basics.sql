@@ -128,7 +128,8 @@ $$;
 
 -- bp_conversation_counts(tree, tenant, conversation): the nodes a conversation made and the tokens
 -- upstreams reported for them (bp_token_count: prompt/input, completion/output, and of the prompt
--- those a provider's prompt cache served -- storage/queries/ops.py's PROMPT_TOKENS and CACHED_TOKENS).
+-- those that went through a provider's prompt cache -- storage/queries/ops.py's PROMPT_TOKENS and
+-- CACHED_TOKENS).
 -- One tree's rows: the admin API's lists call it per conversation listed (a conversation row and
 -- its counts in one statement would be a lateral aggregate over every shard, which Citus cannot run).
 CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_conversation text,
@@ -145,10 +146,13 @@ BEGIN
                                        + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'), 0)))),
            bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))),
            -- (chat's prompt_tokens_details.cached_tokens, Responses' input_tokens_details.cached_tokens,
-           -- Anthropic's cache_read_input_tokens)
+           -- Anthropic's cache_read_input_tokens + cache_creation_input_tokens)
            bp_token_total(sum(coalesce(bp_token_count(n.usage -> 'prompt_tokens_details', 'cached_tokens', 'cached_tokens'),
                                        bp_token_count(n.usage -> 'input_tokens_details', 'cached_tokens', 'cached_tokens'),
-                                       bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens'))))
+                                       bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens')
+                                       + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens',
+                                                                 'cache_creation_input_tokens'), 0),
+                                       bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'))))
       INTO node_count, prompt_tokens, completion_tokens, cached_tokens
       FROM nodes n WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
 END

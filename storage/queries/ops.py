@@ -15,11 +15,14 @@ PROMPT_TOKENS = """coalesce(bp_token_count(n.usage, 'prompt_tokens', 'prompt_tok
          bp_token_count(n.usage, 'input_tokens', 'input_tokens')
          + coalesce(bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens'), 0)
          + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'), 0))"""
-# The share of them a provider's prompt cache served: chat's prompt_tokens_details.cached_tokens,
-# Responses' input_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens.
+# The share of them that went through a provider's prompt cache: chat's
+# prompt_tokens_details.cached_tokens, Responses' input_tokens_details.cached_tokens, Anthropic's
+# cache_read_input_tokens + cache_creation_input_tokens. As proxy/tokens.py's cached_prompt reads them.
 CACHED_TOKENS = """coalesce(bp_token_count(n.usage -> 'prompt_tokens_details', 'cached_tokens', 'cached_tokens'),
          bp_token_count(n.usage -> 'input_tokens_details', 'cached_tokens', 'cached_tokens'),
-         bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens'))"""
+         bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens')
+         + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'), 0),
+         bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'))"""
 
 # Token usage by tenant and model of the calls made between $2 (inclusive) and $3 (exclusive),
 # in the conversations of tenant $1 (null: every tenant -- admin keys): calls, prompt, completion
