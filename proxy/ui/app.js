@@ -100,6 +100,7 @@ class ListView {
     let timer = null;
     this.search.addEventListener("input", () => {
       clearTimeout(timer);
+      this.more.hidden = true; // (the rows shown are not the new term's: no more of them to page)
       timer = setTimeout(() => this.reset(), 250);
     });
     this.file = el("input", { type: "file", accept: ".jsonl,application/jsonl", "aria-label": "export file", hidden: true,
@@ -155,6 +156,7 @@ class ListView {
 
   reset() {
     this.cursor = null;
+    this.generation = (this.generation ?? 0) + 1; // (a page asked for before this one is not shown)
     fill(this.rows);
     this.load();
   }
@@ -162,6 +164,8 @@ class ListView {
   async load() {
     const term = this.search.value.trim();
     const byText = this.scope.value === "text" && term;
+    const generation = this.generation;
+    this.more.hidden = true; // (one page at a time: shown again with the next cursor)
     let page;
     try {
       page = await api.conversations(this.cursor, byText ? null : term, byText ? term : null);
@@ -169,6 +173,7 @@ class ListView {
       if (!refused(error)) this.status.textContent = error.message;
       return;
     }
+    if (generation !== this.generation) return; // the list was started again meanwhile
     if (term !== this.search.value.trim()) return; // a newer search is on its way
     for (const c of page.data) {
       // a match opens the conversation on the node that matched
