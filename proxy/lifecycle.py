@@ -155,7 +155,7 @@ class CallLifecycle:
         except Refused as exc:  # busy, or the parent named is not there (or before a compaction)
             if isinstance(exc, Busy):
                 self.metrics.busy_rejections.inc()
-            raise from_refusal(exc, param="X-Parent-Node-Id") from None
+            raise from_refusal(exc, param=call.dialect.parent_param) from None
         stored = call.items if begun.mode == "delta" else call.tail(begun.start, with_system=begun.with_system)
         new_items = call.dialect.to_messages(stored, provider)
         started = Started(call, begun.conversation_id, node_id, begun.tree_id, begun.parent_id, begun.mode,

@@ -66,6 +66,12 @@ def test_another_tenants_response_is_not_found(proxy, upstream, key, cid):
         assert e.value.body["code"] == "node_not_found"
     with pytest.raises(openai.NotFoundError):
         stranger.responses.retrieve(first.id)
+    # the same tenant's response from another conversation than the one named: 404, pointing at
+    # the field the client sent (not at a header it never did)
+    with pytest.raises(openai.NotFoundError) as e:
+        proxy.openai(key, conversation=f"{cid}-other").responses.create(model=MODEL, input="x",
+                                                                        previous_response_id=first.id)
+    assert e.value.body["code"] == "node_not_found" and e.value.body["param"] == "previous_response_id"
 
 
 def test_instructions_are_the_system_message(proxy, upstream, key, cid, db):

@@ -69,6 +69,7 @@ class Transcript(NamedTuple):
 class Dialect(Protocol):
     name: str  # the node's ``api`` and the upstream's ``api`` setting
     endpoint: str  # the path under an upstream's base URL that speaks it
+    parent_param: str  # where a client of it names a call's parent (what an unknown parent's 404 points at)
 
     # -- the client side --------------------------------------------------------------------
     def parse(self, raw: bytes) -> dict[str, Any]: ...  # the body; raises InvalidRequest

@@ -45,6 +45,7 @@ _EXCHANGE = ChatExchange()
 
 class Chat:
     name = "chat"
+    parent_param = "X-Parent-Node-Id"
     endpoint = "chat/completions"
 
     def parse(self, raw: bytes) -> dict[str, Any]:

@@ -30,6 +30,7 @@ _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 class Messages:
     name = "messages"
+    parent_param = "X-Parent-Node-Id"
     endpoint = "messages"
 
     def parse(self, raw: bytes) -> dict[str, Any]:

@@ -25,6 +25,7 @@ __all__ = ["DIALECT", "Responses"]
 
 class Responses:
     name = "responses"
+    parent_param = "previous_response_id"
     endpoint = "responses"
 
     def parse(self, raw: bytes) -> dict[str, Any]:
