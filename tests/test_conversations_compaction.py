@@ -153,6 +153,27 @@ def test_compact_now_a_conversation_and_continue(proxy, upstream, key):
     assert sent[0].startswith(SUMMARY_PREFIX) and sent[1:] == [*kept, "after"]
 
 
+def test_compact_now_always_answers_a_compaction_item(proxy, upstream, key):
+    """Asked to compact now, a conversation too short to keep the usual recent messages raw is
+    summarised whole; compacted again with nothing new, its compaction comes back as it is; the
+    kept items of a stateless input are typed and have ids."""
+    client = proxy.openai(key)
+    conv = client.conversations.create()
+    client.responses.create(model=MODEL, conversation=conv.id, input="short one")
+    first = client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    assert [i.type for i in first.output] == ["compaction"]
+    assert summary_text(first.output[0]).startswith(SUMMARY_PREFIX)
+    assert proxy.db.head(conv.id) == str(uuid.UUID(hex=first.output[0].id[4:]))
+    again = client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    assert [i.type for i in again.output] == ["compaction"] and again.output[0].id == first.output[0].id
+    client.responses.create(model=MODEL, conversation=conv.id, input="after")
+    assert contents(upstream.last.messages)[0].startswith(SUMMARY_PREFIX)
+    stateless = client.responses.compact(model=MODEL, input=[user_item(f"note {i}") for i in range(10)])
+    assert stateless.output[0].type == "compaction" and len(stateless.output) > 1
+    for item in stateless.output[1:]:
+        assert item.type == "message" and item.id and item.id.startswith("msg_")
+
+
 def test_compact_stateless_input_then_send_the_output_back(proxy, upstream, key):
     client = proxy.openai(key)
     compacted = client.responses.compact(model=MODEL, input=[user_item(f"note {i}") for i in range(10)])

@@ -176,10 +176,11 @@ class Compactor:
         return result
 
     async def compact_now(self, conv: ConversationRow, client_key: str | None, default_model: str,
-                          method: str = "summary") -> CompactionResult:
-        """``POST /admin/conversations/{id}/compact``: compact the head path now -- summarised, or
-        (``method = "clear_tool_results"``) every tool result but the most recent
-        ``keep_tool_results`` cleared, whatever the thresholds say."""
+                          method: str = "summary", keep_recent: int | None = None) -> CompactionResult:
+        """``POST /admin/conversations/{id}/compact``: compact the head path now -- summarised
+        (``keep_recent``: the messages kept raw, when not the configured number), or (``method =
+        "clear_tool_results"``) every tool result but the most recent ``keep_tool_results`` cleared,
+        whatever the thresholds say."""
         if conv.busy:
             raise ConversationBusy(f"conversation {conv.id!r} has a turn call in flight")
         if conv.head_node_id is None:
@@ -193,7 +194,7 @@ class Compactor:
         else:
             result = await self.summaries.compact(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id,
                                                   path=path, model=model, client_key=client_key, mode="admin",
-                                                  trigger="admin")
+                                                  trigger="admin", keep_recent=keep_recent)
         if not result.compacted and result.reason in ("moved", "busy"):
             raise ConversationBusy(f"conversation {conv.id!r} moved while compacting; retry")
         return result

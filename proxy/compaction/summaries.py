@@ -55,9 +55,11 @@ class Summaries:
         self.metrics = metrics
 
     async def prepare(self, path: Sequence[PathNode], model: str, client_key: str | None, trigger: str,
-                      new_items: Sequence[dict[str, Any]] = ()) -> Prepared | str:
-        """Summarise the older part of ``path``; returns what to write, or why not."""
+                      new_items: Sequence[dict[str, Any]] = (), keep_recent: int | None = None) -> Prepared | str:
+        """Summarise the older part of ``path``; returns what to write, or why not. ``keep_recent``:
+        the messages kept raw, when not the configured number."""
         c = self.thresholds.compaction
+        keep = c.keep_recent if keep_recent is None else keep_recent
         summariser = c.model or model
         limits = self.thresholds.limits(model)
         system, body = carried_items(path)
@@ -65,7 +67,7 @@ class Summaries:
         # what stays raw must leave room, under the hard threshold, for the summary, the system
         # prompt and this call's new items -- else the next call would compact again, and again
         fixed = await off_loop(self.tokens.messages, [*system, *new_items], chars=_chars(self.tokens, [*system, *new_items]))
-        older, recent = await self._fit_recent(body, c.keep_recent, pinned, limits.hard - limits.summary_budget - fixed)
+        older, recent = await self._fit_recent(body, keep, pinned, limits.hard - limits.summary_budget - fixed)
         if all(is_summary(item) for item in older):  # nothing, or only the previous summary
             return "nothing_to_compact"
         try:
@@ -141,13 +143,14 @@ class Summaries:
 
     async def compact(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
                       model: str, client_key: str | None, mode: str, trigger: str,
-                      call_node: uuid.UUID | None = None, new_items: Sequence[dict[str, Any]] = ()) -> CompactionResult:
+                      call_node: uuid.UUID | None = None, new_items: Sequence[dict[str, Any]] = (),
+                      keep_recent: int | None = None) -> CompactionResult:
         """Summarise the older part of ``path`` and write the compaction node in one go (``mode``:
         turn, transform or admin -- see ``bp_apply_compaction``). Never raises for an upstream
         failure: the result says why nothing was compacted."""
         if not path:
             return CompactionResult(False, "empty")
-        prepared = await self.prepare(path, model, client_key, trigger, new_items)
+        prepared = await self.prepare(path, model, client_key, trigger, new_items, keep_recent)
         if isinstance(prepared, str):
             return CompactionResult(False, prepared)
         result = await self.write(prepared, tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,

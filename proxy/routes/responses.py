@@ -254,9 +254,12 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         if node is None:
             raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
         path = message_path(await admin.path_rows(node.tree_id, node.id))
-        result = await compactor.summaries.compact(tenant=caller.tenant, conversation_id=node.conversation_id,
-                                                   tree_id=node.tree_id, path=path, model=model,
-                                                   client_key=caller.client_key, mode="transform", trigger="admin")
+
+        async def compact(keep_recent: int | None) -> Any:
+            return await compactor.summaries.compact(tenant=caller.tenant, conversation_id=node.conversation_id,
+                                                     tree_id=node.tree_id, path=path, model=model,
+                                                     client_key=caller.client_key, mode="transform", trigger="admin",
+                                                     keep_recent=keep_recent)
         source: list[Any] = path
     else:
         if cid is None:  # the input alone: it becomes a conversation of its own, then compacted
@@ -269,15 +272,26 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         conv = await admin.conversation(caller.tenant, cid)
         if conv is None:
             raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation")
-        result = await compactor.compact_now(conv, caller.client_key, default_model=model)
+
+        async def compact(keep_recent: int | None) -> Any:
+            return await compactor.compact_now(conv, caller.client_key, default_model=model, keep_recent=keep_recent)
         source = [] if conv.head_node_id is None else message_path(await admin.path_rows(conv.tree_id, conv.head_node_id))
+    result = await compact(None)
+    if result.reason == "nothing_to_compact":
+        # asked to compact now, with too few messages to keep the usual recent ones raw: all of
+        # them are summarised (what stays is the summary alone -- or, for a path that is already
+        # just a summary and nothing since, that compaction as it is)
+        result = await compact(0)
     if result.compacted and result.node is not None:
         node = result.node
-        kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
-        output = [compaction_item(node), *(with_parts(i) for i in responses_items.to_items(kept))]
+        output = _compacted_output(node)
         usage = translate.usage_of(node.usage) if node.usage and "prompt_tokens" in node.usage else node.usage
         rid = responses_items.response_id(node.id)
-    elif result.reason in ("empty", "nothing_to_compact"):  # too short to compact: the context as it is
+    elif result.reason == "nothing_to_compact" and source and source[0].kind == "compaction":
+        output = _compacted_output(source[0])
+        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+        rid = responses_items.response_id(source[0].id)
+    elif result.reason in ("empty", "nothing_to_compact"):  # nothing to summarise: the context as it is
         output = [with_parts(item) for n in source for item in responses_items.to_items([*n.sent, *(n.received or [])])]
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         rid = responses_items.response_id(source[-1].id) if source else "resp_" + "0" * 32
@@ -287,3 +301,16 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         raise UpstreamFailure(f"the summary could not be made ({result.reason}); nothing was compacted")
     return RawResponse(200, _encode({"id": rid, "object": "response.compaction", "created_at": int(time.time()),
                                      "output": output, "usage": usage}))
+
+
+def _compacted_output(node: Any) -> list[dict[str, Any]]:
+    """A compaction node as ``/responses/compact`` answers it: its compaction item, then the items
+    it kept raw, each typed and with an id (the node's, where the kept item had none)."""
+    kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
+    out = [compaction_item(node)]
+    for i, item in enumerate(responses_items.to_items(kept)):
+        kind = item.get("type") or "message"
+        item = {**item, "type": kind}
+        item.setdefault("id", translate.input_item_id(kind, node.id, i))
+        out.append(with_parts(item))
+    return out
