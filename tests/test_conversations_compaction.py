@@ -174,6 +174,25 @@ def test_compact_now_always_answers_a_compaction_item(proxy, upstream, key):
         assert item.type == "message" and item.id and item.id.startswith("msg_")
 
 
+def test_compacted_items_are_the_conversations_and_a_compaction_is_not_summarised_again(proxy, upstream, key):
+    """The kept items of a compact answer have the ids the conversation's items list gives them
+    (retrieving one answers that item, not the summary); compacting again with nothing new answers
+    the same compaction, without another summary."""
+    client = proxy.openai(key)
+    conv = long_conversation(client)
+    compacted = client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    kept = compacted.output[1:]
+    assert kept
+    for item in kept:
+        assert client.conversations.items.retrieve(item.id, conversation_id=conv.id).model_dump(
+            exclude_none=True) == item.model_dump(exclude_none=True)
+    summaries = len(upstream.requests)
+    again = client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    assert again.output[0].id == compacted.output[0].id and [i.id for i in again.output] == [
+        i.id for i in compacted.output]
+    assert len(upstream.requests) == summaries  # no summariser call
+
+
 def test_compact_stateless_input_then_send_the_output_back(proxy, upstream, key):
     client = proxy.openai(key)
     compacted = client.responses.compact(model=MODEL, input=[user_item(f"note {i}") for i in range(10)])

@@ -84,7 +84,7 @@ class Summaries:
             "format": "text",
             "trigger": trigger,
             "summariser_model": summariser,
-            "keep_recent": c.keep_recent,
+            "keep_recent": keep,
             "summary_budget_tokens": limits.summary_budget,
             "summary_tokens": summary.tokens,
             "compacted_messages": len(older),

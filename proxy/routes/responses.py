@@ -277,10 +277,10 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
             return await compactor.compact_now(conv, caller.client_key, default_model=model, keep_recent=keep_recent)
         source = [] if conv.head_node_id is None else message_path(await admin.path_rows(conv.tree_id, conv.head_node_id))
     result = await compact(None)
-    if result.reason == "nothing_to_compact":
+    if result.reason == "nothing_to_compact" and not (len(source) == 1 and source[0].kind == "compaction"):
         # asked to compact now, with too few messages to keep the usual recent ones raw: all of
-        # them are summarised (what stays is the summary alone -- or, for a path that is already
-        # just a summary and nothing since, that compaction as it is)
+        # them are summarised, and the summary alone stays (a path that is one compaction and
+        # nothing since is answered with that compaction as it is, below)
         result = await compact(0)
     if result.compacted and result.node is not None:
         node = result.node
@@ -305,12 +305,7 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
 
 def _compacted_output(node: Any) -> list[dict[str, Any]]:
     """A compaction node as ``/responses/compact`` answers it: its compaction item, then the items
-    it kept raw, each typed and with an id (the node's, where the kept item had none)."""
-    kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
-    out = [compaction_item(node)]
-    for i, item in enumerate(responses_items.to_items(kept)):
-        kind = item.get("type") or "message"
-        item = {**item, "type": kind}
-        item.setdefault("id", translate.input_item_id(kind, node.id, i))
-        out.append(with_parts(item))
-    return out
+    it kept raw as the conversation's items list has them (typed, with the same ids): those after
+    its system messages and its summary."""
+    kept = [item.listed for item in node_items(node) if item.listed.get("role") not in ("system", "developer")][1:]
+    return [compaction_item(node), *kept]
