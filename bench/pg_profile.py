@@ -6,7 +6,7 @@ telling frames (commit and WAL flush, executor start-up of the functions' statem
 maintenance, the text-search index's expression, CHECK constraints and generated columns read
 again per statement ...).
 
-    uv run python bench/pg_profile.py [--seconds 10] [--frames ExecInsertIndexTuples,...]
+    uv run python bench/pg_profile.py [--seconds 10]
 
 Needs ``perf`` (Debian's linux-perf) with permission to sample another process. Shares, not
 times: a loaded machine changes the time per pair more than where it goes.

@@ -22,15 +22,28 @@ def count_markers(messages):
     return json.dumps(messages).count('"cache_control"')
 
 
-def test_markers_are_recorded_from_the_end_and_leading_system_messages_from_the_start():
+def test_markers_are_recorded_from_the_end_system_messages_among_themselves():
     messages = [{"role": "system", "content": [{"type": "text", "text": "s", "cache_control": EPHEMERAL}]},
                 {"role": "developer", "content": "d", "cache_control": {"type": "ephemeral", "ttl": "1h"}},
                 {"role": "user", "content": "old"},
                 {"role": "system", "content": [{"type": "text", "text": "reminder", "cache_control": EPHEMERAL}]},
                 marked("new")]
-    assert markers(messages) == [[-1, 0, EPHEMERAL], [-2, MESSAGE, {"type": "ephemeral", "ttl": "1h"}],
-                                 [1, 0, EPHEMERAL], [0, 0, EPHEMERAL]]
+    assert markers(messages) == [[-3, 0, EPHEMERAL], [-2, MESSAGE, {"type": "ephemeral", "ttl": "1h"}],
+                                 [-1, 0, EPHEMERAL], [0, 0, EPHEMERAL]]
     assert markers([{"role": "user", "content": "plain"}]) == []
+
+
+def test_a_system_message_sent_after_the_question_keeps_its_marker_where_assembly_puts_it():
+    """A delta call's system message goes first in the assembled request (the system rule): its
+    marker goes with it, and the question's stays on the question -- not on the answer before it."""
+    found = markers([marked("first"), {"role": "system", "content": [{"type": "text", "text": "sys",
+                                                                      "cache_control": EPHEMERAL}]}])
+    assembled = [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"},
+                 {"role": "assistant", "content": "echo: q"}, {"role": "user", "content": [{"type": "text", "text": "first"}]}]
+    out = apply_markers(assembled, found)
+    assert out[0]["content"] == [{"type": "text", "text": "sys", "cache_control": EPHEMERAL}]
+    assert out[3]["content"] == [{"type": "text", "text": "first", "cache_control": EPHEMERAL}]
+    assert count_markers(out) == 2
 
 
 def test_applied_markers_replace_every_stored_one_and_leave_the_path_unchanged():

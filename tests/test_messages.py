@@ -727,3 +727,16 @@ def test_a_messages_tool_round_over_a_responses_upstream(mproxy: Proxy, upstream
     listed = mproxy.openai(key).conversations.items.list(cid, order="asc").data
     assert [i.type for i in listed] == ["message", "message", "function_call", "function_call_output", "message"]
     assert listed[3].output == "a.txt" and listed[4].role == "assistant"
+
+
+def test_whose_items_a_message_keeps_is_recorded_or_read_by_shape() -> None:
+    """Messages read before the dialect was recorded beside their items (kept raw in a compaction
+    node) are told apart by shape: Responses items have a type, or input_/output_ parts."""
+    from proxy.dialects.responses.items import ITEMS, ITEMS_OF, items_of
+
+    assert items_of({"role": "user", "content": "x"}) is None
+    assert items_of({ITEMS: [{"role": "user", "content": "x"}], ITEMS_OF: "responses"}) == "responses"
+    assert items_of({ITEMS: [{"type": "message", "role": "user", "content": "x"}]}) == "responses"
+    assert items_of({ITEMS: [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]}) == "responses"
+    assert items_of({ITEMS: [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}) == "messages"
+    assert items_of({ITEMS: [{"role": "assistant", "content": "plain"}]}) == "messages"

@@ -171,6 +171,7 @@ class ListView {
       page = await api.conversations(this.cursor, byText ? null : term, byText ? term : null);
     } catch (error) {
       if (!refused(error)) this.status.textContent = error.message;
+      if (generation === this.generation) this.more.hidden = !this.cursor; // (the same page may be asked again)
       return;
     }
     if (generation !== this.generation) return; // the list was started again meanwhile
@@ -305,7 +306,7 @@ class ConversationView {
       conv.usage?.total_tokens ? el("span", { class: "tokens", title: `prompt ${conv.usage.prompt_tokens.toLocaleString()}, `
         + `completion ${conv.usage.completion_tokens.toLocaleString()} (every call, side calls included)` },
       ` · ${conv.usage.total_tokens.toLocaleString()} tokens`,
-      conv.usage.cached_tokens ? ` (${conv.usage.cached_tokens.toLocaleString()} of the prompt from the cache)` : null) : null,
+      conv.usage.cached_tokens ? ` (${conv.usage.cached_tokens.toLocaleString()} of the prompt through the cache)` : null) : null,
       conv.busy ? el("span", { class: "badge" }, "call in flight") : null,
       conv.forked_from ? [" · fork of ", el("a", { href: conversationLink(conv.forked_from, this.tenant) }, conv.forked_from)] : null,
       this.tenant ? el("span", { class: "badge" }, `tenant ${this.tenant}`) : null,

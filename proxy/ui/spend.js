@@ -19,7 +19,7 @@ export function tokensOf(usage) {
   if (!usage || typeof usage !== "object") return { prompt: 0, completion: 0, cached: 0 };
   const n = (v) => (Number.isFinite(v) && v > 0 ? v : 0);
   const cached = n(usage.prompt_tokens_details?.cached_tokens) + n(usage.input_tokens_details?.cached_tokens)
-    + n(usage.cache_read_input_tokens);
+    + n(usage.cache_read_input_tokens) + n(usage.cache_creation_input_tokens); // (as cached_tokens: reads and writes)
   const prompt = usage.prompt_tokens !== undefined ? n(usage.prompt_tokens)
     : n(usage.input_tokens) + n(usage.cache_read_input_tokens) + n(usage.cache_creation_input_tokens);
   return { prompt, completion: n(usage.completion_tokens ?? usage.output_tokens), cached };
@@ -64,7 +64,7 @@ export function drawDaily(container, days) {
     const cached = Math.min(l.cached_tokens ?? 0, l.prompt_tokens);
     return [
       { value: cached, color: `${color.get(model)}44`, kind: "cached",
-        title: `${d.day} · ${model} · prompt from the cache ${cached.toLocaleString()}` },
+        title: `${d.day} · ${model} · prompt through the cache ${cached.toLocaleString()}` },
       { value: l.prompt_tokens - cached, color: shade(color.get(model), true), kind: "prompt",
         title: `${d.day} · ${model} · prompt ${l.prompt_tokens.toLocaleString()}` },
       { value: l.completion_tokens, color: color.get(model), kind: "completion",
@@ -83,7 +83,7 @@ export function drawDaily(container, days) {
     key.append(swatch, ` ${m}`);
     legend.append(key);
   }
-  legend.append(" (palest: prompt served from the cache, lighter: the rest of the prompt, darker: completion)");
+  legend.append(" (palest: prompt through the cache -- read from it or written to it, lighter: the rest of the prompt, darker: completion)");
   container.replaceChildren(chart, legend);
 }
 

@@ -18,21 +18,27 @@ MESSAGE = -1  # a marker's part index when it is on the message itself
 
 
 def markers(messages: Sequence[Any]) -> list[list[Any]]:
-    """Where the client put ``cache_control``: ``[where, part, marker]`` -- ``where`` the message's
-    index from the end (0: the last) or, for the system/developer messages the request begins
-    with, ``-1 - k`` (the k-th of them: assembly puts the system messages in effect first); ``part``
-    the content part's index, or ``MESSAGE``. Positions that hold in the assembled request too,
-    whose last messages are the client's."""
+    """Where the client put ``cache_control``: ``[where, part, marker]`` -- ``where`` a message's
+    index from the end among the messages that are not system/developer ones (0: the last), or,
+    for a system/developer message, ``-1 - k`` with ``k`` its index from the end among those;
+    ``part`` the content part's index, or ``MESSAGE``. Positions that hold in the assembled
+    request too: it ends with the client's messages, and its system messages in effect are the
+    client's last ones, first (delta mode's system rule) or where the client had them (full
+    history)."""
     found: list[list[Any]] = []
-    n, leading = len(messages), 0
-    for i, message in enumerate(messages):
+    system = [i for i, m in enumerate(messages) if type(m) is dict and m.get("role") in ("system", "developer")]
+    others = len(messages) - len(system)
+    seen_system = seen_other = 0
+    for message in messages:
         if type(message) is not dict:
-            leading = -1
+            seen_other += 1
             continue
-        if leading >= 0 and message.get("role") in ("system", "developer"):
-            where, leading = -1 - leading, leading + 1
+        if message.get("role") in ("system", "developer"):
+            where = -1 - (len(system) - 1 - seen_system)
+            seen_system += 1
         else:
-            where, leading = n - 1 - i, -1
+            where = others - 1 - seen_other
+            seen_other += 1
         if message.get("cache_control") is not None:
             found.append([where, MESSAGE, message["cache_control"]])
         content = message.get("content")
@@ -60,14 +66,13 @@ def apply_markers(messages: Sequence[dict[str, Any]], found: Sequence[Sequence[A
     a message stored with string content: that string as a text part). A new list; the messages
     given (the path's, shared) are not changed."""
     out = [_unmarked(m) for m in messages]
-    n = len(out)
-    leading = 0
-    while leading < n and out[leading].get("role") in ("system", "developer"):
-        leading += 1
+    system = [i for i, m in enumerate(out) if m.get("role") in ("system", "developer")]
+    others = [i for i, m in enumerate(out) if m.get("role") not in ("system", "developer")]
     for where, part, marker in found:
-        i = -1 - where if where < 0 else n - 1 - where
-        if not (0 <= i < n) or (where < 0 and i >= leading):
+        among, back = (system, -1 - where) if where < 0 else (others, where)
+        if not 0 <= back < len(among):
             continue
+        i = among[len(among) - 1 - back]
         message = out[i]
         if part == MESSAGE:
             out[i] = {**message, "cache_control": marker}

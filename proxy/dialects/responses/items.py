@@ -58,14 +58,19 @@ def items_of(message: dict[str, Any]) -> str | None:
     """The dialect whose items a message keeps under ``ITEMS`` -- only that dialect's upstream may
     get them back as they are; any other gets the message translated. Messages read before the
     dialect was recorded beside them (kept raw in a compaction node) by their shape: Responses
-    items have a ``type``, Anthropic messages never."""
+    items have a ``type`` or ``input_``/``output_`` parts, Anthropic messages neither."""
     native = message.get(ITEMS)
     if not native:
         return None
     known = message.get(ITEMS_OF)
     if known is not None:
         return known
-    return "responses" if all(isinstance(i, dict) and "type" in i for i in native) else "messages"
+    for item in native:
+        if isinstance(item, dict) and ("type" in item or any(
+                isinstance(p, dict) and str(p.get("type", "")).startswith(("input_", "output_"))
+                for p in (item.get("content") if isinstance(item.get("content"), list) else ()))):
+            return "responses"
+    return "messages"
 
 
 def response_id(node_id: uuid.UUID) -> str:
