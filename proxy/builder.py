@@ -155,7 +155,10 @@ class RequestBuilder:
                 messages, dropped = spliced
                 return Built(build_body(fields, messages, stream=stream), dropped, upstream.endpoint)
         assembled = assemble(path, new_items, target, system_at)
-        messages = apply_markers(assembled.messages, marked or ()) if way.client.name == "chat" else assembled.messages
+        # (a chat client's markers are its call's own; towards a chat upstream no stored one is sent,
+        # whichever client continues the path: only chat clients' calls store them)
+        chat_markers = way.client.name == "chat" or upstream.name == "chat"
+        messages = apply_markers(assembled.messages, marked or ()) if chat_markers else assembled.messages
         return Built(upstream.request_body(fields, messages, target.provider, stream=stream), assembled.dropped,
                      upstream.endpoint)
 

@@ -101,3 +101,15 @@ def test_delta_calls_each_marking_their_message_send_the_last_marker_only(proxy,
     assert request.json() == upstream.last.body and request.headers["x-request-verified"] == "true"
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "again"}])
     assert count_markers(upstream.last.messages) == 0
+
+
+def test_another_apis_client_continuing_sends_no_stored_marker(proxy, upstream, key, cid):
+    """A Responses client continuing a path a chat client marked, over a chat upstream: the
+    markers those chat calls stored are theirs, not sent with this call."""
+    chat = proxy.openai(key, conversation=cid)
+    for i in range(5):
+        chat.chat.completions.create(model=MODEL, messages=[marked(f"turn {i}")])
+    raw = chat.responses.with_raw_response.create(model=MODEL, input="from the Responses API")
+    assert count_markers(upstream.last.messages) == 0 and len(upstream.last.messages) == 11
+    request = proxy.http(key).get(f"/admin/nodes/{raw.headers['x-node-id']}/request")
+    assert request.json() == upstream.last.body and request.headers["x-request-verified"] == "true"
