@@ -262,3 +262,33 @@ def test_truncation_auto_holds_a_calls_own_threshold_to_the_input_limit(fresh_da
                                            context_management=lax)
         assert [r for r in upstream.summariser_requests if "held 0:" in r.text()] and response.output[0].type == "compaction"
         assert contents(upstream.last.messages)[0].startswith(SUMMARY_PREFIX)
+
+
+def test_kept_items_keep_their_ids_through_compactions(proxy, upstream, key):
+    """§14's stable ids: the items a summary kept raw are listed with the ids they had before it
+    -- through a second summary too -- and can be retrieved and deleted by them."""
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item(f"fact {i}") for i in range(6)])
+    for q in ("q1", "q2", "q3"):
+        client.responses.create(model=MODEL, conversation=conv.id, input=q)
+    before = {item_text(i): i.id for i in client.conversations.items.list(conv.id, order="asc", limit=100).data}
+    assert len(before) == 12
+    compacted = client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    assert compacted.output[0].type == "compaction"
+    after = client.conversations.items.list(conv.id, order="asc", limit=100).data
+    kept = [i for i in after if not item_text(i).startswith(SUMMARY_PREFIX)]
+    assert kept and [i.id for i in kept] == [before[item_text(i)] for i in kept]
+    assert [i.id for i in compacted.output[1:]] == [i.id for i in kept]  # the compact answer says the same
+    client.responses.create(model=MODEL, conversation=conv.id, input="q4")
+    proxy.http(key).post(f"/admin/conversations/{conv.id}/compact").raise_for_status()  # a summary of the summary
+    again = [i for i in client.conversations.items.list(conv.id, order="asc", limit=100).data
+             if not item_text(i).startswith(SUMMARY_PREFIX)]
+    for item in again:
+        if item_text(item) in before:
+            assert item.id == before[item_text(item)], item_text(item)
+    old = next(i for i in again if item_text(i) in before)
+    assert item_text(client.conversations.items.retrieve(old.id, conversation_id=conv.id)) == item_text(old)
+    client.conversations.items.delete(old.id, conversation_id=conv.id)
+    remaining = client.conversations.items.list(conv.id, order="asc", limit=100).data
+    assert old.id not in [i.id for i in remaining] and item_text(old) not in [item_text(i) for i in remaining]
+    assert [i.id for i in remaining if i.id in before.values()] == [i.id for i in again if i.id != old.id and i.id in before.values()]

@@ -126,17 +126,70 @@ async def _head_path(admin: AdminStore, conv: Any) -> list[NodeRow]:
     their ids, are what they were before any clearing."""
     # (the plain path: what the items are made of -- no sibling counts, which a deep path pays for)
     path = [] if conv.head_node_id is None else await admin.path_rows(conv.tree_id, conv.head_node_id)
+    return await _through_clearings(admin, conv.tree_id, path)
+
+
+async def _through_clearings(admin: AdminStore, tree_id: uuid.UUID, path: list[NodeRow]) -> list[NodeRow]:
     while path and path[0].kind == "compaction" and path[0].compacted_from is not None \
             and path[0].params.get("method") == CLEARING:
-        path = await admin.path_rows(conv.tree_id, path[0].compacted_from) + path[1:]
+        path = await admin.path_rows(tree_id, path[0].compacted_from) + path[1:]
     return path
 
 
-async def _path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, list[Item]]:
+_SUMMARIES_READ = 8  # summaries read through for the ids of the items they kept (older ones keep the node's)
+
+
+async def _items_of(admin: AdminStore, tree_id: uuid.UUID, path: list[NodeRow], depth: int = 0) -> list[Item]:
+    """The items of a head path (as ``_head_path`` reads it), with stable ids: the items a summary
+    kept raw have the ids they had before it (read from the path it replaced), not ids of the
+    summary's node."""
+    items = [item for node in path for item in node_items(node)]
+    first = path[0] if path else None
+    if first is not None and first.kind == "compaction" and first.compacted_from is not None and depth < _SUMMARIES_READ:
+        before = await _through_clearings(admin, tree_id, await admin.path_rows(tree_id, first.compacted_from))
+        _carry_ids([i for i in items if i.node.id == first.id], await _items_of(admin, tree_id, before, depth + 1))
+    return items
+
+
+async def kept_items(admin: AdminStore, tree_id: uuid.UUID, node: Any) -> list[dict[str, Any]]:
+    """The items a compaction node kept raw (after its system messages and its summary), listed as
+    the conversation's items list has them -- with the ids they had before it."""
+    items = await _items_of(admin, tree_id, [node])
+    return [i.listed for i in items if i.listed.get("role") not in ("system", "developer")][1:]
+
+
+def _carry_ids(compacted: list[Item], before: list[Item]) -> None:
+    """Give the items a compaction node kept raw (those after its system messages and its summary)
+    the ids of the same items before it, matched from the end, in order (a kept item found nowhere
+    before -- added after the summarised path -- keeps its own)."""
+    kept = [i for i in compacted if i.listed.get("role") not in ("system", "developer")][1:]
+    j = len(before) - 1
+    for item in reversed(kept):
+        sig = _signature(item.listed)
+        p = j
+        while p >= 0 and _signature(before[p].listed) != sig:
+            p -= 1
+        if p >= 0:
+            item.listed["id"] = before[p].listed["id"]
+            j = p - 1
+
+
+def _signature(listed: dict[str, Any]) -> tuple[Any, ...]:
+    """What an item says, whatever form it was listed in (parts or not, with or without status)."""
+    content = listed.get("content")
+    text = content if isinstance(content, str) else "".join(
+        p.get("text") or "" for p in content or () if isinstance(p, dict)) if isinstance(content, list) else None
+    output = listed.get("output")
+    return (listed.get("type"), listed.get("role"), text, listed.get("call_id"), listed.get("name"),
+            listed.get("arguments"), output if isinstance(output, str) or output is None else repr(output))
+
+
+async def _path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, list[Item], list[NodeRow]]:
     conv = await admin.conversation(tenant, cid)
     if conv is None:
         raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation_id")
-    return conv, [item for node in await _head_path(admin, conv) for item in node_items(node)]
+    path = await _head_path(admin, conv)
+    return conv, await _items_of(admin, conv.tree_id, path), path
 
 
 # -- writing ----------------------------------------------------------------------------------------
@@ -305,7 +358,7 @@ async def conversation_items(request: Request[Any, Any, Any], call: NamedDepende
     assert cid is not None
     tenant, admin = call.caller.tenant, call.admin
     if request.method == "GET":
-        _, items = await _path_items(admin, tenant, cid)
+        _, items, _ = await _path_items(admin, tenant, cid)
         return _json(_page([i.listed for i in items], request.query_params))
     body = await _body(request)
     items = _checked_items(body.get("items"), param="items", required=True)
@@ -322,7 +375,7 @@ async def conversation_item(request: Request[Any, Any, Any], call: NamedDependen
     assert cid is not None
     tenant, admin = call.caller.tenant, call.admin
     item_id = request.path_params["item_id"]
-    conv, items = await _path_items(admin, tenant, cid)
+    conv, items, path = await _path_items(admin, tenant, cid)
     index = next((i for i, item in enumerate(items) if item.listed["id"] == item_id), None)
     if index is None:
         raise NotFound(f"no item {item_id!r} in conversation {cid!r}", code="item_not_found", param="item_id")
@@ -332,10 +385,9 @@ async def conversation_item(request: Request[Any, Any, Any], call: NamedDependen
     first = items[index].node
     copies: list[dict[str, Any]] = []
     # every node from `first` to the head (one contributing no item is copied too, empty)
-    path = await _head_path(admin, conv)
     start = next(i for i, n in enumerate(path) if n.id == first.id)
     for node in path[start:]:
-        kept = [i for i in node_items(node) if i.listed["id"] != item_id]
+        kept = [i for i in items if i.node.id == node.id and i.listed["id"] != item_id]
         params: dict[str, Any] = {}
         sent = [i.raw for i in kept]
         if _instructions(node):

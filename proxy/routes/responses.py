@@ -43,7 +43,7 @@ from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
 from .common import RequestHeaders, context_mode, node_kind, resolve_conversation_id
 from .context import CallContext
-from .conversations import items_node, new_conversation_id, node_items
+from .conversations import items_node, kept_items, new_conversation_id, node_items
 from .docs import errors
 from .passthrough import Forwarder
 from .response_objects import response_of, stored_response, with_parts
@@ -254,6 +254,7 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         if node is None:
             raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
         path = message_path(await admin.path_rows(node.tree_id, node.id))
+        tree_id = node.tree_id
 
         async def compact(keep_recent: int | None) -> Any:
             return await compactor.summaries.compact(tenant=caller.tenant, conversation_id=node.conversation_id,
@@ -276,6 +277,7 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         async def compact(keep_recent: int | None) -> Any:
             return await compactor.compact_now(conv, caller.client_key, default_model=model, keep_recent=keep_recent)
         source = [] if conv.head_node_id is None else message_path(await admin.path_rows(conv.tree_id, conv.head_node_id))
+        tree_id = conv.tree_id
     result = await compact(None)
     if result.reason == "nothing_to_compact" and not (len(source) == 1 and source[0].kind == "compaction"):
         # asked to compact now, with too few messages to keep the usual recent ones raw: all of
@@ -284,11 +286,11 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         result = await compact(0)
     if result.compacted and result.node is not None:
         node = result.node
-        output = _compacted_output(node)
+        output = await _compacted_output(admin, tree_id, node)
         usage = translate.usage_of(node.usage) if node.usage and "prompt_tokens" in node.usage else node.usage
         rid = responses_items.response_id(node.id)
     elif result.reason == "nothing_to_compact" and source and source[0].kind == "compaction":
-        output = _compacted_output(source[0])
+        output = await _compacted_output(admin, tree_id, source[0])
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         rid = responses_items.response_id(source[0].id)
     elif result.reason in ("empty", "nothing_to_compact"):  # nothing to summarise: the context as it is
@@ -303,9 +305,7 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
                                      "output": output, "usage": usage}))
 
 
-def _compacted_output(node: Any) -> list[dict[str, Any]]:
+async def _compacted_output(admin: AdminStore, tree_id: uuid.UUID, node: Any) -> list[dict[str, Any]]:
     """A compaction node as ``/responses/compact`` answers it: its compaction item, then the items
-    it kept raw as the conversation's items list has them (typed, with the same ids): those after
-    its system messages and its summary."""
-    kept = [item.listed for item in node_items(node) if item.listed.get("role") not in ("system", "developer")][1:]
-    return [compaction_item(node), *kept]
+    it kept raw as the conversation's items list has them (typed, with the same ids)."""
+    return [compaction_item(node), *await kept_items(admin, tree_id, node)]
