@@ -20,6 +20,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,43 +57,62 @@ async def turn(store: TreeStore, cid: str, i: int) -> None:
         request_hash=b"\0" * 32, leased=True))
 
 
-async def measure(pairs: int, rounds: int) -> dict:
-    server = start_embedded(tempfile.mkdtemp(prefix="bp-pg-calls-"), delete_on_stop=True)
+@dataclass
+class Warm:
+    """A store on one connection (``pid``: its backend) over 32 conversations with 20-node paths."""
+
+    store: TreeStore
+    db: Database
+    pid: int
+    cids: list[str]
+    n: int = 0
+
+    async def pair(self) -> None:
+        """One more begin + finish pair, on the next conversation in turn."""
+        await turn(self.store, self.cids[self.n % len(self.cids)], self.n)
+        self.n += 1
+
+
+@asynccontextmanager
+async def warm_store(prefix: str) -> AsyncIterator[Warm]:
+    """An embedded PostgreSQL, migrated, and a store whose paths, path cache and plan cache are warm."""
+    server = start_embedded(tempfile.mkdtemp(prefix=prefix), delete_on_stop=True)
     try:
         await migrate(server.uri)
         db = await Database().open(server.uri, min_size=1, max_size=1)
         try:
-            store = TreeStore(db, PathCache(64 << 20))
-            pid = await db.fetchval("SELECT pg_backend_pid()")
-            cids = [f"c{i}" for i in range(32)]
-            n = 0
-            for _ in range(20):  # 20-node paths, and a warm cache and plan cache
-                for cid in cids:
-                    await turn(store, cid, n)
-                    n += 1
-            await db.execute("SET track_functions = 'all'")  # (one connection: this session is it)
-            await db.execute("SELECT pg_stat_reset()")
-            backend, client, wall = [], [], []
-            for _ in range(rounds):
-                b0, c0, w0 = backend_cpu_ns(pid), time.process_time(), time.perf_counter()
-                for _ in range(pairs // rounds):
-                    await turn(store, cids[n % 32], n)
-                    n += 1
-                k = pairs // rounds
-                backend.append((backend_cpu_ns(pid) - b0) / k / 1e6)
-                client.append((time.process_time() - c0) / k * 1e3)
-                wall.append((time.perf_counter() - w0) / k * 1e3)
-            # the backend reports its statistics when it goes idle: ask for it, go idle once
-            await db.execute("SELECT pg_stat_force_next_flush()")
-            await db.execute("SELECT 1")
-            functions = [dict(r) for r in await db.fetch(
-                "SELECT funcname AS function, calls, round((self_time / calls * 1000)::numeric, 1)::float AS self_us, "
-                "round((total_time / calls * 1000)::numeric, 1)::float AS total_us "
-                "FROM pg_stat_user_functions WHERE calls > 0 ORDER BY self_time DESC")]
+            warm = Warm(TreeStore(db, PathCache(64 << 20)), db, await db.fetchval("SELECT pg_backend_pid()"),
+                        [f"c{i}" for i in range(32)])
+            for _ in range(20 * len(warm.cids)):
+                await warm.pair()
+            yield warm
         finally:
             await db.close()
     finally:
         server.stop()
+
+
+async def measure(pairs: int, rounds: int) -> dict:
+    async with warm_store("bp-pg-calls-") as warm:
+        db = warm.db
+        await db.execute("SET track_functions = 'all'")  # (one connection: this session is it)
+        await db.execute("SELECT pg_stat_reset()")
+        backend, client, wall = [], [], []
+        for _ in range(rounds):
+            b0, c0, w0 = backend_cpu_ns(warm.pid), time.process_time(), time.perf_counter()
+            for _ in range(pairs // rounds):
+                await warm.pair()
+            k = pairs // rounds
+            backend.append((backend_cpu_ns(warm.pid) - b0) / k / 1e6)
+            client.append((time.process_time() - c0) / k * 1e3)
+            wall.append((time.perf_counter() - w0) / k * 1e3)
+        # the backend reports its statistics when it goes idle: ask for it, go idle once
+        await db.execute("SELECT pg_stat_force_next_flush()")
+        await db.execute("SELECT 1")
+        functions = [dict(r) for r in await db.fetch(
+            "SELECT funcname AS function, calls, round((self_time / calls * 1000)::numeric, 1)::float AS self_us, "
+            "round((total_time / calls * 1000)::numeric, 1)::float AS total_us "
+            "FROM pg_stat_user_functions WHERE calls > 0 ORDER BY self_time DESC")]
     return {"pairs": pairs, "rounds": rounds,
             "postgres_cpu_ms_per_pair": round(statistics.median(backend), 3),
             "client_cpu_ms_per_pair": round(statistics.median(client), 3),

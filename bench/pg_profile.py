@@ -28,12 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _harness import arguments, write_result
-from pg_calls import turn
-
-from storage import migrate, start_embedded
-from storage.database import Database
-from storage.pathcache import PathCache
-from storage.tree import TreeStore
+from pg_calls import warm_store
 
 FRAMES = {
     "CommitTransaction": "commit",
@@ -50,33 +45,17 @@ FRAMES = {
 
 
 async def record(seconds: float, data: Path) -> int:
-    server = start_embedded(tempfile.mkdtemp(prefix="bp-pg-profile-"), delete_on_stop=True)
-    try:
-        await migrate(server.uri)
-        db = await Database().open(server.uri, min_size=1, max_size=1)
-        try:
-            store = TreeStore(db, PathCache(64 << 20))
-            pid = await db.fetchval("SELECT pg_backend_pid()")
-            cids = [f"c{i}" for i in range(32)]
-            n = 0
-            for _ in range(20):  # 20-node paths, warm caches
-                for cid in cids:
-                    await turn(store, cid, n)
-                    n += 1
-            perf = subprocess.Popen(["perf", "record", "-F", "500", "--call-graph", "dwarf,16384", "-e", "cpu-clock",
-                                     "-p", str(pid), "-o", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            await asyncio.sleep(1)
-            pairs, end = 0, time.monotonic() + seconds
-            while time.monotonic() < end:
-                await turn(store, cids[n % 32], n)
-                n, pairs = n + 1, pairs + 1
-            perf.send_signal(signal.SIGINT)
-            perf.wait()
-            return pairs
-        finally:
-            await db.close()
-    finally:
-        server.stop()
+    async with warm_store("bp-pg-profile-") as warm:
+        perf = subprocess.Popen(["perf", "record", "-F", "500", "--call-graph", "dwarf,16384", "-e", "cpu-clock",
+                                 "-p", str(warm.pid), "-o", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        await asyncio.sleep(1)
+        pairs, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            await warm.pair()
+            pairs += 1
+        perf.send_signal(signal.SIGINT)
+        perf.wait()
+        return pairs
 
 
 def stacks(data: Path) -> list[list[str]]:

@@ -152,22 +152,26 @@ async def _items_of(admin: AdminStore, tree_id: uuid.UUID, path: list[NodeRow], 
 
 
 async def kept_items(admin: AdminStore, tree_id: uuid.UUID, node: Any) -> list[dict[str, Any]]:
-    """The items a compaction node kept raw (after its system messages and its summary), listed as
-    the conversation's items list has them -- with the ids they had before it."""
-    items = await _items_of(admin, tree_id, [node])
-    return [i.listed for i in items if i.listed.get("role") not in ("system", "developer")][1:]
+    """The items a compaction node kept raw, listed as the conversation's items list has them --
+    with the ids they had before it."""
+    return [i.listed for i in _kept(await _items_of(admin, tree_id, [node]))]
+
+
+def _kept(compacted: list[Item]) -> list[Item]:
+    """A compaction node's items that it kept raw: those after its system messages and its summary."""
+    return [i for i in compacted if i.listed.get("role") not in ("system", "developer")][1:]
 
 
 def _carry_ids(compacted: list[Item], before: list[Item]) -> None:
-    """Give the items a compaction node kept raw (those after its system messages and its summary)
-    the ids of the same items before it, matched from the end, in order (a kept item found nowhere
-    before -- added after the summarised path -- keeps its own)."""
-    kept = [i for i in compacted if i.listed.get("role") not in ("system", "developer")][1:]
+    """Give the items a compaction node kept raw the ids of the same items before it, matched from
+    the end, in order (a kept item found nowhere before -- added after the summarised path --
+    keeps its own)."""
+    said = [_signature(i.listed) for i in before]
     j = len(before) - 1
-    for item in reversed(kept):
+    for item in reversed(_kept(compacted)):
         sig = _signature(item.listed)
         p = j
-        while p >= 0 and _signature(before[p].listed) != sig:
+        while p >= 0 and said[p] != sig:
             p -= 1
         if p >= 0:
             item.listed["id"] = before[p].listed["id"]
@@ -177,11 +181,13 @@ def _carry_ids(compacted: list[Item], before: list[Item]) -> None:
 def _signature(listed: dict[str, Any]) -> tuple[Any, ...]:
     """What an item says, whatever form it was listed in (parts or not, with or without status)."""
     content = listed.get("content")
-    text = content if isinstance(content, str) else "".join(
-        p.get("text") or "" for p in content or () if isinstance(p, dict)) if isinstance(content, list) else None
+    if isinstance(content, list):
+        content = "".join(p.get("text") or "" for p in content if isinstance(p, dict))
     output = listed.get("output")
-    return (listed.get("type"), listed.get("role"), text, listed.get("call_id"), listed.get("name"),
-            listed.get("arguments"), output if isinstance(output, str) or output is None else repr(output))
+    if not (output is None or isinstance(output, str)):
+        output = repr(output)
+    return (listed.get("type"), listed.get("role"), content, listed.get("call_id"), listed.get("name"),
+            listed.get("arguments"), output)
 
 
 async def _path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, list[Item], list[NodeRow]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["MARKERS", "apply_markers", "markers"]
+__all__ = ["MARKERS", "apply_markers", "markers", "unmarked"]
 
 MARKERS = "_bp_chat_cache_control"  # (in params) the call's cache_control markers, by position
 MESSAGE = -1  # a marker's part index when it is on the message itself
@@ -26,15 +26,15 @@ def markers(messages: Sequence[Any]) -> list[list[Any]]:
     client's last ones, first (delta mode's system rule) or where the client had them (full
     history)."""
     found: list[list[Any]] = []
-    system = [i for i, m in enumerate(messages) if type(m) is dict and m.get("role") in ("system", "developer")]
-    others = len(messages) - len(system)
+    systems = sum(1 for m in messages if type(m) is dict and m.get("role") in ("system", "developer"))
+    others = len(messages) - systems
     seen_system = seen_other = 0
     for message in messages:
         if type(message) is not dict:
             seen_other += 1
             continue
         if message.get("role") in ("system", "developer"):
-            where = -1 - (len(system) - 1 - seen_system)
+            where = -1 - (systems - 1 - seen_system)
             seen_system += 1
         else:
             where = others - 1 - seen_other
@@ -49,12 +49,19 @@ def markers(messages: Sequence[Any]) -> list[list[Any]]:
     return found
 
 
+def unmarked(parts: Any) -> Any:
+    """Content parts (or Anthropic blocks) without their ``cache_control`` markers: the same list
+    when none has one."""
+    if type(parts) is not list or not any(type(p) is dict and "cache_control" in p for p in parts):
+        return parts
+    return [{k: v for k, v in p.items() if k != "cache_control"} if type(p) is dict and "cache_control" in p else p
+            for p in parts]
+
+
 def _unmarked(message: dict[str, Any]) -> dict[str, Any]:
     content = message.get("content")
-    if type(content) is list and any(type(p) is dict and "cache_control" in p for p in content):
-        content = [{k: v for k, v in p.items() if k != "cache_control"} if type(p) is dict and "cache_control" in p
-                   else p for p in content]
-        message = {**message, "content": content}
+    if (stripped := unmarked(content)) is not content:
+        message = {**message, "content": stripped}
     if "cache_control" in message:
         message = {k: v for k, v in message.items() if k != "cache_control"}
     return message
@@ -66,6 +73,8 @@ def apply_markers(messages: Sequence[dict[str, Any]], found: Sequence[Sequence[A
     a message stored with string content: that string as a text part). A new list; the messages
     given (the path's, shared) are not changed."""
     out = [_unmarked(m) for m in messages]
+    if not found:
+        return out
     system = [i for i, m in enumerate(out) if m.get("role") in ("system", "developer")]
     others = [i for i, m in enumerate(out) if m.get("role") not in ("system", "developer")]
     for where, part, marker in found:

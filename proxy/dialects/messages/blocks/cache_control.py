@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ...chat.markers import unmarked
+
 __all__ = ["MARKERS", "apply_markers", "markers"]
 
 MARKERS = "_bp_cache_control"  # (in params) the call's cache_control markers, by position
@@ -50,24 +52,17 @@ def markers(system: Any, messages: Sequence[Any]) -> list[list[Any]]:
     return found
 
 
-def _unmarked(blocks: Any) -> Any:
-    if not isinstance(blocks, list):
-        return blocks
-    return [{k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) and "cache_control" in b else b
-            for b in blocks]
-
-
 def apply_markers(system: Any, messages: list[dict[str, Any]], found: Sequence[Sequence[Any]]) -> Any:
     """The assembled request with exactly the call's markers: earlier calls' markers on old blocks
     removed (the provider allows only a few, and they would pin a stale prefix), the call's put back
     where the client had them. Returns the system field; ``messages`` are changed in place."""
-    system = _unmarked(system)
+    system = unmarked(system)
     if isinstance(system, str) and any(back == -1 for back, _, _ in found):
         system = [{"type": "text", "text": system}]
     for i, message in enumerate(messages):
         if isinstance(message.get("content"), list) and any(
                 isinstance(b, dict) and "cache_control" in b for b in message["content"]):
-            messages[i] = {**message, "content": _unmarked(message["content"])}
+            messages[i] = {**message, "content": unmarked(message["content"])}
     n = len(messages)
     for back, j, marker in found:
         if back == -1:
