@@ -57,6 +57,7 @@ class Call:
     raw_items: list[bytes] | None = None  # each item as the JSON bytes it was sent as (full history, chat)
     history_key: Any = None  # what this process remembers them under (``history_key``)
     keys: transcript.HistoryKeys | None = None  # full history: its keys, once worked out (``CallLifecycle``)
+    store: bool = True  # False: translated for its upstream and answered, nothing stored (no conversation named)
 
     def exchange_params(self) -> dict[str, Any]:
         """The params an answer is translated with: the stored ones, and -- when the call was
@@ -113,12 +114,15 @@ class Started:
     secrets: tuple[str | None, ...]  # credentials an upstream error must never echo back
     request_hash: bytes | None = None
     finished: bool = False
+    stored: bool = True  # False: no node -- a call that names no conversation, only translated (``Call.store``)
 
     @property
     def leased(self) -> bool:
         return self.mode == "delta" and self.call.kind == "turn"
 
     def headers(self) -> list[tuple[str, str]]:
+        if not self.stored:
+            return [("x-branchpoint-dropped-tools", ",".join(self.call.dropped_tools))] if self.call.dropped_tools else []
         headers = [
             ("x-conversation-id", self.conversation_id),
             ("x-node-id", str(self.node_id)),

@@ -180,32 +180,40 @@ class CallLifecycle:
         (docs/behaviour.md#shutdown). A started call then ends as ``interrupted`` -- its node stored
         failed, the client answered 503 -- instead of the cancellation escaping as a bare 500 (one
         not started yet is answered so by the outermost layer, ``ObservabilityMiddleware``)."""
-        if call.conversation_id is None and self.sessions is not None:  # /auto/v1: an app's session header
+        if call.store and call.conversation_id is None and self.sessions is not None:  # /auto/v1: an app's session header
             call.conversation_id = self.sessions.named(call.headers)
         upstream = self.upstream.route(call.body.get("model"))
         way = crossing(call.dialect, upstream.api)
         dropped = way.prepare(call.params, unsupported_tools=self.unsupported_tools)  # (refusals: before any node)
         if dropped:  # recorded with the node: its replay leaves them out again
             call.dropped_tools, call.params = dropped, {**call.params, DROPPED_TOOLS: dropped}
-        if call.mode == "full":  # the client's layout: its system messages stay where it put them
-            call.keys = self._history_keys(call)
-            at = system_positions_at(call.keys.system, len(call.messages))
-            if at is not None:
-                call.params = {**call.params, SYSTEM_AT: at}
-        started, path = await self._begin(call, upstream.name, (call.client_key, upstream.api_key, *call.credentials))
-        ctx = current_request.get()
-        if ctx is not None:
-            ctx.conversation_id = started.conversation_id
-            ctx.node_id = str(started.node_id)
-            ctx.context_mode, ctx.context_matched = started.mode, started.matched
-        self.leases.track(started.tree_id, started.node_id)
+        secrets = (call.client_key, upstream.api_key, *call.credentials)
+        target = target_of(upstream, self.upstream.max_output(call.body.get("model")))
+        if not call.store:  # translated only: no node, no path, nothing to compact (docs/behaviour.md#the-messages-api)
+            node_id = uuid7()
+            started = Started(call, "", node_id, node_id, None, "delta", 0,
+                              call.dialect.to_messages(call.items, upstream.name), secrets, stored=False)
+            path: list[Any] = []
+        else:
+            if call.mode == "full":  # the client's layout: its system messages stay where it put them
+                call.keys = self._history_keys(call)
+                at = system_positions_at(call.keys.system, len(call.messages))
+                if at is not None:
+                    call.params = {**call.params, SYSTEM_AT: at}
+            started, path = await self._begin(call, upstream.name, secrets)
+            ctx = current_request.get()
+            if ctx is not None:
+                ctx.conversation_id = started.conversation_id
+                ctx.node_id = str(started.node_id)
+                ctx.context_mode, ctx.context_matched = started.mode, started.matched
+            self.leases.track(started.tree_id, started.node_id)
         try:
-            target = target_of(upstream, self.upstream.max_output(call.body.get("model")))
-            path = await self.builder.readable(started.tree_id, path, target, tenant=call.tenant)
-            path = await self.compactor.before_started(started, path)
+            if started.stored:
+                path = await self.builder.readable(started.tree_id, path, target, tenant=call.tenant)
+                path = await self.compactor.before_started(started, path)
             while True:
                 built = self.builder.build(path, started.new_items, call.params, target, stream=call.stream, way=way,
-                                           tree_id=started.tree_id)
+                                           tree_id=started.tree_id if started.stored else None)
                 if built.dropped:
                     self.metrics.pairing_drops.inc(len(built.dropped))
                     log.warning("pairing check dropped items", extra={

@@ -46,6 +46,8 @@ class Outcomes:
         Stopped in flight (the shutdown's grace ran out), it goes on in the background too, and the
         cancellation counts as handled: the caller answers its client as if it had finished."""
         started.finished = True
+        if not started.stored:  # (nothing to store: a call only translated)
+            return
         if finish_reason is not None and "\x00" in finish_reason:
             finish_reason = finish_reason.replace("\x00", "")  # a text column; the answer itself keeps it
         finish = CallFinish(

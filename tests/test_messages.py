@@ -171,6 +171,37 @@ def test_without_a_conversation_passes_through(mproxy: Proxy, claude: FakeAnthro
     assert "x-node-id" not in r.headers
 
 
+def test_without_a_conversation_over_chat_is_translated_and_not_stored(mproxy: Proxy, upstream: FakeUpstream,
+                                                                        key: str) -> None:
+    """No conversation named, an upstream of another API: translated both ways, answers and streams
+    and failures alike, and nothing stored -- the headers of a stored call are not even read."""
+    c = client(mproxy, key, "")
+    history = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "one"},
+               {"role": "user", "content": [{"type": "text", "text": "second", "cache_control": {"type": "ephemeral"}}]}]
+    r = c.messages.with_raw_response.create(model="gpt-x", max_tokens=20, system="Sys.", messages=history,
+                                            extra_headers={"X-Parent-Node-Id": "not-a-node", "X-Context-Mode": "bogus"})
+    m = r.parse()
+    assert m.content[0].text == "echo: second" and m.id.startswith("msg_")
+    assert not any(h in r.headers for h in ("x-node-id", "x-conversation-id", "x-parent-node-id"))
+    assert upstream.last.body["messages"] == [  # exactly the client's messages, translated
+        {"role": "system", "content": "Sys."}, {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "one"}, {"role": "user", "content": "second"}]
+
+    with c.messages.stream(model="gpt-x", max_tokens=20, messages=[{"role": "user", "content": "streamed"}]) as s:
+        assert "".join(s.text_stream) == "echo: streamed"
+        assert "x-node-id" not in s.response.headers
+    assert upstream.last.body["messages"] == [{"role": "user", "content": "streamed"}]
+
+    upstream.enqueue(Reply(kind="error", status=429))
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        c.messages.create(model="gpt-x", max_tokens=20, messages=[{"role": "user", "content": "again"}])
+    assert limited.value.body["type"] == "error" and "x-node-id" not in limited.value.response.headers
+
+    listed = admin(mproxy, key, "/admin/conversations").json()
+    assert listed["data"] == []  # nothing stored for this tenant
+    assert admin(mproxy, key, "/admin/usage").json()["calls"] == 0
+
+
 # -- errors -----------------------------------------------------------------------------------------
 
 

@@ -2,9 +2,9 @@
 (also under ``/c/{id}/v1`` and ``/auto/v1``) and ``POST /v1/messages/count_tokens``.
 
 A call is stored when it names a conversation (header or path prefix) or comes through
-``/auto/v1``. One that names none passes through to an Anthropic upstream untouched; towards an
-upstream of another API it needs translating, which only a stored call has, so it is handled as
-under ``/auto/v1``. HTTP only: the call itself is the lifecycle's. Errors are Anthropic-shaped
+``/auto/v1``. One that names none is not stored: it passes through to an Anthropic upstream
+untouched, and towards an upstream of another API it is translated both ways and nothing else
+(``Call.store``). HTTP only: the call itself is the lifecycle's. Errors are Anthropic-shaped
 (``proxy.app`` shapes those raised before the call starts).
 """
 
@@ -41,18 +41,20 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     auto = request.scope["path"].startswith("/auto/")
     raw = await request.body()
     body = MESSAGES.parse(raw)
-    if cid is None and not auto:
-        if _anthropic_upstream(call, body):
-            return await call.forwarder.forward(request, "messages", raw, headers, call.caller)
-        auto = True  # (translated: stored, found by content)
-    kind = node_kind(headers)
-    mode = "full" if auto else context_mode(headers, call.calls.default_mode)
-    parent_mode, parent_id = parent_of(headers, mode)
+    store = cid is not None or auto
+    if not store and _anthropic_upstream(call, body):
+        return await call.forwarder.forward(request, "messages", raw, headers, call.caller)
+    if store:
+        kind = node_kind(headers)
+        mode = "full" if auto else context_mode(headers, call.calls.default_mode)
+        parent_mode, parent_id = parent_of(headers, mode)
+    else:  # (a stored call's headers mean nothing without a conversation: not read, as a pass-through does not)
+        kind, mode, parent_mode, parent_id = "turn", "delta", "head", None
     stored = Call(
         tenant=call.caller.tenant, conversation_id=cid, kind=kind, mode=mode, parent_mode=parent_mode,
         parent_id=parent_id, body=body, items=MESSAGES.items(body), stream=body.get("stream") is True,
         client_key=call.caller.client_key, headers=headers.items, dialect=MESSAGES, credentials=headers.credentials(),
-        query=request.scope.get("query_string") or b"",
+        query=request.scope.get("query_string") or b"", store=store,
     )
     return await call.calls.run(stored, request.receive)
 
