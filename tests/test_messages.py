@@ -760,6 +760,28 @@ def test_a_messages_tool_round_over_a_responses_upstream(mproxy: Proxy, upstream
     assert listed[3].output == "a.txt" and listed[4].role == "assistant"
 
 
+def test_a_messages_calls_input_items_are_its_items_in_the_conversation(mproxy: Proxy, upstream: FakeUpstream,
+                                                                         key: str, cid: str) -> None:
+    """``GET /v1/responses/{id}/input_items`` of a Messages node lists the items the conversation's
+    items list gives it, with the same ids -- a tool result and a text in one user message are two."""
+    c = client(mproxy, key, f"/c/{cid}")
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    upstream.enqueue(Reply(content="Running.", tool_calls=[
+        {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]))
+    c.messages.create(model="gpt-x", max_tokens=50, system="Sys.", tools=tools,
+                      messages=[{"role": "user", "content": "run it"}])
+    r = c.messages.with_raw_response.create(model="gpt-x", max_tokens=50, tools=tools, messages=[
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "hi"},
+                                     {"type": "text", "text": "what did it say?"}]}])
+    node_id = uuid.UUID(r.headers["x-node-id"])
+    listed = admin(mproxy, key, f"/v1/conversations/{cid}/items?order=asc").json()["data"]
+    inputs = admin(mproxy, key, f"/v1/responses/resp_{node_id.hex}/input_items?order=asc").json()["data"]
+    assert [i["type"] for i in inputs] == ["function_call_output", "message"]
+    assert inputs[0]["call_id"] == "call_1" and inputs[1]["content"][0]["text"] == "what did it say?"
+    by_id = {i["id"]: i for i in listed}
+    assert [by_id.get(i["id"]) for i in inputs] == inputs  # the same items, the same ids
+
+
 def test_whose_items_a_message_keeps_is_recorded_or_read_by_shape() -> None:
     """Messages read before the dialect was recorded beside their items (kept raw in a compaction
     node) are told apart by shape: Responses items have a type, or input_/output_ parts."""

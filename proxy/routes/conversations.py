@@ -88,17 +88,19 @@ def _instructions(node: NodeRow) -> bool:
     return node.api == "responses" and isinstance(instructions, str) and bool(instructions)
 
 
-def node_items(node: NodeRow) -> list[Item]:
+def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
     """The items one path node contributes to its conversation: what it sent (a Responses call's
-    instructions aside), then -- when it succeeded -- what it received."""
+    instructions aside), then -- when it succeeded, and ``answers`` are asked for -- what it
+    received. A response's input items are the first part (``response_objects``)."""
+    with_received = answers and node.status == "success"
     if node.api == "responses":
         sent = list(node.sent[1:] if _instructions(node) else node.sent)
-        received = list(node.received or []) if node.status == "success" else []
+        received = list(node.received or []) if with_received else []
     else:
         chat = message_path([node])[0]
         sent = responses_items.to_items(chat.sent)
         received = []
-        if node.status == "success":
+        if with_received:
             for message in chat.received or ():
                 if isinstance(message, dict) and message.get("role") == "assistant":
                     received.extend(translate.output_items(message, node.id, node.params.get("tools")))

@@ -21,6 +21,7 @@ from ..http import RawResponse
 from ..ids import valid_conversation_id
 from .common import RequestHeaders
 from .context import CallContext
+from .conversations import node_items
 from .docs import errors
 from .passthrough import upstream_path
 
@@ -92,23 +93,9 @@ async def response_resource(request: Request[Any, Any, Any], call: NamedDependen
 
 
 def _input_items(node: NodeRow) -> list[dict[str, Any]]:
-    """A stored call's input items, each with an id (made up from the node's where it had none)."""
-    sent = list(node.sent)
-    if node.api == "responses" and isinstance(node.params.get("instructions"), str) and node.params["instructions"]:
-        sent = sent[1:]  # the instructions: not an input item
-    items = sent if node.api == "responses" else responses_items.to_items(sent)
-    out = []
-    for i, item in enumerate(items):
-        item = dict(item)
-        kind = item.get("type") or ("message" if "role" in item else "item")
-        item.setdefault("type", kind)
-        item.setdefault("id", translate.input_item_id(kind, node.id, i))
-        if kind == "message":
-            item.setdefault("status", "completed")
-            if isinstance(item.get("content"), str):  # listed items carry content parts
-                item["content"] = [{"type": "input_text", "text": item["content"]}]
-        out.append(item)
-    return out
+    """A stored call's input items, each with an id: the same items, with the same ids, as its
+    conversation's items list gives them (made up from the node's where they had none)."""
+    return [item.listed for item in node_items(node, answers=False)]
 
 
 @route(["/v1/responses/{response_id:str}/input_items", "/c/{conversation_id:str}/v1/responses/{response_id:str}/input_items",
