@@ -100,7 +100,9 @@ def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> R
     if isinstance(exc, ValidationException) and isinstance(exc.extra, list) and exc.extra:
         # say what was wrong, not only where: the first problem Litestar found, and its field
         first = exc.extra[0] if isinstance(exc.extra[0], dict) else {}
-        if first.get("message"):
+        if first.get("message") == "'data'" and first.get("key") == "data":  # (Litestar: no body at all)
+            detail = "this endpoint takes a JSON body"
+        elif first.get("message"):
             key = first.get("key")
             param = key if isinstance(key, str) and key != "data" else None  # "data": the body as a whole
             detail = f"{param}: {first['message']}" if param else str(first["message"])

@@ -5,6 +5,7 @@ chat and Responses routes' for a call that names no conversation."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -16,7 +17,7 @@ from .errors import UpstreamFailure
 from .http import RawResponse, encode_headers
 from .observability import current_request
 from .relay import BytesRelay
-from .secrets import redact_bytes
+from .secrets import BytesMasker, redact_bytes
 from .upstream import UpstreamClient, response_headers
 
 if TYPE_CHECKING:
@@ -66,14 +67,14 @@ class Forwarder:
         except UpstreamFailure as exc:
             upstream_done()
             return RawResponse(exc.status, exc.body())
-        if response.status_code >= 400:  # an error body is small: read it, mask echoed keys
+        secrets = (caller.client_key, upstream.api_key, *headers.credentials())
+        if response.status_code >= 400:  # an error body is small: read it, mask echoed keys (and key-like text)
             try:
                 content = await self.upstream.read_rest(response)
             except UpstreamFailure as exc:
                 return RawResponse(exc.status, exc.body())
             finally:
                 upstream_done()
-            secrets = (caller.client_key, upstream.api_key, *headers.credentials())
             return RawResponse(response.status_code, redact_bytes(content, secrets),
                                response_headers(response.headers))
 
@@ -81,5 +82,15 @@ class Forwarder:
             upstream_done()
             await response.aclose()
 
+        chunks = self.upstream.chunks(response)
+        masker = BytesMasker(secrets)  # (an answer echoing a credential: masked as it goes by, however cut)
         return BytesRelay(response.status_code, encode_headers(response_headers(response.headers)),
-                          self.upstream.chunks(response), close)
+                          _masked(chunks, masker) if masker else chunks, close)
+
+
+async def _masked(chunks: AsyncIterator[bytes], masker: BytesMasker) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        if out := masker.feed(chunk):
+            yield out
+    if held := masker.flush():
+        yield held

@@ -44,7 +44,7 @@ from .compaction import Compactor
 from .dialects import Crossing, Exchange, crossing
 from .dialects.chat import NotACompletion
 from .dialects.responses.tools import DROPPED as DROPPED_TOOLS
-from .errors import BranchpointError, UpstreamFailure, from_refusal
+from .errors import BranchpointError, UpstreamFailure, UpstreamTooLarge, from_refusal
 from .failures import Failure, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion
 from .http import RawResponse, encode_headers
 from .later import Later
@@ -288,10 +288,9 @@ class CallLifecycle:
             try:
                 content = await self.upstream.read_rest(response)
             except UpstreamFailure as exc:
-                if response.status_code != 200:
-                    content = b""  # (the status says enough)
-                else:
+                if response.status_code == 200 or isinstance(exc, UpstreamTooLarge):
                     raise _Failed(Failure.from_error(exc)) from None
+                content = b""  # (cut while reading an error: the status says enough)
             if response.status_code != 200:
                 raise _Failed(classify(response.status_code, content, started.secrets),
                               response_headers(response.headers) + started.headers())

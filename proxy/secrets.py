@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["MASK", "Masker", "TextMasker", "redact", "redact_bytes"]
+__all__ = ["MASK", "BytesMasker", "Masker", "TextMasker", "redact", "redact_bytes"]
 
 MASK = "[redacted]"
 
@@ -67,6 +67,48 @@ class Masker:
 
 
 _MASK_BYTES = MASK.encode()
+
+
+class BytesMasker:
+    """``Masker`` over a body that arrives in chunks (a pass-through answer): what may be the
+    start of a credential at the end of a chunk is held back until the next chunk says whether it
+    is one; ``flush`` gives out what is held when the body ends. Nothing is held back unless a
+    chunk ends in the first bytes of a credential (an SSE event ends in a blank line), so an
+    answer goes out as it comes."""
+
+    __slots__ = ("_held", "_masker")
+
+    def __init__(self, secrets: Iterable[str | None]) -> None:
+        self._masker = Masker(secrets)
+        self._held = b""
+
+    def __bool__(self) -> bool:
+        return bool(self._masker)
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._masker.bytes(self._held + chunk if self._held else chunk)
+        keep = _prefix_at_end(data, self._masker._secrets)
+        self._held = data[len(data) - keep:] if keep else b""
+        return data[:len(data) - keep] if keep else data
+
+    def flush(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+
+def _prefix_at_end(data: bytes, secrets: Iterable[bytes]) -> int:
+    """How many bytes at the end of ``data`` begin one of ``secrets`` (the longest such run)."""
+    best = 0
+    end = len(data)
+    for secret in secrets:
+        first = secret[:1]
+        i = data.find(first, max(0, end - len(secret) + 1))
+        while i != -1 and end - i > best:
+            if secret.startswith(data[i:]):
+                best = end - i
+                break
+            i = data.find(first, i + 1)
+    return best
 
 
 class TextMasker:

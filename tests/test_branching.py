@@ -232,6 +232,18 @@ def test_fork_isolation_both_ways(proxy, upstream, key, cid):
     assert r.json()["head_node_id"] == edit["x-node-id"]
 
 
+def test_a_fork_without_a_body_forks_the_head_under_a_new_id(proxy, upstream, key, cid):
+    client, http = proxy.openai(key), proxy.http(key)
+    _, head = say(client, cid, user("one"))
+    r = http.post(f"/admin/conversations/{cid}/fork")  # both fields are optional: so is the body
+    assert r.status_code == 200, r.text
+    fork = r.json()
+    assert fork["forked_from"] == cid and fork["head_node_id"] == head["x-node-id"] and fork["id"] != cid
+    # where a body is required, its absence is said so (not Litestar's KeyError text)
+    err = http.post(f"/admin/conversations/{cid}/switch").json()["error"]
+    assert err["code"] == "invalid_request" and err["message"] == "this endpoint takes a JSON body"
+
+
 def test_fork_from_a_given_node_and_errors(proxy, upstream, key, cid):
     client, http = proxy.openai(key), proxy.http(key)
     _, first = say(client, cid, user("first"))

@@ -307,6 +307,18 @@ def test_an_answer_above_max_response_bytes_is_cut(small_answers, upstream, key,
     assert e.value.status_code == 502 and e.value.body["code"] == "upstream_response_too_large"
 
 
+def test_a_streamed_calls_error_body_above_max_response_bytes_is_502(small_answers, upstream, key, cid):
+    """Asked for a stream, answered with an error body above the limit: 502
+    ``upstream_response_too_large``, as for a call that asked for no stream -- not the status."""
+    client = small_answers.openai(key, conversation=cid)
+    upstream.enqueue(Reply(kind="raw", status=500, body=b"e" * 200_000, content_type="text/plain"))
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model=MODEL, messages=[user("a huge error")], stream=True)
+    assert e.value.status_code == 502 and e.value.body["code"] == "upstream_response_too_large"
+    node = small_answers.db.node(e.value.response.headers["x-node-id"])
+    assert node["outcome"] == "transient" and node["error"]["code"] == "upstream_response_too_large"
+
+
 def test_a_stream_above_max_response_bytes_ends_with_an_error_event(small_answers, upstream, key, cid):
     client = small_answers.openai(key, conversation=cid)
     upstream.enqueue(Reply(pieces=["y" * 1000] * 400))  # ~400 KB of events: an endless stream, for our limit

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.secrets import MASK, TextMasker
+from proxy.secrets import MASK, BytesMasker, Masker, TextMasker
 
 from .conftest import Db, make_settings, serve_proxy
 from .fakes import Reply
@@ -98,6 +98,34 @@ def test_in_passthrough_the_clients_own_key_echoed_back_is_masked(proxy, upstrea
     assert r.status_code == 200 and key not in r.text
     assert r.json()["choices"][0]["message"]["content"] == f"you sent {MASK}"
     assert key not in _stored(db, r.headers["x-node-id"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_pass_through_answer_echoing_a_key_is_masked(keys_proxy, upstream, stream):
+    """No conversation named: the answer is relayed untouched but for the credentials -- the
+    operator's upstream key echoed in its bytes never reaches a client (however the transport
+    cuts them: ``test_bytes_masker_equals_masking_the_whole_body``)."""
+    pieces = ["Your key is ", UPSTREAM_KEY, ". And so on."]
+    upstream.enqueue(Reply(kind="stream", pieces=pieces) if stream else Reply(content=f"Your key is {UPSTREAM_KEY}."))
+    with httpx.Client(base_url=keys_proxy.url, timeout=30) as http:
+        r = http.post("/v1/chat/completions", headers={"Authorization": f"Bearer {ALICE}"},
+                      json={"model": MODEL, "messages": [user("my key?")], "stream": stream})
+    assert r.status_code == 200 and "x-node-id" not in r.headers
+    assert UPSTREAM_KEY not in r.text and MASK in r.text
+    if not stream:
+        assert r.json()["choices"][0]["message"]["content"] == f"Your key is {MASK}."
+
+
+@given(st.lists(st.sampled_from([b"hello ", b"s", b"sk-", b"sk-upstream", b"abcab", b"c", b"d ", b"\\", b"\"", b"x\n\n",
+                                 b"sk-upstream-secret-0123456789", b"a\"b\\c-secret"]), max_size=12),
+       st.lists(st.integers(min_value=0, max_value=400), max_size=8))
+def test_bytes_masker_equals_masking_the_whole_body(words, cuts):
+    secrets = ["sk-upstream-secret-0123456789", 'a"b\\c-secret', "abcabcabd"]
+    body = b"".join(words)
+    points = sorted({c % (len(body) + 1) for c in cuts})
+    masker = BytesMasker(secrets)
+    out = b"".join(masker.feed(body[a:b]) for a, b in zip([0, *points], [*points, len(body)])) + masker.flush()
+    assert out == Masker(secrets).bytes(body)
 
 
 def test_an_answer_without_credentials_is_relayed_byte_for_byte(proxy, upstream, key, cid):

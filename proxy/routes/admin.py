@@ -262,7 +262,8 @@ class AdminController(Controller):
     @post("/conversations/{conversation_id:str}/fork", status_code=200,
           summary="A new conversation starting at a node of this one (nothing is copied)", responses=errors())
     async def fork(self, reach: NamedDependency[Reach], admin: NamedDependency[AdminStore], conversation_id: FromPath[str],
-                   data: JSONBody[ForkRequest]) -> Conversation:
+                   data: JSONBody[ForkRequest | None] = None) -> Conversation:
+        data = data or ForkRequest()  # (no body: both fields left out -- a fork at the head, under a new id)
         source = _cid(conversation_id)
         new_id = _cid(data.conversation_id) if data.conversation_id is not None else f"{source[:90]}.fork-{uuid7().hex[-12:]}"
         await admin.fork(reach.tenant, source, new_id, data.node_id)
