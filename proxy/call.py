@@ -57,6 +57,7 @@ class Call:
     raw_items: list[bytes] | None = None  # each item as the JSON bytes it was sent as (full history, chat)
     history_key: Any = None  # what this process remembers them under (``history_key``)
     keys: transcript.HistoryKeys | None = None  # full history: its keys, once worked out (``CallLifecycle``)
+    resumed: bool = False  # its items follow its parent, matched there (a stateless client after a compaction item)
     store: bool = True  # False: translated for its upstream and answered, nothing stored (no conversation named)
 
     def exchange_params(self) -> dict[str, Any]:

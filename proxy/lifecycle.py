@@ -114,7 +114,8 @@ class CallLifecycle:
             # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
             # safety net recognise a client resending its history -- only when an assistant message is
             # among them (a delta client never resends the model's answers: an ordinary turn probes nothing)
-            prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or any(
+            # (a resumed call's items were matched by its route already: what is left is new)
+            prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or not call.resumed and any(
                 type(m) is dict and m.get("role") == "assistant" for m in call.messages) else []
             system_hash = transcript.system_hash(call.messages)
         if self.sessions is not None and call.mode == "full" and call.conversation_id is not None:

@@ -100,6 +100,42 @@ def test_a_stateless_client_sends_the_compaction_item_back(proxy, upstream, key)
                                                         "id": "cmp_" + "0" * 32}, user_item("x")])
 
 
+@pytest.mark.parametrize("with_ids", [True, False])
+def test_a_stateless_client_keeps_resending_its_window_after_a_compaction(proxy, upstream, key, with_ids):
+    """OpenAI's stateless pattern after a compaction: each call sends the window so far -- the
+    compaction item, the answers with (or, as some clients do, without) their ids, its questions --
+    and the next question. Every turn continues the same line: the summary stays in the context,
+    each item is stored once, nothing becomes a new root."""
+    client = proxy.openai(key)
+    conv = long_conversation(client)
+    first = client.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input="question one",
+                                                      context_management=CONTROL)
+
+    def window_of(output):
+        items = [i.model_dump(exclude_none=True) for i in output]
+        return items if with_ids else [i if i["type"] == "compaction" else
+                                       {k: v for k, v in i.items() if k != "id"} for i in items]
+
+    window = window_of(first.parse().output)
+    stateless = proxy.openai(key)
+    parent = first.headers["x-node-id"]
+    for n in range(3):
+        question = user_item(f"next {n}")
+        r = stateless.responses.with_raw_response.create(model=MODEL, store=False, input=[*window, question])
+        sent = contents(upstream.last.messages)
+        assert sent[0].startswith(SUMMARY_PREFIX), (n, sent)
+        expected = ["question one", "echo: question one"] + [x for k in range(n) for x in (f"next {k}", f"echo: next {k}")]
+        assert sent[-len(expected) - 1:] == [*expected, f"next {n}"], (n, sent)
+        assert r.headers["x-context-mode"] == "delta" and r.headers["x-conversation-id"] == conv.id
+        assert r.headers["x-parent-node-id"] == parent, n  # the turn before: one line
+        assert [i["content"] for i in proxy.db.node(r.headers["x-node-id"])["sent"]] == [f"next {n}"]
+        parent = r.headers["x-node-id"]
+        window += [question, *window_of(r.parse().output)]
+    # a retry of the last question (its answer lost on the way): beside the turn, not under it
+    r = stateless.responses.with_raw_response.create(model=MODEL, store=False, input=window[:-1])
+    assert r.headers["x-parent-node-id"] == str(proxy.db.node(parent)["parent_id"])
+
+
 def test_the_compaction_item_in_a_stream_over_a_chat_upstream(proxy, upstream, key):
     client = proxy.openai(key)
     conv = long_conversation(client)
@@ -199,9 +235,14 @@ def test_compact_stateless_input_then_send_the_output_back(proxy, upstream, key)
     assert compacted.output[0].type == "compaction"
     output = [i.model_dump(exclude_none=True) for i in compacted.output]
     kept = [item_text(i) for i in output[1:]]
-    client.responses.create(model=MODEL, store=False, input=[*output, user_item("and now?")])
+    answer = client.responses.create(model=MODEL, store=False, input=[*output, user_item("and now?")])
     sent = contents(upstream.last.messages)
     assert sent[0].startswith(SUMMARY_PREFIX) and sent[1:] == [*kept, "and now?"]  # the kept items once
+    # the next turn resends it all: the same line, each item once
+    window = [*output, user_item("and now?"), *[i.model_dump(exclude_none=True) for i in answer.output]]
+    client.responses.create(model=MODEL, store=False, input=[*window, user_item("and then?")])
+    sent = contents(upstream.last.messages)
+    assert sent[0].startswith(SUMMARY_PREFIX) and sent[1:] == [*kept, "and now?", "echo: and now?", "and then?"]
 
 
 def test_compact_a_stored_response(proxy, upstream, key, cid):

@@ -19,7 +19,7 @@ from litestar import Request, route
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
-from storage import AdminStore, NodeRow, transcript
+from storage import AdminStore, NodeRow, TreeStore, transcript
 
 from ..auth import Caller
 from ..call import Call
@@ -145,12 +145,16 @@ def _messages_digests(items: list[dict[str, Any]]) -> tuple[list[bytes], list[in
     return transcript.digests(transcript_.messages), transcript_.ordinals
 
 
-async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore,
-                             caller: Caller) -> tuple[list[dict[str, Any]], NodeRow] | None:
+async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tree: TreeStore,
+                             caller: Caller) -> tuple[list[dict[str, Any]], NodeRow | uuid.UUID] | None:
     """A stateless client's input holding a compaction item of ours: the node to continue from
     and the items that are new after it -- or None when the input holds none. The item stands for
     everything before it: the compaction node (its summary and kept items), and the call that was
-    compacted under it when the items that follow begin with that call's answer."""
+    compacted under it when the items that follow begin with that call's answer (by its items' ids,
+    or by content: a client may send them back without ids). What the client resends after that
+    is matched on the tree from there, as a full history is from the root: the deepest node it
+    already holds is the parent, and only what follows is new -- every later turn of a client
+    that keeps resending its window continues the same line."""
     at = max((i for i, item in enumerate(items) if is_compaction_item(item)), default=None)
     if at is None:
         return None
@@ -159,21 +163,40 @@ async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore,
     if node is None or node.kind != "compaction":  # not ours, another tenant's, or gone
         raise NodeNotFound("the compaction item names no compaction of this tenant", param="input")
     rest = [item for item in items[at + 1:] if not is_compaction_item(item)]
+    anchor: NodeRow = node
     call = await admin.node(caller.tenant, named[1]) if named and named[1] else None
     if call is not None and call.parent_id == node.id and call.status == "success" and not call.response_deleted:
-        answer = [i.get("id") for i in response_of(call)["output"]]
-        if answer and [i.get("id") for i in rest[:len(answer)]] == answer:
-            return rest[len(answer):], call
-    # the compaction's kept items, when the client sends them back (as /v1/responses/compact gave them)
-    kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
-    kept_digests = transcript.digests(kept)
+        answer = response_of(call)["output"]
+        if answer and [i.get("id") for i in rest[:len(answer)]] == [i.get("id") for i in answer]:
+            rest, anchor = rest[len(answer):], call
+        else:
+            answered = _messages_digests(answer)[0]
+            digests, ordinals = _messages_digests(rest)
+            if answered and digests[:len(answered)] == answered:
+                rest, anchor = _after(rest, ordinals, len(answered)), call
+    if anchor is node:
+        # the compaction's kept items, when the client sends them back (as /v1/responses/compact gave them)
+        kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
+        kept_digests = transcript.digests(kept)
+        digests, ordinals = _messages_digests(rest)
+        same = 0
+        while same < min(len(kept_digests), len(digests)) and kept_digests[same] == digests[same]:
+            same += 1
+        if same:
+            rest = _after(rest, ordinals, same)
     digests, ordinals = _messages_digests(rest)
-    same = 0
-    while same < min(len(kept_digests), len(digests)) and kept_digests[same] == digests[same]:
-        same += 1
-    if same and ordinals is not None:
-        rest = [item for item, n in zip(rest, ordinals, strict=True) if n == 0 or n > same]
-    return rest, node
+    # (the last message is the call's own: never matched, so a retry of a failed turn hangs beside it)
+    found = await tree.resumed_node(caller.tenant, anchor.tree_id, anchor.id, digests[:-1])
+    if found is not None:
+        return _after(rest, ordinals, found[1]), found[0]
+    return rest, anchor
+
+
+def _after(items: list[dict[str, Any]], ordinals: list[int] | None, skip: int) -> list[dict[str, Any]]:
+    """``items`` after the first ``skip`` non-system messages they stand for (system ones kept)."""
+    if ordinals is None:
+        return transcript.tail(items, skip, with_system=True)
+    return [item for item, n in zip(items, ordinals, strict=True) if n == 0 or n > skip]
 
 
 async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder: Forwarder, caller: Caller,
@@ -204,10 +227,17 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         mode = "delta" if named else "full" if auto else context_mode(headers, calls.default_mode)
         parent_mode, parent_id = "head", None
     items = await _resolve_references(RESPONSES.items(body), admin, caller)
+    resumed_call = False
     if parent is None:
-        resumed = await _resume_compaction(items, admin, caller)
+        resumed = await _resume_compaction(items, admin, calls.tree, caller)
         if resumed is not None:  # a stateless client continuing from a compaction item of ours
-            items, parent = resumed
+            items, at = resumed
+            if isinstance(at, uuid.UUID):  # (a node the route matched: its row, for its conversation)
+                at = await admin.node(caller.tenant, at)
+                if at is None:  # deleted meanwhile
+                    raise NodeNotFound("the compaction item's conversation is gone", param="input")
+            parent = at
+            resumed_call = True
             mode, parent_mode, parent_id = "delta", "node", parent.id
             cid = cid or parent.conversation_id
     items = [item for item in items if not is_compaction_item(item)]  # (what they stand for is the parent's path)
@@ -217,6 +247,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         body=body, items=items, stream=body.get("stream") is True, client_key=caller.client_key,
         headers=headers.items, dialect=RESPONSES, credentials=headers.credentials(),
         compact_threshold=threshold, truncation_auto=truncation_auto, compaction_controls=controls,
+        resumed=resumed_call,
     )
     return await calls.run(call, request.receive)
 

@@ -80,6 +80,21 @@ SELECT bp_apply_compaction(
 # A node's params (e.g. a compaction node's format).  $1 tree, $2 node
 NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"
 
+# A node's transcript hash (storage/transcript.py): what the items after it continue.  $1 tree, $2 node
+NODE_CHAIN = "SELECT chain FROM nodes WHERE tree_id = $1 AND id = $2"
+
+# A stateless client resuming from a compaction item (docs/behaviour.md#the-responses-api): the
+# deepest node of the tree whose transcript is the anchor's followed by the first k of the items
+# the client sent after it, never a transform. Ties: as CONTINUED_NODE.
+# $1 tenant, $2 tree, $3 the prefix hashes folded from the anchor's (text '\x<hex>': ``bytea_array``)
+RESUMED_NODE = """
+SELECT n.id, p.k::integer AS k
+  FROM unnest($3::text[]::bytea[]) WITH ORDINALITY AS p(chain, k)
+  JOIN nodes n ON n.tree_id = $2 AND n.chain = p.chain AND n.tenant = $1 AND n.kind <> 'transform'
+ ORDER BY p.k DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+ LIMIT 1
+"""
+
 # Where a conversation's head is, and whether a turn call is in flight.  $1 tenant, $2 conversation
 CONVERSATION_STATE = "SELECT head_node_id, busy FROM bp_conversation_state(p_tenant => $1, p_conversation => $2)"
 
