@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from storage import transcript
 
 from .dialects import Dialect
+
+if TYPE_CHECKING:
+    from .compaction import Edits
 
 __all__ = ["COMPACTED", "Call", "Started", "history_key"]
 
@@ -51,6 +54,7 @@ class Call:
     dropped_tools: list[str] = field(default_factory=list)  # hosted tools its upstream cannot run, left out
     query: bytes = b""  # the request's query string: forwarded to an upstream that speaks the client's API
     compact_threshold: int | None = None  # the client's own threshold (Responses context_management): tokens
+    edits: Edits | None = None  # the client's own clearing of old tool results (Anthropic's, for another upstream)
     truncation_auto: bool = False  # Responses truncation "auto": an overflow compacts and retries once
     compaction_controls: bool = False  # the client asked for either: its answer shows a compaction made first
     compaction: Any = None  # set when this call was compacted first: the compaction node (storage.PathNode)

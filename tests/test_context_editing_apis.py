@@ -204,3 +204,56 @@ def test_truncation_auto_summarises_what_a_clearing_left_too_long(apis, upstream
                             "AND params ->> 'method' = 'summary'", cid)
     assert len(summary) == 1 and summary[0]["compacted_from"] == clearing_nodes(apis.db, cid)[0]["id"]
     assert raw.headers["x-parent-node-id"] == str(summary[0]["id"])
+
+
+BETA = "context-management-2025-06-27"  # (the SDK's beta messages: where context_management is)
+
+
+def _messages_session(c, upstream, cid_edits, rounds: int) -> None:
+    """``rounds`` tool rounds of an Anthropic client over the chat upstream (gpt-x: no clearing by
+    the configured thresholds), each call carrying ``cid_edits`` as its ``context_management``."""
+    tools = [{"name": "Read", "input_schema": {"type": "object"}}, {"name": "Plan", "input_schema": {"type": "object"}}]
+    for i in range(rounds):
+        name = "Plan" if i == 0 else "Read"
+        upstream.enqueue(Reply(content=None, tool_calls=[
+            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}]))
+        c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=100, tools=tools, context_management=cid_edits,
+                          messages=[{"role": "user", "content": f"task {i}"}])
+        upstream.enqueue(Reply(content=f"done {i}"))
+        c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=100, tools=tools, context_management=cid_edits, messages=[
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"call_{i}", "content": output(i, 600)}]}])
+
+
+@pytest.mark.parametrize("trigger", [{"type": "input_tokens", "value": 600}, {"type": "tool_uses", "value": 2}])
+def test_an_anthropic_clients_own_edit_is_carried_out_over_a_chat_upstream(apis, upstream, key, cid, trigger):
+    """Anthropic's ``clear_tool_uses`` edit in the request, the model's upstream not Anthropic's:
+    the proxy clears old tool results itself, by the request's trigger, ``keep`` and
+    ``exclude_tools`` (the configured thresholds are far away), and the field is not sent."""
+    c = anthropic.Anthropic(base_url=f"{apis.url}/c/{cid}", api_key=key, max_retries=0)
+    edits = {"edits": [{"type": "clear_thinking_20251015"},
+                       {"type": "clear_tool_uses_20250919", "trigger": trigger,
+                        "keep": {"type": "tool_uses", "value": 1}, "exclude_tools": ["Plan"]}]}
+    _messages_session(c, upstream, edits, 5)
+    nodes = clearing_nodes(apis.db, cid)
+    assert nodes and all(n["params"]["requested"] is True for n in nodes)
+    assert nodes[0]["params"]["keep_tool_results"] == 1
+    sent = upstream.last.body
+    assert "context_management" not in sent
+    tools = {m["tool_call_id"]: m["content"] for m in sent["messages"] if m["role"] == "tool"}
+    assert list(tools) == [f"call_{i}" for i in range(5)]
+    assert tools["call_0"] == output(0, 600)  # Plan's: excluded
+    assert all(tools[f"call_{i}"].startswith(PLACEHOLDER_PREFIX) for i in (1, 2, 3))
+    assert tools["call_4"] == output(4, 600)  # the one kept
+
+
+def test_an_edit_below_its_trigger_clears_nothing_and_a_malformed_one_is_refused(apis, upstream, key, cid):
+    c = anthropic.Anthropic(base_url=f"{apis.url}/c/{cid}", api_key=key, max_retries=0)
+    _messages_session(c, upstream, {"edits": [{"type": "clear_tool_uses_20250919"}]}, 3)  # default: 100,000 tokens
+    assert clearing_nodes(apis.db, cid) == []
+    assert all(not m["content"].startswith(PLACEHOLDER_PREFIX)
+               for m in upstream.last.body["messages"] if m["role"] == "tool")
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=10, messages=[{"role": "user", "content": "x"}],
+                          context_management={"edits": [{"type": "clear_tool_uses_20250919",
+                                                         "trigger": {"type": "input_tokens", "value": "lots"}}]})
+    assert bad.value.body["error"]["type"] == "invalid_request_error"

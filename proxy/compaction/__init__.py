@@ -12,7 +12,7 @@ summarised into a compaction node that assembly stops at.
 """
 
 from .compactor import Compactor
-from .policy import Limits, Thresholds, split_recent
+from .policy import Edits, Limits, Thresholds, split_recent
 from .results import CompactionResult, Prepared
 from .summariser import SUMMARY_PREFIX, Summariser, render_transcript, summariser_messages
 
@@ -20,6 +20,7 @@ __all__ = [
     "SUMMARY_PREFIX",
     "CompactionResult",
     "Compactor",
+    "Edits",
     "Limits",
     "Prepared",
     "Summariser",

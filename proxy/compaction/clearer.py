@@ -19,7 +19,7 @@ from storage import PathNode, TreeStore, uuid7
 from ..metrics import Metrics
 from ..tokens import TokenCounter, estimate_request, off_loop
 from . import clearing
-from .policy import Thresholds
+from .policy import Edits, Thresholds
 from .results import CompactionResult
 
 __all__ = ["Clearer"]
@@ -44,31 +44,34 @@ class Clearer:
         self._counted: clearing.Memo = {}  # (tool results counted by earlier plans: ``clearing.plan``)
 
     async def plan(self, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]] = (), *,
-                   everything: bool = False) -> clearing.Plan:
+                   everything: bool = False, edits: Edits | None = None) -> clearing.Plan:
         """Which of ``path``'s tool results a clearing before a call sending ``new_items`` would
         replace, and the tokens that frees (``clearing.plan``; counted off the event loop when the
-        results are large)."""
-        e = self.thresholds.editing
+        results are large). ``edits``: the call's own ``keep`` and ``exclude``, not the configured."""
+        keep = self.thresholds.editing.keep_tool_results if edits is None else edits.keep
+        exclude = self.thresholds.exclude_tools if edits is None else edits.exclude
         chars = sum(len(m["content"]) if isinstance(m.get("content"), str) else 1_000
                     for node in path for m in node.sent if isinstance(m, dict) and m.get("role") == "tool")
-        planning = partial(clearing.plan, keep=e.keep_tool_results, exclude=self.thresholds.exclude_tools,
-                           count=self.tokens.message, everything=everything, memo=self._counted)
+        planning = partial(clearing.plan, keep=keep, exclude=exclude, count=self.tokens.message, everything=everything,
+                           memo=self._counted)
         return await off_loop(planning, path, new_items, chars=chars)
 
     async def clear(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, path: Sequence[PathNode],
                     model: str, mode: str, trigger: str, call_node: uuid.UUID | None = None,
                     new_items: Sequence[dict[str, Any]] = (), everything: bool = False,
-                    estimate: int | None = None) -> CompactionResult:
+                    estimate: int | None = None, edits: Edits | None = None) -> CompactionResult:
         """Clear ``path``'s old tool results and write that as a compaction node (``method =
         clear_tool_results``), in one go -- when it frees at least ``clear_at_least`` of the
-        model's input limit (``everything``: whatever it frees; an admin's clearing). ``mode`` as
-        for ``Summaries.compact``. The result says why nothing was written."""
+        model's input limit (``everything``: whatever it frees; an admin's clearing; ``edits``:
+        the call's own ``at_least``, ``keep`` and ``exclude``). ``mode`` as for
+        ``Summaries.compact``. The result says why nothing was written."""
         if not path:
             return CompactionResult(False, "empty", method=clearing.METHOD)
-        planned = await self.plan(path, new_items, everything=everything)
+        planned = await self.plan(path, new_items, everything=everything, edits=edits)
         if not planned.count:
             return self._not_cleared(trigger, "nothing_to_clear", conversation_id)
-        if not everything and planned.freed < self.thresholds.limits(model).clear_at_least:
+        at_least = self.thresholds.limits(model).clear_at_least if edits is None else edits.at_least
+        if not everything and planned.freed < at_least:
             return self._not_cleared(trigger, "too_little_to_clear", conversation_id)
         node_id = uuid7()
         sent = [*planned.system, *planned.items]
@@ -78,9 +81,11 @@ class Clearer:
             "trigger": trigger,
             "cleared_results": planned.count,
             "freed_tokens": planned.freed,
-            "keep_tool_results": self.thresholds.editing.keep_tool_results,
+            "keep_tool_results": self.thresholds.editing.keep_tool_results if edits is None else edits.keep,
             "cleared": planned.cleared,
         }
+        if edits is not None:
+            params["requested"] = True  # (the call's own edit, not [context_editing]'s)
         if estimate is not None:
             params["estimate_before"] = estimate
         provider = self.provider(model)
@@ -98,6 +103,14 @@ class Clearer:
                         provider=provider, model=model, usage=None, compacted_from=path[-1].id)
         return CompactionResult(True, node=node, method=clearing.METHOD, cleared_results=planned.count,
                                 freed_tokens=planned.freed)
+
+    @staticmethod
+    def results_in(path: Sequence[PathNode], new_items: Sequence[dict[str, Any]]) -> int:
+        """How many tool results not cleared yet a call sending ``new_items`` after ``path`` holds
+        (an edit's ``tool_uses`` trigger: a clearing brings them down, as it does the tokens)."""
+        _, items, origins, positions = clearing.path_with_origins(path)
+        standing = sum(1 for r in clearing.tool_results(items, origins, positions) if not clearing.is_cleared(items[r.index]))
+        return standing + sum(1 for i in new_items if isinstance(i, dict) and i.get("role") == "tool")
 
     def _not_cleared(self, trigger: str, reason: str, conversation_id: str) -> CompactionResult:
         self.metrics.compactions.labels(f"{trigger}_clear", reason).inc()

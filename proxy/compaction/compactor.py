@@ -38,7 +38,7 @@ from ..tokens import TokenCounter, estimate_request, off_loop
 from . import clearing
 from .background import BackgroundCompactions, Job
 from .clearer import Clearer
-from .policy import Thresholds, measured_context
+from .policy import Edits, Thresholds, measured_context
 from .results import CompactionResult
 from .summaries import Summaries
 from .summariser import Summariser
@@ -87,7 +87,7 @@ class Compactor:
             kind=apply_mode, path=path, new_items=started.new_items, model=call.body["model"],
             client_key=call.client_key, call_node=started.node_id,
             extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
-            threshold=self._threshold(call),
+            threshold=self._threshold(call), edits=call.edits,
         )
         if compacted is not None and compacted.compacted and compacted.node is not None:
             started.parent_id = compacted.node.id
@@ -126,26 +126,29 @@ class Compactor:
     async def before_call(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
                           path: list[PathNode], new_items: Sequence[dict[str, Any]], model: str,
                           client_key: str | None, call_node: uuid.UUID, extra: Sequence[Any] = (),
-                          threshold: int | None = None) -> CompactionResult | None:
+                          threshold: int | None = None, edits: Edits | None = None) -> CompactionResult | None:
         """Before a call: clear old tool results if the request would be above
-        ``clear_tool_results`` and that frees enough; then, if it would still be above the hard
-        threshold (``threshold``: the call's own, in tokens, instead), summarise synchronously.
-        Returns the compaction the call hangs under (None: none)."""
+        ``clear_tool_results`` (``edits``: the call's own trigger and clearing, instead) and that
+        frees enough; then, if it would still be above the hard threshold (``threshold``: the
+        call's own, in tokens, instead), summarise synchronously. Returns the compaction the call
+        hangs under (None: none)."""
         if not path:
             return None
         limits = self.thresholds.limits(model)
         hard = limits.hard if threshold is None else threshold
-        lowest = min(hard, limits.clear) if limits.clear else hard
+        clear = limits.clear if edits is None else edits.trigger_tokens or 0
+        by_uses = edits is not None and edits.trigger_uses is not None
+        lowest = min(hard, clear) if clear else hard
         bound = estimate_request(self.tokens, path, new_items, extra, upper_bound=True)
-        if bound <= lowest:
+        if bound <= lowest and not by_uses:
             return None  # far below: nothing to tokenise (proxy/tokens.py)
         # (the bound is 4 per character: a quarter of it, the characters to count at most)
         estimate = await off_loop(estimate_request, self.tokens, path, new_items, extra, chars=bound // 4)
         cleared: CompactionResult | None = None
-        if limits.clear and estimate > limits.clear:
+        if (clear and estimate > clear) or (by_uses and self.clearer.results_in(path, new_items) > edits.trigger_uses):
             cleared = await self.clearer.clear(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
                                                path=path, model=model, mode=kind, trigger="call", call_node=call_node,
-                                               new_items=new_items, estimate=estimate)
+                                               new_items=new_items, estimate=estimate, edits=edits)
             if cleared.compacted and cleared.node is not None:
                 cleared.extra["estimate_before"] = estimate
                 estimate -= cleared.freed_tokens

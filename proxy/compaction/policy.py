@@ -2,6 +2,8 @@
 
 - ``Thresholds``: a model's input limit and the hard/soft thresholds as token counts, the
   summary budget, and context editing's threshold and least step (0: clearing off);
+- ``Edits``: a call's own clearing of old tool results (Anthropic's ``clear_tool_uses`` edit,
+  carried out by the proxy towards an upstream of another API), in place of the configured one;
 - ``split_recent``: the older part (summarised) and the recent part (kept raw) of a path's items,
   never separating a tool call from its result.
 """
@@ -16,7 +18,7 @@ from config import CompactionSettings, ContextEditingSettings, Settings
 
 from ..tokens import reported_prompt
 
-__all__ = ["Limits", "Thresholds", "measured_context", "split_recent", "unanswered_tail_calls"]
+__all__ = ["Edits", "Limits", "Thresholds", "measured_context", "split_recent", "unanswered_tail_calls"]
 
 
 def _role(item: Any) -> Any:
@@ -31,6 +33,20 @@ class Limits:
     summary_budget: int  # the most tokens a summary may take
     clear: int = 0  # above this, old tool results are cleared before a call (0: never)
     clear_at_least: int = 0  # ... when that frees at least this many tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Edits:
+    """A call's own clearing of old tool results, instead of ``[context_editing]``'s: above
+    ``trigger_tokens`` input tokens, or above ``trigger_uses`` tool results in the context (one of
+    the two), every result but the ``keep`` most recent and those of ``exclude`` is cleared --
+    when that frees at least ``at_least`` tokens."""
+
+    trigger_tokens: int | None = 100_000
+    trigger_uses: int | None = None
+    keep: int = 3
+    at_least: int = 0
+    exclude: frozenset[str] = frozenset()
 
 
 class Thresholds:

@@ -18,8 +18,10 @@ from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
 from ..call import Call
+from ..compaction import Edits
 from ..dialects.messages import DIALECT as MESSAGES
 from ..dialects.messages.blocks import to_messages
+from ..dialects.messages.request import clearing_edit
 from ..http import RawResponse
 from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
@@ -42,8 +44,11 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     raw = await request.body()
     body = MESSAGES.parse(raw)
     store = cid is not None or auto
-    if not store and _anthropic_upstream(call, body):
+    native = _anthropic_upstream(call, body)
+    if not store and native:
         return await call.forwarder.forward(request, "messages", raw, headers, call.caller)
+    # (an Anthropic upstream carries out the request's context_management itself; another, the proxy)
+    edit = None if native or not store else clearing_edit(body)
     if store:
         kind = node_kind(headers)
         mode = "full" if auto else context_mode(headers, call.calls.default_mode)
@@ -54,7 +59,7 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
         tenant=call.caller.tenant, conversation_id=cid, kind=kind, mode=mode, parent_mode=parent_mode,
         parent_id=parent_id, body=body, items=MESSAGES.items(body), stream=body.get("stream") is True,
         client_key=call.caller.client_key, headers=headers.items, dialect=MESSAGES, credentials=headers.credentials(),
-        query=request.scope.get("query_string") or b"", store=store,
+        query=request.scope.get("query_string") or b"", store=store, edits=Edits(**edit) if edit else None,
     )
     return await call.calls.run(stored, request.receive)
 

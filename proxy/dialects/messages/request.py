@@ -9,7 +9,7 @@ from ...errors import InvalidRequest
 from .. import parse_model_request, refuse_own_keys
 from .blocks import MARKERS, fragments, markers
 
-__all__ = ["call_items", "call_params", "parse_messages_body"]
+__all__ = ["CLEAR_TOOL_USES", "call_items", "call_params", "clearing_edit", "parse_messages_body"]
 
 _ROLES = frozenset({"user", "assistant", "system"})  # (system: a message of its own, where the client put it)
 
@@ -90,3 +90,51 @@ def call_params(body: dict[str, Any]) -> dict[str, Any]:
     if found:
         params[MARKERS] = found
     return params
+
+
+CLEAR_TOOL_USES = "clear_tool_uses_20250919"
+
+
+def _amount(value: Any, kind: str, at: str) -> int | None:
+    """``{"type": kind, "value": N}`` (N >= 0) read as N; None when not given."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") != kind or isinstance(value.get("value"), bool) \
+            or not isinstance(value.get("value"), int) or value["value"] < 0:
+        raise InvalidRequest(f"{at}: expected {{\"type\": \"{kind}\", \"value\": <a whole number>}}", param=at)
+    return int(value["value"])
+
+
+def clearing_edit(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The request's ``clear_tool_uses`` edit (``context_management.edits``), read and checked, as
+    the proxy carries it out for an upstream that is not Anthropic's (``compaction.Edits``'
+    fields; Anthropic's defaults where a field is left out) -- or None when it asks for none.
+    Other edits are not the proxy's to do: ``clear_thinking`` asks for what such an upstream
+    never gets (thinking goes back only to the provider that wrote it), and an edit type it does
+    not know is left out, as the field is."""
+    management = body.get("context_management")
+    if management is None:
+        return None
+    edits = management.get("edits") if isinstance(management, dict) else None
+    if not isinstance(edits, list):
+        raise InvalidRequest("context_management.edits: an array of edits", param="context_management.edits")
+    for i, edit in enumerate(edits):
+        at = f"context_management.edits.{i}"
+        if not isinstance(edit, dict) or edit.get("type") != CLEAR_TOOL_USES:
+            continue
+        trigger = edit.get("trigger")
+        uses = _amount(trigger, "tool_uses", f"{at}.trigger") if isinstance(trigger, dict) \
+            and trigger.get("type") == "tool_uses" else None
+        tokens = None if uses is not None else _amount(trigger, "input_tokens", f"{at}.trigger")
+        exclude = edit.get("exclude_tools")
+        if exclude is not None and (not isinstance(exclude, list) or not all(isinstance(t, str) for t in exclude)):
+            raise InvalidRequest(f"{at}.exclude_tools: an array of tool names", param=f"{at}.exclude_tools")
+        keep = _amount(edit.get("keep"), "tool_uses", f"{at}.keep")
+        return {
+            "trigger_tokens": 100_000 if tokens is None and uses is None else tokens,
+            "trigger_uses": uses,
+            "keep": 3 if keep is None else keep,
+            "at_least": _amount(edit.get("clear_at_least"), "input_tokens", f"{at}.clear_at_least") or 0,
+            "exclude": frozenset(exclude or ()),
+        }
+    return None
