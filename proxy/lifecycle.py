@@ -115,8 +115,8 @@ class CallLifecycle:
             # safety net recognise a client resending its history -- only when an assistant message is
             # among them (a delta client never resends the model's answers: an ordinary turn probes nothing)
             # (a resumed call's items were matched by its route already: what is left is new)
-            prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or not call.resumed and any(
-                type(m) is dict and m.get("role") == "assistant" for m in call.messages) else []
+            prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or (not call.resumed and any(
+                type(m) is dict and m.get("role") == "assistant" for m in call.messages)) else []
             system_hash = transcript.system_hash(call.messages)
         if self.sessions is not None and call.mode == "full" and call.conversation_id is not None:
             await self.sessions.continue_from(call.tenant, call.conversation_id, prefixes)  # (first calls only)
