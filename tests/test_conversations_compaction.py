@@ -168,9 +168,11 @@ def test_compaction_controls_over_a_responses_upstream(native, upstream, key):
     added = [e for e in events if e.type == "response.output_item.added"]
     assert [(e.output_index, e.item.type) for e in added] == [(0, "compaction"), (1, "message")]
     assert [i.type for i in events[-1].response.output] == ["compaction", "message"]
-    # the stored answer is the upstream's alone
+    # the stored answer is the upstream's alone: the compaction is listed once, as the summary's item
     listed = client.conversations.items.list(conv2.id, order="asc").data
-    assert [i.type for i in listed][-1] == "message" and "compaction" not in [i.type for i in listed]
+    types = [i.type for i in listed]
+    assert types[-1] == "message" and types.count("compaction") == 1 and types[0] == "compaction"
+    assert listed[0].id == events[-1].response.output[0].id
 
 
 def test_compact_now_a_conversation_and_continue(proxy, upstream, key):
@@ -317,13 +319,14 @@ def test_kept_items_keep_their_ids_through_compactions(proxy, upstream, key):
     compacted = client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
     assert compacted.output[0].type == "compaction"
     after = client.conversations.items.list(conv.id, order="asc", limit=100).data
-    kept = [i for i in after if not item_text(i).startswith(SUMMARY_PREFIX)]
+    # the summary is listed as the compaction item /responses/compact answered, the kept items after it
+    assert after[0].type == "compaction" and after[0].id == compacted.output[0].id
+    kept = after[1:]
     assert kept and [i.id for i in kept] == [before[item_text(i)] for i in kept]
     assert [i.id for i in compacted.output[1:]] == [i.id for i in kept]  # the compact answer says the same
     client.responses.create(model=MODEL, conversation=conv.id, input="q4")
     proxy.http(key).post(f"/admin/conversations/{conv.id}/compact").raise_for_status()  # a summary of the summary
-    again = [i for i in client.conversations.items.list(conv.id, order="asc", limit=100).data
-             if not item_text(i).startswith(SUMMARY_PREFIX)]
+    again = [i for i in client.conversations.items.list(conv.id, order="asc", limit=100).data if i.type != "compaction"]
     for item in again:
         if item_text(item) in before:
             assert item.id == before[item_text(item)], item_text(item)

@@ -36,6 +36,7 @@ from ..dialects import message_path
 from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import items as responses_items
 from ..dialects.responses import translate
+from ..dialects.responses.compaction import compaction_item
 from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
 from ..ids import valid_conversation_id
@@ -114,6 +115,11 @@ def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
             item_id = item.get("id") if isinstance(item.get("id"), str) else None
         kind = item.get("type") or ("message" if "role" in item else "item")
         out.append(Item(item, _listed(item, item_id or translate.input_item_id(kind, node.id, i)), node))
+    if node.kind == "compaction" and (getattr(node, "params", None) or {}).get("method", "summary") != CLEARING:
+        # a summary is listed as the compaction item a client can send back (and /responses/compact gives)
+        at = next((k for k, it in enumerate(out) if it.listed.get("role") not in ("system", "developer")), None)
+        if at is not None:
+            out[at] = Item(out[at].raw, compaction_item(node), node)
     for i, item in enumerate(received):
         if isinstance(item, dict):
             kind = item.get("type") or "item"
