@@ -336,3 +336,19 @@ def test_kept_items_keep_their_ids_through_compactions(proxy, upstream, key):
     remaining = client.conversations.items.list(conv.id, order="asc", limit=100).data
     assert old.id not in [i.id for i in remaining] and item_text(old) not in [item_text(i) for i in remaining]
     assert [i.id for i in remaining if i.id in before.values()] == [i.id for i in again if i.id != old.id and i.id in before.values()]
+
+
+def test_listed_items_resent_by_a_stateless_client_continue_from_the_compaction(proxy, upstream, key):
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item(f"fact {i}") for i in range(6)])
+    for q in ("q1", "q2", "q3"):
+        client.responses.create(model=MODEL, conversation=conv.id, input=q)
+    client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    listed = [i.model_dump(exclude_none=True) for i in client.conversations.items.list(conv.id, order="asc", limit=100)]
+    assert listed[0]["type"] == "compaction"
+    r = client.responses.with_raw_response.create(model=MODEL, store=False, input=[*listed, user_item("from the list")])
+    sent = contents(upstream.last.messages)
+    assert sent[0].startswith(SUMMARY_PREFIX) and sent[1:] == [*[item_text(i) for i in listed[1:]], "from the list"]
+    # (the compaction node: the head the compact moved there)
+    assert r.headers["x-conversation-id"] == conv.id
+    assert r.headers["x-parent-node-id"] == str(uuid.UUID(hex=listed[0]["id"][4:]))
