@@ -572,8 +572,12 @@ def test_sending_from_a_node_streams_in_and_branches(ui, page, upstream):
     page.locator(".detail button", has_text="Edit question").click()
     expect(page.locator(".composer textarea")).to_have_value("And of Italy?")
     page.fill(".composer textarea", "And of Portugal?")
+    asked = len(upstream.chat_requests)
     page.keyboard.press("Control+Enter")
     wait_for(lambda: len(admin(ui).get(f"/admin/conversations/{cid}/tree").json()["data"]) == 5, what="the edit stored")
+    # (a node is listed from its start on, before its request reaches the upstream)
+    wait_for(lambda: len(upstream.chat_requests) > asked, what="the edit's request")
+    wait_for(lambda: not admin(ui).get(f"/admin/conversations/{cid}").json()["busy"], what="the edit finished")
     assert [m["content"] for m in upstream.chat_requests[-1].messages][-1] == "And of Portugal?"
     assert len(upstream.chat_requests[-1].messages) == 3
     edit = head_of(ui, cid)
@@ -582,8 +586,11 @@ def test_sending_from_a_node_streams_in_and_branches(ui, page, upstream):
     # regenerate an answer: the same messages again, a sibling of that node
     node_el(page, n["q1"]).click()
     expect(page.locator(".detail")).to_contain_text(n["q1"])  # (its detail, not the last one's)
+    asked = len(upstream.chat_requests)
     page.locator(".detail button", has_text="Regenerate").click()
     wait_for(lambda: len(admin(ui).get(f"/admin/conversations/{cid}/tree").json()["data"]) == 6, what="the regeneration")
+    wait_for(lambda: len(upstream.chat_requests) > asked, what="the regeneration's request")
+    wait_for(lambda: not admin(ui).get(f"/admin/conversations/{cid}").json()["busy"], what="the regeneration finished")
     assert upstream.chat_requests[-1].messages == [user("What is the capital of France?")]
     regenerated = admin(ui).get(f"/admin/nodes/{head_of(ui, cid)}").json()
     assert regenerated["parent_id"] is None and regenerated["sent"] == [user("What is the capital of France?")]
