@@ -5,8 +5,8 @@ Anything shaped like a provider's API key is masked too, whoever it belongs to."
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, AnyStr
 
 import msgspec
 
@@ -54,7 +54,7 @@ class Masker:
         for secret in _longest_first(secrets):
             found[secret.encode()] = None
             found[_encode(secret)[1:-1]] = None  # as it stands inside a JSON string, if it differs
-        self._secrets = tuple(found)
+        self._secrets = tuple(sorted(found, key=len, reverse=True))  # (a form that begins another: after it)
 
     def __bool__(self) -> bool:
         return bool(self._secrets)
@@ -86,18 +86,34 @@ class BytesMasker:
         return bool(self._masker)
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._masker.bytes(self._held + chunk if self._held else chunk)
-        keep = _prefix_at_end(data, self._masker._secrets)
-        self._held = data[len(data) - keep:] if keep else b""
-        return data[:len(data) - keep] if keep else data
+        data = self._held + chunk if self._held else chunk
+        cut = _cut(data, self._masker._secrets)
+        self._held = data[cut:]
+        return self._masker.bytes(data[:cut])
 
     def flush(self) -> bytes:
         held, self._held = self._held, b""
-        return held
+        return self._masker.bytes(held)
 
 
-def _prefix_at_end(data: bytes, secrets: Iterable[bytes]) -> int:
-    """How many bytes at the end of ``data`` begin one of ``secrets`` (the longest such run)."""
+def _cut(data: AnyStr, secrets: Sequence[AnyStr]) -> int:
+    """Where ``data`` (what was held back, and what came) can be cut so that what is before the
+    cut goes out masked as masking the whole text would mask it: before the longest end of it
+    that begins a credential, and before any credential that would cross the cut (one credential
+    may begin or hold another: the held part stays raw until the next piece says)."""
+    cut = len(data) - _prefix_at_end(data, secrets)
+    moved = True
+    while moved:
+        moved = False
+        for secret in secrets:
+            i = data.find(secret, max(0, cut - len(secret) + 1))
+            if -1 < i < cut < i + len(secret):
+                cut, moved = i, True
+    return cut
+
+
+def _prefix_at_end(data: AnyStr, secrets: Sequence[AnyStr]) -> int:
+    """How much of the end of ``data`` begins one of ``secrets`` (the longest such end)."""
     best = 0
     end = len(data)
     for secret in secrets:
@@ -134,32 +150,23 @@ class TextMasker:
 
     def feed(self, key: Any, piece: str) -> str:
         text = self._held.pop(key, "") + piece
+        cut = _cut(text, self._secrets)
+        if cut < len(text):
+            self._held[key] = text[cut:]
+            text = text[:cut]
         for secret in self._secrets:
             if secret in text:
                 text = text.replace(secret, MASK)
-        keep = self._prefix_at_end(text)
-        if keep:
-            self._held[key] = text[-keep:]
-            return text[:-keep]
         return text
 
     def flush(self, key: Any) -> str:
-        return self._held.pop(key, "")
+        text = self._held.pop(key, "")
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return text
 
     def held(self) -> list[Any]:
         """The texts something is held back of."""
         return list(self._held)
 
-    def _prefix_at_end(self, text: str) -> int:
-        """How many characters at the end of ``text`` begin some credential (the longest)."""
-        best = 0
-        end = len(text)
-        for secret in self._secrets:
-            first = secret[0]
-            i = text.find(first, max(0, end - len(secret) + 1))
-            while i != -1 and end - i > best:
-                if secret.startswith(text[i:]):
-                    best = end - i
-                    break
-                i = text.find(first, i + 1)
-        return best
