@@ -78,6 +78,7 @@ BRANCHPOINT_TEST_DATABASE_URL="$url" uv run --frozen pytest -p no:cacheprovider 
     tests/test_citus.py tests/test_chat.py tests/test_failures.py tests/test_streaming.py \
     tests/test_branching.py tests/test_admin.py tests/test_compaction.py tests/test_tenancy.py \
     tests/test_full_history.py tests/test_responses.py tests/test_messages.py tests/test_conversations.py \
+    tests/test_conversations_compaction.py \
     tests/test_session_headers.py tests/test_transfer.py tests/test_deletes_and_imports.py \
     tests/test_safety_net.py tests/test_whitespace_matching.py tests/test_shared_items.py \
     tests/test_context_editing.py tests/test_context_editing_apis.py tests/test_retention.py tests/test_leases.py \

@@ -1,5 +1,6 @@
-"""A stored call as the lifecycle carries it: the request a route read (``Call``), and the call
-once its node is started (``Started``)."""
+"""A call as the lifecycle carries it: the request a route read (``Call``), and the call once its
+node is started (``Started``) -- or, for a call not to be stored (``Call.store``), once it is
+under way without one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .dialects import Dialect
 if TYPE_CHECKING:
     from .compaction import Edits
 
-__all__ = ["COMPACTED", "Call", "Started", "history_key"]
+__all__ = ["COMPACTED", "Call", "Started", "history_key", "items_after"]
 
 COMPACTED = "_bp_compacted"  # exchange params: the compaction node this call was compacted under
 
@@ -88,8 +89,16 @@ class Call:
             if self.keys is not None:
                 return _tail(self.items, self.keys.system, skip, with_system)
             return transcript.tail(self.items, skip, with_system=with_system)
-        # (``bp_tail`` given ordinals: an ordinal 0 is a system/developer message)
-        return [item for item, n in zip(self.items, self.ordinals, strict=True) if (n > skip if n else with_system)]
+        return items_after(self.items, self.ordinals, skip, with_system=with_system)
+
+
+def items_after(items: list[Any], ordinals: list[int] | None, skip: int, *, with_system: bool) -> list[Any]:
+    """The items after the first ``skip`` non-system messages they stand for (``ordinals``: the
+    message each item stands for, 0 a system/developer one -- ``bp_tail``'s; None: one item, one
+    message); system/developer ones kept only when ``with_system``."""
+    if ordinals is None:
+        return transcript.tail(items, skip, with_system=with_system)
+    return [item for item, n in zip(items, ordinals, strict=True) if (n > skip if n else with_system)]
 
 
 def _tail(items: list[Any], system: list[int], skip: int, with_system: bool) -> list[Any]:

@@ -8,7 +8,8 @@ Whatever happens -- the end event, an error event, a cut stream, a disconnect --
 ``StreamEnd`` reaches the ``on_end`` callback, shielded from cancellation, so the node is always
 finalized.
 
-``BytesRelay`` relays a pass-through answer byte for byte (nothing parsed, nothing stored). An
+``BytesRelay`` relays a pass-through answer byte for byte (nothing parsed, nothing stored; the
+forwarder masks echoed credentials in the bytes it is given). An
 answer cut at ``max_response_bytes`` never ends like a whole one: an event stream ends with an
 error event; any other body is read ahead (up to ``LOOKAHEAD`` bytes) before its status goes out,
 so one cut within that is answered 502 ``upstream_response_too_large`` instead, and one cut later
@@ -218,7 +219,7 @@ _ABORT = object()  # the pump's answer: cut after the status went out -- end the
 
 
 class BytesRelay:
-    """ASGI app relaying an upstream response byte for byte (pass-through: nothing is parsed or
+    """ASGI app relaying an upstream response byte for byte, as given (pass-through: nothing is parsed or
     stored). Stops reading the upstream when the client goes away."""
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncIterator[bytes],

@@ -252,8 +252,9 @@ def test_an_edit_below_its_trigger_clears_nothing_and_a_malformed_one_is_refused
     assert clearing_nodes(apis.db, cid) == []
     assert all(not m["content"].startswith(PLACEHOLDER_PREFIX)
                for m in upstream.last.body["messages"] if m["role"] == "tool")
-    with pytest.raises(anthropic.BadRequestError) as bad:
-        c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=10, messages=[{"role": "user", "content": "x"}],
-                          context_management={"edits": [{"type": "clear_tool_uses_20250919",
-                                                         "trigger": {"type": "input_tokens", "value": "lots"}}]})
-    assert bad.value.body["error"]["type"] == "invalid_request_error"
+    for wrong in ("lots", 0):  # (a trigger of nothing would be no trigger)
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=10, messages=[{"role": "user", "content": "x"}],
+                                   context_management={"edits": [{"type": "clear_tool_uses_20250919",
+                                                                  "trigger": {"type": "input_tokens", "value": wrong}}]})
+        assert bad.value.body["error"]["type"] == "invalid_request_error"

@@ -352,3 +352,23 @@ def test_listed_items_resent_by_a_stateless_client_continue_from_the_compaction(
     # (the compaction node: the head the compact moved there)
     assert r.headers["x-conversation-id"] == conv.id
     assert r.headers["x-parent-node-id"] == str(uuid.UUID(hex=listed[0]["id"][4:]))
+
+
+def test_a_resumed_window_matches_in_its_own_conversation_not_a_fork(proxy, upstream, key):
+    """A fork shares the tree: a node of it with the same content (the same question, the same
+    answer) is not where a stateless client of the original conversation continues."""
+    client = proxy.openai(key)
+    conv = long_conversation(client)
+    first = client.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input="question one",
+                                                      context_management=CONTROL)
+    window = [i.model_dump(exclude_none=True) for i in first.parse().output]
+    mine = client.responses.with_raw_response.create(model=MODEL, store=False, input=[*window, user_item("next")])
+    assert mine.headers["x-conversation-id"] == conv.id
+    fork = proxy.http(key).post(f"/admin/conversations/{conv.id}/fork",
+                                json={"node_id": first.headers["x-node-id"]}).json()["id"]
+    theirs = client.responses.with_raw_response.create(model=MODEL, conversation=fork, input="next")  # newer, same content
+    assert theirs.headers["x-parent-node-id"] == first.headers["x-node-id"]
+    window += [user_item("next"), *[i.model_dump(exclude_none=True) for i in mine.parse().output]]
+    r = client.responses.with_raw_response.create(model=MODEL, store=False, input=[*window, user_item("and then")])
+    assert r.headers["x-conversation-id"] == conv.id
+    assert r.headers["x-parent-node-id"] == mine.headers["x-node-id"]

@@ -22,7 +22,7 @@ from litestar.types import ASGIApp
 from storage import AdminStore, NodeRow, TreeStore, transcript
 
 from ..auth import Caller
-from ..call import Call
+from ..call import Call, items_after
 from ..compaction import Compactor
 from ..dialects import message_path, parse_model_request
 from ..dialects.responses import DIALECT as RESPONSES
@@ -145,8 +145,8 @@ def _messages_digests(items: list[dict[str, Any]]) -> tuple[list[bytes], list[in
     return transcript.digests(transcript_.messages), transcript_.ordinals
 
 
-async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tree: TreeStore,
-                             caller: Caller) -> tuple[list[dict[str, Any]], NodeRow | uuid.UUID] | None:
+async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tree: TreeStore, caller: Caller,
+                             cid: str | None) -> tuple[list[dict[str, Any]], uuid.UUID, str] | None:
     """A stateless client's input holding a compaction item of ours: the node to continue from
     and the items that are new after it -- or None when the input holds none. The item stands for
     everything before it: the compaction node (its summary and kept items), and the call that was
@@ -154,7 +154,8 @@ async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tre
     or by content: a client may send them back without ids). What the client resends after that
     is matched on the tree from there, as a full history is from the root: the deepest node it
     already holds is the parent, and only what follows is new -- every later turn of a client
-    that keeps resending its window continues the same line."""
+    that keeps resending its window continues the same line. Returns the new items, the parent
+    and its conversation (the one named, ``cid``, or the compaction's)."""
     at = max((i for i, item in enumerate(items) if is_compaction_item(item)), default=None)
     if at is None:
         return None
@@ -173,7 +174,7 @@ async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tre
             answered = _messages_digests(answer)[0]
             digests, ordinals = _messages_digests(rest)
             if answered and digests[:len(answered)] == answered:
-                rest, anchor = _after(rest, ordinals, len(answered)), call
+                rest, anchor = items_after(rest, ordinals, len(answered), with_system=True), call
     if anchor is node:
         # the compaction's kept items, when the client sends them back (as /v1/responses/compact gave them)
         kept = [m for m in node.sent if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))][1:]
@@ -183,20 +184,14 @@ async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tre
         while same < min(len(kept_digests), len(digests)) and kept_digests[same] == digests[same]:
             same += 1
         if same:
-            rest = _after(rest, ordinals, same)
+            rest = items_after(rest, ordinals, same, with_system=True)
     digests, ordinals = _messages_digests(rest)
+    conversation = cid or anchor.conversation_id
     # (the last message is the call's own: never matched, so a retry of a failed turn hangs beside it)
-    found = await tree.resumed_node(caller.tenant, anchor.tree_id, anchor.id, digests[:-1])
+    found = await tree.resumed_node(caller.tenant, anchor.tree_id, anchor.id, conversation, digests[:-1])
     if found is not None:
-        return _after(rest, ordinals, found[1]), found[0]
-    return rest, anchor
-
-
-def _after(items: list[dict[str, Any]], ordinals: list[int] | None, skip: int) -> list[dict[str, Any]]:
-    """``items`` after the first ``skip`` non-system messages they stand for (system ones kept)."""
-    if ordinals is None:
-        return transcript.tail(items, skip, with_system=True)
-    return [item for item, n in zip(items, ordinals, strict=True) if n == 0 or n > skip]
+        return items_after(rest, ordinals, found[2], with_system=True), found[0], conversation  # (a node it sees: maybe its source's)
+    return rest, anchor.id, conversation
 
 
 async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder: Forwarder, caller: Caller,
@@ -229,17 +224,11 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     items = await _resolve_references(RESPONSES.items(body), admin, caller)
     resumed_call = False
     if parent is None:
-        resumed = await _resume_compaction(items, admin, calls.tree, caller)
+        resumed = await _resume_compaction(items, admin, calls.tree, caller, cid)
         if resumed is not None:  # a stateless client continuing from a compaction item of ours
-            items, at = resumed
-            if isinstance(at, uuid.UUID):  # (a node the route matched: its row, for its conversation)
-                at = await admin.node(caller.tenant, at)
-                if at is None:  # deleted meanwhile
-                    raise NodeNotFound("the compaction item's conversation is gone", param="input")
-            parent = at
+            items, parent_id, cid = resumed
             resumed_call = True
-            mode, parent_mode, parent_id = "delta", "node", parent.id
-            cid = cid or parent.conversation_id
+            mode, parent_mode = "delta", "node"
     items = [item for item in items if not is_compaction_item(item)]  # (what they stand for is the parent's path)
     threshold, truncation_auto, controls = _compaction_controls(body)
     call = Call(

@@ -84,14 +84,22 @@ NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"
 NODE_CHAIN = "SELECT chain FROM nodes WHERE tree_id = $1 AND id = $2"
 
 # A stateless client resuming from a compaction item (docs/behaviour.md#the-responses-api): the
-# deepest node of the tree whose transcript is the anchor's followed by the first k of the items
-# the client sent after it, never a transform. Ties: as CONTINUED_NODE.
-# $1 tenant, $2 tree, $3 the prefix hashes folded from the anchor's (text '\x<hex>': ``bytea_array``)
+# deepest node whose transcript is the anchor's followed by the first k of the messages the client
+# sent after it -- in the tree, never a transform, and one the conversation can see (its own, or
+# one of ``visible``: those of the conversation it forks). Each prefix one probe of the transcript
+# index. Ties: as CONTINUED_NODE.
+# $1 tenant, $2 tree, $3 conversation, $4 the prefix hashes folded from the anchor's (text
+# '\x<hex>': ``bytea_array``), $5 the visible nodes of other conversations (``uuid_array``)
 RESUMED_NODE = """
-SELECT n.id, p.k::integer AS k
-  FROM unnest($3::text[]::bytea[]) WITH ORDINALITY AS p(chain, k)
-  JOIN nodes n ON n.tree_id = $2 AND n.chain = p.chain AND n.tenant = $1 AND n.kind <> 'transform'
- ORDER BY p.k DESC, (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+SELECT m.id, m.conversation_id, p.k::integer AS k
+  FROM unnest($4::text[]::bytea[]) WITH ORDINALITY AS p(chain, k)
+ CROSS JOIN LATERAL (
+       SELECT n.id, n.conversation_id FROM nodes n
+        WHERE n.chain = p.chain AND n.tenant = $1 AND n.tree_id = $2 AND n.kind <> 'transform'
+          AND (n.conversation_id = $3 OR n.id = ANY($5::text::uuid[]))
+        ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
+        LIMIT 1) m
+ ORDER BY p.k DESC
  LIMIT 1
 """
 

@@ -95,13 +95,14 @@ def call_params(body: dict[str, Any]) -> dict[str, Any]:
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 
 
-def _amount(value: Any, kind: str, at: str) -> int | None:
-    """``{"type": kind, "value": N}`` (N >= 0) read as N; None when not given."""
+def _amount(value: Any, kind: str, at: str, least: int = 0) -> int | None:
+    """``{"type": kind, "value": N}`` (N >= ``least``) read as N; None when not given."""
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") != kind or isinstance(value.get("value"), bool) \
-            or not isinstance(value.get("value"), int) or value["value"] < 0:
-        raise InvalidRequest(f"{at}: expected {{\"type\": \"{kind}\", \"value\": <a whole number>}}", param=at)
+            or not isinstance(value.get("value"), int) or value["value"] < least:
+        raise InvalidRequest(f"{at}: expected {{\"type\": \"{kind}\", \"value\": <a whole number of at least "
+                             f"{least}>}}", param=at)
     return int(value["value"])
 
 
@@ -123,9 +124,9 @@ def clearing_edit(body: dict[str, Any]) -> dict[str, Any] | None:
         if not isinstance(edit, dict) or edit.get("type") != CLEAR_TOOL_USES:
             continue
         trigger = edit.get("trigger")
-        uses = _amount(trigger, "tool_uses", f"{at}.trigger") if isinstance(trigger, dict) \
+        uses = _amount(trigger, "tool_uses", f"{at}.trigger", 1) if isinstance(trigger, dict) \
             and trigger.get("type") == "tool_uses" else None
-        tokens = None if uses is not None else _amount(trigger, "input_tokens", f"{at}.trigger")
+        tokens = None if uses is not None else _amount(trigger, "input_tokens", f"{at}.trigger", 1)
         exclude = edit.get("exclude_tools")
         if exclude is not None and (not isinstance(exclude, list) or not all(isinstance(t, str) for t in exclude)):
             raise InvalidRequest(f"{at}.exclude_tools: an array of tool names", param=f"{at}.exclude_tools")
