@@ -221,7 +221,7 @@ class CallLifecycle:
                         "conversation_id": started.conversation_id, "node_id": str(started.node_id),
                         "dropped": built.dropped})
                 started.request_hash = built.sha256
-                headers = self.upstream.request_headers(upstream, call.headers, call.client_key)
+                headers = self.upstream.request_headers(upstream, call.headers, call.client_key, own_body=True)
                 request = self.upstream.build("POST", upstream, built.endpoint, headers=headers, content=built.payload,
                                               params=call.query if way.native and call.query else None)
                 exchange = way.exchange(node_id=started.node_id, params=call.exchange_params(), provider=upstream.name)

@@ -47,6 +47,8 @@ _DROP_REQUEST = frozenset(
         "x-api-key",
     }
 )
+# Headers that describe the client's body: not sent with a body of the proxy's.
+_BODY_HEADERS = frozenset({"content-type", "content-encoding", "content-md5", "digest", "content-digest"})
 # Headers only meaningful with the client's own upstream account.
 _ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project"})
 ANTHROPIC_VERSION = b"2023-06-01"  # to an Anthropic upstream, when the client named none
@@ -283,10 +285,12 @@ class UpstreamClient:
 
     @staticmethod
     def request_headers(
-        upstream: Upstream, incoming: Iterable[tuple[str, str]], client_key: str | None
+        upstream: Upstream, incoming: Iterable[tuple[str, str]], client_key: str | None, *, own_body: bool = False
     ) -> list[tuple[bytes, bytes]]:
         """Client headers to forward, with the upstream's key (or the client's, passthrough).
-        Values go out as the bytes they came as (latin-1 round trip), whatever they hold."""
+        Values go out as the bytes they came as (latin-1 round trip), whatever they hold.
+        ``own_body``: the body is the proxy's (a stored call's, built anew), not the client's --
+        what described the client's body (its encoding, its type) does not go with it."""
         own_key = bool(upstream.api_key)
         anthropic = upstream.api == "anthropic"
         out = [
@@ -294,7 +298,10 @@ class UpstreamClient:
             for k, v in incoming
             if (lk := k.lower()) not in _DROP_REQUEST and not (own_key and lk in _ACCOUNT_HEADERS)
             and (anthropic or not lk.startswith("anthropic-"))  # (Anthropic's own: only to Anthropic)
+            and not (own_body and lk in _BODY_HEADERS)
         ]
+        if own_body:
+            out.append((b"content-type", b"application/json"))
         key = upstream.api_key or client_key
         if key:
             try:

@@ -336,3 +336,18 @@ def test_several_streamed_choices_reach_the_client_and_the_first_becomes_context
     assert [m["content"] for m in node["received"]] == ["first choice"]
     say(client, cid, user("go on"))
     assert [m["content"] for m in upstream.last.messages] == ["two answers please", "first choice", "go on"]
+
+
+def test_a_stored_calls_body_goes_out_without_the_headers_of_the_clients(proxy, upstream, key, cid):
+    """A stored call's upstream body is the proxy's own JSON: the client's Content-Encoding (a
+    label its body did not even need) and Content-Type do not travel with it; a pass-through's
+    body is the client's, and they do."""
+    body = json.dumps({"model": MODEL, "messages": [user("hi")]}).encode()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "text/plain", "Content-Encoding": "identity"}
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, headers={**headers, "X-Conversation-Id": cid})
+    assert r.status_code == 200, r.text
+    got = {k.lower(): v for k, v in upstream.last.headers.items()}
+    assert got["content-type"] == "application/json" and "content-encoding" not in got
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, headers=headers)
+    got = {k.lower(): v for k, v in upstream.last.headers.items()}
+    assert r.status_code == 200 and got["content-type"] == "text/plain" and got["content-encoding"] == "identity"

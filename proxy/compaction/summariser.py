@@ -229,7 +229,7 @@ class Summariser:
                                             stream=False)
         out.requests.append(payload)
         out.calls += 1
-        headers = self.upstream.request_headers(upstream, [("content-type", "application/json")], client_key)
+        headers = self.upstream.request_headers(upstream, (), client_key, own_body=True)
         request = self.upstream.build("POST", upstream, endpoint, headers=headers, content=payload)
         response, content = await self.upstream.fetch(request)
         if response.status_code != 200:
