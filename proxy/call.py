@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from storage import transcript
+from storage import transcript, uuid7
 
 from .dialects import Dialect
 
@@ -83,6 +83,15 @@ class Call:
     def api(self) -> str:
         return self.dialect.name
 
+    def history_keys(self, histories: transcript.KnownHistories) -> transcript.HistoryKeys:
+        """A full-history call's keys: only the items this process has not seen sent before in
+        this conversation are hashed (``histories``; docs/behaviour.md#full-history-mode)."""
+        raws = self.raw_items
+        if raws is None or self.ordinals is not None or len(raws) != len(self.messages):
+            return transcript.history_keys(self.messages)
+        key = self.history_key if self.history_key is not None else history_key(self.tenant, self.conversation_id, raws)
+        return histories.keys(key, raws, self.messages)
+
     def tail(self, skip: int, *, with_system: bool) -> list[dict[str, Any]]:
         """The items after the first ``skip`` non-system messages they stand for."""
         if self.ordinals is None:  # one item, one message
@@ -129,6 +138,13 @@ class Started:
     request_hash: bytes | None = None
     finished: bool = False
     stored: bool = True  # False: no node -- a call that names no conversation, only translated (``Call.store``)
+
+    @classmethod
+    def unstored(cls, call: Call, new_items: list[dict[str, Any]], secrets: tuple[str | None, ...]) -> Started:
+        """A call that is not to be stored (``Call.store``), under way without a node: the id its
+        answer is named by is made up (a message's ``msg_...``), nothing names it elsewhere."""
+        node_id = uuid7()
+        return cls(call, "", node_id, node_id, None, "delta", 0, new_items, secrets, stored=False)
 
     @property
     def leased(self) -> bool:

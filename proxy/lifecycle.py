@@ -39,7 +39,7 @@ from storage import (
 from .assembly import SYSTEM_AT, system_positions_at
 from .background import Background
 from .builder import RequestBuilder
-from .call import Call, Started, history_key
+from .call import Call, Started
 from .compaction import Compactor
 from .dialects import Crossing, Exchange, crossing
 from .dialects.chat import NotACompletion
@@ -94,16 +94,13 @@ class CallLifecycle:
 
     # -- start -------------------------------------------------------------------------------
 
-    def _history_keys(self, call: Call) -> transcript.HistoryKeys:
-        """A full-history call's keys: only the items this process has not seen sent before in
-        this conversation are hashed (``KnownHistories``; docs/behaviour.md#full-history-mode)."""
-        raws = call.raw_items
-        if raws is None or call.ordinals is not None or len(raws) != len(call.messages):
-            return transcript.history_keys(call.messages)
-        key = call.history_key if call.history_key is not None else history_key(call.tenant, call.conversation_id, raws)
-        return self.histories.keys(key, raws, call.messages)
-
     async def _begin(self, call: Call, provider: str, secrets: tuple[str | None, ...]) -> tuple[Started, list[Any]]:
+        """Start the call's node (its lease tracked from then on); the node and its parent's path."""
+        if call.mode == "full":  # the client's layout: its system messages stay where it put them
+            call.keys = call.history_keys(self.histories)
+            at = system_positions_at(call.keys.system, len(call.messages))
+            if at is not None:
+                call.params = {**call.params, SYSTEM_AT: at}
         node_id = uuid7()
         if call.keys is not None:  # full history
             digests: list[bytes] = []
@@ -161,6 +158,11 @@ class CallLifecycle:
         new_items = call.dialect.to_messages(stored, provider)
         started = Started(call, begun.conversation_id, node_id, begun.tree_id, begun.parent_id, begun.mode,
                            begun.matched, new_items, secrets)
+        ctx = current_request.get()
+        if ctx is not None:
+            ctx.conversation_id, ctx.node_id = started.conversation_id, str(node_id)
+            ctx.context_mode, ctx.context_matched = started.mode, started.matched
+        self.leases.track(started.tree_id, node_id)
         return started, begun.path
 
     # -- finish ------------------------------------------------------------------------------
@@ -190,24 +192,10 @@ class CallLifecycle:
             call.dropped_tools, call.params = dropped, {**call.params, DROPPED_TOOLS: dropped}
         secrets = (call.client_key, upstream.api_key, *call.credentials)
         target = target_of(upstream, self.upstream.max_output(call.body.get("model")))
-        if not call.store:  # translated only: no node, no path, nothing to compact (docs/behaviour.md#the-messages-api)
-            node_id = uuid7()
-            started = Started(call, "", node_id, node_id, None, "delta", 0,
-                              call.dialect.to_messages(call.items, upstream.name), secrets, stored=False)
-            path: list[Any] = []
-        else:
-            if call.mode == "full":  # the client's layout: its system messages stay where it put them
-                call.keys = self._history_keys(call)
-                at = system_positions_at(call.keys.system, len(call.messages))
-                if at is not None:
-                    call.params = {**call.params, SYSTEM_AT: at}
+        if call.store:
             started, path = await self._begin(call, upstream.name, secrets)
-            ctx = current_request.get()
-            if ctx is not None:
-                ctx.conversation_id = started.conversation_id
-                ctx.node_id = str(started.node_id)
-                ctx.context_mode, ctx.context_matched = started.mode, started.matched
-            self.leases.track(started.tree_id, started.node_id)
+        else:  # translated only: no node, no path, nothing to compact (docs/behaviour.md#the-messages-api)
+            started, path = Started.unstored(call, call.dialect.to_messages(call.items, upstream.name), secrets), []
         try:
             if started.stored:
                 path = await self.builder.readable(started.tree_id, path, target, tenant=call.tenant)
