@@ -124,6 +124,48 @@ def test_streamed_responses_over_a_chat_upstream(proxy, upstream, key, cid, db):
     assert final.output[0].type == "function_call" and json.loads(final.output[0].arguments) == {"city": "Oslo"}
 
 
+def _sse(*deltas, finish="stop"):
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+    events = [{**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    events.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("deltas, types", [
+    ([{"reasoning_content": "Let me "}, {"reasoning_content": "think."}, {"content": "Done."}], ["reasoning", "message"]),
+    ([{"tool_calls": [{"index": 0, "id": "call_t", "type": "function", "function": {"name": "weather", "arguments": ""}}]},
+      {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]}, {"content": "Checking."}],
+     ["function_call", "message"]),
+    ([{"refusal": "I can't "}, {"refusal": "help with that."}], ["message"]),
+])
+def test_a_streams_items_are_the_final_responses_and_the_stored_ones(proxy, upstream, key, cid, deltas, types):
+    """Over a chat upstream, what the events say -- each item at its output_index, with its id,
+    reasoning as a reasoning item, a refusal as a refusal part -- is what the completed response
+    and a later GET say (the order the items came in, whatever it is)."""
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(kind="raw", body=_sse(*deltas), content_type="text/event-stream"))
+    with client.responses.stream(model=MODEL, input="go", tools=[WEATHER_TOOL]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    done = {e.output_index: e.item for e in events if e.type == "response.output_item.done"}
+    added = {e.output_index: e.item.id for e in events if e.type == "response.output_item.added"}
+    assert [i.type for i in final.output] == types
+    assert [done[k].model_dump(exclude_none=True) for k in sorted(done)] == [
+        i.model_dump(exclude_none=True) for i in final.output]
+    assert [added[k] for k in sorted(added)] == [i.id for i in final.output]
+    numbers = [e.sequence_number for e in events]
+    assert numbers == list(range(len(numbers)))
+    stored = client.responses.retrieve(final.id)
+    assert [i.model_dump(exclude_none=True) for i in stored.output] == [i.model_dump(exclude_none=True) for i in final.output]
+    kinds = [e.type for e in events]
+    if types[0] == "reasoning":
+        assert "response.reasoning_summary_text.delta" in kinds and final.output[0].summary[0].text == "Let me think."
+    if deltas[0].get("refusal"):
+        assert kinds.count("response.refusal.delta") == 2 and "response.output_text.delta" not in kinds
+        assert final.output[0].content[0].type == "refusal"
+        assert final.output[0].content[0].refusal == "I can't help with that."
+
+
 def test_a_failure_mid_stream_ends_with_response_failed(proxy, upstream, key, cid, db):
     client = proxy.openai(key, conversation=cid)
     upstream.enqueue(Reply(pieces=["part"], error_event={"message": "upstream broke", "type": "server_error"}))

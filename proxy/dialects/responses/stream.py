@@ -55,7 +55,11 @@ class FromChat:
         self.emit = _Events()
         self.items: list[dict[str, Any]] = []  # output items as added, by output_index
         self.text_index: int | None = None  # the open message item
+        self.parts: dict[str, int] = {}  # its content parts by type ("output_text", "refusal"): content_index
         self.text = ""
+        self.refusal = ""
+        self.reasoning_index: int | None = None  # the reasoning item (a chat upstream's reasoning, as its summary)
+        self.reasoning = ""
         self.calls: dict[int, int] = {}  # chat tool-call index -> output_index
         self.closed: set[int] = set()
         self.compaction = compaction or []  # the compaction item the output begins with (never stored)
@@ -98,20 +102,33 @@ class FromChat:
             self.masker.apply(chunk)
         return self._chunk(chunk)
 
+    def _reasoning_so_far(self) -> str:
+        # (as translate.output_items reads the message: reasoning_content, else reasoning)
+        return "".join(self.acc.reasoning_content) or "".join(self.acc.reasoning)
+
     def _chunk(self, chunk: Any) -> bytes:
+        before_reasoning = len(self._reasoning_so_far())
         before_text = "".join(self.acc.content)
+        before_refusal = len(self.refusal)
         before_args = {i: tc["function"]["arguments"] for i, tc in self.acc.tool_calls.items()}
         self.acc.feed(chunk)
         if self.acc.error is not None:
             self.error = self.acc.error
             return b""
         out = []
+        reasoning = self._reasoning_so_far()
+        if len(reasoning) > before_reasoning:
+            out.append(self._reasoning_delta(reasoning[before_reasoning:]))
         text = "".join(self.acc.content)
         if len(text) > len(before_text):
             out.append(self._text_delta(text[len(before_text):]))
+        refusal = "".join(self.acc.refusal)
+        if len(refusal) > before_refusal:
+            out.append(self._refusal_delta(refusal[before_refusal:]))
         for i, call in sorted(self.acc.tool_calls.items()):
             arguments = call["function"]["arguments"]
             if i not in self.calls:
+                out.append(self._close_reasoning())
                 out.append(self._close_text())
                 out.append(self._open_call(i, call))
             added = arguments[len(before_args.get(i, "")):]
@@ -120,19 +137,62 @@ class FromChat:
                                      output_index=self.calls[i], delta=added))
         return b"".join(out)
 
-    def _text_delta(self, delta: str) -> bytes:
+    def _reasoning_delta(self, delta: str) -> bytes:
         out = b""
+        if self.reasoning_index is None:
+            self.reasoning_index = len(self.items)
+            item = {"id": f"rs_{self.node_id.hex}", "type": "reasoning", "summary": []}
+            self.items.append(item)
+            out += self.emit("response.output_item.added", output_index=self.reasoning_index, item=item)
+            out += self.emit("response.reasoning_summary_part.added", item_id=item["id"],
+                             output_index=self.reasoning_index, summary_index=0, part={"type": "summary_text", "text": ""})
+        self.reasoning += delta
+        return out + self.emit("response.reasoning_summary_text.delta", item_id=self.items[self.reasoning_index]["id"],
+                               output_index=self.reasoning_index, summary_index=0, delta=delta)
+
+    def _close_reasoning(self) -> bytes:
+        index = self.reasoning_index
+        if index is None or index in self.closed:
+            return b""
+        self.closed.add(index)
+        item = self.items[index]
+        part = {"type": "summary_text", "text": self.reasoning}
+        item.update(summary=[part])
+        return (self.emit("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
+                          summary_index=0, text=self.reasoning)
+                + self.emit("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
+                            summary_index=0, part=part)
+                + self.emit("response.output_item.done", output_index=index, item=item))
+
+    def _part(self, kind: str) -> tuple[bytes, int]:
+        """The message item's ``kind`` content part (``output_text`` or ``refusal``): its
+        content index, and the events that opened it (and the message) when it was not open."""
+        out = self._close_reasoning()
         if self.text_index is None:
             self.text_index = len(self.items)
             item = {"id": translate.message_item_id(self.node_id), "type": "message", "role": "assistant",
                     "status": "in_progress", "content": []}
             self.items.append(item)
             out += self.emit("response.output_item.added", output_index=self.text_index, item=item)
-            out += self.emit("response.content_part.added", item_id=item["id"], output_index=self.text_index,
-                             content_index=0, part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        if kind not in self.parts:
+            self.parts[kind] = len(self.parts)
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []} if kind == "output_text" \
+                else {"type": "refusal", "refusal": ""}
+            out += self.emit("response.content_part.added", item_id=self.items[self.text_index]["id"],
+                             output_index=self.text_index, content_index=self.parts[kind], part=part)
+        return out, self.parts[kind]
+
+    def _text_delta(self, delta: str) -> bytes:
+        out, at = self._part("output_text")
         self.text += delta
         return out + self.emit("response.output_text.delta", item_id=self.items[self.text_index]["id"],
-                               output_index=self.text_index, content_index=0, delta=delta, logprobs=[])
+                               output_index=self.text_index, content_index=at, delta=delta, logprobs=[])
+
+    def _refusal_delta(self, delta: str) -> bytes:
+        out, at = self._part("refusal")
+        self.refusal += delta
+        return out + self.emit("response.refusal.delta", item_id=self.items[self.text_index]["id"],
+                               output_index=self.text_index, content_index=at, delta=delta)
 
     def _close_text(self) -> bytes:
         index = self.text_index
@@ -140,13 +200,21 @@ class FromChat:
             return b""
         self.closed.add(index)
         item = self.items[index]
-        part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
-        item.update(status="completed", content=[part])
-        return (self.emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                          text=self.text, logprobs=[])
-                + self.emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                            part=part)
-                + self.emit("response.output_item.done", output_index=index, item=item))
+        out, parts = b"", []
+        for kind, at in sorted(self.parts.items(), key=lambda kv: kv[1]):
+            if kind == "output_text":
+                part: dict[str, Any] = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+                out += self.emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=at,
+                                 text=self.text, logprobs=[])
+            else:
+                part = {"type": "refusal", "refusal": self.refusal}
+                out += self.emit("response.refusal.done", item_id=item["id"], output_index=index, content_index=at,
+                                 refusal=self.refusal)
+            out += self.emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=at,
+                             part=part)
+            parts.append(part)
+        item.update(status="completed", content=parts)
+        return out + self.emit("response.output_item.done", output_index=index, item=item)
 
     def _open_call(self, i: int, call: dict[str, Any]) -> bytes:
         index = len(self.items)
@@ -172,11 +240,15 @@ class FromChat:
         return out
 
     def received(self) -> list[dict[str, Any]]:
-        return translate.output_items(self.acc.message(), self.node_id, self.params.get("tools"))
+        """The answer's output items, in the order the stream gave them (reasoning, text and calls
+        as they came), so the completed response and the stored one say what the events said."""
+        items = translate.output_items(self.acc.message(), self.node_id, self.params.get("tools"))
+        order = {item["id"]: k for k, item in enumerate(self.items)}
+        return sorted(items, key=lambda item: order.get(item.get("id"), len(order)))
 
     def closing(self) -> bytes:
-        out = self._close_text() + self._close_calls()
-        if len(self.items) == len(self.compaction):  # an empty answer is still one (empty) message
+        out = self._close_reasoning() + self._close_text() + self._close_calls()
+        if self.text_index is None and not self.calls:  # an answer without text or calls still has an (empty) message
             out += self._text_delta("") + self._close_text()
         final = self._response("completed", [*self.compaction, *self.received()], usage=self.usage,
                                finish_reason=self.finish_reason)
