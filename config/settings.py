@@ -14,8 +14,11 @@ in the struct, since no file entry exists to merge them with.
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
+import re
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -252,7 +255,66 @@ def load_settings(
     return settings
 
 
+_LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+
+
+def _non_finite(value: Any, where: str = "") -> str | None:
+    """The first setting (dotted) holding a float that is not a finite number (``nan``, ``inf``:
+    every comparison with them is false, so no range check would catch them), or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    if isinstance(value, msgspec.Struct):
+        for name in value.__struct_fields__:
+            found = _non_finite(getattr(value, name), f"{where}.{name}" if where else name)
+            if found:
+                return found
+    elif isinstance(value, tuple):
+        for i, item in enumerate(value):
+            if found := _non_finite(item, f"{where}[{i}]"):
+                return found
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if found := _non_finite(item, f"{where}.{key}"):
+                return found
+    return None
+
+
+def _url_ok(url: str, schemes: tuple[str, ...]) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme in schemes and bool(parts.hostname or (parts.scheme.startswith("postgres") and parts.path))
+
+
 def _validate(settings: Settings) -> None:
+    if (where := _non_finite(settings)) is not None:
+        raise SettingsError(f"{where} must be a finite number")
+    s, d, u = settings.server, settings.database, settings.upstream_defaults
+    if not 1 <= s.port <= 65535:
+        raise SettingsError("server.port must be in 1..65535")
+    if s.log_level.upper() not in _LOG_LEVELS:
+        raise SettingsError(f"server.log_level must be one of {', '.join(sorted(_LOG_LEVELS))} (any case)")
+    if d.pool_max < 1 or not 0 <= d.pool_min <= d.pool_max:
+        raise SettingsError("database.pool_max must be >= 1 and database.pool_min in 0..pool_max")
+    if d.command_timeout <= 0 or d.connect_timeout <= 0:
+        raise SettingsError("database.command_timeout and database.connect_timeout must be > 0")
+    if d.url and not _url_ok(d.url, ("postgres", "postgresql")):
+        raise SettingsError("database.url (BRANCHPOINT_DATABASE_URL) must be a postgresql:// URL")
+    if min(u.connect_timeout, u.read_timeout, u.write_timeout, u.pool_timeout) <= 0 or u.keepalive_expiry < 0:
+        raise SettingsError("upstream_defaults' timeouts must be > 0 (and keepalive_expiry >= 0)")
+    if u.max_connections < 1:
+        raise SettingsError("upstream_defaults.max_connections must be >= 1")
+    if u.ca_bundle and not os.path.isfile(u.ca_bundle):
+        raise SettingsError(f"upstream_defaults.ca_bundle: no such file {u.ca_bundle!r}")
+    for upstream in settings.upstreams:
+        if not _url_ok(upstream.base_url, ("http", "https")):
+            raise SettingsError(f"upstreams {upstream.name!r}: base_url must be an http:// or https:// URL "
+                                f"(BRANCHPOINT_UPSTREAM_URL for the default one), not {upstream.base_url!r}")
+    seen: set[str] = set()
+    for entry in settings.auth.keys:
+        if entry.key.startswith("sha256:") and not re.fullmatch(r"[0-9a-fA-F]{64}", entry.key[7:]):
+            raise SettingsError("auth.keys: a sha256: key is 64 hexadecimal digits")
+        if entry.key in seen:
+            raise SettingsError("auth.keys: a key is listed twice (which tenant, which rights?)")
+        seen.add(entry.key)
     c = settings.compaction
     if not 0 < c.soft <= 1 or not 0 < c.hard <= 1:
         raise SettingsError("compaction.soft and compaction.hard must be in (0, 1]")

@@ -65,6 +65,21 @@ def test_model_routing_first_match_and_limits_most_specific(tmp_path):
     "[server]\nno_such_key = 1\n",
     "[auth]\nmode = \"keys\"\n",
     "not toml at all [",
+    # values every comparison passes or that break only later (found by a probe)
+    "[server]\nlease_seconds = nan\n",
+    "[compaction]\nsoft = inf\n",
+    "[server]\nport = 70000\n",
+    "[server]\nlog_level = \"bogus\"\n",
+    "[database]\npool_min = 10\npool_max = 2\n",
+    "[database]\npool_max = 0\n",
+    "[database]\ncommand_timeout = 0\n",
+    "[database]\nurl = \"notaurl\"\n",
+    "[upstream_defaults]\nread_timeout = -1\n",
+    "[upstream_defaults]\nca_bundle = \"/nonexistent.pem\"\n",
+    "[[upstreams]]\nname = \"x\"\nbase_url = \"not a url\"\n",
+    "[[upstreams]]\nname = \"x\"\nbase_url = \"ftp://127.0.0.1/v1\"\n",
+    "[auth]\nmode = \"keys\"\n[[auth.keys]]\nkey = \"sha256:zz\"\ntenant = \"t\"\n",
+    "[auth]\nmode = \"keys\"\n[[auth.keys]]\nkey = \"k1\"\ntenant = \"t1\"\n[[auth.keys]]\nkey = \"k1\"\ntenant = \"t2\"\nadmin = true\n",
 ])
 def test_invalid_config_is_refused(tmp_path, text):
     f = tmp_path / "bad.toml"
@@ -76,3 +91,18 @@ def test_invalid_config_is_refused(tmp_path, text):
 def test_missing_file_is_refused(tmp_path):
     with pytest.raises(SettingsError):
         load_settings(tmp_path / "nope.toml", env={})
+
+
+def test_an_invalid_upstream_url_from_the_environment_is_refused():
+    with pytest.raises(SettingsError):
+        load_settings(None, env={"BRANCHPOINT_UPSTREAM_URL": "notaurl"})
+    assert load_settings(None, env={"BRANCHPOINT_DATABASE_URL": "postgresql:///bp?host=/run/postgresql"}).database.url
+
+
+def test_serve_refuses_a_port_out_of_range():
+    from click.testing import CliRunner
+
+    from proxy.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--port", "70000"])
+    assert result.exit_code == 2 and "70000" in result.output

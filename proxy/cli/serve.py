@@ -15,7 +15,7 @@ __all__ = ["serve"]
 
 @main.command()
 @click.option("--host", default=None, help="Interface to listen on (default from config: 127.0.0.1).")
-@click.option("--port", default=None, type=int, help="Port to listen on (default from config: 8080).")
+@click.option("--port", default=None, type=click.IntRange(1, 65535), help="Port to listen on (default from config: 8080).")
 @config_option
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Worker processes; they share the database safely (leases live in PostgreSQL).")
