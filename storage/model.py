@@ -153,6 +153,7 @@ class Pruned(msgspec.Struct, frozen=True):
 class SearchHit(msgspec.Struct, frozen=True):
     """A node whose messages hold the words searched for (``AdminStore.search``)."""
 
+    tenant: str
     conversation_id: str
     node_id: uuid.UUID
     created_at: datetime

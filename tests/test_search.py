@@ -68,3 +68,26 @@ def test_the_search_uses_its_index(own_proxy: Proxy) -> None:
             await conn.close()
 
     assert "nodes_text_search" in run(plan())
+
+
+def test_a_conversation_with_many_hits_leaves_room_for_the_others(own_proxy: Proxy, upstream: FakeUpstream) -> None:
+    key = new_key()
+    client = own_proxy.openai(key)
+    many, few = (f"s-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    say(client, few, user("a kiwi"))
+    for i in range(12):  # twelve nodes that match better than few's one
+        say(client, many, user(f"kiwi kiwi kiwi kiwi {i}"))
+    assert [f["id"] for f in _search(own_proxy, key, "kiwi", limit=2).json()["data"]] == [many, few]
+
+
+def test_an_admin_key_finds_each_tenants_conversation_of_one_id(fresh_database_url: str, upstream_url: str,
+                                                               upstream: FakeUpstream) -> None:
+    from tests.conftest import make_settings, serve_proxy
+
+    keys = [{"key": "sk-alice-search", "tenant": "alice"}, {"key": "sk-bob-search", "tenant": "bob"},
+            {"key": "sk-admin-search", "tenant": "ops", "admin": True}]
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, auth={"mode": "keys", "keys": keys})) as p:
+        for k in ("sk-alice-search", "sk-bob-search"):
+            say(p.openai(k), "same", user("a zebra crossing"))
+        found = _search(p, "sk-admin-search", "zebra").json()["data"]
+        assert sorted((f["tenant"], f["id"]) for f in found) == [("alice", "same"), ("bob", "same")]

@@ -165,29 +165,33 @@ async def _node_row(admin: AdminStore, reach: Reach, node_id: str) -> NodeRow:
     return row
 
 
+_SEARCH_MOST = 10_000  # node hits read at most for one search (a conversation with more is one conversation)
+
+
 async def _found(admin: AdminStore, reach: Reach, words: str, limit: int) -> ConversationList:
     """The conversations whose messages best match ``words``, each once, at its best node."""
     tenant = None if reach.any_tenant else reach.tenant
-    best: dict[str, Any] = {}
-    for hit in await admin.search(tenant, words, 5 * limit):  # (several hits may share a conversation)
-        if hit.conversation_id not in best:
-            best[hit.conversation_id] = hit
-        if len(best) == limit:
+    best: dict[tuple[str, str], Any] = {}  # (an admin key's: conversations of one id in several tenants)
+    fetch = 5 * limit
+    while True:  # several hits may share a conversation: fetch more until ``limit`` conversations or no more
+        hits = await admin.search(tenant, words, fetch)
+        for hit in hits:
+            best.setdefault((hit.tenant, hit.conversation_id), hit)
+            if len(best) == limit:
+                break
+        if len(best) == limit or len(hits) < fetch or fetch >= _SEARCH_MOST:
             break
+        best.clear()
+        fetch = min(4 * fetch, _SEARCH_MOST)
     out = []
-    for cid, hit in best.items():
-        row = await admin.conversation(tenant, cid) if tenant is not None else await _any_tenant_row(admin, hit)
+    for (owner, cid), hit in best.items():
+        row = await admin.conversation(owner, cid)
         if row is None:  # (deleted meanwhile)
             continue
         found = _conversation(row, reach)
         found.match = Match(node_id=hit.node_id, snippet=hit.snippet, rank=round(hit.rank, 6))
         out.append(found)
     return ConversationList(data=out, next_cursor=None)
-
-
-async def _any_tenant_row(admin: AdminStore, hit: Any) -> Any:
-    node = await admin.node(None, hit.node_id)
-    return await admin.conversation(node.tenant, hit.conversation_id) if node is not None else None
 
 
 # -- routes -----------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ SELECT * FROM conversations c
 # (still there), a snippet around the words, the rank. The expression is the one migration 0021
 # indexes.  $1 tenant (null: every tenant -- admin keys), $2 the words, $3 limit
 SEARCH = """
-SELECT n.conversation_id, n.id AS node_id, n.created_at,
+SELECT n.tenant, n.conversation_id, n.id AS node_id, n.created_at,
        ts_rank(jsonb_to_tsvector('simple'::regconfig, n.sent || coalesce(n.received, '[]'::jsonb), '["string"]'),
                plainto_tsquery('simple'::regconfig, $2)) AS rank,
        ts_headline('simple'::regconfig,
