@@ -372,3 +372,15 @@ def test_a_resumed_window_matches_in_its_own_conversation_not_a_fork(proxy, upst
     r = client.responses.with_raw_response.create(model=MODEL, store=False, input=[*window, user_item("and then")])
     assert r.headers["x-conversation-id"] == conv.id
     assert r.headers["x-parent-node-id"] == mine.headers["x-node-id"]
+
+
+def test_nodes_made_finished_are_never_finished_before_they_were_made(proxy, upstream, key):
+    """An items node and a compaction node are made and finished at one moment (their
+    ``finished_at`` was read from the clock before the row's ``created_at`` was)."""
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item(f"fact {i}") for i in range(8)])
+    client.responses.create(model=MODEL, conversation=conv.id, input="q")
+    client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    rows = proxy.db.fetch("SELECT kind, created_at, finished_at FROM nodes WHERE conversation_id = $1", conv.id)
+    assert {r["kind"] for r in rows} >= {"items", "compaction"}
+    assert all(r["finished_at"] >= r["created_at"] for r in rows), rows

@@ -58,9 +58,9 @@ BEGIN
           FROM nodes n WHERE n.tree_id = conv.tree_id AND n.id = v_parent;
         v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
         INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, params,
-                           depth, finished_at, chain, answered, system_hash, api)
+                           depth, created_at, finished_at, chain, answered, system_hash, api)
         VALUES (conv.tree_id, (v_node ->> 'id')::uuid, p_tenant, p_conversation, v_parent, 'items', 'success',
-                v_node -> 'sent', coalesce(v_node -> 'params', '{}'::jsonb), coalesce(v_up.depth + 1, 0), v_now,
+                v_node -> 'sent', coalesce(v_node -> 'params', '{}'::jsonb), coalesce(v_up.depth + 1, 0), v_now, v_now,
                 bp_fold(coalesce(v_up.chain, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea),
                         v_digests),
                 coalesce(v_up.answered, false) OR coalesce((v_node ->> 'answered')::boolean, false),

@@ -205,11 +205,12 @@ BEGIN
     -- a compaction node stands for the conversation it replaced: it has that node's transcript
     SELECT n.chain, n.answered INTO v_from FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_compacted_from;
     v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
+    -- (made and finished at one moment: the column's own default would read the clock again, later)
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent,
-                       model, provider, params, usage, compacted_from, depth, finished_at,
+                       model, provider, params, usage, compacted_from, depth, created_at, finished_at,
                        summariser_request, request_hash, chain, answered, system_hash)
     VALUES (p_tree, p_node, p_tenant, p_conversation, NULL, 'compaction', 'success', p_sent,
-            p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, v_now,
+            p_model, p_provider, coalesce(p_params, '{}'::jsonb), p_usage, p_compacted_from, 0, v_now, v_now,
             p_request, sha256(p_request), v_from.chain, coalesce(v_from.answered, false), p_system_hash);
     IF p_call_node IS NOT NULL THEN
         UPDATE nodes n SET parent_id = p_node, depth = 1
