@@ -277,3 +277,24 @@ def test_item_references_to_stored_items_are_resolved(proxy, upstream, key, cid)
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_" + "0" * 32}])
     assert e.value.body["code"] == "item_not_found"
+
+
+def test_a_responses_upstreams_stream_is_renumbered_and_says_the_clients_instructions(native, upstream, key, cid):
+    """Relayed from a Responses upstream: the response carries the client's instructions (sent
+    upstream as a system message, so never echoed), as a later GET does; the events are numbered in
+    one sequence, the proxy's own among them (a failure's), and a failed response is a whole one."""
+    client = native.openai(key, conversation=cid)
+    plain = client.responses.create(model="native-1", input="one", instructions="Be brief.")
+    assert plain.instructions == "Be brief." == client.responses.retrieve(plain.id).instructions
+    with client.responses.stream(model="native-1", input="two", instructions="Be brief.") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert final.instructions == "Be brief." == client.responses.retrieve(final.id).instructions
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    upstream.enqueue(Reply(kind="stream", content="half", error_event={"code": "server_error", "message": "boom"}))
+    with client.responses.with_streaming_response.create(model="native-1", input="three", stream=True) as r:
+        lines = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert [e["sequence_number"] for e in lines] == list(range(len(lines)))
+    failed = next(e for e in lines if e["type"] == "response.failed")["response"]
+    assert failed["status"] == "failed" and failed["model"] == "native-1" and failed["created_at"]
+    assert failed["instructions"] is None and failed["id"] == f"resp_{uuid.UUID(r.headers['x-node-id']).hex}"

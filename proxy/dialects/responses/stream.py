@@ -267,11 +267,13 @@ class Native:
     """A Responses upstream's stream, relayed with the node's response id."""
 
     def __init__(self, *, node_id: uuid.UUID, previous_response_id: str | None, store: Any,
-                 masker: Masker | None = None, compaction: list[dict[str, Any]] | None = None) -> None:
+                 masker: Masker | None = None, compaction: list[dict[str, Any]] | None = None,
+                 instructions: Any = None) -> None:
         self.masker = masker  # the call's credentials masked in each event (docs/behaviour.md#limits-and-hostile-peers)
         self.rid = response_id(node_id)
         self.previous = previous_response_id
         self.store = store
+        self.instructions = instructions  # the client's (sent upstream as a system message: not echoed)
         self.finished = False
         self.error: Any = None
         self.usage: dict[str, Any] | None = None
@@ -284,12 +286,21 @@ class Native:
         # the compaction item the output begins with (never stored): the upstream's items shift by it
         self.compaction = compaction or []
         self._opened = False
+        self.started: dict[str, Any] | None = None
 
     def opening(self) -> bytes:
         return b""
 
     def _rewrite(self, response: dict[str, Any]) -> dict[str, Any]:
-        return {**response, "id": self.rid, "previous_response_id": self.previous, "store": self.store}
+        return {**response, "id": self.rid, "previous_response_id": self.previous, "store": self.store,
+                "instructions": self.instructions}
+
+    def _line(self, kind: Any, event: dict[str, Any]) -> bytes:
+        """An event as relayed, numbered in this stream's own sequence (the events the proxy adds --
+        a compaction item, a failure -- are numbered in it too)."""
+        event["sequence_number"] = self.emit.sequence
+        self.emit.sequence += 1
+        return b"event: " + str(kind).encode() + b"\ndata: " + _encode(event) + b"\n\n"
 
     def event(self, raw: bytes) -> bytes:
         if self.masker:
@@ -303,6 +314,8 @@ class Native:
         kind = event.get("type")
         if isinstance(event.get("response"), dict):
             event["response"] = self._rewrite(event["response"])
+            if kind == "response.created":
+                self.started = event["response"]  # (what a failure's response is made from: model, created_at ...)
         self._own_ids(event)
         if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
             self.done_items[int(event.get("output_index", len(self.done_items)))] = event["item"]
@@ -312,7 +325,7 @@ class Native:
             response = event.get("response") or {}
             self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
             return b""
-        line = b"event: " + str(kind).encode() + b"\ndata: " + _encode(event) + b"\n\n"
+        line = self._line(kind, event)
         if kind in ("response.completed", "response.incomplete"):
             self.final = event["response"]
             usage = self.final.get("usage")
@@ -339,9 +352,9 @@ class Native:
             self.finish_reason = "length" if kind == "response.incomplete" else "stop"
             self.finished = True
             shown = {**self.final, "output": [*self.compaction, *(self.final.get("output") or [])]}
-            self._tail = b"event: " + str(kind).encode() + b"\ndata: " + _encode({**event, "response": shown}) + b"\n\n"
+            self._tail = self._line(kind, {**event, "response": shown})
             return b""
-        line = b"event: " + str(kind).encode() + b"\ndata: " + _encode(event) + b"\n\n"
+        line = self._line(kind, event)
         if kind == "response.created" and not self._opened:
             self._opened = True
             for i, item in enumerate(self.compaction):
@@ -378,7 +391,8 @@ class Native:
 
     def failing(self, failure: Failure) -> bytes:
         err = failure.error
-        response = {"id": self.rid, "object": "response", "status": "failed", "output": self.received(),
-                    "error": {"code": err.code or "server_error", "message": err.message}}
+        response = {**(self.final or self.started or {}), "id": self.rid, "object": "response", "status": "failed",
+                    "previous_response_id": self.previous, "store": self.store, "instructions": self.instructions,
+                    "output": self.received(), "error": {"code": err.code or "server_error", "message": err.message}}
         return (self.emit("response.failed", response=response)
                 + self.emit("error", code=err.code, message=err.message, param=None))
