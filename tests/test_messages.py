@@ -793,3 +793,19 @@ def test_whose_items_a_message_keeps_is_recorded_or_read_by_shape() -> None:
     assert items_of({ITEMS: [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]}) == "responses"
     assert items_of({ITEMS: [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}) == "messages"
     assert items_of({ITEMS: [{"role": "assistant", "content": "plain"}]}) == "messages"
+
+
+def test_a_chat_upstreams_refusal_streams_as_the_text_it_is_stored_as(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                                      cid: str) -> None:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "gpt-x"}
+    deltas = [{"refusal": "I can't "}, {"refusal": "help with that."}]
+    events = [{**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    events.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    upstream.enqueue(Reply(kind="raw", body=body, content_type="text/event-stream"))
+    with client(mproxy, key, f"/c/{cid}").messages.stream(model="gpt-x", max_tokens=20,
+                                                          messages=[{"role": "user", "content": "no"}]) as s:
+        final = s.get_final_message()
+        node_id = s.response.headers["x-node-id"]
+    assert [(b.type, b.text) for b in final.content] == [("text", "I can't help with that.")]
+    assert node(mproxy, key, node_id)["received"][0]["content"] == [{"type": "text", "text": "I can't help with that."}]

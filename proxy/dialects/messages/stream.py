@@ -304,8 +304,17 @@ class FromChat:
     def received(self) -> list[dict[str, Any]]:
         return [{"role": "assistant", "content": translate.content_of(self.acc.message())}]
 
+    def _refusal(self) -> bytes:
+        """A chat upstream's refusal, when no text came: a text block of it (as the stored answer
+        and a whole answer have it, ``translate.content_of``)."""
+        refusal = "".join(self.acc.refusal)
+        if not refusal or self.acc.content:
+            return b""
+        return (self._start("text", {"type": "text", "text": ""})
+                + self._delta({"type": "text_delta", "text": refusal}) + self._stop())
+
     def closing(self) -> bytes:
-        out = self._stop() + self._tools()
+        out = self._stop() + self._refusal() + self._tools()
         usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
         out += _event("message_delta", {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason),
                                                   "stop_sequence": None}, "usage": usage})
