@@ -14,6 +14,8 @@ in the struct, since no file entry exists to merge them with.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import logging
 import math
 import os
 import re
@@ -255,7 +257,7 @@ def load_settings(
     return settings
 
 
-_LOG_LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"})
+_LOG_LEVELS = frozenset(logging.getLevelNamesMapping())  # (what logging takes: WARN and FATAL too)
 
 
 def _non_finite(value: Any, where: str = "") -> str | None:
@@ -280,8 +282,13 @@ def _non_finite(value: Any, where: str = "") -> str | None:
 
 
 def _url_ok(url: str, schemes: tuple[str, ...]) -> bool:
-    parts = urllib.parse.urlsplit(url)
-    return parts.scheme in schemes and bool(parts.hostname or (parts.scheme.startswith("postgres") and parts.path))
+    """A URL of one of ``schemes``: with a host for http(s); a PostgreSQL one may leave it to libpq's
+    defaults (``postgresql://``, ``?host=/socket``)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return parts.scheme in schemes and (parts.scheme.startswith("postgres") or bool(parts.hostname))
+    except ValueError:  # (a malformed IPv6 host)
+        return False
 
 
 def _validate(settings: Settings) -> None:
@@ -310,11 +317,13 @@ def _validate(settings: Settings) -> None:
                                 f"(BRANCHPOINT_UPSTREAM_URL for the default one), not {upstream.base_url!r}")
     seen: set[str] = set()
     for entry in settings.auth.keys:
-        if entry.key.startswith("sha256:") and not re.fullmatch(r"[0-9a-fA-F]{64}", entry.key[7:]):
+        hashed = entry.key.startswith("sha256:")
+        if hashed and not re.fullmatch(r"[0-9a-fA-F]{64}", entry.key[7:]):
             raise SettingsError("auth.keys: a sha256: key is 64 hexadecimal digits")
-        if entry.key in seen:
+        digest = entry.key[7:].lower() if hashed else hashlib.sha256(entry.key.encode()).hexdigest()
+        if digest in seen:  # (in clear or hashed, any case: as the proxy compares them)
             raise SettingsError("auth.keys: a key is listed twice (which tenant, which rights?)")
-        seen.add(entry.key)
+        seen.add(digest)
     c = settings.compaction
     if not 0 < c.soft <= 1 or not 0 < c.hard <= 1:
         raise SettingsError("compaction.soft and compaction.hard must be in (0, 1]")

@@ -1,5 +1,7 @@
 """Settings: defaults < file (key by key) < environment (docs/behaviour.md#configuration)."""
 
+import hashlib
+
 import pytest
 
 from config import SettingsError, load_settings
@@ -91,6 +93,19 @@ def test_invalid_config_is_refused(tmp_path, text):
 def test_missing_file_is_refused(tmp_path):
     with pytest.raises(SettingsError):
         load_settings(tmp_path / "nope.toml", env={})
+
+
+def test_what_logging_and_libpq_take_is_taken(tmp_path):
+    f = tmp_path / "ok.toml"
+    f.write_text('[server]\nlog_level = "warn"\n[database]\nurl = "postgresql://"\n')
+    assert load_settings(f, env={}).server.log_level == "warn"
+    f.write_text('[[upstreams]]\nname = "x"\nbase_url = "http://[bad/v1"\n')
+    with pytest.raises(SettingsError):
+        load_settings(f, env={})
+    f.write_text('[auth]\nmode = "keys"\n[[auth.keys]]\nkey = "k1"\ntenant = "t1"\n[[auth.keys]]\n'
+                 f'key = "sha256:{hashlib.sha256(b"k1").hexdigest().upper()}"\ntenant = "t2"\n')
+    with pytest.raises(SettingsError):  # (the same key, once in clear and once hashed)
+        load_settings(f, env={})
 
 
 def test_an_invalid_upstream_url_from_the_environment_is_refused():

@@ -798,7 +798,7 @@ def test_whose_items_a_message_keeps_is_recorded_or_read_by_shape() -> None:
 def test_a_chat_upstreams_refusal_streams_as_the_text_it_is_stored_as(mproxy: Proxy, upstream: FakeUpstream, key: str,
                                                                       cid: str) -> None:
     chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "gpt-x"}
-    deltas = [{"refusal": "I can't "}, {"refusal": "help with that."}]
+    deltas = [{"role": "assistant", "content": ""}, {"refusal": "I can't "}, {"refusal": "help with that."}]
     events = [{**chunk, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
     events.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"

@@ -165,7 +165,7 @@ async def _node_row(admin: AdminStore, reach: Reach, node_id: str) -> NodeRow:
     return row
 
 
-_SEARCH_MOST = 10_000  # node hits read at most for one search (a conversation with more is one conversation)
+_SEARCH_MOST = 2_000  # node hits read at most for one search (each read ranks them all: a few reads at most)
 
 
 async def _found(admin: AdminStore, reach: Reach, words: str, limit: int) -> ConversationList:

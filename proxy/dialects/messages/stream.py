@@ -308,7 +308,7 @@ class FromChat:
         """A chat upstream's refusal, when no text came: a text block of it (as the stored answer
         and a whole answer have it, ``translate.content_of``)."""
         refusal = "".join(self.acc.refusal)
-        if not refusal or self.acc.content:
+        if not refusal or "".join(self.acc.content):  # (a role chunk's "" is no text)
             return b""
         return (self._start("text", {"type": "text", "text": ""})
                 + self._delta({"type": "text_delta", "text": refusal}) + self._stop())

@@ -128,7 +128,6 @@ class FromChat:
         for i, call in sorted(self.acc.tool_calls.items()):
             arguments = call["function"]["arguments"]
             if i not in self.calls:
-                out.append(self._close_reasoning())
                 out.append(self._close_text())
                 out.append(self._open_call(i, call))
             added = arguments[len(before_args.get(i, "")):]
@@ -166,8 +165,10 @@ class FromChat:
 
     def _part(self, kind: str) -> tuple[bytes, int]:
         """The message item's ``kind`` content part (``output_text`` or ``refusal``): its
-        content index, and the events that opened it (and the message) when it was not open."""
-        out = self._close_reasoning()
+        content index, and the events that opened it (and the message) when it was not open.
+        (The reasoning item stays open until the answer ends: the masker may hold its last
+        characters back until the finishing chunk.)"""
+        out = b""
         if self.text_index is None:
             self.text_index = len(self.items)
             item = {"id": translate.message_item_id(self.node_id), "type": "message", "role": "assistant",
@@ -240,11 +241,10 @@ class FromChat:
         return out
 
     def received(self) -> list[dict[str, Any]]:
-        """The answer's output items, in the order the stream gave them (reasoning, text and calls
-        as they came), so the completed response and the stored one say what the events said."""
-        items = translate.output_items(self.acc.message(), self.node_id, self.params.get("tools"))
-        order = {item["id"]: k for k, item in enumerate(self.items)}
-        return sorted(items, key=lambda item: order.get(item.get("id"), len(order)))
+        # (in translate.output_items' order -- reasoning, message, calls -- as a whole answer's: a
+        # message stored after its calls would come back to a chat upstream as two assistant
+        # messages. A stream whose call came before its text announced them the other way round)
+        return translate.output_items(self.acc.message(), self.node_id, self.params.get("tools"))
 
     def closing(self) -> bytes:
         out = self._close_reasoning() + self._close_text() + self._close_calls()
