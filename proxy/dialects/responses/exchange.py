@@ -3,7 +3,7 @@
     client      upstream    exchange
     chat        responses   ChatOverResponses    translated both ways (for_chat)
     responses   chat        ResponsesOverChat    translated both ways (translate, stream.FromChat)
-    responses   responses   ResponsesNative      relayed, with the node's response id and item ids
+    responses   responses   ResponsesNative      relayed, with the node's response id and item ids (relayed.Native)
 
 Each turns the upstream's answer into what the client gets and what is stored (``answer``), and
 gives the stream relay its translator.
@@ -26,6 +26,7 @@ from . import for_chat, translate
 from . import stream as responses_stream
 from .compaction import compaction_item
 from .items import read_response, response_id, to_messages
+from .relayed import Native
 
 __all__ = ["ChatOverResponses", "ResponsesNative", "ResponsesOverChat", "compaction_output", "own_item_ids"]
 
@@ -107,7 +108,7 @@ class ResponsesNative:
         # each event whole: a credential split across text deltas reaches the client's deltas in
         # pieces, but the done events, the completed response and the stored answer carry it whole
         # -- and masked (docs/behaviour.md#limits-and-hostile-peers)
-        return responses_stream.Native(node_id=self.node_id, previous_response_id=self.params.get("previous_response_id"),
+        return Native(node_id=self.node_id, previous_response_id=self.params.get("previous_response_id"),
                                        store=self.params.get("store", True), masker=Masker(secrets) or None,
                                        compaction=compaction_output(self.params, self.node_id),
                                        instructions=self.params.get("instructions"))

@@ -5,10 +5,10 @@
   ``response.content_part.added`` / ``response.output_text.delta`` ... ``.done`` for text,
   ``response.function_call_arguments.delta`` / ``.done`` for a tool call, ``response.output_item.done``,
   and ``response.completed`` (the whole response) once the node is stored. A failure ends it with
-  ``response.failed`` and an ``error`` event.
-- ``Native``: a Responses upstream's own events, relayed with the response id replaced by the
-  node's and the output items collected for storage; ``response.completed`` is held back until the
-  node is stored.
+  ``response.failed`` and an ``error`` event. A chat upstream's reasoning streams as a reasoning
+  item, its refusal as a refusal part.
+
+A Responses upstream's own events are relayed by ``relayed.Native``.
 """
 
 from __future__ import annotations
@@ -19,18 +19,16 @@ from typing import Any
 import msgspec
 
 from ...failures import Failure
-from ...secrets import Masker
 from ...sse import DONE, UNREAD, payload
 from ..chat.stream import MaskedChunks, StreamAccumulator
 from . import translate
-from .items import response_id
 
-__all__ = ["FromChat", "Native"]
+__all__ = ["Events", "FromChat"]
 
 _encode = msgspec.json.Encoder().encode
 
 
-class _Events:
+class Events:
     """Numbered Responses SSE events."""
 
     def __init__(self) -> None:
@@ -52,7 +50,7 @@ class FromChat:
         self.acc = StreamAccumulator()
         self.finished = False
         self.error: Any = None
-        self.emit = _Events()
+        self.emit = Events()
         self.items: list[dict[str, Any]] = []  # output items as added, by output_index
         self.text_index: int | None = None  # the open message item
         self.parts: dict[str, int] = {}  # its content parts by type ("output_text", "refusal"): content_index
@@ -259,140 +257,5 @@ class FromChat:
         err = failure.error
         error = {"code": err.code or "server_error", "message": err.message}
         response = self._response("failed", [dict(i) for i in self.items], error=error, usage=self.usage)
-        return (self.emit("response.failed", response=response)
-                + self.emit("error", code=err.code, message=err.message, param=None))
-
-
-class Native:
-    """A Responses upstream's stream, relayed with the node's response id."""
-
-    def __init__(self, *, node_id: uuid.UUID, previous_response_id: str | None, store: Any,
-                 masker: Masker | None = None, compaction: list[dict[str, Any]] | None = None,
-                 instructions: Any = None) -> None:
-        self.masker = masker  # the call's credentials masked in each event (docs/behaviour.md#limits-and-hostile-peers)
-        self.rid = response_id(node_id)
-        self.previous = previous_response_id
-        self.store = store
-        self.instructions = instructions  # the client's (sent upstream as a system message: not echoed)
-        self.finished = False
-        self.error: Any = None
-        self.usage: dict[str, Any] | None = None
-        self.finish_reason: str | None = None
-        self.done_items: dict[int, dict[str, Any]] = {}
-        self.final: dict[str, Any] | None = None
-        self._tail = b""
-        self.emit = _Events()
-        self.ids: dict[str, str] = {}  # the upstream's item ids -> ours
-        # the compaction item the output begins with (never stored): the upstream's items shift by it
-        self.compaction = compaction or []
-        self._opened = False
-        self.started: dict[str, Any] | None = None
-
-    def opening(self) -> bytes:
-        return b""
-
-    def _rewrite(self, response: dict[str, Any]) -> dict[str, Any]:
-        return {**response, "id": self.rid, "previous_response_id": self.previous, "store": self.store,
-                "instructions": self.instructions}
-
-    def _line(self, kind: Any, event: dict[str, Any]) -> bytes:
-        """An event as relayed, numbered in this stream's own sequence (the events the proxy adds --
-        a compaction item, a failure -- are numbered in it too)."""
-        event["sequence_number"] = self.emit.sequence
-        self.emit.sequence += 1
-        return b"event: " + str(kind).encode() + b"\ndata: " + _encode(event) + b"\n\n"
-
-    def event(self, raw: bytes) -> bytes:
-        if self.masker:
-            raw = self.masker.bytes(raw)
-        event = payload(raw)
-        if event is DONE:
-            self.finished = True
-            return b""
-        if not isinstance(event, dict):  # (UNREAD among them: relayed as it came)
-            return raw + b"\n\n"
-        kind = event.get("type")
-        if isinstance(event.get("response"), dict):
-            event["response"] = self._rewrite(event["response"])
-            if kind == "response.created":
-                self.started = event["response"]  # (what a failure's response is made from: model, created_at ...)
-        self._own_ids(event)
-        if kind == "response.output_item.done" and isinstance(event.get("item"), dict):
-            self.done_items[int(event.get("output_index", len(self.done_items)))] = event["item"]
-        if self.compaction:
-            return self._shifted(kind, event)
-        if kind in ("response.failed", "error"):
-            response = event.get("response") or {}
-            self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
-            return b""
-        line = self._line(kind, event)
-        if kind in ("response.completed", "response.incomplete"):
-            self.final = event["response"]
-            usage = self.final.get("usage")
-            self.usage = usage if isinstance(usage, dict) else None
-            self.finish_reason = "length" if kind == "response.incomplete" else "stop"
-            self.finished = True
-            self._tail = line
-            return b""
-        return line
-
-    def _shifted(self, kind: Any, event: dict[str, Any]) -> bytes:
-        """An event when the output begins with a compaction item: announced once the response is
-        created, the upstream's output indexes after it, its completed response holding it first."""
-        if kind in ("response.failed", "error"):
-            response = event.get("response") or {}
-            self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
-            return b""
-        if isinstance(event.get("output_index"), int):
-            event["output_index"] += len(self.compaction)
-        if kind in ("response.completed", "response.incomplete"):
-            self.final = dict(event["response"])
-            usage = self.final.get("usage")
-            self.usage = usage if isinstance(usage, dict) else None
-            self.finish_reason = "length" if kind == "response.incomplete" else "stop"
-            self.finished = True
-            shown = {**self.final, "output": [*self.compaction, *(self.final.get("output") or [])]}
-            self._tail = self._line(kind, {**event, "response": shown})
-            return b""
-        line = self._line(kind, event)
-        if kind == "response.created" and not self._opened:
-            self._opened = True
-            for i, item in enumerate(self.compaction):
-                line += self.emit("response.output_item.added", output_index=i, item=item)
-                line += self.emit("response.output_item.done", output_index=i, item=item)
-        return line
-
-    def received(self) -> list[dict[str, Any]]:
-        if self.final is not None and isinstance(self.final.get("output"), list):
-            return self.final["output"]
-        return [self.done_items[i] for i in sorted(self.done_items)]
-
-    def _own(self, item: Any, index: int) -> Any:
-        if isinstance(item, dict) and item.get("type") in ("message", "function_call"):
-            prefix = "msg" if item["type"] == "message" else "fc"
-            ours = f"{prefix}_{self.rid[5:]}_{index}"
-            if isinstance(item.get("id"), str):
-                self.ids[item["id"]] = ours
-            return {**item, "id": ours}
-        return item
-
-    def _own_ids(self, event: dict[str, Any]) -> None:
-        """Our item ids, as ``exchange.own_item_ids`` gives them for a whole answer."""
-        if isinstance(event.get("item"), dict):
-            event["item"] = self._own(event["item"], int(event.get("output_index", 0)))
-        if isinstance(event.get("item_id"), str):
-            event["item_id"] = self.ids.get(event["item_id"], event["item_id"])
-        response = event.get("response")
-        if isinstance(response, dict) and isinstance(response.get("output"), list):
-            response["output"] = [self._own(item, i) for i, item in enumerate(response["output"])]
-
-    def closing(self) -> bytes:
-        return self._tail
-
-    def failing(self, failure: Failure) -> bytes:
-        err = failure.error
-        response = {**(self.final or self.started or {}), "id": self.rid, "object": "response", "status": "failed",
-                    "previous_response_id": self.previous, "store": self.store, "instructions": self.instructions,
-                    "output": self.received(), "error": {"code": err.code or "server_error", "message": err.message}}
         return (self.emit("response.failed", response=response)
                 + self.emit("error", code=err.code, message=err.message, param=None))
