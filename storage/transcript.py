@@ -171,10 +171,11 @@ def chain(items: Iterable[Any], start: bytes = EMPTY) -> bytes:
     return fold(start, digests(items))
 
 
-def prefix_hashes(message_digests: Iterable[bytes]) -> list[bytes]:
-    """h_1..h_m over the digests of the non-system items: h_i is the hash of the first i of them."""
+def prefix_hashes(message_digests: Iterable[bytes], start: bytes = EMPTY) -> list[bytes]:
+    """h_1..h_m over the digests of the non-system items: h_i is the hash of the first i of them
+    (``start``: of a node's transcript followed by them)."""
     out = []
-    h = EMPTY
+    h = start
     for d in message_digests:
         h = _sha256(h + d).digest()
         out.append(h)

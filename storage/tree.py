@@ -23,7 +23,7 @@ from .ids import tree_of
 from .model import Outcome, PathNode, rows
 from .pathcache import PathCache
 from .shared import SharedItems
-from .transcript import digests, fold, system_hash
+from .transcript import digests, prefix_hashes, system_hash
 
 __all__ = ["Begun", "CallFinish", "CallStart", "ContextMode", "ParentMode", "TreeStore"]
 
@@ -280,24 +280,21 @@ class TreeStore:
         return None if row is None else dict(row)
 
     async def resumed_node(self, tenant: str, tree_id: uuid.UUID, anchor: uuid.UUID, conversation_id: str,
-                           digests: list[bytes]) -> tuple[uuid.UUID, str, int] | None:
+                           digests: list[bytes]) -> tuple[uuid.UUID, int] | None:
         """The deepest node of ``conversation_id``'s reach whose transcript is ``anchor``'s followed
-        by the first k (>= 1) of the messages with these ``digests``: ``(node, its conversation,
-        k)``, or None -- where a stateless client that resends what followed a compaction item is
+        by the first k (>= 1) of the messages with these ``digests``: ``(node, k)``, or None --
+        where a stateless client that resends what followed a compaction item is
         (``RESUMED_NODE``)."""
         if not digests:
             return None
         start = await self.db.fetchval(queries.NODE_CHAIN, tree_id, anchor)
         if start is None:
             return None
-        prefixes, h = [], bytes(start)
-        for d in digests:
-            h = fold(h, (d,))
-            prefixes.append(h)
+        prefixes = prefix_hashes(digests, bytes(start))
         visible = await self.db.fetchval(queries.VISIBLE_FOREIGN, tree_id, tenant, conversation_id)
         row = await self.db.fetchrow(queries.RESUMED_NODE, tenant, tree_id, conversation_id,
                                      queries.bytea_array(prefixes), queries.uuid_array(visible or ()))
-        return None if row is None else (row["id"], row["conversation_id"], row["k"])
+        return None if row is None else (row["id"], row["k"])
 
     async def conversation_state(self, tenant: str, conversation_id: str) -> tuple[uuid.UUID | None, bool] | None:
         """(head, busy) of a conversation, or None when it does not exist."""

@@ -190,7 +190,8 @@ async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tre
     # (the last message is the call's own: never matched, so a retry of a failed turn hangs beside it)
     found = await tree.resumed_node(caller.tenant, anchor.tree_id, anchor.id, conversation, digests[:-1])
     if found is not None:
-        return items_after(rest, ordinals, found[2], with_system=True), found[0], conversation  # (a node it sees: maybe its source's)
+        node_id, k = found  # (a node the conversation sees: maybe its source's)
+        return items_after(rest, ordinals, k, with_system=True), node_id, conversation
     return rest, anchor.id, conversation
 
 

@@ -91,10 +91,10 @@ NODE_CHAIN = "SELECT chain FROM nodes WHERE tree_id = $1 AND id = $2"
 # $1 tenant, $2 tree, $3 conversation, $4 the prefix hashes folded from the anchor's (text
 # '\x<hex>': ``bytea_array``), $5 the visible nodes of other conversations (``uuid_array``)
 RESUMED_NODE = """
-SELECT m.id, m.conversation_id, p.k::integer AS k
+SELECT m.id, p.k::integer AS k
   FROM unnest($4::text[]::bytea[]) WITH ORDINALITY AS p(chain, k)
  CROSS JOIN LATERAL (
-       SELECT n.id, n.conversation_id FROM nodes n
+       SELECT n.id FROM nodes n
         WHERE n.chain = p.chain AND n.tenant = $1 AND n.tree_id = $2 AND n.kind <> 'transform'
           AND (n.conversation_id = $3 OR n.id = ANY($5::text::uuid[]))
         ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC

@@ -147,12 +147,18 @@ class FromChat:
         return out + self.emit("response.reasoning_summary_text.delta", item_id=self.items[self.reasoning_index]["id"],
                                output_index=self.reasoning_index, summary_index=0, delta=delta)
 
+    def _closing(self, index: int | None) -> dict[str, Any] | None:
+        """The item at ``index`` when it is open (marked closed now), else None."""
+        if index is None or index in self.closed:
+            return None
+        self.closed.add(index)
+        return self.items[index]
+
     def _close_reasoning(self) -> bytes:
         index = self.reasoning_index
-        if index is None or index in self.closed:
+        item = self._closing(index)
+        if item is None:
             return b""
-        self.closed.add(index)
-        item = self.items[index]
         part = {"type": "summary_text", "text": self.reasoning}
         item.update(summary=[part])
         return (self.emit("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
@@ -195,10 +201,9 @@ class FromChat:
 
     def _close_text(self) -> bytes:
         index = self.text_index
-        if index is None or index in self.closed:
+        item = self._closing(index)
+        if item is None:
             return b""
-        self.closed.add(index)
-        item = self.items[index]
         out, parts = b"", []
         for kind, at in sorted(self.parts.items(), key=lambda kv: kv[1]):
             if kind == "output_text":
@@ -226,11 +231,10 @@ class FromChat:
     def _close_calls(self) -> bytes:
         out = b""
         for i, index in sorted(self.calls.items(), key=lambda kv: kv[1]):
-            if index in self.closed:
+            item = self._closing(index)
+            if item is None:
                 continue
-            self.closed.add(index)
             call = self.acc.tool_calls[i]
-            item = self.items[index]
             item.update(translate.function_call(item["id"], call.get("id"), call["function"]["name"],
                                                 call["function"]["arguments"], self.params.get("tools"), status="completed"))
             out += self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
