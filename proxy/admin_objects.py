@@ -201,11 +201,18 @@ def in_utc(moment: datetime) -> datetime | None:
         return None
 
 
-def usage_window(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
+def usage_window(since: datetime | str | None, until: datetime | str | None) -> tuple[datetime, datetime]:
     """The range of a usage report (``GET /admin/usage``'s and ``branchpoint usage``'s): until now and since
-    30 days before until, unless given; a time without a zone is UTC. ``InvalidRequest`` when it
-    is empty or cannot be (a time outside the years 1 to 9999 in UTC: ``in_utc``)."""
-    def aware(moment: datetime, param: str) -> datetime:
+    30 days before until, unless given. A query gives ISO 8601 text: a date alone is its midnight, a
+    time without a zone is UTC. ``InvalidRequest`` when it is empty or cannot be (text that is no
+    such time, or a time outside the years 1 to 9999 in UTC: ``in_utc``)."""
+    def aware(moment: datetime | str, param: str) -> datetime:
+        if isinstance(moment, str):
+            try:
+                moment = datetime.fromisoformat(moment.strip())
+            except ValueError:
+                raise InvalidRequest(f"{param} must be an ISO 8601 date or time, e.g. 2026-12-01 or "
+                                     "2026-12-01T09:30:00Z", param=param) from None
         if in_utc(moment) is None:
             raise InvalidRequest(f"{param} is outside the years 1 to 9999 (UTC)", param=param)
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -94,6 +94,13 @@ def test_the_usage_report_sums_tokens_by_model_over_a_time_range(proxy, upstream
     older = http.get("/admin/usage", params={"since": "2000-01-01T00:00:00Z"}).json()
     assert (older["calls"], older["prompt_tokens"]) == (4, 150)
     assert http.get("/admin/usage", params={"since": "2030-01-01", "until": "2029-01-01"}).status_code == 400
+    by_date = http.get("/admin/usage", params={"since": "2000-01-01", "until": "2100-01-01"})  # dates alone: midnights
+    assert by_date.status_code == 200, by_date.text
+    assert (by_date.json()["calls"], by_date.json()["since"]) == (4, "2000-01-01T00:00:00Z")
+    assert http.get("/admin/usage", params={"until": "2000-01-01"}).json()["calls"] == 0
+    for bad in ("yesterday", "2026-13-01", ""):
+        r = http.get("/admin/usage", params={"since": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "since", (bad, r.text)
     assert http.get("/admin/usage", params={"until": "0001-01-02T00:00:00"}).status_code == 400
     assert proxy.http(f"sk-other-{uuid.uuid4().hex}").get("/admin/usage").json()["data"] == []  # tenants apart
 

@@ -232,15 +232,16 @@ class AdminController(Controller):
         self,
         reach: NamedDependency[Reach],
         admin: NamedDependency[AdminStore],
-        since: datetime | None = Parameter(default=None, description="from (inclusive; default: 30 days before until)"),
-        until: datetime | None = Parameter(default=None, description="to (exclusive; default: now)"),
+        since: str | None = Parameter(default=None, description="from (inclusive; ISO 8601, a date alone is its "
+                                      "midnight, no zone is UTC; default: 30 days before until)"),
+        until: str | None = Parameter(default=None, description="to (exclusive; as since; default: now)"),
     ) -> UsageReport:
-        since, until = usage_window(since, until)
-        rows = await admin.usage(None if reach.any_tenant else reach.tenant, since, until)
+        start, end = usage_window(since, until)
+        rows = await admin.usage(None if reach.any_tenant else reach.tenant, start, end)
         lines = [UsageLine(r.model, r.calls, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.cached_tokens,
                            tenant=r.tenant if reach.caller.admin else None) for r in rows]
         total = UsageRow.total_of(rows)
-        return UsageReport(since=since, until=until, data=lines, calls=total.calls, prompt_tokens=total.prompt_tokens,
+        return UsageReport(since=start, until=end, data=lines, calls=total.calls, prompt_tokens=total.prompt_tokens,
                            completion_tokens=total.completion_tokens, total_tokens=total.total_tokens,
                            cached_tokens=total.cached_tokens)
 
