@@ -99,3 +99,24 @@ def test_a_refusal_of_our_own_is_an_invalid_outcome_never_context():
     # a refusal raised after a node was made (the builder's) fails it as invalid: the head rule
     # keeps the head off it, whatever the refused field was
     assert Failure.from_error(InvalidRequest("no equivalent", param="tools")).outcome is Outcome.INVALID
+
+
+@pytest.mark.parametrize(("choice", "name"), [
+    ({"type": "function", "name": "spawn_agent"}, "multi_agent_v1__spawn_agent"),  # its namespace found
+    ({"type": "function", "name": "spawn_agent", "namespace": "multi_agent_v1"}, "multi_agent_v1__spawn_agent"),
+    ({"type": "function", "name": "shell"}, "shell"),
+])
+def test_a_tool_choice_naming_a_grouped_function_names_it_as_offered(proxy, upstream, key, cid, choice, name):
+    r = _create(proxy, key, cid, input="go", tool_choice=choice)
+    assert r.status_code == 200, r.text
+    sent = upstream.last.body
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": name}}
+    assert name in [t["function"]["name"] for t in sent["tools"]]
+
+
+def test_a_tool_choice_name_two_namespaces_share_is_left_as_named(proxy, upstream, key, cid):
+    other = {**AGENTS, "name": "agents_v2"}
+    r = _create(proxy, key, cid, input="go", tools=[SHELL, AGENTS, other],
+                tool_choice={"type": "function", "name": "spawn_agent"})
+    assert r.status_code == 200, r.text
+    assert upstream.last.body["tool_choice"] == {"type": "function", "function": {"name": "spawn_agent"}}

@@ -43,6 +43,23 @@ def split_name(name: Any, tools: Any) -> tuple[str | None, Any]:
     return found if found is not None else (None, name)
 
 
+def namespace_of(name: Any, tools: Any) -> str | None:
+    """The namespace of the function ``name`` when no top-level function has that name and exactly
+    one namespace holds it (a ``tool_choice`` naming a grouped function by its own name); else None."""
+    if not isinstance(name, str):
+        return None
+    holders = []
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict):
+            continue
+        if tool.get("type") == "function" and tool.get("name") == name:
+            return None
+        if tool.get("type") == "namespace" and isinstance(tool.get("name"), str) and any(
+                isinstance(fn, dict) and fn.get("name") == name for fn in tool.get("tools") or ()):
+            holders.append(tool["name"])
+    return holders[0] if len(holders) == 1 else None
+
+
 def hosted(tools: Any) -> list[str]:
     """The types of the tools a chat upstream cannot run (anything but functions and namespaces of
     functions), in the order offered, once each."""

@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from ...assembly import NATIVE
-from .tools import DROPPED, chat_tools, flat_name, split_name
+from .tools import DROPPED, chat_tools, flat_name, namespace_of, split_name
 
 __all__ = ["chat_params", "chat_usage_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
            "usage_of"]
@@ -29,9 +29,12 @@ _SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "servic
 _OURS = ("input", "instructions", "previous_response_id", "store", "conversation", "context_management", "truncation")
 
 
-def _tool_choice(choice: Any, dropped: Any) -> Any:
+def _tool_choice(choice: Any, dropped: Any, tools: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": flat_name(choice.get("namespace"), choice.get("name"))}}
+        namespace = choice.get("namespace")
+        if namespace is None:  # a function named without its namespace: the one namespace holding it
+            namespace = namespace_of(choice.get("name"), tools)
+        return {"type": "function", "function": {"name": flat_name(namespace, choice.get("name"))}}
     if isinstance(choice, dict) and choice.get("type") in (dropped or ()):
         return "auto"  # (a hosted tool the call went without)
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
@@ -59,7 +62,7 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
         if tools:
             out["tools"] = tools
     if params.get("tool_choice") is not None and ("tools" in out or not params.get("tools")):  # (all dropped: none)
-        out["tool_choice"] = _tool_choice(params["tool_choice"], params.get(DROPPED))
+        out["tool_choice"] = _tool_choice(params["tool_choice"], params.get(DROPPED), params.get("tools"))
     fmt = _response_format(params.get("text"))
     if fmt is not None:
         out["response_format"] = fmt
