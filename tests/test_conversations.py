@@ -138,6 +138,28 @@ def test_deleting_an_item_makes_a_new_branch_and_removes_nothing(proxy, upstream
     assert "drop me" in texts(client.conversations.items.list(conv.id).data)
 
 
+def test_an_id_given_twice_names_one_item_and_a_delete_removes_only_it(proxy, upstream, key):
+    """Items added with ids that are taken (the same id twice, or an answer sent back with its id)
+    are listed under ids of their own: each id names one item, to read and to delete."""
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[{**user_item("one"), "id": "msg_dup"}, {**user_item("two"), "id": "msg_dup"}])
+    listed = client.conversations.items.list(conv.id, order="asc").data
+    assert texts(listed) == ["one", "two"] and listed[0].id == "msg_dup" and listed[1].id != "msg_dup"
+    answer = client.responses.create(model=MODEL, conversation=conv.id, input="q")
+    sent_back = answer.output[-1].model_dump(exclude_none=True)
+    added = client.conversations.items.create(conv.id, items=[sent_back, user_item("follow")]).data
+    listed = client.conversations.items.list(conv.id, order="asc").data
+    ids = [i.id for i in listed]
+    assert texts(listed) == ["one", "two", "q", "echo: q", "echo: q", "follow"]
+    assert len(set(ids)) == len(ids) and ids[3] == sent_back["id"]
+    assert [i.id for i in added] == ids[4:]  # the answer to the add names them as the list does
+    assert client.conversations.items.retrieve(ids[4], conversation_id=conv.id).id == ids[4]
+    client.conversations.items.delete(sent_back["id"], conversation_id=conv.id)  # the answer itself, once
+    assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["one", "two", "q", "echo: q", "follow"]
+    client.conversations.items.delete("msg_dup", conversation_id=conv.id)
+    assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["two", "q", "echo: q", "follow"]
+
+
 def test_deleting_a_conversation(proxy, key):
     client = proxy.openai(key)
     conv = client.conversations.create(items=[user_item("hello")])

@@ -68,6 +68,7 @@ class Item:
     raw: dict[str, Any]
     listed: dict[str, Any]
     node: NodeRow
+    own: str  # the id made from its node and place: what it is listed as when its id is taken (``_unique``)
 
 
 def _listed(item: dict[str, Any], item_id: str) -> dict[str, Any]:
@@ -114,17 +115,18 @@ def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
         if item_id is None:
             item_id = item.get("id") if isinstance(item.get("id"), str) else None
         kind = item.get("type") or ("message" if "role" in item else "item")
-        out.append(Item(item, _listed(item, item_id or translate.input_item_id(kind, node.id, i)), node))
+        own = translate.input_item_id(kind, node.id, i)
+        out.append(Item(item, _listed(item, item_id or own), node, own))
     if node.kind == "compaction" and (getattr(node, "params", None) or {}).get("method", "summary") != CLEARING:
         # a summary is listed as the compaction item a client can send back (and /responses/compact gives)
         at = next((k for k, it in enumerate(out) if it.listed.get("role") not in ("system", "developer")), None)
         if at is not None:
-            out[at] = Item(out[at].raw, compaction_item(node), node)
+            out[at] = Item(out[at].raw, compaction_item(node), node, out[at].own)
     for i, item in enumerate(received):
         if isinstance(item, dict):
             kind = item.get("type") or "item"
-            item_id = item.get("id") if isinstance(item.get("id"), str) else f"{translate.item_id_prefix(kind)}_{node.id.hex}_r{i}"
-            out.append(Item(item, _listed(item, item_id), node))
+            own = f"{translate.item_id_prefix(kind)}_{node.id.hex}_r{i}"
+            out.append(Item(item, _listed(item, item.get("id") if isinstance(item.get("id"), str) else own), node, own))
     return out
 
 
@@ -156,6 +158,18 @@ async def _items_of(admin: AdminStore, tree_id: uuid.UUID, path: list[NodeRow], 
     if first is not None and first.kind == "compaction" and first.compacted_from is not None and depth < _SUMMARIES_READ:
         before = await _through_clearings(admin, tree_id, await admin.path_rows(tree_id, first.compacted_from))
         _carry_ids([i for i in items if i.node.id == first.id], await _items_of(admin, tree_id, before, depth + 1))
+    return _unique(items)
+
+
+def _unique(items: list[Item]) -> list[Item]:
+    """No two items of a path share an id: an item whose id an earlier one has (a client added an
+    item with an id that was taken, or sent an answer back with its id) is listed under its own
+    (made from its node and place), so each id names one item -- to read, and to delete."""
+    seen: set[str] = set()
+    for item in items:
+        if item.listed["id"] in seen:
+            item.listed["id"] = item.own
+        seen.add(item.listed["id"])
     return items
 
 
@@ -378,7 +392,10 @@ async def conversation_items(request: Request[Any, Any, Any], call: NamedDepende
     items = _checked_items(body.get("items"), param="items", required=True)
     node = items_node(items)
     await admin.add_items(tenant, cid, [node])
-    return _json(_list([_listed(item, item_id) for item, item_id in zip(items, node["params"][ITEM_IDS], strict=True)]))
+    added = [i.listed for i in (await _path_items(admin, tenant, cid))[1] if str(i.node.id) == node["id"]]
+    if len(added) != len(items):  # (the head moved on meanwhile: the node is not on its path)
+        added = [_listed(item, item_id) for item, item_id in zip(items, node["params"][ITEM_IDS], strict=True)]
+    return _json(_list(added))
 
 
 @route([f"{p}/conversations/{{conv:str}}/items/{{item_id:str}}" for p in _PREFIXES], http_method=["GET", "DELETE"], status_code=200,
@@ -401,7 +418,7 @@ async def conversation_item(request: Request[Any, Any, Any], call: NamedDependen
     # every node from `first` to the head (one contributing no item is copied too, empty)
     start = next(i for i, n in enumerate(path) if n.id == first.id)
     for node in path[start:]:
-        kept = [i for i in items if i.node.id == node.id and i.listed["id"] != item_id]
+        kept = [i for i in items if i.node.id == node.id and i is not items[index]]
         params: dict[str, Any] = {}
         sent = [i.raw for i in kept]
         if _instructions(node):
