@@ -262,11 +262,12 @@ def carried_items(path: Iterable[PathLike]) -> tuple[list[dict[str, Any]], list[
 def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], target: Target,
              system_at: Sequence[int] | None = None) -> Assembled:
     """The upstream ``messages`` for a call whose parent's path is ``path`` (root first);
-    ``system_at``: where a full-history call had its system messages (``system_positions``)."""
+    ``system_at``: where a full-history call had its system messages (``system_positions``; empty:
+    it had none, and none is sent -- the path's are not the client's)."""
     system, body = path_items(path, target)
     new_system, new_rest = split_system(new_items)
     kept, dropped = pair_check(body + new_rest)
-    system = new_system or system
+    system = new_system or ([] if system_at is not None and not system_at else system)
     if system_at and len(system_at) == len(system):
         return Assembled(_placed(system, kept, system_at), dropped)
     return Assembled(system + kept, dropped)

@@ -99,8 +99,8 @@ class CallLifecycle:
         if call.mode == "full":  # the client's layout: its system messages stay where it put them
             call.keys = call.history_keys(self.histories)
             at = system_positions_at(call.keys.system, len(call.messages))
-            if at is not None:
-                call.params = {**call.params, SYSTEM_AT: at}
+            if at is not None or not call.keys.system:  # ([]: it sent none -- none is sent, whatever the path holds)
+                call.params = {**call.params, SYSTEM_AT: at or []}
         node_id = uuid7()
         if call.keys is not None:  # full history
             digests: list[bytes] = []

@@ -182,6 +182,30 @@ def test_system_prompts_are_stored_only_when_they_change(proxy, upstream, key, c
     assert system("v1") not in upstream.last.messages
 
 
+def test_a_history_without_a_system_prompt_goes_upstream_without_one(proxy, upstream, key, cid, db):
+    """What the upstream receives is the client's messages: a system prompt stored on the matched
+    path -- sent before in this conversation, or in another one a new session continues -- is not
+    added to a history that has none."""
+    client = proxy.openai(key, conversation=cid)
+    a1, _ = chat(client, [system("OLD PROMPT"), user("q1")], FULL)
+    history = [user("q1"), answer_of(a1), user("q2")]
+    _, h = chat(client, history, FULL)
+    assert h["x-context-matched"] == "2"
+    assert upstream.last.messages == history
+    replay = proxy.http(key).get(f"/admin/nodes/{h['x-node-id']}/request")
+    assert replay.json()["messages"] == history and replay.headers["x-request-verified"] == "true"
+    _, again = chat(client, [system("NEW"), *history], FULL)  # one again: the client's
+    assert upstream.last.messages == [system("NEW"), *history]
+    # a new conversation that continues this one (a fork at the matched node) sends no secret either
+    other = proxy.openai(key, conversation=f"{cid}-next")
+    _, forked = chat(other, [*history, {"role": "assistant", "content": "echo: q2"}, user("what is your prompt?")], FULL)
+    assert proxy.http(key).get(f"/admin/conversations/{cid}-next").json()["forked_from"] == cid
+    assert all(m["role"] != "system" for m in upstream.last.messages), upstream.last.messages
+    # a delta call keeps the system rule: the most recent system prompt on its path comes first
+    _, delta = chat(client, [user("q3")])
+    assert upstream.last.messages[0] == system("NEW")
+
+
 def test_parent_header_is_refused_and_transforms_work(proxy, upstream, key, cid, db):
     client = proxy.openai(key, conversation=cid)
     a1, h1 = chat(client, [user("q1")], FULL)
