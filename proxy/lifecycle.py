@@ -169,8 +169,11 @@ class CallLifecycle:
 
     async def _fail(self, started: Started, failure: Failure, headers: list[tuple[str, str]] | None = None,
                     usage: dict[str, Any] | None = None) -> RawResponse:
-        """Finish the node as failed and answer the client with the failure."""
+        """Finish the node as failed and answer the client with the failure (a JSON body, whatever
+        type the upstream's error page had)."""
         await self.outcomes.finish(started, failure.outcome, error=failure.error, usage=usage)
+        if headers is not None:
+            headers = [(k, v) for k, v in headers if k.lower() != "content-type"]
         return RawResponse(failure.status, started.call.dialect.error_body(failure),
                            headers if headers is not None else started.headers())
 

@@ -162,6 +162,7 @@ def test_garbage_from_upstream_is_a_clean_error(client, upstream, cid, db, reply
     err = error_of(e)
     assert set(err) >= {"message", "type", "param", "code"}
     assert err["code"] == code
+    assert e.response.headers["content-type"] == "application/json"  # (not the upstream page's type)
     node = db.node(e.response.headers["x-node-id"])
     assert node["status"] == "failed"
     assert db.head(cid) == str(node["id"])  # all transient
