@@ -70,12 +70,16 @@ class Failure:
 
 
 # How providers say "your prompt does not fit" (OpenAI, Azure, Anthropic-compatible, vLLM, Ollama,
-# Mistral, Groq, DeepSeek ...). Checked only on 400/413 answers.
-_OVERFLOW_CODES = frozenset({"context_length_exceeded", "context_window_exceeded", "prompt_too_long"})
+# Mistral, Groq, DeepSeek, llama.cpp, xAI, Gemini, TGI ...), in an error's code or type, or its
+# text. Checked only on answers of these statuses (TGI says it with a 422).
+_OVERFLOW_STATUSES = frozenset({400, 413, 422})
+_OVERFLOW_CODES = frozenset({"context_length_exceeded", "context_window_exceeded", "prompt_too_long",
+                             "exceed_context_size_error"})
 _OVERFLOW_TEXT = re.compile(
-    r"maximum context length|context[ _]length|context window|prompt is too long|"
-    r"too many (input )?tokens|input is too long|exceeds? the (model'?s? )?(maximum|max)|"
-    r"reduce the length of the (messages|prompt)",
+    r"maximum context length|context[ _]length|context window|context size|prompt is too long|"
+    r"maximum prompt length|input token count|too many (input )?tokens|input is too long|"
+    r"exceeds? the (model'?s? )?(maximum|max)|reduce the length of the (messages|prompt)|"
+    r"`?inputs`? tokens \+ `?max_new_tokens`? must be",
     re.IGNORECASE,
 )
 
@@ -86,12 +90,15 @@ def _error_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
         data = _decode(body)
     except (msgspec.DecodeError, RecursionError):
         return None, None, None
+    if isinstance(data, list) and len(data) == 1:  # (Gemini's OpenAI-compatible errors come in a list)
+        data = data[0]
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, str):
         return None, None, err
     if not isinstance(err, dict):
-        if isinstance(data, dict) and isinstance(data.get("message"), str):
-            return None, None, data["message"]
+        for key in ("message", "detail"):  # (a bare message; a FastAPI server's detail)
+            if isinstance(data, dict) and isinstance(data.get(key), str):
+                return None, None, data[key]
         return None, None, None
     code = err.get("code")
     return (
@@ -101,8 +108,8 @@ def _error_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
     )
 
 
-def _is_overflow(code: str | None, message: str | None) -> bool:
-    return code in _OVERFLOW_CODES or bool(message and _OVERFLOW_TEXT.search(message))
+def _is_overflow(type_: str | None, code: str | None, message: str | None) -> bool:
+    return code in _OVERFLOW_CODES or type_ in _OVERFLOW_CODES or bool(message and _OVERFLOW_TEXT.search(message))
 
 
 def classify(status: int, body: bytes, secrets: Iterable[str | None] = ()) -> Failure:
@@ -111,7 +118,7 @@ def classify(status: int, body: bytes, secrets: Iterable[str | None] = ()) -> Fa
     either way with any credential the upstream echoed back masked."""
     body = redact_bytes(body, secrets)
     type_, code, message = _error_fields(body)
-    if status in (400, 413) and _is_overflow(code, message):
+    if status in _OVERFLOW_STATUSES and _is_overflow(type_, code, message):
         outcome = Outcome.OVERFLOW
     elif status in (408, 429) or status >= 500:
         outcome = Outcome.TRANSIENT

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from proxy.dialects.chat import StreamAccumulator
 from proxy.failures import classify
 from proxy.sse import SSEParser
@@ -79,6 +81,28 @@ def test_classify_follows_the_failure_table():
     assert garbage.outcome == "transient"
     err = json.loads(garbage.body)["error"]
     assert set(err) == {"message", "type", "param", "code"} and "Bad gateway" in err["message"]
+
+
+@pytest.mark.parametrize(("status", "raw"), [
+    (400, {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+                     "type": "exceed_context_size_error"}}),  # llama.cpp's server
+    (400, {"error": "This model's maximum prompt length is 131072 but the request contains 150000 tokens."}),  # xAI
+    (422, {"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` "
+                    "tokens and 500 `max_new_tokens`", "error_type": "validation"}),  # text-generation-inference
+    (400, [{"error": {"code": 400, "status": "INVALID_ARGUMENT",
+                      "message": "The input token count (1200000) exceeds the maximum number of tokens allowed "
+                                 "(1048576)."}}]),  # Gemini's OpenAI-compatible endpoint
+    (400, {"detail": "context length exceeded: 9000 > 8192"}),  # a FastAPI server
+])
+def test_other_providers_context_overflows_are_recognised(status, raw):
+    failure = classify(status, json.dumps(raw).encode())
+    assert failure.outcome == "overflow" and failure.error.code == "context_overflow", failure
+    assert failure.error.status == status
+
+
+def test_a_422_that_is_not_about_length_stays_invalid():
+    failure = classify(422, json.dumps({"error": "Input validation error: `temperature` must be strictly positive"}).encode())
+    assert failure.outcome == "invalid"
 
 
 def test_parser_handles_crlf_split_across_chunks():
