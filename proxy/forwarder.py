@@ -16,7 +16,7 @@ from .auth import Caller
 from .errors import UpstreamFailure
 from .http import RawResponse, encode_headers
 from .observability import current_request
-from .relay import BytesRelay
+from .relay import OPENAI_ERRORS, BytesRelay, ErrorVoice
 from .secrets import BytesMasker, redact_bytes
 from .upstream import UpstreamClient, response_headers
 
@@ -50,7 +50,9 @@ class Forwarder:
         self.upstream = upstream
 
     async def forward(self, request: Request[Any, Any, Any], path: str, body: bytes, headers: RequestHeaders,
-                      caller: Caller) -> ASGIApp:
+                      caller: Caller, *, errors: ErrorVoice = OPENAI_ERRORS) -> ASGIApp:
+        """``errors``: how an error of the proxy's own is said (the client's API: OpenAI's, or
+        Anthropic's to a Messages client) -- the upstream's own errors are relayed as they are."""
         upstream = self.upstream.route(_model_of(body)) if body else self.upstream.default
         out_headers = self.upstream.request_headers(upstream, headers.items, caller.client_key)
         upstream_request = self.upstream.build(request.method, upstream, path, headers=out_headers,
@@ -66,13 +68,13 @@ class Forwarder:
             response = await self.upstream.send(upstream_request)
         except UpstreamFailure as exc:
             upstream_done()
-            return RawResponse(exc.status, exc.body())
+            return RawResponse(exc.status, errors.body(exc.status, exc.body()))
         secrets = (caller.client_key, upstream.api_key, *headers.credentials())
         if response.status_code >= 400:  # an error body is small: read it, mask echoed keys (and key-like text)
             try:
                 content = await self.upstream.read_rest(response)
             except UpstreamFailure as exc:
-                return RawResponse(exc.status, exc.body())
+                return RawResponse(exc.status, errors.body(exc.status, exc.body()))
             finally:
                 upstream_done()
             return RawResponse(response.status_code, redact_bytes(content, secrets),
@@ -85,7 +87,7 @@ class Forwarder:
         chunks = self.upstream.chunks(response)
         masker = BytesMasker(secrets)  # (an answer echoing a credential: masked as it goes by, however cut)
         return BytesRelay(response.status_code, encode_headers(response_headers(response.headers)),
-                          _masked(chunks, masker) if masker else chunks, close)
+                          _masked(chunks, masker) if masker else chunks, close, errors=errors)
 
 
 async def _masked(chunks: AsyncIterator[bytes], masker: BytesMasker) -> AsyncIterator[bytes]:

@@ -32,7 +32,7 @@ from .errors import UpstreamFailure, UpstreamTooLarge
 from .failures import Failure, cancellation_handled, interrupted
 from .sse import SSEParser, sse_error_event
 
-__all__ = ["LOOKAHEAD", "BytesRelay", "StreamEnd", "StreamRelay", "Translator", "client_disconnected", "wait_for_disconnect"]
+__all__ = ["LOOKAHEAD", "OPENAI_ERRORS", "BytesRelay", "ErrorVoice", "StreamEnd", "StreamRelay", "Translator", "client_disconnected", "wait_for_disconnect"]
 
 log = logging.getLogger("branchpoint.relay")
 
@@ -214,6 +214,19 @@ def client_disconnected(message: str = "the client disconnected before the answe
     return Failure.of(Outcome.TRANSIENT, "client_disconnected", "client_disconnected", message, 499)
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorVoice:
+    """How a pass-through relay says an error of its own, in its client's API: ``body(status, our
+    OpenAI-shaped body)`` -> the body; ``event(status, type, code, message)`` -> the SSE event a
+    cut stream ends with."""
+
+    body: Callable[[int, bytes], bytes]
+    event: Callable[[int, str, str | None, str], bytes]
+
+
+OPENAI_ERRORS = ErrorVoice(lambda status, body: body,
+                           lambda status, type_, code, message: sse_error_event(message, type_, code))
+
 LOOKAHEAD = 4 << 20  # a pass-through body that is not an event stream: read this far before its status is sent
 _ABORT = object()  # the pump's answer: cut after the status went out -- end the connection unfinished
 
@@ -223,11 +236,12 @@ class BytesRelay:
     stored). Stops reading the upstream when the client goes away."""
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncIterator[bytes],
-                 close_upstream: Callable[[], Awaitable[None]]) -> None:
+                 close_upstream: Callable[[], Awaitable[None]], *, errors: ErrorVoice | None = None) -> None:
         self.status = status
         self.headers = headers
         self.chunks = chunks
         self.close_upstream = close_upstream
+        self.errors = errors or OPENAI_ERRORS  # how our own errors are said: the client's API's shape
         # an event stream is ended with an error event when cut; any other body is refused or aborted
         self.sse = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
         self._started = False  # the response's start went out
@@ -251,9 +265,9 @@ class BytesRelay:
                 if not self._started:  # (still reading ahead: nothing went out)
                     await send({"type": "http.response.start", "status": failure.status,
                                 "headers": [(b"content-type", b"application/json")]})
-                    failed = failure.body
+                    failed = self.errors.body(failure.status, failure.body)
                 else:
-                    failed = sse_error_event(err.message, err.type, err.code) if self.sse else _ABORT
+                    failed = self.errors.event(failure.status, err.type, err.code, err.message) if self.sse else _ABORT
             else:
                 if not pump.done():
                     return
@@ -286,7 +300,7 @@ class BytesRelay:
                     size += len(chunk)
             except UpstreamFailure as exc:  # cut before anything went out: say so
                 log.info("pass-through answer refused", extra={"error": exc.message})
-                body = exc.body()
+                body = self.errors.body(exc.status, exc.body())
                 await self._start(send, exc.status, [(b"content-type", b"application/json"),
                                                      (b"content-length", str(len(body)).encode())])
                 await send({"type": "http.response.body", "body": body, "more_body": True})
@@ -304,5 +318,5 @@ class BytesRelay:
             if not self.sse:
                 return _ABORT
             code = exc.code if isinstance(exc, UpstreamTooLarge) else "stream_interrupted"
-            return sse_error_event(exc.message, exc.type, code)
+            return self.errors.event(exc.status, exc.type, code, exc.message)
         return None

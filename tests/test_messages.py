@@ -15,7 +15,7 @@ import pytest
 
 from tests.anthropic_fake import AReply, FakeAnthropic
 from tests.conftest import Proxy, make_settings, new_key, serve_proxy
-from tests.fakes import FakeUpstream, Reply, ServerThread
+from tests.fakes import FakeUpstream, Reply, ServerThread, free_port
 
 
 @pytest.fixture(scope="module")
@@ -809,3 +809,28 @@ def test_a_chat_upstreams_refusal_streams_as_the_text_it_is_stored_as(mproxy: Pr
         node_id = s.response.headers["x-node-id"]
     assert [(b.type, b.text) for b in final.content] == [("text", "I can't help with that.")]
     assert node(mproxy, key, node_id)["received"][0]["content"] == [{"type": "text", "text": "I can't help with that."}]
+
+
+def test_without_a_conversation_the_proxys_own_errors_are_anthropics(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                                       database_url: str, upstream_url: str) -> None:
+    """A call naming no conversation is passed through to an Anthropic upstream untouched; the
+    errors the proxy itself says -- the stream cut, the upstream unreachable -- are in Anthropic's
+    shape too, so the SDK raises them (an OpenAI-shaped event it took for nothing: a cut answer
+    looked whole)."""
+    claude.enqueue(AReply(cut=True))
+    with pytest.raises(anthropic.APIStatusError) as cut:
+        with client(mproxy, key, "").messages.stream(model="claude-x", max_tokens=10,
+                                                     messages=[{"role": "user", "content": "cut me"}]) as stream:
+            stream.get_final_message()
+    assert cut.value.body["type"] == "error" and cut.value.body["error"]["type"] == "api_error"
+    dead = make_settings(database_url, upstream_url, upstreams=[
+        {"name": "anthropic", "base_url": f"http://127.0.0.1:{free_port()}/v1", "models": ["claude-*"],
+         "api": "anthropic"}])
+    with serve_proxy(dead) as p:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            r = httpx.post(f"{p.url}{path}", headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+                           json={"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+                           timeout=30)
+            assert r.status_code == 502, r.text
+            assert r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error", r.text
+            assert "cannot reach the upstream" in r.json()["error"]["message"]

@@ -21,6 +21,7 @@ from ..call import Call
 from ..compaction import Edits
 from ..dialects.messages import DIALECT as MESSAGES
 from ..dialects.messages.blocks import to_messages
+from ..dialects.messages.errors import ANTHROPIC_ERRORS
 from ..dialects.messages.request import clearing_edit
 from ..http import RawResponse
 from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
@@ -46,7 +47,7 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     store = cid is not None or auto
     native = _anthropic_upstream(call, body)
     if not store and native:
-        return await call.forwarder.forward(request, "messages", raw, headers, call.caller)
+        return await call.forwarder.forward(request, "messages", raw, headers, call.caller, errors=ANTHROPIC_ERRORS)
     # (an Anthropic upstream carries out the request's context_management itself; another, the proxy)
     edit = None if native or not store else clearing_edit(body)
     if store:
@@ -83,7 +84,8 @@ async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDepe
     raw = await request.body()
     body = MESSAGES.parse(raw)
     if _anthropic_upstream(call, body):
-        return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller)
+        return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller,
+                                          errors=ANTHROPIC_ERRORS)
     counter = call.calls.compactor.tokens
     messages = to_messages(MESSAGES.items(body))
     tokens = counter.messages(messages)

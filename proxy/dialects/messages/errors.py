@@ -7,7 +7,9 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["anthropic_type", "error_body", "from_openai_body", "is_messages_path"]
+from ...relay import ErrorVoice
+
+__all__ = ["ANTHROPIC_ERRORS", "anthropic_type", "error_body", "from_openai_body", "is_messages_path"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -51,3 +53,13 @@ def from_openai_body(status: int, body: bytes) -> bytes:
 def is_messages_path(path: str) -> bool:
     """The Messages endpoints: their errors are Anthropic-shaped."""
     return path.endswith("/v1/messages") or path.endswith("/v1/messages/count_tokens")
+
+
+def _event(status: int, type_: str, code: str | None, message: str) -> bytes:
+    from .stream import error_event  # (the stream reads this module's types)
+
+    return error_event(anthropic_type(status, {"type": type_}), message)
+
+
+# a pass-through relay's own errors (the upstream unreachable, a stream cut) as a Messages client reads them
+ANTHROPIC_ERRORS = ErrorVoice(from_openai_body, _event)
