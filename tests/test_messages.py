@@ -309,6 +309,22 @@ def test_over_chat_stream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: 
     assert replay_verified(mproxy, key, node_id) == "true"
 
 
+def test_over_chat_a_reasoning_that_ends_like_a_key_begins_stays_one_block(mproxy: Proxy, upstream: FakeUpstream,
+                                                                           key: str, cid: str) -> None:
+    """The masker holds back a reasoning's end that could begin the client's key ("...files": an
+    "s", as "sk-" begins); it goes out before the text starts, so the thinking block closes whole
+    -- not with its last letter in a second thinking block after the text."""
+    c = client(mproxy, key, f"/c/{cid}")
+    upstream.enqueue(Reply(kind="stream", content="Answer.", reasoning="Let me check the files"))
+    with c.messages.stream(model="gpt-x", max_tokens=50, messages=[{"role": "user", "content": "look"}]) as s:
+        events = list(s)
+        final = s.get_final_message()
+    starts = [e.content_block.type for e in events if e.type == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == "Let me check the files" and final.content[1].text == "Answer."
+
+
 def test_over_responses_upstream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
     """Neither side speaks chat: translated through it, both ways, streams too."""
     c = client(mproxy, key, f"/c/{cid}")

@@ -221,6 +221,14 @@ class MaskedChunks:
                     changed = self._text(fn, "arguments", (index, "tool", call.get("index", 0))) or changed
             if isinstance(delta.get("function_call"), dict):
                 changed = self._text(delta["function_call"], "arguments", (index, "function_call")) or changed
+            if self.masker.holding and isinstance(delta.get("content"), str) and delta.get("content"):
+                # the answer's text begins: the reasoning's held-back end goes out first, so a
+                # translation that says reasoning and text as blocks one after the other (Anthropic's)
+                # closes the reasoning whole -- not with its last characters in a block after the text
+                for field in ("reasoning_content", "reasoning"):
+                    if (index, field) in self.masker.held():
+                        delta[field] = (delta.get(field) or "") + self.masker.flush((index, field))
+                        changed = True
         if choice.get("finish_reason") and self.masker.holding:
             held = self._held(index)
             if held:
