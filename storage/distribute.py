@@ -48,6 +48,7 @@ DELEGATED = (
     ("bp_path_nodes(uuid,uuid,uuid[])", "p_tree"),
     ("bp_path(uuid,uuid)", "p_tree"),
     ("bp_apply_compaction(text,text,uuid,uuid,uuid,jsonb,bytea,text,text,jsonb,jsonb,text,uuid,bytea)", "p_tree"),
+    ("bp_record_attempt(uuid,uuid,uuid,uuid,jsonb,bytea)", "p_tree"),
 )
 
 _HAS_CITUS = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"

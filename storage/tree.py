@@ -266,6 +266,14 @@ class TreeStore:
             model, provider, params, usage, mode, call_node, request,
         )
 
+    async def record_attempt(self, tree_id: uuid.UUID, node_id: uuid.UUID, parent_id: uuid.UUID | None,
+                             attempt_id: uuid.UUID, error: Any, request_hash: bytes | None) -> bool:
+        """Keep a failed attempt of the pending call ``node_id``, about to be tried again, as a node
+        of its own (``attempt_id``, under ``parent_id``, where the attempt hung; ``error``: {type,
+        code, message, status}). False when the call is no longer pending (nothing is written)."""
+        return bool(await self.db.fetchval(queries.RECORD_ATTEMPT, tree_id, node_id, parent_id, attempt_id,
+                                           msgspec.to_builtins(error), request_hash))
+
     async def node_params(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> dict[str, Any]:
         return await self.db.fetchval(queries.NODE_PARAMS, tree_id, node_id) or {}
 

@@ -281,6 +281,17 @@ def test_truncation_auto_compacts_instead_of_failing(proxy, upstream, key):
     assert sent[0].startswith(SUMMARY_PREFIX) and sent[-1] == "too long"
     assert proxy.db.head(conv.id) == raw.headers["x-node-id"]  # a success like any turn
     assert "truncation" not in upstream.last.body
+    # every attempt is one node: the refused one is a failed sibling where it hung, its request kept
+    node = proxy.db.node(raw.headers["x-node-id"])
+    first = proxy.db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND outcome = 'overflow'", conv.id)
+    compaction = proxy.db.node(node["parent_id"])
+    assert compaction["kind"] == "compaction" and first["parent_id"] == compaction["compacted_from"]
+    assert first["sent"] == node["sent"] and first["kind"] == "turn" and first["status"] == "failed"
+    assert first["error"]["code"] == "context_overflow" and first["error"]["status"] == 400
+    assert first["request_hash"] != node["request_hash"]
+    replay = proxy.http(key).get(f"/admin/nodes/{first['id']}/request")
+    assert replay.headers["x-request-verified"] == "true"
+    assert contents(replay.json()["messages"])[-1] == "too long"
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model=MODEL, conversation=conv.id, input="x", truncation="sometimes")
 

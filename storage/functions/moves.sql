@@ -226,6 +226,37 @@ BEGIN
 END
 $$;
 
+-- bp_record_attempt(tree, node, parent, attempt, error, request_hash): an attempt of a call that is
+-- tried again under the same pending node (a Responses call with truncation "auto" that the
+-- upstream refused as too long: compacted, then sent again) kept as a node of its own -- a failed
+-- child of the parent the attempt hung under, with the call's items, its request and its error
+-- (an overflow: the head does not move) -- so every attempt sent upstream is one node. Returns
+-- false when the node is no longer pending (nothing is written).
+--   p_tree, p_node   the call's pending node; p_parent   where the attempt hung (null: a root)
+--   p_attempt        the attempt's new id; p_error   its error ({type, code, message, status})
+--   p_request_hash   the sha256 of what it sent
+CREATE OR REPLACE FUNCTION bp_record_attempt(p_tree uuid, p_node uuid, p_parent uuid, p_attempt uuid, p_error jsonb,
+                                             p_request_hash bytea)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz;
+    v_depth integer;
+BEGIN
+    SELECT n.depth + 1 INTO v_depth FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_parent;
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
+                       depth, chain, answered, system_hash, api, outcome, error, request_hash,
+                       created_at, finished_at)
+    SELECT n.tree_id, p_attempt, n.tenant, n.conversation_id, p_parent, n.kind, n.sent, n.model, n.provider,
+           n.params, coalesce(v_depth, 0), n.chain, n.answered, n.system_hash, n.api, 'overflow', p_error,
+           p_request_hash, n.created_at, v_now
+      FROM nodes n
+     WHERE n.tree_id = p_tree AND n.id = p_node AND n.outcome IS NULL;
+    RETURN FOUND;
+END
+$$;
+
 -- bp_lock_tree_deletes(tree, wait): the tree's delete lock, a transaction advisory lock (in a
 -- key space of its own: the two-integer form, never bp_claim_name's). Every delete takes it after
 -- its conversation's row and before it reads what the tree's other conversations reach: two

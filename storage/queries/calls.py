@@ -77,6 +77,14 @@ SELECT bp_apply_compaction(
     p_mode => $12, p_call_node => $13, p_request => $14)
 """
 
+# Keep a failed attempt of a pending call that is tried again as a node of its own.  $1 tree,
+# $2 the pending node, $3 the parent the attempt hung under, $4 the attempt's id, $5 its error
+# (jsonb), $6 the sha256 of what it sent
+RECORD_ATTEMPT = """
+SELECT bp_record_attempt(p_tree => $1, p_node => $2, p_parent => $3, p_attempt => $4, p_error => $5,
+                         p_request_hash => $6)
+"""
+
 # A node's params (e.g. a compaction node's format).  $1 tree, $2 node
 NODE_PARAMS = "SELECT params FROM nodes WHERE tree_id = $1 AND id = $2"
 
