@@ -249,6 +249,24 @@ def test_item_ids_over_a_responses_upstream_are_distinct_and_delete_one_item(nat
     assert texts(upstream.responses_requests[-1].body["input"]) == ["q0", "q1", "echo: q1", "q2", "echo: q2", "after"]
 
 
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_response_made_in_a_conversation_names_it(proxy, native, upstream, key, api):
+    """A response whose request named a conversation says so (``conversation: {"id"}``), as
+    OpenAI's does -- answered, streamed (from response.created on) and read back; one whose request
+    named none says null."""
+    server, model = (proxy, MODEL) if api == "chat" else (native, "native-1")
+    client = server.openai(key)
+    conv = client.conversations.create()
+    answered = client.responses.create(model=model, conversation=conv.id, input="one")
+    assert answered.conversation.id == conv.id
+    events = list(client.responses.create(model=model, conversation={"id": conv.id}, input="two", stream=True))
+    named = [e.response.conversation for e in events if e.type in ("response.created", "response.completed")]
+    assert [c.id for c in named] == [conv.id, conv.id]
+    assert client.responses.retrieve(answered.id).conversation.id == conv.id
+    alone = server.openai(key, conversation=f"plain-{uuid.uuid4().hex}").responses.create(model=model, input="x")
+    assert alone.conversation is None
+
+
 def test_conversations_under_a_prefix_and_raw_http_errors(proxy, key):
     http = proxy.http(key)
     made = http.post("/c/whatever/v1/conversations", json={"items": [user_item("hi")]})

@@ -205,6 +205,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     named = body.get("conversation") is not None
     if "conversation" in body:  # OpenAI's conversation state: the call belongs to it, as under /c/{id}/v1
         cid = await _named_conversation(body.pop("conversation"), cid, previous, admin, caller)
+        body["conversation"] = cid  # (kept with the call, never sent: its response names it, as OpenAI's)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
     parent = await stored_response(admin, caller, previous) if ours else None
     if cid is None and not auto and not ours and not _holds_compaction(body):

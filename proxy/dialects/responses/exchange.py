@@ -96,8 +96,7 @@ class ResponsesNative:
 
     def answer(self, content: bytes) -> Answer:
         data = read_response(content)
-        data.update(id=response_id(self.node_id), previous_response_id=self.params.get("previous_response_id"),
-                    store=self.params.get("store", True), instructions=self.params.get("instructions"))
+        data.update(id=response_id(self.node_id), **translate.client_fields(self.params))
         output = own_item_ids([item for item in data["output"] if isinstance(item, dict)], self.node_id)
         data["output"] = [*compaction_output(self.params, self.node_id), *output]
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
@@ -108,10 +107,8 @@ class ResponsesNative:
         # each event whole: a credential split across text deltas reaches the client's deltas in
         # pieces, but the done events, the completed response and the stored answer carry it whole
         # -- and masked (docs/behaviour.md#limits-and-hostile-peers)
-        return Native(node_id=self.node_id, previous_response_id=self.params.get("previous_response_id"),
-                                       store=self.params.get("store", True), masker=Masker(secrets) or None,
-                                       compaction=compaction_output(self.params, self.node_id),
-                                       instructions=self.params.get("instructions"))
+        return Native(node_id=self.node_id, client=translate.client_fields(self.params), masker=Masker(secrets) or None,
+                      compaction=compaction_output(self.params, self.node_id))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)

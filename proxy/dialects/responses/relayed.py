@@ -26,14 +26,13 @@ _encode = msgspec.json.Encoder().encode
 class Native:
     """A Responses upstream's stream, relayed with the node's response id."""
 
-    def __init__(self, *, node_id: uuid.UUID, previous_response_id: str | None, store: Any,
-                 masker: Masker | None = None, compaction: list[dict[str, Any]] | None = None,
-                 instructions: Any = None) -> None:
+    def __init__(self, *, node_id: uuid.UUID, client: dict[str, Any], masker: Masker | None = None,
+                 compaction: list[dict[str, Any]] | None = None) -> None:
         self.masker = masker  # the call's credentials masked in each event (docs/behaviour.md#limits-and-hostile-peers)
         self.rid = response_id(node_id)
-        self.previous = previous_response_id
-        self.store = store
-        self.instructions = instructions  # the client's (sent upstream as a system message: not echoed)
+        # the fields that say the client's request (translate.client_fields): previous_response_id,
+        # store, instructions (sent upstream as a system message: not echoed), conversation
+        self.client = client
         self.finished = False
         self.error: Any = None
         self.usage: dict[str, Any] | None = None
@@ -52,8 +51,7 @@ class Native:
         return b""
 
     def _rewrite(self, response: dict[str, Any]) -> dict[str, Any]:
-        return {**response, "id": self.rid, "previous_response_id": self.previous, "store": self.store,
-                "instructions": self.instructions}
+        return {**response, "id": self.rid, **self.client}
 
     def _line(self, kind: Any, event: dict[str, Any]) -> bytes:
         """An event as relayed, numbered in this stream's own sequence (the events the proxy adds --
@@ -152,7 +150,7 @@ class Native:
     def failing(self, failure: Failure) -> bytes:
         err = failure.error
         response = {**(self.final or self.started or {}), "id": self.rid, "object": "response", "status": "failed",
-                    "previous_response_id": self.previous, "store": self.store, "instructions": self.instructions,
-                    "output": self.received(), "error": {"code": err.code or "server_error", "message": err.message}}
+                    **self.client, "output": self.received(),
+                    "error": {"code": err.code or "server_error", "message": err.message}}
         return (self.emit("response.failed", response=response)
                 + self.emit("error", code=err.code, message=err.message, param=None))

@@ -174,6 +174,21 @@ def function_call(item_id: str, call_id: Any, name: Any, arguments: str, tools: 
     return item
 
 
+def conversation_of(params: dict[str, Any]) -> dict[str, str] | None:
+    """The ``conversation`` a response object names: the one its request named (``"conv_…"`` or
+    ``{"id": …}``), as ``{"id"}``; None when it named none."""
+    conv = params.get("conversation")
+    conv = conv.get("id") if isinstance(conv, dict) else conv
+    return {"id": conv} if isinstance(conv, str) else None
+
+
+def client_fields(params: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a response object that say the client's request, not the upstream's (which
+    never saw them): restored on a Responses upstream's answer."""
+    return {"previous_response_id": params.get("previous_response_id"), "store": params.get("store", True),
+            "instructions": params.get("instructions"), "conversation": conversation_of(params)}
+
+
 def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[dict[str, Any]],
                     usage: dict[str, Any] | None, status: str = "completed", model: str | None = None,
                     error: dict[str, Any] | None = None, finish_reason: str | None = None,
@@ -198,6 +213,7 @@ def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[
         "output": output,
         "parallel_tool_calls": params.get("parallel_tool_calls", True),
         "previous_response_id": params.get("previous_response_id"),
+        "conversation": conversation_of(params),
         "reasoning": params.get("reasoning") or {"effort": None, "summary": None},
         "store": params.get("store", True),
         "temperature": params.get("temperature", 1.0),
