@@ -349,6 +349,32 @@ def test_kept_items_keep_their_ids_through_compactions(proxy, upstream, key):
     assert [i.id for i in remaining if i.id in before.values()] == [i.id for i in again if i.id != old.id and i.id in before.values()]
 
 
+def test_a_summary_keeps_the_system_items_ids_and_lists_no_instructions(proxy, upstream, key):
+    """The system message a summary carries (so the system rule still finds it) is the item it was
+    -- the same id, retrievable by it; a Responses call's instructions, which it carries too, are
+    context and were never an item: not listed after it either, but still sent."""
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[{"type": "message", "role": "system", "content": "SYS"},
+                                              *[user_item(f"fact {i}") for i in range(8)]])
+    system_id = client.conversations.items.list(conv.id, order="asc").data[0].id
+    client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    after = client.conversations.items.list(conv.id, order="asc", limit=100).data
+    assert [(i.id, item_text(i)) for i in after if getattr(i, "role", None) == "system"] == [(system_id, "SYS")]
+    assert item_text(client.conversations.items.retrieve(system_id, conversation_id=conv.id)) == "SYS"
+
+    other = client.conversations.create(items=[user_item(f"fact {i}") for i in range(4)])
+    for q in ("q1", "q2", "q3"):
+        client.responses.create(model=MODEL, conversation=other.id, input=q, instructions="INSTRUCTIONS-XYZ")
+    listed = client.conversations.items.list(other.id, order="asc", limit=100).data
+    assert "INSTRUCTIONS-XYZ" not in [item_text(i) for i in listed if i.type == "message"]
+    client.responses.compact(model=MODEL, extra_body={"conversation": other.id})
+    listed = client.conversations.items.list(other.id, order="asc", limit=100).data
+    assert listed[0].type == "compaction"
+    assert "INSTRUCTIONS-XYZ" not in [item_text(i) for i in listed if i.type == "message"]
+    client.responses.create(model=MODEL, conversation=other.id, input="q4")  # no instructions of its own
+    assert upstream.last.messages[0] == {"role": "system", "content": "INSTRUCTIONS-XYZ"}  # the context still
+
+
 def test_listed_items_resent_by_a_stateless_client_continue_from_the_compaction(proxy, upstream, key):
     client = proxy.openai(key)
     conv = client.conversations.create(items=[user_item(f"fact {i}") for i in range(6)])

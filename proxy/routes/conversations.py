@@ -69,6 +69,7 @@ class Item:
     listed: dict[str, Any]
     node: NodeRow
     own: str  # the id made from its node and place: what it is listed as when its id is taken (``_unique``)
+    hidden: bool = False  # context, not an item: a Responses call's instructions a summary carried (``_carry_system``)
 
 
 def _listed(item: dict[str, Any], item_id: str) -> dict[str, Any]:
@@ -157,7 +158,10 @@ async def _items_of(admin: AdminStore, tree_id: uuid.UUID, path: list[NodeRow], 
     first = path[0] if path else None
     if first is not None and first.kind == "compaction" and first.compacted_from is not None and depth < _SUMMARIES_READ:
         before = await _through_clearings(admin, tree_id, await admin.path_rows(tree_id, first.compacted_from))
-        _carry_ids([i for i in items if i.node.id == first.id], await _items_of(admin, tree_id, before, depth + 1))
+        earlier = await _items_of(admin, tree_id, before, depth + 1)
+        compacted = [i for i in items if i.node.id == first.id]
+        _carry_ids(compacted, earlier)
+        _carry_system(compacted, earlier)
     return _unique(items)
 
 
@@ -198,6 +202,21 @@ def _carry_ids(compacted: list[Item], before: list[Item]) -> None:
         if p >= 0:
             item.listed["id"] = before[p].listed["id"]
             j = p - 1
+
+
+def _carry_system(compacted: list[Item], before: list[Item]) -> None:
+    """Give the system/developer messages a summary carried the ids they had before it (the last
+    one of the same text); one listed nowhere before -- a Responses call's instructions, which
+    are context and never an item -- is hidden again (still the summary's context)."""
+    said = {_signature(i.listed): i.listed["id"] for i in before
+            if i.listed.get("role") in ("system", "developer") and not i.hidden}
+    for item in compacted:
+        if item.listed.get("role") in ("system", "developer"):
+            found = said.get(_signature(item.listed))
+            if found is None:
+                item.hidden = True
+            else:
+                item.listed["id"] = found
 
 
 def _signature(listed: dict[str, Any]) -> tuple[Any, ...]:
@@ -387,7 +406,7 @@ async def conversation_items(request: Request[Any, Any, Any], call: NamedDepende
     tenant, admin = call.caller.tenant, call.admin
     if request.method == "GET":
         _, items, _ = await _path_items(admin, tenant, cid)
-        return _json(_page([i.listed for i in items], request.query_params))
+        return _json(_page([i.listed for i in items if not i.hidden], request.query_params))
     body = await _body(request)
     items = _checked_items(body.get("items"), param="items", required=True)
     node = items_node(items)
@@ -407,7 +426,7 @@ async def conversation_item(request: Request[Any, Any, Any], call: NamedDependen
     tenant, admin = call.caller.tenant, call.admin
     item_id = request.path_params["item_id"]
     conv, items, path = await _path_items(admin, tenant, cid)
-    index = next((i for i, item in enumerate(items) if item.listed["id"] == item_id), None)
+    index = next((i for i, item in enumerate(items) if item.listed["id"] == item_id and not item.hidden), None)
     if index is None:
         raise NotFound(f"no item {item_id!r} in conversation {cid!r}", code="item_not_found", param="item_id")
     if request.method == "GET":
