@@ -143,6 +143,24 @@ def test_overflow_reported_mid_stream_leaves_the_head(client, upstream, cid, db)
     assert db.head(cid) == head
 
 
+def test_a_stream_that_refuses_the_request_leaves_the_head(client, upstream, cid, db):
+    """An error event saying the request is invalid (a 200 stream whose first word is a refusal) is
+    an invalid request, as a 400 is: the head stays, so the refused items are not every later
+    call's context."""
+    client.chat.completions.create(model=MODEL, messages=[user("first")], extra_headers={"X-Conversation-Id": cid})
+    head = db.head(cid)
+    upstream.enqueue(Reply(content="", error_event={"message": "Invalid value for 'temperature'",
+                                                    "type": "invalid_request_error", "code": "invalid_value"}))
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("bad")], stream=True, extra_headers={"X-Conversation-Id": cid})
+    assert b'"invalid_value"' in raw.http_response.read()
+    node = wait_status(db, raw.headers["x-node-id"], "failed")
+    assert node["outcome"] == "invalid" and node["error"]["code"] == "invalid_value"
+    assert db.head(cid) == head
+    client.chat.completions.create(model=MODEL, messages=[user("next")], extra_headers={"X-Conversation-Id": cid})
+    assert upstream.last.messages == [user("first"), {"role": "assistant", "content": "echo: first"}, user("next")]
+
+
 def test_upstream_http_error_on_a_stream_request_is_a_plain_error(client, upstream, cid, db):
     upstream.enqueue(Reply(kind="error", status=429, error={"message": "slow down", "type": "rate_limit_error", "param": None, "code": "rate_limit"}))
     import openai
