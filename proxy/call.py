@@ -15,9 +15,10 @@ from .dialects import Dialect
 if TYPE_CHECKING:
     from .compaction import Edits
 
-__all__ = ["COMPACTED", "Call", "Started", "history_key", "items_after"]
+__all__ = ["APPLIED_EDITS", "COMPACTED", "Call", "Started", "history_key", "items_after"]
 
 COMPACTED = "_bp_compacted"  # exchange params: the compaction node this call was compacted under
+APPLIED_EDITS = "_bp_applied_edits"  # exchange params: the context edits a client asked for, as carried out
 
 
 def history_key(tenant: str, conversation_id: str | None, raws: list[bytes]) -> Any:
@@ -56,6 +57,7 @@ class Call:
     query: bytes = b""  # the request's query string: forwarded to an upstream that speaks the client's API
     compact_threshold: int | None = None  # the client's own threshold (Responses context_management): tokens
     edits: Edits | None = None  # the client's own clearing of old tool results (Anthropic's, for another upstream)
+    applied_edits: list[dict[str, Any]] | None = None  # what came of ``edits`` (Anthropic's applied_edits)
     truncation_auto: bool = False  # Responses truncation "auto": an overflow compacts and retries once
     compaction_controls: bool = False  # the client asked for either: its answer shows a compaction made first
     compaction: Any = None  # set when this call was compacted first: the compaction node (storage.PathNode)
@@ -68,10 +70,14 @@ class Call:
     def exchange_params(self) -> dict[str, Any]:
         """The params an answer is translated with: the stored ones, and -- when the call was
         compacted first and its client asked for OpenAI's compaction controls -- the compaction
-        node (``COMPACTED``), which a Responses answer begins with."""
-        if self.compaction is None or not self.compaction_controls:
-            return self.params
-        return {**self.params, COMPACTED: self.compaction}
+        node (``COMPACTED``), which a Responses answer begins with; when it asked for context
+        edits of its own, what came of them (``APPLIED_EDITS``), which a Messages answer says."""
+        extra: dict[str, Any] = {}
+        if self.compaction is not None and self.compaction_controls:
+            extra[COMPACTED] = self.compaction
+        if self.applied_edits is not None:
+            extra[APPLIED_EDITS] = self.applied_edits
+        return {**self.params, **extra} if extra else self.params
 
     def __post_init__(self) -> None:
         if self.messages is None:

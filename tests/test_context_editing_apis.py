@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import pytest
 
 from proxy.compaction.clearing import PLACEHOLDER_PREFIX
@@ -209,19 +210,24 @@ def test_truncation_auto_summarises_what_a_clearing_left_too_long(apis, upstream
 BETA = "context-management-2025-06-27"  # (the SDK's beta messages: where context_management is)
 
 
-def _messages_session(c, upstream, cid_edits, rounds: int) -> None:
+def _messages_session(c, upstream, cid_edits, rounds: int) -> list:
     """``rounds`` tool rounds of an Anthropic client over the chat upstream (gpt-x: no clearing by
-    the configured thresholds), each call carrying ``cid_edits`` as its ``context_management``."""
+    the configured thresholds), each call carrying ``cid_edits`` as its ``context_management``;
+    returns the answers."""
     tools = [{"name": "Read", "input_schema": {"type": "object"}}, {"name": "Plan", "input_schema": {"type": "object"}}]
+    answers = []
     for i in range(rounds):
         name = "Plan" if i == 0 else "Read"
         upstream.enqueue(Reply(content=None, tool_calls=[
             {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": "{}"}}]))
-        c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=100, tools=tools, context_management=cid_edits,
-                          messages=[{"role": "user", "content": f"task {i}"}])
+        answers.append(c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=100, tools=tools,
+                                              context_management=cid_edits,
+                                              messages=[{"role": "user", "content": f"task {i}"}]))
         upstream.enqueue(Reply(content=f"done {i}"))
-        c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=100, tools=tools, context_management=cid_edits, messages=[
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"call_{i}", "content": output(i, 600)}]}])
+        answers.append(c.beta.messages.create(betas=[BETA], model="gpt-x", max_tokens=100, tools=tools,
+                                              context_management=cid_edits, messages=[
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"call_{i}", "content": output(i, 600)}]}]))
+    return answers
 
 
 @pytest.mark.parametrize("trigger", [{"type": "input_tokens", "value": 600}, {"type": "tool_uses", "value": 2}])
@@ -233,9 +239,23 @@ def test_an_anthropic_clients_own_edit_is_carried_out_over_a_chat_upstream(apis,
     edits = {"edits": [{"type": "clear_thinking_20251015"},
                        {"type": "clear_tool_uses_20250919", "trigger": trigger,
                         "keep": {"type": "tool_uses", "value": 1}, "exclude_tools": ["Plan"]}]}
-    _messages_session(c, upstream, edits, 5)
+    answers = _messages_session(c, upstream, edits, 5)
     nodes = clearing_nodes(apis.db, cid)
     assert nodes and all(n["params"]["requested"] is True for n in nodes)
+    # each answer says what came of its edit, as Anthropic's does: a clearing, or nothing
+    applied = [a.context_management.applied_edits for a in answers]
+    clearings = [e[0] for e in applied if e]
+    assert len(clearings) == len(nodes) and all(not e for e in applied if not e)
+    assert [(e.type, e.cleared_tool_uses, e.cleared_input_tokens) for e in clearings] == [
+        ("clear_tool_uses_20250919", n["params"]["cleared_results"], n["params"]["freed_tokens"]) for n in nodes]
+    upstream.enqueue(Reply(kind="stream", content="streamed"))
+    with httpx.stream("POST", f"{apis.url}/c/{cid}/v1/messages", headers={"x-api-key": key,
+                      "anthropic-version": "2023-06-01", "anthropic-beta": BETA}, timeout=30, json={
+            "model": "gpt-x", "max_tokens": 100, "stream": True, "context_management": edits,
+            "messages": [{"role": "user", "content": "and now?"}]}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    (delta,) = [e for e in events if e["type"] == "message_delta"]
+    assert "applied_edits" in delta["context_management"]
     assert nodes[0]["params"]["keep_tool_results"] == 1
     sent = upstream.last.body
     assert "context_management" not in sent
@@ -248,8 +268,9 @@ def test_an_anthropic_clients_own_edit_is_carried_out_over_a_chat_upstream(apis,
 
 def test_an_edit_below_its_trigger_clears_nothing_and_a_malformed_one_is_refused(apis, upstream, key, cid):
     c = anthropic.Anthropic(base_url=f"{apis.url}/c/{cid}", api_key=key, max_retries=0)
-    _messages_session(c, upstream, {"edits": [{"type": "clear_tool_uses_20250919"}]}, 3)  # default: 100,000 tokens
+    answers = _messages_session(c, upstream, {"edits": [{"type": "clear_tool_uses_20250919"}]}, 3)  # default: 100,000
     assert clearing_nodes(apis.db, cid) == []
+    assert all(a.context_management.applied_edits == [] for a in answers)
     assert all(not m["content"].startswith(PLACEHOLDER_PREFIX)
                for m in upstream.last.body["messages"] if m["role"] == "tool")
     for wrong in ("lots", 0):  # (a trigger of nothing would be no trigger)

@@ -77,9 +77,11 @@ class Compactor:
     async def before_started(self, started: Started, path: list[PathNode]) -> list[PathNode]:
         """A started call's path: compacted first when the request would be above the hard
         threshold -- the call then hangs under the compaction node, whose path is just itself."""
+        call = started.call
+        if call.edits is not None:  # (the client's own edit: its answer says what came of it)
+            call.applied_edits = []
         if not path:
             return path
-        call = started.call
         # how the compaction is applied: a delta turn holds the lease; other calls hold none
         apply_mode = call.kind if call.kind == "transform" or started.mode == "delta" else "full"
         compacted = await self.before_call(
@@ -89,6 +91,10 @@ class Compactor:
             extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
             threshold=self._threshold(call), edits=call.edits,
         )
+        cleared = compacted is not None and compacted.compacted and compacted.method == clearing.METHOD
+        if call.applied_edits is not None and cleared:
+            call.applied_edits.append({"type": "clear_tool_uses_20250919", "cleared_tool_uses": compacted.cleared_results,
+                                       "cleared_input_tokens": compacted.freed_tokens})
         if compacted is not None and compacted.compacted and compacted.node is not None:
             started.parent_id = compacted.node.id
             if compacted.method != clearing.METHOD:  # (a clearing is no summary a client's answer could show)

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from ...call import APPLIED_EDITS
 from ...failures import Failure
 from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, sse_error_event
@@ -316,8 +317,12 @@ class FromChat:
     def closing(self) -> bytes:
         out = self._stop() + self._refusal() + self._tools()
         usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
-        out += _event("message_delta", {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason),
-                                                  "stop_sequence": None}, "usage": usage})
+        delta: dict[str, Any] = {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason),
+                                           "stop_sequence": None}, "usage": usage}
+        applied = self.params.get(APPLIED_EDITS)
+        if applied is not None:  # (the context edits its request asked for, as carried out)
+            delta["context_management"] = {"applied_edits": applied}
+        out += _event("message_delta", delta)
         return out + _event("message_stop", {})
 
     def failing(self, failure: Failure) -> bytes:

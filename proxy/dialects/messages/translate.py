@@ -239,9 +239,14 @@ def content_of(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def message_object(*, node_id: uuid.UUID, model: Any, content: list[dict[str, Any]], stop: str | None,
-                   usage: dict[str, Any]) -> dict[str, Any]:
-    return {"id": message_id(node_id), "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": stop, "stop_sequence": None, "usage": usage}
+                   usage: dict[str, Any], applied_edits: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A Messages answer; ``applied_edits``: the context edits its request asked for, as carried
+    out (``context_management``, as Anthropic says them; None: it asked for none)."""
+    out = {"id": message_id(node_id), "type": "message", "role": "assistant", "model": model, "content": content,
+           "stop_reason": stop, "stop_sequence": None, "usage": usage}
+    if applied_edits is not None:
+        out["context_management"] = {"applied_edits": applied_edits}
+    return out
 
 
 def read_message(data: Any) -> bool:
