@@ -160,6 +160,20 @@ def test_an_id_given_twice_names_one_item_and_a_delete_removes_only_it(proxy, up
     assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["two", "q", "echo: q", "follow"]
 
 
+def test_listed_tool_calls_and_their_outputs_are_completed(proxy, upstream, key):
+    client = proxy.openai(key)
+    conv = client.conversations.create()
+    upstream.enqueue(Reply(content=None, tool_calls=[{"id": "call_7", "type": "function",
+                                                      "function": {"name": "look", "arguments": "{}"}}]))
+    client.responses.create(model=MODEL, conversation=conv.id, input="go",
+                            tools=[{"type": "function", "name": "look", "parameters": {"type": "object"}}])
+    client.conversations.items.create(conv.id, items=[{"type": "function_call_output", "call_id": "call_7",
+                                                       "output": "seen"}])
+    listed = [i.model_dump() for i in client.conversations.items.list(conv.id, order="asc").data]
+    assert [(i["type"], i.get("status")) for i in listed] == [
+        ("message", "completed"), ("function_call", "completed"), ("function_call_output", "completed")]
+
+
 def test_deleting_a_conversation(proxy, key):
     client = proxy.openai(key)
     conv = client.conversations.create(items=[user_item("hello")])

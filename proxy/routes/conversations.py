@@ -77,11 +77,11 @@ def _listed(item: dict[str, Any], item_id: str) -> dict[str, Any]:
     kind = out.get("type") or ("message" if "role" in out else "item")
     out["type"] = kind
     out["id"] = item_id
-    if kind == "message":
+    if kind in ("message", "function_call", "function_call_output"):  # (finished: OpenAI's lists say so)
         out.setdefault("status", "completed")
-        if isinstance(out.get("content"), str):  # listed messages carry content parts
-            part = "output_text" if out.get("role") == "assistant" else "input_text"
-            out["content"] = [{"type": part, "text": out["content"]}]
+    if kind == "message" and isinstance(out.get("content"), str):  # listed messages carry content parts
+        part = "output_text" if out.get("role") == "assistant" else "input_text"
+        out["content"] = [{"type": part, "text": out["content"]}]
     return out
 
 
