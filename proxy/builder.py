@@ -149,8 +149,8 @@ class RequestBuilder:
         fields = way.fields(params, max_output=target.max_output)
         system_at = params.get(SYSTEM_AT)  # (a full-history call's system messages: where it had them)
         marked = params.get(CHAT_MARKERS)  # (a chat client's cache_control markers: the call's own only)
-        if upstream.name == "chat" and tree_id is not None and path and system_at is None and marked is None:
-            spliced = self._spliced(tree_id, path, new_items, target)
+        if upstream.name == "chat" and tree_id is not None and path and not system_at and marked is None:
+            spliced = self._spliced(tree_id, path, new_items, target, system_at)
             if spliced is not None:
                 messages, dropped = spliced
                 return Built(build_body(fields, messages, stream=stream), dropped, upstream.endpoint)
@@ -163,7 +163,7 @@ class RequestBuilder:
                      upstream.endpoint)
 
     def _spliced(self, tree_id: uuid.UUID, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]],
-                 target: Target) -> tuple[list[Any], list[dict[str, Any]]] | None:
+                 target: Target, system_at: Sequence[int] | None = None) -> tuple[list[Any], list[dict[str, Any]]] | None:
         """Messages from the kept nodes' encoded items (``proxy.splice``), or None when a node is
         not kept, the path is not one chain of the tree, or its pairing needs the long way.
         Work is proportional to the nodes since the last path this process spliced in the tree:
@@ -201,7 +201,7 @@ class RequestBuilder:
         assert before is not None
         if start < len(path):
             cache.set_tip_memo(tree_id, (path[-1].id, key), prefix, len(prefix.joined))
-        return splice(prefix, before, new_items)
+        return splice(prefix, before, new_items, system_at=system_at)
 
     async def replay(self, node: NodeRow, path: Sequence[NodeRow], target: Target) -> Built:
         """Rebuild the body sent for ``node`` from the path of its parent (``path``, root first) as

@@ -78,17 +78,21 @@ def segment(node: PathLike, before: Segment | None, target: Target) -> Segment:
     return Segment(system, combined[cut:], combined_raws[cut:], clean, combined_raws[:cut], marked)
 
 
-def splice(prefix: Prefix, last: Segment, new_items: Sequence[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]] | None:
+def splice(prefix: Prefix, last: Segment, new_items: Sequence[dict[str, Any]], *,
+           system_at: Sequence[int] | None = None) -> tuple[list[Any], list[dict[str, Any]]] | None:
     """(the upstream ``messages``, what the pairing check dropped) for a path whose encoded
     prefix is ``prefix`` and whose last node's segment is ``last``, and the call's new items;
     None when the path's own pairing is not clean, or a stored message holds a cache_control
-    marker, which only the call that put it there sends (then assemble it the slow way)."""
+    marker, which only the call that put it there sends (then assemble it the slow way).
+    ``system_at`` as ``assemble`` takes it: only None (the system rule) or empty (a full-history
+    call without system messages: none sent) -- a layout of the client's own is assembled."""
     if not last.clean or last.marked:
         return None
     new_system, new_rest = split_system(new_items)
     kept, dropped = pair_check(last.tail + new_rest)
     middle = [msgspec.Raw(prefix.joined)] if prefix.count else []
-    return strip(new_system or last.system) + middle + strip(kept), dropped
+    system = new_system or ([] if system_at is not None and not system_at else last.system)
+    return strip(system) + middle + strip(kept), dropped
 
 
 def _role(item: Any) -> Any:

@@ -7,11 +7,11 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.assembly import Target, assemble, build_body, strip
+from proxy.assembly import SYSTEM_AT, Target, assemble, build_body, strip
 from proxy.splice import EMPTY, segment, splice
 from storage import PathCache, PathNode
 
-from .helpers import assistant, tool, user
+from .helpers import assistant, system, tool, user
 
 TARGETS = [Target("openai"), Target("other", accepts_reasoning=True)]
 
@@ -58,14 +58,15 @@ def paths(draw):
 
 
 @settings(max_examples=400, deadline=None)
-@given(paths(), items(), st.sampled_from(TARGETS))
-def test_splice_gives_the_bytes_of_assembly(path, new, target):
-    slow = assemble(path, new, target)
+@given(paths(), items(), st.sampled_from(TARGETS), st.sampled_from([None, []]))
+def test_splice_gives_the_bytes_of_assembly(path, new, target, system_at):
+    """... by the system rule (None), and for a full-history call that sent no system message ([])."""
+    slow = assemble(path, new, target, system_at)
     prefix, before = EMPTY, None
     for node in path:
         before = segment(node, before, target)
         prefix = prefix.extend(before.settled)
-    spliced = splice(prefix, before, new)
+    spliced = splice(prefix, before, new, system_at=system_at)
     if spliced is None:  # the path's own pairing is broken: the long way is taken
         assert slow.dropped
         return
@@ -141,10 +142,12 @@ def test_a_zero_budget_keeps_nothing():
 
 
 @settings(max_examples=150, deadline=None)
-@given(paths(), st.lists(st.tuples(st.integers(0, 7), st.sampled_from(TARGETS)), min_size=1, max_size=8), items())
-def test_the_builder_resumes_from_kept_prefixes_and_still_gives_the_same_bytes(path, calls, new):
-    """Calls under different nodes of one kept chain, in any order and for changing targets: each
-    body equals the one assembled the long way."""
+@given(paths(), st.lists(st.tuples(st.integers(0, 7), st.sampled_from(TARGETS)), min_size=1, max_size=8), items(),
+       st.sampled_from([{}, {SYSTEM_AT: []}]))
+def test_the_builder_resumes_from_kept_prefixes_and_still_gives_the_same_bytes(path, calls, new, layout):
+    """Calls under different nodes of one kept chain, in any order and for changing targets, by
+    the system rule or as a full-history call without system messages: each body equals the one
+    assembled the long way."""
     from proxy.builder import RequestBuilder
 
     class _Tree:
@@ -155,6 +158,25 @@ def test_the_builder_resumes_from_kept_prefixes_and_still_gives_the_same_bytes(p
     builder = RequestBuilder(_Tree())  # type: ignore[arg-type]
     for index, target in calls:
         sub = path[:min(index, len(path) - 1) + 1]
-        fast = builder.build(sub, new, {"model": "m"}, target, stream=False, tree_id=tree_id)
-        slow = builder.build(sub, new, {"model": "m"}, target, stream=False)
+        fast = builder.build(sub, new, {"model": "m", **layout}, target, stream=False, tree_id=tree_id)
+        slow = builder.build(sub, new, {"model": "m", **layout}, target, stream=False)
         assert fast.payload == slow.payload and fast.dropped == slow.dropped
+
+
+def test_a_full_history_call_without_system_messages_is_spliced(monkeypatch):
+    """(no system message of the client's: none is sent, and the kept prefix is still spliced in)"""
+    from proxy import builder as builder_module
+    from proxy.builder import RequestBuilder
+
+    class _Tree:
+        cache = PathCache(1 << 24)
+
+    path = _line(3)
+    path[0].sent.insert(0, system("stored prompt"))
+    tree_id = uuid.uuid4()
+    _Tree.cache.complete("t", "c", tree_id, None, path)
+    spliced = []
+    monkeypatch.setattr(builder_module, "splice", lambda *a, **k: spliced.append(1) or splice(*a, **k))
+    built = RequestBuilder(_Tree()).build(path, [user("next")], {"model": "m", SYSTEM_AT: []}, TARGETS[0],  # type: ignore[arg-type]
+                                          stream=False, tree_id=tree_id)
+    assert spliced and b"stored prompt" not in built.payload and b'"next"' in built.payload
