@@ -70,16 +70,17 @@ class Failure:
 
 
 # How providers say "your prompt does not fit" (OpenAI, Azure, Anthropic-compatible, vLLM, Ollama,
-# Mistral, Groq, DeepSeek, llama.cpp, xAI, Gemini, TGI ...), in an error's code or type, or its
-# text. Checked only on answers of these statuses (TGI says it with a 422).
-_OVERFLOW_STATUSES = frozenset({400, 413, 422})
+# Mistral, Groq, DeepSeek, llama.cpp, xAI, Gemini ...), in an error's code or type, or its text.
+# Checked only on 400/413 answers -- and on a 422 only in text-generation-inference's words (a 422
+# is a validation error: "n exceeds the maximum" is no overflow).
+_OVERFLOW_STATUSES = frozenset({400, 413})
+_TGI_OVERFLOW = re.compile(r"`?inputs`? tokens \+ `?max_new_tokens`? must be", re.IGNORECASE)
 _OVERFLOW_CODES = frozenset({"context_length_exceeded", "context_window_exceeded", "prompt_too_long",
                              "exceed_context_size_error"})
 _OVERFLOW_TEXT = re.compile(
     r"maximum context length|context[ _]length|context window|context size|prompt is too long|"
     r"maximum prompt length|input token count|too many (input )?tokens|input is too long|"
-    r"exceeds? the (model'?s? )?(maximum|max)|reduce the length of the (messages|prompt)|"
-    r"`?inputs`? tokens \+ `?max_new_tokens`? must be",
+    r"exceeds? the (model'?s? )?(maximum|max)|reduce the length of the (messages|prompt)",
     re.IGNORECASE,
 )
 
@@ -118,7 +119,8 @@ def classify(status: int, body: bytes, secrets: Iterable[str | None] = ()) -> Fa
     either way with any credential the upstream echoed back masked."""
     body = redact_bytes(body, secrets)
     type_, code, message = _error_fields(body)
-    if status in _OVERFLOW_STATUSES and _is_overflow(type_, code, message):
+    if (status in _OVERFLOW_STATUSES and _is_overflow(type_, code, message)) or \
+            (status == 422 and message is not None and _TGI_OVERFLOW.search(message)):
         outcome = Outcome.OVERFLOW
     elif status in (408, 429) or status >= 500:
         outcome = Outcome.TRANSIENT

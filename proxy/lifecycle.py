@@ -222,11 +222,8 @@ class CallLifecycle:
                     # truncation "auto" (Responses): an overflow compacts the path and tries once more;
                     # the refused attempt stays a node of its own (a failed sibling: every attempt is one)
                     if failed.failure.outcome is Outcome.OVERFLOW and call.truncation_auto and call.compaction is None:
-                        parent = started.parent_id
-                        compacted = await self.compactor.before_retry(started, path)
+                        compacted = await self.compactor.before_retry(started, path, failed.failure.error)
                         if compacted is not None:
-                            await self.tree.record_attempt(started.tree_id, started.node_id, parent, uuid7(),
-                                                           failed.failure.error, started.request_hash)
                             path = compacted
                             continue
                     return await self._fail(started, failed.failure, failed.headers)

@@ -245,7 +245,7 @@ def test_an_anthropic_clients_own_edit_is_carried_out_over_a_chat_upstream(apis,
     # each answer says what came of its edit, as Anthropic's does: a clearing, or nothing
     applied = [a.context_management.applied_edits for a in answers]
     clearings = [e[0] for e in applied if e]
-    assert len(clearings) == len(nodes) and all(not e for e in applied if not e)
+    assert len(clearings) == len(nodes) and all(len(e) <= 1 for e in applied)
     assert [(e.type, e.cleared_tool_uses, e.cleared_input_tokens) for e in clearings] == [
         ("clear_tool_uses_20250919", n["params"]["cleared_results"], n["params"]["freed_tokens"]) for n in nodes]
     upstream.enqueue(Reply(kind="stream", content="streamed"))
@@ -255,7 +255,10 @@ def test_an_anthropic_clients_own_edit_is_carried_out_over_a_chat_upstream(apis,
             "messages": [{"role": "user", "content": "and now?"}]}) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     (delta,) = [e for e in events if e["type"] == "message_delta"]
-    assert "applied_edits" in delta["context_management"]
+    now = clearing_nodes(apis.db, cid)
+    said = [(n["params"]["cleared_results"], n["params"]["freed_tokens"]) for n in now[len(nodes):]]
+    assert [(e["cleared_tool_uses"], e["cleared_input_tokens"]) for e in delta["context_management"]["applied_edits"]] \
+        == said
     assert nodes[0]["params"]["keep_tool_results"] == 1
     sent = upstream.last.body
     assert "context_management" not in sent
@@ -279,3 +282,56 @@ def test_an_edit_below_its_trigger_clears_nothing_and_a_malformed_one_is_refused
                                    context_management={"edits": [{"type": "clear_tool_uses_20250919",
                                                                   "trigger": {"type": "input_tokens", "value": wrong}}]})
         assert bad.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_a_clearing_the_hard_threshold_then_summarised_is_still_said(fresh_database_url, upstream_url):
+    """A request's edit that cleared old results, after which the request was still above the hard
+    threshold and the path was summarised too: the answer says what the clearing did (the summary
+    the call hangs under is not the clearing, which stays below it)."""
+    import asyncio
+    import uuid as uuid_
+
+    from proxy.background import Background
+    from proxy.call import APPLIED_EDITS, Call, Started
+    from proxy.compaction import Compactor, Edits
+    from proxy.compaction.clearing import METHOD
+    from proxy.compaction.policy import Thresholds
+    from proxy.compaction.results import CompactionResult
+    from proxy.dialects.messages import DIALECT as MESSAGES
+    from proxy.metrics import Metrics
+    from proxy.tokens import TokenCounter
+    from storage import PathNode
+
+    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS)
+    compactor = Compactor(tree=None, summariser=type("S", (), {"provider": lambda self, model: "fake"})(),  # type: ignore[arg-type]
+                          thresholds=Thresholds(settings), tokens=TokenCounter(use_tiktoken=False), metrics=Metrics(),
+                          tasks=Background(), lease_seconds=30)
+
+    def node(kind="turn"):
+        return PathNode(id=uuid_.uuid4(), parent_id=None, kind=kind, status="success",
+                        sent=[{"role": "user", "content": output(1, 40_000)}], received=[{"role": "assistant", "content": "ok"}],
+                        provider="fake")
+
+    async def cleared(**_):
+        return CompactionResult(True, node=node("compaction"), method=METHOD, cleared_results=2, freed_tokens=700)
+
+    async def summarised(**_):
+        return CompactionResult(True, node=node("compaction"))
+
+    async def nothing_to_take(**_):
+        return None
+
+    compactor.clearer.clear = cleared  # type: ignore[method-assign]
+    compactor.summaries.compact = summarised  # type: ignore[method-assign]
+    compactor.jobs.take_over = nothing_to_take  # type: ignore[method-assign]
+    call = Call(tenant="t", conversation_id="c", kind="turn", mode="delta", parent_mode="head", parent_id=None,
+                body={"model": "claude-tiny", "max_tokens": 10, "messages": []}, items=[], stream=False, client_key=None,
+                headers=[], dialect=MESSAGES, credentials=(), edits=Edits(trigger_tokens=100, keep=1))
+    started = Started(call, "c", uuid_.uuid4(), uuid_.uuid4(), None, "delta", 0, [{"role": "user", "content": "q"}], ())
+    path = asyncio.run(compactor.before_started(started, [node()]))
+    assert path[0].kind == "compaction" and call.compaction is path[0]  # hung under the summary
+    from proxy.dialects.messages.translate import APPLIED_EDITS as READ_BY_THE_DIALECT
+
+    assert READ_BY_THE_DIALECT == APPLIED_EDITS
+    assert call.exchange_params()[APPLIED_EDITS] == [
+        {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 2, "cleared_input_tokens": 700}]

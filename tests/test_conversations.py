@@ -158,6 +158,11 @@ def test_an_id_given_twice_names_one_item_and_a_delete_removes_only_it(proxy, up
     assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["one", "two", "q", "echo: q", "follow"]
     client.conversations.items.delete("msg_dup", conversation_id=conv.id)
     assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["two", "q", "echo: q", "follow"]
+    # the id a list gives an item is the id a reference names it by
+    renamed = client.conversations.items.list(conv.id, order="asc").data[0]
+    assert renamed.id != "msg_dup"
+    client.responses.create(model=MODEL, conversation=conv.id, input=[{"type": "item_reference", "id": renamed.id}])
+    assert upstream_texts(upstream.last)[-1] == "two"
 
 
 def test_listed_tool_calls_and_their_outputs_are_completed(proxy, upstream, key):
@@ -279,6 +284,9 @@ def test_a_response_made_in_a_conversation_names_it(proxy, native, upstream, key
     assert client.responses.retrieve(answered.id).conversation.id == conv.id
     alone = server.openai(key, conversation=f"plain-{uuid.uuid4().hex}").responses.create(model=model, input="x")
     assert alone.conversation is None
+    nulled = server.openai(key, conversation=f"plain-{uuid.uuid4().hex}").responses.create(
+        model=model, input="x", extra_body={"conversation": None})
+    assert nulled.conversation is None
 
 
 def test_conversations_under_a_prefix_and_raw_http_errors(proxy, key):

@@ -361,6 +361,13 @@ def test_a_summary_keeps_the_system_items_ids_and_lists_no_instructions(proxy, u
     after = client.conversations.items.list(conv.id, order="asc", limit=100).data
     assert [(i.id, item_text(i)) for i in after if getattr(i, "role", None) == "system"] == [(system_id, "SYS")]
     assert item_text(client.conversations.items.retrieve(system_id, conversation_id=conv.id)) == "SYS"
+    # a system item of odd content (parts of another kind) is carried as well, and lists
+    odd = client.conversations.create(items=[{"type": "message", "role": "system",
+                                              "content": {"odd": "form"}},
+                                             *[user_item(f"fact {i}") for i in range(8)]])
+    odd_id = client.conversations.items.list(odd.id, order="asc").data[0].id
+    client.responses.compact(model=MODEL, extra_body={"conversation": odd.id})
+    assert odd_id in [i.id for i in client.conversations.items.list(odd.id, order="asc", limit=100).data]
 
     other = client.conversations.create(items=[user_item(f"fact {i}") for i in range(4)])
     for q in ("q1", "q2", "q3"):
@@ -373,6 +380,13 @@ def test_a_summary_keeps_the_system_items_ids_and_lists_no_instructions(proxy, u
     assert "INSTRUCTIONS-XYZ" not in [item_text(i) for i in listed if i.type == "message"]
     client.responses.create(model=MODEL, conversation=other.id, input="q4")  # no instructions of its own
     assert upstream.last.messages[0] == {"role": "system", "content": "INSTRUCTIONS-XYZ"}  # the context still
+    # a delete copies the summary's items: the instructions stay context in the copy, not an item
+    kept = next(i for i in client.conversations.items.list(other.id, order="asc", limit=100).data if i.type == "message")
+    client.conversations.items.delete(kept.id, conversation_id=other.id)
+    listed = client.conversations.items.list(other.id, order="asc", limit=100).data
+    assert "INSTRUCTIONS-XYZ" not in [item_text(i) for i in listed if i.type == "message"]
+    client.responses.create(model=MODEL, conversation=other.id, input="q5")
+    assert upstream.last.messages[0] == {"role": "system", "content": "INSTRUCTIONS-XYZ"}
 
 
 def test_listed_items_resent_by_a_stateless_client_continue_from_the_compaction(proxy, upstream, key):

@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from storage import ConversationRow, PathNode, TreeStore
+from storage import ConversationRow, PathNode, StorageError, TreeStore, uuid7
 
 from ..background import Background
 from ..call import Started
@@ -91,10 +91,11 @@ class Compactor:
             extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
             threshold=self._threshold(call), edits=call.edits,
         )
-        cleared = compacted is not None and compacted.compacted and compacted.method == clearing.METHOD
-        if call.applied_edits is not None and cleared:
-            call.applied_edits.append({"type": "clear_tool_uses_20250919", "cleared_tool_uses": compacted.cleared_results,
-                                       "cleared_input_tokens": compacted.freed_tokens})
+        if call.applied_edits is not None and compacted is not None and compacted.compacted:
+            cleared = compacted if compacted.method == clearing.METHOD else compacted.clearing  # (then summarised?)
+            if cleared is not None:
+                call.applied_edits.append({"type": "clear_tool_uses_20250919", "cleared_tool_uses": cleared.cleared_results,
+                                           "cleared_input_tokens": cleared.freed_tokens})
         if compacted is not None and compacted.compacted and compacted.node is not None:
             started.parent_id = compacted.node.id
             if compacted.method != clearing.METHOD:  # (a clearing is no summary a client's answer could show)
@@ -111,13 +112,15 @@ class Compactor:
             threshold = min(threshold, self.thresholds.limits(call.body["model"]).input)
         return threshold
 
-    async def before_retry(self, started: Started, path: list[PathNode]) -> list[PathNode] | None:
+    async def before_retry(self, started: Started, path: list[PathNode], error: Any) -> list[PathNode] | None:
         """A call the upstream refused as too long for its context (Responses ``truncation:
         "auto"``): its path compacted now, whatever the thresholds say -- the call then hangs
-        under the compaction node. None when nothing could be compacted."""
+        under the compaction node, and the refused attempt (``error``: its NodeError) is kept as a
+        node of its own where it hung. None when nothing could be compacted."""
         if not path:
             return None
         call = started.call
+        parent = started.parent_id
         apply_mode = call.kind if call.kind == "transform" or started.mode == "delta" else "full"
         result = await self.summaries.compact(tenant=call.tenant, conversation_id=started.conversation_id,
                                               tree_id=started.tree_id, path=path, model=call.body["model"],
@@ -127,6 +130,12 @@ class Compactor:
             return None
         started.parent_id = result.node.id
         call.compaction = result.node
+        try:  # (the retry goes ahead whether or not the database takes the record: the compaction is made)
+            await self.tree.record_attempt(started.tree_id, started.node_id, parent, uuid7(), error,
+                                           started.request_hash)
+        except StorageError as exc:
+            log.warning("the refused attempt was not recorded", extra={
+                "node_id": str(started.node_id), "error": type(exc.__cause__ or exc).__name__})
         return [result.node]
 
     async def before_call(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
@@ -175,6 +184,7 @@ class Compactor:
                                           path=path, call_node=call_node)
         if taken is not None:
             taken.extra["estimate_before"] = estimate
+            taken.clearing = cleared
             return taken
         result = await self.summaries.compact(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
                                               path=path, model=model, client_key=client_key, mode=kind,
@@ -182,6 +192,7 @@ class Compactor:
         result.extra["estimate_before"] = estimate
         if not result.compacted and cleared is not None:
             return cleared  # (the clearing stands: the call hangs under it)
+        result.clearing = cleared
         return result
 
     async def compact_now(self, conv: ConversationRow, client_key: str | None, default_model: str,

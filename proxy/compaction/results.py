@@ -45,6 +45,7 @@ class CompactionResult:
     method: str = "summary"  # or "clear_tool_results"
     cleared_results: int = 0  # (a clearing) tool results replaced by placeholders
     freed_tokens: int = 0  # (a clearing) about how many tokens that took out of the request
+    clearing: CompactionResult | None = None  # (a summary) the clearing made before it for the same call
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"object": "compaction", "compacted": self.compacted}

@@ -21,9 +21,9 @@ from ..http import RawResponse
 from ..ids import valid_conversation_id
 from .common import RequestHeaders
 from .context import CallContext
-from .conversations import node_items
 from .docs import errors
 from .passthrough import upstream_path
+from .path_items import node_items
 
 __all__ = ["response_input_items", "response_of", "response_resource", "stored_response", "with_parts"]
 

@@ -43,9 +43,10 @@ from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
 from .common import RequestHeaders, context_mode, node_kind, resolve_conversation_id
 from .context import CallContext
-from .conversations import items_node, kept_items, new_conversation_id, node_items
+from .conversations import items_node, new_conversation_id
 from .docs import errors
 from .passthrough import Forwarder
+from .path_items import kept_items, node_items
 from .response_objects import response_of, stored_response, with_parts
 
 __all__ = ["responses_compact", "responses_create"]
@@ -77,9 +78,9 @@ async def _resolve_references(items: list[dict[str, Any]], admin: AdminStore, ca
             for item in [*(node.received or []), *node.sent]:
                 if isinstance(item, dict) and isinstance(item.get("id"), str):
                     found.setdefault(item["id"], item)
-            if node.kind == "items":  # items the Conversations API added: their ids are the node's
-                for item in node_items(node):
-                    found.setdefault(item.listed["id"], item.raw)
+            for item in node_items(node):  # (the Conversations API's ids: given, or made from the node and
+                found.setdefault(item.listed["id"], item.raw)  # the place -- what a list names an item
+                found.setdefault(item.own, item.raw)           # whose own id an earlier one had)
     out = []
     for item in items:
         if item.get("type") == "item_reference":
@@ -205,7 +206,8 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     named = body.get("conversation") is not None
     if "conversation" in body:  # OpenAI's conversation state: the call belongs to it, as under /c/{id}/v1
         cid = await _named_conversation(body.pop("conversation"), cid, previous, admin, caller)
-        body["conversation"] = cid  # (kept with the call, never sent: its response names it, as OpenAI's)
+        if named:
+            body["conversation"] = cid  # (kept with the call, never sent: its response names it, as OpenAI's)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
     parent = await stored_response(admin, caller, previous) if ours else None
     if cid is None and not auto and not ours and not _holds_compaction(body):

@@ -221,20 +221,29 @@ class MaskedChunks:
                     changed = self._text(fn, "arguments", (index, "tool", call.get("index", 0))) or changed
             if isinstance(delta.get("function_call"), dict):
                 changed = self._text(delta["function_call"], "arguments", (index, "function_call")) or changed
-            if self.masker.holding and isinstance(delta.get("content"), str) and delta.get("content"):
-                # the answer's text begins: the reasoning's held-back end goes out first, so a
-                # translation that says reasoning and text as blocks one after the other (Anthropic's)
-                # closes the reasoning whole -- not with its last characters in a block after the text
-                for field in ("reasoning_content", "reasoning"):
-                    if (index, field) in self.masker.held():
-                        delta[field] = (delta.get(field) or "") + self.masker.flush((index, field))
-                        changed = True
         if choice.get("finish_reason") and self.masker.holding:
             held = self._held(index)
             if held:
                 choice["delta"] = _with_held(delta if isinstance(delta, dict) else {}, held)
                 changed = True
         return changed
+
+    def release_reasoning(self, chunk: Any) -> None:
+        """When a (masked) chunk's text begins the answer: its choices' reasoning held back goes
+        out in it, before the text -- for a translation that says reasoning and text as blocks one
+        after the other (Anthropic's), which must close the reasoning whole, not give its last
+        characters in a block after the text. (The price: a key whose first characters end the
+        reasoning and whose rest a later reasoning delta brings is not masked; a stream that goes
+        back to reasoning after its text is rare, and a key cut exactly there rarer.)"""
+        if not self.masker.holding or not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
+            return
+        for choice in chunk["choices"]:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str) and delta["content"]:
+                index = choice.get("index", 0)
+                for field in ("reasoning_content", "reasoning"):
+                    if (index, field) in self.masker.held():
+                        delta[field] = (delta.get(field) or "") + self.masker.flush((index, field))
 
     def _held(self, index: Any) -> dict[Any, str]:
         return {key: self.masker.flush(key) for key in self.masker.held() if key[0] == index}

@@ -9,7 +9,7 @@ import msgspec
 
 from ...relay import ErrorVoice
 
-__all__ = ["ANTHROPIC_ERRORS", "anthropic_type", "error_body", "from_openai_body", "is_messages_path"]
+__all__ = ["ANTHROPIC_ERRORS", "anthropic_type", "error_body", "error_event", "from_openai_body", "is_messages_path"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -55,9 +55,12 @@ def is_messages_path(path: str) -> bool:
     return path.endswith("/v1/messages") or path.endswith("/v1/messages/count_tokens")
 
 
-def _event(status: int, type_: str, code: str | None, message: str) -> bytes:
-    from .stream import error_event  # (the stream reads this module's types)
+def error_event(type_: str, message: str) -> bytes:
+    """An ``event: error`` of a Messages stream."""
+    return b"event: error\ndata: " + _encode({"type": "error", "error": {"type": type_, "message": message}}) + b"\n\n"
 
+
+def _event(status: int, type_: str, code: str | None, message: str) -> bytes:
     return error_event(anthropic_type(status, {"type": type_}), message)
 
 

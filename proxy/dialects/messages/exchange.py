@@ -17,7 +17,6 @@ from typing import Any
 
 import msgspec
 
-from ...call import APPLIED_EDITS
 from ...relay import Translator
 from .. import Answer
 from ..chat import NotACompletion, parse_completion
@@ -72,7 +71,7 @@ class MessagesOverChat:
         model = _decode(content).get("model") or self.params.get("model")
         body = translate.message_object(node_id=self.node_id, model=model, content=blocks,
                                         stop=translate.stop_reason(completion.finish_reason), usage=usage,
-                                        applied_edits=self.params.get(APPLIED_EDITS))
+                                        applied_edits=self.params.get(translate.APPLIED_EDITS))
         received = [{"role": "assistant", "content": blocks}]
         return Answer(_encode(body), received, self.messages(received), usage, completion.finish_reason)
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import msgspec
 
-from ...call import APPLIED_EDITS
 from ...failures import Failure
 from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, sse_error_event
 from ..chat.stream import MaskedChunks, StreamAccumulator
 from . import translate
+from .errors import anthropic_type, error_event
 
 __all__ = ["FromChat", "Message", "Native", "ToChat", "error_event"]
 
@@ -38,8 +38,6 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + _encode({"type": kind, **data}) + b"\n\n"
 
 
-def error_event(type_: str, message: str) -> bytes:
-    return _event("error", {"error": {"type": type_, "message": message}})
 
 
 _DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
@@ -207,8 +205,6 @@ class Native:
 
 
 def _error_type(failure: Failure) -> str:
-    from .errors import anthropic_type
-
     return anthropic_type(failure.status, failure.error)
 
 
@@ -250,6 +246,7 @@ class FromChat:
             return b""
         if self.masker is not None:
             self.masker.apply(chunk)
+            self.masker.release_reasoning(chunk)  # (the thinking block closes whole before the text)
         return self._chunk(chunk)
 
     def _start(self, kind: str, block: dict[str, Any]) -> bytes:
@@ -319,7 +316,7 @@ class FromChat:
         usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
         delta: dict[str, Any] = {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason),
                                            "stop_sequence": None}, "usage": usage}
-        applied = self.params.get(APPLIED_EDITS)
+        applied = self.params.get(translate.APPLIED_EDITS)
         if applied is not None:  # (the context edits its request asked for, as carried out)
             delta["context_management"] = {"applied_edits": applied}
         out += _event("message_delta", delta)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...errors import InvalidRequest
 
-__all__ = ["DROPPED", "chat_tools", "flat_name", "hosted", "split_name"]
+__all__ = ["DROPPED", "chat_tools", "flat_name", "hosted", "namespace_of", "split_name"]
 
 DROPPED = "_bp_dropped_tools"  # in a node's params: the hosted tools its call offered and went without
 _SEPARATOR = "__"
