@@ -94,7 +94,8 @@ async def response_resource(request: Request[Any, Any, Any], call: NamedDependen
 
 def _input_items(node: NodeRow) -> list[dict[str, Any]]:
     """A stored call's input items, each with an id: the same items, with the same ids, as its
-    conversation's items list gives them (made up from the node's where they had none)."""
+    conversation's items list gives them (made up from the node's where they had none) -- but for
+    an item given an id an earlier item of the path has, which the list names by its own."""
     return [item.listed for item in node_items(node, answers=False)]
 
 
