@@ -38,8 +38,6 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + _encode({"type": kind, **data}) + b"\n\n"
 
 
-
-
 _DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 
 

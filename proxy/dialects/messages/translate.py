@@ -32,14 +32,15 @@ from ...errors import InvalidRequest
 from ..responses.tools import DROPPED
 from .blocks.from_chat import _input, _parts_to_blocks
 
-__all__ = ["APPLIED_EDITS", "anthropic_usage", "chat_params", "chat_usage", "check_fields", "completion", "content_of", "hosted",
-           "message_object", "request_fields"]
+__all__ = ["APPLIED_EDITS", "anthropic_usage", "chat_params", "chat_usage", "check_fields", "completion",
+           "content_of", "hosted", "message_object", "request_fields"]
 
 _encode = msgspec.json.Encoder().encode
 
 # exchange params: the context edits the request asked for, as carried out (proxy.call.APPLIED_EDITS;
 # named here as well, so the dialect needs nothing above it)
 APPLIED_EDITS = "_bp_applied_edits"
+
 _SAME = ("model", "temperature", "top_p", "stream")
 _TO_CHAT_STOP = {"end_turn": "stop", "stop_sequence": "stop", "pause_turn": "stop", "max_tokens": "length",
                  "tool_use": "tool_calls", "refusal": "content_filter", "model_context_window_exceeded": "length"}
