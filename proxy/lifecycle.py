@@ -257,7 +257,7 @@ class CallLifecycle:
         stream = started.call.stream
         t0 = time.perf_counter()
         response, content = await self._response(started, request, None if stream else receive)
-        relay_headers = response_headers(response.headers) + started.headers()
+        relay_headers = response_headers(response.headers, started.secrets) + started.headers()
         if stream:
             return self._relay(started, response, relay_headers, exchange, t0)
         try:
@@ -286,7 +286,7 @@ class CallLifecycle:
                 content = b""  # (cut while reading an error: the status says enough)
             if response.status_code != 200:
                 raise _Failed(classify(response.status_code, content, started.secrets),
-                              response_headers(response.headers) + started.headers())
+                              response_headers(response.headers, started.secrets) + started.headers())
             # a stream was asked for and something else came back: refused whole
             raise _Failed(not_a_completion(content, "not an event stream", started.secrets))
         send_task = asyncio.ensure_future(self.upstream.fetch(request))
@@ -310,7 +310,7 @@ class CallLifecycle:
             raise _Failed(Failure.from_error(exc)) from None
         if not 200 <= response.status_code < 300:
             raise _Failed(classify(response.status_code, content, started.secrets),
-                          response_headers(response.headers) + started.headers())
+                          response_headers(response.headers, started.secrets) + started.headers())
         return response, content
 
     def _relay(self, started: Started, response: httpx.Response, headers: list[tuple[str, str]], exchange: Exchange,

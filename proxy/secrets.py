@@ -10,7 +10,7 @@ from typing import Any, AnyStr
 
 import msgspec
 
-__all__ = ["MASK", "BytesMasker", "Masker", "TextMasker", "redact", "redact_bytes"]
+__all__ = ["MASK", "BytesMasker", "Masker", "TextMasker", "mask_headers", "redact", "redact_bytes"]
 
 MASK = "[redacted]"
 
@@ -40,6 +40,21 @@ def _longest_first(secrets: Iterable[str | None]) -> list[str]:
     """The credentials worth masking (six characters or more), once each, the longest first: a
     key that begins another is masked only where the longer one is not."""
     return sorted({s for s in secrets if s and len(s) >= 6}, key=len, reverse=True)
+
+
+def mask_headers(headers: list[tuple[str, str]], secrets: Iterable[str | None]) -> list[tuple[str, str]]:
+    """Response headers with the given credentials masked in their values (an upstream that echoes
+    the Authorization it got, in a header of its own or a WWW-Authenticate)."""
+    keys = _longest_first(secrets)
+    if not keys or not any(key in value for _, value in headers for key in keys):
+        return headers
+    out = []
+    for name, value in headers:
+        for key in keys:
+            if key in value:
+                value = value.replace(key, MASK)
+        out.append((name, value))
+    return out
 
 
 class Masker:

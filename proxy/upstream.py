@@ -33,6 +33,7 @@ from .errors import (
     UpstreamTooLarge,
     UpstreamUnreachable,
 )
+from .secrets import mask_headers
 from .transport import ResponseHeadTooLarge, UpstreamTransport, check_head
 
 __all__ = ["UpstreamClient", "map_exceptions", "response_headers", "target_of"]
@@ -203,10 +204,11 @@ def target_of(upstream: Upstream, max_output: int | None = None) -> Target:
     return Target(upstream.name, upstream.accepts_reasoning or upstream.api == "anthropic", upstream.api, max_output)
 
 
-def response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
-    """The upstream response headers worth relaying to the client."""
-    return [(k, v) for k, v in headers.multi_items()
-            if (lk := k.lower()) not in _DROP_RESPONSE and not lk.startswith(_OWN_PREFIXES)]
+def response_headers(headers: httpx.Headers, secrets: Iterable[str | None] = ()) -> list[tuple[str, str]]:
+    """The upstream response headers worth relaying to the client, the call's credentials masked
+    in them (``secrets``: never sent back, whatever header an upstream echoes them in)."""
+    return mask_headers([(k, v) for k, v in headers.multi_items()
+                         if (lk := k.lower()) not in _DROP_RESPONSE and not lk.startswith(_OWN_PREFIXES)], secrets)
 
 
 class UpstreamClient:

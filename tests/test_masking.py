@@ -116,6 +116,24 @@ def test_a_pass_through_answer_echoing_a_key_is_masked(keys_proxy, upstream, str
         assert r.json()["choices"][0]["message"]["content"] == f"Your key is {MASK}."
 
 
+@pytest.mark.parametrize(("named", "reply"), [
+    (True, Reply()), (True, Reply(kind="stream")), (True, Reply(kind="error", status=401)),
+    (False, Reply()), (False, Reply(kind="stream")), (False, Reply(kind="error", status=401)),
+])
+def test_a_key_echoed_in_an_upstream_response_header_is_masked(keys_proxy, upstream, cid, named, reply):
+    """An upstream that says the Authorization it got back in a header (its own, or a
+    WWW-Authenticate): the operator's key never reaches the client there either -- stored calls,
+    streams, errors, and calls passed through."""
+    reply.headers = [("x-echo", f"Bearer {UPSTREAM_KEY}"), ("www-authenticate", f'Bearer realm="{UPSTREAM_KEY}"')]
+    upstream.enqueue(reply)
+    with httpx.Client(base_url=keys_proxy.url, timeout=30) as http:
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [user("q")], "stream": reply.kind == "stream"},
+                      headers={"Authorization": f"Bearer {ALICE}", **({"X-Conversation-Id": cid} if named else {})})
+    assert upstream.last.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"  # (what the upstream had to echo)
+    assert r.headers["x-echo"] == f"Bearer {MASK}" and r.headers["www-authenticate"] == f'Bearer realm="{MASK}"'
+    assert UPSTREAM_KEY not in str(r.headers)
+
+
 @given(st.lists(st.sampled_from([b"hello ", b"s", b"sk-", b"sk-upstream", b"abcab", b"c", b"d ", b"\\", b"\"", b"x\n\n",
                                  b"sk-upstream-secret-0123456789", b"a\"b\\c-secret", b"sk-abcdef", b"-longer",
                                  b"XXsecr", b"etYY", b"secret"]), max_size=12),
