@@ -110,6 +110,15 @@ def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> R
     return _json(status, error_body(detail, type_, code, param=param), headers, request)
 
 
+def _on_too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[bytes]:
+    """A body nested deeper than its parser goes (whichever route read it: the model routes say
+    so themselves, the others' bodies are parsed by Litestar or read whole) -- the client's input,
+    refused as such."""
+    log.info("request body nested too deeply", extra={"path": request.url.path})
+    return _json(400, error_body("the request body is nested too deeply", "invalid_request_error", "invalid_request"),
+                 request=request)
+
+
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.exception("unhandled error", extra={"path": request.url.path})
     return _json(500, error_body("internal error", "server_error", "internal_error"), request=request)
@@ -189,6 +198,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             BranchpointError: _on_branchpoint_error,
             StorageError: _on_storage_error,
             HTTPException: _on_http_exception,
+            RecursionError: _on_too_deep,
             Exception: _on_unexpected,
         },
         request_max_body_size=settings.server.max_body_bytes,

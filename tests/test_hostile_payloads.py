@@ -211,6 +211,22 @@ def test_a_request_deeper_than_the_parser_takes_is_a_400(proxy, key, cid, where)
     assert error["code"] == "invalid_request" and "nested too deeply" in error["message"]
 
 
+@pytest.mark.parametrize(("method", "path"), [
+    ("POST", "/v1/conversations"), ("POST", "/v1/conversations/{cid}"), ("POST", "/v1/conversations/{cid}/items"),
+    ("PUT", "/admin/conversations/{cid}/head"), ("POST", "/admin/conversations/{cid}/switch"),
+    ("POST", "/admin/conversations/{cid}/fork"),
+])
+def test_a_body_deeper_than_the_parser_takes_is_a_400_on_every_route(proxy, key, cid, method, path):
+    """(the model routes say it themselves; every other route that reads a JSON body too)"""
+    body = b'{"metadata": ' + b"[" * 1000 + b"1" + b"]" * 1000 + b"}"
+    for auth in ({"Authorization": f"Bearer {key}"}, {}):
+        r = httpx.request(method, f"{proxy.url}{path.format(cid=cid)}", content=body, timeout=30,
+                          headers={"content-type": "application/json", **auth})
+        assert r.status_code in (400, 401), (auth, r.status_code, r.text[:300])
+        if r.status_code == 400:
+            assert "nested too deeply" in r.json()["error"]["message"]
+
+
 def test_an_import_nested_too_deeply_is_a_400(proxy, key, cid):
     line = {"id": "0190b6b0-0000-7000-8000-000000000001", "kind": "turn", "created_at": "2026-01-01T00:00:00Z",
             "sent": [{"role": "user", "content": "x", "deep": _DEEP}], "head": True}

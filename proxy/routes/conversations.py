@@ -130,6 +130,8 @@ async def _body(request: Request[Any, Any, Any]) -> dict[str, Any]:
         body = _decode(raw)
     except msgspec.DecodeError:
         raise InvalidRequest("the body is not JSON", param="body") from None
+    except RecursionError:
+        raise InvalidRequest("the body is nested too deeply", param="body") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object", param="body")
     return body
