@@ -95,6 +95,10 @@ def test_keys_mode(keys_proxy, upstream, cid):
     assert by_tenant == {"alice": 1, "bob": 1}
     assert [line["tenant"] for line in keys_proxy.http(admin).get("/admin/usage", params={"tenant": "bob"}).json()["data"]] == ["bob"]
     assert [("tenant" in line, line["calls"]) for line in keys_proxy.http(alice).get("/admin/usage").json()["data"]] == [(False, 1)]
+    # a tenant no key can name (a NUL in it) is a 400, not the database's refusal
+    for path in ("/admin/conversations", "/admin/usage", f"/admin/conversations/{cid}", f"/admin/nodes/{h['x-node-id']}"):
+        r = keys_proxy.http(admin).get(path, params={"tenant": "alice\x00"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tenant", (path, r.text)
 
 
 def test_keys_never_leak(keys_proxy, upstream, cid, fresh_database_url, caplog):

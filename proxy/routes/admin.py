@@ -108,6 +108,8 @@ class Reach:
 def _reach(request: Request[Any, Any, Any], caller: NamedDependency[Caller]) -> Reach:
     if caller.admin:
         named = request.query_params.get("tenant")
+        if named and "\x00" in named:  # (no tenant is named so: PostgreSQL's text cannot hold it)
+            raise InvalidRequest("tenant must not contain NUL characters", param="tenant")
         return Reach(caller, named or caller.tenant, any_tenant=not named)
     return Reach(caller, caller.tenant)
 
