@@ -204,15 +204,15 @@ def _defaults() -> dict[str, Any]:
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     raw = dict(raw)
     database = dict(raw.get("database", {}))
-    if env.get("BRANCHPOINT_DATABASE_URL"):
-        database["url"] = env["BRANCHPOINT_DATABASE_URL"]
+    if "BRANCHPOINT_DATABASE_URL" in env:  # (set empty: the embedded PostgreSQL, whatever the file says)
+        database["url"] = env["BRANCHPOINT_DATABASE_URL"].strip()
     if env.get("BRANCHPOINT_DATA_DIR"):
         database["data_dir"] = env["BRANCHPOINT_DATA_DIR"]
     raw["database"] = database
 
     url = env.get("BRANCHPOINT_UPSTREAM_URL")
-    key = env.get("BRANCHPOINT_UPSTREAM_API_KEY")
-    if url or key:
+    key = env.get("BRANCHPOINT_UPSTREAM_API_KEY")  # (set empty: the client's key is forwarded)
+    if url or key is not None:
         upstreams = [dict(u) for u in raw.get("upstreams", [])]
         if not upstreams:
             upstreams = [{"name": "default", "base_url": url or "https://api.openai.com/v1"}]

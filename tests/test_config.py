@@ -42,6 +42,12 @@ def test_config_env_var_names_the_file_and_env_overrides_win(tmp_path):
     assert s.database.data_dir == "/tmp/bp"
     assert s.upstreams[0].base_url == "http://127.0.0.1:9000/v1"
     assert s.upstreams[0].api_key == "sk-up"
+    # set empty, each says what its empty value means: the embedded PostgreSQL, the client's key forwarded
+    f.write_text('[database]\nurl = "postgresql://file/db"\n[[upstreams]]\nname = "a"\nbase_url = "http://a/v1"\n'
+                 'models = ["*"]\napi_key = "sk-file"\n')
+    s = load_settings(env={"BRANCHPOINT_CONFIG": str(f), "BRANCHPOINT_DATABASE_URL": "",
+                           "BRANCHPOINT_UPSTREAM_API_KEY": ""})
+    assert s.database.url == "" and s.upstreams[0].api_key in ("", None)
 
 
 def test_model_routing_first_match_and_limits_most_specific(tmp_path):
