@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from storage import transcript, uuid7
 
+from .assembly import SYSTEM_AT, system_positions_at
 from .dialects import Dialect
 
 if TYPE_CHECKING:
@@ -88,6 +89,25 @@ class Call:
     @property
     def api(self) -> str:
         return self.dialect.name
+
+    def start_keys(self, histories: transcript.KnownHistories) -> tuple[list[bytes], list[bytes], bytes | None]:
+        """What the call's start is keyed by: (the digests of its messages -- delta mode --, the
+        hashes of their prefixes, the hash of its system messages). A full-history call's keys are
+        kept (``keys``), and its layout with them: where its system messages were
+        (``SYSTEM_AT``; empty when it sent none, so none is sent whatever the path holds)."""
+        if self.mode == "full":
+            self.keys = self.history_keys(histories)
+            at = system_positions_at(self.keys.system, len(self.messages))
+            if at is not None or not self.keys.system:
+                self.params = {**self.params, SYSTEM_AT: at or []}
+            return [], self.keys.prefixes, transcript.system_hash([self.messages[i] for i in self.keys.system])
+        digests = transcript.digests(self.messages)
+        # the hashes of the prefixes let the safety net recognise a delta client resending its history
+        # -- only when an assistant message is among them (a delta client never resends the model's
+        # answers: an ordinary turn probes nothing); a resumed call's items were matched by its route
+        prefixes = transcript.prefix_hashes(digests) if not self.resumed and any(
+            type(m) is dict and m.get("role") == "assistant" for m in self.messages) else []
+        return digests, prefixes, transcript.system_hash(self.messages)
 
     def history_keys(self, histories: transcript.KnownHistories) -> transcript.HistoryKeys:
         """A full-history call's keys: only the items this process has not seen sent before in

@@ -36,7 +36,6 @@ from storage import (
     uuid7,
 )
 
-from .assembly import SYSTEM_AT, system_positions_at
 from .background import Background
 from .builder import RequestBuilder
 from .call import Call, Started
@@ -96,31 +95,14 @@ class CallLifecycle:
 
     async def _begin(self, call: Call, provider: str, secrets: tuple[str | None, ...]) -> tuple[Started, list[Any]]:
         """Start the call's node (its lease tracked from then on); the node and its parent's path."""
-        if call.mode == "full":  # the client's layout: its system messages stay where it put them
-            call.keys = call.history_keys(self.histories)
-            at = system_positions_at(call.keys.system, len(call.messages))
-            if at is not None or not call.keys.system:  # ([]: it sent none -- none is sent, whatever the path holds)
-                call.params = {**call.params, SYSTEM_AT: at or []}
+        digests, prefixes, system_hash = call.start_keys(self.histories)
         node_id = uuid7()
-        if call.keys is not None:  # full history
-            digests: list[bytes] = []
-            prefixes = call.keys.prefixes
-            system_hash = transcript.system_hash([call.messages[i] for i in call.keys.system])
-        else:
-            digests = transcript.digests(call.messages)
-            # the hashes of the history's prefixes: full mode matches them; in delta mode they let the
-            # safety net recognise a client resending its history -- only when an assistant message is
-            # among them (a delta client never resends the model's answers: an ordinary turn probes nothing)
-            # (a resumed call's items were matched by its route already: what is left is new)
-            prefixes = transcript.prefix_hashes(digests) if call.mode == "full" or (not call.resumed and any(
-                type(m) is dict and m.get("role") == "assistant" for m in call.messages)) else []
-            system_hash = transcript.system_hash(call.messages)
         if self.sessions is not None and call.mode == "full" and call.conversation_id is not None:
             await self.sessions.continue_from(call.tenant, call.conversation_id, prefixes)  # (first calls only)
         start = CallStart(
             tenant=call.tenant, conversation_id=call.conversation_id, node_id=node_id, new_tree_id=uuid7(),
             kind=call.kind, mode=call.mode, parent_mode=call.parent_mode, parent_id=call.parent_id,
-            sent=call.items, digests=digests if call.mode == "delta" else [], prefixes=prefixes,
+            sent=call.items, digests=digests, prefixes=prefixes,
             system_hash=system_hash, lease_seconds=self.lease_seconds,
             model=call.body.get("model"), provider=provider, params=call.params,
             new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}", ordinals=call.ordinals,

@@ -21,7 +21,8 @@ from ..dialects.responses import translate
 from ..dialects.responses.compaction import compaction_item
 from ..errors import ConversationNotFound
 
-__all__ = ["ITEM_IDS", "Item", "has_instructions", "kept_items", "listed_item", "node_items", "path_items"]
+__all__ = ["ITEM_IDS", "Item", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
+           "with_parts"]
 
 _encode_key = msgspec.json.Encoder(order="sorted").encode  # (a signature as a dict key, whatever its parts hold)
 
@@ -40,16 +41,19 @@ class Item:
     hidden: bool = False  # context, not an item: a Responses call's instructions a summary carried (``_carry_system``)
 
 
+def with_parts(item: dict[str, Any]) -> dict[str, Any]:
+    """A message item as OpenAI's lists carry it: its text in content parts."""
+    if item.get("type") == "message" and isinstance(item.get("content"), str):
+        part = "output_text" if item.get("role") == "assistant" else "input_text"
+        return {**item, "content": [{"type": part, "text": item["content"]}]}
+    return item
+
+
 def listed_item(item: dict[str, Any], item_id: str) -> dict[str, Any]:
-    out = dict(item)
-    kind = out.get("type") or ("message" if "role" in out else "item")
-    out["type"] = kind
-    out["id"] = item_id
+    kind = item.get("type") or ("message" if "role" in item else "item")
+    out = with_parts({**item, "type": kind, "id": item_id})
     if kind in ("message", "function_call", "function_call_output"):  # (finished: OpenAI's lists say so)
         out.setdefault("status", "completed")
-    if kind == "message" and isinstance(out.get("content"), str):  # listed messages carry content parts
-        part = "output_text" if out.get("role") == "assistant" else "input_text"
-        out["content"] = [{"type": part, "text": out["content"]}]
     return out
 
 

@@ -25,7 +25,7 @@ from .docs import errors
 from .passthrough import upstream_path
 from .path_items import node_items
 
-__all__ = ["response_input_items", "response_of", "response_resource", "stored_response", "with_parts"]
+__all__ = ["response_input_items", "response_of", "response_resource", "stored_response"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -36,14 +36,6 @@ async def stored_response(admin: AdminStore, caller: Caller, response_id: str | 
         return None
     node = await admin.node(caller.tenant, node_id)
     return None if node is None or node.response_deleted else node
-
-
-def with_parts(item: dict[str, Any]) -> dict[str, Any]:
-    """A message item as OpenAI's lists carry it: its text in content parts."""
-    if item.get("type") == "message" and isinstance(item.get("content"), str):
-        part = "output_text" if item.get("role") == "assistant" else "input_text"
-        return {**item, "content": [{"type": part, "text": item["content"]}]}
-    return item
 
 
 def response_of(node: NodeRow) -> dict[str, Any]:

@@ -46,8 +46,8 @@ from .context import CallContext
 from .conversations import items_node, new_conversation_id
 from .docs import errors
 from .passthrough import Forwarder
-from .path_items import kept_items, node_items
-from .response_objects import response_of, stored_response, with_parts
+from .path_items import kept_items, node_items, with_parts
+from .response_objects import response_of, stored_response
 
 __all__ = ["responses_compact", "responses_create"]
 
