@@ -45,6 +45,8 @@ TRAVERSALS = [
     "/v1/%252e%252e/%252e%252e/x", "/v1/models/..", "/v1/models/./x", "/v1/..%5C..%5Cadmin", "/c/conv-1/v1/..%2F..%2Fadmin",
     "/c/conv-1/v1/chat/completions/..%2F..%2F..%2Fadmin", "/auto/v1/..%2F..%2Fadmin", "/v1/a%0d%0ab", "/v1/a%00b",
     "/v1/a%09b",
+    # a dot segment with a path parameter (Tomcat and Jetty read `..;x` as `..`), encoded or not
+    "/v1/..;/admin", "/v1/..;x=1/admin", "/v1/%2e%2e%3b/admin", "/v1/.;/x", "/c/conv-1/v1/..;/..;/admin",
 ]
 
 

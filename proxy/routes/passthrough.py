@@ -38,7 +38,8 @@ def upstream_path(scope: Any, skip: int) -> str:
     """The path to forward: the request's raw (still percent-encoded) path after its first ``skip``
     segments -- forwarded as it came, never decoded and re-encoded. It must stay under the
     upstream's base path: a ``.`` or ``..`` segment (encoded once, twice or not at all, or hidden
-    behind an encoded slash or a backslash) or a control character is refused, and nothing is sent."""
+    behind an encoded slash or a backslash, or carrying a path parameter: servers in Java read
+    ``..;x`` as ``..``) or a control character is refused, and nothing is sent."""
     raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
     rest = raw.split("?", 1)[0].split("/")[skip:]
     for segment in rest:
@@ -50,7 +51,7 @@ def upstream_path(scope: Any, skip: int) -> str:
             text = decoded
         if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
             raise InvalidRequest("the path contains a control character", param="path")
-        if any(part in (".", "..") for part in re.split(r"[/\\]", text)):
+        if any(part.split(";", 1)[0] in (".", "..") for part in re.split(r"[/\\]", text)):
             raise InvalidRequest("the path may not contain '.' or '..' segments", param="path")
     return "/".join(rest)
 
