@@ -30,10 +30,23 @@ _decode = msgspec.json.Decoder().decode
 
 # PostgreSQL's jsonb cannot hold the character U+0000, which an upstream (or a client) may well
 # send. Such values are kept losslessly: a string holding it -- or an object with such a key --
-# is stored as {MARK: base64 of its JSON}, and turned back on the way out. Everything else is
-# stored as it is, so SQL still sees roles, arrays and the rest of the structure.
+# is stored as {MARK: base64 of its JSON}, and turned back on the way out. An object of that very
+# shape sent by a client or an upstream is marked the same way, so it comes back as it was sent
+# (never read as a mark); and a mark that does not decode is read as the object it is.
+# Everything else is stored as it is, so SQL still sees roles, arrays and the rest of the structure.
 _MARK = "$branchpoint:json"
 _NUL = b"\\u0000"
+_MARK_BYTES = b'"$branchpoint:json"'
+
+
+def _needs_shield(data: bytes | bytearray) -> bool:
+    """Does this JSON text hold what jsonb cannot (NUL), or an object that would read as a mark?"""
+    return _NUL in data or _MARK_BYTES in data
+
+
+def _kept_marked(value: dict[str, Any]) -> bool:
+    """An object stored marked: one with a NUL in a key, or one that looks like a mark itself."""
+    return (len(value) == 1 and _MARK in value) or any("\x00" in k for k in value)
 
 
 def _marked(value: Any) -> dict[str, str]:
@@ -46,7 +59,7 @@ def _shield(value: Any) -> Any:
     levels deep (an upstream's answer holds what the upstream likes) is shielded like any other."""
     if isinstance(value, str):
         return _marked(value) if "\x00" in value else value
-    if isinstance(value, dict) and any("\x00" in k for k in value):
+    if isinstance(value, dict) and _kept_marked(value):
         return _marked(value)
     if not isinstance(value, (list, dict)):
         return value
@@ -62,7 +75,7 @@ def _shield(value: Any) -> Any:
                 stack.append((v, new := []))
                 v = new
             elif isinstance(v, dict):
-                if any("\x00" in key for key in v):
+                if _kept_marked(v):
                     v = _marked(v)
                 else:
                     stack.append((v, new := {}))
@@ -76,9 +89,13 @@ def _shield(value: Any) -> Any:
 
 def _unmark(value: Any) -> Any | None:
     """The value a marked object stands for; None when ``value`` is not one (a marked value is
-    never None: it is a string or an object)."""
-    if isinstance(value, dict) and len(value) == 1 and _MARK in value:
-        return _decode(base64.b64decode(value[_MARK]))
+    never None: it is a string or an object). One that does not decode was never ours: a
+    client's object stored before such objects were marked -- it is what it is."""
+    if isinstance(value, dict) and len(value) == 1 and isinstance(mark := value.get(_MARK), str):
+        try:
+            return _decode(base64.b64decode(mark, validate=True))
+        except (ValueError, msgspec.DecodeError):
+            return None
     return None
 
 
@@ -137,7 +154,7 @@ def _encode_shielded(value: Any) -> bytearray:
         data += memoryview(value)
         return data
     _encode_into(value, data, 1)
-    if _NUL in data:
+    if _needs_shield(data):
         del data[1:]
         _encode_into(_shield(value), data, 1)
     return data
@@ -152,7 +169,7 @@ def _jsonb_encode(value: Any) -> bytearray:
 
 def _decode_unshielded(data: bytes) -> Any:
     value = _decode(memoryview(data)[1:])
-    return _unshield(value) if b"$branchpoint:json" in data else value
+    return _unshield(value) if _MARK_BYTES in data else value
 
 
 def _jsonb_decode(data: bytes) -> Any:

@@ -17,7 +17,7 @@ import msgspec
 
 from . import queries
 from .batching import Batch
-from .database import _NUL, Database, _encode, _on_a_fresh_stack, _shield
+from .database import Database, _encode, _needs_shield, _on_a_fresh_stack, _shield
 from .errors import StorageError, StorageUnavailable
 from .ids import tree_of
 from .model import Outcome, PathNode, rows
@@ -133,7 +133,7 @@ def _jsonb_here(contract: msgspec.Struct) -> msgspec.Raw:
     contract = msgspec.structs.replace(
         contract, **{name: _hex(getattr(contract, name)) for name in _bytes_fields(type(contract))})
     data = _encode(contract)
-    if _NUL in data:
+    if _needs_shield(data):
         fields = msgspec.to_builtins(contract)
         data = _encode({k: _shield(v) if isinstance(v, (list, dict)) else v for k, v in fields.items()})
     return msgspec.Raw(data)

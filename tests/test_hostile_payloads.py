@@ -9,6 +9,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -75,6 +76,45 @@ def test_a_deeply_nested_answer_with_a_nul_is_stored_and_frees_the_conversation(
     assert r2.status_code == 200, r2.text[:300]
     assert r2.headers["x-parent-node-id"] == node_id
     assert upstream.last.messages[1]["content"] == ("deep\u0000answer" if stream else "deep answer")
+
+
+# objects shaped like the storage's own mark for what jsonb cannot hold: a client's or an
+# upstream's, they are theirs -- stored and given back as they were, never read as a mark
+LOOKALIKES = [{"$branchpoint:json": "!!!notbase64"}, {"$branchpoint:json": "IlJFUExBQ0VEIg=="},
+              {"$branchpoint:json": 7}, {"$branchpoint:json": "IlJFUExBQ0VEIg==", "other": 1}]
+
+
+@pytest.mark.parametrize("lookalike", LOOKALIKES)
+def test_objects_shaped_like_the_storage_mark_come_back_as_they_were_sent(proxy, upstream, key, cid, lookalike):
+    upstream.enqueue(Reply(content="a1", extra_message={"x_extra": lookalike}))
+    first = {**user("q1"), "metadata_x": lookalike}
+    r = _post(proxy, key, cid, {"model": MODEL, "messages": [first], "metadata": {"tag": lookalike}})
+    assert r.status_code == 200, r.text[:300]
+    node_id = r.headers["x-node-id"]
+    http = proxy.http(key)
+    node = http.get(f"/admin/nodes/{node_id}").json()
+    assert node["sent"][0]["metadata_x"] == lookalike and node["received"][0]["x_extra"] == lookalike
+    assert http.get(f"/admin/conversations/{cid}/path").status_code == 200
+    assert upstream.last.body["metadata"] == {"tag": lookalike}
+    replayed = json.loads(http.get(f"/admin/nodes/{node_id}/request").content)
+    assert replayed["messages"][0]["metadata_x"] == lookalike and replayed["metadata"] == {"tag": lookalike}
+    r2 = _post(proxy, key, cid, {"model": MODEL, "messages": [user("q2")]})
+    assert r2.status_code == 200, r2.text[:300]
+    sent = upstream.last.body
+    assert sent["messages"][0]["metadata_x"] == lookalike
+
+
+def test_a_lookalike_stored_before_lookalikes_were_marked_reads_as_itself(proxy, upstream, key, cid, db):
+    """A row written before such objects were marked holds one as it is: it reads as what it
+    is, and the conversation goes on (it used to fail every read of the path, and lock it)."""
+    r = _post(proxy, key, cid, {"model": MODEL, "messages": [user("q1")]})
+    node_id = r.headers["x-node-id"]
+    db.fetch("UPDATE nodes SET sent = jsonb_set(sent, '{0,metadata_x}', '{\"$branchpoint:json\": \"!!!\"}') "
+             "WHERE id = $1", uuid.UUID(node_id))
+    assert proxy.http(key).get(f"/admin/nodes/{node_id}").json()["sent"][0]["metadata_x"] == {"$branchpoint:json": "!!!"}
+    r2 = _post(proxy, key, cid, {"model": MODEL, "messages": [user("q2")]})
+    assert r2.status_code == 200, r2.text[:300]
+    assert upstream.last.messages[0]["metadata_x"] == {"$branchpoint:json": "!!!"}
 
 
 def test_the_shield_is_depth_proof():
