@@ -181,6 +181,9 @@ class CallLifecycle:
             started, path = await self._begin(call, upstream.name, secrets)
         else:  # translated only: no node, no path, nothing to compact (docs/behaviour.md#the-messages-api)
             started, path = Started.unstored(call, call.dialect.to_messages(call.items, upstream.name), secrets), []
+        # the client going away, watched until its answer is handed over: no upstream call is made
+        # (after a compaction, say) or waited for once it has gone
+        watch = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
             if started.stored:
                 path = await self.builder.readable(started.tree_id, path, target, tenant=call.tenant)
@@ -199,7 +202,7 @@ class CallLifecycle:
                                               params=call.query if way.native and call.query else None)
                 exchange = way.exchange(node_id=started.node_id, params=call.exchange_params(), provider=upstream.name)
                 try:
-                    return await self._exchange(started, request, receive, exchange, way)
+                    return await self._exchange(started, request, watch, exchange, way)
                 except _Failed as failed:
                     # truncation "auto" (Responses): an overflow compacts the path and tries once more;
                     # the refused attempt stays a node of its own (a failed sibling: every attempt is one)
@@ -227,10 +230,12 @@ class CallLifecycle:
             if isinstance(exc, BranchpointError):
                 exc.headers.update(dict(started.headers()))
             raise
+        finally:
+            watch.cancel()
 
     # -- the upstream's answer: one ladder of failures for answers and streams ----------------
 
-    async def _exchange(self, started: Started, request: httpx.Request, receive: Any, exchange: Exchange,
+    async def _exchange(self, started: Started, request: httpx.Request, watch: asyncio.Future[None], exchange: Exchange,
                         way: Crossing) -> Any:
         """The upstream's answer, relayed: a stream as a ``StreamRelay``, an answer as a
         ``RawResponse``, both after the same rungs -- the upstream unreachable or cut
@@ -238,7 +243,7 @@ class CallLifecycle:
         is not what was asked for (``not_a_completion``) -- each raising ``_Failed``."""
         stream = started.call.stream
         t0 = time.perf_counter()
-        response, content = await self._response(started, request, None if stream else receive)
+        response, content = await self._response(started, request, watch)
         relay_headers = response_headers(response.headers, started.secrets) + started.headers()
         if stream:
             return self._relay(started, response, relay_headers, exchange, t0)
@@ -250,50 +255,54 @@ class CallLifecycle:
                            finish_reason=answer.finish_reason, received_messages=answer.messages)
         return RawResponse(response.status_code, answer.body, relay_headers)
 
-    async def _response(self, started: Started, request: httpx.Request, receive: Any) -> tuple[httpx.Response, bytes]:
+    async def _response(self, started: Started, request: httpx.Request,
+                        watch: asyncio.Future[None]) -> tuple[httpx.Response, bytes]:
         """The upstream's successful response: a stream's head (its events still to come), or an
-        answer read whole while watching ``receive`` for the client going away."""
-        if receive is None:  # (a stream's upstream time is counted when it ends)
-            try:
-                response = await self.upstream.send(request)
-            except UpstreamFailure as exc:
-                raise _Failed(Failure.from_error(exc)) from None
-            if response.status_code == 200 and response.headers.get("content-type", "").startswith("text/event-stream"):
-                return response, b""
-            try:
-                content = await self.upstream.read_rest(response)
-            except UpstreamFailure as exc:
-                if response.status_code == 200 or isinstance(exc, UpstreamTooLarge):
-                    raise _Failed(Failure.from_error(exc)) from None
-                content = b""  # (cut while reading an error: the status says enough)
-            if response.status_code != 200:
-                raise _Failed(classify(response.status_code, content, started.secrets),
-                              response_headers(response.headers, started.secrets) + started.headers())
-            # a stream was asked for and something else came back: refused whole
-            raise _Failed(not_a_completion(content, "not an event stream", started.secrets))
-        send_task = asyncio.ensure_future(self.upstream.fetch(request))
-        watch = asyncio.ensure_future(wait_for_disconnect(receive))
+        answer read whole -- waited for while ``watch`` looks out for the client going away (then
+        the upstream request is dropped; none is sent once it has gone)."""
+        if watch.done():
+            raise _Failed(client_disconnected())
+        stream = started.call.stream
+        task = asyncio.ensure_future(self.upstream.send(request) if stream else self.upstream.fetch(request))
         t0 = time.perf_counter()
         try:
-            await asyncio.wait((send_task, watch), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
-            send_task.cancel()  # (stopped while waiting: the upstream request goes too)
+            task.cancel()  # (stopped while waiting: the upstream request goes too)
             raise
         finally:
-            watch.cancel()
-            _upstream_time(time.perf_counter() - t0)
-        if not send_task.done():  # the client gave up first
-            send_task.cancel()
-            await asyncio.gather(send_task, return_exceptions=True)
+            if not stream:  # (a stream's upstream time is counted when it ends)
+                _upstream_time(time.perf_counter() - t0)
+        if not task.done():  # the client gave up first
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
             raise _Failed(client_disconnected())
+        if not stream:
+            try:
+                response, content = task.result()
+            except UpstreamFailure as exc:
+                raise _Failed(Failure.from_error(exc)) from None
+            if not 200 <= response.status_code < 300:
+                raise _Failed(classify(response.status_code, content, started.secrets),
+                              response_headers(response.headers, started.secrets) + started.headers())
+            return response, content
         try:
-            response, content = send_task.result()
+            response = task.result()
         except UpstreamFailure as exc:
             raise _Failed(Failure.from_error(exc)) from None
-        if not 200 <= response.status_code < 300:
+        if response.status_code == 200 and response.headers.get("content-type", "").startswith("text/event-stream"):
+            return response, b""
+        try:
+            content = await self.upstream.read_rest(response)
+        except UpstreamFailure as exc:
+            if response.status_code == 200 or isinstance(exc, UpstreamTooLarge):
+                raise _Failed(Failure.from_error(exc)) from None
+            content = b""  # (cut while reading an error: the status says enough)
+        if response.status_code != 200:
             raise _Failed(classify(response.status_code, content, started.secrets),
                           response_headers(response.headers, started.secrets) + started.headers())
-        return response, content
+        # a stream was asked for and something else came back: refused whole
+        raise _Failed(not_a_completion(content, "not an event stream", started.secrets))
 
     def _relay(self, started: Started, response: httpx.Response, headers: list[tuple[str, str]], exchange: Exchange,
                t0: float) -> StreamRelay:

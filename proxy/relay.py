@@ -93,7 +93,7 @@ class StreamRelay:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
-            if not pump.done():
+            if not pump.done() or watch.done():  # (gone before the end reached it: the end was never seen)
                 disconnected = True
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)

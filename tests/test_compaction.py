@@ -134,6 +134,33 @@ def test_synchronous_compaction_above_the_hard_threshold(fresh_database_url, ups
         assert upstream.chat_requests.index(upstream.summariser_requests[0]) < upstream.chat_requests.index(upstream.last)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_during_a_synchronous_compaction_gets_no_upstream_call(fresh_database_url, upstream_url,
+                                                                             upstream, key, cid, stream):
+    """The client gives up while its call compacts first: the summary may still be made, but the
+    call is not sent upstream for nobody -- its node fails as client_disconnected."""
+    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS["models"],
+                             compaction={"keep_recent": 2, "soft": 1.0, "hard": 0.9})
+    with serve_proxy(settings) as p:
+        db = Db(fresh_database_url)
+        grow(p, upstream, key, cid, 5, prompt_step=500)
+        turns = len(upstream.turn_requests)
+        hold = threading.Event()
+        upstream.enqueue_summary(Reply(content="Facts: a summary made late.", hold=hold))
+        try:
+            with httpx.Client(base_url=p.url) as http, pytest.raises(httpx.ReadTimeout):
+                http.post("/v1/chat/completions", timeout=0.5,
+                          json={"model": MODEL, "messages": [user("a long pasted report: " + FILLER * 3)], "stream": stream},
+                          headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid})
+        finally:
+            hold.set()
+        row = wait_for(lambda: (r := db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND kind = 'turn' "
+                                                 "ORDER BY created_at DESC LIMIT 1", cid)) and r["status"] != "pending" and r,
+                       10, "the call's node to fail")
+        assert row["status"] == "failed" and row["error"]["code"] == "client_disconnected"
+        assert len(upstream.summariser_requests) == 1 and len(upstream.turn_requests) == turns
+
+
 def test_a_failed_summarisation_changes_nothing(fresh_database_url, upstream_url, upstream, key, cid):
     settings = make_settings(fresh_database_url, upstream_url, models=LIMITS["models"],
                              compaction={"keep_recent": 2, "soft": 1.0, "hard": 0.9})

@@ -5,7 +5,9 @@ import threading
 import time
 
 import httpx
+import pytest
 
+from .conftest import wait_for
 from .fakes import Reply
 from .helpers import MODEL, user
 
@@ -101,6 +103,30 @@ def test_client_disconnect_marks_the_node_failed(proxy, upstream, key, cid, db):
     assert node["error"]["code"] == "client_disconnected"
     assert db.head(cid) == node_id  # transient: the failed node is the head
     assert node["received"] is None
+
+
+def test_a_client_gone_before_the_first_byte_fails_the_node_and_the_upstream_request_is_dropped(
+        proxy, upstream, key, cid, db):
+    """A client that gives up while the upstream has not answered yet (its stream not begun):
+    the node fails as client_disconnected at once -- its answer, arriving later, is never
+    context -- and the upstream request is dropped rather than read to the end."""
+    never = threading.Event()
+    upstream.enqueue(Reply(kind="stream", content="an answer nobody saw", hold=never))
+    try:
+        with httpx.Client(base_url=proxy.url) as http, pytest.raises(httpx.ReadTimeout):
+            with http.stream("POST", "/v1/chat/completions", timeout=0.5,
+                             json={"model": MODEL, "messages": [user("q")], "stream": True},
+                             headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}):
+                pass
+        row = wait_for(lambda: (r := db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1", cid))
+                       and r["status"] != "pending" and r, 10, "the node to fail")
+    finally:
+        never.set()
+    assert row["status"] == "failed" and row["error"]["code"] == "client_disconnected"
+    assert row["received"] is None and db.head(cid) == str(row["id"])
+    proxy.openai(key).chat.completions.create(model=MODEL, messages=[user("next")],
+                                              extra_headers={"X-Conversation-Id": cid})
+    assert upstream.last.messages == [user("q"), user("next")]
 
 
 def test_stream_cut_without_done_fails_with_a_final_error_event(client, upstream, cid, db):
