@@ -161,6 +161,26 @@ def test_a_client_gone_during_a_synchronous_compaction_gets_no_upstream_call(fre
         assert len(upstream.summariser_requests) == 1 and len(upstream.turn_requests) == turns
 
 
+def test_a_transforms_own_compaction_never_moves_the_head(fresh_database_url, upstream_url, upstream, key, cid):
+    """A side call above the hard threshold is compacted for its own request -- it hangs under the
+    compaction node -- but the conversation's head stays: its next turn gets its path whole."""
+    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS["models"],
+                             compaction={"keep_recent": 2, "soft": 1.0, "hard": 0.9})
+    with serve_proxy(settings) as p:
+        db = Db(fresh_database_url)
+        heads = grow(p, upstream, key, cid, 5, prompt_step=500)
+        raw = p.openai(key).chat.completions.with_raw_response.create(
+            model=MODEL, messages=[user("turn this into a playbook: " + FILLER * 3)],
+            extra_headers={"X-Conversation-Id": cid, "X-Node-Kind": "transform"})
+        node = compaction_nodes(db, cid)[0]
+        assert raw.headers["x-parent-node-id"] == str(node["id"])
+        assert upstream.last.messages[0]["content"].startswith(SUMMARY_PREFIX)
+        assert db.head(cid) == heads[-1]
+        say(p.openai(key), cid, user("next"))
+        sent = upstream.last.messages
+        assert [m["content"][:10] for m in sent] == [*[s for i in range(5) for s in (f"question {i}", f"answer {i}")], "next"]
+
+
 def test_a_failed_summarisation_changes_nothing(fresh_database_url, upstream_url, upstream, key, cid):
     settings = make_settings(fresh_database_url, upstream_url, models=LIMITS["models"],
                              compaction={"keep_recent": 2, "soft": 1.0, "hard": 0.9})

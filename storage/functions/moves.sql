@@ -156,9 +156,11 @@ $$;
 -- transaction -- or write nothing. Modes:
 --   'turn'       the call's own synchronous compaction: it must still hold the lease; its pending
 --                node moves under the compaction node, and the head moves to it;
---   'transform', 'full'  the same for a call without a lease (a side call, a full-history call): its
---                node moves under the compaction node; the head moves only if it still is the node
---                compacted from and no turn is in flight;
+--   'transform'  a side call's: its node moves under the compaction node, and the head never moves
+--                (a side call's head rule -- and the summary was shaped by its items, not the
+--                conversation's: what it kept raw made room for them);
+--   'full'       the same for a full-history call (no lease): the head moves only if it still is
+--                the node compacted from and no turn is in flight;
 --   'background', 'admin'  applied only if the head still is the node compacted from and no turn
 --                call is in flight; else nothing is written ('moved' / 'busy').
 --   p_tenant, p_conversation, p_tree; p_node (the compaction node's id), p_compacted_from;
@@ -190,7 +192,9 @@ BEGIN
             RETURN 'lost_lease';
         END IF;
         v_move := true;
-    ELSIF p_mode IN ('transform', 'full') THEN
+    ELSIF p_mode = 'transform' THEN
+        v_move := false;
+    ELSIF p_mode = 'full' THEN
         v_move := conv.head_node_id IS NOT DISTINCT FROM p_compacted_from AND v_free;
     ELSE
         IF conv.head_node_id IS DISTINCT FROM p_compacted_from THEN
