@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from storage import Outcome
 
 from .background import Background
-from .errors import UpstreamFailure, UpstreamTooLarge
+from .errors import UpstreamBadResponse, UpstreamFailure, UpstreamTooLarge
 from .failures import Failure, cancellation_handled, interrupted
 from .sse import SSEParser, sse_error_event
 
@@ -177,7 +177,12 @@ class StreamRelay:
             async for raw in self.chunks:
                 out = []
                 for event in parser.feed(raw):
-                    piece = translator.event(event)
+                    try:
+                        piece = translator.event(event)
+                    except UpstreamFailure:  # (a broken event: what came before it still goes out)
+                        if out:
+                            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                        raise
                     if piece:
                         out.append(piece)
                     if translator.error is not None or translator.finished:
@@ -187,7 +192,7 @@ class StreamRelay:
                 if translator.error is not None or translator.finished:
                     break
         except UpstreamFailure as exc:
-            code = exc.code if isinstance(exc, UpstreamTooLarge) else "stream_interrupted"
+            code = exc.code if isinstance(exc, (UpstreamTooLarge, UpstreamBadResponse)) else "stream_interrupted"
             return Failure.of(Outcome.TRANSIENT, exc.type, code, exc.message)
         except (OSError, RuntimeError):
             raise  # the client side failed: handled by __call__

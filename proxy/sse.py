@@ -7,27 +7,30 @@ from typing import Any
 
 import msgspec
 
-from .errors import error_body
+from .errors import UpstreamBadResponse, error_body
 
 __all__ = ["DONE", "UNREAD", "SSEParser", "payload", "sse_error_event"]
 
 _decode = msgspec.json.Decoder().decode
 
 DONE = object()  # the ``[DONE]`` that ends a chat stream
-UNREAD = object()  # an event without data (a comment, a keep-alive, a name only), or data that is not JSON
+UNREAD = object()  # an event without data (a comment, a keep-alive, a name only), or empty data
 
 
 def payload(event: bytes) -> Any:
-    """An event's data decoded from JSON; or ``DONE``; or ``UNREAD``."""
+    """An event's data decoded from JSON; or ``DONE``; or ``UNREAD``. Data that is not JSON
+    raises ``UpstreamBadResponse``: the upstream broke its stream (relayed, it would break the
+    client's SDK, and the answer stored would not be the one it read) -- the relay ends the
+    stream with an error event, and the node fails."""
     data = SSEParser.data(event)
-    if data is None:
+    if data is None or not data.strip():
         return UNREAD
     if data == b"[DONE]":
         return DONE
     try:
         return _decode(data)
     except (msgspec.DecodeError, RecursionError):
-        return UNREAD
+        raise UpstreamBadResponse("the upstream's stream held an event whose data is not JSON") from None
 
 
 def sse_error_event(message: str, type_: str, code: str | None) -> bytes:

@@ -141,7 +141,7 @@ class ChatStream:
     def event(self, raw: bytes) -> bytes:
         chunk = payload(raw)
         if chunk is UNREAD:
-            return raw + b"\n\n"  # comment / keep-alive, or not JSON: relayed as is
+            return raw + b"\n\n"  # a comment, a keep-alive: relayed as is
         if chunk is DONE:
             self.finished = True
             self._tail = raw + b"\n\n"
