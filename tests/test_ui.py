@@ -154,6 +154,8 @@ def test_the_viewer_is_served_offline_with_a_strict_policy(ui):
             assert served.status_code == 200 and served.content == asset.read_bytes(), asset.name
         assert http.get("/ui/../pyproject.toml").status_code == 404
         assert http.get("/ui/%2e%2e/app.py").status_code == 404
+        for odd in ("/ui/%00", "/ui/a%00.js", "/ui/" + "a" * 5000, "/ui/%0a.js", "/ui/x/" + "b" * 300 + "/y"):
+            assert http.get(odd).status_code == 404, odd  # (the file system is never asked)
     # nothing is fetched from elsewhere: no absolute URL in any asset but the SVG namespace
     for asset in UI_DIRECTORY.iterdir():
         urls = set(re.findall(r"https?://[^\s\"'`)]+", asset.read_text()))

@@ -11,6 +11,7 @@ from typing import Any
 
 from litestar import Request, Response, Router
 from litestar.datastructures import CacheControlHeader
+from litestar.exceptions import NotFoundException
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
@@ -32,7 +33,12 @@ def _secure(response: Response) -> Response:
 
 
 def _slash(request: Request[Any, Any, Any]) -> Redirect | None:
-    """``/ui`` -> ``/ui/``, so that the page's relative URLs resolve under it."""
+    """``/ui`` -> ``/ui/``, so that the page's relative URLs resolve under it. A path no file of
+    the viewer could have -- a control character, a name longer than a file system takes -- is
+    a 404 here, before the file system is asked (which would fail on it)."""
+    name = request.scope.get("path", "")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in name) or any(len(part.encode()) > 255 for part in name.split("/")):
+        raise NotFoundException()
     path = request.scope.get("raw_path", b"").split(b"?", 1)[0]
     if not path.endswith(b"/ui"):
         return None
