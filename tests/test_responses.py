@@ -215,6 +215,23 @@ def test_retrieve_input_items_and_delete(proxy, upstream, key, cid, db):
     assert db.fetchval("SELECT count(*) FROM nodes WHERE id = $1", uuid.UUID(h3["x-node-id"])) == 0
 
 
+def test_a_deleted_conversations_responses_are_gone_though_its_fork_keeps_their_nodes(proxy, upstream, key, cid):
+    """Deleting a conversation deletes its responses: one whose node a fork still needs (its
+    context) is withdrawn -- not retrievable, not continuable -- and the fork goes on with it."""
+    client, http = proxy.openai(key, conversation=cid), proxy.http(key)
+    first, _ = raw_create(client, input="shared question")
+    http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": f"{cid}-f"}).raise_for_status()
+    assert http.delete(f"/admin/conversations/{cid}").json()["nodes_kept"] == 1
+    bare = proxy.openai(key)
+    with pytest.raises(openai.NotFoundError):
+        bare.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        bare.responses.create(model=MODEL, input="go on", previous_response_id=first.id)
+    assert e.value.body["code"] == "node_not_found" and cid not in e.value.message
+    raw_create(proxy.openai(key, conversation=f"{cid}-f"), input="the fork goes on")
+    assert [m["content"] for m in upstream.last.messages][0] == "shared question"
+
+
 def test_chat_and_responses_mix_in_one_conversation(proxy, upstream, key, cid, db):
     client = proxy.openai(key, conversation=cid)
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "chat first"}])
