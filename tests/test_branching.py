@@ -7,6 +7,7 @@ import threading
 import openai
 import pytest
 
+from .conftest import wait_for
 from .fakes import Reply
 from .helpers import say, user
 
@@ -178,6 +179,27 @@ def test_head_moves_are_refused_while_a_turn_is_in_flight(proxy, upstream, key, 
     t.join()
     assert http.get(f"/admin/conversations/{cid}").json()["busy"] is False
     assert http.put(f"/admin/conversations/{cid}/head", json={"node_id": first["x-node-id"]}).status_code == 200
+
+
+def test_a_fork_never_starts_on_a_call_in_flight(proxy, upstream, key, cid, db):
+    """As a head move to it is refused, so is a fork whose head would be a node still in flight."""
+    client, http = proxy.openai(key), proxy.http(key)
+    say(client, cid, user("setup"))
+    hold = threading.Event()
+    upstream.enqueue(Reply(content="side answer", hold=hold))
+    t = threading.Thread(target=lambda: say(client, cid, user("side task"), kind="transform"))
+    t.start()
+    try:
+        pending = wait_for(lambda: db.fetchval("SELECT id FROM nodes WHERE conversation_id = $1 AND outcome IS NULL", cid),
+                           what="the side call in flight")
+        r = http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": f"{cid}-f", "node_id": str(pending)})
+        assert r.status_code == 409 and r.json()["error"]["code"] == "node_pending"
+        assert http.get(f"/admin/conversations/{cid}-f").status_code == 404  # nothing made
+    finally:
+        hold.set()
+        t.join()
+    r = http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": f"{cid}-f", "node_id": str(pending)})
+    assert r.status_code == 200 and r.json()["head_node_id"] == str(pending)
 
 
 def test_between_rounds_a_head_move_abandons_the_turn(proxy, upstream, key, cid):

@@ -119,7 +119,7 @@ $$;
 -- conversation of the same tree whose head is `node` (the source's head when p_use_head).
 -- Nothing is copied. The source row is share-locked, so a fork and a delete of its source
 -- serialise: the fork either sees the source (and the delete then keeps what the fork reaches)
--- or finds it gone. Returns the new head. Refuses with BPNFC, BPNFN or BPEXI.
+-- or finds it gone. Returns the new head. Refuses with BPNFC, BPNFN, BPPND or BPEXI.
 CREATE OR REPLACE FUNCTION bp_fork(p_tenant text, p_source text, p_new text, p_node uuid, p_use_head boolean)
 RETURNS uuid
 LANGUAGE plpgsql AS $$
@@ -138,6 +138,9 @@ BEGIN
         v_node := src.head_node_id;
     ELSIF v_node IS NULL OR NOT bp_node_in_conversation(src.tree_id, p_tenant, p_source, v_node) THEN
         PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', p_node, p_source));
+    ELSIF EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = src.tree_id AND n.id = v_node AND n.outcome IS NULL) THEN
+        -- a head never rests on a call in flight (bp_check_head): a fork's first one neither
+        PERFORM bp_refuse('BPPND', format('node %s is still in flight', p_node));
     END IF;
     -- the fork lives in its source's tree; its name points there from its own derived tree
     IF bp_claim_name(p_tenant, p_new, src.tree_id) IS NULL THEN
