@@ -105,6 +105,21 @@ def test_the_usage_report_sums_tokens_by_model_over_a_time_range(proxy, upstream
     assert proxy.http(f"sk-other-{uuid.uuid4().hex}").get("/admin/usage").json()["data"] == []  # tenants apart
 
 
+def test_only_whole_token_counts_in_range_are_counted(proxy, upstream, key, cid):
+    """An upstream's (or an import's) odd usage -- negative, fractional, absurd, a string -- counts
+    as none, in the conversation's usage and the report alike, as /metrics counts it."""
+    client, http = proxy.openai(key), proxy.http(key)
+    upstream.enqueue(Reply(usage={"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}),
+                     Reply(usage={"prompt_tokens": 10**15, "completion_tokens": -5, "total_tokens": "x"}),
+                     Reply(usage={"prompt_tokens": 2.5, "completion_tokens": 3.0, "total_tokens": 5}))
+    for q in ("one", "two", "three"):
+        say(client, cid, user(q))
+    assert http.get(f"/admin/conversations/{cid}").json()["usage"] == {
+        "prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14, "cached_tokens": 0}
+    report = http.get("/admin/usage").json()
+    assert (report["prompt_tokens"], report["completion_tokens"], report["total_tokens"]) == (10, 4, 14)
+
+
 def test_node_children_tree_and_path(proxy, upstream, key, cid):
     client, http = proxy.openai(key), proxy.http(key)
     _, a = say(client, cid, user("root question"), temperature=0.5)

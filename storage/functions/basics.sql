@@ -53,14 +53,21 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_kind IN ('turn', 'compaction', 'items') AND p_outcome IN ('success', 'transient')
 $$;
 
--- bp_token_count(usage, key, other key): a token count of a node's reported usage -- the number
+-- bp_token_count(usage, key, other key): a token count of a node's reported usage -- the count
 -- at `key`, else at `other key` (chat calls report prompt/completion tokens, Responses calls
--- input/output), else null. Anything but a JSON number (an upstream's odd answer) counts as none.
+-- input/output), else null. Only a whole number from 0 to 10^9 is a count (as /metrics counts
+-- them): anything else -- a string, a negative or fractional number, an absurd one, from an
+-- upstream's odd answer or an import -- counts as none.
 CREATE OR REPLACE FUNCTION bp_token_count(p_usage jsonb, p_key text, p_other text)
 RETURNS numeric
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN jsonb_typeof(p_usage -> p_key) = 'number' THEN (p_usage ->> p_key)::numeric
-                WHEN jsonb_typeof(p_usage -> p_other) = 'number' THEN (p_usage ->> p_other)::numeric END
+    SELECT c.v FROM (
+        SELECT 1 AS o, CASE WHEN jsonb_typeof(p_usage -> p_key) = 'number' THEN (p_usage ->> p_key)::numeric END AS v
+        UNION ALL
+        SELECT 2, CASE WHEN jsonb_typeof(p_usage -> p_other) = 'number' THEN (p_usage ->> p_other)::numeric END
+    ) c
+     WHERE c.v BETWEEN 0 AND 1000000000 AND c.v = trunc(c.v)
+     ORDER BY c.o LIMIT 1
 $$;
 
 -- bp_token_total(sum): a sum of token counts as a bigint (0 for none; held within bigint's range
