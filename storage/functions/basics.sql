@@ -61,13 +61,14 @@ $$;
 CREATE OR REPLACE FUNCTION bp_token_count(p_usage jsonb, p_key text, p_other text)
 RETURNS numeric
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT c.v FROM (
-        SELECT 1 AS o, CASE WHEN jsonb_typeof(p_usage -> p_key) = 'number' THEN (p_usage ->> p_key)::numeric END AS v
-        UNION ALL
-        SELECT 2, CASE WHEN jsonb_typeof(p_usage -> p_other) = 'number' THEN (p_usage ->> p_other)::numeric END
-    ) c
-     WHERE c.v BETWEEN 0 AND 1000000000 AND c.v = trunc(c.v)
-     ORDER BY c.o LIMIT 1
+    -- (one expression, so that PostgreSQL inlines it into the sums; the cast only under its CASE)
+    SELECT coalesce(
+        CASE WHEN jsonb_typeof(p_usage -> p_key) = 'number' THEN
+            CASE WHEN (p_usage ->> p_key)::numeric BETWEEN 0 AND 1000000000
+                      AND (p_usage ->> p_key)::numeric % 1 = 0 THEN (p_usage ->> p_key)::numeric END END,
+        CASE WHEN jsonb_typeof(p_usage -> p_other) = 'number' THEN
+            CASE WHEN (p_usage ->> p_other)::numeric BETWEEN 0 AND 1000000000
+                      AND (p_usage ->> p_other)::numeric % 1 = 0 THEN (p_usage ->> p_other)::numeric END END)
 $$;
 
 -- bp_token_total(sum): a sum of token counts as a bigint (0 for none; held within bigint's range
