@@ -164,17 +164,19 @@ def _client_error_body(body: bytes, error: NodeError) -> bytes:
     return error_body(error.message, error.type, error.code)
 
 
-def not_a_completion(content: bytes, reason: str, secrets: Iterable[str | None]) -> Failure:
-    """A 2xx whose body is not a completion: an error body in disguise (classified like a 502,
-    keeping the 200 it came with), or garbage (502 ``upstream_bad_response``)."""
+def not_a_completion(content: bytes, reason: str, secrets: Iterable[str | None], status: int = 200) -> Failure:
+    """A 2xx (``status``) whose body is not a completion: an error body in disguise (classified like
+    a 502), or garbage (502 ``upstream_bad_response``) -- the node's error keeps the status it came
+    with, as every failure the upstream answered with a status does."""
     try:
         data = _decode(content)
     except (msgspec.DecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and data.get("error"):
         failure = classify(502, content, secrets)
-        return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=200), 502, failure.body)
-    return Failure.from_error(UpstreamBadResponse(f"the upstream answered 2xx without a completion ({reason})"))
+    else:
+        failure = Failure.from_error(UpstreamBadResponse(f"the upstream answered 2xx without a completion ({reason})"))
+    return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=status), 502, failure.body)
 
 
 def from_stream_error(error: Any, secrets: Iterable[str | None]) -> Failure:

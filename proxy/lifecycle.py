@@ -250,7 +250,7 @@ class CallLifecycle:
         try:
             answer = exchange.answer(Masker(started.secrets).bytes(content))  # (credentials echoed: masked)
         except NotACompletion as exc:
-            raise _Failed(not_a_completion(content, str(exc), started.secrets)) from None
+            raise _Failed(not_a_completion(content, str(exc), started.secrets, response.status_code)) from None
         await self.outcomes.finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
                            finish_reason=answer.finish_reason, received_messages=answer.messages)
         return RawResponse(response.status_code, answer.body, relay_headers)
@@ -302,7 +302,7 @@ class CallLifecycle:
             raise _Failed(classify(response.status_code, content, started.secrets),
                           response_headers(response.headers, started.secrets) + started.headers())
         # a stream was asked for and something else came back: refused whole
-        raise _Failed(not_a_completion(content, "not an event stream", started.secrets))
+        raise _Failed(not_a_completion(content, "not an event stream", started.secrets, response.status_code))
 
     def _relay(self, started: Started, response: httpx.Response, headers: list[tuple[str, str]], exchange: Exchange,
                t0: float) -> StreamRelay:

@@ -165,6 +165,7 @@ def test_garbage_from_upstream_is_a_clean_error(client, upstream, cid, db, reply
     assert e.response.headers["content-type"] == "application/json"  # (not the upstream page's type)
     node = db.node(e.response.headers["x-node-id"])
     assert node["status"] == "failed"
+    assert node["error"]["status"] == reply.status  # the status the upstream answered with, 2xx too
     assert db.head(cid) == str(node["id"])  # all transient
 
 
