@@ -281,9 +281,10 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         tree_id = node.tree_id
 
         async def compact(keep_recent: int | None) -> Any:
+            # (no lease held: the head moves to the summary if it is still on the response)
             return await compactor.summaries.compact(tenant=caller.tenant, conversation_id=node.conversation_id,
                                                      tree_id=node.tree_id, path=path, model=model,
-                                                     client_key=caller.client_key, mode="transform", trigger="admin",
+                                                     client_key=caller.client_key, mode="full", trigger="admin",
                                                      keep_recent=keep_recent)
         source: list[Any] = path
     else:
