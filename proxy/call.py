@@ -65,7 +65,10 @@ class Call:
     raw_items: list[bytes] | None = None  # each item as the JSON bytes it was sent as (full history, chat)
     history_key: Any = None  # what this process remembers them under (``history_key``)
     keys: transcript.HistoryKeys | None = None  # full history: its keys, once worked out (``CallLifecycle``)
-    resumed: bool = False  # its items follow its parent, matched there (a stateless client after a compaction item)
+    # its items are new by the client's own word -- a Conversations API call (``conversation``), a
+    # stateless client resumed after a compaction item (its items matched there by its route):
+    # never taken for a resent history
+    new_items: bool = False
     store: bool = True  # False: translated for its upstream and answered, nothing stored (no conversation named)
 
     def exchange_params(self) -> dict[str, Any]:
@@ -104,8 +107,10 @@ class Call:
         digests = transcript.digests(self.messages)
         # the hashes of the prefixes let the safety net recognise a delta client resending its history
         # -- only when an assistant message is among them (a delta client never resends the model's
-        # answers: an ordinary turn probes nothing); a resumed call's items were matched by its route
-        prefixes = transcript.prefix_hashes(digests) if not self.resumed and any(
+        # answers: an ordinary turn probes nothing), and never for a call that says where its items
+        # go: a parent named (full history takes none; an answer it sends again is its to send) or
+        # items new by its word (``new_items``)
+        prefixes = transcript.prefix_hashes(digests) if not self.new_items and self.parent_mode != "node" and any(
             type(m) is dict and m.get("role") == "assistant" for m in self.messages) else []
         return digests, prefixes, transcript.system_hash(self.messages)
 

@@ -106,6 +106,38 @@ def test_a_plain_delta_conversation_stays_delta(proxy, upstream, key, cid, db):
     assert db.head(cid) == h4["x-node-id"]
 
 
+def test_a_call_that_says_where_its_items_go_is_never_taken_for_a_resent_history(proxy, upstream, key, cid):
+    """The safety net is for a delta client that resends its history without saying so. A call
+    that names its parent (X-Parent-Node-Id, previous_response_id), or sends new items by the
+    Conversations API's word (conversation=), may send an earlier answer again -- an edit quoting
+    it, an item_reference to it: it hangs where it said, with its context whole."""
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content="a1"), Reply(content="a2"), Reply(content="a3"), Reply(content="a4"))
+    c1, h1 = chat(client, [user("q1")], DELTA)
+    _, h2 = chat(client, [user("q2")], DELTA)
+    chat(client, [user("q3")], DELTA)
+    _, h4 = chat(client, [answer_of(c1), user("q4 about that answer")], {**DELTA, "X-Parent-Node-Id": h2["x-node-id"]})
+    assert (h4["x-context-mode"], h4["x-parent-node-id"]) == ("delta", h2["x-node-id"])
+    assert [m["content"] for m in upstream.last.messages] == ["q1", "a1", "q2", "a2", "a1", "q4 about that answer"]
+
+    bare = proxy.openai(key)
+    conv = bare.conversations.create(items=[{"type": "message", "role": "user", "content": "seed"}])
+    bare.responses.create(model=MODEL, conversation=conv.id, input="Q1")
+    bare.responses.create(model=MODEL, conversation=conv.id, input="Q2")
+    said = [i for i in bare.conversations.items.list(conv.id, order="asc").data if i.role == "assistant"][0]
+    raw = bare.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input=[
+        {"type": "item_reference", "id": said.id}, {"type": "message", "role": "user", "content": "Q3 on it"}])
+    assert raw.headers["x-context-mode"] == "delta"
+    texts = [m["content"] for m in upstream.last.messages]
+    assert texts[:5] == ["seed", "Q1", "echo: Q1", "Q2", "echo: Q2"] and texts[-2:] == ["echo: Q1", "Q3 on it"]
+    first = bare.responses.create(model=MODEL, input="R1", extra_headers={"X-Conversation-Id": f"{cid}-r"})
+    second = bare.responses.with_raw_response.create(model=MODEL, input="R2", previous_response_id=first.id)
+    raw = bare.responses.with_raw_response.create(model=MODEL, previous_response_id=second.parse().id, input=[
+        {"type": "item_reference", "id": first.output[0].id}, {"type": "message", "role": "user", "content": "R3"}])
+    assert (raw.headers["x-parent-node-id"], raw.headers["x-context-mode"]) == (second.headers["x-node-id"], "delta")
+    assert [m["content"] for m in upstream.last.messages][:4] == ["R1", "echo: R1", "R2", "echo: R2"]
+
+
 def test_answers_are_indexed_by_their_digest(proxy, upstream, key, cid, db):
     client = proxy.openai(key, conversation=cid)
     upstream.enqueue(Reply(content="indexed"))

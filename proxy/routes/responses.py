@@ -240,7 +240,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         body=body, items=items, stream=body.get("stream") is True, client_key=caller.client_key,
         headers=headers.items, dialect=RESPONSES, credentials=headers.credentials(),
         compact_threshold=threshold, truncation_auto=truncation_auto, compaction_controls=controls,
-        resumed=resumed_call,
+        new_items=resumed_call or named,  # (conversation=: its input holds the new items, never a history)
     )
     return await calls.run(call, request.receive)
 
