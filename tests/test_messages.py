@@ -574,6 +574,39 @@ def test_interleaved_chat_tool_arguments_reach_the_client_whole(mproxy: Proxy, u
     assert seen == stored == [("text", "between"), ("tool_use", {"x": 1}), ("tool_use", {"y": 2})]
 
 
+@pytest.mark.parametrize("arguments, expected", [
+    ("not json {", {"arguments": "not json {"}), ("[1,2]", {"value": [1, 2]}), ('"str"', {"value": "str"}),
+    ('{"ok": true}', {"ok": True}),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_models_tool_arguments_that_are_no_object_reach_the_client_as_stored(
+        mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str, arguments: str, expected: Any, stream: bool) -> None:
+    """A small model's tool arguments that are not a JSON object: the tool_use input the client
+    gets -- streamed or whole -- is the object the answer is stored with, never text an SDK
+    cannot parse into an input."""
+    body = (_chat_chunk({"role": "assistant"})
+            + _chat_chunk({"tool_calls": [{"index": 0, "id": "c0", "type": "function",
+                                           "function": {"name": "A", "arguments": arguments}}]})
+            + _chat_chunk({}, "tool_calls") + "data: [DONE]\n\n")
+    if stream:
+        upstream.enqueue(Reply(kind="raw", body=body.encode(), content_type="text/event-stream"))
+    else:
+        upstream.enqueue(Reply(content=None, tool_calls=[{"id": "c0", "type": "function",
+                                                          "function": {"name": "A", "arguments": arguments}}]))
+    tools = [{"name": "A", "input_schema": {"type": "object"}}]
+    c = client(mproxy, key, f"/c/{cid}")
+    if stream:
+        with c.messages.stream(model="gpt-x", max_tokens=9, tools=tools, messages=[{"role": "user", "content": "go"}]) as s:
+            final = s.get_final_message()
+            node_id = s.response.headers["x-node-id"]
+    else:
+        raw = c.messages.with_raw_response.create(model="gpt-x", max_tokens=9, tools=tools,
+                                                  messages=[{"role": "user", "content": "go"}])
+        final, node_id = raw.parse(), raw.headers["x-node-id"]
+    stored = node(mproxy, key, node_id)["received"][0]["content"]
+    assert [b.input for b in final.content if b.type == "tool_use"] == [b["input"] for b in stored] == [expected]
+
+
 def test_a_chat_clients_signed_thinking_goes_back_to_anthropic(mproxy: Proxy, claude: FakeAnthropic, key: str,
                                                                cid: str) -> None:
     oc = mproxy.openai(key, conversation=cid)

@@ -26,6 +26,7 @@ from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, sse_error_event
 from ..chat.stream import MaskedChunks, StreamAccumulator
 from . import translate
+from .blocks.from_chat import input_json
 from .errors import anthropic_type, error_event
 
 __all__ = ["FromChat", "Message", "Native", "ToChat", "error_event"]
@@ -293,7 +294,7 @@ class FromChat:
                                             "input": {}}))
             arguments = call["function"]["arguments"]
             if arguments:
-                out.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
+                out.append(self._delta({"type": "input_json_delta", "partial_json": input_json(arguments)}))
             out.append(self._stop())
         return b"".join(out)
 

@@ -15,7 +15,7 @@ import msgspec
 from ...responses.items import ITEMS, PRODUCER, items_of
 from .to_chat import CONT, INLINE, _blocks
 
-__all__ = ["to_anthropic"]
+__all__ = ["input_json", "to_anthropic"]
 
 _THINKING = frozenset({"thinking", "redacted_thinking"})
 
@@ -58,6 +58,18 @@ def _input(arguments: Any) -> Any:
     except (msgspec.DecodeError, RecursionError):
         return {"arguments": arguments}  # (not JSON: kept, as a field)
     return value if isinstance(value, dict) else {"value": value}
+
+
+def input_json(arguments: str) -> str:
+    """A chat tool call's arguments as a streamed ``tool_use`` input's JSON: as written when they
+    are a JSON object, else the object ``_input`` makes of them -- what the answer whole and the
+    stored answer say, and what an SDK can parse (it refuses anything but an object)."""
+    try:
+        if isinstance(_decode(arguments), dict):
+            return arguments
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    return msgspec.json.encode(_input(arguments)).decode()
 
 
 def _from_chat(message: dict[str, Any], provider: str | None) -> tuple[str, list[dict[str, Any]]]:
