@@ -255,6 +255,35 @@ def test_full_history_responses_through_auto(proxy, upstream):
     assert [m["content"] for m in upstream.last.messages] == ["first question", first.output_text, "second question"]
 
 
+@pytest.mark.parametrize("order", ["grouped", "interleaved"])
+def test_parallel_calls_resent_each_with_its_result_match_as_one_answer(proxy, upstream, order):
+    """OpenAI's function-calling guide appends each call of an answer, then its result: the
+    answer's calls -- told apart from a later answer's by their ids -- are still one answer, and
+    the resent history matches it (not a conversation of its own)."""
+    client = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=new_key(), max_retries=0)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_a", "f", '{"x": 1}'),
+                                                     tool_call("call_b", "g", '{"y": 2}')]))
+    first, h1 = raw_create(client, input=[{"role": "user", "content": "do both"}], store=False)
+    calls = [o.model_dump(exclude_none=True) for o in first.output]
+    results = [{"type": "function_call_output", "call_id": c["call_id"], "output": f"done {c['name']}"} for c in calls]
+    resent = [*calls, *results] if order == "grouped" else [calls[0], results[0], calls[1], results[1]]
+    second, h2 = raw_create(client, input=[{"role": "user", "content": "do both"}, *resent], store=False)
+    assert h2["x-conversation-id"] == h1["x-conversation-id"] and h2["x-context-matched"] == "2"
+    assert h2["x-parent-node-id"] == h1["x-node-id"]
+    sent = upstream.last.messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in sent[1]["tool_calls"]] == ["call_a", "call_b"]
+    # a later answer's call after a result is an answer of its own
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_c", "f", '{"x": 3}')]))
+    third, h3 = raw_create(client, input=[{"role": "user", "content": "do both"}, *resent], store=False)
+    later = [o.model_dump(exclude_none=True) for o in third.output]
+    _, h4 = raw_create(client, store=False, input=[
+        {"role": "user", "content": "do both"}, *resent, *later,
+        {"type": "function_call_output", "call_id": later[0]["call_id"], "output": "done c"}])
+    assert h4["x-parent-node-id"] == h3["x-node-id"]
+    assert [m["role"] for m in upstream.last.messages] == ["user", "assistant", "tool", "tool", "assistant", "tool"]
+
+
 def test_a_responses_upstream_gets_the_assembled_input_natively(native, upstream, key, cid):
     client = native.openai(key, conversation=cid)
     reasoning = {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": "gAAAA-secret"}

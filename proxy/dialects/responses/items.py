@@ -8,7 +8,8 @@ Responses upstream can send them back natively (``to_items``); anything a chat u
 read is dropped there (``assembly.strip``).
 
     message (input or output) item        -> user / system / developer / assistant message
-    function_call items after a message    -> that assistant message's tool_calls
+    function_call items after a message    -> that assistant message's tool_calls (also one sent after
+                                              a result of its answer's: ids fc_<node>_<i> say which)
     function_call_output                   -> tool message
     reasoning (summary only)               -> reasoning_content of the next assistant message
     reasoning with encrypted_content, and
@@ -18,6 +19,7 @@ read is dropped there (``assembly.strip``).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -159,6 +161,15 @@ def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
     return parts, refusal
 
 
+_CALL_OF_ANSWER = re.compile(r"fc_([0-9a-f]{32})_\d+")
+
+
+def _answer_of(item_id: Any) -> str | None:
+    """The node whose answer a function call item of ours came from (``fc_<node>_<i>``), else None."""
+    match = _CALL_OF_ANSWER.fullmatch(item_id) if isinstance(item_id, str) else None
+    return match.group(1) if match else None
+
+
 def to_messages(items: Iterable[Any], producer: str | None = None) -> list[dict[str, Any]]:
     """Chat messages standing for Responses ``items`` (see the module docstring)."""
     return convert(items, producer)[0]
@@ -175,6 +186,11 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
     pending: list[dict[str, Any]] = []  # items waiting for the message they belong to
     reasoning: list[str] = []
     last_assistant: dict[str, Any] | None = None  # function calls join the assistant message before them
+    number = 0  # its message number
+    # the assistant message whose calls the results after it answer, and the answer of ours its
+    # calls came from: a call of the same answer sent after another's result (OpenAI's guide
+    # appends each call, then its result) joins it again -- one answer, one message, as stored
+    answered: tuple[dict[str, Any], str, int] | None = None
 
     def attach(message: dict[str, Any], *native: dict[str, Any]) -> dict[str, Any]:
         nonlocal counted
@@ -210,22 +226,27 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 message["reasoning_content"] = "".join(reasoning)
                 reasoning.clear()
             out.append(attach(message, item))
-            last_assistant = message if role == "assistant" else None
+            last_assistant, number, answered = (message if role == "assistant" else None), counted, None
         elif kind == "function_call":
             call = {"id": item.get("call_id"), "type": "function",
                     "function": {"name": flat_name(item.get("namespace"), item.get("name")),
                                  "arguments": item.get("arguments") or ""}}
+            origin = _answer_of(item.get("id"))
+            if last_assistant is None and answered is not None and origin == answered[1] and not reasoning:
+                last_assistant, _, number = answered
             if last_assistant is None:
                 last_assistant = {"role": "assistant", "content": None}
                 if reasoning:
                     last_assistant["reasoning_content"] = "".join(reasoning)
                     reasoning.clear()
                 out.append(attach(last_assistant))
+                number = counted
             last_assistant.setdefault("tool_calls", []).append(call)
             last_assistant[ITEMS] = [*last_assistant.get(ITEMS, []), *pending, item]
+            answered = (last_assistant, origin, number) if origin is not None else None
             pending.clear()
             for w in waiting:
-                ordinals[w] = counted
+                ordinals[w] = number
             waiting.clear()
         elif kind == "function_call_output":
             output = item.get("output")
