@@ -182,13 +182,18 @@ def not_a_completion(content: bytes, reason: str, secrets: Iterable[str | None],
 def from_stream_error(error: Any, secrets: Iterable[str | None]) -> Failure:
     """An error event inside a stream: an overflow if it says so, an invalid request if its type
     says that (OpenAI's and Anthropic's ``invalid_request_error``: a stream that refused the
-    request as its first word -- the head stays), else transient."""
+    request as its first word -- the head stays), else transient. Its code is the event's own, else
+    ``stream_error`` (no HTTP status said it: the stream came with a 200)."""
     body = msgspec.json.encode({"error": error if isinstance(error, dict) else {"message": str(error)}})
     failure = classify(400, body, secrets)
     if failure.outcome is not Outcome.OVERFLOW and not (isinstance(error, dict)
                                                          and error.get("type") == "invalid_request_error"):
         failure = classify(502, body, secrets)
-    return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=None), failure.status, failure.body)
+    code = failure.error.code
+    if code in ("http_400", "http_502"):  # (the statuses classified by above, not the upstream's)
+        code = "stream_error"
+    return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=None, code=code), failure.status,
+                   failure.body)
 
 
 def interrupted(message: str) -> Failure:

@@ -183,7 +183,10 @@ def test_a_failure_mid_stream_ends_with_response_failed(proxy, upstream, key, ci
     kinds = [e["type"] for e in events]
     assert kinds[0] == "response.created" and kinds[-2:] == ["response.failed", "error"]
     assert events[-2]["response"]["status"] == "failed"
-    assert db.node(node)["status"] == "failed"
+    # the event had no code: the node's says a stream error -- no HTTP status said it (it came with a 200)
+    assert events[-1]["code"] == "stream_error" and events[-2]["response"]["error"]["code"] == "stream_error"
+    stored = db.node(node)
+    assert stored["status"] == "failed" and stored["error"]["code"] == "stream_error" and stored["error"]["status"] is None
     upstream.enqueue(Reply(kind="error", status=503))
     with pytest.raises(openai.InternalServerError):
         client.responses.create(model=MODEL, input="fails")
