@@ -417,6 +417,7 @@ async def _responses_answer(self: FakeUpstream, send: Any, reply: Reply | None, 
         await send({"type": "http.response.body", "body": f"event: {kind}\ndata: {payload}\n\n".encode(), "more_body": True})
 
     await event("response.created", response={**response, "status": "in_progress", "output": []})
+    await event("response.in_progress", response={**response, "status": "in_progress", "output": []})  # (as OpenAI)
     for index, item in enumerate(output):
         await event("response.output_item.added", output_index=index, item=item)
         if item["type"] == "message":

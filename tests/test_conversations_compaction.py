@@ -168,6 +168,9 @@ def test_compaction_controls_over_a_responses_upstream(native, upstream, key):
     added = [e for e in events if e.type == "response.output_item.added"]
     assert [(e.output_index, e.item.type) for e in added] == [(0, "compaction"), (1, "message")]
     assert [i.type for i in events[-1].response.output] == ["compaction", "message"]
+    kinds = [e.type for e in events]  # (the items come once the response is in progress, as over chat)
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
     # the stored answer is the upstream's alone: the compaction is listed once, as the summary's item
     listed = client.conversations.items.list(conv2.id, order="asc").data
     types = [i.type for i in listed]

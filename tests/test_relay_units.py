@@ -1,10 +1,12 @@
 """SSE parsing and stream reassembly, without a network."""
 
 import json
+import uuid
 
 import pytest
 
 from proxy.dialects.chat import StreamAccumulator
+from proxy.dialects.responses.relayed import Native
 from proxy.failures import classify
 from proxy.sse import SSEParser
 
@@ -110,3 +112,24 @@ def test_parser_handles_crlf_split_across_chunks():
     p = SSEParser()
     assert p.feed(b"data: 1\r\n\r") == []
     assert p.feed(b"\ndata: 2\r\n\r\n") == [b"data: 1", b"data: 2"]
+
+
+@pytest.mark.parametrize("in_progress", [True, False])
+def test_a_compaction_item_is_announced_once_the_response_is_in_progress(in_progress):
+    """Over a Responses upstream, the compaction item an answer begins with comes after
+    response.in_progress -- or, from an upstream that never sends one, before its first other
+    event -- numbered in the stream's one sequence."""
+    item = {"type": "compaction", "id": "cmp_x", "summary": []}
+    native = Native(node_id=uuid.uuid4(), client={}, compaction=[item])
+    upstream = [("response.created", {"response": {"id": "up", "output": []}})]
+    if in_progress:
+        upstream.append(("response.in_progress", {"response": {"id": "up", "output": []}}))
+    upstream.append(("response.output_item.added", {"output_index": 0, "item": {"type": "message", "id": "m"}}))
+    out = b"".join(native.event(f"event: {k}\ndata: {json.dumps({'type': k, **d})}".encode()) for k, d in upstream)
+    events = [json.loads(line[6:]) for line in out.decode().splitlines() if line.startswith("data: ")]
+    kinds = [e["type"] for e in events]
+    expected = ["response.created", *(["response.in_progress"] if in_progress else []),
+                "response.output_item.added", "response.output_item.done", "response.output_item.added"]
+    assert kinds == expected
+    assert [e["output_index"] for e in events if "output_index" in e] == [0, 0, 1]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))

@@ -96,7 +96,7 @@ class Native:
 
     def _shifted(self, kind: Any, event: dict[str, Any]) -> bytes:
         """An event when the output begins with a compaction item: announced once the response is
-        created, the upstream's output indexes after it, its completed response holding it first."""
+        in progress, the upstream's output indexes after it, its completed response holding it first."""
         if kind in ("response.failed", "error"):
             response = event.get("response") or {}
             self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
@@ -112,13 +112,24 @@ class Native:
             shown = {**self.final, "output": [*self.compaction, *(self.final.get("output") or [])]}
             self._tail = self._line(kind, {**event, "response": shown})
             return b""
-        line = self._line(kind, event)
-        if kind == "response.created" and not self._opened:
-            self._opened = True
-            for i, item in enumerate(self.compaction):
-                line += self.emit("response.output_item.added", output_index=i, item=item)
-                line += self.emit("response.output_item.done", output_index=i, item=item)
+        # announced once the response is in progress (or, from an upstream that never says so,
+        # before its first event of another kind): the items come after response.in_progress
+        announce = not self._opened and kind != "response.created"
+        items = b""
+        if announce and kind != "response.in_progress":
+            items = self._announce()
+        line = items + self._line(kind, event)
+        if announce and kind == "response.in_progress":
+            line += self._announce()
         return line
+
+    def _announce(self) -> bytes:
+        self._opened = True
+        out = b""
+        for i, item in enumerate(self.compaction):
+            out += self.emit("response.output_item.added", output_index=i, item=item)
+            out += self.emit("response.output_item.done", output_index=i, item=item)
+        return out
 
     def received(self) -> list[dict[str, Any]]:
         if self.final is not None and isinstance(self.final.get("output"), list):
