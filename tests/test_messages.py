@@ -607,6 +607,16 @@ def test_a_chat_models_tool_arguments_that_are_no_object_reach_the_client_as_sto
     assert [b.input for b in final.content if b.type == "tool_use"] == [b["input"] for b in stored] == [expected]
 
 
+def test_the_tree_previews_a_messages_answer_by_its_text_not_its_thinking(mproxy: Proxy, claude: FakeAnthropic,
+                                                                         key: str, cid: str) -> None:
+    claude.enqueue(AReply(content=[{"type": "thinking", "thinking": "hmm", "signature": "S"},
+                                   {"type": "text", "text": "said after thinking"}]))
+    client(mproxy, key, f"/c/{cid}").messages.create(model="claude-x", max_tokens=9,
+                                                     messages=[{"role": "user", "content": "q"}])
+    tree = mproxy.http(key).get(f"/admin/conversations/{cid}/tree").json()["data"]
+    assert [n["preview"] for n in tree] == ["said after thinking"]
+
+
 def test_a_chat_clients_signed_thinking_goes_back_to_anthropic(mproxy: Proxy, claude: FakeAnthropic, key: str,
                                                                cid: str) -> None:
     oc = mproxy.openai(key, conversation=cid)

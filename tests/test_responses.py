@@ -287,6 +287,16 @@ def test_parallel_calls_resent_each_with_its_result_match_as_one_answer(proxy, u
     assert [m["role"] for m in upstream.last.messages] == ["user", "assistant", "tool", "tool", "assistant", "tool"]
 
 
+def test_the_tree_previews_an_answer_that_begins_with_its_reasoning(native, upstream, key, cid):
+    client = native.openai(key, conversation=cid)
+    reasoning = {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": "gAAAA-secret"}
+    upstream.enqueue(Reply(content="the answer itself", extra_message={"reasoning_item": reasoning}))
+    response = client.responses.create(model="native-1", input="think first")
+    assert [o.type for o in response.output] == ["reasoning", "message"]
+    tree = native.http(key).get(f"/admin/conversations/{cid}/tree").json()["data"]
+    assert [n["preview"] for n in tree] == ["the answer itself"]
+
+
 def test_a_responses_upstream_gets_the_assembled_input_natively(native, upstream, key, cid):
     client = native.openai(key, conversation=cid)
     reasoning = {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": "gAAAA-secret"}

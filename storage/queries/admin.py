@@ -117,9 +117,17 @@ PATH = f"SELECT {_P_NODE} FROM bp_path($1, $2) p"
 TREE = f"""
 SELECT {columns(TreeRow, "n", skip=("method", "preview"))},
        CASE WHEN n.kind = 'compaction' THEN coalesce(n.params ->> 'method', 'summary') END AS method,
-       left(coalesce(n.received -> 0 -> 'content' -> 0 ->> 'text', n.received -> 0 ->> 'content',
-                     n.received -> 0 -> 'tool_calls' -> 0 -> 'function' ->> 'name' || '(…)',
-                     n.received -> 0 ->> 'name' || '(…)',
+       -- (the first answer item that says something: a Responses answer may begin with its reasoning)
+       left(coalesce((SELECT p.said FROM jsonb_array_elements(CASE WHEN jsonb_typeof(n.received) = 'array'
+                                                                   THEN n.received ELSE '[]' END) WITH ORDINALITY r(e, i),
+                            LATERAL (SELECT coalesce(
+                                jsonb_path_query_first(r.e, '$.content[*].text ? (@.type() == "string" && @ != "")') #>> '{{}}',
+                                CASE WHEN jsonb_typeof(r.e -> 'content') = 'string' THEN r.e ->> 'content' END,
+                                r.e -> 'tool_calls' -> 0 -> 'function' ->> 'name' || '(…)',
+                                (jsonb_path_query_first(r.e, '$.content[*] ? (@.type == "tool_use").name') #>> '{{}}') || '(…)',
+                                r.e ->> 'name' || '(…)') AS said) p
+                       WHERE r.e ->> 'type' IS DISTINCT FROM 'reasoning' AND p.said <> ''
+                       ORDER BY r.i LIMIT 1),
                      n.sent -> -1 -> 'content' -> 0 ->> 'text', n.sent -> -1 ->> 'content'), 200) AS preview
   FROM nodes n
  WHERE n.tree_id = $1 AND ((n.tenant = $2 AND n.conversation_id = $3) OR n.id = ANY($4))
