@@ -9,7 +9,7 @@ import msgspec
 
 from .errors import UpstreamBadResponse, error_body
 
-__all__ = ["DONE", "UNREAD", "SSEParser", "payload", "sse_error_event"]
+__all__ = ["DONE", "UNREAD", "SSEParser", "payload", "relayable", "sse_error_event"]
 
 _decode = msgspec.json.Decoder().decode
 
@@ -18,8 +18,8 @@ UNREAD = object()  # an event without data (a comment, a keep-alive, a name only
 
 
 def payload(event: bytes) -> Any:
-    """An event's data decoded from JSON; or ``DONE``; or ``UNREAD``. Data that is not JSON
-    raises ``UpstreamBadResponse``: the upstream broke its stream (relayed, it would break the
+    """An event's data decoded from JSON; or ``DONE``; or ``UNREAD``. Data that is not a JSON
+    object raises ``UpstreamBadResponse``: the upstream broke its stream (relayed, it would break the
     client's SDK, and the answer stored would not be the one it read) -- the relay ends the
     stream with an error event, and the node fails."""
     data = SSEParser.data(event)
@@ -28,9 +28,18 @@ def payload(event: bytes) -> Any:
     if data == b"[DONE]":
         return DONE
     try:
-        return _decode(data)
+        value = _decode(data)
     except (msgspec.DecodeError, RecursionError):
         raise UpstreamBadResponse("the upstream's stream held an event whose data is not JSON") from None
+    if not isinstance(value, dict):  # (every API's events are objects)
+        raise UpstreamBadResponse("the upstream's stream held an event whose data is not a JSON object")
+    return value
+
+
+def relayable(event: bytes) -> bool:
+    """Can an event ``payload`` read as ``UNREAD`` go to the client as it came? A comment or a
+    keep-alive can; one with empty data cannot (an SDK parses every event's data as JSON)."""
+    return SSEParser.data(event) is None
 
 
 def sse_error_event(message: str, type_: str, code: str | None) -> bytes:

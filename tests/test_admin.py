@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from .fakes import Reply
-from .helpers import MODEL, say, user
+from .helpers import MODEL, say, tool_call, user
 
 
 def test_list_conversations_newest_first_with_cursor_pagination(proxy, upstream, key):
@@ -106,8 +106,9 @@ def test_the_usage_report_sums_tokens_by_model_over_a_time_range(proxy, upstream
 
 
 def test_only_whole_token_counts_in_range_are_counted(proxy, upstream, key, cid):
-    """An upstream's (or an import's) odd usage -- negative, fractional, absurd, a string -- counts
-    as none, in the conversation's usage and the report alike, as /metrics counts it."""
+    """An upstream's (or an import's) odd usage -- negative, fractional (3.0 too: an integer is
+    written as one), absurd, a string -- counts as none, in the conversation's usage and the
+    report alike, as /metrics counts it."""
     client, http = proxy.openai(key), proxy.http(key)
     upstream.enqueue(Reply(usage={"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}),
                      Reply(usage={"prompt_tokens": 10**15, "completion_tokens": -5, "total_tokens": "x"}),
@@ -115,9 +116,15 @@ def test_only_whole_token_counts_in_range_are_counted(proxy, upstream, key, cid)
     for q in ("one", "two", "three"):
         say(client, cid, user(q))
     assert http.get(f"/admin/conversations/{cid}").json()["usage"] == {
-        "prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14, "cached_tokens": 0}
+        "prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11, "cached_tokens": 0}
     report = http.get("/admin/usage").json()
-    assert (report["prompt_tokens"], report["completion_tokens"], report["total_tokens"]) == (10, 4, 14)
+    assert (report["prompt_tokens"], report["completion_tokens"], report["total_tokens"]) == (10, 1, 11)
+
+
+def test_the_tree_previews_a_tool_call_answer_with_empty_content_by_its_call(proxy, upstream, key, cid):
+    upstream.enqueue(Reply(content="", tool_calls=[tool_call("c1", "lookup")]))
+    say(proxy.openai(key), cid, user("find it"))
+    assert [n["preview"] for n in proxy.http(key).get(f"/admin/conversations/{cid}/tree").json()["data"]] == ["lookup(…)"]
 
 
 def test_node_children_tree_and_path(proxy, upstream, key, cid):

@@ -133,3 +133,19 @@ def test_a_compaction_item_is_announced_once_the_response_is_in_progress(in_prog
     assert kinds == expected
     assert [e["output_index"] for e in events if "output_index" in e] == [0, 0, 1]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+@pytest.mark.parametrize("end", ["response.completed", "response.failed"])
+def test_a_compaction_item_is_announced_before_a_response_that_ends_at_once(end):
+    """An upstream that goes from response.created straight to its end (or its failure): the
+    compaction item is still announced, before it."""
+    item = {"type": "compaction", "id": "cmp_x", "summary": []}
+    native = Native(node_id=uuid.uuid4(), client={}, compaction=[item])
+    events = [("response.created", {"response": {"id": "up", "output": []}}),
+              (end, {"response": {"id": "up", "output": [], "status": end.split(".")[1],
+                                  "error": {"code": "server_error", "message": "x"} if end == "response.failed" else None}})]
+    out = b"".join(native.event(f"event: {k}\ndata: {json.dumps({'type': k, **d})}".encode()) for k, d in events)
+    out += native.closing() if end == "response.completed" else b""
+    kinds = [json.loads(line[6:])["type"] for line in out.decode().splitlines() if line.startswith("data: ")]
+    assert kinds[:3] == ["response.created", "response.output_item.added", "response.output_item.done"]
+    assert kinds[3:] == (["response.completed"] if end == "response.completed" else [])

@@ -136,25 +136,28 @@ def _chunk(delta: dict, finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-GARBLED = [_chunk({"role": "assistant", "content": "part one "}), b": a comment is fine\n\n", b"data:\n\n",
-           _chunk({"content": "part two"}), b"data: {not json at all\n\n", _chunk({}, "stop"), b"data: [DONE]\n\n"]
+def garbled(garbage: bytes) -> bytes:
+    return b"".join([_chunk({"role": "assistant", "content": "part one "}), b": a comment is fine\n\n", b"data:\n\n",
+                     _chunk({"content": "part two"}), garbage, _chunk({}, "stop"), b"data: [DONE]\n\n"])
 
 
+@pytest.mark.parametrize("garbage", [b"data: {not json at all\n\n", b"data: 42\n\n"])
 @pytest.mark.parametrize("path, body", [
     ("/v1/chat/completions", {"messages": [user("q")]}),
     ("/v1/responses", {"input": "q"}),
     ("/v1/messages", {"messages": [user("q")], "max_tokens": 100}),
 ])
-def test_an_event_whose_data_is_not_json_fails_the_stream(proxy, upstream, key, cid, db, path, body):
-    """An upstream stream holding data that is not JSON is broken: the client gets the events
-    before it, then one error event (never the garbage, which would break its SDK), and the
-    node fails -- its partial answer never context. Comments and empty data are no fault."""
-    upstream.enqueue(Reply(kind="raw", body=b"".join(GARBLED), content_type="text/event-stream"))
+def test_an_event_whose_data_is_not_json_fails_the_stream(proxy, upstream, key, cid, db, path, body, garbage):
+    """An upstream stream holding data that is not a JSON object is broken: the client gets the
+    events before it, then one error event (never the garbage, which would break its SDK), and
+    the node fails -- its partial answer never context. Comments and empty data are no fault
+    (a comment is relayed; an empty data line is not: an SDK parses every event's data)."""
+    upstream.enqueue(Reply(kind="raw", body=garbled(garbage), content_type="text/event-stream"))
     with httpx.Client(base_url=proxy.url, timeout=10) as http:
         r = http.post(path, json={"model": MODEL, **body, "stream": True},
                       headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid})
     assert r.status_code == 200
-    assert b"not json at all" not in r.content and b"whose data is not JSON" in r.content
+    assert garbage not in r.content and b"whose data is not" in r.content and b"\ndata:\n\n" not in r.content
     assert b"part one" in r.content and b"[DONE]" not in r.content
     node = wait_status(db, r.headers["x-node-id"], "failed")
     assert node["error"]["code"] == "upstream_bad_response" and node["received"] is None

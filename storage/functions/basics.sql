@@ -55,20 +55,18 @@ $$;
 
 -- bp_token_count(usage, key, other key): a token count of a node's reported usage -- the count
 -- at `key`, else at `other key` (chat calls report prompt/completion tokens, Responses calls
--- input/output), else null. Only a whole number from 0 to 10^9 is a count (as /metrics counts
--- them): anything else -- a string, a negative or fractional number, an absurd one, from an
--- upstream's odd answer or an import -- counts as none.
+-- input/output), else null. Only an integer written as one, from 0 to 10^9, is a count (as
+-- /metrics counts them): anything else -- a string, a negative, fractional or absurd number, from
+-- an upstream's odd answer or an import -- counts as none (and the other key is read instead).
 CREATE OR REPLACE FUNCTION bp_token_count(p_usage jsonb, p_key text, p_other text)
 RETURNS numeric
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     -- (one expression, so that PostgreSQL inlines it into the sums; the cast only under its CASE)
     SELECT coalesce(
-        CASE WHEN jsonb_typeof(p_usage -> p_key) = 'number' THEN
-            CASE WHEN (p_usage ->> p_key)::numeric BETWEEN 0 AND 1000000000
-                      AND (p_usage ->> p_key)::numeric % 1 = 0 THEN (p_usage ->> p_key)::numeric END END,
-        CASE WHEN jsonb_typeof(p_usage -> p_other) = 'number' THEN
-            CASE WHEN (p_usage ->> p_other)::numeric BETWEEN 0 AND 1000000000
-                      AND (p_usage ->> p_other)::numeric % 1 = 0 THEN (p_usage ->> p_other)::numeric END END)
+        CASE WHEN jsonb_typeof(p_usage -> p_key) = 'number' AND (p_usage ->> p_key) ~ '^[0-9]{1,10}$' THEN
+            CASE WHEN (p_usage ->> p_key)::numeric <= 1000000000 THEN (p_usage ->> p_key)::numeric END END,
+        CASE WHEN jsonb_typeof(p_usage -> p_other) = 'number' AND (p_usage ->> p_other) ~ '^[0-9]{1,10}$' THEN
+            CASE WHEN (p_usage ->> p_other)::numeric <= 1000000000 THEN (p_usage ->> p_other)::numeric END END)
 $$;
 
 -- bp_token_total(sum): a sum of token counts as a bigint (0 for none; held within bigint's range

@@ -122,7 +122,7 @@ SELECT {columns(TreeRow, "n", skip=("method", "preview"))},
                                                                    THEN n.received ELSE '[]' END) WITH ORDINALITY r(e, i),
                             LATERAL (SELECT coalesce(
                                 jsonb_path_query_first(r.e, '$.content[*].text ? (@.type() == "string" && @ != "")') #>> '{{}}',
-                                CASE WHEN jsonb_typeof(r.e -> 'content') = 'string' THEN r.e ->> 'content' END,
+                                CASE WHEN jsonb_typeof(r.e -> 'content') = 'string' THEN nullif(r.e ->> 'content', '') END,
                                 r.e -> 'tool_calls' -> 0 -> 'function' ->> 'name' || '(…)',
                                 (jsonb_path_query_first(r.e, '$.content[*] ? (@.type == "tool_use").name') #>> '{{}}') || '(…)',
                                 r.e ->> 'name' || '(…)') AS said) p

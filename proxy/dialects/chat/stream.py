@@ -10,7 +10,7 @@ import msgspec
 
 from ...failures import Failure
 from ...secrets import TextMasker
-from ...sse import DONE, UNREAD, payload, sse_error_event
+from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
 
 __all__ = ["ChatStream", "MaskedChunks", "StreamAccumulator", "masked_chunks"]
 
@@ -141,7 +141,7 @@ class ChatStream:
     def event(self, raw: bytes) -> bytes:
         chunk = payload(raw)
         if chunk is UNREAD:
-            return raw + b"\n\n"  # a comment, a keep-alive: relayed as is
+            return raw + b"\n\n" if relayable(raw) else b""  # a comment, a keep-alive: relayed as is
         if chunk is DONE:
             self.finished = True
             self._tail = raw + b"\n\n"

@@ -23,7 +23,7 @@ import msgspec
 
 from ...failures import Failure
 from ...secrets import Masker, TextMasker
-from ...sse import DONE, UNREAD, payload, sse_error_event
+from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
 from ..chat.stream import MaskedChunks, StreamAccumulator
 from . import translate
 from .blocks.from_chat import input_json
@@ -175,7 +175,7 @@ class Native:
             raw = self.masker.bytes(raw)
         event = payload(raw)
         if event is UNREAD or event is DONE or not isinstance(event, dict):
-            return raw + b"\n\n"  # (comments and the like: relayed as they came)
+            return raw + b"\n\n" if relayable(raw) else b""  # (comments and the like: relayed as they came)
         masked = self.deltas.events(event) if self.deltas else None
         if masked is not None:
             out = []

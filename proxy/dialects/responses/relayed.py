@@ -14,7 +14,7 @@ import msgspec
 
 from ...failures import Failure
 from ...secrets import Masker
-from ...sse import DONE, payload
+from ...sse import DONE, payload, relayable
 from .items import response_id
 from .stream import Events
 
@@ -67,8 +67,8 @@ class Native:
         if event is DONE:
             self.finished = True
             return b""
-        if not isinstance(event, dict):  # (UNREAD among them: relayed as it came)
-            return raw + b"\n\n"
+        if not isinstance(event, dict):  # (UNREAD: a comment relayed as it came; empty data not)
+            return raw + b"\n\n" if relayable(raw) else b""
         kind = event.get("type")
         if isinstance(event.get("response"), dict):
             event["response"] = self._rewrite(event["response"])
@@ -97,10 +97,15 @@ class Native:
     def _shifted(self, kind: Any, event: dict[str, Any]) -> bytes:
         """An event when the output begins with a compaction item: announced once the response is
         in progress, the upstream's output indexes after it, its completed response holding it first."""
+        # announced once the response is in progress (or, from an upstream that never says so,
+        # before its first event of another kind -- its end or its failure among them): the items
+        # come after response.in_progress
+        announce = not self._opened and kind not in ("response.created", "response.queued")
+        items = self._announce() if announce and kind != "response.in_progress" else b""
         if kind in ("response.failed", "error"):
             response = event.get("response") or {}
             self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
-            return b""
+            return items
         if isinstance(event.get("output_index"), int):
             event["output_index"] += len(self.compaction)
         if kind in ("response.completed", "response.incomplete"):
@@ -111,13 +116,7 @@ class Native:
             self.finished = True
             shown = {**self.final, "output": [*self.compaction, *(self.final.get("output") or [])]}
             self._tail = self._line(kind, {**event, "response": shown})
-            return b""
-        # announced once the response is in progress (or, from an upstream that never says so,
-        # before its first event of another kind): the items come after response.in_progress
-        announce = not self._opened and kind != "response.created"
-        items = b""
-        if announce and kind != "response.in_progress":
-            items = self._announce()
+            return items
         line = items + self._line(kind, event)
         if announce and kind == "response.in_progress":
             line += self._announce()
