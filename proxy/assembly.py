@@ -41,6 +41,7 @@ __all__ = [
     "strip",
     "system_positions",
     "system_positions_at",
+    "system_sent",
     "uncarry",
 ]
 
@@ -259,6 +260,14 @@ def carried_items(path: Iterable[PathLike]) -> tuple[list[dict[str, Any]], list[
     return system, body
 
 
+def system_sent(new_system: list[dict[str, Any]], path_system: list[dict[str, Any]],
+                system_at: Sequence[int] | None) -> list[dict[str, Any]]:
+    """The system rule: the call's own system messages, else those in effect on the path -- but
+    none for a full-history call that sent none (``system_at`` empty: the path's are not the
+    client's)."""
+    return new_system or ([] if system_at is not None and not system_at else path_system)
+
+
 def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], target: Target,
              system_at: Sequence[int] | None = None) -> Assembled:
     """The upstream ``messages`` for a call whose parent's path is ``path`` (root first);
@@ -267,7 +276,7 @@ def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], targ
     system, body = path_items(path, target)
     new_system, new_rest = split_system(new_items)
     kept, dropped = pair_check(body + new_rest)
-    system = new_system or ([] if system_at is not None and not system_at else system)
+    system = system_sent(new_system, system, system_at)
     if system_at and len(system_at) == len(system):
         return Assembled(_placed(system, kept, system_at), dropped)
     return Assembled(system + kept, dropped)

@@ -12,6 +12,7 @@ from storage import transcript, uuid7
 
 from .assembly import SYSTEM_AT, system_positions_at
 from .dialects import Dialect
+from .dialects.messages.translate import APPLIED_EDITS  # (exchange params: context edits as carried out)
 
 if TYPE_CHECKING:
     from .compaction import Edits
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["APPLIED_EDITS", "COMPACTED", "Call", "Started", "history_key", "items_after"]
 
 COMPACTED = "_bp_compacted"  # exchange params: the compaction node this call was compacted under
-APPLIED_EDITS = "_bp_applied_edits"  # exchange params: the context edits a client asked for, as carried out
 
 
 def history_key(tenant: str, conversation_id: str | None, raws: list[bytes]) -> Any:

@@ -189,11 +189,10 @@ def from_stream_error(error: Any, secrets: Iterable[str | None]) -> Failure:
     if failure.outcome is not Outcome.OVERFLOW and not (isinstance(error, dict)
                                                          and error.get("type") == "invalid_request_error"):
         failure = classify(502, body, secrets)
-    code = failure.error.code
-    if code in ("http_400", "http_502"):  # (the statuses classified by above, not the upstream's)
-        code = "stream_error"
-    return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=None, code=code), failure.status,
-                   failure.body)
+    error_fields = failure.error
+    if error_fields.code != "context_overflow" and not (isinstance(error, dict) and error.get("code") is not None):
+        error_fields = msgspec.structs.replace(error_fields, code="stream_error")  # (no status of its own to name)
+    return Failure(failure.outcome, msgspec.structs.replace(error_fields, status=None), failure.status, failure.body)
 
 
 def interrupted(message: str) -> Failure:

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from .assembly import PathLike, Target, node_items, pair_check, split_system, strip
+from .assembly import PathLike, Target, node_items, pair_check, split_system, strip, system_sent
 
 __all__ = ["EMPTY", "Prefix", "Segment", "segment", "splice"]
 
@@ -91,7 +91,7 @@ def splice(prefix: Prefix, last: Segment, new_items: Sequence[dict[str, Any]], *
     new_system, new_rest = split_system(new_items)
     kept, dropped = pair_check(last.tail + new_rest)
     middle = [msgspec.Raw(prefix.joined)] if prefix.count else []
-    system = new_system or ([] if system_at is not None and not system_at else last.system)
+    system = system_sent(new_system, last.system, system_at)
     return strip(system) + middle + strip(kept), dropped
 
 

@@ -37,8 +37,7 @@ __all__ = ["APPLIED_EDITS", "anthropic_usage", "chat_params", "chat_usage", "che
 
 _encode = msgspec.json.Encoder().encode
 
-# exchange params: the context edits the request asked for, as carried out (proxy.call.APPLIED_EDITS;
-# named here as well, so the dialect needs nothing above it)
+# exchange params: the context edits the request asked for, as carried out (proxy.call sets them)
 APPLIED_EDITS = "_bp_applied_edits"
 
 _SAME = ("model", "temperature", "top_p", "stream")
