@@ -187,6 +187,7 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
         "concurrency": n, "stream": stream, "requests": r["requests"], "rps": round(r["requests"] / secs, 1),
         "p50_ms": r["p50_us"] / 1000, "p90_ms": r["p90_us"] / 1000, "p99_ms": r["p99_us"] / 1000,
         "errors": r["err_status"] + r["err_other"],
+        "errors_status": r["err_status"],  # (answers other than 2xx/3xx; the rest: connect, read, write, timeout)
         "cpu_pct": round((c1 - c0) / ticks_hz / (t1 - t0) * 100, 1),
         "cpu_ms_per_req": round((c1 - c0) / ticks_hz * 1000 / max(1, r["requests"]), 3),
         "preemptions_per_req": round((s1 - s0) / max(1, r["requests"]), 2),

@@ -118,7 +118,8 @@ def main() -> None:
                 for side, measure in sides:
                     m = measure()
                     if m["errors"]:
-                        raise SystemExit(f"{side} {name}: {m['errors']} errors")
+                        raise SystemExit(f"{side} {name}: {m['errors']} errors ({m['errors_status']} answered "
+                                         f"with an error status, the others connection errors or timeouts)")
                     cpu = m["cpu_ms_per_req"] + (m["postgres_cpu_ms_per_req"] or 0)
                     row[f"{side} {name}"] = {"rps": m["rps"], "cpu_ms": round(cpu, 3), "p50_ms": m["p50_ms"]}
             rounds.append(row)

@@ -15,6 +15,8 @@ from .dialects import Dialect
 from .dialects.messages.translate import APPLIED_EDITS  # (exchange params: context edits as carried out)
 
 if TYPE_CHECKING:
+    from storage import Restore
+
     from .compaction import Edits
 
 __all__ = ["APPLIED_EDITS", "COMPACTED", "Call", "Started", "history_key", "items_after"]
@@ -169,6 +171,7 @@ class Started:
     request_hash: bytes | None = None
     finished: bool = False
     stored: bool = True  # False: no node -- a call that names no conversation, only translated (``Call.store``)
+    restore: Restore | None = None  # its start, should the database lose it (storage.Restore)
 
     @classmethod
     def unstored(cls, call: Call, new_items: list[dict[str, Any]], secrets: tuple[str | None, ...]) -> Started:

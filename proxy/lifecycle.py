@@ -139,7 +139,7 @@ class CallLifecycle:
         stored = call.items if begun.mode == "delta" else call.tail(begun.start, with_system=begun.with_system)
         new_items = call.dialect.to_messages(stored, provider)
         started = Started(call, begun.conversation_id, node_id, begun.tree_id, begun.parent_id, begun.mode,
-                           begun.matched, new_items, secrets)
+                           begun.matched, new_items, secrets, restore=begun.restore)
         ctx = current_request.get()
         if ctx is not None:
             ctx.conversation_id, ctx.node_id = started.conversation_id, str(node_id)

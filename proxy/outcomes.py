@@ -56,7 +56,8 @@ class Outcomes:
             received_digests=transcript.digests(received_messages if received_messages is not None else received or ()),
         )
         store = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
-                                  tenant=started.call.tenant, conversation_id=started.conversation_id)
+                                  tenant=started.call.tenant, conversation_id=started.conversation_id,
+                                  restore=started.restore)
         try:
             await store()
         except StorageUnavailable as exc:
@@ -106,7 +107,8 @@ class Outcomes:
         finish = CallFinish(outcome=Outcome.TRANSIENT, error=failure, request_hash=started.request_hash,
                             leased=started.leased)
         fail = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
-                                 tenant=started.call.tenant, conversation_id=started.conversation_id)
+                                 tenant=started.call.tenant, conversation_id=started.conversation_id,
+                                 restore=started.restore)
         try:
             try:
                 await fail()

@@ -25,7 +25,7 @@ from .pathcache import PathCache
 from .shared import SharedItems
 from .transcript import digests, prefix_hashes, system_hash
 
-__all__ = ["Begun", "CallFinish", "CallStart", "ContextMode", "ParentMode", "TreeStore"]
+__all__ = ["Begun", "CallFinish", "CallStart", "ContextMode", "ParentMode", "Restore", "TreeStore"]
 
 log = logging.getLogger("branchpoint.storage")
 
@@ -49,6 +49,28 @@ class Begun:
     start: int = 0
     with_system: bool = False
     path: list[PathNode] = field(default_factory=list)
+    restore: Restore | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """What the finish needs to write a call's pending node again when the database lost its start
+    (its commit does not wait for the disk: docs/architecture.md#durability): the start as it ran,
+    and where it put the node. Kept with the call; encoded only if it is ever needed."""
+
+    start: CallStart
+    conversation_id: str
+    parent_id: uuid.UUID | None
+    mode: ContextMode
+    start_at: int  # (Begun.start)
+    with_system: bool
+
+    def jsonb(self) -> msgspec.Raw:
+        """As ``bp_restore_start`` reads it."""
+        decided = _encode({"conversation_id": self.conversation_id, "mode": self.mode, "start": self.start_at,
+                           "with_system": self.with_system,
+                           "parent_id": str(self.parent_id) if self.parent_id else None})
+        return msgspec.Raw(decided[:-1] + b',"call":' + bytes(_jsonb(self.start)) + b"}")
 
 
 class CallStart(msgspec.Struct, kw_only=True):
@@ -96,6 +118,7 @@ class CallFinish(msgspec.Struct, kw_only=True):
     error: Any = None  # {type, code, message, status} (proxy.failures.NodeError)
     request_hash: bytes | None = None  # sha256 of the exact body sent upstream (None: none was sent)
     leased: bool = False  # the call took the conversation's lease (delta turn calls)
+    restore: msgspec.Raw | None = None  # the start, for a node found missing (``Restore``)
 
 
 def _holds_bytes(hint: Any) -> bool:
@@ -169,7 +192,7 @@ class TreeStore:
         else:
             records = await self._begins.fetch((tenant, conversation_id or ""), start.node_id, _jsonb(start), known)
         try:
-            return await self._begun(tenant, records)
+            return await self._begun(start, records)
         except StorageUnavailable as exc:
             # the call has started (its pending node holds the conversation): the caller releases
             # it, as for a start it stopped waiting for
@@ -206,7 +229,8 @@ class TreeStore:
                 break
         return await self.db.fetch(queries.BEGIN_CALL, body, known)
 
-    async def _begun(self, tenant: str, records: list[Any]) -> Begun:
+    async def _begun(self, start: CallStart, records: list[Any]) -> Begun:
+        tenant = start.tenant
         first = records[0]
         fresh = rows(PathNode, (r[8:] for r in records)) if first["node_id"] is not None else []  # (BEGIN_CALL)
         fresh = await self.shared.resolve(tenant, fresh)
@@ -222,17 +246,33 @@ class TreeStore:
             path = completed
         elif first["conversation_id"] is not None:
             self.cache.complete(tenant, first["conversation_id"], first["tree_id"], None, [])
-        return Begun(first["conversation_id"], first["tree_id"], parent, first["mode"], first["matched"],
-                     first["start"], first["with_system"], path)
+        mode = first["mode"]
+        restore = None
+        if mode == "delta" or mode == "full":
+            restore = Restore(start, first["conversation_id"], parent, mode, first["start"], first["with_system"])
+        return Begun(first["conversation_id"], first["tree_id"], parent, mode, first["matched"],
+                     first["start"], first["with_system"], path, restore)
 
     async def finish_call(self, tree_id: uuid.UUID, node_id: uuid.UUID, finish: CallFinish, *,
-                          tenant: str = "", conversation_id: str = "") -> bool:
-        """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile.
-        ``tenant`` and ``conversation_id`` order a batch (``storage.batching``)."""
+                          tenant: str = "", conversation_id: str = "", restore: Restore | None = None) -> bool:
+        """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile
+        (or is missing and could not be written again). ``tenant`` and ``conversation_id`` order a
+        batch (``storage.batching``). ``restore``: the call's start, to write its node again if the
+        database lost it (``Restore``; then the node holds no lease, and the finish moves the head
+        by the head rule alone)."""
         if finish.received_digests is None:
             finish = msgspec.structs.replace(finish, received_digests=digests(finish.received or ()))
         records = await self._finishes.fetch((tenant, conversation_id), node_id, tree_id, node_id, _jsonb(finish))
-        return bool(records[0]["finished"])
+        finished = records[0]["finished"]
+        if finished is None and restore is not None:
+            log.warning("a call's node is missing at its finish (the database lost its start); written again",
+                        extra={"node_id": str(node_id)})
+            finish = msgspec.structs.replace(finish, restore=restore.jsonb())
+            finished = (await self.db.fetch(queries.FINISH_CALL, tree_id, node_id, _jsonb(finish)))[0]["finished"]
+            if finished is None:
+                log.error("a call's lost start could not be written again (its place in the tree is gone); "
+                          "its outcome is not stored", extra={"node_id": str(node_id)})
+        return bool(finished)
 
     async def renew(self, tree_id: uuid.UUID, node_id: uuid.UUID, lease_seconds: float) -> bool:
         return bool(await self.db.fetchval(queries.RENEW_LEASE, tree_id, node_id, lease_seconds))

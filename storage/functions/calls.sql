@@ -6,7 +6,9 @@
 --
 -- Refusals: the start refuses with BPBSY (the lease, bp_check_lease), BPNFN (a parent outside the
 -- conversation's reach) or BPPBC (an edit before a compaction); the finish and the renewal never
--- refuse (false: the node is no longer pending).
+-- refuse (false: the node is no longer pending; the finish's null: it is not there).
+-- Durability: the start commits without waiting for the disk, and a start a crash lost is written
+-- again by the finish (bp_restore_start; docs/architecture.md#durability).
 -- Locks: a turn call locks its conversation row FOR UPDATE (start: it takes the lease; finish: it
 -- moves the head), a transform or full-history call FOR KEY SHARE (start) or not at all (finish)
 -- -- always before any node row.
@@ -60,9 +62,11 @@ SELECT bp_define_type('bp_call_start_t', '
 --   usage, finish_reason, error ({type, code, message, status}, failures)
 --   request_hash       sha256 of the exact body sent upstream (null: none was sent)
 --   leased             whether the call took the conversation's lease (delta turn calls)
+--   restore            the call's start as it ran, for when the database lost it (bp_restore_start
+--                      reads it); null: a missing node is left missing
 SELECT bp_define_type('bp_call_finish_t', '
     outcome text, received jsonb, received_digests bytea[], usage jsonb, finish_reason text,
-    error jsonb, request_hash bytea, leased boolean');
+    error jsonb, request_hash bytea, leased boolean, restore jsonb');
 
 -- bp_check_lease(conversation row): refuse (busy) while another turn call holds the lease; a dead
 -- process's lease is reaped first. Returns the conversation row as it is afterwards.
@@ -117,6 +121,9 @@ DECLARE
     v_resent boolean;
     v_above bytea;
 BEGIN
+    -- the start's commit does not wait for the disk: what a crash could lose of it, the finish
+    -- writes again (bp_restore_start; docs/architecture.md#durability)
+    PERFORM set_config('synchronous_commit', 'off', true);
     IF s.mode = 'full' THEN
         RETURN QUERY SELECT * FROM bp_begin_full(p_start, p_known);
         RETURN;
@@ -255,12 +262,61 @@ BEGIN
 END
 $$;
 
+-- bp_restore_start(tree, node, restore): write a call's pending node again, as its start wrote it
+-- -- for a start the database lost (it committed without waiting for the disk, and a crash came
+-- first), found missing when the call finishes (bp_finish_call). `restore`: {call: the start as it
+-- ran (bp_call_start_t), conversation_id, parent_id, mode, start, with_system: what it decided}.
+-- The node hangs where the start put it, without the lease (lost with it). Nothing is written,
+-- and false returned, when that place is gone: the parent, or the conversation (unless the node
+-- was its first: then the conversation is made again, in its tree, if the name is still free).
+CREATE OR REPLACE FUNCTION bp_restore_start(p_tree uuid, p_node uuid, p_restore jsonb)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    s bp_call_start_t := jsonb_populate_record(NULL::bp_call_start_t, p_restore -> 'call');
+    v_conversation text := p_restore ->> 'conversation_id';
+    v_parent uuid := (p_restore ->> 'parent_id')::uuid;
+    v_full boolean := p_restore ->> 'mode' = 'full';
+    conv conversations%ROWTYPE;
+    v_up record;
+BEGIN
+    conv := bp_lock_conversation(p_tree, s.tenant, v_conversation, s.kind = 'turn');
+    IF conv.id IS NULL THEN
+        IF v_parent IS NOT NULL OR bp_claim_name(s.tenant, v_conversation, p_tree) IS DISTINCT FROM p_tree THEN
+            RETURN false;
+        END IF;
+        INSERT INTO conversations (tenant, id, tree_id) VALUES (s.tenant, v_conversation, p_tree);
+    END IF;
+    SELECT n.depth, n.chain, n.answered, n.system_hash INTO v_up
+      FROM nodes n WHERE n.tree_id = p_tree AND n.id = v_parent;
+    IF v_parent IS NOT NULL AND NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- as bp_begin_call (delta) or bp_begin_full (full) wrote it
+    INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, sent, model, provider, params,
+                       depth, lease_until, chain, answered, system_hash, api)
+    VALUES (p_tree, p_node, s.tenant, v_conversation, v_parent, s.kind,
+            CASE WHEN v_full THEN bp_tail(s.sent, (p_restore ->> 'start')::integer - s.prefix_offset,
+                                          (p_restore ->> 'with_system')::boolean, s.ordinals)
+                 ELSE s.sent END,
+            s.model, s.provider, coalesce(s.params, '{}'::jsonb), coalesce(v_up.depth + 1, 0),
+            now() + make_interval(secs => s.lease_seconds),
+            CASE WHEN v_full THEN coalesce(s.prefixes[cardinality(s.prefixes)],
+                                           '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea)
+                 ELSE bp_fold(coalesce(v_up.chain, '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea),
+                              s.digests) END,
+            coalesce(v_up.answered, false), coalesce(s.system_hash, v_up.system_hash), s.api);
+    RETURN true;
+END
+$$;
+
 -- bp_finish_call(tree, node, finish): store a call's outcome. A delta turn call releases the
 -- conversation's lease if it still holds it; a full-history turn call never held one. Either way
 -- the head moves to its node when bp_can_be_head says so (last finisher wins). A success extends
 -- the node's transcript hash by what the model returned, and a turn's keeps the digest of its
 -- answer's first message (`answer`: the safety net's index, nodes_by_answer). Returns false when the node was no
--- longer pending (reaped meanwhile): nothing is written then.
+-- longer pending (reaped meanwhile), null when it is not there (its start lost, and `restore` not
+-- given or not possible; a node the finish writes again holds no lease): nothing is written then.
 --   p_tree, p_node   the node (the tree: what a PostgreSQL distributed by tree routes the call by)
 --   p_finish         how the call ended, as storage.tree.CallFinish sends it (bp_call_finish_t)
 CREATE OR REPLACE FUNCTION bp_finish_call(p_tree uuid, p_node uuid, p_finish jsonb)
@@ -273,7 +329,11 @@ DECLARE
 BEGIN
     SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
     IF NOT FOUND THEN
-        RETURN false;
+        IF f.restore IS NULL OR NOT bp_restore_start(p_tree, p_node, f.restore) THEN
+            RETURN NULL;
+        END IF;
+        f.leased := false;
+        SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
     END IF;
     IF v.kind = 'turn' THEN
         PERFORM 1 FROM conversations c WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id

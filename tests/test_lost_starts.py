@@ -1,0 +1,230 @@
+"""A call's start commits without waiting for the disk; a start the database loses (a crash before
+its WAL was flushed) is written again by the call's finish, where the start had put it
+(docs/architecture.md#durability). A loss is what a crash leaves: the pending node gone, and the
+lease it held -- and, for a conversation's first call, the conversation row too."""
+
+import json
+import threading
+import uuid
+
+import asyncpg
+import httpx
+import pytest
+
+from storage import migrate, start_embedded
+from storage.ids import uuid7
+from storage.transcript import digests
+from storage.tree import CallFinish, CallStart, Restore, _jsonb
+
+from .conftest import Db, assert_invariants, make_settings, run, serve_proxy, tenant_of, wait_for
+from .fakes import Reply
+from .helpers import MODEL, user
+
+# what a start writes to its node; a node written again must hold the same
+_WRITTEN = ("tenant", "conversation_id", "parent_id", "kind", "sent", "model", "provider", "params", "depth",
+            "system_hash", "api", "tree_id")
+
+
+def _post(http, key, cid, messages, *, stream=False, full=False, timeout=30):
+    headers = {"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}
+    if full:
+        headers["X-Context-Mode"] = "full"
+    body = {"model": MODEL, "messages": messages, "stream": stream}
+    r = http.post("/v1/chat/completions", headers=headers, json=body, timeout=timeout)
+    if stream:
+        r.read()
+    return r
+
+
+def _content(r, stream):
+    if not stream:
+        return r.json()["choices"][0]["message"]["content"]
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+
+
+def _in_flight(db, key, cid, upstream, count, reply, messages, *, stream=False, full=False, http=None):
+    """Send a call whose upstream answer waits; returns (the thread, its result, the release,
+    the pending node's row once the start has written it)."""
+    hold = threading.Event()
+    upstream.enqueue(Reply(kind="stream" if stream else "json", content=reply, hold=hold))
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(r=_post(http, key, cid, messages, stream=stream, full=full)))
+    t.start()
+    upstream.wait_for(count)
+    row = db.fetchrow("SELECT * FROM nodes WHERE tenant = $1 AND conversation_id = $2 AND outcome IS NULL",
+                      tenant_of(key), cid)
+    assert row is not None
+    return t, result, hold, row
+
+
+def _lose(db, key, cid, node, *, conversation=False):
+    """What a crash that lost the start leaves."""
+    db.fetch("DELETE FROM nodes WHERE id = $1", node)
+    if conversation:
+        db.fetch("DELETE FROM conversations WHERE tenant = $1 AND id = $2", tenant_of(key), cid)
+    else:
+        db.fetch("UPDATE conversations SET lease_node_id = NULL, lease_until = NULL WHERE tenant = $1 AND id = $2",
+                 tenant_of(key), cid)
+
+
+def _assert_written_again(db, pending, answer):
+    node = db.node(pending["id"])
+    assert {k: node[k] for k in _WRITTEN} == {k: pending[k] for k in _WRITTEN}
+    assert node["status"] == "success" and node["received"][0]["content"] == answer
+    assert node["lease_until"] is None and node["finished_at"] is not None and node["answered"]
+    # the transcript hash: the start's, extended by the answer (as for a start never lost)
+    assert node["chain"] == db.fetchval("SELECT bp_fold($1, $2::bytea[])", pending["chain"], digests(node["received"]))
+    return node
+
+
+def test_a_start_commits_without_waiting_for_the_disk_and_a_finish_waits(database_url):
+    async def go():
+        conn = await asyncpg.connect(database_url)
+        try:
+            sent = [user("hello")]
+            node = uuid7()
+            start = CallStart(tenant="t_async", conversation_id=f"a-{uuid.uuid4().hex[:8]}", node_id=node,
+                              new_tree_id=uuid7(), kind="turn", mode="delta", parent_mode="head", parent_id=None,
+                              sent=sent, digests=digests(sent), prefixes=[], system_hash=None, lease_seconds=60,
+                              model=MODEL, provider="default", params={})
+            async with conn.transaction():
+                row = await conn.fetchrow("SELECT * FROM bp_begin_call($1::text::jsonb)", bytes(_jsonb(start)).decode())
+                assert await conn.fetchval("SHOW synchronous_commit") == "off"
+            async with conn.transaction():
+                finish = CallFinish(outcome="success", received=[{"role": "assistant", "content": "hi"}],
+                                    received_digests=digests([{"role": "assistant", "content": "hi"}]), leased=True)
+                assert await conn.fetchval("SELECT bp_finish_call($1, $2, $3::text::jsonb)", row["tree_id"], node,
+                                           bytes(_jsonb(finish)).decode()) is True
+                assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        finally:
+            await conn.close()
+
+    run(go())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lost_start_is_written_again_where_it_was_put(proxy, db, upstream, key, cid, stream):
+    with httpx.Client(base_url=proxy.url) as http:
+        first = _post(http, key, cid, [user("first question")])
+        assert first.status_code == 200
+        t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "second answer", [user("second question")],
+                                              stream=stream, http=http)
+        _lose(db, key, cid, pending["id"])
+        hold.set()
+        t.join(30)
+        r = result["r"]
+        assert r.status_code == 200 and r.headers["x-node-id"] == str(pending["id"])
+        assert _content(r, stream) == "second answer"
+        _assert_written_again(db, pending, "second answer")
+        assert str(pending["parent_id"]) == first.headers["x-node-id"]
+        assert db.head(cid) == str(pending["id"])
+        assert db.fetchval("SELECT lease_node_id FROM conversations WHERE tenant = $1 AND id = $2",
+                           tenant_of(key), cid) is None
+
+        # ... and it is the next call's context
+        third = _post(http, key, cid, [user("third question")])
+        assert third.status_code == 200 and third.headers["x-parent-node-id"] == str(pending["id"])
+        assert [m["content"] for m in upstream.last.messages] == [
+            "first question", "echo: first question", "second question", "second answer", "third question"]
+
+
+def test_a_conversations_lost_first_call_makes_the_conversation_again(proxy, db, upstream, key, cid):
+    with httpx.Client(base_url=proxy.url) as http:
+        t, result, hold, pending = _in_flight(db, key, cid, upstream, 1, "the first answer", [user("hello")], http=http)
+        tree = pending["tree_id"]
+        _lose(db, key, cid, pending["id"], conversation=True)
+        hold.set()
+        t.join(30)
+        assert result["r"].status_code == 200
+        _assert_written_again(db, pending, "the first answer")
+        conv = db.fetchrow("SELECT * FROM conversations WHERE tenant = $1 AND id = $2", tenant_of(key), cid)
+        assert conv["tree_id"] == tree and conv["head_node_id"] == pending["id"]
+        again = _post(http, key, cid, [user("and now?")])
+        assert again.headers["x-parent-node-id"] == str(pending["id"])
+        assert "the first answer" in upstream.last.text()
+
+
+def test_a_lost_full_history_start_stores_only_what_was_new(proxy, db, upstream, key, cid):
+    history = [{"role": "system", "content": "be brief"}, user("one")]
+    with httpx.Client(base_url=proxy.url) as http:
+        r = _post(http, key, cid, history, full=True)
+        assert r.status_code == 200
+        history += [{"role": "assistant", "content": "echo: one"}, user("two")]
+        t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "two it is", history, full=True, http=http)
+        assert pending["sent"] == [user("two")]  # (matched: only the new question is the node's)
+        _lose(db, key, cid, pending["id"])
+        hold.set()
+        t.join(30)
+        assert result["r"].status_code == 200 and result["r"].headers["x-context-mode"] == "full"
+        _assert_written_again(db, pending, "two it is")
+        # its transcript hash is right: the next resent history matches it whole
+        history += [{"role": "assistant", "content": "two it is"}, user("three")]
+        r = _post(http, key, cid, history, full=True)
+        assert r.headers["x-parent-node-id"] == str(pending["id"])
+        assert r.headers["x-context-matched"] == "4"
+
+
+def test_a_lost_start_whose_conversation_was_deleted_since_stays_gone(proxy, db, upstream, key, cid):
+    with httpx.Client(base_url=proxy.url) as http:
+        assert _post(http, key, cid, [user("first question")]).status_code == 200
+        t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "late answer", [user("second")], http=http)
+        _lose(db, key, cid, pending["id"])
+        # nothing holds the conversation any more: a delete goes through
+        gone = http.delete(f"/admin/conversations/{cid}", headers={"Authorization": f"Bearer {key}"})
+        assert gone.status_code in (200, 204), gone.text
+        hold.set()
+        t.join(30)
+        assert result["r"].status_code == 200  # (the client still gets what it waited for)
+        # deleted means gone: neither the node nor its conversation comes back
+        assert db.fetchval("SELECT count(*) FROM nodes WHERE tenant = $1 AND conversation_id = $2",
+                           tenant_of(key), cid) == 0
+        assert db.fetchval("SELECT count(*) FROM conversations WHERE tenant = $1 AND id = $2", tenant_of(key), cid) == 0
+
+
+def test_a_start_lost_in_an_outage_is_written_again_when_the_database_is_back(tmp_path, upstream_url, upstream,
+                                                                               key, cid):
+    """The case the asynchronous start had to answer: the database goes away while the call is
+    upstream, so its client is answered and the outcome stored once the database is back -- and
+    the crash had lost the start."""
+    data = tmp_path / "pg"
+    server = start_embedded(data)
+    url = server.uri
+    run(migrate(url))
+    settings = make_settings(url, upstream_url, database={"url": url, "command_timeout": 3.0, "connect_timeout": 1.0},
+                             server={"lease_seconds": 30})
+    db = Db(url)
+    try:
+        with serve_proxy(settings) as p, httpx.Client(base_url=p.url) as http:
+            assert _post(http, key, cid, [user("before")]).status_code == 200
+            t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "answered in the outage",
+                                                  [user("in flight")], http=http)
+            _lose(db, key, cid, pending["id"])
+            server.stop()  # the outage begins
+            hold.set()
+            t.join(30)
+            assert result["r"].status_code == 200  # the client gets the answer it waited for
+            server = start_embedded(data)  # ... and ends
+            node = wait_for(lambda: db.fetchrow("SELECT * FROM nodes WHERE id = $1 AND outcome IS NOT NULL",
+                                                pending["id"]), timeout=30, what="the outcome stored")
+            assert node["status"] == "success"
+            _assert_written_again(db, pending, "answered in the outage")
+            after = _post(http, key, cid, [user("after")])
+            assert after.status_code == 200 and after.headers["x-parent-node-id"] == str(pending["id"])
+            assert "answered in the outage" in upstream.last.text()
+        assert_invariants(url)
+    finally:
+        server.stop()
+
+
+def test_restore_is_read_as_the_start_wrote_it():
+    """The start a finish carries is the start's own contract, with what it decided beside it."""
+    sent = [user("x")]
+    start = CallStart(tenant="t", conversation_id="c", node_id=uuid7(), new_tree_id=uuid7(), kind="turn", mode="delta",
+                      parent_mode="head", parent_id=None, sent=sent, digests=digests(sent), prefixes=[],
+                      system_hash=None, lease_seconds=60, model=MODEL, provider="default", params={})
+    parent = uuid7()
+    decoded = json.loads(bytes(Restore(start, "c", parent, "full", 3, True).jsonb()))
+    assert decoded["call"] == json.loads(bytes(_jsonb(start)))
+    assert {k: v for k, v in decoded.items() if k != "call"} == {
+        "conversation_id": "c", "parent_id": str(parent), "mode": "full", "start": 3, "with_system": True}
