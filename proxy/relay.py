@@ -51,6 +51,11 @@ class Translator(Protocol):
 
     def closing(self) -> bytes: ...  # the end of the stream, sent once the node is stored
 
+    # the upstream's body ended without the stream's end event: what the client gets then, and
+    # ``finished`` set when the answer is whole anyway (a chat stream whose choice finished: some
+    # OpenAI-compatible servers send no [DONE]); else the stream was cut
+    def ended(self) -> bytes: ...
+
     def failing(self, failure: Failure) -> bytes: ...  # the end of a stream that failed
 
     def received(self) -> list[dict[str, Any]]: ...  # the answer, as stored
@@ -191,6 +196,10 @@ class StreamRelay:
                     await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
                 if translator.error is not None or translator.finished:
                     break
+            else:  # the body ended, and no end event came
+                rest = translator.ended()
+                if rest:
+                    await send({"type": "http.response.body", "body": rest, "more_body": True})
         except UpstreamFailure as exc:
             code = exc.code if isinstance(exc, (UpstreamTooLarge, UpstreamBadResponse)) else "stream_interrupted"
             return Failure.of(Outcome.TRANSIENT, exc.type, code, exc.message)

@@ -309,6 +309,19 @@ def test_over_chat_stream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: 
     assert replay_verified(mproxy, key, node_id) == "true"
 
 
+def test_over_chat_a_stream_without_done_ends_with_message_stop(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                                 cid: str) -> None:
+    """A chat upstream that ends its stream's body after the finishing chunk, with no [DONE]: the
+    Messages client still gets the whole message and its message_stop, and the answer is stored."""
+    c = client(mproxy, key, f"/c/{cid}")
+    upstream.enqueue(Reply(kind="stream", content="Complete answer.", done=False))
+    with c.messages.stream(model="gpt-x", max_tokens=50, messages=[{"role": "user", "content": "hi"}]) as s:
+        final = s.get_final_message()
+        node_id = s.response.headers["x-node-id"]
+    assert final.content[0].text == "Complete answer." and final.stop_reason == "end_turn"
+    assert node(mproxy, key, node_id)["status"] == "success"
+
+
 def test_over_chat_a_reasoning_that_ends_like_a_key_begins_stays_one_block(mproxy: Proxy, upstream: FakeUpstream,
                                                                            key: str, cid: str) -> None:
     """The masker holds back a reasoning's end that could begin the client's key ("...files": an

@@ -283,3 +283,44 @@ def test_end_of_stream_waits_for_the_node_to_be_stored(proxy, upstream, key, cid
         return status
 
     assert asyncio.run(go()) == "success"
+
+
+def test_a_chat_stream_that_ends_without_done_after_its_finish_is_whole(client, upstream, cid, db):
+    """Some OpenAI-compatible servers end a stream's body after the finishing chunk, with no
+    [DONE]: the answer is whole -- stored, the head on it, and the client gets its [DONE]."""
+    upstream.enqueue(Reply(content="all of it", done=False))
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("q")], stream=True, extra_headers={"X-Conversation-Id": cid})
+    node_id = raw.headers["x-node-id"]
+    body = raw.http_response.read()
+    assert body.rstrip().endswith(b"data: [DONE]") and b'"error"' not in body
+    node = wait_status(db, node_id, "success")
+    assert node["received"][0]["content"] == "all of it" and node["finish_reason"] == "stop"
+    assert db.head(cid) == node_id
+    client.chat.completions.create(model=MODEL, messages=[user("again")], extra_headers={"X-Conversation-Id": cid})
+    assert upstream.last.messages == [user("q"), {"role": "assistant", "content": "all of it"}, user("again")]
+
+
+def test_a_chat_stream_whose_body_ends_before_its_finish_is_cut(client, upstream, cid, db):
+    """Without the finishing chunk a clean end of the body is a cut stream, as before."""
+    first = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL,
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": "half an ans"}, "finish_reason": None}]}
+    upstream.enqueue(Reply(kind="raw", body=b"data: " + json.dumps(first).encode() + b"\n\n",
+                           content_type="text/event-stream"))
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[user("q")], stream=True, extra_headers={"X-Conversation-Id": cid})
+    body = raw.http_response.read()
+    assert b"[DONE]" not in body and [e for e in body.split(b"\n\n") if e][-1].startswith(b'data: {"error"')
+    node = wait_status(db, raw.headers["x-node-id"], "failed")
+    assert node["error"]["code"] == "stream_interrupted"
+
+
+def test_a_responses_stream_over_a_chat_upstream_without_done_completes(proxy, upstream, key, cid, db):
+    upstream.enqueue(Reply(content="translated whole", done=False))
+    client = proxy.openai(key, conversation=cid)
+    with client.responses.with_streaming_response.create(model=MODEL, input="go", stream=True) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        node_id = r.headers["x-node-id"]
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == "translated whole"
+    assert wait_status(db, node_id, "success")["received"]

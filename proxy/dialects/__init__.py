@@ -205,7 +205,12 @@ class _Chained:
         return self.outer.opening() + self._through(self.inner.opening())
 
     def event(self, raw: bytes) -> bytes:
-        out = self._through(self.inner.event(raw))
+        return self._passed(self._through(self.inner.event(raw)))
+
+    def ended(self) -> bytes:
+        return self._passed(self._through(self.inner.ended()))
+
+    def _passed(self, out: bytes) -> bytes:
         if self.inner.finished and not self._passed_end and self.inner.error is None:
             self._passed_end = True
             out += self._through(self.inner.closing())

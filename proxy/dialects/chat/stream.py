@@ -168,6 +168,11 @@ class ChatStream:
     def closing(self) -> bytes:
         return self._tail
 
+    def ended(self) -> bytes:
+        # the body ended without [DONE]: the answer is whole once its choice finished (some
+        # OpenAI-compatible servers end so) -- as if [DONE] had come
+        return self.event(b"data: [DONE]") if self.acc.finish_reason is not None else b""
+
     def failing(self, failure: Failure) -> bytes:
         err = failure.error
         return sse_error_event(err.message, err.type, err.code)

@@ -199,6 +199,9 @@ class Native:
     def closing(self) -> bytes:
         return self._tail
 
+    def ended(self) -> bytes:
+        return b""  # (a Messages stream ends with message_stop, or it was cut)
+
     def failing(self, failure: Failure) -> bytes:
         return error_event(_error_type(failure), failure.error.message)
 
@@ -310,6 +313,10 @@ class FromChat:
         return (self._start("text", {"type": "text", "text": ""})
                 + self._delta({"type": "text_delta", "text": refusal}) + self._stop())
 
+    def ended(self) -> bytes:
+        # the chat stream's body ended without [DONE]: whole once its choice finished
+        return self.event(b"data: [DONE]") if self.acc.finish_reason is not None else b""
+
     def closing(self) -> bytes:
         out = self._stop() + self._refusal() + self._tools()
         usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
@@ -419,6 +426,9 @@ class ToChat:
         if self.wants_usage:
             out += self._line([], usage=self.usage)
         return out + b"data: [DONE]\n\n"
+
+    def ended(self) -> bytes:
+        return b""  # (a Messages stream ends with message_stop, or it was cut)
 
     def failing(self, failure: Failure) -> bytes:
         err = failure.error

@@ -291,6 +291,9 @@ class ToChat:
             out += self._line([], usage=self.usage)
         return out + b"data: [DONE]\n\n"
 
+    def ended(self) -> bytes:
+        return b""  # (a Responses stream ends with its completion event, or it was cut)
+
     def failing(self, failure: Failure) -> bytes:
         err = failure.error
         return sse_error_event(err.message, err.type, err.code)

@@ -157,6 +157,9 @@ class Native:
     def closing(self) -> bytes:
         return self._tail
 
+    def ended(self) -> bytes:
+        return b""  # (a Responses stream ends with its completion event, or it was cut)
+
     def failing(self, failure: Failure) -> bytes:
         err = failure.error
         response = {**(self.final or self.started or {}), "id": self.rid, "object": "response", "status": "failed",

@@ -248,6 +248,10 @@ class FromChat:
         # messages. A stream whose call came before its text announced them the other way round)
         return translate.output_items(self.acc.message(), self.node_id, self.params.get("tools"))
 
+    def ended(self) -> bytes:
+        # the chat stream's body ended without [DONE]: whole once its choice finished
+        return self.event(b"data: [DONE]") if self.acc.finish_reason is not None else b""
+
     def closing(self) -> bytes:
         out = self._close_reasoning() + self._close_text() + self._close_calls()
         if self.text_index is None and not self.calls:  # an answer without text or calls still has an (empty) message
