@@ -806,6 +806,28 @@ def test_conversation_items_then_a_chat_client_over_anthropic(mproxy: Proxy, cla
     assert "Remember 7" in json.dumps(sent) and "What?" in json.dumps(sent)
 
 
+def test_an_image_a_tool_returned_reaches_a_chat_upstream_as_text(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                                 cid: str) -> None:
+    """Claude Code's Read of a screenshot: a tool result holding an image. A chat tool message takes
+    no image (OpenAI refuses it -- and every later call, which resends it), so a chat upstream gets
+    a line saying an image was there; the stored block keeps the image."""
+    c = client(mproxy, key, f"/c/{cid}")
+    tools = [{"name": "Read", "input_schema": {"type": "object"}}]
+    upstream.enqueue(Reply(content=None, tool_calls=[
+        {"id": "call_1", "type": "function", "function": {"name": "Read", "arguments": '{"path": "shot.png"}'}}]))
+    c.messages.create(model="gpt-x", max_tokens=50, tools=tools, messages=[{"role": "user", "content": "look"}])
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    reply = c.messages.create(model="gpt-x", max_tokens=50, tools=tools, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "the file:"}, image]}]}])
+    tool_message = upstream.last.messages[-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
+    assert "image_url" not in json.dumps(tool_message) and "iVBORw0KGgo=" not in json.dumps(tool_message)
+    assert tool_message["content"].startswith("the file:") and "image/png" in tool_message["content"]
+    assert reply.content[0].text
+    sent = mproxy.db.fetchval("SELECT sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at DESC LIMIT 1", cid)
+    assert sent[0]["content"][0]["content"][1] == image
+
+
 def test_a_messages_tool_round_over_a_responses_upstream(mproxy: Proxy, upstream: FakeUpstream, key: str,
                                                          cid: str) -> None:
     """Anthropic blocks stored by a Messages call reach a Responses upstream as Responses items:

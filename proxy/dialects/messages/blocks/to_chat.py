@@ -120,9 +120,21 @@ def _as_text(block: dict[str, Any]) -> str:
 
 
 def _tool_content(content: Any) -> Any:
+    """A tool result's content as a chat tool message holds it: text only -- chat's tool messages
+    take no image (OpenAI refuses the request, and every later call of the conversation with it),
+    so an image is a line saying what it was (its bytes stay in the fragment, for an Anthropic
+    upstream)."""
     if content is None or isinstance(content, str):
         return content or ""
-    return _user_content(_blocks(content))
+    blocks = [{"type": "text", "text": _image_in_a_tool_result(b)} if isinstance(b, dict) and b.get("type") == "image"
+              else b for b in _blocks(content)]
+    return _user_content(blocks)
+
+
+def _image_in_a_tool_result(block: dict[str, Any]) -> str:
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    media = source.get("media_type") or source.get("type") or "image"
+    return f"\n[an image ({media}) the tool returned: a chat tool message cannot carry images]\n"
 
 
 def _arguments(value: Any) -> str:
