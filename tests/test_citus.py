@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from typing import Any
 
@@ -41,6 +42,7 @@ from storage import open_database, queries
 from storage.distribute import DELEGATED, NotDistributable, distribute, is_distributed
 
 from .conftest import citus_of, make_settings, new_database, run, serve_proxy, with_database
+from .fakes import Reply
 from .helpers import MODEL
 
 NO_CLUSTER = ("no Citus cluster configured: BRANCHPOINT_TEST_DATABASE_URL is not a Citus coordinator with workers "
@@ -325,6 +327,59 @@ def test_every_statement_of_a_hot_operation_is_a_router_statement(cluster, route
     fetch(url, "UPDATE nodes SET outcome = NULL, lease_until = now() - interval '1 min', finished_at = NULL, "
                "received = NULL WHERE tree_id = $1 AND id = $2", tree, node)
     assert fetch(url, "SELECT bp_reap(p_tree => $1, p_node => $2)", tree, node)[0][0] is True
+
+
+def test_a_lost_start_is_written_again_on_the_worker_holding_its_tree(cluster, router_only, upstream_url, upstream,
+                                                                     key, cid):
+    """A call's finish finding its node gone (a worker's crash lost the start: docs/architecture.md
+    #durability) writes it again -- on the worker, in router statements only: for a turn on a
+    conversation's path, and for a conversation's first call (the conversation made again too)."""
+    url = router_only
+    settings = make_settings(url, upstream_url, server={"reaper_interval_seconds": 3600})
+    with serve_proxy(settings) as p, httpx.Client(base_url=p.url, headers={"Authorization": f"Bearer {key}"},
+                                                  timeout=30) as http:
+        tenant = p.runtime.auth(f"Bearer {key}").tenant
+
+        def lost_call(conversation: str, text: str, count: int, *, first: bool) -> tuple[httpx.Response, dict]:
+            hold = threading.Event()
+            upstream.enqueue(Reply(content=f"answer to {text}", hold=hold))
+            result: dict = {}
+            t = threading.Thread(target=lambda: result.update(r=http.post(
+                "/v1/chat/completions", headers={"X-Conversation-Id": conversation},
+                json={"model": MODEL, "messages": [{"role": "user", "content": text}]})))
+            t.start()
+            upstream.wait_for(count)
+            tree = _tree_of(url, tenant, conversation)
+            pending = fetch(url, "SELECT * FROM nodes WHERE tree_id = $1 AND conversation_id = $2 AND outcome IS NULL",
+                            tree, conversation)[0]
+            fetch(url, "DELETE FROM nodes WHERE tree_id = $1 AND id = $2", tree, pending["id"])
+            if first:
+                fetch(url, "DELETE FROM conversations WHERE tree_id = $1 AND tenant = $2 AND id = $3",
+                      tree, tenant, conversation)
+            else:
+                fetch(url, "UPDATE conversations SET lease_node_id = NULL, lease_until = NULL "
+                           "WHERE tree_id = $1 AND tenant = $2 AND id = $3", tree, tenant, conversation)
+            hold.set()
+            t.join(30)
+            assert result["r"].status_code == 200, result["r"].text
+            return result["r"], dict(pending)
+
+        # a conversation's first call
+        r, pending = lost_call(cid, "first", 1, first=True)
+        tree = _tree_of(url, tenant, cid)
+        node = fetch(url, "SELECT * FROM nodes WHERE tree_id = $1 AND id = $2", tree, pending["id"])[0]
+        assert node["status"] == "success" and node["parent_id"] is None
+        head = fetch(url, "SELECT head_node_id FROM conversations WHERE tree_id = $1 AND tenant = $2 AND id = $3",
+                     tree, tenant, cid)
+        assert head[0][0] == pending["id"]
+        # a turn on its path
+        r, second = lost_call(cid, "second", 2, first=False)
+        node = fetch(url, "SELECT * FROM nodes WHERE tree_id = $1 AND id = $2", tree, second["id"])[0]
+        assert node["status"] == "success" and node["parent_id"] == pending["id"] and node["depth"] == 1
+        third = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "third"}]})
+        assert third.status_code == 200 and third.headers["x-parent-node-id"] == str(second["id"])
+        assert "answer to second" in upstream.last.text() and "answer to first" in upstream.last.text()
 
 
 def test_a_schema_distributed_before_the_shared_items_gets_them_distributed(cluster, pg_server_url, monkeypatch):
