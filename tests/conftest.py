@@ -280,6 +280,36 @@ def serve_proxy(settings: Settings, **kw: Any) -> Iterator[Proxy]:
         yield Proxy(server, settings)
 
 
+class OwnServer:
+    """An embedded PostgreSQL of the test's own, migrated, which the test may stop and start again
+    (an outage); ``settings`` for a proxy on it that gives up on the database quickly."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.server = start_embedded(data)
+        self.url = self.server.uri
+        run(migrate(self.url))
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def start(self) -> None:
+        self.server = start_embedded(self.data)
+
+    def settings(self, upstream_url: str) -> Settings:
+        return make_settings(self.url, upstream_url, server={"lease_seconds": 30},
+                             database={"url": self.url, "command_timeout": 3.0, "connect_timeout": 1.0})
+
+
+@pytest.fixture
+def own_server(tmp_path: Any) -> Iterator[OwnServer]:
+    own = OwnServer(tmp_path / "pg")
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
 @pytest.fixture(scope="session")
 def proxy(database_url: str, upstream_url: str) -> Iterator[Proxy]:
     with serve_proxy(make_settings(database_url, upstream_url)) as p:

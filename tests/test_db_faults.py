@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from storage import StorageUnavailable, migrate, start_embedded
+from storage import StorageUnavailable
 from storage.database import Database
 
 from .conftest import Db, RowLocks, assert_invariants, make_settings, run, serve_proxy
@@ -21,64 +21,56 @@ def call(http, key, cid, text, timeout=10):
                      json={"model": MODEL, "messages": [{"role": "user", "content": text}]})
 
 
-def test_database_restart_under_traffic(tmp_path, upstream_url, upstream, key, cid):
-    data = tmp_path / "pg"
-    server = start_embedded(data)
-    url = server.uri
-    run(migrate(url))
-    settings = make_settings(url, upstream_url, database={"url": url, "command_timeout": 3.0, "connect_timeout": 1.0},
-                             server={"lease_seconds": 30})
+def test_database_restart_under_traffic(own_server, upstream_url, upstream, key, cid):
+    url = own_server.url
     db = Db(url)
-    try:
-        with serve_proxy(settings) as p, httpx.Client(base_url=p.url) as http:
-            assert call(http, key, cid, "before").status_code == 200
+    with serve_proxy(own_server.settings(upstream_url)) as p, httpx.Client(base_url=p.url) as http:
+        assert call(http, key, cid, "before").status_code == 200
 
-            # a call whose answer arrives while the database is down
-            hold = threading.Event()
-            upstream.enqueue(Reply(content="answered during the outage", hold=hold))
-            result = {}
-            t = threading.Thread(target=lambda: result.update(r=call(http, key, cid, "in flight", timeout=30)))
-            t.start()
-            upstream.wait_for(2)
+        # a call whose answer arrives while the database is down
+        hold = threading.Event()
+        upstream.enqueue(Reply(content="answered during the outage", hold=hold))
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=call(http, key, cid, "in flight", timeout=30)))
+        t.start()
+        upstream.wait_for(2)
 
-            server.stop()  # the outage begins
-            hold.set()
-            t.join(30)
-            assert result["r"].status_code == 200  # the client still gets the answer it waited for
-            in_flight = result["r"].headers["x-node-id"]
+        own_server.stop()  # the outage begins
+        hold.set()
+        t.join(30)
+        assert result["r"].status_code == 200  # the client still gets the answer it waited for
+        in_flight = result["r"].headers["x-node-id"]
 
-            durations = []
-            for i in range(5):
-                t0 = time.monotonic()
-                r = call(http, key, f"{cid}-{i}", "during")
-                durations.append(time.monotonic() - t0)
-                assert r.status_code == 503, r.text
-                assert r.json()["error"]["code"] == "database_unavailable"
-                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
-            assert max(durations) < 3.0, durations  # fast, not a hang
-            assert http.get("/readyz").status_code == 503
-            assert http.get("/healthz").status_code == 200
-            admin = http.get(f"/admin/conversations/{cid}", headers={"Authorization": f"Bearer {key}"})
-            assert admin.status_code == 503
+        durations = []
+        for i in range(5):
+            t0 = time.monotonic()
+            r = call(http, key, f"{cid}-{i}", "during")
+            durations.append(time.monotonic() - t0)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "database_unavailable"
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert max(durations) < 3.0, durations  # fast, not a hang
+        assert http.get("/readyz").status_code == 503
+        assert http.get("/healthz").status_code == 200
+        admin = http.get(f"/admin/conversations/{cid}", headers={"Authorization": f"Bearer {key}"})
+        assert admin.status_code == 503
 
-            server = start_embedded(data)  # ... and ends
-            deadline = time.monotonic() + 20
-            while True:
-                r = call(http, key, cid, "after")
-                if r.status_code == 200 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            assert r.status_code == 200, r.text
-            assert http.get("/readyz").status_code == 200
-            # the answer of the call that finished during the outage was stored after all
-            node = db.node(in_flight)
-            assert node["status"] == "success" and node["received"][0]["content"] == "answered during the outage"
-            assert r.headers["x-parent-node-id"] == in_flight
-            assert "answered during the outage" in upstream.last.text()
-            assert db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0
-        assert_invariants(url)
-    finally:
-        server.stop()
+        own_server.start()  # ... and ends
+        deadline = time.monotonic() + 20
+        while True:
+            r = call(http, key, cid, "after")
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200, r.text
+        assert http.get("/readyz").status_code == 200
+        # the answer of the call that finished during the outage was stored after all
+        node = db.node(in_flight)
+        assert node["status"] == "success" and node["received"][0]["content"] == "answered during the outage"
+        assert r.headers["x-parent-node-id"] == in_flight
+        assert "answered during the outage" in upstream.last.text()
+        assert db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0
+    assert_invariants(url)
 
 
 def test_waiting_for_a_pooled_connection_gives_up_without_losing_it(database_url):

@@ -11,12 +11,11 @@ import asyncpg
 import httpx
 import pytest
 
-from storage import migrate, start_embedded
 from storage.ids import uuid7
 from storage.transcript import digests
 from storage.tree import CallFinish, CallStart, Restore, _jsonb
 
-from .conftest import Db, assert_invariants, make_settings, run, serve_proxy, tenant_of, wait_for
+from .conftest import Db, assert_invariants, run, serve_proxy, tenant_of, wait_for
 from .fakes import Reply
 from .helpers import MODEL, user
 
@@ -182,39 +181,30 @@ def test_a_lost_start_whose_conversation_was_deleted_since_stays_gone(proxy, db,
         assert db.fetchval("SELECT count(*) FROM conversations WHERE tenant = $1 AND id = $2", tenant_of(key), cid) == 0
 
 
-def test_a_start_lost_in_an_outage_is_written_again_when_the_database_is_back(tmp_path, upstream_url, upstream,
+def test_a_start_lost_in_an_outage_is_written_again_when_the_database_is_back(own_server, upstream_url, upstream,
                                                                                key, cid):
     """The case the asynchronous start had to answer: the database goes away while the call is
     upstream, so its client is answered and the outcome stored once the database is back -- and
     the crash had lost the start."""
-    data = tmp_path / "pg"
-    server = start_embedded(data)
-    url = server.uri
-    run(migrate(url))
-    settings = make_settings(url, upstream_url, database={"url": url, "command_timeout": 3.0, "connect_timeout": 1.0},
-                             server={"lease_seconds": 30})
-    db = Db(url)
-    try:
-        with serve_proxy(settings) as p, httpx.Client(base_url=p.url) as http:
-            assert _post(http, key, cid, [user("before")]).status_code == 200
-            t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "answered in the outage",
-                                                  [user("in flight")], http=http)
-            _lose(db, key, cid, pending["id"])
-            server.stop()  # the outage begins
-            hold.set()
-            t.join(30)
-            assert result["r"].status_code == 200  # the client gets the answer it waited for
-            server = start_embedded(data)  # ... and ends
-            node = wait_for(lambda: db.fetchrow("SELECT * FROM nodes WHERE id = $1 AND outcome IS NOT NULL",
-                                                pending["id"]), timeout=30, what="the outcome stored")
-            assert node["status"] == "success"
-            _assert_written_again(db, pending, "answered in the outage")
-            after = _post(http, key, cid, [user("after")])
-            assert after.status_code == 200 and after.headers["x-parent-node-id"] == str(pending["id"])
-            assert "answered in the outage" in upstream.last.text()
-        assert_invariants(url)
-    finally:
-        server.stop()
+    db = Db(own_server.url)
+    with serve_proxy(own_server.settings(upstream_url)) as p, httpx.Client(base_url=p.url) as http:
+        assert _post(http, key, cid, [user("before")]).status_code == 200
+        t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "answered in the outage",
+                                              [user("in flight")], http=http)
+        _lose(db, key, cid, pending["id"])
+        own_server.stop()  # the outage begins
+        hold.set()
+        t.join(30)
+        assert result["r"].status_code == 200  # the client gets the answer it waited for
+        own_server.start()  # ... and ends
+        node = wait_for(lambda: db.fetchrow("SELECT * FROM nodes WHERE id = $1 AND outcome IS NOT NULL",
+                                            pending["id"]), timeout=30, what="the outcome stored")
+        assert node["status"] == "success"
+        _assert_written_again(db, pending, "answered in the outage")
+        after = _post(http, key, cid, [user("after")])
+        assert after.status_code == 200 and after.headers["x-parent-node-id"] == str(pending["id"])
+        assert "answered in the outage" in upstream.last.text()
+    assert_invariants(own_server.url)
 
 
 def test_restore_is_read_as_the_start_wrote_it():
