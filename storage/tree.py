@@ -67,10 +67,9 @@ class Restore:
 
     def jsonb(self) -> msgspec.Raw:
         """As ``bp_restore_start`` reads it."""
-        decided = _encode({"conversation_id": self.conversation_id, "mode": self.mode, "start": self.start_at,
-                           "with_system": self.with_system,
-                           "parent_id": str(self.parent_id) if self.parent_id else None})
-        return msgspec.Raw(decided[:-1] + b',"call":' + bytes(_jsonb(self.start)) + b"}")
+        return msgspec.Raw(_encode({
+            "conversation_id": self.conversation_id, "parent_id": str(self.parent_id) if self.parent_id else None,
+            "mode": self.mode, "start": self.start_at, "with_system": self.with_system, "call": _jsonb(self.start)}))
 
 
 class CallStart(msgspec.Struct, kw_only=True):
