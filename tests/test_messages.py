@@ -828,6 +828,22 @@ def test_an_image_a_tool_returned_reaches_a_chat_upstream_as_text(mproxy: Proxy,
     assert sent[0]["content"][0]["content"][1] == image
 
 
+def test_a_failed_tool_says_so_to_a_chat_upstream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
+    """A tool_result's is_error has no field in a chat tool message: the content says it, so the
+    model knows the call failed; the stored block keeps the flag."""
+    c = client(mproxy, key, f"/c/{cid}")
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    upstream.enqueue(Reply(content=None, tool_calls=[
+        {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": '{"cmd": "cat x"}'}}]))
+    c.messages.create(model="gpt-x", max_tokens=50, tools=tools, messages=[{"role": "user", "content": "read x"}])
+    c.messages.create(model="gpt-x", max_tokens=50, tools=tools, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "call_1", "content": "cat: x: No such file", "is_error": True}]}])
+    assert upstream.last.messages[-1] == {"role": "tool", "tool_call_id": "call_1",
+                                          "content": "[the tool failed] cat: x: No such file"}
+    sent = mproxy.db.fetchval("SELECT sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at DESC LIMIT 1", cid)
+    assert sent[0]["content"][0]["is_error"] is True
+
+
 def test_a_messages_tool_round_over_a_responses_upstream(mproxy: Proxy, upstream: FakeUpstream, key: str,
                                                          cid: str) -> None:
     """Anthropic blocks stored by a Messages call reach a Responses upstream as Responses items:

@@ -21,6 +21,8 @@ INLINE = "_bp_inline"  # a system message among the messages (not the ``system``
 
 _encode = msgspec.json.Encoder().encode
 
+_ERRORED = "[the tool failed] "  # a tool result's is_error, as a chat tool message says it
+
 
 def _blocks(content: Any) -> list[Any]:
     if isinstance(content, str):
@@ -180,7 +182,10 @@ def to_message(fragment: dict[str, Any], producer: str | None = None) -> dict[st
         message = _assistant(blocks)
     elif len(blocks) == 1 and isinstance(blocks[0], dict) and blocks[0].get("type") == "tool_result":
         block = blocks[0]
-        message = {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": _tool_content(block.get("content"))}
+        content = _tool_content(block.get("content"))
+        if block.get("is_error") is True:  # (chat has no field for it: the model reads it in the content)
+            content = _ERRORED + content if isinstance(content, str) else [{"type": "text", "text": _ERRORED}, *content]
+        message = {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": content}
     else:
         content = fragment.get("content")
         message = {"role": role or "user", "content": content if isinstance(content, str) else _user_content(blocks)}
