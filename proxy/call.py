@@ -15,7 +15,7 @@ from .dialects import Dialect
 from .dialects.messages.translate import APPLIED_EDITS  # (exchange params: context edits as carried out)
 
 if TYPE_CHECKING:
-    from storage import Restore
+    from storage import Begun
 
     from .compaction import Edits
 
@@ -171,7 +171,7 @@ class Started:
     request_hash: bytes | None = None
     finished: bool = False
     stored: bool = True  # False: no node -- a call that names no conversation, only translated (``Call.store``)
-    restore: Restore | None = None  # its start, should the database lose it (storage.Restore)
+    begun: Begun | None = None  # how it started: what its finish writes again should the database lose it
 
     @classmethod
     def unstored(cls, call: Call, new_items: list[dict[str, Any]], secrets: tuple[str | None, ...]) -> Started:

@@ -18,6 +18,7 @@ upstream's answer passes one ladder of failures, for answers and streams alike (
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -139,7 +140,8 @@ class CallLifecycle:
         stored = call.items if begun.mode == "delta" else call.tail(begun.start, with_system=begun.with_system)
         new_items = call.dialect.to_messages(stored, provider)
         started = Started(call, begun.conversation_id, node_id, begun.tree_id, begun.parent_id, begun.mode,
-                           begun.matched, new_items, secrets, restore=begun.restore)
+                           begun.matched, new_items, secrets,
+                           begun=dataclasses.replace(begun, path=[]))  # (kept for the finish: not its path)
         ctx = current_request.get()
         if ctx is not None:
             ctx.conversation_id, ctx.node_id = started.conversation_id, str(node_id)

@@ -57,7 +57,7 @@ class Outcomes:
         )
         store = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
                                   tenant=started.call.tenant, conversation_id=started.conversation_id,
-                                  restore=started.restore)
+                                  begun=started.begun)
         try:
             await store()
         except StorageUnavailable as exc:
@@ -108,7 +108,7 @@ class Outcomes:
                             leased=started.leased)
         fail = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
                                  tenant=started.call.tenant, conversation_id=started.conversation_id,
-                                 restore=started.restore)
+                                 begun=started.begun)
         try:
             try:
                 await fail()

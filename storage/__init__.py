@@ -28,7 +28,7 @@ from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, Pruned,
 from .ops import OpsStore
 from .pathcache import PathCache
 from .shared import SharedItems
-from .tree import Begun, CallFinish, CallStart, ContextMode, ParentMode, Restore, TreeStore
+from .tree import Begun, CallFinish, CallStart, ContextMode, ParentMode, TreeStore
 
 __all__ = [
     "AdminStore",
@@ -55,7 +55,6 @@ __all__ = [
     "PathRow",
     "Pruned",
     "Refused",
-    "Restore",
     "SharedItems",
     "StorageError",
     "StorageUnavailable",

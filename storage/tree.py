@@ -25,7 +25,7 @@ from .pathcache import PathCache
 from .shared import SharedItems
 from .transcript import digests, prefix_hashes, system_hash
 
-__all__ = ["Begun", "CallFinish", "CallStart", "ContextMode", "ParentMode", "Restore", "TreeStore"]
+__all__ = ["Begun", "CallFinish", "CallStart", "ContextMode", "ParentMode", "TreeStore"]
 
 log = logging.getLogger("branchpoint.storage")
 
@@ -49,27 +49,17 @@ class Begun:
     start: int = 0
     with_system: bool = False
     path: list[PathNode] = field(default_factory=list)
-    restore: Restore | None = None
+    # the start as it ran: with what it decided (above), what the finish writes the node again from
+    # when the database lost the start (its commit does not wait for the disk:
+    # docs/architecture.md#durability) -- encoded only if that is ever needed
+    ran: CallStart | None = None
 
-
-@dataclass(frozen=True, slots=True)
-class Restore:
-    """What the finish needs to write a call's pending node again when the database lost its start
-    (its commit does not wait for the disk: docs/architecture.md#durability): the start as it ran,
-    and where it put the node. Kept with the call; encoded only if it is ever needed."""
-
-    start: CallStart
-    conversation_id: str
-    parent_id: uuid.UUID | None
-    mode: ContextMode
-    start_at: int  # (Begun.start)
-    with_system: bool
-
-    def jsonb(self) -> msgspec.Raw:
-        """As ``bp_restore_start`` reads it."""
+    def restore(self) -> msgspec.Raw:
+        """The start and its decisions, as ``bp_restore_start`` reads them."""
+        assert self.ran is not None
         return msgspec.Raw(_encode({
             "conversation_id": self.conversation_id, "parent_id": str(self.parent_id) if self.parent_id else None,
-            "mode": self.mode, "start": self.start_at, "with_system": self.with_system, "call": _jsonb(self.start)}))
+            "mode": self.mode, "start": self.start, "with_system": self.with_system, "call": _jsonb(self.ran)}))
 
 
 class CallStart(msgspec.Struct, kw_only=True):
@@ -117,7 +107,7 @@ class CallFinish(msgspec.Struct, kw_only=True):
     error: Any = None  # {type, code, message, status} (proxy.failures.NodeError)
     request_hash: bytes | None = None  # sha256 of the exact body sent upstream (None: none was sent)
     leased: bool = False  # the call took the conversation's lease (delta turn calls)
-    restore: msgspec.Raw | None = None  # the start, for a node found missing (``Restore``)
+    restore: msgspec.Raw | None = None  # the start, for a node found missing (``Begun.restore``)
 
 
 def _holds_bytes(hint: Any) -> bool:
@@ -246,27 +236,24 @@ class TreeStore:
         elif first["conversation_id"] is not None:
             self.cache.complete(tenant, first["conversation_id"], first["tree_id"], None, [])
         mode = first["mode"]
-        restore = None
-        if mode == "delta" or mode == "full":
-            restore = Restore(start, first["conversation_id"], parent, mode, first["start"], first["with_system"])
         return Begun(first["conversation_id"], first["tree_id"], parent, mode, first["matched"],
-                     first["start"], first["with_system"], path, restore)
+                     first["start"], first["with_system"], path, start if mode in ("delta", "full") else None)
 
     async def finish_call(self, tree_id: uuid.UUID, node_id: uuid.UUID, finish: CallFinish, *,
-                          tenant: str = "", conversation_id: str = "", restore: Restore | None = None) -> bool:
+                          tenant: str = "", conversation_id: str = "", begun: Begun | None = None) -> bool:
         """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile
         (or is missing and could not be written again). ``tenant`` and ``conversation_id`` order a
-        batch (``storage.batching``). ``restore``: the call's start, to write its node again if the
-        database lost it (``Restore``; then the node holds no lease, and the finish moves the head
-        by the head rule alone)."""
+        batch (``storage.batching``). ``begun``: the call's start, to write its node again if the
+        database lost it (``Begun.restore``; then the node holds no lease, and the finish moves the
+        head by the head rule alone)."""
         if finish.received_digests is None:
             finish = msgspec.structs.replace(finish, received_digests=digests(finish.received or ()))
         records = await self._finishes.fetch((tenant, conversation_id), node_id, tree_id, node_id, _jsonb(finish))
         finished = records[0]["finished"]
-        if finished is None and restore is not None:
+        if finished is None and begun is not None and begun.ran is not None:
             log.warning("a call's node is missing at its finish (the database lost its start); written again",
                         extra={"node_id": str(node_id)})
-            finish = msgspec.structs.replace(finish, restore=restore.jsonb())
+            finish = msgspec.structs.replace(finish, restore=begun.restore())
             finished = (await self.db.fetch(queries.FINISH_CALL, tree_id, node_id, _jsonb(finish)))[0]["finished"]
             if finished is None:
                 log.error("a call's lost start could not be written again (its place in the tree is gone); "

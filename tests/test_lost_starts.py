@@ -13,7 +13,7 @@ import pytest
 
 from storage.ids import uuid7
 from storage.transcript import digests
-from storage.tree import CallFinish, CallStart, Restore, _jsonb
+from storage.tree import Begun, CallFinish, CallStart, _jsonb
 
 from .conftest import Db, assert_invariants, run, serve_proxy, tenant_of, wait_for
 from .fakes import Reply
@@ -214,7 +214,8 @@ def test_restore_is_read_as_the_start_wrote_it():
                       parent_mode="head", parent_id=None, sent=sent, digests=digests(sent), prefixes=[],
                       system_hash=None, lease_seconds=60, model=MODEL, provider="default", params={})
     parent = uuid7()
-    decoded = json.loads(bytes(Restore(start, "c", parent, "full", 3, True).jsonb()))
+    begun = Begun("c", uuid7(), parent, "full", matched=3, start=3, with_system=True, ran=start)
+    decoded = json.loads(bytes(begun.restore()))
     assert decoded["call"] == json.loads(bytes(_jsonb(start)))
     assert {k: v for k, v in decoded.items() if k != "call"} == {
         "conversation_id": "c", "parent_id": str(parent), "mode": "full", "start": 3, "with_system": True}

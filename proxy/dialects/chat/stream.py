@@ -12,7 +12,7 @@ from ...failures import Failure
 from ...secrets import TextMasker
 from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
 
-__all__ = ["ChatStream", "MaskedChunks", "StreamAccumulator", "masked_chunks"]
+__all__ = ["ChatStream", "MaskedChunks", "StreamAccumulator", "ended_without_done", "masked_chunks"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -115,6 +115,13 @@ class StreamAccumulator:
         return msg
 
 
+def ended_without_done(translator: Any) -> bytes:
+    """A translator reading a chat upstream (``acc``: its ``StreamAccumulator``) whose stream's
+    body ended without ``[DONE]``: the answer is whole once its choice finished (some
+    OpenAI-compatible servers end so) -- as if ``[DONE]`` had come; else nothing (a cut stream)."""
+    return translator.event(b"data: [DONE]") if translator.acc.finish_reason is not None else b""
+
+
 class ChatStream:
     """A chat-completions stream relayed as it arrives; ``[DONE]`` is held back until the node
     is stored; the usage chunk the proxy asked for is stripped unless the client asked too."""
@@ -169,9 +176,7 @@ class ChatStream:
         return self._tail
 
     def ended(self) -> bytes:
-        # the body ended without [DONE]: the answer is whole once its choice finished (some
-        # OpenAI-compatible servers end so) -- as if [DONE] had come
-        return self.event(b"data: [DONE]") if self.acc.finish_reason is not None else b""
+        return ended_without_done(self)
 
     def failing(self, failure: Failure) -> bytes:
         err = failure.error

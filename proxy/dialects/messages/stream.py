@@ -24,7 +24,7 @@ import msgspec
 from ...failures import Failure
 from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
-from ..chat.stream import MaskedChunks, StreamAccumulator
+from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
 from .blocks.from_chat import input_json
 from .errors import anthropic_type, error_event
@@ -314,8 +314,7 @@ class FromChat:
                 + self._delta({"type": "text_delta", "text": refusal}) + self._stop())
 
     def ended(self) -> bytes:
-        # the chat stream's body ended without [DONE]: whole once its choice finished
-        return self.event(b"data: [DONE]") if self.acc.finish_reason is not None else b""
+        return ended_without_done(self)
 
     def closing(self) -> bytes:
         out = self._stop() + self._refusal() + self._tools()

@@ -20,7 +20,7 @@ import msgspec
 
 from ...failures import Failure
 from ...sse import DONE, UNREAD, payload
-from ..chat.stream import MaskedChunks, StreamAccumulator
+from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
 
 __all__ = ["Events", "FromChat"]
@@ -249,8 +249,7 @@ class FromChat:
         return translate.output_items(self.acc.message(), self.node_id, self.params.get("tools"))
 
     def ended(self) -> bytes:
-        # the chat stream's body ended without [DONE]: whole once its choice finished
-        return self.event(b"data: [DONE]") if self.acc.finish_reason is not None else b""
+        return ended_without_done(self)
 
     def closing(self) -> bytes:
         out = self._close_reasoning() + self._close_text() + self._close_calls()
