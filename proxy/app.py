@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from litestar import Litestar, Request, Response
+from litestar import Litestar, Request, Response, Router
 from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.middleware import DefineMiddleware
@@ -173,7 +173,8 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             healthz,
             readyz,
             metrics,
-            AdminController,
+            # authenticated before Litestar reads a body (docs/architecture.md#auth-before-the-body)
+            Router("/", route_handlers=[AdminController], guards=[runtime.auth.guard]),
             ui_router(),
         ],
         dependencies={

@@ -18,7 +18,8 @@ import hmac
 from dataclasses import dataclass
 from typing import Any
 
-from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
 
 from config import AuthSettings
 
@@ -56,9 +57,16 @@ class Authenticator:
             digest = entry.key[7:].lower() if entry.key.startswith("sha256:") else key_hash(entry.key)
             self._keys[digest] = (entry.tenant or f"k_{digest[:16]}", entry.admin)
 
-    def caller(self, request: Request[Any, Any, Any]) -> Caller:
+    def caller(self, request: ASGIConnection[Any, Any, Any, Any]) -> Caller:
         """The Litestar dependency ``caller``: every route that needs one declares it."""
         return self(request.headers.get("authorization"), request.headers.get("x-api-key"))
+
+    def guard(self, connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        """A Litestar guard: the caller is authenticated before anything of the request is read.
+        A route whose body Litestar parses (``data``) parses it before resolving its dependencies,
+        ``caller`` among them: without the guard, anyone could make it decode a body and learn
+        whether it was well formed before being refused."""
+        self.caller(connection)
 
     def __call__(self, authorization: str | None, api_key: str | None = None) -> Caller:
         # a bearer token, or Anthropic's ``x-api-key`` (its SDKs and Claude Code send that)

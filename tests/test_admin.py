@@ -229,3 +229,19 @@ def test_head_and_switch_errors(proxy, upstream, key, cid):
     assert r.status_code == 404 and r.json()["error"]["code"] == "conversation_not_found"
     r = http.post(f"/admin/conversations/{cid}/switch", json={"node_id": other["x-node-id"]})
     assert r.status_code == 404
+
+
+@pytest.mark.parametrize("method, path", [
+    ("put", "/admin/conversations/c/head"),
+    ("post", "/admin/conversations/c/switch"),
+    ("post", "/admin/conversations/c/fork"),
+])
+@pytest.mark.parametrize("auth", [{}, {"authorization": "Basic eDp5"}])
+def test_a_caller_without_a_key_is_refused_before_its_body_is_read(proxy, method, path, auth):
+    """A malformed body of a route whose body Litestar decodes: 401, not the 400 of the decoder
+    (which would tell an anonymous caller what it made the proxy parse)."""
+    import httpx
+
+    r = httpx.request(method, proxy.url + path, content=b"{not json", headers={"content-type": "application/json", **auth})
+    assert r.status_code == 401, r.text
+    assert r.json()["error"]["type"] == "authentication_error"
