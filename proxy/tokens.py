@@ -169,8 +169,9 @@ class _PathNode(PathLike, Protocol):
 
 def reported_prompt(usage: Any) -> int | None:
     """The prompt's tokens as an upstream reported them, in any API's terms: chat's
-    ``prompt_tokens``, Responses' ``input_tokens`` -- and Anthropic's, whose ``input_tokens``
-    leave out what was read from or written to its prompt cache (added back here)."""
+    ``prompt_tokens``, Responses' ``input_tokens`` (with its ``input_tokens_details``) -- and
+    Anthropic's, whose ``input_tokens`` leave out what was read from or written to its prompt
+    cache (added back here). As the database's ``bp_prompt_tokens`` reads them."""
     if not isinstance(usage, dict):
         return None
     prompt = usage.get("prompt_tokens")
@@ -179,6 +180,8 @@ def reported_prompt(usage: Any) -> int | None:
     prompt = usage.get("input_tokens")
     if not isinstance(prompt, int):
         return None
+    if isinstance(usage.get("input_tokens_details"), dict):  # Responses' terms: the cache counted in
+        return prompt
     for key in ("cache_read_input_tokens", "cache_creation_input_tokens"):
         extra = usage.get(key)
         if isinstance(extra, int) and extra > 0:
@@ -188,18 +191,25 @@ def reported_prompt(usage: Any) -> int | None:
 
 def cached_prompt(usage: Any) -> int | None:
     """Of the prompt's tokens, those that went through a provider's prompt cache, as the upstream
-    reported them: chat's ``prompt_tokens_details.cached_tokens``, Responses'
-    ``input_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens`` and
-    ``cache_creation_input_tokens`` (read from its cache, and written to it)."""
+    reported them: read from it (chat's ``prompt_tokens_details.cached_tokens``, Responses'
+    ``input_tokens_details.cached_tokens``, Anthropic's ``cache_read_input_tokens``) and written to
+    it (``cache_creation_input_tokens``: Anthropic's, and carried beside chat's or Responses' fields
+    by a translated call). As the database's ``bp_cached_tokens`` sums them."""
     if not isinstance(usage, dict):
         return None
-    for key in ("prompt_tokens_details", "input_tokens_details"):
-        details = usage.get(key)
+    read = None
+    for details in (usage.get("prompt_tokens_details"), usage.get("input_tokens_details")):
         if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            return details["cached_tokens"]
-    found = [v for key in ("cache_read_input_tokens", "cache_creation_input_tokens")
-             if isinstance(v := usage.get(key), int)]
-    return sum(found) if found else None
+            read = details["cached_tokens"]
+            break
+    else:
+        if isinstance(usage.get("cache_read_input_tokens"), int):
+            read = usage["cache_read_input_tokens"]
+    written = usage.get("cache_creation_input_tokens")
+    written = written if isinstance(written, int) else None
+    if read is None or written is None:
+        return written if read is None else read
+    return read + written
 
 
 def _measured(usage: dict[str, Any] | None) -> int | None:

@@ -476,6 +476,31 @@ def test_spend_per_day_and_per_call(ui, page, upstream):
     shot(page, "spend")
 
 
+def test_the_viewer_counts_tokens_of_every_usage_shape_as_the_database_does(ui, page):
+    """The viewer's token counts of a usage object (spend.js ``tokensOf``) agree with the
+    database's (``bp_prompt_tokens``, ``bp_cached_tokens``) for each API's usage: Anthropic's
+    input tokens leave its cache out, Responses' and chat's count it, and the cache writes a
+    translated call carries beside chat's or Responses' fields are counted once."""
+    shapes = [
+        {"input_tokens": 10, "cache_read_input_tokens": 50, "cache_creation_input_tokens": 100, "output_tokens": 5},
+        {"prompt_tokens": 160, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 50},
+         "cache_creation_input_tokens": 100},
+        {"input_tokens": 160, "output_tokens": 5, "input_tokens_details": {"cached_tokens": 50},
+         "cache_creation_input_tokens": 100},
+        {"input_tokens": 100, "output_tokens": 5, "input_tokens_details": {"cached_tokens": 80}},
+    ]
+    page.goto(f"{ui.url}/ui/")
+    drawn = page.evaluate("shapes => import('/ui/spend.js').then(m => shapes.map(m.tokensOf))", shapes)
+    def count(u: dict) -> dict:
+        return dict(ui.db.fetchrow("SELECT bp_prompt_tokens($1::jsonb)::int AS prompt, 5 AS completion, "
+                                   "bp_cached_tokens($1::jsonb)::int AS cached", u))
+
+    with ThreadPoolExecutor(1) as thread:  # Playwright's loop runs in this one
+        counted = list(thread.map(count, shapes))
+    assert drawn == counted == [{"prompt": 160, "completion": 5, "cached": 150}] * 3 + [
+        {"prompt": 100, "completion": 5, "cached": 80}]
+
+
 def test_find_a_conversation_by_what_was_said(ui, page, upstream):
     """Search in messages: the list shows the conversations whose messages hold the words, with a
     snippet, and opens one on the node that matched."""

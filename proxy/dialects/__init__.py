@@ -33,8 +33,13 @@ import msgspec.structs
 from ..errors import InvalidRequest
 from ..relay import Translator
 
-__all__ = ["Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
+__all__ = ["CACHE_WRITES", "Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
            "message_path", "parse_model_request", "refuse_own_keys"]
+
+# Usage in the pivot's terms is chat's, and one field more: the tokens an upstream wrote to its
+# prompt cache (Anthropic's name; chat has none, and counts them among the prompt tokens). Every
+# translation that meets them carries them, so a node's usage keeps what the upstream reported.
+CACHE_WRITES = "cache_creation_input_tokens"
 
 
 @dataclass(frozen=True, slots=True)

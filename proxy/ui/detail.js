@@ -14,8 +14,9 @@ function duration(node) {
 
 function usage(value) {
   if (!value) return "—";
-  // (Anthropic's input_tokens leave out what was read from or written to its prompt cache)
-  const cache = (value.cache_read_input_tokens ?? 0) + (value.cache_creation_input_tokens ?? 0);
+  // (Anthropic's input_tokens leave out what was read from or written to its prompt cache;
+  // Responses' count it, with its input_tokens_details)
+  const cache = value.input_tokens_details ? 0 : (value.cache_read_input_tokens ?? 0) + (value.cache_creation_input_tokens ?? 0);
   const input = value.prompt_tokens ?? (value.input_tokens === undefined ? undefined : value.input_tokens + cache);
   const output = value.completion_tokens ?? value.output_tokens;
   const total = value.total_tokens ?? (input !== undefined && output !== undefined ? input + output : undefined);

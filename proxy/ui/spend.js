@@ -14,13 +14,15 @@ function svg(tag, attrs = {}, ...children) {
 }
 
 // The prompt and completion tokens of a usage object, in any API's terms (Anthropic's input
-// tokens leave out its prompt cache's reads and writes: counted back in).
+// tokens leave out its prompt cache's reads and writes: counted back in; Responses' count them,
+// with its input_tokens_details). As the database's bp_prompt_tokens and bp_cached_tokens.
 export function tokensOf(usage) {
   if (!usage || typeof usage !== "object") return { prompt: 0, completion: 0, cached: 0 };
   const n = (v) => (Number.isFinite(v) && v > 0 ? v : 0);
   const cached = n(usage.prompt_tokens_details?.cached_tokens) + n(usage.input_tokens_details?.cached_tokens)
     + n(usage.cache_read_input_tokens) + n(usage.cache_creation_input_tokens); // (as cached_tokens: reads and writes)
   const prompt = usage.prompt_tokens !== undefined ? n(usage.prompt_tokens)
+    : usage.input_tokens_details && typeof usage.input_tokens_details === "object" ? n(usage.input_tokens)
     : n(usage.input_tokens) + n(usage.cache_read_input_tokens) + n(usage.cache_creation_input_tokens);
   return { prompt, completion: n(usage.completion_tokens ?? usage.output_tokens), cached };
 }

@@ -77,6 +77,42 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT greatest(least(coalesce(p_sum, 0), 9223372036854775807), -9223372036854775808)::bigint
 $$;
 
+-- bp_prompt_tokens(usage): a node's prompt tokens in any API's terms -- chat's prompt_tokens,
+-- Responses' input_tokens (with its input_tokens_details), or Anthropic's input_tokens with its
+-- cache's reads and writes added back (they leave them out); null when none is reported. As
+-- proxy/tokens.py's reported_prompt.
+CREATE OR REPLACE FUNCTION bp_prompt_tokens(p_usage jsonb)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- (one expression, so that PostgreSQL inlines it into the sums)
+    SELECT coalesce(bp_token_count(p_usage, 'prompt_tokens', 'prompt_tokens'),
+                    CASE WHEN jsonb_typeof(p_usage -> 'input_tokens_details') = 'object'
+                         THEN bp_token_count(p_usage, 'input_tokens', 'input_tokens')
+                         ELSE bp_token_count(p_usage, 'input_tokens', 'input_tokens')
+                              + coalesce(bp_token_count(p_usage, 'cache_read_input_tokens', 'cache_read_input_tokens'), 0)
+                              + coalesce(bp_token_count(p_usage, 'cache_creation_input_tokens',
+                                                        'cache_creation_input_tokens'), 0) END)
+$$;
+
+-- bp_cached_tokens(usage): of them, those that went through a provider's prompt cache -- read
+-- from it (chat's prompt_tokens_details.cached_tokens, Responses' input_tokens_details.cached_tokens,
+-- Anthropic's cache_read_input_tokens) and written to it (cache_creation_input_tokens: Anthropic's,
+-- and carried beside chat's or Responses' fields by a translated call); null when none is
+-- reported. As proxy/tokens.py's cached_prompt.
+CREATE OR REPLACE FUNCTION bp_cached_tokens(p_usage jsonb)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- (one expression, so that PostgreSQL inlines it: reads + writes, else either)
+    SELECT coalesce(coalesce(bp_token_count(p_usage -> 'prompt_tokens_details', 'cached_tokens', 'cached_tokens'),
+                             bp_token_count(p_usage -> 'input_tokens_details', 'cached_tokens', 'cached_tokens'),
+                             bp_token_count(p_usage, 'cache_read_input_tokens', 'cache_read_input_tokens'))
+                    + bp_token_count(p_usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'),
+                    bp_token_count(p_usage -> 'prompt_tokens_details', 'cached_tokens', 'cached_tokens'),
+                    bp_token_count(p_usage -> 'input_tokens_details', 'cached_tokens', 'cached_tokens'),
+                    bp_token_count(p_usage, 'cache_read_input_tokens', 'cache_read_input_tokens'),
+                    bp_token_count(p_usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'))
+$$;
+
 -- bp_refuse(code, message): raise a refusal (see the table above).
 CREATE OR REPLACE FUNCTION bp_refuse(p_code text, p_message text)
 RETURNS void
@@ -133,9 +169,8 @@ END
 $$;
 
 -- bp_conversation_counts(tree, tenant, conversation): the nodes a conversation made and the tokens
--- upstreams reported for them (bp_token_count: prompt/input, completion/output, and of the prompt
--- those that went through a provider's prompt cache -- storage/queries/ops.py's PROMPT_TOKENS and
--- CACHED_TOKENS).
+-- upstreams reported for them (bp_prompt_tokens, completion/output, bp_cached_tokens -- as the
+-- usage report sums them, storage/queries/ops.py).
 -- One tree's rows: the admin API's lists call it per conversation listed (a conversation row and
 -- its counts in one statement would be a lateral aggregate over every shard, which Citus cannot run).
 CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_conversation text,
@@ -143,22 +178,9 @@ CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_
                                                   OUT completion_tokens bigint, OUT cached_tokens bigint)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    SELECT count(*),
-           -- (prompt tokens in any API's terms: Anthropic's input_tokens leave out its cache's reads
-           -- and writes, added back)
-           bp_token_total(sum(coalesce(bp_token_count(n.usage, 'prompt_tokens', 'prompt_tokens'),
-                                       bp_token_count(n.usage, 'input_tokens', 'input_tokens')
-                                       + coalesce(bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens'), 0)
-                                       + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'), 0)))),
+    SELECT count(*), bp_token_total(sum(bp_prompt_tokens(n.usage))),
            bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))),
-           -- (chat's prompt_tokens_details.cached_tokens, Responses' input_tokens_details.cached_tokens,
-           -- Anthropic's cache_read_input_tokens + cache_creation_input_tokens)
-           bp_token_total(sum(coalesce(bp_token_count(n.usage -> 'prompt_tokens_details', 'cached_tokens', 'cached_tokens'),
-                                       bp_token_count(n.usage -> 'input_tokens_details', 'cached_tokens', 'cached_tokens'),
-                                       bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens')
-                                       + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens',
-                                                                 'cache_creation_input_tokens'), 0),
-                                       bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'))))
+           bp_token_total(sum(bp_cached_tokens(n.usage)))
       INTO node_count, prompt_tokens, completion_tokens, cached_tokens
       FROM nodes n WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
 END

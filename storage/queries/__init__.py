@@ -56,7 +56,6 @@ from .calls import (
     uuid_array,
 )
 from .ops import (
-    CACHED_TOKENS,
     EXPORT,
     HEADS,
     HEADS_OUTSIDE_TREE,
@@ -64,7 +63,6 @@ from .ops import (
     IDLE_COUNT,
     IMPORT_TREE,
     PENDING_COUNT,
-    PROMPT_TOKENS,
     PRUNE,
     SCHEMA_VERSION,
     STALE_LEASES,
@@ -87,7 +85,6 @@ __all__ = [
     "APPLY_COMPACTION",
     "BEGIN_CALL",
     "BEGIN_CALL_AT",
-    "CACHED_TOKENS",
     "CHILDREN",
     "CONTINUED_NODE",
     "CONVERSATION",
@@ -112,7 +109,6 @@ __all__ = [
     "PATH_NODES",
     "PATH_WITH_SIBLINGS",
     "PENDING_COUNT",
-    "PROMPT_TOKENS",
     "PRUNE",
     "REAP_NODE",
     "RECORD_ATTEMPT",

@@ -8,30 +8,14 @@ from ..model import NodeRow, columns
 
 # ---- usage ------------------------------------------------------------------------------------
 
-# A node's prompt tokens in any API's terms: chat's prompt_tokens, Responses' input_tokens, and
-# Anthropic's input_tokens with its cache reads and writes, which its input_tokens leave out (no
-# cache key: nothing added). As proxy/tokens.py's reported_prompt reads them.
-PROMPT_TOKENS = """coalesce(bp_token_count(n.usage, 'prompt_tokens', 'prompt_tokens'),
-         bp_token_count(n.usage, 'input_tokens', 'input_tokens')
-         + coalesce(bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens'), 0)
-         + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'), 0))"""
-# The share of them that went through a provider's prompt cache: chat's
-# prompt_tokens_details.cached_tokens, Responses' input_tokens_details.cached_tokens, Anthropic's
-# cache_read_input_tokens + cache_creation_input_tokens. As proxy/tokens.py's cached_prompt reads them.
-CACHED_TOKENS = """coalesce(bp_token_count(n.usage -> 'prompt_tokens_details', 'cached_tokens', 'cached_tokens'),
-         bp_token_count(n.usage -> 'input_tokens_details', 'cached_tokens', 'cached_tokens'),
-         bp_token_count(n.usage, 'cache_read_input_tokens', 'cache_read_input_tokens')
-         + coalesce(bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'), 0),
-         bp_token_count(n.usage, 'cache_creation_input_tokens', 'cache_creation_input_tokens'))"""
-
 # Token usage by tenant and model of the calls made between $2 (inclusive) and $3 (exclusive),
 # in the conversations of tenant $1 (null: every tenant -- admin keys): calls, prompt, completion
-# and cached tokens (PROMPT_TOKENS, CACHED_TOKENS).
-USAGE = f"""
+# and cached tokens (bp_prompt_tokens, bp_cached_tokens: storage/functions/basics.sql).
+USAGE = """
 SELECT c.tenant, n.model, count(*) AS calls,
-       bp_token_total(sum({PROMPT_TOKENS})) AS prompt_tokens,
+       bp_token_total(sum(bp_prompt_tokens(n.usage))) AS prompt_tokens,
        bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))) AS completion_tokens,
-       bp_token_total(sum({CACHED_TOKENS})) AS cached_tokens
+       bp_token_total(sum(bp_cached_tokens(n.usage))) AS cached_tokens
   FROM conversations c
   JOIN nodes n ON n.conversation_id = c.id AND n.tenant = c.tenant AND n.tree_id = c.tree_id
  WHERE ($1::text IS NULL OR c.tenant = $1) AND n.created_at >= $2 AND n.created_at < $3

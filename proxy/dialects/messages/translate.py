@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from ...errors import InvalidRequest
+from .. import CACHE_WRITES
 from ..responses.tools import DROPPED
 from .blocks.from_chat import _input, _parts_to_blocks
 
@@ -189,15 +190,21 @@ def _count(value: Any) -> int:
 
 
 def chat_usage(usage: Any) -> dict[str, Any] | None:
-    """An Anthropic usage object in chat terms (prompt tokens count cache reads and writes)."""
+    """An Anthropic usage object in chat terms: prompt tokens count cache reads and writes, the
+    reads are chat's cached tokens, and the writes -- chat has no word for them -- keep Anthropic's
+    ``cache_creation_input_tokens`` beside them (as LiteLLM's chat usage does), so the count a
+    node stores loses nothing the upstream reported (docs/behaviour.md, "Cached tokens")."""
     if not isinstance(usage, dict):
         return None
     cached = _count(usage.get("cache_read_input_tokens"))
-    prompt = _count(usage.get("input_tokens")) + cached + _count(usage.get("cache_creation_input_tokens"))
+    written = _count(usage.get("cache_creation_input_tokens"))
+    prompt = _count(usage.get("input_tokens")) + cached + written
     completion = _count(usage.get("output_tokens"))
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     if cached:
         out["prompt_tokens_details"] = {"cached_tokens": cached}
+    if written:
+        out[CACHE_WRITES] = written
     return out
 
 
@@ -207,11 +214,14 @@ def anthropic_usage(usage: Any) -> dict[str, Any]:
         return {"input_tokens": 0, "output_tokens": 0}
     details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
     cached = _count(details.get("cached_tokens"))
+    written = _count(usage.get(CACHE_WRITES))
     prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
-    out = {"input_tokens": max(0, prompt - cached), "output_tokens": _count(usage.get("completion_tokens",
-                                                                                    usage.get("output_tokens")))}
+    out = {"input_tokens": max(0, prompt - cached - written), "output_tokens": _count(usage.get("completion_tokens",
+                                                                                              usage.get("output_tokens")))}
     if cached:
         out["cache_read_input_tokens"] = cached
+    if written:
+        out[CACHE_WRITES] = written
     return out
 
 

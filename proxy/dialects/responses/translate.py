@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from ...assembly import NATIVE
+from .. import CACHE_WRITES
 from .tools import DROPPED, chat_tools, flat_name, namespace_of, split_name
 
 __all__ = ["chat_params", "chat_usage_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
@@ -96,9 +97,12 @@ def convert_usage(usage: Any, source: tuple[str, ...], target: tuple[str, ...]) 
     completion = usage.get(source[1]) or 0
     cached = (usage.get(source[2]) or {}).get("cached_tokens") or 0
     reasoning = (usage.get(source[3]) or {}).get("reasoning_tokens") or 0
-    return {target[0]: prompt, target[2]: {"cached_tokens": cached},
-            target[1]: completion, target[3]: {"reasoning_tokens": reasoning},
-            "total_tokens": usage.get("total_tokens") or prompt + completion}
+    out = {target[0]: prompt, target[2]: {"cached_tokens": cached},
+           target[1]: completion, target[3]: {"reasoning_tokens": reasoning},
+           "total_tokens": usage.get("total_tokens") or prompt + completion}
+    if usage.get(CACHE_WRITES):  # (an Anthropic upstream's cache writes: neither API has a word for them)
+        out[CACHE_WRITES] = usage[CACHE_WRITES]
+    return out
 
 
 def usage_of(chat_usage: Any) -> dict[str, Any] | None:

@@ -1,0 +1,121 @@
+"""Cached tokens across APIs (docs/behaviour.md#cached-tokens): whatever the client speaks and
+whatever its upstream speaks, what the upstream reported of its prompt cache -- reads, and
+Anthropic's writes, which chat and Responses have no word for -- is kept in the node's usage and
+counted alike in the conversation's usage, /admin/usage and /metrics, streamed or not; the
+client's usage object carries it too."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import pytest
+
+from .anthropic_fake import AReply, FakeAnthropic
+from .conftest import Proxy, make_settings, serve_proxy
+from .fakes import Reply, ServerThread
+
+# an Anthropic upstream's usage: 10 new, 50 read from its cache, 100 written to it -> 160 prompt tokens
+ANTHROPIC = {"input_tokens": 10, "cache_read_input_tokens": 50, "cache_creation_input_tokens": 100, "output_tokens": 5}
+CHAT = {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105, "prompt_tokens_details": {"cached_tokens": 80}}
+RESPONSES = {"input_tokens": 100, "output_tokens": 5, "total_tokens": 105, "input_tokens_details": {"cached_tokens": 80}}
+# a chat upstream in front of Anthropic (as LiteLLM answers): the writes beside chat's fields
+CHAT_WITH_WRITES = {"prompt_tokens": 160, "completion_tokens": 5, "total_tokens": 165,
+                    "prompt_tokens_details": {"cached_tokens": 50}, "cache_creation_input_tokens": 100}
+
+MODELS = {"anthropic": "claude-x", "responses": "native-x", "chat": "gpt-x"}
+
+
+@pytest.fixture(scope="module")
+def claude() -> Iterator[FakeAnthropic]:
+    fake = FakeAnthropic()
+    with ServerThread(fake) as server:
+        fake.url = server.url
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def apis(database_url, upstream_url, claude) -> Iterator[Proxy]:
+    settings = make_settings(database_url, upstream_url, upstreams=[
+        {"name": "anthropic", "base_url": claude.url + "/v1", "models": ["claude-*"], "api": "anthropic"},
+        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
+        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
+    ])
+    with serve_proxy(settings) as p:
+        yield p
+
+
+def _metric(p: Proxy) -> float:
+    m = re.search(r"^branchpoint_cached_tokens_total ([0-9.e+]+)$", httpx.get(f"{p.url}/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _call(p: Proxy, key: str, cid: str, client: str, model: str, stream: bool) -> dict:
+    """One call through the client's own SDK; the usage it was given."""
+    if client == "messages":
+        c = anthropic.Anthropic(base_url=f"{p.url}/c/{cid}", api_key=key, max_retries=0)
+        if stream:
+            with c.messages.stream(model=model, max_tokens=50, messages=[{"role": "user", "content": "hi"}]) as s:
+                return s.get_final_message().usage.model_dump(exclude_none=True)
+        return c.messages.create(model=model, max_tokens=50, messages=[{"role": "user", "content": "hi"}]).usage.model_dump(
+            exclude_none=True)
+    openai = p.openai(key)
+    headers = {"X-Conversation-Id": cid}
+    if client == "chat":
+        if stream:
+            chunks = list(openai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                         extra_headers=headers, stream=True,
+                                                         stream_options={"include_usage": True}))
+            return chunks[-1].usage.model_dump(exclude_none=True)
+        return openai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                              extra_headers=headers).usage.model_dump(exclude_none=True)
+    if stream:
+        events = list(openai.responses.create(model=model, input="hi", extra_headers=headers, stream=True))
+        return events[-1].response.usage.model_dump(exclude_none=True)
+    return openai.responses.create(model=model, input="hi", extra_headers=headers).usage.model_dump(exclude_none=True)
+
+
+def _enqueue(upstream_api: str, usage: dict, stream: bool, upstream, claude: FakeAnthropic) -> None:
+    if upstream_api == "anthropic":
+        claude.enqueue(AReply(usage=dict(usage)))
+    else:
+        upstream.enqueue(Reply(kind="stream" if stream and upstream_api == "chat" else "json", usage=dict(usage)))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("client, upstream_api, reported, cached, prompt", [
+    ("chat", "anthropic", ANTHROPIC, 150, 160),
+    ("responses", "anthropic", ANTHROPIC, 150, 160),
+    ("messages", "anthropic", ANTHROPIC, 150, 160),
+    ("messages", "chat", CHAT, 80, 100),
+    ("messages", "chat", CHAT_WITH_WRITES, 150, 160),
+    ("messages", "responses", RESPONSES, 80, 100),
+    ("chat", "chat", CHAT, 80, 100),
+    ("chat", "chat", CHAT_WITH_WRITES, 150, 160),
+    ("chat", "responses", RESPONSES, 80, 100),
+    ("responses", "chat", CHAT, 80, 100),
+    ("responses", "responses", RESPONSES, 80, 100),
+])
+def test_cached_tokens_are_kept_and_counted_whatever_the_apis(apis, upstream, claude, key, client, upstream_api,
+                                                              reported, cached, prompt, stream):
+    claude.reset()
+    cid = f"cached-{uuid.uuid4().hex[:8]}"
+    before = _metric(apis)
+    _enqueue(upstream_api, reported, stream, upstream, claude)
+    given = _call(apis, key, cid, client, MODELS[upstream_api], stream)
+
+    http = apis.http(key)
+    usage = http.get(f"/admin/conversations/{cid}").json()["usage"]
+    report = http.get("/admin/usage").json()  # (the key is this test's own: its tenant's calls only)
+    assert (usage["cached_tokens"], usage["prompt_tokens"]) == (cached, prompt)
+    assert (report["cached_tokens"], report["prompt_tokens"]) == (cached, prompt)
+    assert _metric(apis) - before == cached
+
+    writes = reported.get("cache_creation_input_tokens")
+    if writes:  # the client is told of the writes too, in its own API's terms
+        assert given.get("cache_creation_input_tokens") == writes, given
+        if client == "messages":
+            assert given["input_tokens"] + given["cache_read_input_tokens"] + writes == prompt, given
