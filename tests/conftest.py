@@ -27,6 +27,7 @@ from config import Settings, load_settings
 from proxy.app import create_app
 from storage import migrate, start_embedded
 
+from .anthropic_fake import FakeAnthropic
 from .fakes import FakeUpstream, ServerThread, free_port
 
 
@@ -198,6 +199,35 @@ def upstream(fake_upstream_server: tuple[FakeUpstream, ServerThread]) -> FakeUps
 @pytest.fixture(scope="session")
 def upstream_url(fake_upstream_server: tuple[FakeUpstream, ServerThread]) -> str:
     return fake_upstream_server[1].url + "/v1"
+
+
+@pytest.fixture(scope="session")
+def claude_server() -> Iterator[tuple[FakeAnthropic, ServerThread]]:
+    """A fake Anthropic upstream (tests/anthropic_fake.py), recording what it received."""
+    fake = FakeAnthropic()
+    with ServerThread(fake) as server:
+        yield fake, server
+
+
+@pytest.fixture
+def claude(claude_server: tuple[FakeAnthropic, ServerThread]) -> FakeAnthropic:
+    claude_server[0].reset()
+    return claude_server[0]
+
+
+def three_upstreams(upstream_url: str, claude_server: tuple[FakeAnthropic, ServerThread]) -> list[dict[str, Any]]:
+    """``claude-*`` models to the fake Anthropic upstream, ``native-*`` to a Responses one, every
+    other model to a chat one."""
+    return [{"name": "anthropic", "base_url": claude_server[1].url + "/v1", "models": ["claude-*"], "api": "anthropic"},
+            {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
+            {"name": "chatty", "base_url": upstream_url, "models": ["*"]}]
+
+
+@pytest.fixture(scope="module")
+def mproxy(database_url: str, upstream_url: str, claude_server: tuple[FakeAnthropic, ServerThread]) -> Iterator[Proxy]:
+    """A proxy of the module's own in front of the three upstreams (``three_upstreams``)."""
+    with serve_proxy(make_settings(database_url, upstream_url, upstreams=three_upstreams(upstream_url, claude_server))) as p:
+        yield p
 
 
 def make_settings(database_url: str, upstream_url: str, **overrides: Any) -> Settings:

@@ -344,8 +344,10 @@ class FakeUpstream:
         events += [chunk({"content": p}) for p in pieces]
         for i, tc in enumerate(reply.tool_calls or []):
             args = tc["function"]["arguments"]
-            events.append(chunk({"tool_calls": [{"index": i, "id": tc["id"], "type": "function",
-                                                 "function": {"name": tc["function"]["name"], "arguments": ""}}]}))
+            first = {"index": i, "id": tc.get("id"), "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}
+            if "id" not in tc:  # (some servers send no id at all)
+                del first["id"]
+            events.append(chunk({"tool_calls": [first]}))
             for j in range(0, len(args), 5):
                 events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": args[j:j + 5]}}]}))
         if reply.error_event:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
 
 import anthropic
 import httpx
 import pytest
 
 from .anthropic_fake import AReply, FakeAnthropic
-from .conftest import Proxy, make_settings, serve_proxy
-from .fakes import Reply, ServerThread
+from .conftest import Proxy
+from .fakes import Reply
 
 # an Anthropic upstream's usage: 10 new, 50 read from its cache, 100 written to it -> 160 prompt tokens
 ANTHROPIC = {"input_tokens": 10, "cache_read_input_tokens": 50, "cache_creation_input_tokens": 100, "output_tokens": 5}
@@ -27,25 +26,6 @@ CHAT_WITH_WRITES = {"prompt_tokens": 160, "completion_tokens": 5, "total_tokens"
                     "prompt_tokens_details": {"cached_tokens": 50}, "cache_creation_input_tokens": 100}
 
 MODELS = {"anthropic": "claude-x", "responses": "native-x", "chat": "gpt-x"}
-
-
-@pytest.fixture(scope="module")
-def claude() -> Iterator[FakeAnthropic]:
-    fake = FakeAnthropic()
-    with ServerThread(fake) as server:
-        fake.url = server.url
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def apis(database_url, upstream_url, claude) -> Iterator[Proxy]:
-    settings = make_settings(database_url, upstream_url, upstreams=[
-        {"name": "anthropic", "base_url": claude.url + "/v1", "models": ["claude-*"], "api": "anthropic"},
-        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
-        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
-    ])
-    with serve_proxy(settings) as p:
-        yield p
 
 
 def _metric(p: Proxy) -> float:
@@ -99,20 +79,19 @@ def _enqueue(upstream_api: str, usage: dict, stream: bool, upstream, claude: Fak
     ("responses", "chat", CHAT, 80, 100),
     ("responses", "responses", RESPONSES, 80, 100),
 ])
-def test_cached_tokens_are_kept_and_counted_whatever_the_apis(apis, upstream, claude, key, client, upstream_api,
+def test_cached_tokens_are_kept_and_counted_whatever_the_apis(mproxy, upstream, claude, key, client, upstream_api,
                                                               reported, cached, prompt, stream):
-    claude.reset()
     cid = f"cached-{uuid.uuid4().hex[:8]}"
-    before = _metric(apis)
+    before = _metric(mproxy)
     _enqueue(upstream_api, reported, stream, upstream, claude)
-    given = _call(apis, key, cid, client, MODELS[upstream_api], stream)
+    given = _call(mproxy, key, cid, client, MODELS[upstream_api], stream)
 
-    http = apis.http(key)
+    http = mproxy.http(key)
     usage = http.get(f"/admin/conversations/{cid}").json()["usage"]
     report = http.get("/admin/usage").json()  # (the key is this test's own: its tenant's calls only)
     assert (usage["cached_tokens"], usage["prompt_tokens"]) == (cached, prompt)
     assert (report["cached_tokens"], report["prompt_tokens"]) == (cached, prompt)
-    assert _metric(apis) - before == cached
+    assert _metric(mproxy) - before == cached
 
     writes = reported.get("cache_creation_input_tokens")
     if writes:  # the client is told of the writes too, in its own API's terms

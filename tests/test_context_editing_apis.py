@@ -15,7 +15,7 @@ import pytest
 
 from proxy.compaction.clearing import PLACEHOLDER_PREFIX
 from tests.anthropic_fake import AReply, FakeAnthropic
-from tests.conftest import Db, Proxy, make_settings, serve_proxy
+from tests.conftest import Db, Proxy, make_settings, serve_proxy, three_upstreams
 from tests.fakes import Reply, ServerThread
 from tests.test_context_editing import clearing_nodes, output
 
@@ -23,26 +23,10 @@ LIMITS = {"native-tiny*": {"context_window": 4000, "max_output_tokens": 1000},
           "claude-tiny*": {"context_window": 4000, "max_output_tokens": 1000}}
 
 
-@pytest.fixture(scope="module")
-def claude_server() -> Iterator[tuple[FakeAnthropic, ServerThread]]:
-    fake = FakeAnthropic()
-    with ServerThread(fake) as server:
-        yield fake, server
-
-
-@pytest.fixture
-def claude(claude_server: tuple[FakeAnthropic, ServerThread]) -> FakeAnthropic:
-    claude_server[0].reset()
-    return claude_server[0]
-
-
 @pytest.fixture
 def apis(fresh_database_url: str, upstream_url: str, claude_server: tuple[FakeAnthropic, ServerThread]) -> Iterator[Proxy]:
-    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS, upstreams=[
-        {"name": "anthropic", "base_url": claude_server[1].url + "/v1", "models": ["claude-*"], "api": "anthropic"},
-        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
-        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
-    ])
+    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS,
+                             upstreams=three_upstreams(upstream_url, claude_server))
     with serve_proxy(settings) as p:
         p.db = Db(fresh_database_url)
         yield p

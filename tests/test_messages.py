@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -16,32 +15,6 @@ import pytest
 from tests.anthropic_fake import AReply, FakeAnthropic
 from tests.conftest import Proxy, make_settings, new_key, serve_proxy
 from tests.fakes import FakeUpstream, Reply, ServerThread, free_port
-
-
-@pytest.fixture(scope="module")
-def claude_server() -> Iterator[tuple[FakeAnthropic, ServerThread]]:
-    fake = FakeAnthropic()
-    with ServerThread(fake) as server:
-        yield fake, server
-
-
-@pytest.fixture
-def claude(claude_server: tuple[FakeAnthropic, ServerThread]) -> FakeAnthropic:
-    claude_server[0].reset()
-    return claude_server[0]
-
-
-@pytest.fixture(scope="module")
-def mproxy(database_url: str, upstream_url: str, claude_server: tuple[FakeAnthropic, ServerThread]) -> Iterator[Proxy]:
-    """``claude-*`` models to the fake Anthropic upstream, ``native-*`` to a Responses one, every
-    other model to a chat one."""
-    settings = make_settings(database_url, upstream_url, upstreams=[
-        {"name": "anthropic", "base_url": claude_server[1].url + "/v1", "models": ["claude-*"], "api": "anthropic"},
-        {"name": "native", "base_url": upstream_url, "models": ["native-*"], "api": "responses"},
-        {"name": "chatty", "base_url": upstream_url, "models": ["*"]},
-    ])
-    with serve_proxy(settings) as p:
-        yield p
 
 
 def client(proxy: Proxy, key: str, prefix: str) -> anthropic.Anthropic:

@@ -17,13 +17,13 @@ from typing import Any
 
 from ...assembly import SYSTEM_AT, build_body, strip
 from .. import Answer, Transcript
-from .completion import Completion, NotACompletion, parse_completion
+from .completion import Completion, NotACompletion, call_id, parse_completion
 from .markers import MARKERS, markers
 from .request import parse_chat_body
 from .stream import ChatStream, StreamAccumulator, masked_chunks
 
 __all__ = ["DIALECT", "Chat", "ChatExchange", "ChatStream", "Completion", "NotACompletion", "StreamAccumulator",
-           "parse_completion"]
+           "call_id", "parse_completion"]
 
 
 class ChatExchange:

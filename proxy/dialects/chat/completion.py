@@ -3,11 +3,12 @@ reason of choice 0. Shared by the call lifecycle and the summariser."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, NamedTuple
 
 import msgspec
 
-__all__ = ["Completion", "NotACompletion", "parse_completion"]
+__all__ = ["Completion", "NotACompletion", "call_id", "parse_completion"]
 
 _decode = msgspec.json.Decoder().decode
 
@@ -36,3 +37,13 @@ def parse_completion(content: bytes) -> Completion:
     usage = data.get("usage")
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
     return Completion(message, usage if isinstance(usage, dict) else None, finish if isinstance(finish, str) else None)
+
+
+def call_id(call: dict[str, Any], node_id: uuid.UUID, index: int) -> str:
+    """A chat tool call's id as a translated answer gives it: its own, or -- when the upstream sent
+    none or an empty one (several OpenAI-compatible servers do, in streams especially) -- one made
+    from the node and the call's place in the answer, so the stream, the whole answer and the
+    stored one agree, and the client has an id to answer the call by (Anthropic's and the
+    Responses API's clients must; a null one was refused with the next call)."""
+    own = call.get("id")
+    return own if isinstance(own, str) and own else f"call_{node_id.hex}_{index}"

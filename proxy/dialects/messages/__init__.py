@@ -78,7 +78,7 @@ class Messages:
         found = fields.pop(blocks.MARKERS, ())
         system, out = blocks.to_anthropic(messages, provider)
         system = blocks.apply_markers(system, out, found)
-        body = {**fields, "messages": out}
+        body = {**fields, "messages": blocks.sendable(out)}
         if system:
             body["system"] = system
         if stream:

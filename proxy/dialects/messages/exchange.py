@@ -66,7 +66,7 @@ class MessagesOverChat:
 
     def answer(self, content: bytes) -> Answer:
         completion = parse_completion(content)
-        blocks = translate.content_of(completion.message)
+        blocks = translate.content_of(completion.message, self.node_id)
         usage = translate.anthropic_usage(completion.usage)
         model = _decode(content).get("model") or self.params.get("model")
         body = translate.message_object(node_id=self.node_id, model=model, content=blocks,

@@ -24,6 +24,7 @@ import msgspec
 from ...failures import Failure
 from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
+from ..chat.completion import call_id
 from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
 from .blocks.from_chat import input_json
@@ -292,8 +293,9 @@ class FromChat:
 
     def _tools(self) -> bytes:
         out = [self._stop()]
-        for _, call in sorted(self.acc.tool_calls.items()):
-            out.append(self._start("tool", {"type": "tool_use", "id": call.get("id"), "name": call["function"]["name"],
+        for i, (_, call) in enumerate(sorted(self.acc.tool_calls.items())):
+            out.append(self._start("tool", {"type": "tool_use", "id": call_id(call, self.node_id, i),
+                                            "name": call["function"]["name"],
                                             "input": {}}))
             arguments = call["function"]["arguments"]
             if arguments:
@@ -302,7 +304,7 @@ class FromChat:
         return b"".join(out)
 
     def received(self) -> list[dict[str, Any]]:
-        return [{"role": "assistant", "content": translate.content_of(self.acc.message())}]
+        return [{"role": "assistant", "content": translate.content_of(self.acc.message(), self.node_id)}]
 
     def _refusal(self) -> bytes:
         """A chat upstream's refusal, when no text came: a text block of it (as the stored answer

@@ -30,7 +30,7 @@ import msgspec
 
 from ...errors import InvalidRequest
 from .. import CACHE_WRITES
-from ..responses.tools import DROPPED
+from ..chat.completion import call_id
 from .blocks.from_chat import _input, _parts_to_blocks
 
 __all__ = ["APPLIED_EDITS", "anthropic_usage", "chat_params", "chat_usage", "check_fields", "completion",
@@ -62,14 +62,16 @@ def hosted(tools: Any) -> list[str]:
     return [str(t.get("type") or t.get("name")) for t in tools if isinstance(t, dict) and not _custom(t)]
 
 
-def _chat_tool_choice(choice: Any, dropped: Any) -> Any:
+def _chat_tool_choice(choice: Any, left_out: set[Any]) -> Any:
+    """``left_out``: the names of the tools the call offered and a chat upstream goes without (its
+    hosted ones, dropped): one of them forced is no choice there ("auto")."""
     if not isinstance(choice, dict):
         return None
     kind = choice.get("type")
     if kind == "any":
         return "required"
     if kind == "tool":
-        if dropped and choice.get("name") in dropped:
+        if choice.get("name") in left_out:
             return "auto"
         return {"type": "function", "function": {"name": choice.get("name")}}
     if kind == "none":
@@ -91,7 +93,8 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
             k: v for k, v in (("name", t.get("name")), ("description", t.get("description")),
                               ("parameters", t.get("input_schema"))) if v is not None}} for t in tools]
         choice = params.get("tool_choice")
-        mapped = _chat_tool_choice(choice, params.get(DROPPED))
+        left_out = {t.get("name") for t in params.get("tools") or () if isinstance(t, dict) and not _custom(t)}
+        mapped = _chat_tool_choice(choice, left_out)
         if mapped is not None:
             out["tool_choice"] = mapped
         if isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True:
@@ -233,9 +236,10 @@ def finish_reason(stop: Any) -> str:
     return _TO_CHAT_STOP.get(stop, "stop") if isinstance(stop, str) else "stop"
 
 
-def content_of(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The content blocks of a chat assistant message (reasoning as a thinking block without a
-    signature: no Anthropic upstream takes it back)."""
+def content_of(message: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The content blocks of a chat assistant message, the answer of node ``node_id`` (reasoning as
+    a thinking block without a signature: no Anthropic upstream takes it back; a tool call without
+    an id given one, ``call_id``)."""
     blocks: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
@@ -243,10 +247,10 @@ def content_of(message: dict[str, Any]) -> list[dict[str, Any]]:
     blocks.extend(_parts_to_blocks(message.get("content")))
     if message.get("refusal") and not any(b.get("type") == "text" for b in blocks):
         blocks.append({"type": "text", "text": str(message["refusal"])})
-    for call in message.get("tool_calls") or ():
+    for i, call in enumerate(message.get("tool_calls") or ()):
         if isinstance(call, dict):
             fn = call.get("function") or {}
-            blocks.append({"type": "tool_use", "id": call.get("id"), "name": fn.get("name"),
+            blocks.append({"type": "tool_use", "id": call_id(call, node_id, i), "name": fn.get("name"),
                            "input": _input(fn.get("arguments"))})
     return blocks
 

@@ -20,6 +20,7 @@ import msgspec
 
 from ...failures import Failure
 from ...sse import DONE, UNREAD, payload
+from ..chat.completion import call_id
 from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
 
@@ -223,7 +224,8 @@ class FromChat:
     def _open_call(self, i: int, call: dict[str, Any]) -> bytes:
         index = len(self.items)
         self.calls[i] = index
-        item = translate.function_call(translate.call_item_id(self.node_id, i), call.get("id"), call["function"]["name"],
+        item = translate.function_call(translate.call_item_id(self.node_id, i), call_id(call, self.node_id, i),
+                                       call["function"]["name"],
                                        "", self.params.get("tools"), status="in_progress")
         self.items.append(item)
         return self.emit("response.output_item.added", output_index=index, item=item)

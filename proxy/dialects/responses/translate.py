@@ -18,6 +18,7 @@ from typing import Any
 
 from ...assembly import NATIVE
 from .. import CACHE_WRITES
+from ..chat.completion import call_id
 from .tools import DROPPED, chat_tools, flat_name, namespace_of, split_name
 
 __all__ = ["chat_params", "chat_usage_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
@@ -163,7 +164,7 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
         if not isinstance(call, dict):
             continue  # (an upstream's odd answer: not a call)
         fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-        out.append(function_call(call_item_id(node_id, i), call.get("id"), fn.get("name"), fn.get("arguments") or "",
+        out.append(function_call(call_item_id(node_id, i), call_id(call, node_id, i), fn.get("name"), fn.get("arguments") or "",
                                  tools, status="completed"))
     return out
 

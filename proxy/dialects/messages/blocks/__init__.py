@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from .cache_control import MARKERS as MARKERS
 from .cache_control import apply_markers, markers
-from .from_chat import to_anthropic
+from .from_chat import sendable, to_anthropic
 from .to_chat import CONT, cleared, fragments, to_messages
 from .to_chat import INLINE as INLINE
 from .to_chat import to_message as to_message
@@ -45,6 +45,7 @@ __all__ = [
     "cleared",
     "fragments",
     "markers",
+    "sendable",
     "to_anthropic",
     "to_messages",
 ]

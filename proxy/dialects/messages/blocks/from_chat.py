@@ -7,6 +7,8 @@ functions.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,7 +17,7 @@ import msgspec
 from ...responses.items import ITEMS, PRODUCER, items_of
 from .to_chat import CONT, INLINE, _blocks
 
-__all__ = ["input_json", "to_anthropic"]
+__all__ = ["input_json", "sendable", "to_anthropic"]
 
 _THINKING = frozenset({"thinking", "redacted_thinking"})
 
@@ -174,3 +176,60 @@ def _still_whole(message: dict[str, Any], fragment: dict[str, Any]) -> bool:
     uses = {b.get("id") for b in _blocks(fragment.get("content")) if isinstance(b, dict) and b.get("type") == "tool_use"}
     calls = {c.get("id") for c in message.get("tool_calls") or () if isinstance(c, dict)}
     return uses == calls
+
+
+# -- what Anthropic refuses, made acceptable ----------------------------------------------------------
+
+_TOOL_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _tool_id(value: Any) -> Any:
+    """A tool id as Anthropic takes it (``^[a-zA-Z0-9_-]+$``): other models make ids such as
+    ``functions.Bash:0``. Its other characters become ``_`` and a short hash of it keeps two ids
+    apart -- the same for a ``tool_use`` and the ``tool_result`` that answers it."""
+    if not isinstance(value, str) or _TOOL_ID.fullmatch(value):
+        return value
+    return re.sub(r"[^A-Za-z0-9_-]", "_", value) + "_" + hashlib.sha256(value.encode()).hexdigest()[:8]
+
+
+def _acceptable(block: Any) -> Any:
+    if not isinstance(block, dict):
+        return block
+    kind = block.get("type")
+    if kind == "tool_use" and block.get("id") != (clean := _tool_id(block.get("id"))):
+        return {**block, "id": clean}
+    if kind == "tool_result" and block.get("tool_use_id") != (clean := _tool_id(block.get("tool_use_id"))):
+        return {**block, "tool_use_id": clean}
+    return block
+
+
+def _empty(content: Any) -> bool:
+    return content is None or content == "" or content == []
+
+
+def sendable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An Anthropic request's messages as Anthropic accepts them, whatever made them: tool ids of
+    its pattern, and no message without content but a last one (Anthropic refuses such a request,
+    and each later one of the conversation, which sends it again). An empty message comes from an
+    answer with nothing an Anthropic upstream may read -- Claude's own ``content: []``, or another
+    model's empty or reasoning-only answer, whose thinking has no signature for Anthropic. Left
+    out, its neighbours of one role are joined into one message, as Anthropic itself reads them.
+    Runs after the cache_control markers are placed (their positions count from the end)."""
+    out: list[dict[str, Any]] = []
+    last = len(messages) - 1
+    left_out = False  # since the last message kept
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            blocks = [_acceptable(b) for b in content]
+            if any(a is not b for a, b in zip(blocks, content, strict=True)):
+                message = {**message, "content": blocks}
+        if _empty(message.get("content")) and i != last:
+            left_out = True
+            continue
+        if left_out and out and out[-1].get("role") == message.get("role") and not _empty(message.get("content")):
+            out[-1] = {**out[-1], "content": [*_blocks(out[-1].get("content")), *_blocks(message.get("content"))]}
+        else:
+            out.append(message)
+        left_out = False
+    return out

@@ -1,0 +1,189 @@
+"""One conversation, several models (docs/behaviour.md#the-messages-api): what other models leave
+on the tree reaches an Anthropic upstream as Anthropic accepts it, and what they answer reaches an
+Anthropic (or Responses) client as something it can answer. Each of these, before, made Anthropic
+or the proxy refuse every later call of the conversation -- an invalid request leaves the head
+where it was, and the next call sends the same thing again. Assertions on what the fake upstream
+received; the fake Anthropic does not validate, so its rules are checked here."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import anthropic
+import httpx
+
+from .anthropic_fake import AReply, FakeAnthropic
+from .conftest import Proxy
+from .fakes import FakeUpstream, Reply
+from .test_messages import client
+
+TOOLS = [{"name": "Bash", "input_schema": {"type": "object"}}]
+_TOOL_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+
+
+def _anthropic_accepts(messages: list[dict[str, Any]]) -> None:
+    """Anthropic's rules on a request's messages: content in every one but a last assistant
+    message (a prefill), tool ids of its pattern, each tool_result answering a tool_use before it."""
+    uses: list[str] = []
+    for i, m in enumerate(messages):
+        if i < len(messages) - 1:
+            assert m.get("content") not in ([], "", None), (i, messages)
+        for b in m["content"] if isinstance(m["content"], list) else ():
+            if b.get("type") == "tool_use":
+                assert isinstance(b["id"], str) and _TOOL_ID.match(b["id"]), b
+                uses.append(b["id"])
+            elif b.get("type") == "tool_result":
+                assert b["tool_use_id"] in uses, (b, uses)
+
+
+def _post(proxy: Proxy, path: str, body: dict[str, Any], key: str) -> httpx.Response:
+    return httpx.post(f"{proxy.url}{path}", json=body, headers={"x-api-key": key}, timeout=30)
+
+
+def _events(text: str) -> list[tuple[str, Any]]:
+    out = []
+    for block in text.split("\n\n"):
+        lines = block.strip().split("\n")
+        name = next((line[6:].strip() for line in lines if line.startswith("event:")), None)
+        data = "".join(line[5:].strip() for line in lines if line.startswith("data:"))
+        if name:
+            out.append((name, json.loads(data) if data else None))
+    return out
+
+
+# -- an answer with nothing Anthropic may read -------------------------------------------------------
+
+
+def test_claudes_own_empty_answer_is_left_out_of_the_next_request(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                                  cid: str) -> None:
+    """Claude may answer ``content: []`` (end_turn); the next call of the conversation sent it back
+    as an empty assistant message, which Anthropic refuses."""
+    c = client(mproxy, key, f"/c/{cid}")
+    claude.enqueue(AReply(content=[], stop_reason="end_turn"))
+    c.messages.create(model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "a"}])
+    c.messages.create(model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "b"}])
+    sent = claude.last.body["messages"]
+    _anthropic_accepts(sent)
+    # the two questions, joined as Anthropic reads consecutive turns of one role
+    assert sent == [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+
+
+def test_another_models_empty_or_reasoning_only_answer_then_claude(mproxy: Proxy, upstream: FakeUpstream,
+                                                                   claude: FakeAnthropic, key: str, cid: str) -> None:
+    """A chat model's empty answer, and one that was only reasoning (its thinking has no signature
+    for Anthropic, so nothing of it is sent), from an Anthropic client and from a chat client."""
+    c = client(mproxy, key, f"/c/{cid}")
+    upstream.enqueue(Reply(content=None, reasoning="thinking only, ran out", finish_reason="length"), Reply(content=""))
+    c.messages.create(model="gpt-x", max_tokens=5, messages=[{"role": "user", "content": "a"}])
+    c.messages.create(model="gpt-x", max_tokens=5, messages=[{"role": "user", "content": "b"}])
+    oc = mproxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=""))
+    oc.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "c"}])
+    c.messages.create(model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "d"}])
+    sent = claude.last.body["messages"]
+    _anthropic_accepts(sent)
+    assert [b["text"] for m in sent for b in m["content"]] == ["a", "b", "c", "d"]
+
+
+# -- tool ids ------------------------------------------------------------------------------------------
+
+
+def test_a_tool_call_without_an_id_is_given_one_the_client_can_answer(mproxy: Proxy, upstream: FakeUpstream,
+                                                                      claude: FakeAnthropic, key: str, cid: str) -> None:
+    """Some OpenAI-compatible servers send a tool call without an id (or ""): the Anthropic client
+    got ``"id": null``, answered it with ``tool_use_id: null``, and the proxy refused that. Now it
+    gets an id -- the same in the stream, a whole answer and the stored one -- and the round goes
+    on, on the chat model and then on Claude."""
+    upstream.enqueue(
+        Reply(content=None, tool_calls=[{"type": "function", "function": {"name": "Bash", "arguments": '{"c": 1}'}}]),
+        Reply(kind="stream", content=None, tool_calls=[
+            {"id": "", "type": "function", "function": {"name": "Bash", "arguments": '{"c": 2}'}}]),
+    )
+    first = _post(mproxy, f"/c/{cid}/v1/messages", {"model": "gpt-x", "max_tokens": 5, "tools": TOOLS,
+                                                     "messages": [{"role": "user", "content": "x"}]}, key)
+    use = first.json()["content"][-1]
+    assert use["type"] == "tool_use" and isinstance(use["id"], str) and use["id"]
+    second = _post(mproxy, f"/c/{cid}/v1/messages", {"model": "gpt-x", "max_tokens": 5, "tools": TOOLS, "stream": True,
+                                                      "messages": [{"role": "user", "content": [
+                                                          {"type": "tool_result", "tool_use_id": use["id"],
+                                                           "content": "a.txt"}]}]}, key)
+    assert second.status_code == 200, second.text
+    assert upstream.last.body["messages"][-2]["tool_calls"][0]["id"] == use["id"]  # (and its result answers it)
+    assert upstream.last.body["messages"][-1]["tool_call_id"] == use["id"]
+    streamed = [d["content_block"] for n, d in _events(second.text) if n == "content_block_start"
+                and d["content_block"]["type"] == "tool_use"]
+    assert len(streamed) == 1 and streamed[0]["id"] and streamed[0]["id"] != use["id"]
+    stored = httpx.get(f"{mproxy.url}/admin/nodes/{second.headers['x-node-id']}", headers={"x-api-key": key}).json()
+    assert stored["received"][0]["content"][-1]["id"] == streamed[0]["id"]
+
+    c = client(mproxy, key, f"/c/{cid}")
+    c.messages.create(model="claude-x", max_tokens=5, tools=TOOLS, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": streamed[0]["id"], "content": "b.txt"}]}])
+    _anthropic_accepts(claude.last.body["messages"])
+
+
+def test_a_responses_client_gets_a_call_id_for_a_call_without_one(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                                  cid: str) -> None:
+    oc = mproxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=None, tool_calls=[{"type": "function", "function": {"name": "Bash", "arguments": "{}"}}]),
+                     Reply(kind="stream", content=None, tool_calls=[
+                         {"type": "function", "function": {"name": "Bash", "arguments": "{}"}}]))
+    whole = oc.responses.create(model="gpt-x", input="x", tools=[{"type": "function", "name": "Bash", "parameters": {}}])
+    assert whole.output[-1].type == "function_call" and whole.output[-1].call_id
+    events = list(oc.responses.create(model="gpt-x", input=[{"type": "function_call_output",
+                                                              "call_id": whole.output[-1].call_id, "output": "ok"}],
+                                      tools=[{"type": "function", "name": "Bash", "parameters": {}}], stream=True))
+    added = [e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    done = events[-1].response.output[-1]
+    assert added[0].call_id and added[0].call_id == done.call_id != whole.output[-1].call_id
+    assert upstream.last.body["messages"][-1]["tool_call_id"] == whole.output[-1].call_id
+
+
+def test_another_models_tool_ids_reach_anthropic_in_its_pattern_and_paired(mproxy: Proxy, upstream: FakeUpstream,
+                                                                           claude: FakeAnthropic, key: str,
+                                                                           cid: str) -> None:
+    """Ids such as ``functions.Bash:0`` (Anthropic refuses them) are made of its characters, alike
+    on the call and on its result; two ids that differ only in what is replaced stay apart."""
+    c = client(mproxy, key, f"/c/{cid}")
+    upstream.enqueue(Reply(content=None, tool_calls=[
+        {"id": "functions.Bash:0", "type": "function", "function": {"name": "Bash", "arguments": '{"c": "ls"}'}},
+        {"id": "functions.Bash.0", "type": "function", "function": {"name": "Bash", "arguments": '{"c": "pwd"}'}}]))
+    m = c.messages.create(model="gpt-x", max_tokens=5, tools=TOOLS, messages=[{"role": "user", "content": "list"}])
+    assert [b.id for b in m.content] == ["functions.Bash:0", "functions.Bash.0"]  # (the client gets them as made)
+    c.messages.create(model="claude-x", max_tokens=5, tools=TOOLS, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": b.id, "content": f"out {i}"} for i, b in enumerate(m.content)]}])
+    sent = claude.last.body["messages"]
+    _anthropic_accepts(sent)
+    uses = [b["id"] for b in sent[1]["content"]]
+    assert len(set(uses)) == 2 and [b["tool_use_id"] for b in sent[2]["content"]] == uses
+
+
+# -- a forced tool the upstream goes without -------------------------------------------------------------
+
+
+def test_forcing_a_hosted_tool_over_chat_lets_the_model_choose(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                               cid: str) -> None:
+    """The hosted tool is dropped from a chat upstream's tools; forcing it forced a function the
+    request did not have (OpenAI refuses that)."""
+    tools = [*TOOLS, {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}]
+    r = _post(mproxy, f"/c/{cid}/v1/messages", {"model": "gpt-x", "max_tokens": 10, "tools": tools,
+                                                 "tool_choice": {"type": "tool", "name": "web_search"},
+                                                 "messages": [{"role": "user", "content": "search"}]}, key)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-branchpoint-dropped-tools"] == "web_search_20250305"
+    assert upstream.last.body["tool_choice"] == "auto"
+    assert [t["function"]["name"] for t in upstream.last.body["tools"]] == ["Bash"]
+    _post(mproxy, f"/c/{cid}/v1/messages", {"model": "gpt-x", "max_tokens": 10, "tools": tools,
+                                             "tool_choice": {"type": "tool", "name": "Bash"},
+                                             "messages": [{"role": "user", "content": "run"}]}, key)
+    assert upstream.last.body["tool_choice"] == {"type": "function", "function": {"name": "Bash"}}
+
+
+def test_the_anthropic_sdk_reads_the_answers(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
+    """(the SDK, not only raw HTTP: an answer with a made id parses as a ToolUseBlock)"""
+    upstream.enqueue(Reply(content=None, tool_calls=[{"type": "function", "function": {"name": "Bash", "arguments": "{}"}}]))
+    m = client(mproxy, key, f"/c/{cid}").messages.create(model="gpt-x", max_tokens=5, tools=TOOLS,
+                                                         messages=[{"role": "user", "content": "x"}])
+    assert isinstance(m.content[-1], anthropic.types.ToolUseBlock) and m.content[-1].id
