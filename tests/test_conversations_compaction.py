@@ -37,6 +37,8 @@ def summary_text(item):
 
 def item_text(item):
     item = item if isinstance(item, dict) else item.model_dump()
+    if item.get("type") == "compaction":  # (its readable summary)
+        return "".join(p["text"] for p in item["summary"])
     content = item["content"]
     return content if isinstance(content, str) else "".join(p["text"] for p in content)
 
@@ -438,3 +440,85 @@ def test_nodes_made_finished_are_never_finished_before_they_were_made(proxy, ups
     rows = proxy.db.fetch("SELECT kind, created_at, finished_at FROM nodes WHERE conversation_id = $1", conv.id)
     assert {r["kind"] for r in rows} >= {"items", "compaction"}
     assert all(r["finished_at"] >= r["created_at"] for r in rows), rows
+
+
+# -- a compaction item among a conversation's items ----------------------------------------------------
+
+
+def test_compacting_a_window_again_carries_the_first_summary_on(proxy, upstream, key):
+    """OpenAI's stateless loop: the window after a compaction begins with the compaction item, and
+    compacting that window again must summarise the first summary too -- before, the item was
+    stored as nothing readable and the earlier history was lost. Another tenant's item is 404."""
+    client = proxy.openai(key)
+    upstream.enqueue_summary(Reply(content="FIRST-SUMMARY: the notes were about zebras."))
+    first = client.responses.compact(model=MODEL, input=[user_item(f"note {i}") for i in range(10)])
+    window = [i.model_dump(exclude_none=True) for i in first.output]
+    assert window[0]["type"] == "compaction"
+    with pytest.raises(openai.NotFoundError):
+        proxy.openai(new_key()).responses.compact(model=MODEL, input=[*window, user_item("more")])
+    asked = len(upstream.summariser_requests)
+    client.responses.compact(model=MODEL, input=[*window, *(user_item(f"later {i}") for i in range(10))])
+    assert len(upstream.summariser_requests) == asked + 1
+    assert "FIRST-SUMMARY: the notes were about zebras." in upstream.summariser_requests[-1].text()
+
+
+@pytest.mark.parametrize("upstream_api", ["chat", "responses"])
+def test_a_compaction_item_among_a_conversations_items_is_context(proxy, native, upstream, key, upstream_api):
+    """``conversations.create(items=[compaction item, kept ...])`` (or ``items.create``): the item
+    is listed as it came, and the next call's upstream reads its summary -- never our token."""
+    p, model = (proxy, MODEL) if upstream_api == "chat" else (native, "native-1")
+    client = p.openai(key)
+    upstream.enqueue_summary(Reply(content="SUMMARY: giraffes are tall."))
+    window = [i.model_dump(exclude_none=True)
+              for i in client.responses.compact(model=model, input=[user_item(f"note {i}") for i in range(10)]).output]
+    conv = client.conversations.create(items=window)
+    listed = client.conversations.items.list(conv.id, order="asc").data
+    assert [i.type for i in listed][0] == "compaction" and listed[0].id == window[0]["id"]
+    client.responses.create(model=model, conversation=conv.id, input="q")
+    if upstream_api == "chat":
+        assert "giraffes are tall" in contents(upstream.last.messages)[0]
+    else:
+        sent = upstream.responses_requests[-1].body["input"]
+        assert not any(i.get("type") == "compaction" for i in sent)
+        assert sent[0]["role"] == "user" and item_text(sent[0]) == item_text(window[0])
+    with pytest.raises(openai.NotFoundError):  # (a token names a node: only the tenant's own)
+        p.openai(new_key()).conversations.create(items=window)
+
+
+def test_deleting_an_item_after_a_summary_keeps_the_compaction_item(proxy, upstream, key):
+    """The new branch a DELETE makes copies the summary as the compaction item it is listed as --
+    before, it became a user message under the item's cmp_ id, and a stateless client resending
+    the listed items no longer sent a compaction item."""
+    client = proxy.openai(key)
+    conv = long_conversation(client)
+    upstream.enqueue_summary(Reply(content="SUMMARY: the facts, in short."))
+    client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    before = client.conversations.items.list(conv.id, order="asc", limit=100).data
+    assert before[0].type == "compaction"
+    client.conversations.items.delete(before[-1].id, conversation_id=conv.id)
+    after = client.conversations.items.list(conv.id, order="asc", limit=100).data
+    assert [i.id for i in after] == [i.id for i in before[:-1]]
+    assert after[0].type == "compaction" and summary_text(after[0]) == summary_text(before[0])
+    client.responses.create(model=MODEL, conversation=conv.id, input="q")
+    sent = contents(upstream.last.messages)
+    assert "SUMMARY: the facts, in short." in sent[0] and item_text(before[-1]) not in sent
+
+
+def test_a_conversation_call_with_a_compaction_item_in_its_input_continues_from_the_head(proxy, upstream, key, db):
+    """``conversation=``: the input holds new items, whatever they are -- a compaction item among
+    them (its own conversation's or another's) is one of them, read as its summary; the call
+    continues from the head, not from the compacted call the item names."""
+    client = proxy.openai(key)
+    a = long_conversation(client)
+    upstream.enqueue_summary(Reply(content="SUMMARY OF A."))
+    first = client.responses.create(model=MODEL, conversation=a.id, input="question one", context_management=CONTROL)
+    compacted = first.output[0].model_dump(exclude_none=True)
+    client.responses.create(model=MODEL, conversation=a.id, input="question two")
+    b = client.conversations.create(items=[user_item("B's own context")])
+    for conv, earlier in ((a, "question two"), (b, "B's own context")):
+        head = db.head(conv.id)
+        raw = client.responses.with_raw_response.create(model=MODEL, conversation=conv.id,
+                                                        input=[compacted, user_item("q3")])
+        assert raw.headers["x-parent-node-id"] == head
+        sent = contents(upstream.last.messages)
+        assert earlier in sent and sent[-2:] == [summary_text(first.output[0]), "q3"]

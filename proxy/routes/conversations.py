@@ -37,7 +37,7 @@ from ..http import RawResponse
 from ..ids import valid_conversation_id
 from .context import CallContext
 from .docs import errors
-from .path_items import ITEM_IDS, has_instructions, listed_item, path_items
+from .path_items import ITEM_IDS, has_instructions, listed_item, path_items, resolve_compactions
 
 __all__ = ["conversation_item", "conversation_items", "conversation_resource", "conversations_create",
            "new_conversation_id"]
@@ -186,10 +186,11 @@ _PREFIXES = ("/v1", "/c/{conversation_id:str}/v1")
 async def conversations_create(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
     _cid(request)
     body = await _body(request)
-    items = _checked_items(body.get("items"), param="items", required=False)
     metadata = _checked_metadata(body.get("metadata"))
-    cid = new_conversation_id()
     tenant, admin = call.caller.tenant, call.admin
+    items = await resolve_compactions(_checked_items(body.get("items"), param="items", required=False), admin, tenant,
+                                      param="items")
+    cid = new_conversation_id()
     await admin.add_items(tenant, cid, [items_node(items)] if items else [], create=True, metadata=metadata or {})
     return _json(await _object(admin, tenant, cid))
 
@@ -224,7 +225,8 @@ async def conversation_items(request: Request[Any, Any, Any], call: NamedDepende
         _, items, _ = await path_items(admin, tenant, cid)
         return _json(_page([i.listed for i in items if not i.hidden], request.query_params))
     body = await _body(request)
-    items = _checked_items(body.get("items"), param="items", required=True)
+    items = await resolve_compactions(_checked_items(body.get("items"), param="items", required=True), admin, tenant,
+                                      param="items")
     node = items_node(items)
     await admin.add_items(tenant, cid, [node])
     added = [i.listed for i in (await path_items(admin, tenant, cid))[1] if str(i.node.id) == node["id"]]
@@ -257,15 +259,18 @@ async def conversation_item(request: Request[Any, Any, Any], call: NamedDependen
         params: dict[str, Any] = {}
         # instructions (context, never an item) stay so in the copy: a call's, or those a summary carried
         carried = next((i for i in kept if i.hidden and isinstance(i.raw.get("content"), str)), None)
+        if carried is not None and not has_instructions(node):
+            kept.remove(carried)
+        # (a summary stays the compaction item it is listed as, which reads as its summary again)
+        raws = [i.listed if i.listed.get("type") == "compaction" else i.raw for i in kept]
         if has_instructions(node):
             params["instructions"] = node.params["instructions"]
-            sent = [node.sent[0], *(i.raw for i in kept)]
+            sent = [node.sent[0], *raws]
         elif carried is not None:
-            kept.remove(carried)
             params["instructions"] = carried.raw["content"]
-            sent = [carried.raw, *(i.raw for i in kept)]
+            sent = [carried.raw, *raws]
         else:
-            sent = [i.raw for i in kept]
+            sent = raws
         copies.append(items_node(sent, [i.listed["id"] for i in kept], params=params))
     await admin.add_items(tenant, cid, copies, parent=first.parent_id, replace_from=True,
                           expected_head=conv.head_node_id)

@@ -18,11 +18,11 @@ from ..compaction.clearing import METHOD as CLEARING
 from ..dialects import message_path
 from ..dialects.responses import items as responses_items
 from ..dialects.responses import translate
-from ..dialects.responses.compaction import compaction_item
-from ..errors import ConversationNotFound
+from ..dialects.responses.compaction import compaction_item, compaction_node_of, is_compaction_item
+from ..errors import ConversationNotFound, NodeNotFound
 
 __all__ = ["ITEM_IDS", "Item", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
-           "with_parts"]
+           "resolve_compactions", "with_parts"]
 
 _encode_key = msgspec.json.Encoder(order="sorted").encode  # (a signature as a dict key, whatever its parts hold)
 
@@ -209,3 +209,22 @@ async def path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, lis
         raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation_id")
     path = await _head_path(admin, conv)
     return conv, await _items_of(admin, conv.tree_id, path), path
+
+
+async def resolve_compactions(items: list[dict[str, Any]], admin: AdminStore, tenant: str, *,
+                              param: str) -> list[dict[str, Any]]:
+    """Compaction items of ours a client puts among a conversation's items (or a stateless
+    compaction's input), each as its compaction node gives it -- its summary the node's own -- so
+    that they read as that summary (``responses_items.convert``); one that names no compaction of
+    this tenant is 404, as everywhere a token is resolved. An upstream's own (OpenAI's, encrypted)
+    stays as it came."""
+    out = []
+    for item in items:
+        named = compaction_node_of(item) if is_compaction_item(item) else None
+        if named is not None:
+            node = await admin.node(tenant, named[0])
+            if node is None or node.kind != "compaction":
+                raise NodeNotFound("the compaction item names no compaction of this tenant", param=param)
+            item = compaction_item(node, named[1])
+        out.append(item)
+    return out

@@ -46,7 +46,7 @@ from .context import CallContext
 from .conversations import items_node, new_conversation_id
 from .docs import errors
 from .passthrough import Forwarder
-from .path_items import kept_items, node_items, with_parts
+from .path_items import kept_items, node_items, resolve_compactions, with_parts
 from .response_objects import response_of, stored_response
 
 __all__ = ["responses_compact", "responses_create"]
@@ -227,13 +227,16 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         parent_mode, parent_id = "head", None
     items = await _resolve_references(RESPONSES.items(body), admin, caller)
     resumed_call = False
-    if parent is None:
+    if parent is None and not named:
         resumed = await _resume_compaction(items, admin, calls.tree, caller, cid)
         if resumed is not None:  # a stateless client continuing from a compaction item of ours
             items, parent_id, cid = resumed
             resumed_call = True
             mode, parent_mode = "delta", "node"
-    items = [item for item in items if not is_compaction_item(item)]  # (what they stand for is the parent's path)
+    if named:  # (conversation=: the input's items are added to it -- a compaction item too, read as its summary)
+        items = await resolve_compactions(items, admin, caller.tenant, param="input")
+    else:
+        items = [item for item in items if not is_compaction_item(item)]  # (what they stand for is the parent's path)
     threshold, truncation_auto, controls = _compaction_controls(body)
     call = Call(
         tenant=caller.tenant, conversation_id=cid, kind=kind, mode=mode, parent_mode=parent_mode, parent_id=parent_id,
@@ -293,6 +296,8 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
                 raise InvalidRequest("input, previous_response_id or conversation is required", param="input")
             # (its instructions, a system message, first)
             items = await _resolve_references(RESPONSES.items(RESPONSES.parse(raw)), admin, caller)
+            # (a window that holds a compaction item -- OpenAI's stateless loop compacting again -- reads as its summary)
+            items = await resolve_compactions(items, admin, caller.tenant, param="input")
             cid = new_conversation_id()
             await admin.add_items(caller.tenant, cid, [items_node(items)], create=True, metadata={})
         conv = await admin.conversation(caller.tenant, cid)

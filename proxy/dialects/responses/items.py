@@ -12,6 +12,8 @@ read is dropped there (``assembly.strip``).
                                               a result of its answer's: ids fc_<node>_<i> say which)
     function_call_output                   -> tool message
     reasoning (summary only)               -> reasoning_content of the next assistant message
+    compaction (a summary, as the proxy's  -> the user message holding its summary, as the compaction
+      compaction items carry it)              node has it (its token names a node: never sent upstream)
     reasoning with encrypted_content, and
     any other item (web search calls ...)  -> kept under ITEMS only: a Responses upstream gets them
                                               back (reasoning: only the provider that produced it)
@@ -27,6 +29,7 @@ from typing import Any
 import msgspec
 
 from ..chat.completion import NotACompletion
+from .compaction import compaction_node_of
 from .tools import flat_name
 
 __all__ = [
@@ -254,6 +257,16 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 output, _ = _parts_to_content(output, output=False)
             out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}, item))
             last_assistant = None
+        elif kind in ("compaction", "compaction_summary") and compaction_node_of(item) is not None:
+            # (ours, among a conversation's items: an upstream's own -- OpenAI's, encrypted -- goes back natively)
+            summary = item.get("summary")
+            text = "".join(str(p.get("text") or "") for p in summary if isinstance(p, dict)) \
+                if isinstance(summary, list) else ""
+            if text:
+                out.append(attach({"role": "user", "content": text}))
+                last_assistant, number, answered = None, counted, None
+            else:
+                pending.append(item)
         elif kind == "reasoning":
             if not item.get("encrypted_content"):
                 reasoning.extend(s.get("text", "") for s in item.get("summary") or () if isinstance(s, dict))
