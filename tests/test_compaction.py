@@ -224,6 +224,29 @@ def test_edit_before_a_compaction_is_refused(small, upstream, key, cid):
     assert h2["x-parent-node-id"] == str(node["id"])
 
 
+def test_continuing_from_the_answer_a_summary_replaced_hangs_under_the_summary(small, upstream, key, cid):
+    """A client that names its last answer as the parent after a compaction moved the head -- the
+    Responses API's previous_response_id chain (the Agents SDK's, every call), a chat client's
+    X-Parent-Node-Id -- continues from the summary that stands for it; before, 409 on the next
+    call after every compaction. Any other node before the summary is still refused."""
+    heads = grow(small, upstream, key, cid, 7)
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the background compaction")[0]
+    assert str(node["compacted_from"]) == heads[-1]
+    responses = small.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content="after the summary"))
+    nxt = responses.responses.with_raw_response.create(model=MODEL, input="what now?",
+                                                       previous_response_id=f"resp_{heads[-1].replace('-', '')}")
+    assert nxt.headers["x-parent-node-id"] == str(node["id"]) and small.db.head(cid) == nxt.headers["x-node-id"]
+    sent = upstream.last.messages
+    assert sent[0]["content"].startswith(SUMMARY_PREFIX) and sent[-1]["content"] == "what now?"
+    assert not any("question 0" in str(m["content"]) for m in sent)
+    _, h = say(small.openai(key), cid, user("beside it"), parent=heads[-1])  # (the same through the header)
+    assert h["x-parent-node-id"] == str(node["id"])
+    r = small.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid, "X-Parent-Node-Id": heads[-2]},
+                             json={"model": MODEL, "messages": [user("an edit")]})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "parent_before_compaction"
+
+
 def test_system_prompt_sent_only_first_survives_compaction(small, upstream, key, cid):
     system = {"role": "system", "content": "Answer in Korean."}
     upstream.enqueue(Reply(content="first", usage=usage(100)))

@@ -190,13 +190,15 @@ BEGIN
         IF NOT bp_node_in_conversation(conv.tree_id, s.tenant, s.conversation_id, s.parent_id) THEN
             PERFORM bp_refuse('BPNFN', format('node %s is not part of conversation %L', s.parent_id, s.conversation_id));
         END IF;
-        IF conv.compactions > 0 AND conv.head_node_id IS NOT NULL
-           AND bp_before_compaction(conv.tree_id, conv.head_node_id, s.parent_id) THEN
-            PERFORM bp_refuse('BPPBC', format(
-                'node %s lies before a compaction of this conversation''s path; it can no longer be edited '
-                'here (fork from it, or move the head there first)', s.parent_id));
-        END IF;
         v_parent := s.parent_id;
+        IF conv.compactions > 0 AND conv.head_node_id IS NOT NULL THEN
+            v_parent := bp_parent_through_compaction(conv.tree_id, conv.head_node_id, s.parent_id);
+            IF v_parent IS NULL THEN
+                PERFORM bp_refuse('BPPBC', format(
+                    'node %s lies before a compaction of this conversation''s path; it can no longer be edited '
+                    'here (fork from it, or move the head there first)', s.parent_id));
+            END IF;
+        END IF;
     ELSE
         v_parent := conv.head_node_id;
         IF v_parent IS NOT NULL THEN

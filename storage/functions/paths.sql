@@ -181,17 +181,22 @@ BEGIN
 END
 $$;
 
--- bp_before_compaction(tree, head, node): does `node` lie before a summary on the head's path (on
--- the original path a summary replaced), and not on the current path itself? A clearing of old
--- tool results (params.method = 'clear_tool_results') is no such barrier: it compacted no question
--- away, and the path beyond it stays editable.
-CREATE OR REPLACE FUNCTION bp_before_compaction(p_tree uuid, p_head uuid, p_node uuid)
-RETURNS boolean
+-- bp_parent_through_compaction(tree, head, node): where a call naming `node` as its parent hangs,
+-- given the summaries on the head's path. `node` itself when it is on the current path, or no
+-- summary lies between (a clearing of old tool results, params.method = 'clear_tool_results', is
+-- no barrier: it compacted no question away). The summary that replaced the path up to `node`,
+-- when `node` is its tip (what it was compacted from): continuing from the last answer a summary
+-- stands for is continuing from the summary -- a client that names its last response
+-- (previous_response_id) after a compaction moved the head. Else null: `node` lies before a
+-- summary and can no longer be edited here.
+CREATE OR REPLACE FUNCTION bp_parent_through_compaction(p_tree uuid, p_head uuid, p_node uuid)
+RETURNS uuid
 LANGUAGE plpgsql STABLE
 SET enable_hashjoin = off SET enable_mergejoin = off SET enable_bitmapscan = off
 AS $$
 DECLARE
-    v boolean;
+    v_phase int;
+    v_summary uuid;
 BEGIN
     WITH RECURSIVE hist AS (
         SELECT n.id, n.parent_id, n.compacted_from, CASE WHEN n.kind = 'compaction' THEN n.params ->> 'method' END AS method, 0 AS phase
@@ -204,8 +209,14 @@ BEGIN
               SELECT n.id, n.parent_id, n.compacted_from, CASE WHEN n.kind = 'compaction' THEN n.params ->> 'method' END AS method FROM nodes n
                WHERE n.tree_id = p_tree AND n.id = coalesce(hist.parent_id, hist.compacted_from) LIMIT 1) step
     )
-    SELECT coalesce(min(phase) > 0, false) INTO v FROM hist WHERE id = p_node;
-    RETURN v;
+    SELECT min(phase) FILTER (WHERE id = p_node),
+           (array_agg(id) FILTER (WHERE phase = 0 AND parent_id IS NULL AND compacted_from = p_node
+                                  AND method IS DISTINCT FROM 'clear_tool_results'))[1]
+      INTO v_phase, v_summary FROM hist;
+    IF v_phase IS NULL OR v_phase = 0 THEN
+        RETURN p_node;
+    END IF;
+    RETURN v_summary;
 END
 $$;
 
