@@ -414,3 +414,25 @@ def test_conversation_under_auto_is_delta_and_item_references_resolve(proxy, ups
     client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": item_id}, user_item("again")],
                             extra_headers={"X-Conversation-Id": f"other-{uuid.uuid4().hex}"})
     assert upstream_texts(upstream.last) == ["referenced later", "again"]
+
+
+def test_a_full_history_client_with_unchanged_instructions_keeps_its_questions_listed(proxy, upstream, key):
+    """Full history stores a call's instructions only when they changed: the call's first stored
+    item is then its own question, and the response's input items and the conversation's items
+    list it (before, it was taken for the instructions and left out of both)."""
+    client = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0)
+    first = client.responses.with_raw_response.create(model=MODEL, instructions="SYS", input=[
+        {"role": "user", "content": "q1"}])
+    one = first.parse()
+    history = [{"role": "user", "content": "q1"}, *[o.model_dump(exclude_none=True) for o in one.output],
+               {"role": "user", "content": "q2"}]
+    second = client.responses.with_raw_response.create(model=MODEL, instructions="SYS", input=history)
+    two = second.parse()
+    assert second.headers["x-parent-node-id"] == first.headers["x-node-id"]
+    assert [i.content[0].text for i in client.responses.input_items.list(two.id).data] == ["q2"]
+    cid = second.headers["x-conversation-id"]
+    listed = proxy.http(key).get(f"/v1/conversations/{cid}/items", params={"order": "asc"}).json()["data"]
+    assert [i["content"][0]["text"] for i in listed] == ["q1", one.output_text, "q2", two.output_text]
+    changed = client.responses.create(model=MODEL, instructions="SYS 2", input=[*history, *[
+        o.model_dump(exclude_none=True) for o in two.output], {"role": "user", "content": "q3"}])
+    assert [i.content[0].text for i in client.responses.input_items.list(changed.id).data] == ["q3"]

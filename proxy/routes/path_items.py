@@ -58,9 +58,14 @@ def listed_item(item: dict[str, Any], item_id: str) -> dict[str, Any]:
 
 
 def has_instructions(node: NodeRow) -> bool:
-    """Does the node's ``sent`` begin with a Responses call's instructions (no item of its own)?"""
+    """Does the node's ``sent`` begin with a Responses call's instructions (no item of its own)?
+    Not every such call stores them: in full-history mode the system message is stored only when
+    it changed, and the call's first item is then its own."""
     instructions = node.params.get("instructions")
-    return node.api == "responses" and isinstance(instructions, str) and bool(instructions)
+    if node.api != "responses" or not isinstance(instructions, str) or not instructions or not node.sent:
+        return False
+    first = node.sent[0]
+    return isinstance(first, dict) and first.get("role") == "system" and first.get("content") == instructions
 
 
 def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
