@@ -365,3 +365,76 @@ def test_a_responses_upstreams_stream_is_renumbered_and_says_the_clients_instruc
     failed = next(e for e in lines if e["type"] == "response.failed")["response"]
     assert failed["status"] == "failed" and failed["model"] == "native-1" and failed["created_at"]
     assert failed["instructions"] is None and failed["id"] == f"resp_{uuid.UUID(r.headers['x-node-id']).hex}"
+
+
+def _stream(proxy, key, cid, body):
+    with httpx.stream("POST", f"{proxy.url}/c/{cid}/v1/responses", json={"stream": True, "model": MODEL, **body},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as r:
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def test_allowed_tools_over_chat_offer_only_those(proxy, upstream, key, cid):
+    """``tool_choice: {"type": "allowed_tools"}``: a chat upstream is offered only the tools it
+    names (the mode alone let the model call one the client excluded)."""
+    client = proxy.openai(key, conversation=cid)
+    danger = {**WEATHER_TOOL, "name": "delete_everything"}
+    namespaced = {"type": "namespace", "name": "fs", "description": "files", "tools": [
+        {"type": "function", "name": "read", "parameters": {"type": "object", "properties": {}}}]}
+    raw_create(client, input="x", tools=[WEATHER_TOOL, danger, namespaced], tool_choice={
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "weather"},
+                                                               {"type": "function", "name": "read"}]})
+    assert [t["function"]["name"] for t in upstream.last.body["tools"]] == ["weather", "fs__read"]
+    assert upstream.last.body["tool_choice"] == "required"
+
+
+def test_a_content_filter_finish_is_an_incomplete_response(proxy, native, upstream, key, cid):
+    """Over a chat upstream (plain and streamed) and from a Responses upstream, and read back:
+    ``incomplete`` with the reason the upstream gave -- before, completed, or max_output_tokens."""
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content="partial", finish_reason="content_filter"))
+    r, _ = raw_create(client, input="bad")
+    assert (r.status, r.incomplete_details.reason) == ("incomplete", "content_filter")
+    assert client.responses.retrieve(r.id).incomplete_details.reason == "content_filter"
+    upstream.enqueue(Reply(kind="stream", content="partial", finish_reason="content_filter"))
+    events = _stream(proxy, key, cid, {"input": "bad again"})
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "content_filter"}
+    answer = {"id": "resp_up", "object": "response", "created_at": 1, "status": "incomplete", "model": "native-1",
+              "incomplete_details": {"reason": "content_filter"}, "error": None, "usage": None,
+              "output": [{"id": "msg_up", "type": "message", "role": "assistant", "status": "incomplete",
+                          "content": [{"type": "output_text", "text": "part", "annotations": []}]}]}
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(answer).encode()))
+    made = native.openai(key, conversation=f"{cid}-n").responses.create(model="native-1", input="bad")
+    assert native.openai(key).responses.retrieve(made.id).incomplete_details.reason == "content_filter"
+
+
+def test_text_after_a_call_in_a_stream_over_chat_stays_in_an_open_message(proxy, upstream, key, cid):
+    """A chat stream whose text goes on after a tool call began: every delta comes before its
+    item's done event, and the done events hold the whole text the final response has."""
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+    deltas = [{"role": "assistant", "content": ""}, {"content": "Sure, "},
+              {"tool_calls": [{"index": 0, "id": "call_q", "type": "function",
+                               "function": {"name": "weather", "arguments": "{}"}}]},
+              {"content": "checking now."}]
+    chunks = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    upstream.enqueue(Reply(kind="raw", body=body, content_type="text/event-stream"))
+    events = _stream(proxy, key, cid, {"input": "x", "tools": [WEATHER_TOOL]})
+    final = next(i for i in events[-1]["response"]["output"] if i["type"] == "message")
+    done = [e["text"] for e in events if e["type"] == "response.output_text.done"]
+    assert final["content"][0]["text"] == "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert done == ["Sure, checking now."]
+    closed = {e["output_index"]: n for n, e in enumerate(events) if e["type"] == "response.output_item.done"}
+    assert all(n < closed[e["output_index"]] for n, e in enumerate(events) if e["type"].endswith(".delta"))
+
+
+def test_an_item_reference_to_a_chat_calls_answer(proxy, upstream, key, cid):
+    """GET /v1/responses/{id} reads a chat call's node as a response, naming its items: a later
+    input may reference them like any response's."""
+    client = proxy.openai(key, conversation=cid)
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    ref = client.responses.retrieve("resp_" + uuid.UUID(raw.headers["x-node-id"]).hex).output[0].id
+    raw_create(client, input=[{"role": "user", "content": "hi"}, {"type": "item_reference", "id": ref},
+                              {"role": "user", "content": "more"}], extra_headers={"X-Context-Mode": "full"})
+    assert [m["content"] for m in upstream.last.messages] == ["hi", "echo: hi", "more"]

@@ -74,13 +74,18 @@ async def _resolve_references(items: list[dict[str, Any]], admin: AdminStore, ca
     found: dict[str, dict[str, Any]] = {}
     for node_id in {_node_of_item(i.get("id")) for i in items if i.get("type") == "item_reference"} - {None}:
         node = await admin.node(caller.tenant, node_id)
-        if node is not None and node.api == "responses":
+        if node is None:
+            continue
+        if node.api == "responses":
             for item in [*(node.received or []), *node.sent]:
                 if isinstance(item, dict) and isinstance(item.get("id"), str):
                     found.setdefault(item["id"], item)
-            for item in node_items(node):  # (the Conversations API's ids: given, or made from the node and
-                found.setdefault(item.listed["id"], item.raw)  # the place -- what a list names an item
-                found.setdefault(item.own, item.raw)           # whose own id an earlier one had)
+        # the Conversations API's ids -- given, or made from the node and the place (a chat node's
+        # items too, read as Responses items: GET /v1/responses/{id} names them so) -- and what a
+        # list names an item whose own id an earlier one had
+        for item in node_items(node):
+            found.setdefault(item.listed["id"], item.raw)
+            found.setdefault(item.own, item.raw)
     out = []
     for item in items:
         if item.get("type") == "item_reference":

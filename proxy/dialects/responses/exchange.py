@@ -100,7 +100,7 @@ class ResponsesNative:
         output = own_item_ids([item for item in data["output"] if isinstance(item, dict)], self.node_id)
         data["output"] = [*compaction_output(self.params, self.node_id), *output]
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
-        finish = "length" if data.get("status") == "incomplete" else "stop"
+        finish = translate.finish_of(data)
         return Answer(_encode(data), output, self.messages(output), usage, finish)
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:

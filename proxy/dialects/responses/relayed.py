@@ -15,6 +15,7 @@ import msgspec
 from ...failures import Failure
 from ...secrets import Masker
 from ...sse import DONE, payload, relayable
+from . import translate
 from .items import response_id
 from .stream import Events
 
@@ -88,7 +89,7 @@ class Native:
             self.final = event["response"]
             usage = self.final.get("usage")
             self.usage = usage if isinstance(usage, dict) else None
-            self.finish_reason = "length" if kind == "response.incomplete" else "stop"
+            self.finish_reason = translate.finish_of(self.final)
             self.finished = True
             self._tail = line
             return b""
@@ -112,7 +113,7 @@ class Native:
             self.final = dict(event["response"])
             usage = self.final.get("usage")
             self.usage = usage if isinstance(usage, dict) else None
-            self.finish_reason = "length" if kind == "response.incomplete" else "stop"
+            self.finish_reason = translate.finish_of(self.final)
             self.finished = True
             shown = {**self.final, "output": [*self.compaction, *(self.final.get("output") or [])]}
             self._tail = self._line(kind, {**event, "response": shown})

@@ -126,8 +126,7 @@ class FromChat:
             out.append(self._refusal_delta(refusal[before_refusal:]))
         for i, call in sorted(self.acc.tool_calls.items()):
             arguments = call["function"]["arguments"]
-            if i not in self.calls:
-                out.append(self._close_text())
+            if i not in self.calls:  # (the message stays open: text may follow a call, and is its own)
                 out.append(self._open_call(i, call))
             added = arguments[len(before_args.get(i, "")):]
             if added:

@@ -21,7 +21,7 @@ from .. import CACHE_WRITES
 from ..chat.completion import call_id
 from .tools import DROPPED, chat_tools, flat_name, namespace_of, split_name
 
-__all__ = ["chat_params", "chat_usage_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
+__all__ = ["chat_params", "chat_usage_of", "finish_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
            "usage_of"]
 
 # Responses fields with a chat-completions equivalent of the same name and meaning.
@@ -44,6 +44,20 @@ def _tool_choice(choice: Any, dropped: Any, tools: Any) -> Any:
     return choice
 
 
+def _allowed(chat: list[dict[str, Any]], choice: Any, tools: Any) -> list[dict[str, Any]]:
+    """The chat tools a ``tool_choice`` of ``allowed_tools`` leaves the model: only those it names
+    (chat servers other than OpenAI's have no such choice, and the mode alone -- "auto" or
+    "required" -- would let the model call a tool the client excluded)."""
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+        return chat
+    names = set()
+    for tool in choice.get("tools") or ():
+        if isinstance(tool, dict) and tool.get("type", "function") == "function":
+            namespace = tool.get("namespace") or namespace_of(tool.get("name"), tools)
+            names.add(flat_name(namespace, tool.get("name")))
+    return [t for t in chat if t["function"].get("name") in names]
+
+
 def _response_format(text: Any) -> dict[str, Any] | None:
     fmt = text.get("format") if isinstance(text, dict) else None
     if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
@@ -60,7 +74,7 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
     if params.get("max_output_tokens") is not None:
         out["max_completion_tokens"] = params["max_output_tokens"]
     if params.get("tools"):
-        tools = chat_tools(params)
+        tools = _allowed(chat_tools(params), params.get("tool_choice"), params["tools"])
         if tools:
             out["tools"] = tools
     if params.get("tool_choice") is not None and ("tools" in out or not params.get("tools")):  # (all dropped: none)
@@ -194,6 +208,19 @@ def client_fields(params: dict[str, Any]) -> dict[str, Any]:
             "instructions": params.get("instructions"), "conversation": conversation_of(params)}
 
 
+# a finish reason (chat's terms, as a node stores it) that leaves a response incomplete: its reason
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+def finish_of(response: Any) -> str:
+    """A Responses upstream's answer (a response object) as a node's finish reason."""
+    if not isinstance(response, dict) or response.get("status") != "incomplete":
+        return "stop"
+    details = response.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, dict) else None
+    return next((finish for finish, said in _INCOMPLETE.items() if said == reason), "length")
+
+
 def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[dict[str, Any]],
                     usage: dict[str, Any] | None, status: str = "completed", model: str | None = None,
                     error: dict[str, Any] | None = None, finish_reason: str | None = None,
@@ -201,7 +228,7 @@ def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[
     """A Responses ``response`` object for a node."""
     from .items import response_id
 
-    incomplete = {"reason": "max_output_tokens"} if finish_reason == "length" else None
+    incomplete = {"reason": _INCOMPLETE[finish_reason]} if finish_reason in _INCOMPLETE else None
     if incomplete and status == "completed":
         status = "incomplete"
     text = params.get("text") if isinstance(params.get("text"), dict) else {"format": {"type": "text"}}
