@@ -22,7 +22,7 @@ Canonical form (what compares, and what does not):
 - ``tool_calls`` by id, function name and arguments as parsed JSON (key order and whitespace do
   not matter; arguments that are not JSON compare as strings); a missing ``type`` is ``function``;
   the legacy ``function_call`` the same way; ``tool`` messages by ``tool_call_id`` and content;
-- ``name`` compares; everything else -- null fields, ``refusal``, ``annotations``, ``audio``,
+- ``name`` compares (an empty one is none); everything else -- null fields, ``refusal``, ``annotations``, ``audio``,
   reasoning fields, unknown extras -- is ignored (clients drop or add them).
 """
 
@@ -127,7 +127,7 @@ def canonical(message: Any) -> Any | None:
     if _system_role(role):
         return None
     out: dict[str, Any] = {"role": role, "content": _content(message.get("content"), strip=True)}
-    if message.get("name") is not None:
+    if message.get("name"):  # ("" is no name: clients drop empty fields, or add them)
         out["name"] = message["name"]
     calls = message.get("tool_calls")
     if calls:
@@ -135,19 +135,22 @@ def canonical(message: Any) -> Any | None:
     fc = message.get("function_call")
     if isinstance(fc, dict):
         out["function_call"] = [fc.get("name"), _json_value(fc.get("arguments"))]
-    if message.get("tool_call_id") is not None:
+    if message.get("tool_call_id"):
         out["tool_call_id"] = message["tool_call_id"]
     return out
 
 
-_PLAIN_EXTRAS = ("name", "tool_calls", "function_call", "tool_call_id")
+def _plain(message: dict[str, Any]) -> bool:
+    """Would ``canonical`` add nothing to the role and content (the fast path of ``digest``)?"""
+    return not (message.get("name") or message.get("tool_calls") or message.get("tool_call_id")
+                or isinstance(message.get("function_call"), dict))
 
 
 def digest(message: Any) -> bytes:
     """sha256 of a (non-system) message's canonical form."""
     if type(message) is dict:
         content = message.get("content")
-        if type(content) is str and not any(message.get(k) for k in _PLAIN_EXTRAS):
+        if type(content) is str and _plain(message):
             # the common case, without building the general form: the same bytes as canonical()
             # ({"content": ..., "role": ...}, keys sorted) -- tests/test_matching.py checks it
             return _sha256(b'{"content":' + _encode(content.strip()) + b',"role":' + _encode(message.get("role")) + b"}").digest()

@@ -210,8 +210,14 @@ def test_the_fast_digest_is_the_general_one():
 
     for m in (user("plain"), assistant("x", refusal=None, tool_calls=None), {"role": "user", "content": ""},
               {"role": "user", "content": 'quote " and \\u00e9 \u00e9'}, {"role": None, "content": "no role"},
-              {"role": "assistant", "content": "named", "name": None}, user("\n padded \t"), user("   ")):
+              {"role": "assistant", "content": "named", "name": None}, user("\n padded \t"), user("   "),
+              {"role": "user", "content": "empty name", "name": ""}, {"role": "tool", "content": "r", "tool_call_id": ""},
+              {"role": "assistant", "content": "legacy", "function_call": {}}):
         assert digest(m) == hashlib.sha256(_encode(canonical(m))).digest(), m
+    # an empty name is no name, whatever the content's form (a string, or text parts)
+    for m in ({"role": "user", "content": "hi", "name": ""}, {"role": "user", "content": [{"type": "text", "text": "hi"}],
+                                                              "name": ""}):
+        assert digest(m) == digest(user("hi")), m
 
 
 def test_bp_tail_cuts_as_the_python_tail_does(db: Db):
