@@ -19,8 +19,8 @@ Canonical form (what compares, and what does not):
   leading and trailing whitespace of a text does not count (of the string, of the joined parts, of
   each text part beside other parts: apps that restore a session re-add spaces and blank lines);
   null, ``""``, whitespace only and absent are equal; other parts compare by their JSON;
-- ``tool_calls`` by id, function name and arguments as parsed JSON (key order and whitespace do
-  not matter; arguments that are not JSON compare as strings); a missing ``type`` is ``function``;
+- ``tool_calls`` by id, function name and arguments as parsed JSON (key order, whitespace and a
+  whole number's ``.0`` do not matter; arguments that are not JSON compare as strings); a missing ``type`` is ``function``;
   the legacy ``function_call`` the same way; ``tool`` messages by ``tool_call_id`` and content;
 - ``name`` compares (an empty one is none); everything else -- null fields, ``refusal``, ``annotations``, ``audio``,
   reasoning fields, unknown extras -- is ignored (clients drop or add them).
@@ -76,14 +76,27 @@ def is_system(item: Any) -> bool:
     return isinstance(item, dict) and _system_role(item.get("role"))
 
 
+def _number(value: Any) -> Any:
+    """A parsed JSON value with every whole number one way: ``20.0`` and ``20`` are one number in
+    JSON, and a client that parses arguments and writes them again (JavaScript's JSON.stringify:
+    the Vercel AI SDK, opencode) sends ``20`` back for a model's ``20.0``."""
+    if type(value) is float:
+        return int(value) if value.is_integer() else value
+    if type(value) is list:
+        return [_number(v) for v in value]
+    if type(value) is dict:
+        return {k: _number(v) for k, v in value.items()}
+    return value
+
+
 def _json_value(value: Any) -> Any:
-    """Arguments as parsed JSON when they are JSON, else the string itself."""
+    """Arguments as parsed JSON when they are JSON (whole numbers one way), else the string itself."""
     if isinstance(value, str):
         try:
-            return ["json", _decode(value)]
+            return ["json", _number(_decode(value))]
         except (msgspec.DecodeError, RecursionError):
             return ["text", value]
-    return ["json", value]
+    return ["json", _number(value)]
 
 
 def _content(content: Any, *, strip: bool = False) -> Any:

@@ -309,3 +309,41 @@ def test_context_mode_full_by_configuration(fresh_database_url, upstream_url, up
         assert h3["x-context-mode"] == "delta" and h3["x-parent-node-id"] == h2["x-node-id"]
         r = httpx.get(f"{p.url}/admin/conversations/{cid}/path", headers={"Authorization": f"Bearer {key}"})
         assert [n["sent"][-1]["content"] for n in r.json()["data"]] == ["q1", "q2", "just this"]
+
+
+def _post(proxy, key, messages, headers=None, path="/v1/chat/completions"):
+    return proxy.http(key).post(path, json={"model": MODEL, "messages": messages}, headers=headers or {})
+
+
+def _echoed(call_id, arguments):
+    """A tool call as a client that parsed the model's arguments sends it back (JSON.stringify)."""
+    return {"role": "assistant", "content": "", "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": "set_temp", "arguments": arguments}}]}
+
+
+def test_an_agent_loop_that_rewrites_whole_numbers_keeps_matching(proxy, upstream, key, cid):
+    """The Vercel AI SDK (and opencode) parse a tool call's arguments and send JSON.stringify of
+    them back: the model's {"celsius": 20.0} comes back as {"celsius":20} -- one number in JSON.
+    Before, no such step matched: each stored the whole history again as a new root (under
+    /auto/v1, a new conversation each)."""
+    h = {**FULL, "X-Conversation-Id": cid}
+    history = [user("walk the thermostat up")]
+    matched, parents, nodes = [], [], []
+    for i in range(4):
+        upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"c{i}", "set_temp", '{"celsius": %d.0, "by": [1.0]}'
+                                                                   % (18 + i))]))
+        r = _post(proxy, key, history, h)
+        matched.append(int(r.headers["x-context-matched"]))
+        parents.append(r.headers["x-parent-node-id"])
+        nodes.append(r.headers["x-node-id"])
+        history += [_echoed(f"c{i}", '{"celsius":%d,"by":[1]}' % (18 + i)), tool(f"c{i}", "ok")]
+    assert matched == [0, 2, 4, 6] and parents[1:] == nodes[:-1]
+
+    convs = set()
+    history = [user("walk the heater up")]
+    for i in range(3):
+        upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"h{i}", "set_temp", '{"celsius": %d.5, "floor": 1.0}'
+                                                                   % (18 + i))]))
+        convs.add(_post(proxy, key, history, path="/auto/v1/chat/completions").headers["x-conversation-id"])
+        history += [_echoed(f"h{i}", '{"celsius":%d.5,"floor":1}' % (18 + i)), tool(f"h{i}", "ok")]
+    assert len(convs) == 1

@@ -32,6 +32,13 @@ def test_content_forms_that_mean_the_same_compare_equal():
     image = {"type": "image_url", "image_url": {"url": "data:x"}}
     assert digest(user([{"type": "text", "text": "see"}, image])) != digest(user("see"))
     assert canonical(system("s")) is None and canonical({"role": "developer", "content": "d"}) is None
+    # arguments as parsed JSON: a whole number is one number, with or without its ".0"; others compare
+    assert digest(assistant(None, tool_calls=[tool_call("c", args='{"a": 20.0, "b": [1.0, {"c": -0.0}]}')])) == \
+        digest(assistant(None, tool_calls=[tool_call("c", args='{"b":[1,{"c":0}],"a":20}')]))
+    assert digest(assistant(None, tool_calls=[tool_call("c", args='{"a": 20.5}')])) != \
+        digest(assistant(None, tool_calls=[tool_call("c", args='{"a": 20}')]))
+    assert digest(assistant(None, tool_calls=[tool_call("c", args='{"a": "20.0"}')])) != \
+        digest(assistant(None, tool_calls=[tool_call("c", args='{"a": "20"}')]))
 
 
 def test_the_edges_of_a_text_do_not_count_but_its_inside_does():
