@@ -330,20 +330,20 @@ def test_an_agent_loop_that_rewrites_whole_numbers_keeps_matching(proxy, upstrea
     history = [user("walk the thermostat up")]
     matched, parents, nodes = [], [], []
     for i in range(4):
-        upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"c{i}", "set_temp", '{"celsius": %d.0, "by": [1.0]}'
-                                                                   % (18 + i))]))
+        upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"c{i}", "set_temp",
+                                                                   f'{{"celsius": {18 + i}.0, "by": [1.0]}}')]))
         r = _post(proxy, key, history, h)
         matched.append(int(r.headers["x-context-matched"]))
         parents.append(r.headers["x-parent-node-id"])
         nodes.append(r.headers["x-node-id"])
-        history += [_echoed(f"c{i}", '{"celsius":%d,"by":[1]}' % (18 + i)), tool(f"c{i}", "ok")]
+        history += [_echoed(f"c{i}", f'{{"celsius":{18 + i},"by":[1]}}'), tool(f"c{i}", "ok")]
     assert matched == [0, 2, 4, 6] and parents[1:] == nodes[:-1]
 
     convs = set()
     history = [user("walk the heater up")]
     for i in range(3):
-        upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"h{i}", "set_temp", '{"celsius": %d.5, "floor": 1.0}'
-                                                                   % (18 + i))]))
+        upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"h{i}", "set_temp",
+                                                                   f'{{"celsius": {18 + i}.5, "floor": 1.0}}')]))
         convs.add(_post(proxy, key, history, path="/auto/v1/chat/completions").headers["x-conversation-id"])
-        history += [_echoed(f"h{i}", '{"celsius":%d.5,"floor":1}' % (18 + i)), tool(f"h{i}", "ok")]
+        history += [_echoed(f"h{i}", f'{{"celsius":{18 + i}.5,"floor":1}}'), tool(f"h{i}", "ok")]
     assert len(convs) == 1
