@@ -92,6 +92,37 @@ def _check_items(where: str, items: list[dict[str, Any]], api: str) -> None:
             raise NotAnExport(f"{where}[{i}]: a chat message needs a role of {sorted(CHAT_ROLES)}")
 
 
+def _parents_first(lines: list[_Line]) -> list[tuple[int, _Line]]:
+    """(line number, line) in an order where what a node refers to -- its parent, its compaction
+    origin -- comes before it, the file's own order wherever it already is so. An export lists
+    nodes oldest first, but a node can be older than its parent: a call's pending node moved under
+    the summary its synchronous compaction made. A reference to no line, or a cycle, is left for
+    the caller to refuse (a line whose origin is not yet placed keeps its place)."""
+    numbered = list(enumerate(lines, 1))
+    by_id: dict[uuid.UUID, tuple[int, _Line]] = {}
+    for entry in numbered:
+        by_id.setdefault(entry[1].id, entry)
+    placed: set[int] = set()
+    out: list[tuple[int, _Line]] = []
+    for entry in numbered:
+        stack, seen = [entry], {entry[0]}
+        while stack:  # (no recursion: a path may be thousands of nodes deep)
+            number, line = stack[-1]
+            if number in placed:
+                stack.pop()
+                continue
+            waiting = next((by_id[ref] for ref in (line.parent_id, line.compacted_from)
+                            if ref in by_id and by_id[ref][0] not in placed and by_id[ref][0] not in seen), None)
+            if waiting is not None:
+                stack.append(waiting)
+                seen.add(waiting[0])
+                continue
+            stack.pop()
+            placed.add(number)
+            out.append((number, line))
+    return out
+
+
 def prepare_import(data: bytes) -> Prepared:
     """Read an export (JSON Lines) and make it importable, or raise ``NotAnExport``."""
     lines: list[_Line] = []
@@ -111,13 +142,13 @@ def prepare_import(data: bytes) -> Prepared:
     depth: dict[uuid.UUID, int] = {}
     nodes: list[dict[str, Any]] = []
     head: uuid.UUID | None = None
-    for number, line in enumerate(lines, 1):
+    for number, line in _parents_first(lines):
         where = f"line {number} (node {line.id})"
         if line.id in ids:
             raise NotAnExport(f"{where}: the node appears twice")
         for ref in (line.parent_id, line.compacted_from):
-            if ref is not None and ref not in ids:  # exports are oldest first: what a node refers to came before it
-                raise NotAnExport(f"{where}: refers to {ref}, which is not on an earlier line")
+            if ref is not None and ref not in ids:
+                raise NotAnExport(f"{where}: refers to {ref}, which is on no line before it or after it")
         if (line.kind == "compaction") != (line.compacted_from is not None) or (line.kind == "compaction" and line.parent_id):
             raise NotAnExport(f"{where}: a compaction node, and only it, has compacted_from and no parent")
         for field, moment in (("created_at", line.created_at), ("finished_at", line.finished_at)):

@@ -476,3 +476,26 @@ def test_request_of_a_compaction_node_is_its_summariser_request(small, upstream,
     r = small.http(key).get(f"/admin/nodes/{node['id']}/request")
     assert r.status_code == 200 and r.headers["x-request-verified"] == "true"
     assert r.json() == upstream.summariser_requests[0].body
+
+
+def test_a_conversation_compacted_before_a_call_exports_and_imports(fresh_database_url, upstream_url, upstream, key, cid):
+    """A synchronous compaction moves the call's pending node under the summary it makes: the node
+    is older than its parent, and the export (oldest first) lists it first. Its import was refused
+    (its parent "not on an earlier line"); now the same tree and context come back."""
+    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS["models"],
+                             compaction={"keep_recent": 2, "soft": 1.0, "hard": 0.9})
+    with serve_proxy(settings) as p:
+        db = Db(fresh_database_url)
+        grow(p, upstream, key, cid, 5, prompt_step=500)
+        _, h = say(p.openai(key), cid, user("a long pasted report: " + FILLER * 3))
+        call = db.node(h["x-node-id"])
+        summary = db.node(call["parent_id"])
+        assert summary["kind"] == "compaction" and call["created_at"] < summary["created_at"]
+        http = p.http(key)
+        exported = http.get(f"/admin/conversations/{cid}/export").content
+        r = http.post(f"/admin/conversations/{cid}-copy/import", content=exported)
+        assert r.status_code == 201, r.text
+        say(p.openai(key), f"{cid}-copy", user("and then?"))
+        copied = upstream.last.messages
+        say(p.openai(key), cid, user("and then?"))
+        assert copied == upstream.last.messages  # the same context

@@ -254,3 +254,14 @@ def test_times_imported_out_of_range_before_are_brought_into_it(own_proxy, key, 
     assert tree.status_code == 200, tree.text
     assert {n["created_at"][:4] for n in tree.json()["data"]} == {"9999"}
     assert http.get(f"/admin/conversations/{cid}/export").status_code == 200
+
+
+def test_an_import_takes_its_lines_in_any_order_but_not_a_reference_to_no_line(proxy, key, cid):
+    lines = _export(proxy, key, cid)
+    http = proxy.http(key)
+    r = http.post(f"/admin/conversations/{cid}-reversed/import", content=_jsonl(lines[::-1]))
+    assert r.status_code == 201, r.text
+    assert [n["parent_id"] is None for n in http.get(f"/admin/conversations/{cid}-reversed/path").json()["data"]] == \
+        [True, False]
+    orphan = {**lines[1], "parent_id": str(uuid.uuid4())}
+    _refused(proxy, key, f"{cid}-orphan", [orphan, lines[0]], "line 1", orphan["id"], "on no line")

@@ -102,7 +102,7 @@ def _mutations(lines: list[dict[str, Any]]) -> dict[str, bytes]:
         "an array line": b"[1, 2]\n",
         "no id": jsonl(without_id),
         "a parent nowhere": changed(1, parent_id=str(uuid.uuid4())),
-        "children first": jsonl(list(reversed(lines))),
+        "a parent cycle": changed(0, parent_id=lines[1]["id"]),  # (lines in any order, but a tree)
         "a node twice": jsonl([*lines, lines[0]]),
         "an unknown kind": changed(0, kind="weird"),
         "a compaction with a parent": changed(1, kind="compaction", compacted_from=lines[0]["id"]),
@@ -157,10 +157,10 @@ def test_the_command_refuses_what_the_api_refuses(proxy, upstream, key, cid, tmp
 
     build(proxy, upstream, key, cid)
     bad = tmp_path / "bad.jsonl"
-    bad.write_bytes(_mutations(export(proxy, key, cid))["children first"])
+    bad.write_bytes(_mutations(export(proxy, key, cid))["a parent nowhere"])
     result = CliRunner().invoke(main, ["conversations", "import", str(bad), "--as", f"{cid}-cli", "--key", key],
                                 env={"BRANCHPOINT_DATABASE_URL": proxy.settings.database.url, "BRANCHPOINT_CONFIG": ""})
-    assert result.exit_code == 1 and "not on an earlier line" in result.output
+    assert result.exit_code == 1 and "on no line" in result.output
 
 
 def test_the_export_format_is_what_an_older_export_held_too(proxy, upstream, key, cid):
