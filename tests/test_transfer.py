@@ -93,7 +93,6 @@ def _mutations(lines: list[dict[str, Any]]) -> dict[str, bytes]:
         copy[i].update(fields)
         return jsonl(copy)
 
-    transform = next(i for i, line in enumerate(lines) if line["kind"] == "transform")
     without_id = [dict(line) for line in lines]
     del without_id[0]["id"]
     return {
@@ -111,7 +110,6 @@ def _mutations(lines: list[dict[str, Any]]) -> dict[str, bytes]:
         "a message without a role": changed(0, sent=[{"content": "hello"}]),
         "a wizard's message": changed(0, received=[{"role": "wizard", "content": "hello"}]),
         "two heads": changed(0, head=True),
-        "a side call as head": jsonl([{**line, "head": i == transform} for i, line in enumerate(lines)]),
         "a date that is none": changed(0, created_at="yesterday"),
         "an outcome that is none": changed(0, outcome="splendid"),
         "params that are a list": changed(0, params=[1]),
@@ -185,3 +183,25 @@ def test_nothing_else_is_stored_for_a_refused_import(proxy, upstream, key, cid, 
     tenant = tenant_of(key)
     assert db.fetchval("SELECT count(*) FROM nodes WHERE tenant = $1", tenant) == 0
     assert db.fetchval("SELECT count(*) FROM conversations WHERE tenant = $1", tenant) == 0
+
+
+@pytest.mark.parametrize("where", ["a side call", "a failed call"])
+def test_a_head_the_admin_api_put_anywhere_comes_back_with_the_import(proxy, upstream, key, cid, where):
+    """PUT /admin/.../head moves the head to any finished node of the tree -- a side call's, a
+    turn that failed as invalid: the conversation's export carries it there, and its import takes
+    it (it was refused: "cannot be the head")."""
+    build(proxy, upstream, key, cid)
+    lines = export(proxy, key, cid)
+    kind, outcome = ("transform", "success") if where == "a side call" else ("turn", "invalid")
+    if where == "a failed call":
+        upstream.enqueue(Reply(kind="error", status=400))
+        with pytest.raises(Exception):  # noqa: B017 -- the SDK's error for a 400
+            say(proxy.openai(key), cid, user("refused"))
+        lines = export(proxy, key, cid)
+    target = next(line for line in lines if line["kind"] == kind and line["outcome"] == outcome)
+    http = proxy.http(key)
+    assert http.put(f"/admin/conversations/{cid}/head", json={"node_id": target["id"]}).status_code == 200
+    r = http.post(f"/admin/conversations/{cid}-copy/import", content=jsonl(export(proxy, key, cid)))
+    assert r.status_code == 201, r.text
+    head = http.get(f"/admin/conversations/{cid}-copy/path").json()["data"][-1]
+    assert (head["kind"], head["outcome"], head["sent"]) == (kind, outcome, target["sent"])
