@@ -436,3 +436,24 @@ def test_a_full_history_client_with_unchanged_instructions_keeps_its_questions_l
     changed = client.responses.create(model=MODEL, instructions="SYS 2", input=[*history, *[
         o.model_dump(exclude_none=True) for o in two.output], {"role": "user", "content": "q3"}])
     assert [i.content[0].text for i in client.responses.input_items.list(changed.id).data] == ["q3"]
+
+
+def test_an_item_deletes_branch_is_a_sibling_of_the_one_it_copies(proxy, upstream, key):
+    """The branch a DELETE makes begins with an items node beside the turn it copies: the path
+    counts them as siblings (1/2, 2/2), as the branch arrows (switch) move between them."""
+    http = proxy.http(key)
+    cid = http.post("/v1/conversations", json={"items": [{"type": "message", "role": "user", "content": "first"}]}).json()["id"]
+    for text in ("second", "third"):
+        assert http.post("/v1/responses", json={"model": MODEL, "input": text, "conversation": cid}).status_code == 200
+    before = http.get(f"/admin/conversations/{cid}/path").json()["data"]
+    items = http.get(f"/v1/conversations/{cid}/items", params={"order": "asc"}).json()["data"]
+    second = next(i for i in items if i.get("role") == "user" and "second" in str(i.get("content")))
+    assert http.delete(f"/v1/conversations/{cid}/items/{second['id']}").status_code == 200
+    after = http.get(f"/admin/conversations/{cid}/path").json()["data"]
+    copy = next(n for n in after if n["id"] not in {b["id"] for b in before})
+    old = next(b for b in before if b.get("parent_id") == copy.get("parent_id"))
+    assert (copy["kind"], old["kind"]) == ("items", "turn")
+    assert (copy["sibling_index"], copy["sibling_count"]) == (2, 2)
+    assert http.post(f"/admin/conversations/{cid}/switch", json={"node_id": old["id"]}).status_code == 200
+    back = next(n for n in http.get(f"/admin/conversations/{cid}/path").json()["data"] if n["id"] == old["id"])
+    assert (back["sibling_index"], back["sibling_count"]) == (1, 2)

@@ -88,7 +88,9 @@ $$;
 
 -- bp_siblings(tree, node, parent, kind, created, compacted from, conversation, visible): a path
 -- node's place among its siblings (1-based) and how many there are -- the nodes of the same kind
--- under the same parent; for a root, the conversation's roots of its kind; for a compaction node,
+-- under the same parent (a turn and items added without a call are of one kind here, as the
+-- branch arrows, bp_switch, move between them: an item DELETE's branch begins with an items node
+-- beside the turn it copies); for a root, the conversation's roots of its kind; for a compaction node,
 -- those replacing the same node -- counting only nodes the conversation can see (its own and
 -- `visible`). The admin path read calls it per node of bp_path (one tree: one shard on Citus).
 -- Its plan is the generic one, always: each call is a few index probes (~20 us), and planning it
@@ -106,13 +108,15 @@ BEGIN
     SELECT coalesce(sum(i), 0)::int, coalesce(sum(c), 0)::int INTO sibling_index, sibling_count FROM (
         SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p_created, p_node)) AS i, count(*) AS c
           FROM nodes n
-         WHERE p_parent IS NOT NULL AND n.tree_id = p_tree AND n.parent_id = p_parent AND n.kind = p_kind
+         WHERE p_parent IS NOT NULL AND n.tree_id = p_tree AND n.parent_id = p_parent
+           AND (n.kind = p_kind OR (p_kind IN ('turn', 'items') AND n.kind IN ('turn', 'items')))
            AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
         UNION ALL
         SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p_created, p_node)), count(*)
           FROM nodes n
          WHERE p_parent IS NULL AND p_kind <> 'compaction' AND n.tree_id = p_tree AND n.parent_id IS NULL
-           AND n.kind = p_kind AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
+           AND (n.kind = p_kind OR (p_kind IN ('turn', 'items') AND n.kind IN ('turn', 'items')))
+           AND (n.conversation_id = p_conversation OR n.id = ANY(p_visible))
         UNION ALL
         SELECT count(*) FILTER (WHERE (n.created_at, n.id) <= (p_created, p_node)), count(*)
           FROM nodes n
