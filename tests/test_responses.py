@@ -438,3 +438,21 @@ def test_an_item_reference_to_a_chat_calls_answer(proxy, upstream, key, cid):
     raw_create(client, input=[{"role": "user", "content": "hi"}, {"type": "item_reference", "id": ref},
                               {"role": "user", "content": "more"}], extra_headers={"X-Context-Mode": "full"})
     assert [m["content"] for m in upstream.last.messages] == ["hi", "echo: hi", "more"]
+
+
+def test_x_parent_node_id_names_a_responses_calls_parent_as_for_chat(proxy, upstream, key, cid, db):
+    """Without previous_response_id, X-Parent-Node-Id says where the call hangs, as for a chat
+    call: ``root`` edits the first question (a second root), a node branches there. Both at once
+    are refused; so is the header in full-history mode, where the input decides."""
+    client = proxy.openai(key, conversation=cid)
+    first, h1 = raw_create(client, input="first question")
+    second, h2 = raw_create(client, input="second question")
+    edited, h3 = raw_create(client, input="edited first question", extra_headers={"X-Parent-Node-Id": "root"})
+    assert h3["x-parent-node-id"] == "root" and db.node(h3["x-node-id"])["parent_id"] is None
+    assert [m["content"] for m in upstream.last.messages] == ["edited first question"]
+    _, h4 = raw_create(client, input="another second", extra_headers={"X-Parent-Node-Id": h1["x-node-id"]})
+    assert h4["x-parent-node-id"] == h1["x-node-id"] and "second question" not in str(upstream.last.messages)
+    with pytest.raises(openai.BadRequestError):
+        raw_create(client, input="x", previous_response_id=second.id, extra_headers={"X-Parent-Node-Id": "root"})
+    with pytest.raises(openai.BadRequestError):
+        raw_create(client, input="x", extra_headers={"X-Parent-Node-Id": "root", "X-Context-Mode": "full"})

@@ -41,7 +41,7 @@ from ..errors import (
 from ..http import RawResponse
 from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
-from .common import RequestHeaders, context_mode, node_kind, resolve_conversation_id
+from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .conversations import items_node, new_conversation_id
 from .docs import errors
@@ -221,18 +221,20 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
 
     kind = node_kind(headers)
-    if headers.get("x-parent-node-id"):
-        raise InvalidRequest("a Responses call names its parent with previous_response_id", param="X-Parent-Node-Id")
+    given = bool((headers.get("x-parent-node-id") or "").strip())
+    if given and parent is not None:
+        raise InvalidRequest("give the parent once: previous_response_id or X-Parent-Node-Id", param="X-Parent-Node-Id")
     if parent is not None:  # the parent decides; the conversation is the named one, or the parent's
         mode, parent_mode, parent_id = "delta", "node", parent.id
         cid = cid or parent.conversation_id
     else:
         # (conversation=: its input holds the new items, whatever the path or the headers say)
         mode = "delta" if named else "full" if auto else context_mode(headers, calls.default_mode)
-        parent_mode, parent_id = "head", None
+        # X-Parent-Node-Id as for chat (a node, or root: an edit of the first question); refused in full history
+        parent_mode, parent_id = parent_of(headers, mode)
     items = await _resolve_references(RESPONSES.items(body), admin, caller)
     resumed_call = False
-    if parent is None and not named:
+    if parent is None and not named and not given:
         resumed = await _resume_compaction(items, admin, calls.tree, caller, cid)
         if resumed is not None:  # a stateless client continuing from a compaction item of ours
             items, parent_id, cid = resumed
