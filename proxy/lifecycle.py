@@ -311,15 +311,23 @@ class CallLifecycle:
         options = started.call.body.get("stream_options")
         wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
-        async def on_end(end: StreamEnd) -> None:
+        async def on_end(end: StreamEnd) -> Failure | None:
             _upstream_time(time.perf_counter() - t0)
             t = end.translator
-            if end.failure is None:
-                received = t.received()
-                await self.outcomes.finish(started, Outcome.SUCCESS, received=received, usage=t.usage,
-                                   finish_reason=t.finish_reason, received_messages=exchange.messages(received))
-            else:
-                await self.outcomes.finish(started, end.failure.outcome, error=end.failure.error, usage=t.usage)
+            failure = end.failure
+            if failure is None:
+                try:
+                    received = t.received()
+                    messages = exchange.messages(received)
+                except Exception as exc:  # (an answer that cannot be read is a failed node, never a pending one)
+                    log.exception("a streamed answer could not be read")
+                    failure = Failure.of(Outcome.TRANSIENT, "server_error", "relay_error", type(exc).__name__, 500)
+                else:
+                    await self.outcomes.finish(started, Outcome.SUCCESS, received=received, usage=t.usage,
+                                               finish_reason=t.finish_reason, received_messages=messages)
+                    return None
+            await self.outcomes.finish(started, failure.outcome, error=failure.error, usage=t.usage)
+            return None if failure is end.failure else failure
 
         if not any(k.lower() == "content-type" for k, _ in headers):
             headers.append(("content-type", "text/event-stream"))

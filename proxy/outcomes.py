@@ -48,8 +48,12 @@ class Outcomes:
         started.finished = True
         if not started.stored:  # (nothing to store: a call only translated)
             return
-        if finish_reason is not None and "\x00" in finish_reason:
+        if not isinstance(finish_reason, str):  # (an upstream's odd one: a number, say)
+            finish_reason = None
+        elif "\x00" in finish_reason:
             finish_reason = finish_reason.replace("\x00", "")  # a text column; the answer itself keeps it
+        if not isinstance(usage, dict):
+            usage = None
         finish = CallFinish(
             outcome=outcome, received=received, usage=usage, finish_reason=finish_reason, error=error,
             request_hash=started.request_hash, leased=started.leased,

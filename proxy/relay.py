@@ -73,7 +73,9 @@ class StreamEnd:
     failure: Failure | None
 
 
-OnEnd = Callable[[StreamEnd], Awaitable[None]]
+# stores the outcome; returns the failure it stored instead of the answer when the answer could
+# not be read (None: stored as the stream ended)
+OnEnd = Callable[[StreamEnd], Awaitable["Failure | None"]]
 ClassifyError = Callable[[Any], Failure]
 
 
@@ -105,12 +107,21 @@ class StreamRelay:
                 failure = client_disconnected("the client disconnected before the stream ended")
             else:
                 failure = pump.result()
+                end = b""
+                if failure is None:
+                    try:
+                        end = self.translator.closing()
+                    except Exception as exc:  # (an upstream's odd answer the translator could not end)
+                        log.exception("the stream's end could not be made")
+                        failure = _relay_error(exc)
                 # The node is stored (and the head moved, the lease released) before the client
                 # sees the end of the stream: a client that sends its next call the moment it
                 # reads the end must find the conversation free and the head on this answer.
                 finished = True
-                await self._finish_shielded(StreamEnd(self.translator, False, failure))
-                end = self.translator.failing(failure) if failure is not None else self.translator.closing()
+                stored = await self._finish_shielded(StreamEnd(self.translator, False, failure))
+                failure = failure or stored
+                if failure is not None:
+                    end = self.translator.failing(failure)
                 if end:
                     await send({"type": "http.response.body", "body": end, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -136,23 +147,25 @@ class StreamRelay:
             if not finished:
                 await self._finish_shielded(StreamEnd(self.translator, disconnected, failure))
 
-    async def _finish_shielded(self, end: StreamEnd) -> None:
+    async def _finish_shielded(self, end: StreamEnd) -> Failure | None:
         """Close the upstream and store the outcome, even if this task is being cancelled: then
         (the shutdown's grace ran out) the storing goes on in the background, which the shutdown
-        waits for, and the cancellation counts as handled -- the client still gets its stream's end."""
+        waits for, and the cancellation counts as handled -- the client still gets its stream's end.
+        Returns the failure stored instead of the answer (``OnEnd``)."""
         try:
-            await asyncio.shield(self.background.spawn(self._finish(end)))
+            return await asyncio.shield(self.background.spawn(self._finish(end)))
         except asyncio.CancelledError:
             cancellation_handled()
+            return None
 
-    async def _finish(self, end: StreamEnd) -> None:
+    async def _finish(self, end: StreamEnd) -> Failure | None:
         if end.translator.finished and end.failure is None:
             # the body's last bytes (the chunked terminator) usually follow the end at once: read
             # them in the background so the connection goes back to the pool, without waiting
             self.background.spawn(self._drain_then_close())
         else:
             await self._close()
-        await self.on_end(end)
+        return await self.on_end(end)
 
     async def _drain_then_close(self) -> None:
         try:
@@ -207,13 +220,18 @@ class StreamRelay:
             raise  # the client side failed: handled by __call__
         except Exception as exc:
             log.exception("stream relay failed")
-            return Failure.of(Outcome.TRANSIENT, "server_error", "relay_error", type(exc).__name__, 500)
+            return _relay_error(exc)
         if translator.error is not None:
             return self.classify_error(translator.error)
         if not translator.finished:
             return Failure.of(Outcome.TRANSIENT, "upstream_error", "stream_interrupted",
                               "the upstream stream ended without its end event")
         return None
+
+
+def _relay_error(exc: Exception) -> Failure:
+    """The relay itself failed (on an upstream's odd events, say): transient, the proxy's error."""
+    return Failure.of(Outcome.TRANSIENT, "server_error", "relay_error", type(exc).__name__, 500)
 
 
 async def wait_for_disconnect(receive: Any) -> None:

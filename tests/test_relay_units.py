@@ -149,3 +149,101 @@ def test_a_compaction_item_is_announced_before_a_response_that_ends_at_once(end)
     kinds = [json.loads(line[6:])["type"] for line in out.decode().splitlines() if line.startswith("data: ")]
     assert kinds[:3] == ["response.created", "response.output_item.added", "response.output_item.done"]
     assert kinds[3:] == (["response.completed"] if end == "response.completed" else [])
+
+
+def test_the_accumulator_leaves_out_what_is_not_text_where_text_goes():
+    """Odd upstreams: content as a list of parts (Mistral's reasoning models stream their thinking
+    so), numbers where text goes, a numeric finish reason, tool-call fields of other types. The
+    message is what can be read of it -- nothing raises (which left the node pending before)."""
+    acc = StreamAccumulator()
+    for c in [
+        chunk({"role": "assistant", "content": [{"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]}]}),
+        chunk({"content": [{"type": "text", "text": "Hel"}, {"type": "image", "url": "x"}]}),
+        chunk({"content": "lo", "refusal": 3, "reasoning_content": ["x"], "role": 5}),
+        chunk({"content": 7}),
+        chunk({"tool_calls": [{"index": "0", "id": 9, "function": {"name": ["f"], "arguments": 1}}, "junk"]}),
+        chunk({"tool_calls": {"index": 0}}),
+        chunk({}, finish=5),
+        chunk({}, usage=[1, 2], choices=False),
+    ]:
+        acc.feed(c)
+    msg = acc.message()
+    assert (msg["content"], msg["reasoning_content"], msg["role"]) == ("Hello", "hmm", "assistant")
+    assert "refusal" not in msg and acc.finish_reason is None and acc.usage is None
+    assert msg["tool_calls"] == [{"id": None, "type": "function", "function": {"name": "", "arguments": ""}}]
+
+
+class _Ending:
+    """A translator whose stream went well but whose end -- or answer -- cannot be made."""
+
+    def __init__(self, broken: str) -> None:
+        self.broken, self.error, self.finished, self.usage, self.finish_reason = broken, None, False, None, None
+
+    def opening(self) -> bytes:
+        return b""
+
+    def event(self, raw: bytes) -> bytes:
+        self.finished = raw == b"data: [DONE]"
+        return b"" if self.finished else raw + b"\n\n"
+
+    def ended(self) -> bytes:
+        return b""
+
+    def closing(self) -> bytes:
+        if self.broken == "closing":
+            raise TypeError("an odd answer")
+        return b"data: [DONE]\n\n"
+
+    def failing(self, failure) -> bytes:
+        return f"event: error\ndata: {failure.error.code}\n\n".encode()
+
+    def received(self) -> list:
+        return []
+
+
+@pytest.mark.parametrize("broken", ["closing", "answer"])
+def test_a_stream_whose_end_cannot_be_made_fails_its_node_and_says_so(broken):
+    """The relay's last line of defence: whatever cannot be read at the end of a stream fails the
+    node (stored, the lease released) and the client's stream ends with an error event -- before,
+    the exception escaped: the client's connection broke, and the node stayed pending with its
+    conversation locked until the process restarted."""
+    import asyncio
+
+    from proxy.background import Background
+    from proxy.failures import Failure
+    from proxy.relay import StreamRelay
+    from storage import Outcome
+
+    stored: list = []
+
+    async def on_end(end):
+        if broken == "answer" and end.failure is None:  # (as the lifecycle does when the answer cannot be read)
+            failure = Failure.of(Outcome.TRANSIENT, "server_error", "relay_error", "TypeError", 500)
+            stored.append(failure)
+            return failure
+        stored.append(end.failure)
+        return None
+
+    async def chunks():
+        yield b"data: {\"a\": 1}\n\ndata: [DONE]\n\n"
+
+    async def close():
+        pass
+
+    async def run() -> bytes:
+        sent: list[dict] = []
+
+        async def receive():
+            await asyncio.sleep(3600)
+
+        async def send(message):
+            sent.append(message)
+
+        relay = StreamRelay(chunks=chunks(), headers=[], on_end=on_end, close_upstream=close,
+                            classify_error=lambda e: None, translator=_Ending(broken), background=Background())
+        await relay(None, receive, send)
+        return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+    body = asyncio.run(run())
+    assert len(stored) == 1 and stored[0] is not None and stored[0].error.code == "relay_error"
+    assert body.endswith(b"event: error\ndata: relay_error\n\n") and b"[DONE]" not in body

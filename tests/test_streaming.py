@@ -10,7 +10,7 @@ import pytest
 
 from .conftest import wait_for
 from .fakes import Reply
-from .helpers import MODEL, user
+from .helpers import MODEL, say, user
 
 
 def wait_status(db, node_id, status, timeout=10.0):
@@ -324,3 +324,26 @@ def test_a_responses_stream_over_a_chat_upstream_without_done_completes(proxy, u
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == "translated whole"
     assert wait_status(db, node_id, "success")["received"]
+
+
+def test_a_stream_of_content_parts_is_stored_and_leaves_the_conversation_free(proxy, upstream, key, cid, db):
+    """Mistral's reasoning models stream content as a list of parts (thinking, then text); an odd
+    server may send a number where text goes. Before, the end of such a stream raised: the
+    client's connection broke without an end, the node stayed pending, and every later turn of
+    the conversation was 409 until the process restarted."""
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+    deltas = [({"role": "assistant", "content": [{"type": "thinking", "thinking": [{"type": "text", "text": "hmm"}]}]}, None),
+              ({"content": [{"type": "text", "text": "Hel"}]}, None), ({"content": "lo", "refusal": 3}, None), ({}, 5)]
+    events = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": f}]} for d, f in deltas]
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream",
+                           body=b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"))
+    client = proxy.openai(key, conversation=cid)
+    with client.chat.completions.with_streaming_response.create(model=MODEL, stream=True, messages=[
+            {"role": "user", "content": "think"}]) as r:
+        node_id = r.headers["x-node-id"]
+        assert r.read().endswith(b"data: [DONE]\n\n")
+    node = db.node(node_id)
+    assert node["outcome"] == "success" and node["received"] == [{"role": "assistant", "content": "Hello",
+                                                                  "reasoning_content": "hmm"}]
+    say(client, cid, user("and now?"))  # (not 409: the conversation is free)
+    assert upstream.last.messages[-2]["content"] == "Hello"

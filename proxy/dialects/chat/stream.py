@@ -18,6 +18,21 @@ _encode = msgspec.json.Encoder().encode
 
 
 
+def _texts(parts: list[Any], kind: str) -> list[str]:
+    """The texts of a delta's content parts of ``kind``: a text part's own, a thinking part's (its
+    text, or the texts of the parts it holds)."""
+    out: list[str] = []
+    for part in parts:
+        if not isinstance(part, dict) or part.get("type") != kind:
+            continue
+        value = part.get(kind) if kind != "text" else part.get("text")
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, list):
+            out.extend(p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return out
+
+
 class StreamAccumulator:
     """Merges ``chat.completion.chunk`` deltas (choice 0) into one assistant message."""
 
@@ -48,7 +63,7 @@ class StreamAccumulator:
             self.response_id = chunk.get("id")
             self.model = chunk.get("model")
         usage = chunk.get("usage")
-        if usage:
+        if usage and isinstance(usage, dict):
             self.usage = usage
         for choice in chunk.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
@@ -56,27 +71,32 @@ class StreamAccumulator:
             delta = choice.get("delta") or {}
             if delta:
                 self._merge(delta)
-            if choice.get("finish_reason"):
+            if choice.get("finish_reason") and isinstance(choice["finish_reason"], str):
                 self.finish_reason = choice["finish_reason"]
 
     def _merge(self, delta: dict[str, Any]) -> None:
+        # (an upstream's odd field -- a number where text goes -- is left out, never stored as
+        # what it is not; content as a list of parts, as Mistral's reasoning models stream it,
+        # gives its text, and its thinking parts the reasoning)
         for key, value in delta.items():
             if value is None:
                 continue
             if key == "content":
-                self.content.append(value)
+                if isinstance(value, list):
+                    self.reasoning_content.extend(_texts(value, "thinking"))
+                    self.content.extend(_texts(value, "text"))
+                elif isinstance(value, str):
+                    self.content.append(value)
             elif key == "tool_calls":
-                for tc in value:
-                    self._merge_tool_call(tc)
-            elif key == "reasoning_content":
-                self.reasoning_content.append(value)
-            elif key == "reasoning":
+                for tc in value if isinstance(value, list) else ():
+                    if isinstance(tc, dict):
+                        self._merge_tool_call(tc)
+            elif key in ("reasoning_content", "reasoning", "refusal"):
                 if isinstance(value, str):
-                    self.reasoning.append(value)
-            elif key == "refusal":
-                self.refusal.append(value)
+                    getattr(self, key).append(value)
             elif key == "role":
-                self.role = value
+                if isinstance(value, str):
+                    self.role = value
             elif key == "function_call":
                 fc = self.extra.setdefault("function_call", {"name": "", "arguments": ""})
                 fc["name"] += value.get("name") or ""
@@ -87,19 +107,19 @@ class StreamAccumulator:
                 self.extra[key] = value
 
     def _merge_tool_call(self, tc: dict[str, Any]) -> None:
-        index = tc.get("index", len(self.tool_calls))
+        index = tc.get("index")
+        index = index if type(index) is int else len(self.tool_calls)
         slot = self.tool_calls.get(index)
         if slot is None:
             slot = self.tool_calls[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-        if tc.get("id"):
+        if tc.get("id") and isinstance(tc["id"], str):
             slot["id"] = tc["id"]
-        if tc.get("type"):
+        if tc.get("type") and isinstance(tc["type"], str):
             slot["type"] = tc["type"]
-        fn = tc.get("function") or {}
-        if fn.get("name"):
-            slot["function"]["name"] += fn["name"]
-        if fn.get("arguments"):
-            slot["function"]["arguments"] += fn["arguments"]
+        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        for key in ("name", "arguments"):
+            if isinstance(fn.get(key), str):
+                slot["function"][key] += fn[key]
 
     def message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": self.role or "assistant", "content": "".join(self.content) if self.content else None}
