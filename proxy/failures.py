@@ -119,8 +119,9 @@ def classify(status: int, body: bytes, secrets: Iterable[str | None] = ()) -> Fa
     either way with any credential the upstream echoed back masked."""
     body = redact_bytes(body, secrets)
     type_, code, message = _error_fields(body)
-    if (status in _OVERFLOW_STATUSES and _is_overflow(type_, code, message)) or \
-            (status == 422 and message is not None and _TGI_OVERFLOW.search(message)):
+    said = message if message is not None else body[:2000].decode("utf-8", "replace")  # (a plain-text error says it so)
+    if (status in _OVERFLOW_STATUSES and _is_overflow(type_, code, said)) or \
+            (status == 422 and _TGI_OVERFLOW.search(said)):
         outcome = Outcome.OVERFLOW
     elif status in (408, 429) or status >= 500:
         outcome = Outcome.TRANSIENT

@@ -47,7 +47,7 @@ def sse_error_event(message: str, type_: str, code: str | None) -> bytes:
 
 
 class SSEParser:
-    """Splits a byte stream into complete SSE events (``\\n\\n``-terminated, ``\\r\\n`` tolerated).
+    """Splits a byte stream into complete SSE events (``\\n\\n``-terminated; ``\\r\\n`` and ``\\r`` end lines too).
 
     Linear in the bytes fed, however they are cut: each chunk is normalised on its own (a ``\\r``
     at its end waits for the next chunk), and the search for the end of an event resumes where
@@ -67,8 +67,8 @@ class SSEParser:
         if chunk.endswith(b"\r"):
             chunk = chunk[:-1]
             self._cr = True
-        if b"\r" in chunk:
-            chunk = chunk.replace(b"\r\n", b"\n")
+        if b"\r" in chunk:  # (CRLF, or a CR alone: both end a line, as the SSE standard says)
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         buf = self._buf
         buf += chunk
         pos = buf.find(b"\n\n", max(self._scanned - 1, 0))

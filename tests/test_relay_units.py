@@ -247,3 +247,16 @@ def test_a_stream_whose_end_cannot_be_made_fails_its_node_and_says_so(broken):
     body = asyncio.run(run())
     assert len(stored) == 1 and stored[0] is not None and stored[0].error.code == "relay_error"
     assert body.endswith(b"event: error\ndata: relay_error\n\n") and b"[DONE]" not in body
+
+
+def test_a_cr_alone_ends_a_line_as_the_sse_standard_says():
+    p = SSEParser()
+    assert p.feed(b"data: {\"a\": 1}\r\rdata: [DO") == [b'data: {"a": 1}']
+    assert p.feed(b"NE]\r") == []  # (a CR at the end of a chunk: a CRLF may be under way)
+    assert p.feed(b"\r: keep-alive\r\n\r\n") == [b"data: [DONE]", b": keep-alive"]
+
+
+def test_a_plain_text_answer_that_says_the_context_is_too_long_is_an_overflow():
+    failure = classify(400, b"prompt is too long: 300000 tokens > 200000 maximum")
+    assert failure.outcome == "overflow" and failure.error.code == "context_overflow"
+    assert classify(400, b"<html>Bad Request</html>").outcome == "invalid"
