@@ -78,7 +78,7 @@ class Forwarder:
             finally:
                 upstream_done()
             return RawResponse(response.status_code, redact_bytes(content, secrets),
-                               response_headers(response.headers, secrets))
+                               response_headers(response.headers, secrets, as_it_came=True))
 
         async def close() -> None:
             upstream_done()
@@ -86,7 +86,7 @@ class Forwarder:
 
         chunks = self.upstream.chunks(response)
         masker = BytesMasker(secrets)  # (an answer echoing a credential: masked as it goes by, however cut)
-        return BytesRelay(response.status_code, encode_headers(response_headers(response.headers, secrets)),
+        return BytesRelay(response.status_code, encode_headers(response_headers(response.headers, secrets, as_it_came=True)),
                           _masked(chunks, masker) if masker else chunks, close, errors=errors)
 
 

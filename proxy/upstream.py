@@ -204,11 +204,16 @@ def target_of(upstream: Upstream, max_output: int | None = None) -> Target:
     return Target(upstream.name, upstream.accepts_reasoning or upstream.api == "anthropic", upstream.api, max_output)
 
 
-def response_headers(headers: httpx.Headers, secrets: Iterable[str | None] = ()) -> list[tuple[str, str]]:
+def response_headers(headers: httpx.Headers, secrets: Iterable[str | None] = (), *,
+                     as_it_came: bool = False) -> list[tuple[str, str]]:
     """The upstream response headers worth relaying to the client, the call's credentials masked
-    in them (``secrets``: never sent back, whatever header an upstream echoes them in)."""
+    in them (``secrets``: never sent back, whatever header an upstream echoes them in).
+    ``as_it_came``: the body goes to the client as the upstream sent it (a pass-through), so a
+    coding the proxy does not undo (br) still says what the bytes are."""
+    keep = as_it_came and headers.get("content-encoding") and _decoder(headers, 1) is None
     return mask_headers([(k, v) for k, v in headers.multi_items()
-                         if (lk := k.lower()) not in _DROP_RESPONSE and not lk.startswith(_OWN_PREFIXES)], secrets)
+                         if ((lk := k.lower()) not in _DROP_RESPONSE or (keep and lk == "content-encoding"))
+                         and not lk.startswith(_OWN_PREFIXES)], secrets)
 
 
 class UpstreamClient:

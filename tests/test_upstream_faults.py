@@ -114,6 +114,17 @@ def test_a_compressed_answer_is_stored_and_relayed_decoded(fresh_database_url, u
         r = http.post("/v1/chat/completions", headers=auth, json={"model": MODEL, "messages": [user("hi")]})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "squeezed"
 
+        # a coding the proxy does not undo (br): the pass-through relays the bytes and says what they are
+        upstream.enqueue(Reply(kind="raw", body=b"\x8b\x03\x80opaque", headers=[("content-encoding", "br")]))
+        r = http.post("/v1/chat/completions", headers={**auth, "Accept-Encoding": "identity"},
+                      json={"model": MODEL, "messages": [user("hi")]})
+        assert r.status_code == 200 and r.headers["content-encoding"] == "br"
+        assert r.read() == b"\x8b\x03\x80opaque"
+        upstream.enqueue(Reply(kind="raw", body=b"\x8b\x03\x80opaque", headers=[("content-encoding", "br")]))
+        r = http.post("/v1/chat/completions", headers={**auth, "X-Conversation-Id": cid},  # (stored: unreadable)
+                      json={"model": MODEL, "messages": [user("br")]})
+        assert r.status_code == 502 and "content-encoding" not in r.headers
+
         upstream.enqueue(Reply(kind="raw", body=b"not gzip at all", headers=[("content-encoding", "gzip")]))
         r = http.post("/v1/chat/completions", headers={**auth, "X-Conversation-Id": cid},
                       json={"model": MODEL, "messages": [user("again")]})
