@@ -182,18 +182,29 @@ def fresh_database_url(pg_server_url: str, template_url: str) -> str:
     return _clone(pg_server_url, template_url)
 
 
-@pytest.fixture(scope="session")
-def fake_upstream_server() -> Iterator[tuple[FakeUpstream, ServerThread]]:
-    fake = FakeUpstream()
+_F = TypeVar("_F", FakeUpstream, FakeAnthropic)
+
+
+def _served(fake: _F) -> Iterator[tuple[_F, ServerThread]]:
+    """A fake upstream on a port of its own, for the session: (the fake, its server)."""
     with ServerThread(fake) as server:
         yield fake, server
 
 
+def _reset(served: tuple[_F, ServerThread]) -> _F:
+    """The session's fake, with nothing scripted or recorded: each test owns what it checks."""
+    served[0].reset()
+    return served[0]
+
+
+@pytest.fixture(scope="session")
+def fake_upstream_server() -> Iterator[tuple[FakeUpstream, ServerThread]]:
+    yield from _served(FakeUpstream())
+
+
 @pytest.fixture
 def upstream(fake_upstream_server: tuple[FakeUpstream, ServerThread]) -> FakeUpstream:
-    fake, _ = fake_upstream_server
-    fake.reset()
-    return fake
+    return _reset(fake_upstream_server)
 
 
 @pytest.fixture(scope="session")
@@ -204,15 +215,12 @@ def upstream_url(fake_upstream_server: tuple[FakeUpstream, ServerThread]) -> str
 @pytest.fixture(scope="session")
 def claude_server() -> Iterator[tuple[FakeAnthropic, ServerThread]]:
     """A fake Anthropic upstream (tests/anthropic_fake.py), recording what it received."""
-    fake = FakeAnthropic()
-    with ServerThread(fake) as server:
-        yield fake, server
+    yield from _served(FakeAnthropic())
 
 
 @pytest.fixture
 def claude(claude_server: tuple[FakeAnthropic, ServerThread]) -> FakeAnthropic:
-    claude_server[0].reset()
-    return claude_server[0]
+    return _reset(claude_server)
 
 
 def three_upstreams(upstream_url: str, claude_server: tuple[FakeAnthropic, ServerThread]) -> list[dict[str, Any]]:
