@@ -820,3 +820,51 @@ def test_a_thousand_node_tree_renders_and_stays_usable(ui, page, database_url, t
     expect(page.locator(".detail")).not_to_contain_text(head)
     expect(page.locator(".graph path.edge.compacted")).to_have_count(1)
     shot(page, "thousand-nodes")
+
+
+def test_regenerating_a_side_call_makes_a_side_call(ui, page, upstream):
+    """Regenerate on a transform: another side call beside it, the head where it was (it made a
+    turn, whose question then went into every later call's context)."""
+    cid = f"regen-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    _, h1 = say(client, cid, user("main question"))
+    _, t = say(client, cid, user("a title for this chat?"), kind="transform")
+    open_conversation(page, ui, cid)
+    node_el(page, t["x-node-id"]).click()
+    expect(page.locator(".detail dd.mono")).to_have_text(t["x-node-id"])
+    page.locator(".detail button", has_text="Regenerate").click()
+    wait_for(lambda: admin(ui).get(f"/admin/conversations/{cid}").json()["node_count"] == 3, what="a third node")
+    new = next(n for n in admin(ui).get(f"/admin/conversations/{cid}/tree").json()["data"]
+               if n["id"] not in (h1["x-node-id"], t["x-node-id"]))
+    assert new["kind"] == "transform" and new["parent_id"] == h1["x-node-id"]
+    assert head_of(ui, cid) == h1["x-node-id"]
+
+
+def test_an_odd_stored_shape_does_not_keep_a_conversation_from_opening(ui, page, upstream):
+    """An upstream's answer whose tool_calls is an object is stored as it came; the conversation
+    still opens, its text drawn (the page threw on every load before; the `page` fixture fails
+    on any script error)."""
+    cid = f"odd-{uuid.uuid4().hex[:8]}"
+    upstream.enqueue(Reply(content="hello there", extra_message={"tool_calls": {"0": {"id": "x"}},
+                                                                 "reasoning_content": 7}))
+    say(ui.openai(KEY), cid, user("hi"))
+    open_conversation(page, ui, cid)
+    expect(page.locator(".messages")).to_contain_text("hello there")
+
+
+def test_the_branch_arrows_skip_a_question_the_upstream_refused(ui, page, upstream):
+    """An edit the upstream refused (400) never held the head: the arrows do not offer it (the
+    switch left the head on it, and the next message repeated the refused question)."""
+    cid = f"arr-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    _, h1 = say(client, cid, user("first question"))
+    _, h2 = say(client, cid, user("first, again"), parent="root")
+    upstream.enqueue(Reply(kind="error", status=400, error={"message": "bad request", "type": "invalid_request_error",
+                                                          "param": None, "code": None}))
+    with pytest.raises(openai.BadRequestError):
+        say(client, cid, user("edited question"), parent="root")
+    open_conversation(page, ui, cid)
+    arrows = page.locator(".messages .arrows")
+    expect(arrows.locator(".position")).to_have_text("2/2")  # (two roots hold answers; the refused one is left out)
+    arrows.get_by_role("button", name="previous branch").click()
+    wait_for(lambda: head_of(ui, cid) == h1["x-node-id"], what="the head on the first root")

@@ -105,10 +105,12 @@ export class Api {
 
   // One streamed chat call in a conversation; onDelta(text) for each piece of the answer.
   // Returns the response headers (the new node's id among them).
-  async chat(conversation, { model, messages, parent, onDelta }) {
+  // kind: "transform" for a side call (it never moves the head), else a turn.
+  async chat(conversation, { model, messages, parent, kind, onDelta }) {
     // Delta mode whatever the server's default: the viewer sends only the new messages.
     const headers = { Accept: "text/event-stream", "X-Context-Mode": "delta" };
     if (parent) headers["X-Parent-Node-Id"] = parent;
+    if (kind === "transform") headers["X-Node-Kind"] = "transform";
     const response = await this.raw("POST", `/c/${enc(conversation)}/v1/chat/completions`,
       { model, messages, stream: true }, headers);
     const reader = response.body.getReader();

@@ -518,14 +518,16 @@ class ConversationView {
     }
   }
 
+  // Another answer beside the node's: a side call's is a side call too (it stays out of the
+  // conversation's context and never moves the head).
   regenerate(node) {
-    return this.stream({ messages: asChatMessages(node.sent, node.api), parent: this.parentFor(node), model: node.model },
-      lastUserText(node.sent, node.api));
+    return this.stream({ messages: asChatMessages(node.sent, node.api), parent: this.parentFor(node), model: node.model,
+                         kind: node.kind }, lastUserText(node.sent, node.api));
   }
 
   // One chat call through the chat endpoint, its answer streamed into the chat; then the views
   // reload and the new node is selected.
-  async stream({ messages, parent, model }, shown) {
+  async stream({ messages, parent, model, kind }, shown) {
     const chosen = model || this.model.value.trim();
     if (!chosen) {
       this.say("Name a model first.", true);
@@ -539,7 +541,7 @@ class ConversationView {
     let created = null;
     let ok = true;
     try {
-      const headers = await this.api.chat(this.id, { model: chosen, messages, parent, onDelta: (t) => pending.answer(t) });
+      const headers = await this.api.chat(this.id, { model: chosen, messages, parent, kind, onDelta: (t) => pending.answer(t) });
       created = headers.get("x-node-id");
       this.say("answered");
     } catch (error) {

@@ -9,8 +9,10 @@ function roleLabel(role) {
            reasoning: "reasoning" }[role] ?? role;
 }
 
+// The branches a node's arrows move between: its siblings that can hold the head (a call that
+// succeeded, or failed transiently) -- the switch would leave it on one the upstream refused.
 function arrows(index, node, onSwitch) {
-  const siblings = siblingsOf(index, node.id);
+  const siblings = siblingsOf(index, node.id).filter((id) => id === node.id || holdsHead(index.byId.get(id)));
   if (siblings.length < 2) return null;
   const at = siblings.indexOf(node.id);
   const go = (i) => (event) => {
@@ -23,6 +25,10 @@ function arrows(index, node, onSwitch) {
     el("span", { class: "position" }, `${at + 1}/${siblings.length}`),
     el("button", { class: "quiet", "aria-label": "next branch", title: "next branch",
                    disabled: at === siblings.length - 1, onclick: go(at + 1) }, "›"));
+}
+
+function holdsHead(node) {
+  return node !== undefined && (node.outcome === "success" || node.outcome === "transient");
 }
 
 function message(m, extra = null, names = undefined, onNode = null) {

@@ -30,6 +30,10 @@ export function pretty(value) {
   return JSON.stringify(value, null, 2);
 }
 
+// A list as stored, or none: a stored item's fields hold what an upstream or an import gave them,
+// and one odd shape must not keep a whole conversation from being drawn.
+const list = (value) => (Array.isArray(value) ? value : []);
+
 function textOf(content) {
   if (content === null || content === undefined) return "";
   if (typeof content === "string") return content;
@@ -49,7 +53,7 @@ function textOf(content) {
 // One Messages item (an Anthropic message or a fragment of one): text, tool uses, tool results,
 // thinking -- each block as the views draw it.
 function readBlocks(item, out) {
-  const blocks = typeof item.content === "string" ? [{ type: "text", text: item.content }] : (item.content || []);
+  const blocks = typeof item.content === "string" ? [{ type: "text", text: item.content }] : list(item.content);
   if (item.role === "system") {
     out.push({ role: "system", text: textOf(blocks) });
     return;
@@ -61,7 +65,7 @@ function readBlocks(item, out) {
       out.push({ role: "tool", callId: block.tool_use_id, isError: block.is_error === true,
         output: typeof block.content === "string" ? block.content : textOf(block.content) });
     } else if (block?.type === "thinking") {
-      out.push({ role: "reasoning", text: block.thinking || "" });
+      out.push({ role: "reasoning", text: typeof block.thinking === "string" ? block.thinking : "" });
     } else if (block?.type === "redacted_thinking") {
       out.push({ role: "reasoning", text: "[redacted thinking]" });
     } else {
@@ -79,10 +83,10 @@ function readBlocks(item, out) {
 export function readItems(items, api) {
   const out = [];
   if (api === "messages") {
-    for (const item of items || []) if (item && typeof item === "object") readBlocks(item, out);
+    for (const item of list(items)) if (item && typeof item === "object") readBlocks(item, out);
     return out;
   }
-  for (const item of items || []) {
+  for (const item of list(items)) {
     if (!item || typeof item !== "object") continue;
     const type = item.type ?? (item.role ? "message" : null);
     if (api === "responses" && type === "function_call") {
@@ -90,10 +94,10 @@ export function readItems(items, api) {
     } else if (api === "responses" && type === "function_call_output") {
       out.push({ role: "tool", callId: item.call_id, output: item.output });
     } else if (api === "responses" && type === "reasoning") {
-      const summary = (item.summary || []).map((s) => s.text).join("");
+      const summary = list(item.summary).map((s) => (typeof s?.text === "string" ? s.text : "")).join("");
       if (summary) out.push({ role: "reasoning", text: summary });
     } else if (type === "message" || item.role) {
-      const calls = (item.tool_calls || []).map((c) => ({ id: c.id, name: c.function?.name, arguments: c.function?.arguments }));
+      const calls = list(item.tool_calls).map((c) => ({ id: c?.id, name: c?.function?.name, arguments: c?.function?.arguments }));
       if (item.role === "tool") out.push({ role: "tool", callId: item.tool_call_id, output: item.content });
       else out.push({ role: item.role, text: textOf(item.content), calls, refusal: item.refusal });
     } else {

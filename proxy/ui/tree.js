@@ -51,8 +51,11 @@ export function siblingsOf(index, id) {
   if (!index.groups) {
     index.groups = new Map();
     for (const n of index.byId.values()) {
-      const key = n.parent_id ? `p ${n.parent_id} ${n.kind}`
-        : n.kind === "compaction" ? `c ${n.compacted_from}` : `r ${n.kind}`;
+      // (a turn and items added without a call are one kind here, as the server counts them:
+      // an item delete's branch begins with an items node beside the turn it copies)
+      const kind = n.kind === "items" ? "turn" : n.kind;
+      const key = n.parent_id ? `p ${n.parent_id} ${kind}`
+        : n.kind === "compaction" ? `c ${n.compacted_from}` : `r ${kind}`;
       if (!index.groups.has(key)) index.groups.set(key, []);
       index.groups.get(key).push(n.id);
       index.groupOf ??= new Map();
