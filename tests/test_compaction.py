@@ -7,6 +7,7 @@ import time
 import uuid
 
 import httpx
+import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -499,3 +500,24 @@ def test_a_conversation_compacted_before_a_call_exports_and_imports(fresh_databa
         copied = upstream.last.messages
         say(p.openai(key), cid, user("and then?"))
         assert copied == upstream.last.messages  # the same context
+
+
+def test_an_edit_compacted_before_its_call_moves_the_head_only_by_its_outcome(fresh_database_url, upstream_url,
+                                                                               upstream, key, cid):
+    """An edit of an older question, above the hard threshold: its parent's path is compacted
+    first, but the head moves only as the call's outcome says -- a refused edit (400) leaves it
+    where it was (it moved to the edit's summary, off the user's branch), a successful one takes
+    it to the edit's node."""
+    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS["models"],
+                             compaction={"keep_recent": 4, "soft": 1.0})
+    with serve_proxy(settings) as p:
+        db = Db(fresh_database_url)
+        heads = grow(p, upstream, key, cid, 6, prompt_step=440)
+        upstream.enqueue(Reply(kind="error", status=400, error={"message": "bad param", "type": "invalid_request_error",
+                                                                "param": "temperature", "code": None}))
+        with pytest.raises(openai.BadRequestError):
+            say(p.openai(key), cid, user("edited: " + FILLER * 4), parent=heads[4])
+        summary = compaction_nodes(db, cid)[-1]
+        assert str(summary["compacted_from"]) == heads[4] and db.head(cid) == heads[5]
+        _, h = say(p.openai(key), cid, user("edited again: " + FILLER * 4), parent=heads[4])
+        assert db.node(h["x-node-id"])["parent_id"] is not None and db.head(cid) == h["x-node-id"]

@@ -158,7 +158,9 @@ $$;
 -- bp_apply_compaction: write a compaction node and point the conversation at it, in one
 -- transaction -- or write nothing. Modes:
 --   'turn'       the call's own synchronous compaction: it must still hold the lease; its pending
---                node moves under the compaction node, and the head moves to it;
+--                node moves under the compaction node, and the head moves to it when it was the
+--                head's path that was compacted (an edit's compacted parent path is no move of the
+--                head: the call's outcome moves it, by the head rule -- a refused edit leaves it);
 --   'transform'  a side call's: its node moves under the compaction node, and the head never moves
 --                (a side call's head rule -- and the summary was shaped by its items, not the
 --                conversation's: what it kept raw made room for them);
@@ -194,7 +196,7 @@ BEGIN
         IF conv.lease_node_id IS DISTINCT FROM p_call_node THEN
             RETURN 'lost_lease';
         END IF;
-        v_move := true;
+        v_move := conv.head_node_id IS NOT DISTINCT FROM p_compacted_from;
     ELSIF p_mode = 'transform' THEN
         v_move := false;
     ELSIF p_mode = 'full' THEN
