@@ -42,7 +42,8 @@ import msgspec
 
 from .assembly import PathLike
 
-__all__ = ["EXACT_CHARS", "TokenCounter", "cached_prompt", "estimate_request", "off_loop", "reported_prompt"]
+__all__ = ["EXACT_CHARS", "TokenCounter", "cached_prompt", "estimate_request", "measured_context", "off_loop",
+           "reported_prompt"]
 
 log = logging.getLogger("branchpoint.tokens")
 
@@ -212,8 +213,9 @@ def cached_prompt(usage: Any) -> int | None:
     return read + written
 
 
-def _measured(usage: dict[str, Any] | None) -> int | None:
-    """Tokens of a call's request + answer as the upstream reported them (reasoning excluded)."""
+def measured_context(usage: dict[str, Any] | None) -> int | None:
+    """Tokens of a call's request + answer as the upstream reported them, in any API's terms: the
+    context the next call carries of it -- reasoning excluded (it is not sent back)."""
     if not isinstance(usage, dict):
         return None
     prompt = reported_prompt(usage)  # chat, Responses or Messages usage
@@ -237,7 +239,7 @@ def estimate_request(counter: TokenCounter, path: Sequence[_PathNode], new_items
     for i in range(len(path) - 1, -1, -1):
         node = path[i]
         if node.kind != "compaction" and node.status == "success":
-            measured = _measured(node.usage)
+            measured = measured_context(node.usage)
             if measured is not None:
                 base, start = measured, i + 1
                 break

@@ -521,3 +521,19 @@ def test_an_edit_compacted_before_its_call_moves_the_head_only_by_its_outcome(fr
         assert str(summary["compacted_from"]) == heads[4] and db.head(cid) == heads[5]
         _, h = say(p.openai(key), cid, user("edited again: " + FILLER * 4), parent=heads[4])
         assert db.node(h["x-node-id"])["parent_id"] is not None and db.head(cid) == h["x-node-id"]
+
+
+def test_a_reasoning_models_thinking_does_not_count_towards_the_soft_threshold(small, upstream, key, cid):
+    """A turn's reasoning tokens are not sent back: the context the next call carries is its
+    prompt and its answer without them -- as the hard threshold's estimate counts it already.
+    1,500 + 800 - 780 reasoning = 1,520, below soft (2,100): no background summary."""
+    grow(small, upstream, key, cid, 4, prompt_step=100)
+    upstream.enqueue(Reply(content="short", usage={"prompt_tokens": 1500, "completion_tokens": 800, "total_tokens": 2300,
+                                                   "completion_tokens_details": {"reasoning_tokens": 780}}))
+    say(small.openai(key), cid, user("think hard"))
+    time.sleep(1.5)  # (a summary asked for comes at once: the fake summariser answers without delay)
+    assert upstream.summariser_requests == [] and compaction_nodes(small.db, cid) == []
+    upstream.enqueue(Reply(content="short", usage={"prompt_tokens": 1600, "completion_tokens": 800, "total_tokens": 2400}))
+    _, h = say(small.openai(key), cid, user("and without"))  # (2,400 > soft: the summary comes)
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the background compaction")[0]
+    assert str(node["compacted_from"]) == h["x-node-id"]

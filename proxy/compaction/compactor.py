@@ -34,11 +34,11 @@ from ..call import Started
 from ..dialects import message_path
 from ..errors import ConversationBusy
 from ..metrics import Metrics
-from ..tokens import TokenCounter, estimate_request, off_loop
+from ..tokens import TokenCounter, estimate_request, measured_context, off_loop
 from . import clearing
 from .background import BackgroundCompactions, Job
 from .clearer import Clearer
-from .policy import Edits, Thresholds, measured_context
+from .policy import Edits, Thresholds
 from .results import CompactionResult
 from .summaries import Summaries
 from .summariser import Summariser

@@ -16,9 +16,7 @@ from typing import Any
 
 from config import CompactionSettings, ContextEditingSettings, Settings
 
-from ..tokens import reported_prompt
-
-__all__ = ["Edits", "Limits", "Thresholds", "measured_context", "split_recent", "unanswered_tail_calls"]
+__all__ = ["Edits", "Limits", "Thresholds", "split_recent", "unanswered_tail_calls"]
 
 
 def _role(item: Any) -> Any:
@@ -67,18 +65,6 @@ class Thresholds:
             if len(self._limits) < 4096:  # model names come from clients: bounded
                 self._limits[model] = found
         return found
-
-
-def measured_context(usage: dict[str, Any] | None) -> int | None:
-    """The context a finished turn measured (its prompt plus its answer), as the upstream reported
-    (chat-completions, Responses or Messages usage)."""
-    if not isinstance(usage, dict):
-        return None
-    prompt = reported_prompt(usage)
-    if isinstance(prompt, int):
-        completion = usage.get("completion_tokens", usage.get("output_tokens"))
-        return prompt + (completion if isinstance(completion, int) else 0)
-    return None
 
 
 def split_recent(items: Sequence[dict[str, Any]], keep: int,
