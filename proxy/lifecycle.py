@@ -52,7 +52,7 @@ from .leases import LeaseKeeper
 from .metrics import Metrics
 from .observability import current_request
 from .outcomes import Outcomes
-from .relay import StreamEnd, StreamRelay, client_disconnected, wait_for_disconnect
+from .relay import StreamEnd, StreamRelay, client_disconnected, relay_error, wait_for_disconnect
 from .secrets import Masker
 from .sessions import Sessions
 from .upstream import UpstreamClient, response_headers, target_of
@@ -321,7 +321,7 @@ class CallLifecycle:
                     messages = exchange.messages(received)
                 except Exception as exc:  # (an answer that cannot be read is a failed node, never a pending one)
                     log.exception("a streamed answer could not be read")
-                    failure = Failure.of(Outcome.TRANSIENT, "server_error", "relay_error", type(exc).__name__, 500)
+                    failure = relay_error(exc)
                 else:
                     await self.outcomes.finish(started, Outcome.SUCCESS, received=received, usage=t.usage,
                                                finish_reason=t.finish_reason, received_messages=messages)

@@ -32,7 +32,8 @@ from .errors import UpstreamBadResponse, UpstreamFailure, UpstreamTooLarge
 from .failures import Failure, cancellation_handled, interrupted
 from .sse import SSEParser, sse_error_event
 
-__all__ = ["LOOKAHEAD", "OPENAI_ERRORS", "BytesRelay", "ErrorVoice", "StreamEnd", "StreamRelay", "Translator", "client_disconnected", "wait_for_disconnect"]
+__all__ = ["LOOKAHEAD", "OPENAI_ERRORS", "BytesRelay", "ErrorVoice", "StreamEnd", "StreamRelay", "Translator", "client_disconnected", "relay_error",
+           "wait_for_disconnect"]
 
 log = logging.getLogger("branchpoint.relay")
 
@@ -113,7 +114,7 @@ class StreamRelay:
                         end = self.translator.closing()
                     except Exception as exc:  # (an upstream's odd answer the translator could not end)
                         log.exception("the stream's end could not be made")
-                        failure = _relay_error(exc)
+                        failure = relay_error(exc)
                 # The node is stored (and the head moved, the lease released) before the client
                 # sees the end of the stream: a client that sends its next call the moment it
                 # reads the end must find the conversation free and the head on this answer.
@@ -220,7 +221,7 @@ class StreamRelay:
             raise  # the client side failed: handled by __call__
         except Exception as exc:
             log.exception("stream relay failed")
-            return _relay_error(exc)
+            return relay_error(exc)
         if translator.error is not None:
             return self.classify_error(translator.error)
         if not translator.finished:
@@ -229,8 +230,9 @@ class StreamRelay:
         return None
 
 
-def _relay_error(exc: Exception) -> Failure:
-    """The relay itself failed (on an upstream's odd events, say): transient, the proxy's error."""
+def relay_error(exc: Exception) -> Failure:
+    """The relay itself failed -- on an upstream's odd events, say, or an answer that could not be
+    read at the end: transient, the proxy's error."""
     return Failure.of(Outcome.TRANSIENT, "server_error", "relay_error", type(exc).__name__, 500)
 
 
