@@ -7,8 +7,8 @@ where a new conversation begins (docs/behaviour.md#full-history-mode):
   WebUI's ``X-OpenWebUI-Chat-Id``). One app session is one conversation: an edit of its first
   question matches nothing and becomes a second root of it.
 - **a session that continues another one** (a resumed or forked agent session under a new id): the
-  first full-history call of a named conversation -- one that does not exist yet -- is matched
-  against the whole tenant first; when it continues a node of another conversation, the new
+  first full-history call of a named conversation -- one that has no node yet: it does not exist,
+  or was made empty (the Conversations API) -- is matched against the whole tenant first; when it continues a node of another conversation, the new
   conversation is made a fork at that node (nothing copied), and the call, matched in it as usual,
   hangs there.
 
@@ -69,7 +69,8 @@ class Sessions:
         key = (tenant, conversation_id)
         if key in self._seen:
             return
-        if await self.tree.conversation_state(tenant, conversation_id) is not None:
+        state = await self.tree.conversation_state(tenant, conversation_id)
+        if state is not None and state[0] is not None:  # (it has a head: it has begun)
             self._remember(key)
             return
         found = await self.tree.continued_node(tenant, prefixes)
@@ -78,7 +79,10 @@ class Sessions:
         if found["k"] == len(prefixes) and found["outcome"] != "success" and found["parent_id"] is None:
             return  # a retry of another conversation's failed first call: a root here too (continues nothing)
         try:
-            await self.admin.fork(tenant, found["conversation_id"], conversation_id, found["id"])
+            if state is None:
+                await self.admin.fork(tenant, found["conversation_id"], conversation_id, found["id"])
+            else:  # (it exists, with no head: made empty -- the Conversations API -- or cleared: if it holds no node)
+                await self.admin.fork_into_empty(tenant, found["conversation_id"], conversation_id, found["id"])
         except Refused as exc:  # made meanwhile by another call, or the source went: start as usual
             log.info("session not forked", extra={"conversation_id": conversation_id, "reason": type(exc).__name__})
             return

@@ -51,6 +51,11 @@ class AdminStore:
         """A new conversation starting at ``node_id`` (None: the source's head); returns its head."""
         return await self.db.fetchval(queries.FORK, tenant, source, new_id, node_id, node_id is None)
 
+    async def fork_into_empty(self, tenant: str, source: str, target: str, node_id: uuid.UUID) -> uuid.UUID | None:
+        """``fork`` into a conversation that exists but holds no node yet; refused
+        (``ConversationExists``) when it holds one."""
+        return await self.db.fetchval(queries.FORK_INTO_EMPTY, tenant, source, target, node_id)
+
     async def delete(self, tenant: str, conversation_id: str) -> tuple[int, int]:
         """Delete a conversation; returns (nodes deleted, nodes kept because a fork reaches them)."""
         row = await self.db.fetchrow(queries.DELETE_CONVERSATION, tenant, conversation_id)

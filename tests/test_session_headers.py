@@ -226,3 +226,29 @@ def test_the_access_log_says_how_a_call_was_matched(proxy, upstream, key, caplog
     assert mine[f"first-{session}"]["context_mode"] == "full" and mine[f"first-{session}"]["context_matched"] == 0
     assert mine[f"second-{session}"]["context_matched"] == 2 and mine[f"second-{session}"]["conversation_id"] == session
     assert all("context_mode" not in x for x in lines if x.get("route") == "/healthz")
+
+
+def test_a_conversation_made_empty_and_continuing_another_is_a_fork_too(proxy, upstream, key, db):
+    """A conversation that exists with no node yet -- made by the Conversations API without items,
+    with its metadata -- is still a conversation with no nodes: its first full-history call that
+    continues another conversation makes it a fork there (it stored the whole history again as a
+    root). Its metadata and its creation time stay. One that holds a node is no fork."""
+    source = f"src-{uuid.uuid4().hex[:8]}"
+    history = [user("shared opening")]
+    first, h1 = chat(auto(proxy, key), history, {"X-Conversation-Id": source})
+    http = proxy.http(key)
+    made = http.post("/v1/conversations", json={"metadata": {"topic": "kept"}}).json()
+    named = proxy.openai(key, conversation=made["id"])
+    history += [answer(first), user("and then?")]
+    _, h2 = chat(named, history, {"X-Context-Mode": "full"})
+    assert h2["x-conversation-id"] == made["id"] and h2["x-parent-node-id"] == h1["x-node-id"]
+    assert conversation(proxy, key, made["id"])["forked_from"] == source
+    assert [r["sent"] for r in db.fetch("SELECT sent FROM nodes WHERE conversation_id = $1", made["id"])] == \
+        [[user("and then?")]]
+    again = http.get(f"/v1/conversations/{made['id']}").json()
+    assert again["metadata"] == {"topic": "kept"} and again["created_at"] == made["created_at"]
+
+    holding = http.post("/v1/conversations", json={"items": [{"type": "message", "role": "user",
+                                                              "content": "its own"}]}).json()
+    _, h3 = chat(proxy.openai(key, conversation=holding["id"]), history, {"X-Context-Mode": "full"})
+    assert conversation(proxy, key, holding["id"]).get("forked_from") is None and h3["x-parent-node-id"] == "root"

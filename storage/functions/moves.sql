@@ -155,6 +155,39 @@ BEGIN
 END
 $$;
 
+-- bp_fork_into_empty(tenant, source, target, node): bp_fork into a conversation that exists but
+-- has no node yet (made by the Conversations API without items, say): a session continuing
+-- another one names it (docs/behaviour.md#full-history-mode). Its row is made again as the fork,
+-- in its source's tree, with its metadata and its creation time; refused BPEXI when it holds a
+-- node, a head or a fork already (then it starts as any named conversation does).
+CREATE OR REPLACE FUNCTION bp_fork_into_empty(p_tenant text, p_source text, p_target text, p_node uuid)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_tree uuid := bp_conversation_tree(p_tenant, p_target);
+    target conversations%ROWTYPE;
+    v_node uuid;
+BEGIN
+    SELECT * INTO target FROM conversations c
+     WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_target FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_target));
+    END IF;
+    IF target.head_node_id IS NOT NULL OR target.forked_from IS NOT NULL OR target.lease_node_id IS NOT NULL
+       OR EXISTS (SELECT 1 FROM nodes n WHERE n.tree_id = v_tree AND n.tenant = p_tenant
+                                          AND n.conversation_id = p_target) THEN
+        PERFORM bp_refuse('BPEXI', format('conversation %L already holds nodes', p_target));
+    END IF;
+    DELETE FROM conversations c WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_target;
+    DELETE FROM conversation_aliases a
+     WHERE a.tree_id = bp_tree_of(p_tenant, p_target) AND a.tenant = p_tenant AND a.id = p_target;
+    v_node := bp_fork(p_tenant, p_source, p_target, p_node, false);
+    UPDATE conversations c SET metadata = target.metadata, created_at = target.created_at
+     WHERE c.tree_id = bp_conversation_tree(p_tenant, p_target) AND c.tenant = p_tenant AND c.id = p_target;
+    RETURN v_node;
+END
+$$;
+
 -- bp_apply_compaction: write a compaction node and point the conversation at it, in one
 -- transaction -- or write nothing. Modes:
 --   'turn'       the call's own synchronous compaction: it must still hold the lease; its pending

@@ -89,6 +89,10 @@ SWITCH = "SELECT bp_switch(p_tenant => $1, p_conversation => $2, p_node => $3)"
 # Fork; returns the fork's head.  $1 tenant, $2 source, $3 new id, $4 node, $5 use the source's head
 FORK = "SELECT bp_fork(p_tenant => $1, p_source => $2, p_new => $3, p_node => $4, p_use_head => $5)"
 
+# The same into a conversation that exists but has no node yet (bp_fork_into_empty).
+# $1 tenant, $2 source, $3 the empty conversation, $4 node
+FORK_INTO_EMPTY = "SELECT bp_fork_into_empty(p_tenant => $1, p_source => $2, p_target => $3, p_node => $4)"
+
 # Delete a conversation, keeping what forks still reach.  $1 tenant, $2 conversation
 DELETE_CONVERSATION = "SELECT deleted, kept FROM bp_delete_conversation(p_tenant => $1, p_conversation => $2)"
 
