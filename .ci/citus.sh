@@ -82,7 +82,7 @@ BRANCHPOINT_TEST_DATABASE_URL="$url" uv run --frozen pytest -p no:cacheprovider 
     tests/test_session_headers.py tests/test_transfer.py tests/test_deletes_and_imports.py \
     tests/test_safety_net.py tests/test_whitespace_matching.py tests/test_shared_items.py \
     tests/test_context_editing.py tests/test_context_editing_apis.py tests/test_retention.py tests/test_leases.py \
-    tests/test_invariants.py tests/test_lost_starts.py "$@"
+    tests/test_invariants.py tests/test_lost_starts.py tests/test_cached_tokens.py tests/test_messages_across_models.py "$@"
 
 # PostgreSQL 15 alone (no workers: a plain server, README's "any PostgreSQL >= 15"): backup and
 # restore, whose tools are the embedded build's newer ones (storage/backup.py)
