@@ -243,3 +243,14 @@ def test_a_pathologically_nested_upstream_answer_is_a_clean_502(client, upstream
     e = fail(client, cid, user("q"))
     assert e.status_code == 502
     assert db.node(e.response.headers["x-node-id"])["status"] == "failed"
+
+
+def test_a_plain_text_overflow_is_an_overflow_too(client, upstream, cid, db):
+    """An upstream that says it in plain text, not JSON (some servers, proxies in front of them)."""
+    _, h1 = say(client, cid, user("small"))
+    upstream.enqueue(Reply(kind="raw", status=400, content_type="text/plain",
+                           body=b"prompt is too long: 300000 tokens > 200000 maximum"))
+    e = fail(client, cid, user("HUGE " * 50), exc=openai.BadRequestError)
+    node = db.node(e.response.headers["x-node-id"])
+    assert node["outcome"] == "overflow" and node["error"]["code"] == "context_overflow"
+    assert db.head(cid) == h1["x-node-id"]
