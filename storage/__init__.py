@@ -24,7 +24,7 @@ from .errors import (
 )
 from .ids import uuid7
 from .migrate import latest_version, migrate
-from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, Pruned, TreeRow, UsageRow, can_be_head
+from .model import ConversationRow, NodeRow, Outcome, PathNode, PathRow, Pruned, TreeRow, UsageRow
 from .ops import OpsStore
 from .pathcache import PathCache
 from .shared import SharedItems
@@ -61,7 +61,6 @@ __all__ = [
     "TreeRow",
     "TreeStore",
     "UsageRow",
-    "can_be_head",
     "latest_version",
     "migrate",
     "open_database",

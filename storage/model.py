@@ -22,7 +22,6 @@ __all__ = [
     "SearchHit",
     "TreeRow",
     "UsageRow",
-    "can_be_head",
     "columns",
     "rows",
 ]
@@ -35,13 +34,6 @@ class Outcome(StrEnum):
     TRANSIENT = "transient"  # upstream 5xx/429/408, timeout, connection error, cut stream, disconnect
     OVERFLOW = "overflow"  # the context did not fit
     INVALID = "invalid"  # the request itself was refused (other 4xx)
-
-
-def can_be_head(kind: str, outcome: str | None) -> bool:
-    """May a conversation's head rest on a node of this kind and outcome? The database's head rule
-    (``bp_can_be_head`` in storage/functions/basics.sql) read in Python, for checks made before anything is
-    written (an import); ``tests/test_schema.py`` keeps the two equal."""
-    return kind in ("turn", "compaction", "items") and outcome in (Outcome.SUCCESS, Outcome.TRANSIENT)
 
 
 class PathNode(msgspec.Struct, frozen=True):

@@ -347,3 +347,18 @@ def test_a_stream_of_content_parts_is_stored_and_leaves_the_conversation_free(pr
                                                                   "reasoning_content": "hmm"}]
     say(client, cid, user("and now?"))  # (not 409: the conversation is free)
     assert upstream.last.messages[-2]["content"] == "Hello"
+
+
+def test_a_stream_whose_lines_end_with_a_cr_alone_is_read(proxy, upstream, key, cid, db):
+    """The SSE standard lets a line end with CR alone: such a stream is relayed and stored whole
+    (it was read as one endless event, and failed as interrupted)."""
+    base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+    events = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": f}]}
+              for d, f in (({"role": "assistant", "content": "Hel"}, None), ({"content": "lo"}, None), ({}, "stop"))]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\r\r" for e in events) + b"data: [DONE]\r\r"
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=body))
+    chunks = list(proxy.openai(key, conversation=cid).chat.completions.create(
+        model=MODEL, stream=True, messages=[user("hi")]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
+    node_id = db.fetch("SELECT id FROM nodes WHERE conversation_id = $1", cid)[0]["id"]
+    assert db.node(node_id)["received"] == [{"role": "assistant", "content": "Hello"}]
