@@ -33,7 +33,6 @@ bash "$shared/citus/build.sh"
 
 work="$(mktemp -d /tmp/branchpoint-citus.XXXXXX)"
 chmod 755 "$work"
-port="${BRANCHPOINT_CITUS_PORT:-$(( 20000 + RANDOM % 20000 ))}"
 stop() {
     bash "$shared/citus/cluster.sh" stop "$work/cluster" || true
     bash "$shared/citus/cluster.sh" stop "$work/plain" || true
@@ -41,17 +40,58 @@ stop() {
 }
 trap stop EXIT
 
-bash "$shared/citus/cluster.sh" start "$work/cluster" "$port" 2 >/dev/null
-# every Citus database runs a maintenance daemon (a background worker) on each node, and these
-# keep connections to the other nodes (about three per database on a worker, in pg_stat_activity
-# as citus_internal): room for the test run's databases (one per test, never dropped), then a
-# restart to take it
-for p in "$port" $((port + 1)) $((port + 2)); do
-    psql -qAt -h 127.0.0.1 -p "$p" -U postgres -c "ALTER SYSTEM SET max_worker_processes = 256" \
-         -c "ALTER SYSTEM SET max_connections = 600" >/dev/null
+# Four ports in a row (three nodes, then the plain server), free now and below the kernel's
+# ephemeral range, where an outgoing connection of an earlier step could hold one and the server
+# would fail to start. BRANCHPOINT_CITUS_PORT picks them instead.
+free_ports() {
+    python3 - <<'PY'
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200):
+    base = random.randrange(10000, max(low, 12000) - 8)
+    try:
+        for p in range(base, base + 4):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    print(base)
+    break
+PY
+}
+
+# Start the cluster on $port, make room for the test run, restart it. Every Citus database runs a
+# maintenance daemon (a background worker) on each node, and these keep connections to the other
+# nodes (about three per database on a worker, in pg_stat_activity as citus_internal): room for
+# the test run's databases (one per test, never dropped), then a restart to take it.
+cluster_up() {
+    bash "$shared/citus/cluster.sh" start "$work/cluster" "$port" 2 >/dev/null || return 1
+    for p in "$port" $((port + 1)) $((port + 2)); do
+        psql -qAt -h 127.0.0.1 -p "$p" -U postgres -c "ALTER SYSTEM SET max_worker_processes = 256" \
+             -c "ALTER SYSTEM SET max_connections = 600" >/dev/null || return 1
+    done
+    bash "$shared/citus/cluster.sh" stop "$work/cluster" || return 1
+    url="$(bash "$shared/citus/cluster.sh" start "$work/cluster" "$port" 2 | tail -1)" || return 1
+    [ -n "$url" ]
+}
+
+# A server that does not come up says why (its log), and the cluster is tried again, fresh, on
+# other ports: twice at most.
+for attempt in 1 2 3; do
+    port="${BRANCHPOINT_CITUS_PORT:-$(free_ports)}"
+    if cluster_up; then
+        break
+    fi
+    echo "citus: the cluster did not start on port $port (attempt $attempt); the servers' logs:" >&2
+    for log in "$work"/cluster/*.log; do
+        if [ -f "$log" ]; then echo "--- $log" >&2; tail -n 30 "$log" >&2; fi
+    done
+    bash "$shared/citus/cluster.sh" stop "$work/cluster" || true
+    rm -rf "$work/cluster"
+    if [ "$attempt" = 3 ]; then
+        exit 1
+    fi
 done
-bash "$shared/citus/cluster.sh" stop "$work/cluster"
-url="$(bash "$shared/citus/cluster.sh" start "$work/cluster" "$port" 2 | tail -1)"
 echo "citus cluster: $url (workers on $((port + 1)), $((port + 2)))"
 
 # the product's own commands on a database of the cluster (tests make theirs the same way)
