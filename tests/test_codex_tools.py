@@ -2,7 +2,9 @@
 under a ``namespace`` tool, a hosted ``web_search`` -- over a chat-completions upstream
 (docs/behaviour.md#the-responses-api): the functions translate (namespaced ones under a reversible
 name), the hosted tool is dropped and the answer says so; with ``unsupported_tools = "refuse"`` the
-call is refused before anything is stored. Assertions on what the fake upstream received."""
+call is refused before anything is stored. And a custom tool (free-form input: Codex's
+``apply_patch`` for its newer models) as a function of one string, its call coming back custom.
+Assertions on what the fake upstream received."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from proxy.errors import InvalidRequest
 from proxy.failures import Failure
 from storage import Outcome
 
+from .anthropic_fake import AReply
 from .conftest import Db, make_settings, serve_proxy
 from .fakes import Reply
-from .helpers import MODEL
+from .helpers import MODEL, tool_call
 
 SHELL = {"type": "function", "name": "shell", "description": "Run a command.",
          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}
@@ -120,3 +123,104 @@ def test_a_tool_choice_name_two_namespaces_share_is_left_as_named(proxy, upstrea
                 tool_choice={"type": "function", "name": "spawn_agent"})
     assert r.status_code == 200, r.text
     assert upstream.last.body["tool_choice"] == {"type": "function", "function": {"name": "spawn_agent"}}
+
+
+# -- custom tools (free-form input, as Codex offers apply_patch to its newer models) -----------------
+
+PATCH_GRAMMAR = 'start: "*** Begin Patch" LF hunk+ "*** End Patch" LF?\nhunk: /[^\\n]*/ LF'
+APPLY_PATCH = {"type": "custom", "name": "apply_patch",
+               "description": "Edit files. This is a FREEFORM tool, so do not wrap the patch in JSON.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR}}
+PATCH = '*** Begin Patch\n*** Add File: hello.txt\n+hi "there"\n*** End Patch\n'
+
+
+def test_a_custom_tool_is_a_function_of_one_string_and_its_call_comes_back_custom(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_p", "apply_patch", json.dumps({"input": PATCH}))]),
+                     Reply(content="Patched."))
+    raw = client.responses.with_raw_response.create(model=MODEL, input="add hello.txt", tools=[SHELL, APPLY_PATCH])
+    first = raw.parse()
+    assert "x-branchpoint-dropped-tools" not in raw.headers  # offered, not dropped
+    offered = upstream.last.body["tools"][1]
+    assert offered["type"] == "function" and offered["function"]["name"] == "apply_patch"
+    assert offered["function"]["parameters"] == {"type": "object", "properties": {"input": {"type": "string"}},
+                                                 "required": ["input"], "additionalProperties": False}
+    description = offered["function"]["description"]
+    assert description.startswith(APPLY_PATCH["description"]) and PATCH_GRAMMAR in description and "`input`" in description
+    call = first.output[-1]
+    assert (call.type, call.name, call.call_id, call.input) == ("custom_tool_call", "apply_patch", "call_p", PATCH)
+    assert call.id.startswith("ctc_")
+
+    # the client runs it and sends the call and its output back, the whole history (as Codex does)
+    second = client.responses.create(model=MODEL, tools=[SHELL, APPLY_PATCH], input=[
+        {"role": "user", "content": "add hello.txt"},
+        {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done: A hello.txt"},
+    ])
+    assert second.output_text == "Patched."
+    messages = upstream.last.body["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "apply_patch"
+    assert json.loads(messages[1]["tool_calls"][0]["function"]["arguments"]) == {"input": PATCH}
+    assert messages[2] == {"role": "tool", "tool_call_id": "call_p", "content": "Done: A hello.txt"}
+    # the resent history matched what was stored: the new node holds only the result, under the first
+    nodes = db.fetch("SELECT id, parent_id, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
+    assert len(nodes) == 2 and nodes[1]["parent_id"] == nodes[0]["id"]
+    assert [i["type"] for i in nodes[1]["sent"]] == ["custom_tool_call_output"]
+
+
+def test_a_streamed_custom_tool_call_gives_its_input_events(proxy, upstream, key, cid):
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(kind="stream", content="Let me patch it.",
+                           tool_calls=[tool_call("call_s", "apply_patch", json.dumps({"input": PATCH}))]))
+    with client.responses.stream(model=MODEL, input="add hello.txt", tools=[APPLY_PATCH]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.delta" not in kinds
+    deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
+    done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert deltas == PATCH and [e.input for e in done] == [PATCH]
+    added = next(e.item for e in events if e.type == "response.output_item.added" and e.item.type == "custom_tool_call")
+    assert (added.name, added.call_id, added.input) == ("apply_patch", "call_s", "")
+    item = next(e.item for e in events if e.type == "response.output_item.done" and e.item.type == "custom_tool_call")
+    assert (item.id, item.input) == (added.id, PATCH) and done[0].item_id == item.id
+    assert [(o.type, getattr(o, "input", None)) for o in final.output][-1] == ("custom_tool_call", PATCH)
+    assert final.output_text == "Let me patch it."
+
+
+def test_a_custom_tool_in_a_namespace_and_a_tool_choice_naming_one(proxy, upstream, key, cid):
+    tools = [{"type": "namespace", "name": "editor", "description": "Edit.", "tools": [{**APPLY_PATCH, "format": {"type": "text"}}]},
+             APPLY_PATCH]
+    # a model that wrote its patch without the one argument: the client gets what it wrote
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_n", "editor__apply_patch", "not json at all")]))
+    r = _create(proxy, key, cid, input="go", tools=tools, tool_choice={"type": "custom", "name": "apply_patch"})
+    assert r.status_code == 200, r.text
+    sent = upstream.last.body
+    assert [t["function"]["name"] for t in sent["tools"]] == ["editor__apply_patch", "apply_patch"]
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    assert "grammar" not in sent["tools"][0]["function"]["description"]  # (a text format says nothing more)
+    call = r.json()["output"][-1]
+    assert (call["type"], call["name"], call["namespace"], call["input"]) == \
+        ("custom_tool_call", "apply_patch", "editor", "not json at all")
+
+
+
+def test_a_custom_tool_over_an_anthropic_upstream(mproxy, claude, key, cid):
+    # the same function of one string reaches Claude as a tool, and its tool_use comes back custom
+    claude.enqueue(AReply(content=[{"type": "tool_use", "id": "toolu_1", "name": "apply_patch", "input": {"input": PATCH}}],
+                          stop_reason="tool_use"))
+    first = mproxy.openai(key, conversation=cid).responses.create(model="claude-test", input="add hello.txt",
+                                                                  tools=[APPLY_PATCH])
+    (tool,) = claude.last.body["tools"]
+    assert tool["name"] == "apply_patch" and tool["input_schema"]["required"] == ["input"]
+    call = first.output[-1]
+    assert (call.type, call.name, call.call_id, call.input) == ("custom_tool_call", "apply_patch", "toolu_1", PATCH)
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Patched."}]))
+    second = mproxy.openai(key, conversation=cid).responses.create(
+        model="claude-test", tools=[APPLY_PATCH], previous_response_id=first.id,
+        input=[{"type": "custom_tool_call_output", "call_id": "toolu_1", "output": "Done"}])
+    assert second.output_text == "Patched."
+    use, result = claude.last.body["messages"][-2:]
+    assert use["content"][-1] == {"type": "tool_use", "id": "toolu_1", "name": "apply_patch", "input": {"input": PATCH}}
+    assert result["content"][0]["type"] == "tool_result" and result["content"][0]["tool_use_id"] == "toolu_1"

@@ -138,6 +138,8 @@ def test_a_responses_client_gets_a_call_id_for_a_call_without_one(mproxy: Proxy,
     added = [e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
     done = events[-1].response.output[-1]
     assert added[0].call_id and added[0].call_id == done.call_id != whole.output[-1].call_id
+    item_done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert [i.call_id for i in item_done] == [added[0].call_id]
     assert upstream.last.body["messages"][-1]["tool_call_id"] == whole.output[-1].call_id
 
 

@@ -111,3 +111,33 @@ def test_codex_two_turns_a_tool_round_and_a_fork(proxy, upstream, key, db, clien
     (own,) = nodes_of(db, tenant, fork_session)
     assert own["parent_id"] == nodes[2]["id"] and len(own["sent"]) == 1 and "A question in the fork" in json.dumps(own["sent"])
     assert len(nodes_of(db, tenant, session)) == 3 and db.head(session) == str(nodes[2]["id"])  # the original as it was
+
+
+def test_codex_edits_a_file_with_its_freeform_apply_patch_over_a_chat_upstream(proxy, upstream, key, db, client_home):
+    # a model Codex knows (gpt-5.5) gets apply_patch as a custom (free-form, grammar) tool: the chat
+    # upstream is offered a function of one string, the model's call reaches Codex as a custom tool
+    # call, Codex applies the patch in the workspace, and its result goes back as the tool message
+    codex = npm_bin("codex")
+    work, env = codex_setup(client_home, proxy, key)
+    patch = "*** Begin Patch\n*** Add File: hello.txt\n+hello from the patch\n*** End Patch\n"
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_p1", "apply_patch", json.dumps({"input": patch}))]),
+                     Reply(content="Added hello.txt."))
+    result = run([codex, "exec", "--skip-git-repo-check", "-m", "gpt-5.5", "-s", "workspace-write", "Add hello.txt"],
+                 cwd=work, env=env)
+    assert "Added hello.txt." in result.stdout
+    assert (work / "hello.txt").read_text() == "hello from the patch\n"
+
+    first, second = upstream.turn_requests
+    offered = {t["function"]["name"]: t["function"] for t in first.body["tools"]}
+    assert offered["apply_patch"]["parameters"]["required"] == ["input"]
+    assert "*** Begin Patch" in offered["apply_patch"]["description"]  # its grammar, told
+    call, result_message = second.messages[-2:]
+    assert json.loads(call["tool_calls"][0]["function"]["arguments"]) == {"input": patch}
+    assert result_message["role"] == "tool" and result_message["tool_call_id"] == "call_p1"
+    assert "hello.txt" in result_message["content"]
+    each_history_once([first, second])
+    nodes = nodes_of(db, tenant_of(key))
+    assert len(nodes) == 2 and nodes[1]["parent_id"] == nodes[0]["id"]
+    assert nodes[0]["received"][-1]["type"] == "custom_tool_call"
+    assert [i["type"] for i in nodes[1]["sent"]] == ["custom_tool_call_output"]
+    assert "custom" not in nodes[0]["params"].get("_bp_dropped_tools", [])

@@ -6,7 +6,7 @@
     stream.py     Responses event streams: translated from a chat stream, or relayed natively
     for_chat.py   chat-completions clients over a Responses upstream: request, answer, stream
     exchange.py   the three ways an answer travels back (native, from chat, to chat)
-    tools.py      its tools over a chat upstream: functions, namespaces of functions, hosted tools dropped
+    tools.py      its tools over a chat upstream: functions, custom tools, namespaces of them, hosted tools dropped
 """
 
 from __future__ import annotations

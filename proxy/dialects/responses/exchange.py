@@ -122,7 +122,7 @@ def own_item_ids(output: list[dict[str, Any]], node_id: uuid.UUID) -> list[dict[
     for i, item in enumerate(output):
         if item.get("type") == "message":
             item = {**item, "id": f"msg_{node_id.hex}_{i}"}
-        elif item.get("type") == "function_call":
-            item = {**item, "id": f"fc_{node_id.hex}_{i}"}
+        elif item.get("type") in ("function_call", "custom_tool_call"):
+            item = {**item, "id": translate.call_item_id(node_id, i, item["type"])}
         out.append(item)
     return out

@@ -10,7 +10,10 @@ read is dropped there (``assembly.strip``).
     message (input or output) item        -> user / system / developer / assistant message
     function_call items after a message    -> that assistant message's tool_calls (also one sent after
                                               a result of its answer's: ids fc_<node>_<i> say which)
-    function_call_output                   -> tool message
+    custom_tool_call                       -> the same, a function call with one argument, ``input``
+                                              (as a chat upstream is offered a custom tool: tools.py)
+    function_call_output,
+    custom_tool_call_output                -> tool message
     reasoning (summary only)               -> reasoning_content of the next assistant message
     compaction (a summary, as the proxy's  -> the user message holding its summary, as the compaction
       compaction items carry it)              node has it (its token names a node: never sent upstream)
@@ -30,7 +33,7 @@ import msgspec
 
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
-from .tools import flat_name
+from .tools import custom_arguments, flat_name
 
 __all__ = [
     "ITEMS",
@@ -164,7 +167,9 @@ def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
     return parts, refusal
 
 
-_CALL_OF_ANSWER = re.compile(r"fc_([0-9a-f]{32})_\d+")
+_CALL_OF_ANSWER = re.compile(r"(?:fc|ctc)_([0-9a-f]{32})_\d+")
+_CALLS = frozenset({"function_call", "custom_tool_call"})
+_RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
 def _answer_of(item_id: Any) -> str | None:
@@ -230,10 +235,10 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 reasoning.clear()
             out.append(attach(message, item))
             last_assistant, number, answered = (message if role == "assistant" else None), counted, None
-        elif kind == "function_call":
+        elif kind in _CALLS:
+            arguments = custom_arguments(item.get("input")) if kind == "custom_tool_call" else item.get("arguments") or ""
             call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": flat_name(item.get("namespace"), item.get("name")),
-                                 "arguments": item.get("arguments") or ""}}
+                    "function": {"name": flat_name(item.get("namespace"), item.get("name")), "arguments": arguments}}
             origin = _answer_of(item.get("id"))
             if last_assistant is None and answered is not None and origin == answered[1] and not reasoning:
                 last_assistant, _, number = answered
@@ -251,7 +256,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             for w in waiting:
                 ordinals[w] = number
             waiting.clear()
-        elif kind == "function_call_output":
+        elif kind in _RESULTS:
             output = item.get("output")
             if isinstance(output, list):
                 output, _ = _parts_to_content(output, output=False)
@@ -282,9 +287,10 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
 
 
 def cleared(item: dict[str, Any], text: str) -> dict[str, Any] | None:
-    """A ``function_call_output`` item with its output replaced by ``text`` (a cleared tool result,
-    docs/behaviour.md#context-editing); None for any other item."""
-    if item.get("type") == "function_call_output":
+    """A tool result item (``function_call_output``, ``custom_tool_call_output``) with its output
+    replaced by ``text`` (a cleared tool result, docs/behaviour.md#context-editing); None for any
+    other item."""
+    if item.get("type") in _RESULTS:
         return {**item, "output": text}
     return None
 
@@ -325,7 +331,7 @@ def _native(items: Sequence[dict[str, Any]], message: dict[str, Any], provider: 
             if same and item.get("encrypted_content"):
                 out.append(item)
             continue
-        if item.get("type") in ("message", "function_call", "function_call_output") or "role" in item:
+        if item.get("type") in ("message", *_CALLS, *_RESULTS) or "role" in item:
             out.append({k: v for k, v in item.items() if k not in ("id", "status")})
         elif same:
             out.append(item)
@@ -340,7 +346,7 @@ def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) ->
         native = m.get(ITEMS)
         if native and items_of(m) == "responses":  # (another dialect's: translated from the message)
             kept = _native(native, m, provider)
-            calls_kept = {i.get("call_id") for i in kept if i.get("type") == "function_call"}
+            calls_kept = {i.get("call_id") for i in kept if i.get("type") in _CALLS}
             calls_now = {c.get("id") for c in m.get("tool_calls") or () if isinstance(c, dict)}
             if calls_kept == calls_now:  # the pairing check left the message whole
                 out.extend(kept)

@@ -3,7 +3,9 @@
 - ``FromChat``: a chat-completions stream turned into Responses events as it arrives:
   ``response.created``, ``response.in_progress``, then per output item ``response.output_item.added``,
   ``response.content_part.added`` / ``response.output_text.delta`` ... ``.done`` for text,
-  ``response.function_call_arguments.delta`` / ``.done`` for a tool call, ``response.output_item.done``,
+  ``response.function_call_arguments.delta`` / ``.done`` for a function call (a custom tool's call:
+  ``response.custom_tool_call_input.delta`` / ``.done``, its input whole once the call is complete,
+  since the model writes it as a JSON string), ``response.output_item.done``,
   and ``response.completed`` (the whole response) once the node is stored. A failure ends it with
   ``response.failed`` and an ``error`` event. A chat upstream's reasoning streams as a reasoning
   item, its refusal as a refusal part.
@@ -129,8 +131,9 @@ class FromChat:
             if i not in self.calls:  # (the message stays open: text may follow a call, and is its own)
                 out.append(self._open_call(i, call))
             added = arguments[len(before_args.get(i, "")):]
-            if added:
-                out.append(self.emit("response.function_call_arguments.delta", item_id=self.items[self.calls[i]]["id"],
+            item = self.items[self.calls[i]]
+            if added and item["type"] == "function_call":  # (a custom tool's input: whole, at its end)
+                out.append(self.emit("response.function_call_arguments.delta", item_id=item["id"],
                                      output_index=self.calls[i], delta=added))
         return b"".join(out)
 
@@ -223,8 +226,7 @@ class FromChat:
     def _open_call(self, i: int, call: dict[str, Any]) -> bytes:
         index = len(self.items)
         self.calls[i] = index
-        item = translate.function_call(translate.call_item_id(self.node_id, i), call_id(call, self.node_id, i),
-                                       call["function"]["name"],
+        item = translate.function_call(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
                                        "", self.params.get("tools"), status="in_progress")
         self.items.append(item)
         return self.emit("response.output_item.added", output_index=index, item=item)
@@ -236,10 +238,17 @@ class FromChat:
             if item is None:
                 continue
             call = self.acc.tool_calls[i]
-            item.update(translate.function_call(item["id"], call.get("id"), call["function"]["name"],
+            item.update(translate.function_call(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
                                                 call["function"]["arguments"], self.params.get("tools"), status="completed"))
-            out += self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                             arguments=item["arguments"])
+            if item["type"] == "custom_tool_call":
+                if item["input"]:
+                    out += self.emit("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
+                                     delta=item["input"])
+                out += self.emit("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
+                                 input=item["input"])
+            else:
+                out += self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                 arguments=item["arguments"])
             out += self.emit("response.output_item.done", output_index=index, item=item)
         return out
 

@@ -1,8 +1,11 @@
 """A Responses request's tools over a chat-completions upstream (docs/behaviour.md#the-responses-api):
 
     function tool                     a chat function tool
-    namespace tool (its functions)    chat function tools named ``<namespace>__<name>``: the model
-                                      calls them so, the client gets ``name`` and ``namespace`` back
+    custom tool (free-form input)     a chat function tool taking one string, ``input`` (its format,
+                                      a grammar, told in the description); the model's call comes
+                                      back to the client as a ``custom_tool_call`` with that input
+    namespace tool (its functions     chat function tools named ``<namespace>__<name>``: the model
+      and custom tools)               calls them so, the client gets ``name`` and ``namespace`` back
     hosted tool (web_search, ...)     nothing a chat upstream can run: dropped -- the call records
                                       which (``DROPPED``) and the answer says so -- or refused
 
@@ -14,12 +17,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from ...errors import InvalidRequest
 
-__all__ = ["DROPPED", "chat_tools", "flat_name", "hosted", "namespace_of", "split_name"]
+__all__ = ["DROPPED", "chat_tools", "custom_arguments", "custom_input", "custom_names", "flat_name", "hosted",
+           "namespace_of", "split_name"]
 
 DROPPED = "_bp_dropped_tools"  # in a node's params: the hosted tools its call offered and went without
 _SEPARATOR = "__"
+_CALLABLE = frozenset({"function", "custom"})  # the tools a chat upstream's model can call (the client runs them)
+_INPUT = "input"  # a custom tool's one argument over chat
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 
 
 def flat_name(namespace: Any, name: Any) -> Any:
@@ -37,6 +48,40 @@ def _namespaced(tools: Any) -> dict[str, tuple[str, str]]:
     return table
 
 
+def custom_names(tools: Any) -> frozenset[str]:
+    """The chat function names of a call's custom tools (namespaced ones by their flat name)."""
+    names = set()
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict):
+            continue
+        if tool.get("type") == "custom" and isinstance(tool.get("name"), str):
+            names.add(tool["name"])
+        elif tool.get("type") == "namespace":
+            names.update(flat_name(tool.get("name"), fn["name"]) for fn in tool.get("tools") or ()
+                         if isinstance(fn, dict) and fn.get("type") == "custom" and isinstance(fn.get("name"), str))
+    return frozenset(names)
+
+
+def custom_arguments(text: Any) -> str:
+    """A custom tool call's input as the arguments of the chat function call standing for it."""
+    return _encode({_INPUT: text if isinstance(text, str) else ""}).decode()
+
+
+def custom_input(arguments: Any) -> str:
+    """The input of a custom tool call from the arguments the model gave its chat function: the
+    ``input`` string -- or, from a model that did not keep to the one argument, the arguments as
+    they came (the client's tool reports what it cannot read)."""
+    if not isinstance(arguments, str):
+        return ""
+    try:
+        value = _decode(arguments)
+    except msgspec.DecodeError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get(_INPUT), str):
+        return value[_INPUT]
+    return arguments
+
+
 def split_name(name: Any, tools: Any) -> tuple[str | None, Any]:
     """(namespace, name) of a chat function name the model called, by the call's own ``tools``."""
     found = _namespaced(tools).get(name) if isinstance(name, str) and _SEPARATOR in name else None
@@ -52,7 +97,7 @@ def namespace_of(name: Any, tools: Any) -> str | None:
     for tool in tools if isinstance(tools, list) else ():
         if not isinstance(tool, dict):
             continue
-        if tool.get("type") == "function" and tool.get("name") == name:
+        if tool.get("type") in _CALLABLE and tool.get("name") == name:
             return None
         if tool.get("type") == "namespace" and isinstance(tool.get("name"), str) and any(
                 isinstance(fn, dict) and fn.get("name") == name for fn in tool.get("tools") or ()):
@@ -61,17 +106,17 @@ def namespace_of(name: Any, tools: Any) -> str | None:
 
 
 def hosted(tools: Any) -> list[str]:
-    """The types of the tools a chat upstream cannot run (anything but functions and namespaces of
-    functions), in the order offered, once each."""
+    """The types of the tools a chat upstream cannot run (anything but functions, custom tools and
+    namespaces of them), in the order offered, once each."""
     kinds: dict[str, None] = {}
     for tool in tools if isinstance(tools, list) else ():
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind == "namespace":  # its members that are not functions (custom tools) neither
             for member in tool.get("tools") or ():
                 inner = member.get("type", "function") if isinstance(member, dict) else None
-                if inner != "function":
+                if inner not in _CALLABLE:
                     kinds[f"namespace:{inner}"] = None
-        elif kind != "function":
+        elif kind not in _CALLABLE:
             kinds[str(kind)] = None
     return list(kinds)
 
@@ -83,6 +128,21 @@ def _function(tool: dict[str, Any], name: Any = None) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _custom(tool: dict[str, Any], name: Any = None) -> dict[str, Any]:
+    """The chat function standing for a custom tool: its input is one string, whose format (a
+    grammar, which a chat upstream cannot enforce) the description tells the model."""
+    said = [str(tool["description"])] if tool.get("description") else []
+    said.append(f"Call this tool with one argument, `{_INPUT}`: its whole input as plain text, exactly as the "
+                "tool takes it (the text itself inside that one string, nothing wrapped around it).")
+    fmt = tool.get("format") if isinstance(tool.get("format"), dict) else {}
+    if fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+        said.append(f"The input must follow this {fmt.get('syntax') or 'grammar'} grammar:\n{fmt['definition']}")
+    parameters = {"type": "object", "properties": {_INPUT: {"type": "string"}}, "required": [_INPUT],
+                  "additionalProperties": False}
+    return {"type": "function", "function": {"name": name if name is not None else tool.get("name"),
+                                             "description": "\n\n".join(said), "parameters": parameters}}
+
+
 def chat_tools(params: dict[str, Any]) -> list[dict[str, Any]]:
     """The chat function tools for a Responses request's ``tools``; a hosted tool is left out when
     the call recorded it as dropped, and refused otherwise."""
@@ -92,11 +152,15 @@ def chat_tools(params: dict[str, Any]) -> list[dict[str, Any]]:
         kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
         if kind == "function":
             out.append(_function(tool))
+        elif kind == "custom":
+            out.append(_custom(tool))
         elif kind == "namespace":
             for fn in tool.get("tools") or ():
                 inner = fn.get("type", "function") if isinstance(fn, dict) else None
                 if inner == "function":
                     out.append(_function(fn, flat_name(tool.get("name"), fn.get("name"))))
+                elif inner == "custom":
+                    out.append(_custom(fn, flat_name(tool.get("name"), fn.get("name"))))
                 elif f"namespace:{inner}" not in dropped:
                     raise InvalidRequest(f"tool type {inner!r} inside namespace {tool.get('name')!r} needs an upstream "
                                          "that speaks the Responses API (api = \"responses\")", param="tools")

@@ -19,7 +19,7 @@ from typing import Any
 from ...assembly import NATIVE
 from .. import CACHE_WRITES
 from ..chat.completion import call_id
-from .tools import DROPPED, chat_tools, flat_name, namespace_of, split_name
+from .tools import DROPPED, chat_tools, custom_input, custom_names, flat_name, namespace_of, split_name
 
 __all__ = ["chat_params", "chat_usage_of", "finish_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
            "usage_of"]
@@ -32,7 +32,7 @@ _OURS = ("input", "instructions", "previous_response_id", "store", "conversation
 
 
 def _tool_choice(choice: Any, dropped: Any, tools: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         namespace = choice.get("namespace")
         if namespace is None:  # a function named without its namespace: the one namespace holding it
             namespace = namespace_of(choice.get("name"), tools)
@@ -52,7 +52,7 @@ def _allowed(chat: list[dict[str, Any]], choice: Any, tools: Any) -> list[dict[s
         return chat
     names = set()
     for tool in choice.get("tools") or ():
-        if isinstance(tool, dict) and tool.get("type", "function") == "function":
+        if isinstance(tool, dict) and tool.get("type", "function") in ("function", "custom"):
             namespace = tool.get("namespace") or namespace_of(tool.get("name"), tools)
             names.add(flat_name(namespace, tool.get("name")))
     return [t for t in chat if t["function"].get("name") in names]
@@ -134,11 +134,13 @@ def message_item_id(node_id: uuid.UUID) -> str:
     return f"msg_{node_id.hex}"
 
 
-def call_item_id(node_id: uuid.UUID, index: int) -> str:
-    return f"fc_{node_id.hex}_{index}"
+def call_item_id(node_id: uuid.UUID, index: int, kind: str = "function_call") -> str:
+    """The id of a node's ``index``-th tool call (a ``function_call`` or ``custom_tool_call`` item)."""
+    return f"{item_id_prefix(kind)}_{node_id.hex}_{index}"
 
 
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs",
+              "custom_tool_call": "ctc", "custom_tool_call_output": "ctco"}
 
 
 def item_id_prefix(kind: str) -> str:
@@ -178,16 +180,24 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
         if not isinstance(call, dict):
             continue  # (an upstream's odd answer: not a call)
         fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-        out.append(function_call(call_item_id(node_id, i), call_id(call, node_id, i), fn.get("name"), fn.get("arguments") or "",
+        out.append(function_call(node_id, i, call_id(call, node_id, i), fn.get("name"), fn.get("arguments") or "",
                                  tools, status="completed"))
     return out
 
 
-def function_call(item_id: str, call_id: Any, name: Any, arguments: str, tools: Any, *, status: str) -> dict[str, Any]:
-    """A function_call output item for a chat tool call (its namespace, if it has one, told apart)."""
-    namespace, name = split_name(name, tools)
-    item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
-            "arguments": arguments}
+def function_call(node_id: uuid.UUID, index: int, call_id: Any, name: Any, arguments: str, tools: Any, *,
+                  status: str) -> dict[str, Any]:
+    """The output item for a chat tool call, the node's ``index``-th: a ``function_call``, or a
+    ``custom_tool_call`` with its input when ``tools`` offered that name as a custom tool (its
+    namespace, if it has one, told apart)."""
+    custom = name in custom_names(tools)
+    kind = "custom_tool_call" if custom else "function_call"
+    namespace, plain = split_name(name, tools)
+    item = {"id": call_item_id(node_id, index, kind), "type": kind, "status": status, "call_id": call_id, "name": plain}
+    if custom:
+        item["input"] = custom_input(arguments)
+    else:
+        item["arguments"] = arguments
     if namespace is not None:
         item["namespace"] = namespace
     return item
