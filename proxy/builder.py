@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from storage import NodeRow, PathNode, TreeStore
@@ -44,10 +44,21 @@ class Built:
     payload: bytes  # the exact body sent upstream
     dropped: list[dict[str, Any]]  # what the pairing check removed (a defect somewhere: logged)
     endpoint: str = "chat/completions"  # the upstream path it goes to
+    # what the history added to the call's params (``Crossing.history_params``): its answer is read with them too
+    history: dict[str, Any] = field(default_factory=dict)
 
     @property
     def sha256(self) -> bytes:
         return hashlib.sha256(self.payload).digest()
+
+
+def _messages(path: Sequence[PathNode], new_items: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The messages of a call's history as assembly reads them (path first, then its new ones)."""
+    for node in path:
+        yield from node.sent
+        if node.status == "success" and node.received:
+            yield from node.received
+    yield from new_items
 
 
 def weight(items: Any) -> int:
@@ -146,6 +157,9 @@ class RequestBuilder:
                 raise ContextTooLarge(size, bound)
         way = way or crossing("chat", target.api)
         upstream = way.upstream
+        history = way.history_params(params, _messages(path, new_items))
+        if history:
+            params = {**params, **history}
         fields = way.fields(params, max_output=target.max_output)
         system_at = params.get(SYSTEM_AT)  # (a full-history call's system messages: where it had them)
         marked = params.get(CHAT_MARKERS)  # (a chat client's cache_control markers: the call's own only)
@@ -153,14 +167,14 @@ class RequestBuilder:
             spliced = self._spliced(tree_id, path, new_items, target, system_at)
             if spliced is not None:
                 messages, dropped = spliced
-                return Built(build_body(fields, messages, stream=stream), dropped, upstream.endpoint)
+                return Built(build_body(fields, messages, stream=stream), dropped, upstream.endpoint, history)
         assembled = assemble(path, new_items, target, system_at)
         # (a chat client's markers are its call's own; towards a chat upstream no stored one is sent,
         # whichever client continues the path: only chat clients' calls store them)
         chat_markers = way.client.name == "chat" or upstream.name == "chat"
         messages = apply_markers(assembled.messages, marked or ()) if chat_markers else assembled.messages
         return Built(upstream.request_body(fields, messages, target.provider, stream=stream), assembled.dropped,
-                     upstream.endpoint)
+                     upstream.endpoint, history)
 
     def _spliced(self, tree_id: uuid.UUID, path: Sequence[PathNode], new_items: Sequence[dict[str, Any]],
                  target: Target, system_at: Sequence[int] | None = None) -> tuple[list[Any], list[dict[str, Any]]] | None:

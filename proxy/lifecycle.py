@@ -202,7 +202,9 @@ class CallLifecycle:
                 headers = self.upstream.request_headers(upstream, call.headers, call.client_key, own_body=True)
                 request = self.upstream.build("POST", upstream, built.endpoint, headers=headers, content=built.payload,
                                               params=call.query if way.native and call.query else None)
-                exchange = way.exchange(node_id=started.node_id, params=call.exchange_params(), provider=upstream.name)
+                params = call.exchange_params()
+                exchange = way.exchange(node_id=started.node_id, params={**params, **built.history} if built.history else params,
+                                        provider=upstream.name)
                 try:
                     return await self._exchange(started, request, watch, exchange, way)
                 except _Failed as failed:

@@ -224,3 +224,61 @@ def test_a_custom_tool_over_an_anthropic_upstream(mproxy, claude, key, cid):
     use, result = claude.last.body["messages"][-2:]
     assert use["content"][-1] == {"type": "tool_use", "id": "toolu_1", "name": "apply_patch", "input": {"input": PATCH}}
     assert result["content"][0]["type"] == "tool_result" and result["content"][0]["tool_use_id"] == "toolu_1"
+
+
+# -- a tool search the client runs (Codex's deferred tools: its sub-agents, MCP tools) ------------
+
+SEARCH = {"type": "tool_search", "execution": "client", "description": "Search deferred tools.",
+          "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}
+
+
+def test_a_client_tool_search_and_the_tools_it_loaded_over_chat(proxy, upstream, key, cid, db):
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_s", "tool_search", '{"query": "agents"}')]))
+    raw = client.responses.with_raw_response.create(model=MODEL, input="split the work", tools=[SHELL, SEARCH])
+    first = raw.parse()
+    assert "x-branchpoint-dropped-tools" not in raw.headers
+    offered = {t["function"]["name"]: t["function"] for t in upstream.last.body["tools"]}
+    assert list(offered) == ["shell", "tool_search"]
+    assert offered["tool_search"]["parameters"] == SEARCH["parameters"]
+    assert offered["tool_search"]["description"] == "Search deferred tools."
+    call = first.output[-1]
+    assert (call.type, call.call_id, call.execution, call.arguments) == \
+        ("tool_search_call", "call_s", "client", {"query": "agents"})
+
+    # the client searched and sends the whole history back with what it loaded (as Codex does)
+    history = [{"role": "user", "content": "split the work"},
+               {"type": "tool_search_call", "call_id": "call_s", "execution": "client", "arguments": {"query": "agents"}},
+               {"type": "tool_search_output", "call_id": "call_s", "execution": "client", "tools": [AGENTS]}]
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_a", "multi_agent_v1__spawn_agent", '{"task": "x"}')]))
+    second = client.responses.create(model=MODEL, input=history, tools=[SHELL, SEARCH])
+    sent = upstream.last.body
+    assert [t["function"]["name"] for t in sent["tools"]] == ["shell", "tool_search", "multi_agent_v1__spawn_agent"]
+    assert json.loads(sent["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {"query": "agents"}
+    assert sent["messages"][2] == {"role": "tool", "tool_call_id": "call_s",
+                                   "content": "Tools loaded: multi_agent_v1__spawn_agent."}
+    spawned = second.output[-1]
+    assert (spawned.type, spawned.name, spawned.namespace) == ("function_call", "spawn_agent", "multi_agent_v1")
+
+    # later calls still have them (they are in the conversation's history, not in the request)
+    upstream.enqueue(Reply(content="Spawned."))
+    third = client.responses.create(model=MODEL, previous_response_id=second.id, tools=[SHELL, SEARCH],
+                                    input=[{"type": "function_call_output", "call_id": "call_a", "output": "ok"}])
+    assert third.output_text == "Spawned."
+    assert "multi_agent_v1__spawn_agent" in [t["function"]["name"] for t in upstream.last.body["tools"]]
+    nodes = db.fetch("SELECT id, parent_id FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
+    assert len(nodes) == 3 and nodes[1]["parent_id"] == nodes[0]["id"]  # the resent history matched
+    for response in (second, third):  # what was sent is rebuilt from the tree alike
+        replay = httpx.get(f"{proxy.url}/admin/nodes/{response.id[5:]}/request", headers={"Authorization": f"Bearer {key}"})
+        assert replay.headers["x-request-verified"] == "true", response.id
+
+
+def test_a_streamed_tool_search_call(proxy, upstream, key, cid):
+    upstream.enqueue(Reply(kind="stream", content=None, tool_calls=[tool_call("call_s", "tool_search", '{"query": "mcp"}')]))
+    with proxy.openai(key, conversation=cid).responses.stream(model=MODEL, input="go", tools=[SEARCH]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert not [e for e in events if "arguments" in e.type]
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.type, i.arguments) for i in done] == [("tool_search_call", {"query": "mcp"})]
+    assert final.output[-1].call_id == "call_s"

@@ -92,6 +92,9 @@ class Dialect(Protocol):
     def params_from_chat(self, params: dict[str, Any]) -> dict[str, Any]: ...
     def check_from_chat(self, params: dict[str, Any]) -> None: ...  # refused before any node
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]: ...  # hosted tools a chat upstream cannot run
+    # params a call translated through chat takes from its conversation's history (assembled
+    # messages, new ones last), beside its own: the tools a client's tool search loaded
+    def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]: ...
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]: ...
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes: ...
@@ -128,6 +131,10 @@ class Crossing:
         if self.upstream.name != "chat":
             self.upstream.check_from_chat(self.client.params_to_chat(params))
         return dropped
+
+    def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        """What the call's history adds to its params when it is translated (``Dialect.history_params``)."""
+        return {} if self.native else self.client.history_params(params, messages)
 
     def fields(self, params: dict[str, Any], *, max_output: int | None = None) -> dict[str, Any]:
         """The request's other fields as the upstream gets them. Translated, a maximum of output

@@ -141,3 +141,30 @@ def test_codex_edits_a_file_with_its_freeform_apply_patch_over_a_chat_upstream(p
     assert nodes[0]["received"][-1]["type"] == "custom_tool_call"
     assert [i["type"] for i in nodes[1]["sent"]] == ["custom_tool_call_output"]
     assert "custom" not in nodes[0]["params"].get("_bp_dropped_tools", [])
+
+
+def test_codex_searches_its_deferred_tools_over_a_chat_upstream(proxy, upstream, key, db, client_home):
+    # a model Codex knows (gpt-5.5) gets its sub-agent tools deferred behind a tool search that
+    # Codex runs itself: the chat upstream is offered tool_search, the model's call reaches Codex
+    # as a tool_search_call, and the tools Codex loaded are offered with the next call
+    codex = npm_bin("codex")
+    work, env = codex_setup(client_home, proxy, key)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_s1", "tool_search",
+                                                               json.dumps({"query": "spawn a sub-agent"}))]),
+                     Reply(content="Found the agent tools."))
+    result = run([codex, "exec", "--skip-git-repo-check", "-m", "gpt-5.5", "Find a tool to spawn a sub-agent"],
+                 cwd=work, env=env)
+    assert "Found the agent tools." in result.stdout
+    first, second = upstream.turn_requests
+    before = {t["function"]["name"] for t in first.body["tools"]}
+    after = {t["function"]["name"] for t in second.body["tools"]}
+    assert "tool_search" in before
+    loaded = after - before
+    assert loaded and all(name.startswith("multi_agent_v1__") for name in loaded), loaded
+    call, found = second.messages[-2:]
+    assert call["tool_calls"][0]["function"]["name"] == "tool_search" and found["role"] == "tool"
+    assert found["tool_call_id"] == "call_s1" and "multi_agent_v1__spawn_agent" in found["content"]
+    each_history_once([first, second])
+    nodes = nodes_of(db, tenant_of(key))
+    assert len(nodes) == 2 and nodes[1]["parent_id"] == nodes[0]["id"]
+    assert [i["type"] for i in nodes[1]["sent"]] == ["tool_search_output"]

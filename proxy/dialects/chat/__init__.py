@@ -77,6 +77,9 @@ class Chat:
     def cleared(self, item: dict[str, Any], text: str) -> dict[str, Any] | None:
         return None  # (chat messages are the items themselves: nothing of its own beside them)
 
+    def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 

@@ -54,6 +54,9 @@ class Messages:
     def cleared(self, item: dict[str, Any], text: str) -> dict[str, Any] | None:
         return blocks.cleared(item, text)
 
+    def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return translate.chat_params(params)
 

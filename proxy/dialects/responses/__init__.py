@@ -63,6 +63,13 @@ class Responses:
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return tools.hosted(params.get("tools"))
 
+    def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        # (read only when the call offers a tool search the client runs: most calls need no scan)
+        if not tools.searches(params.get("tools")):
+            return {}
+        loaded = items.loaded_tools(messages)
+        return {tools.LOADED: loaded} if loaded else {}
+
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return translate.native_params(params)
 

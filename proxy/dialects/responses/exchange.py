@@ -27,6 +27,7 @@ from . import stream as responses_stream
 from .compaction import compaction_item
 from .items import read_response, response_id, to_messages
 from .relayed import Native
+from .tools import offered
 
 __all__ = ["ChatOverResponses", "ResponsesNative", "ResponsesOverChat", "compaction_output", "own_item_ids"]
 
@@ -71,7 +72,7 @@ class ResponsesOverChat:
 
     def answer(self, content: bytes) -> Answer:
         completion = parse_completion(content)
-        output = translate.output_items(completion.message, self.node_id, self.params.get("tools"))
+        output = translate.output_items(completion.message, self.node_id, offered(self.params))
         usage = translate.usage_of(completion.usage)
         response = translate.response_object(node_id=self.node_id, params=self.params,
                                              output=[*compaction_output(self.params, self.node_id), *output],

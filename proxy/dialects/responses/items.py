@@ -14,6 +14,9 @@ read is dropped there (``assembly.strip``).
                                               (as a chat upstream is offered a custom tool: tools.py)
     function_call_output,
     custom_tool_call_output                -> tool message
+    tool_search_call, tool_search_output   -> a call of the function ``tool_search`` and its result,
+      (the client's: execution "client")      which names the tools it loaded (those go with every
+                                              later call over chat: ``loaded_tools``)
     reasoning (summary only)               -> reasoning_content of the next assistant message
     compaction (a summary, as the proxy's  -> the user message holding its summary, as the compaction
       compaction items carry it)              node has it (its token names a node: never sent upstream)
@@ -33,7 +36,7 @@ import msgspec
 
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
-from .tools import custom_arguments, flat_name
+from .tools import SEARCH, custom_arguments, flat_name
 
 __all__ = [
     "ITEMS",
@@ -43,6 +46,7 @@ __all__ = [
     "convert",
     "input_items",
     "items_of",
+    "loaded_tools",
     "node_id_of",
     "read_response",
     "request_body",
@@ -168,8 +172,43 @@ def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
 
 
 _CALL_OF_ANSWER = re.compile(r"(?:fc|ctc)_([0-9a-f]{32})_\d+")
-_CALLS = frozenset({"function_call", "custom_tool_call"})
-_RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})
+_CALLS = frozenset({"function_call", "custom_tool_call", "tool_search_call"})
+_RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})  # (cleared by context editing)
+# the items any Responses upstream may get back (others -- a server's tool search, a web search
+# call -- only the provider that produced them)
+_PORTABLE = frozenset({"message", "function_call", "custom_tool_call", *_RESULTS})
+
+
+def _client_search(item: dict[str, Any]) -> bool:
+    """A tool search item the client ran (a server's goes back to a Responses upstream only)."""
+    return item.get("type") in ("tool_search_call", "tool_search_output") and item.get("execution") == "client"
+
+
+def _tool_names(tools: Any) -> list[str]:
+    """The chat function names of ``tools`` (a namespace's members by their flat names)."""
+    names = []
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict):
+            continue
+        if tool.get("type") == "namespace":
+            names.extend(str(flat_name(tool.get("name"), fn.get("name"))) for fn in tool.get("tools") or ()
+                         if isinstance(fn, dict))
+        elif isinstance(tool.get("name"), str):
+            names.append(tool["name"])
+    return names
+
+
+def loaded_tools(messages: Iterable[Any]) -> list[Any]:
+    """The tools the client's tool searches loaded, in the order of the ``tool_search_output``
+    items among ``messages``' own items."""
+    out: list[Any] = []
+    for m in messages:
+        native = m.get(ITEMS) if isinstance(m, dict) else None
+        for item in native if isinstance(native, list) else ():
+            if isinstance(item, dict) and item.get("type") == "tool_search_output" and _client_search(item) \
+                    and isinstance(item.get("tools"), list):
+                out.extend(item["tools"])
+    return out
 
 
 def _answer_of(item_id: Any) -> str | None:
@@ -235,10 +274,16 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 reasoning.clear()
             out.append(attach(message, item))
             last_assistant, number, answered = (message if role == "assistant" else None), counted, None
-        elif kind in _CALLS:
-            arguments = custom_arguments(item.get("input")) if kind == "custom_tool_call" else item.get("arguments") or ""
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": flat_name(item.get("namespace"), item.get("name")), "arguments": arguments}}
+        elif kind in _CALLS and (kind != "tool_search_call" or _client_search(item)):
+            name = flat_name(item.get("namespace"), item.get("name"))
+            if kind == "custom_tool_call":
+                arguments = custom_arguments(item.get("input"))
+            elif kind == "tool_search_call":
+                name, arguments = SEARCH, item.get("arguments")
+                arguments = arguments if isinstance(arguments, str) else _encode(arguments or {}).decode()
+            else:
+                arguments = item.get("arguments") or ""
+            call = {"id": item.get("call_id"), "type": "function", "function": {"name": name, "arguments": arguments}}
             origin = _answer_of(item.get("id"))
             if last_assistant is None and answered is not None and origin == answered[1] and not reasoning:
                 last_assistant, _, number = answered
@@ -256,6 +301,11 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             for w in waiting:
                 ordinals[w] = number
             waiting.clear()
+        elif kind == "tool_search_output" and _client_search(item):
+            names = _tool_names(item.get("tools"))
+            text = f"Tools loaded: {', '.join(names)}." if names else "No tools found."
+            out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": text}, item))
+            last_assistant = None
         elif kind in _RESULTS:
             output = item.get("output")
             if isinstance(output, list):
@@ -331,7 +381,7 @@ def _native(items: Sequence[dict[str, Any]], message: dict[str, Any], provider: 
             if same and item.get("encrypted_content"):
                 out.append(item)
             continue
-        if item.get("type") in ("message", *_CALLS, *_RESULTS) or "role" in item:
+        if item.get("type") in _PORTABLE or _client_search(item) or "role" in item:
             out.append({k: v for k, v in item.items() if k not in ("id", "status")})
         elif same:
             out.append(item)

@@ -5,7 +5,8 @@
   ``response.content_part.added`` / ``response.output_text.delta`` ... ``.done`` for text,
   ``response.function_call_arguments.delta`` / ``.done`` for a function call (a custom tool's call:
   ``response.custom_tool_call_input.delta`` / ``.done``, its input whole once the call is complete,
-  since the model writes it as a JSON string), ``response.output_item.done``,
+  since the model writes it as a JSON string; a tool search's call: its item only),
+  ``response.output_item.done``,
   and ``response.completed`` (the whole response) once the node is stored. A failure ends it with
   ``response.failed`` and an ``error`` event. A chat upstream's reasoning streams as a reasoning
   item, its refusal as a refusal part.
@@ -25,6 +26,7 @@ from ...sse import DONE, UNREAD, payload
 from ..chat.completion import call_id
 from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
+from .tools import offered
 
 __all__ = ["Events", "FromChat"]
 
@@ -132,7 +134,7 @@ class FromChat:
                 out.append(self._open_call(i, call))
             added = arguments[len(before_args.get(i, "")):]
             item = self.items[self.calls[i]]
-            if added and item["type"] == "function_call":  # (a custom tool's input: whole, at its end)
+            if added and item["type"] == "function_call":  # (a custom tool's input, a search's query: whole, at its end)
                 out.append(self.emit("response.function_call_arguments.delta", item_id=item["id"],
                                      output_index=self.calls[i], delta=added))
         return b"".join(out)
@@ -227,7 +229,7 @@ class FromChat:
         index = len(self.items)
         self.calls[i] = index
         item = translate.function_call(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
-                                       "", self.params.get("tools"), status="in_progress")
+                                       "", offered(self.params), status="in_progress")
         self.items.append(item)
         return self.emit("response.output_item.added", output_index=index, item=item)
 
@@ -239,14 +241,14 @@ class FromChat:
                 continue
             call = self.acc.tool_calls[i]
             item.update(translate.function_call(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
-                                                call["function"]["arguments"], self.params.get("tools"), status="completed"))
+                                                call["function"]["arguments"], offered(self.params), status="completed"))
             if item["type"] == "custom_tool_call":
                 if item["input"]:
                     out += self.emit("response.custom_tool_call_input.delta", item_id=item["id"], output_index=index,
                                      delta=item["input"])
                 out += self.emit("response.custom_tool_call_input.done", item_id=item["id"], output_index=index,
                                  input=item["input"])
-            else:
+            elif item["type"] == "function_call":
                 out += self.emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                  arguments=item["arguments"])
             out += self.emit("response.output_item.done", output_index=index, item=item)
@@ -256,7 +258,7 @@ class FromChat:
         # (in translate.output_items' order -- reasoning, message, calls -- as a whole answer's: a
         # message stored after its calls would come back to a chat upstream as two assistant
         # messages. A stream whose call came before its text announced them the other way round)
-        return translate.output_items(self.acc.message(), self.node_id, self.params.get("tools"))
+        return translate.output_items(self.acc.message(), self.node_id, offered(self.params))
 
     def ended(self) -> bytes:
         return ended_without_done(self)

@@ -6,6 +6,11 @@
                                       back to the client as a ``custom_tool_call`` with that input
     namespace tool (its functions     chat function tools named ``<namespace>__<name>``: the model
       and custom tools)               calls them so, the client gets ``name`` and ``namespace`` back
+    tool search the client runs       a chat function ``tool_search`` (its description and
+      (``execution: "client"``)       parameters); the model's call comes back as a
+                                      ``tool_search_call``, and the tools the client's
+                                      ``tool_search_output`` items loaded into the conversation are
+                                      offered with every later call (``LOADED``)
     hosted tool (web_search, ...)     nothing a chat upstream can run: dropped -- the call records
                                       which (``DROPPED``) and the answer says so -- or refused
 
@@ -21,16 +26,47 @@ import msgspec
 
 from ...errors import InvalidRequest
 
-__all__ = ["DROPPED", "chat_tools", "custom_arguments", "custom_input", "custom_names", "flat_name", "hosted",
-           "namespace_of", "split_name"]
+__all__ = ["DROPPED", "LOADED", "SEARCH", "chat_tools", "custom_arguments", "custom_input", "custom_names", "flat_name",
+           "hosted", "is_search", "namespace_of", "offered", "searches", "split_name"]
 
 DROPPED = "_bp_dropped_tools"  # in a node's params: the hosted tools its call offered and went without
+# in the params a call is built and answered with (never stored: its history says them again):
+# the tools a client-executed tool search loaded earlier in the conversation
+LOADED = "_bp_loaded_tools"
+SEARCH = "tool_search"  # the chat function standing for a tool search the client runs
 _SEPARATOR = "__"
 _CALLABLE = frozenset({"function", "custom"})  # the tools a chat upstream's model can call (the client runs them)
 _INPUT = "input"  # a custom tool's one argument over chat
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
+
+
+def offered(params: dict[str, Any]) -> list[Any]:
+    """The tools a call offers the model: its own, then those a tool search loaded before."""
+    own = params.get("tools")
+    own = own if isinstance(own, list) else []
+    loaded = params.get(LOADED)
+    return [*own, *loaded] if loaded else own
+
+
+def _client_search(tool: Any) -> bool:
+    return isinstance(tool, dict) and tool.get("type") == SEARCH and tool.get("execution") == "client"
+
+
+def searches(tools: Any) -> bool:
+    """Whether ``tools`` offer a tool search the client runs."""
+    return isinstance(tools, list) and any(_client_search(t) for t in tools)
+
+
+def is_search(name: Any, tools: Any) -> bool:
+    """Whether a chat function ``name`` the model called is the client's tool search (offered as
+    ``tool_search``, and no function of that name was offered besides)."""
+    if name != SEARCH or not isinstance(tools, list):
+        return False
+    if any(isinstance(t, dict) and t.get("type") in _CALLABLE and t.get("name") == SEARCH for t in tools):
+        return False
+    return searches(tools)
 
 
 def flat_name(namespace: Any, name: Any) -> Any:
@@ -116,7 +152,7 @@ def hosted(tools: Any) -> list[str]:
                 inner = member.get("type", "function") if isinstance(member, dict) else None
                 if inner not in _CALLABLE:
                     kinds[f"namespace:{inner}"] = None
-        elif kind not in _CALLABLE:
+        elif kind not in _CALLABLE and not _client_search(tool):
             kinds[str(kind)] = None
     return list(kinds)
 
@@ -143,28 +179,51 @@ def _custom(tool: dict[str, Any], name: Any = None) -> dict[str, Any]:
                                              "description": "\n\n".join(said), "parameters": parameters}}
 
 
+def _search(tool: dict[str, Any]) -> dict[str, Any]:
+    """The chat function standing for a tool search the client runs."""
+    parameters = tool.get("parameters")
+    if not isinstance(parameters, dict):
+        parameters = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+    function = {"name": SEARCH, "parameters": parameters}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
 def chat_tools(params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The chat function tools for a Responses request's ``tools``; a hosted tool is left out when
-    the call recorded it as dropped, and refused otherwise."""
+    """The chat function tools for a Responses request's ``tools`` and those a tool search loaded
+    (``offered``); a hosted tool among its own is left out when the call recorded it as dropped,
+    and refused otherwise (a loaded one is left out: the client never offered it to this call)."""
     dropped = set(params.get(DROPPED) or ())
-    out = []
-    for tool in params.get("tools") or ():
+    own = params.get("tools") if isinstance(params.get("tools"), list) else []
+    out: list[dict[str, Any]] = []
+    seen: set[Any] = set()  # (a tool loaded twice, or loaded and offered, is offered once: its first definition)
+
+    def add(tool: dict[str, Any]) -> None:
+        if tool["function"].get("name") not in seen:
+            seen.add(tool["function"].get("name"))
+            out.append(tool)
+
+    for n, tool in enumerate(offered(params)):
+        loaded = n >= len(own)
         kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
         if kind == "function":
-            out.append(_function(tool))
+            add(_function(tool))
         elif kind == "custom":
-            out.append(_custom(tool))
+            add(_custom(tool))
+        elif _client_search(tool):
+            add(_search(tool))
         elif kind == "namespace":
             for fn in tool.get("tools") or ():
                 inner = fn.get("type", "function") if isinstance(fn, dict) else None
                 if inner == "function":
-                    out.append(_function(fn, flat_name(tool.get("name"), fn.get("name"))))
+                    add(_function(fn, flat_name(tool.get("name"), fn.get("name"))))
                 elif inner == "custom":
-                    out.append(_custom(fn, flat_name(tool.get("name"), fn.get("name"))))
-                elif f"namespace:{inner}" not in dropped:
+                    add(_custom(fn, flat_name(tool.get("name"), fn.get("name"))))
+                elif f"namespace:{inner}" not in dropped and not loaded:
                     raise InvalidRequest(f"tool type {inner!r} inside namespace {tool.get('name')!r} needs an upstream "
                                          "that speaks the Responses API (api = \"responses\")", param="tools")
-        elif kind not in dropped:
+        elif kind not in dropped and not loaded:
             raise InvalidRequest(f"tool type {kind!r} needs an upstream that speaks the Responses API "
                                  "(api = \"responses\"); this model's upstream speaks chat completions", param="tools")
     return out

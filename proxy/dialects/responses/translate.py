@@ -16,13 +16,17 @@ import time
 import uuid
 from typing import Any
 
+import msgspec
+
 from ...assembly import NATIVE
 from .. import CACHE_WRITES
 from ..chat.completion import call_id
-from .tools import DROPPED, chat_tools, custom_input, custom_names, flat_name, namespace_of, split_name
+from .tools import DROPPED, chat_tools, custom_input, custom_names, flat_name, is_search, namespace_of, offered, split_name
 
 __all__ = ["chat_params", "chat_usage_of", "finish_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
            "usage_of"]
+
+_decode = msgspec.json.Decoder().decode
 
 # Responses fields with a chat-completions equivalent of the same name and meaning.
 _SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "prompt_cache_key",
@@ -74,11 +78,11 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
     if params.get("max_output_tokens") is not None:
         out["max_completion_tokens"] = params["max_output_tokens"]
     if params.get("tools"):
-        tools = _allowed(chat_tools(params), params.get("tool_choice"), params["tools"])
+        tools = _allowed(chat_tools(params), params.get("tool_choice"), offered(params))
         if tools:
             out["tools"] = tools
     if params.get("tool_choice") is not None and ("tools" in out or not params.get("tools")):  # (all dropped: none)
-        out["tool_choice"] = _tool_choice(params["tool_choice"], params.get(DROPPED), params.get("tools"))
+        out["tool_choice"] = _tool_choice(params["tool_choice"], params.get(DROPPED), offered(params))
     fmt = _response_format(params.get("text"))
     if fmt is not None:
         out["response_format"] = fmt
@@ -140,7 +144,8 @@ def call_item_id(node_id: uuid.UUID, index: int, kind: str = "function_call") ->
 
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs",
-              "custom_tool_call": "ctc", "custom_tool_call_output": "ctco"}
+              "custom_tool_call": "ctc", "custom_tool_call_output": "ctco", "tool_search_call": "tsc",
+              "tool_search_output": "tso"}
 
 
 def item_id_prefix(kind: str) -> str:
@@ -157,8 +162,9 @@ def input_item_id(kind: str, node_id: uuid.UUID, index: int) -> str:
 
 
 def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None) -> list[dict[str, Any]]:
-    """A chat answer (assistant message) as Responses output items; ``tools``: the call's own,
-    which say the namespace of a function the model called by its flat name."""
+    """A chat answer (assistant message) as Responses output items; ``tools``: those the call
+    offered (``tools.offered``), which say the namespace of a function the model called by its
+    flat name, and which calls are of custom tools or the client's tool search."""
     out: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
@@ -187,9 +193,17 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
 
 def function_call(node_id: uuid.UUID, index: int, call_id: Any, name: Any, arguments: str, tools: Any, *,
                   status: str) -> dict[str, Any]:
-    """The output item for a chat tool call, the node's ``index``-th: a ``function_call``, or a
-    ``custom_tool_call`` with its input when ``tools`` offered that name as a custom tool (its
-    namespace, if it has one, told apart)."""
+    """The output item for a chat tool call, the node's ``index``-th: a ``function_call``, a
+    ``custom_tool_call`` with its input when ``tools`` offered that name as a custom tool, or the
+    client's ``tool_search_call`` (a function's namespace, if it has one, told apart)."""
+    if is_search(name, tools):
+        kind = "tool_search_call"
+        try:
+            parsed = _decode(arguments) if arguments else {}
+        except msgspec.DecodeError:
+            parsed = {"query": arguments}  # (a model that wrote its query bare)
+        return {"id": call_item_id(node_id, index, kind), "type": kind, "status": status, "call_id": call_id,
+                "execution": "client", "arguments": parsed}
     custom = name in custom_names(tools)
     kind = "custom_tool_call" if custom else "function_call"
     namespace, plain = split_name(name, tools)
