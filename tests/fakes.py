@@ -138,6 +138,7 @@ class Reply:
     error: dict[str, Any] | None = None
     finish_reason: str | None = None
     delay: float = 0.0  # before answering
+    no_usage: bool = False  # answer without usage, as several OpenAI-compatible servers do
     chunk_delay: float = 0.0  # between stream events
     pieces: list[str] | None = None  # stream: content split like this
     done: bool = True  # stream: send [DONE]
@@ -169,7 +170,7 @@ def completion(reply: Reply, model: str, prompt_tokens: int) -> dict[str, Any]:
         "model": model,
         "choices": [{"index": 0, "message": message, "logprobs": None,
                      "finish_reason": reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")}],
-        "usage": usage,
+        **({} if reply.no_usage else {"usage": usage}),
     }
 
 
@@ -354,7 +355,7 @@ class FakeUpstream:
             events.append({"error": reply.error_event})
         else:
             events.append(chunk({}, reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")))
-            if include_usage:
+            if include_usage and not reply.no_usage:
                 prompt = self._prompt(body)
                 events.append(dict(base, choices=[], usage=reply.usage or {
                     "prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7}))

@@ -537,3 +537,26 @@ def test_a_reasoning_models_thinking_does_not_count_towards_the_soft_threshold(s
     _, h = say(small.openai(key), cid, user("and without"))  # (2,400 > soft: the summary comes)
     node = wait_for(lambda: compaction_nodes(small.db, cid), what="the background compaction")[0]
     assert str(node["compacted_from"]) == h["x-node-id"]
+
+
+def test_an_upstream_that_reports_no_usage_is_compacted_in_the_background_by_the_estimate(small, upstream, key, cid):
+    """Several OpenAI-compatible servers answer without usage: the soft threshold then goes by the
+    path's estimate (a pair of these messages is ~190 tokens). A path under it asks the summariser
+    nothing; one above it (~2,300 tokens: above soft, 2,100, below hard, 2,700) is summarised in
+    the background -- before, only the hard threshold ever compacted such a conversation."""
+    def history(pairs):
+        out = []
+        for i in range(pairs):
+            out += [user(f"note {i}: {FILLER}"), {"role": "assistant", "content": "noted"}]
+        return out
+
+    upstream.enqueue(Reply(content="noted", no_usage=True))
+    say(small.openai(key), f"{cid}-small", *history(3), user(f"last: {FILLER}"))
+    time.sleep(1.0)  # (a summary asked for comes at once: the fake summariser answers without delay)
+    assert upstream.summariser_requests == [] and compaction_nodes(small.db, f"{cid}-small") == []
+
+    upstream.enqueue(Reply(content="noted", no_usage=True))
+    _, h = say(small.openai(key), cid, *history(11), user(f"last: {FILLER}"))
+    node = wait_for(lambda: compaction_nodes(small.db, cid), what="the background compaction")[0]
+    assert str(node["compacted_from"]) == h["x-node-id"] and small.db.head(cid) == str(node["id"])
+    assert "note 0" in upstream.summariser_requests[0].text()

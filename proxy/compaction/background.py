@@ -1,6 +1,8 @@
 """Background compaction: after a turn above the soft threshold, summarise in the background and
 apply the result only if the conversation is still where it was (docs/behaviour.md#compaction).
 
+- A turn whose upstream reported no usage asks for a job too; the job estimates the path first
+  and stops there when it is under the soft threshold.
 - One job per conversation at a time. A turn that asks for one while a job runs leaves its
   request behind; when the running job ends without compacting (a newer turn moved the head,
   which is exactly why there is a newer request) the newest request runs next -- so a fast
@@ -48,6 +50,7 @@ class Job:
     head: uuid.UUID  # the node whose path is summarised
     model: str
     client_key: str | None
+    measured: bool = True  # the upstream reported the turn's usage above the soft threshold; else it estimates
 
     @property
     def key(self) -> tuple[str, str]:
@@ -92,6 +95,8 @@ class BackgroundCompactions:
         self.summarising[job.key] = (job.head, future)
         try:
             path = message_path(await c.tree.path(job.tree_id, job.head, tenant=job.tenant))
+            if not job.measured and not await c.above_soft(path, job.model):
+                return False  # (no usage reported: the estimate says the path is still small)
             if await c.clearer.suffices(path, job.model):
                 # the next call clears old tool results and is then under the soft threshold: no
                 # summary (a model call, and a new prefix for the provider's cache) is needed

@@ -67,12 +67,23 @@ class Compactor:
     def after_turn(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, head: uuid.UUID, model: str,
                    usage: dict[str, Any] | None, client_key: str | None) -> bool:
         """After a successful turn: compact in the background if the context it measured is above
-        the soft threshold. Returns whether it asked for it. Never waits."""
+        the soft threshold -- or, when the upstream reported no usage (several OpenAI-compatible
+        servers do not), if the path's estimate is, which the job finds first. Returns whether it
+        asked for it. Never waits."""
         measured = measured_context(usage)
-        if measured is None or measured <= self.thresholds.limits(model).soft:
+        if measured is not None and measured <= self.thresholds.limits(model).soft:
             return False
-        self.jobs.request(Job(tenant, conversation_id, tree_id, head, model, client_key))
+        self.jobs.request(Job(tenant, conversation_id, tree_id, head, model, client_key, measured=measured is not None))
         return True
+
+    async def above_soft(self, path: list[PathNode], model: str) -> bool:
+        """Whether the next call on ``path`` would carry more than the soft threshold, by the
+        estimate (counting only when a bound found without tokenising is above it)."""
+        soft = self.thresholds.limits(model).soft
+        bound = estimate_request(self.tokens, path, (), upper_bound=True)
+        if bound <= soft:
+            return False
+        return await off_loop(estimate_request, self.tokens, path, (), chars=bound // 4) > soft
 
     async def before_started(self, started: Started, path: list[PathNode]) -> list[PathNode]:
         """A started call's path: compacted first when the request would be above the hard
