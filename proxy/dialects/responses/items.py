@@ -171,7 +171,7 @@ def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
     return parts, refusal
 
 
-_CALL_OF_ANSWER = re.compile(r"(?:fc|ctc)_([0-9a-f]{32})_\d+")
+_CALL_OF_ANSWER = re.compile(r"(?:fc|ctc|tsc)_([0-9a-f]{32})_\d+")
 _CALLS = frozenset({"function_call", "custom_tool_call", "tool_search_call"})
 _RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})  # (cleared by context editing)
 # the items any Responses upstream may get back (others -- a server's tool search, a web search
@@ -212,7 +212,8 @@ def loaded_tools(messages: Iterable[Any]) -> list[Any]:
 
 
 def _answer_of(item_id: Any) -> str | None:
-    """The node whose answer a function call item of ours came from (``fc_<node>_<i>``), else None."""
+    """The node whose answer a call item of ours came from (``fc_<node>_<i>``, a custom tool's
+    ``ctc_``, a tool search's ``tsc_``), else None."""
     match = _CALL_OF_ANSWER.fullmatch(item_id) if isinstance(item_id, str) else None
     return match.group(1) if match else None
 

@@ -228,7 +228,7 @@ class FromChat:
     def _open_call(self, i: int, call: dict[str, Any]) -> bytes:
         index = len(self.items)
         self.calls[i] = index
-        item = translate.function_call(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
+        item = translate.tool_call_item(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
                                        "", offered(self.params), status="in_progress")
         self.items.append(item)
         return self.emit("response.output_item.added", output_index=index, item=item)
@@ -240,7 +240,7 @@ class FromChat:
             if item is None:
                 continue
             call = self.acc.tool_calls[i]
-            item.update(translate.function_call(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
+            item.update(translate.tool_call_item(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
                                                 call["function"]["arguments"], offered(self.params), status="completed"))
             if item["type"] == "custom_tool_call":
                 if item["input"]:

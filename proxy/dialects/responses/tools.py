@@ -115,7 +115,7 @@ def custom_input(arguments: Any) -> str:
         return arguments
     if isinstance(value, dict) and isinstance(value.get(_INPUT), str):
         return value[_INPUT]
-    return arguments
+    return value if isinstance(value, str) else arguments  # (a bare JSON string: its text)
 
 
 def split_name(name: Any, tools: Any) -> tuple[str | None, Any]:

@@ -186,12 +186,12 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
         if not isinstance(call, dict):
             continue  # (an upstream's odd answer: not a call)
         fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-        out.append(function_call(node_id, i, call_id(call, node_id, i), fn.get("name"), fn.get("arguments") or "",
+        out.append(tool_call_item(node_id, i, call_id(call, node_id, i), fn.get("name"), fn.get("arguments") or "",
                                  tools, status="completed"))
     return out
 
 
-def function_call(node_id: uuid.UUID, index: int, call_id: Any, name: Any, arguments: str, tools: Any, *,
+def tool_call_item(node_id: uuid.UUID, index: int, call_id: Any, name: Any, arguments: str, tools: Any, *,
                   status: str) -> dict[str, Any]:
     """The output item for a chat tool call, the node's ``index``-th: a ``function_call``, a
     ``custom_tool_call`` with its input when ``tools`` offered that name as a custom tool, or the
