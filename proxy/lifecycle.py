@@ -41,9 +41,8 @@ from .background import Background
 from .builder import RequestBuilder
 from .call import Call, Started
 from .compaction import Compactor
-from .dialects import Crossing, Exchange, crossing
+from .dialects import DROPPED_TOOLS, Crossing, Exchange, crossing
 from .dialects.chat import NotACompletion
-from .dialects.responses.tools import DROPPED as DROPPED_TOOLS
 from .errors import BranchpointError, UpstreamFailure, UpstreamTooLarge, from_refusal
 from .failures import Failure, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion
 from .http import RawResponse, encode_headers

@@ -18,6 +18,7 @@ from typing import Any
 from storage import PathNode, TreeStore, uuid7
 
 from ..assembly import Target, carried_items, uncarry
+from ..dialects import summary_keys
 from ..errors import UpstreamFailure
 from ..metrics import Metrics
 from ..tokens import TokenCounter, off_loop
@@ -90,7 +91,8 @@ class Summaries:
             "compacted_messages": len(older),
             "summariser_calls": summary.calls,
         }
-        return Prepared(system, {"role": "user", "content": SUMMARY_PREFIX + summary.text}, recent, summariser,
+        summary_message = {"role": "user", "content": SUMMARY_PREFIX + summary.text, **summary_keys(older)}
+        return Prepared(system, summary_message, recent, summariser,
                         self.summariser.provider(summariser), params, summary.usage, summary.tokens, len(older),
                         summary.calls, summary.requests[0])
 

@@ -33,13 +33,16 @@ import msgspec.structs
 from ..errors import InvalidRequest
 from ..relay import Translator
 
-__all__ = ["CACHE_WRITES", "Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
-           "message_path", "parse_model_request", "refuse_own_keys"]
+__all__ = ["CACHE_WRITES", "DROPPED_TOOLS", "Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
+           "message_path", "parse_model_request", "refuse_own_keys", "summary_keys"]
 
 # Usage in the pivot's terms is chat's, and one field more: the tokens an upstream wrote to its
 # prompt cache (Anthropic's name; chat has none, and counts them among the prompt tokens). Every
 # translation that meets them carries them, so a node's usage keeps what the upstream reported.
 CACHE_WRITES = "cache_creation_input_tokens"
+# In a call's params (and its node's): the hosted tools it offered and a translation goes without
+# (``Crossing.prepare``), so its build, and its replay, leave them out again.
+DROPPED_TOOLS = "_bp_dropped_tools"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,17 @@ class Dialect(Protocol):
     def for_chat(self, *, node_id: uuid.UUID, provider: str) -> Exchange: ...
 
 
+def summary_keys(messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """What a compaction's summary message keeps of the history it replaces, beside its text:
+    the tools a Responses client's tool searches loaded there, which later calls still offer
+    (``Dialect.history_params`` reads them back from the summary)."""
+    from .responses.items import loaded_tools
+    from .responses.tools import LOADED
+
+    loaded = loaded_tools(messages)
+    return {LOADED: loaded} if loaded else {}
+
+
 @dataclass(frozen=True, slots=True)
 class Crossing:
     """A call's way from its client's dialect to its upstream's and back."""
@@ -128,8 +142,9 @@ class Crossing:
             raise InvalidRequest(f"tool type {dropped[0]!r} needs an upstream that speaks the {self.client.name} API "
                                  f"natively; this model's upstream speaks {self.upstream.name} (server.unsupported_tools "
                                  "= \"refuse\")", param="tools")
-        if self.upstream.name != "chat":
-            self.upstream.check_from_chat(self.client.params_to_chat(params))
+        if self.upstream.name != "chat":  # (checked as the call is built: without the dropped tools)
+            self.upstream.check_from_chat(self.client.params_to_chat({**params, DROPPED_TOOLS: dropped} if dropped
+                                                                     else params))
         return dropped
 
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:

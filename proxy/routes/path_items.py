@@ -49,10 +49,15 @@ def with_parts(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
+# the items a list shows as completed (a message, the calls a client answers and their results)
+_FINISHED = frozenset({"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+                       "tool_search_call", "tool_search_output"})
+
+
 def listed_item(item: dict[str, Any], item_id: str) -> dict[str, Any]:
     kind = item.get("type") or ("message" if "role" in item else "item")
     out = with_parts({**item, "type": kind, "id": item_id})
-    if kind in ("message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"):  # (finished: OpenAI's lists say so)
+    if kind in _FINISHED:  # (OpenAI's lists say so)
         out.setdefault("status", "completed")
     return out
 

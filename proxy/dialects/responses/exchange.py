@@ -116,14 +116,12 @@ class ResponsesNative:
 
 
 def own_item_ids(output: list[dict[str, Any]], node_id: uuid.UUID) -> list[dict[str, Any]]:
-    """Output items with ids of the node's (messages and function calls; reasoning items keep the
+    """Output items with ids of the node's (``translate.gets_our_id``; reasoning items keep the
     provider's, which their encrypted content belongs to): a client that later references one
     (``item_reference``) names a stored node, which the proxy resolves."""
     out = []
     for i, item in enumerate(output):
-        if item.get("type") == "message":
-            item = {**item, "id": f"msg_{node_id.hex}_{i}"}
-        elif item.get("type") in ("function_call", "custom_tool_call"):
-            item = {**item, "id": translate.call_item_id(node_id, i, item["type"])}
+        if translate.gets_our_id(item):
+            item = {**item, "id": translate.output_item_id(node_id, i, item["type"])}
         out.append(item)
     return out

@@ -36,7 +36,7 @@ import msgspec
 
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
-from .tools import SEARCH, custom_arguments, flat_name
+from .tools import LOADED, SEARCH, custom_arguments, flat_name, members
 
 __all__ = [
     "ITEMS",
@@ -191,19 +191,38 @@ def _tool_names(tools: Any) -> list[str]:
         if not isinstance(tool, dict):
             continue
         if tool.get("type") == "namespace":
-            names.extend(str(flat_name(tool.get("name"), fn.get("name"))) for fn in tool.get("tools") or ()
-                         if isinstance(fn, dict))
+            names.extend(str(flat_name(tool.get("name"), fn.get("name"))) for fn in members(tool) if isinstance(fn, dict))
         elif isinstance(tool.get("name"), str):
             names.append(tool["name"])
     return names
 
 
+def _search_arguments(value: Any) -> str:
+    """A tool search call's arguments (an object) as the JSON of the chat function call standing
+    for it; a bare query (a string that is not a JSON object) as ``{"query": ...}``."""
+    if isinstance(value, str):
+        try:
+            decoded = _decode(value)
+        except msgspec.DecodeError:
+            decoded = value
+        if isinstance(decoded, dict):
+            return value
+        value = {"query": decoded}
+    return _encode(value if isinstance(value, dict) else {}).decode()
+
+
 def loaded_tools(messages: Iterable[Any]) -> list[Any]:
     """The tools the client's tool searches loaded, in the order of the ``tool_search_output``
-    items among ``messages``' own items."""
+    items among ``messages``' own items -- and those a compaction's summary of earlier searches
+    carries (``LOADED`` on the message: ``proxy.compaction.summaries``)."""
     out: list[Any] = []
     for m in messages:
-        native = m.get(ITEMS) if isinstance(m, dict) else None
+        if not isinstance(m, dict):
+            continue
+        carried = m.get(LOADED)
+        if isinstance(carried, list):
+            out.extend(carried)
+        native = m.get(ITEMS)
         for item in native if isinstance(native, list) else ():
             if isinstance(item, dict) and item.get("type") == "tool_search_output" and _client_search(item) \
                     and isinstance(item.get("tools"), list):
@@ -280,8 +299,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             if kind == "custom_tool_call":
                 arguments = custom_arguments(item.get("input"))
             elif kind == "tool_search_call":
-                name, arguments = SEARCH, item.get("arguments")
-                arguments = arguments if isinstance(arguments, str) else _encode(arguments or {}).decode()
+                name, arguments = SEARCH, _search_arguments(item.get("arguments"))
             else:
                 arguments = item.get("arguments") or ""
             call = {"id": item.get("call_id"), "type": "function", "function": {"name": name, "arguments": arguments}}

@@ -137,7 +137,7 @@ class Native:
         return [self.done_items[i] for i in sorted(self.done_items)]
 
     def _own(self, item: Any, index: int) -> Any:
-        if isinstance(item, dict) and item.get("type") in ("message", "function_call", "custom_tool_call"):
+        if isinstance(item, dict) and translate.gets_our_id(item):
             ours = f"{translate.item_id_prefix(item['type'])}_{self.rid[5:]}_{index}"
             if isinstance(item.get("id"), str):
                 self.ids[item["id"]] = ours

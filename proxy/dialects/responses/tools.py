@@ -25,11 +25,12 @@ from typing import Any
 import msgspec
 
 from ...errors import InvalidRequest
+from .. import DROPPED_TOOLS
 
 __all__ = ["DROPPED", "LOADED", "SEARCH", "chat_tools", "custom_arguments", "custom_input", "custom_names", "flat_name",
-           "hosted", "is_search", "namespace_of", "offered", "searches", "split_name"]
+           "hosted", "is_search", "members", "namespace_of", "offered", "searches", "split_name"]
 
-DROPPED = "_bp_dropped_tools"  # in a node's params: the hosted tools its call offered and went without
+DROPPED = DROPPED_TOOLS  # in a node's params: the hosted tools its call offered and went without
 # in the params a call is built and answered with (never stored: its history says them again):
 # the tools a client-executed tool search loaded earlier in the conversation
 LOADED = "_bp_loaded_tools"
@@ -40,6 +41,12 @@ _INPUT = "input"  # a custom tool's one argument over chat
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
+
+
+def members(tool: dict[str, Any]) -> list[Any]:
+    """A namespace tool's members (none when its ``tools`` is not a list)."""
+    inner = tool.get("tools")
+    return inner if isinstance(inner, list) else []
 
 
 def offered(params: dict[str, Any]) -> list[Any]:
@@ -78,7 +85,7 @@ def _namespaced(tools: Any) -> dict[str, tuple[str, str]]:
     table: dict[str, tuple[str, str]] = {}
     for tool in tools if isinstance(tools, list) else ():
         if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("name"), str):
-            for fn in tool.get("tools") or ():
+            for fn in members(tool):
                 if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                     table[flat_name(tool["name"], fn["name"])] = (tool["name"], fn["name"])
     return table
@@ -93,7 +100,7 @@ def custom_names(tools: Any) -> frozenset[str]:
         if tool.get("type") == "custom" and isinstance(tool.get("name"), str):
             names.add(tool["name"])
         elif tool.get("type") == "namespace":
-            names.update(flat_name(tool.get("name"), fn["name"]) for fn in tool.get("tools") or ()
+            names.update(flat_name(tool.get("name"), fn["name"]) for fn in members(tool)
                          if isinstance(fn, dict) and fn.get("type") == "custom" and isinstance(fn.get("name"), str))
     return frozenset(names)
 
@@ -129,16 +136,16 @@ def namespace_of(name: Any, tools: Any) -> str | None:
     one namespace holds it (a ``tool_choice`` naming a grouped function by its own name); else None."""
     if not isinstance(name, str):
         return None
-    holders = []
+    holders: dict[str, None] = {}  # (one namespace offered and loaded again holds it once)
     for tool in tools if isinstance(tools, list) else ():
         if not isinstance(tool, dict):
             continue
         if tool.get("type") in _CALLABLE and tool.get("name") == name:
             return None
         if tool.get("type") == "namespace" and isinstance(tool.get("name"), str) and any(
-                isinstance(fn, dict) and fn.get("name") == name for fn in tool.get("tools") or ()):
-            holders.append(tool["name"])
-    return holders[0] if len(holders) == 1 else None
+                isinstance(fn, dict) and fn.get("name") == name for fn in members(tool)):
+            holders[tool["name"]] = None
+    return next(iter(holders)) if len(holders) == 1 else None
 
 
 def hosted(tools: Any) -> list[str]:
@@ -148,7 +155,7 @@ def hosted(tools: Any) -> list[str]:
     for tool in tools if isinstance(tools, list) else ():
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind == "namespace":  # its members that are not functions (custom tools) neither
-            for member in tool.get("tools") or ():
+            for member in members(tool):
                 inner = member.get("type", "function") if isinstance(member, dict) else None
                 if inner not in _CALLABLE:
                     kinds[f"namespace:{inner}"] = None
@@ -214,7 +221,7 @@ def chat_tools(params: dict[str, Any]) -> list[dict[str, Any]]:
         elif _client_search(tool):
             add(_search(tool))
         elif kind == "namespace":
-            for fn in tool.get("tools") or ():
+            for fn in members(tool):
                 inner = fn.get("type", "function") if isinstance(fn, dict) else None
                 if inner == "function":
                     add(_function(fn, flat_name(tool.get("name"), fn.get("name"))))

@@ -21,7 +21,18 @@ import msgspec
 from ...assembly import NATIVE
 from .. import CACHE_WRITES
 from ..chat.completion import call_id
-from .tools import DROPPED, chat_tools, custom_input, custom_names, flat_name, is_search, namespace_of, offered, split_name
+from .tools import (
+    DROPPED,
+    SEARCH,
+    chat_tools,
+    custom_input,
+    custom_names,
+    flat_name,
+    is_search,
+    namespace_of,
+    offered,
+    split_name,
+)
 
 __all__ = ["chat_params", "chat_usage_of", "finish_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
            "usage_of"]
@@ -59,6 +70,8 @@ def _allowed(chat: list[dict[str, Any]], choice: Any, tools: Any) -> list[dict[s
         if isinstance(tool, dict) and tool.get("type", "function") in ("function", "custom"):
             namespace = tool.get("namespace") or namespace_of(tool.get("name"), tools)
             names.add(flat_name(namespace, tool.get("name")))
+        elif isinstance(tool, dict) and tool.get("type") == SEARCH:  # (the client's search, offered as a function)
+            names.add(SEARCH)
     return [t for t in chat if t["function"].get("name") in names]
 
 
@@ -138,14 +151,23 @@ def message_item_id(node_id: uuid.UUID) -> str:
     return f"msg_{node_id.hex}"
 
 
-def call_item_id(node_id: uuid.UUID, index: int, kind: str = "function_call") -> str:
-    """The id of a node's ``index``-th tool call (a ``function_call`` or ``custom_tool_call`` item)."""
+def output_item_id(node_id: uuid.UUID, index: int, kind: str) -> str:
+    """The id of a node's ``index``-th output item, of type ``kind`` (``fc_<node>_<i>`` ...)."""
     return f"{item_id_prefix(kind)}_{node_id.hex}_{index}"
 
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs",
               "custom_tool_call": "ctc", "custom_tool_call_output": "ctco", "tool_search_call": "tsc",
               "tool_search_output": "tso"}
+
+
+def gets_our_id(item: dict[str, Any]) -> bool:
+    """Whether an upstream's output item is given an id of the node's (``<prefix>_<node>_<i>``):
+    messages and the calls a client answers -- so a client sending them back is understood
+    (``items._answer_of``) and may reference them (``item_reference``)."""
+    kind = item.get("type")
+    return kind in ("message", "function_call", "custom_tool_call") or (
+        kind == "tool_search_call" and item.get("execution") == "client")
 
 
 def item_id_prefix(kind: str) -> str:
@@ -201,13 +223,15 @@ def tool_call_item(node_id: uuid.UUID, index: int, call_id: Any, name: Any, argu
         try:
             parsed = _decode(arguments) if arguments else {}
         except msgspec.DecodeError:
-            parsed = {"query": arguments}  # (a model that wrote its query bare)
-        return {"id": call_item_id(node_id, index, kind), "type": kind, "status": status, "call_id": call_id,
+            parsed = arguments
+        if not isinstance(parsed, dict):  # (a model that wrote its query bare: an object, as the item has it)
+            parsed = {"query": parsed}
+        return {"id": output_item_id(node_id, index, kind), "type": kind, "status": status, "call_id": call_id,
                 "execution": "client", "arguments": parsed}
     custom = name in custom_names(tools)
     kind = "custom_tool_call" if custom else "function_call"
     namespace, plain = split_name(name, tools)
-    item = {"id": call_item_id(node_id, index, kind), "type": kind, "status": status, "call_id": call_id, "name": plain}
+    item = {"id": output_item_id(node_id, index, kind), "type": kind, "status": status, "call_id": call_id, "name": plain}
     if custom:
         item["input"] = custom_input(arguments)
     else:
