@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from ..conftest import tenant_of
-from ..fakes import Reply
+from ..anthropic_fake import AReply, FakeAnthropic
+from ..conftest import make_settings, serve_proxy, tenant_of
+from ..fakes import Reply, ServerThread
 from ..helpers import tool_call
 from .conftest import conversations_of, each_history_once, nodes_of, npm_bin, offline_env, run
 
@@ -168,3 +169,32 @@ def test_codex_searches_its_deferred_tools_over_a_chat_upstream(proxy, upstream,
     nodes = nodes_of(db, tenant_of(key))
     assert len(nodes) == 2 and nodes[1]["parent_id"] == nodes[0]["id"]
     assert [i["type"] for i in nodes[1]["sent"]] == ["tool_search_output"]
+
+
+def test_codex_edits_a_file_through_an_anthropic_upstream(database_url, db, key, client_home):
+    # Codex (its Responses API, gpt-5.5's tools: apply_patch free-form, a tool search) in front of a
+    # Claude model: translated through chat both ways; the patch comes as Claude's tool_use
+    codex = npm_bin("codex")
+    fake = FakeAnthropic()
+    patch = "*** Begin Patch\n*** Add File: notes.md\n+from claude\n*** End Patch\n"
+    fake.enqueue(AReply(content=[{"type": "text", "text": "I'll add it."},
+                                 {"type": "tool_use", "id": "toolu_p1", "name": "apply_patch", "input": {"input": patch}}],
+                        stop_reason="tool_use"),
+                 AReply(content=[{"type": "text", "text": "Added notes.md."}]))
+    with ServerThread(fake) as server:
+        settings = make_settings(database_url, server.url + "/v1", upstreams=[
+            {"name": "anthropic", "base_url": server.url + "/v1", "models": ["*"], "api": "anthropic"}])
+        with serve_proxy(settings) as proxy:
+            work, env = codex_setup(client_home, proxy, key)
+            result = run([codex, "exec", "--skip-git-repo-check", "-m", "gpt-5.5", "-s", "workspace-write", "Add notes.md"],
+                         cwd=work, env=env)
+    assert "Added notes.md." in result.stdout
+    assert (work / "notes.md").read_text() == "from claude\n"
+    first, second = fake.calls
+    offered = {t["name"]: t for t in first.body["tools"]}
+    assert offered["apply_patch"]["input_schema"]["required"] == ["input"] and "tool_search" in offered
+    use, answer = second.body["messages"][-2:]
+    assert use["content"][-1] == {"type": "tool_use", "id": "toolu_p1", "name": "apply_patch", "input": {"input": patch}}
+    assert answer["content"][0]["type"] == "tool_result" and answer["content"][0]["tool_use_id"] == "toolu_p1"
+    nodes = nodes_of(db, tenant_of(key))
+    assert len(nodes) == 2 and nodes[1]["parent_id"] == nodes[0]["id"]
