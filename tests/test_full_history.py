@@ -347,3 +347,32 @@ def test_an_agent_loop_that_rewrites_whole_numbers_keeps_matching(proxy, upstrea
         convs.add(_post(proxy, key, history, path="/auto/v1/chat/completions").headers["x-conversation-id"])
         history += [_echoed(f"h{i}", f'{{"celsius":{18 + i}.5,"floor":1}}'), tool(f"h{i}", "ok")]
     assert len(convs) == 1
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["auto", "named"])
+def test_a_call_in_flight_is_no_parent_for_a_history_that_goes_on_past_it(proxy, upstream, key, cid, named):
+    """A history whose start is an in-flight call's question, then an answer the proxy never
+    stored (an imported chat, an edited answer): it hung under the pending node, and once that
+    call succeeded its answer was context of every later call of this history -- an answer the
+    client never had. Now it hangs before the pending node and stores the question again."""
+    client = proxy.openai(key, conversation=cid) if named else openai.OpenAI(
+        base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0)
+    headers = FULL if named else {}
+    gate = threading.Event()
+    upstream.enqueue(Reply(content="SLOW ANSWER", hold=gate))
+    first: dict = {}
+    slow = threading.Thread(target=lambda: first.update(r=chat(client, [user("q1")], headers)))
+    slow.start()
+    try:
+        upstream.wait_for(1)
+        history = [user("q1"), {"role": "assistant", "content": "my own answer"}, user("q2")]
+        second, h2 = chat(client, history, headers)
+        assert [m["content"] for m in upstream.last.messages] == ["q1", "my own answer", "q2"]
+    finally:
+        gate.set()
+        slow.join()
+    assert h2["x-parent-node-id"] != first["r"][1]["x-node-id"]
+    history = [*history, answer_of(second), user("q3")]
+    _, h3 = chat(client, history, headers)
+    assert h3["x-parent-node-id"] == h2["x-node-id"]
+    assert [m["content"] for m in upstream.last.messages] == [m["content"] for m in history]

@@ -167,7 +167,11 @@ BEGIN
     -- are only worked out when two candidates tie (a compaction and the node it replaced, a failed
     -- attempt and its retry ...): the head-path test walks the path. (One statement per prefix,
     -- not one for several: `chain = ANY(...)` let the planner prefer the key's tree prefix --
-    -- every node of the tree -- whenever it thought trees small.)
+    -- every node of the tree -- whenever it thought trees small.) A node still in flight is a
+    -- candidate only for the whole history (the retry rule hangs the call beside it): its
+    -- transcript hash covers what it sent, and its answer, once stored, would join the path of a
+    -- node hung under it -- an answer the client's history does not hold. A shorter prefix goes on
+    -- to the node before it, and the call stores the in-flight node's messages again.
     FOR i IN REVERSE v_given..1 LOOP
         IF s.conversation_id IS NOT NULL THEN
             FOR v_row IN
@@ -175,6 +179,7 @@ BEGIN
                   FROM nodes n
                  WHERE n.tree_id = conv.tree_id AND n.chain = s.prefixes[i] AND n.kind <> 'transform'
                    AND n.tenant = s.tenant AND (n.conversation_id = s.conversation_id OR n.id = ANY(v_visible))
+                   AND (n.outcome IS NOT NULL OR i = v_given)
                  ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
                  LIMIT 2 LOOP
                 IF v_k = 0 THEN
@@ -189,6 +194,7 @@ BEGIN
                 SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome
                   FROM nodes n
                  WHERE n.tenant = s.tenant AND n.chain = s.prefixes[i] AND n.kind <> 'transform'
+                   AND (n.outcome IS NOT NULL OR i = v_given)
                  ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
                  LIMIT 2 LOOP
                 IF v_k = 0 THEN
@@ -201,9 +207,14 @@ BEGIN
         END IF;
         EXIT WHEN v_k > 0;
     END LOOP;
-    IF v_ties > 1 THEN
-        SELECT * INTO v_best FROM bp_match_candidates(s.tenant, s.conversation_id, conv.tree_id, v_visible,
-                                                      s.prefixes[v_k - s.prefix_offset], true, 1);
+    IF v_ties > 1 THEN  -- (the best the tie rules give that the probe could take)
+        FOR v_row IN SELECT * FROM bp_match_candidates(s.tenant, s.conversation_id, conv.tree_id, v_visible,
+                                                       s.prefixes[v_k - s.prefix_offset], true, NULL) LOOP
+            IF v_row.outcome IS NOT NULL OR v_k = v_m THEN
+                v_best := v_row;
+                EXIT;
+            END IF;
+        END LOOP;
     END IF;
     IF v_k > 0 AND s.conversation_id IS NULL THEN
         SELECT * INTO conv FROM conversations c
