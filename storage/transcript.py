@@ -18,9 +18,12 @@ Canonical form (what compares, and what does not):
 - ``role`` compares; ``content``: a string equals a list of text parts with the same text joined;
   leading and trailing whitespace of a text does not count (of the string, of the joined parts, of
   each text part beside other parts: apps that restore a session re-add spaces and blank lines);
-  null, ``""``, whitespace only and absent are equal; other parts compare by their JSON;
+  null, ``""``, whitespace only and absent are equal; other parts compare by their JSON, without
+  a ``cache_control`` marker (clients move theirs to the newest message each call);
 - ``tool_calls`` by id, function name and arguments as parsed JSON (key order, whitespace and a
-  whole number's ``.0`` do not matter; arguments that are not JSON compare as strings); a missing ``type`` is ``function``;
+  whole number's ``.0`` do not matter; empty or null arguments are ``{}``, as clients that parse
+  them send them back for a tool without parameters; arguments that are not JSON compare as
+  strings); a missing ``type`` is ``function``;
   the legacy ``function_call`` the same way; ``tool`` messages by ``tool_call_id`` and content;
 - ``name`` compares (an empty one is none); everything else -- null fields, ``refusal``, ``annotations``, ``audio``,
   reasoning fields, unknown extras -- is ignored (clients drop or add them).
@@ -55,6 +58,7 @@ __all__ = [
 EMPTY = bytes(32)  # the hash of an empty transcript
 SYSTEM_ROLES = frozenset({"system", "developer"})
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+_NO_ARGUMENTS = ["json", {}]
 
 _encode = msgspec.json.Encoder(order="sorted").encode
 _sha256 = hashlib.sha256
@@ -90,7 +94,10 @@ def _number(value: Any) -> Any:
 
 
 def _json_value(value: Any) -> Any:
-    """Arguments as parsed JSON when they are JSON (whole numbers one way), else the string itself."""
+    """Arguments as parsed JSON when they are JSON (whole numbers one way), else the string itself;
+    none (``""``, null) is ``{}`` -- LangChain sends a model's ``""`` back as ``"{}"``."""
+    if value is None or value == "":
+        return _NO_ARGUMENTS
     if isinstance(value, str):
         try:
             return ["json", _number(_decode(value))]
@@ -119,7 +126,7 @@ def _content(content: Any, *, strip: bool = False) -> Any:
         return [
             ["text", part["text"].strip() if strip else part["text"]]
             if _text_part(part)
-            else ["part", part]
+            else ["part", {k: v for k, v in part.items() if k != "cache_control"} if isinstance(part, dict) else part]
             for part in content
         ]
     return ["other", content]

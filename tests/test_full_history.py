@@ -376,3 +376,32 @@ def test_a_call_in_flight_is_no_parent_for_a_history_that_goes_on_past_it(proxy,
     _, h3 = chat(client, history, headers)
     assert h3["x-parent-node-id"] == h2["x-node-id"]
     assert [m["content"] for m in upstream.last.messages] == [m["content"] for m in history]
+
+
+def _auto_post(proxy, key, messages):
+    r = httpx.post(f"{proxy.url}/auto/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": MODEL, "messages": messages}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_a_tool_round_resent_with_empty_arguments_as_an_object_matches(proxy, upstream, key):
+    """A server answering ``"arguments": ""`` for a tool without parameters, a client (LangChain)
+    sending it back as ``"{}"``: one conversation, only the result stored -- not a new one each call."""
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_t", "get_time", "")]))
+    r1 = _auto_post(proxy, key, [user("what time is it?")])
+    resent = {"role": "assistant", "content": None, "tool_calls": [tool_call("call_t", "get_time", "{}")]}
+    r2 = _auto_post(proxy, key, [user("what time is it?"), resent, tool("call_t", "12:00")])
+    assert r2.headers["x-conversation-id"] == r1.headers["x-conversation-id"]
+    assert r2.headers["x-parent-node-id"] == r1.headers["x-node-id"] and r2.headers["x-context-matched"] == "2"
+
+
+def test_a_cache_control_marker_that_moved_off_an_image_still_matches(proxy, upstream, key):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    marker = {"type": "ephemeral"}
+    r1 = _auto_post(proxy, key, [user([{"type": "text", "text": "what is this?"}, {**image, "cache_control": marker}])])
+    answer = {"role": "assistant", "content": r1.json()["choices"][0]["message"]["content"]}
+    r2 = _auto_post(proxy, key, [user([{"type": "text", "text": "what is this?"}, image]), answer,
+                                 user([{"type": "text", "text": "and now?", "cache_control": marker}])])
+    assert r2.headers["x-context-matched"] == "2"
+    assert r2.headers["x-conversation-id"] == r1.headers["x-conversation-id"]

@@ -69,6 +69,18 @@ def test_tool_call_arguments_compare_as_json():
     legacy = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": '{"x": 1}'}}
     assert digest(legacy) == digest({"role": "assistant", "function_call": {"name": "f", "arguments": '{ "x":1 }'}})
     assert digest(tool("c", "r")) != digest(tool("d", "r"))
+    # no arguments, however said: a model's "" comes back as "{}" from LangChain, null from others
+    none = [digest(assistant(None, tool_calls=[tool_call("c", "f", args)])) for args in ("", "{}", None, "{ }")]
+    assert len(set(none)) == 1
+    assert digest(assistant(None, tool_calls=[tool_call("c", "f", "[]")])) not in none
+
+
+def test_a_cache_control_marker_on_a_part_does_not_count():
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    marked = {**image, "cache_control": {"type": "ephemeral"}}
+    assert digest(user([{"type": "text", "text": "what?"}, marked])) == digest(user([{"type": "text", "text": "what?"}, image]))
+    other = {"type": "image_url", "image_url": {"url": "data:image/png;base64,BBBB"}}
+    assert digest(user([{"type": "text", "text": "what?"}, image])) != digest(user([{"type": "text", "text": "what?"}, other]))
 
 
 def test_chains_kept_by_sql_equal_the_ones_computed_from_the_items(proxy, upstream, key, cid, db: Db):
