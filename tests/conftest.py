@@ -238,6 +238,14 @@ def mproxy(database_url: str, upstream_url: str, claude_server: tuple[FakeAnthro
         yield p
 
 
+def proxy_with(database_url: str, upstream_url: str, **overrides: Any) -> Iterator[Proxy]:
+    """A fixture's proxy of its own, on ``database_url`` (its ``db``), with settings ``overrides``
+    (as ``make_settings`` takes them): ``yield from proxy_with(fresh_database_url, upstream_url, ...)``."""
+    with serve_proxy(make_settings(database_url, upstream_url, **overrides)) as p:
+        p.db = Db(database_url)  # type: ignore[attr-defined]
+        yield p
+
+
 def make_settings(database_url: str, upstream_url: str, **overrides: Any) -> Settings:
     raw: dict[str, Any] = {
         "database": {"url": database_url, "pool_min": 1, "pool_max": 10},

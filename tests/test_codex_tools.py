@@ -18,7 +18,7 @@ from proxy.failures import Failure
 from storage import Outcome
 
 from .anthropic_fake import AReply
-from .conftest import Db, make_settings, serve_proxy
+from .conftest import proxy_with
 from .fakes import Reply
 from .helpers import MODEL, tool_call
 
@@ -79,10 +79,7 @@ def test_a_streamed_call_names_the_namespace_of_the_function_called(proxy, upstr
 
 @pytest.fixture
 def refusing(fresh_database_url, upstream_url):
-    settings = make_settings(fresh_database_url, upstream_url, server={"unsupported_tools": "refuse"})
-    with serve_proxy(settings) as p:
-        p.db = Db(fresh_database_url)  # type: ignore[attr-defined]
-        yield p
+    yield from proxy_with(fresh_database_url, upstream_url, server={"unsupported_tools": "refuse"})
 
 
 def test_refuse_mode_answers_400_and_stores_nothing_so_the_head_stays(refusing, upstream, key, cid):

@@ -17,7 +17,7 @@ from proxy.compaction import SUMMARY_PREFIX, split_recent
 from proxy.tokens import TokenCounter, estimate_request
 from storage import PathNode
 
-from .conftest import Db, make_settings, serve_proxy, spawn_proxy, wait_for
+from .conftest import Db, make_settings, proxy_with, serve_proxy, spawn_proxy, wait_for
 from .fakes import Reply
 from .helpers import say as _say
 from .helpers import user
@@ -43,9 +43,7 @@ def compaction_nodes(db, cid):
 
 @pytest.fixture
 def small(fresh_database_url, upstream_url):
-    with serve_proxy(make_settings(fresh_database_url, upstream_url, **LIMITS)) as p:
-        p.db = Db(fresh_database_url)
-        yield p
+    yield from proxy_with(fresh_database_url, upstream_url, **LIMITS)
 
 
 def grow(p, upstream, key, cid, turns, start=0, prompt_step=300):

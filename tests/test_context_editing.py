@@ -16,7 +16,7 @@ from proxy.compaction import SUMMARY_PREFIX
 from proxy.compaction.clearing import PLACEHOLDER_PREFIX
 from proxy.tokens import TokenCounter
 
-from .conftest import Db, make_settings, serve_proxy, wait_for
+from .conftest import Db, make_settings, proxy_with, serve_proxy, wait_for
 from .fakes import Reply
 from .helpers import assistant, prefix_extends, say, tool, tool_call, user
 
@@ -78,9 +78,7 @@ def assert_paired(messages: list[dict[str, Any]]) -> None:
 
 @pytest.fixture
 def tiny(fresh_database_url: str, upstream_url: str) -> Any:
-    with serve_proxy(make_settings(fresh_database_url, upstream_url, **LIMITS)) as p:
-        p.db = Db(fresh_database_url)
-        yield p
+    yield from proxy_with(fresh_database_url, upstream_url, **LIMITS)
 
 
 def test_old_tool_results_are_cleared_before_the_call_that_crosses_the_threshold(tiny, upstream, key, cid):

@@ -15,7 +15,7 @@ import pytest
 
 from proxy.compaction.clearing import PLACEHOLDER_PREFIX
 from tests.anthropic_fake import AReply, FakeAnthropic
-from tests.conftest import Db, Proxy, make_settings, serve_proxy, three_upstreams
+from tests.conftest import Proxy, make_settings, proxy_with, three_upstreams
 from tests.fakes import Reply, ServerThread
 from tests.test_context_editing import clearing_nodes, output
 
@@ -25,11 +25,8 @@ LIMITS = {"native-tiny*": {"context_window": 4000, "max_output_tokens": 1000},
 
 @pytest.fixture
 def apis(fresh_database_url: str, upstream_url: str, claude_server: tuple[FakeAnthropic, ServerThread]) -> Iterator[Proxy]:
-    settings = make_settings(fresh_database_url, upstream_url, models=LIMITS,
-                             upstreams=three_upstreams(upstream_url, claude_server))
-    with serve_proxy(settings) as p:
-        p.db = Db(fresh_database_url)
-        yield p
+    yield from proxy_with(fresh_database_url, upstream_url, models=LIMITS,
+                          upstreams=three_upstreams(upstream_url, claude_server))
 
 
 def test_responses_function_call_outputs_are_cleared_natively(apis, upstream, key, cid):

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import Db, assert_invariants, make_settings, new_key, serve_proxy, spawn_proxy, wait_for
+from .conftest import Db, assert_invariants, make_settings, new_key, proxy_with, serve_proxy, spawn_proxy, wait_for
 from .fakes import Reply, serve_connections
 from .helpers import MODEL, say, user
 
@@ -289,9 +289,7 @@ def test_our_headers_may_not_disagree_and_dot_ids_are_refused(proxy, upstream, k
 
 @pytest.fixture
 def small_answers(fresh_database_url, upstream_url):
-    with serve_proxy(make_settings(fresh_database_url, upstream_url, server={"max_response_bytes": 100_000})) as p:
-        p.db = Db(fresh_database_url)
-        yield p
+    yield from proxy_with(fresh_database_url, upstream_url, server={"max_response_bytes": 100_000})
 
 
 def test_an_answer_above_max_response_bytes_is_cut(small_answers, upstream, key, cid):

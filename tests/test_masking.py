@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from proxy.secrets import MASK, BytesMasker, Masker, TextMasker
 
-from .conftest import Db, make_settings, serve_proxy
+from .conftest import Db, proxy_with
 from .fakes import Reply
 from .helpers import MODEL, tool_call, user
 
@@ -23,15 +23,12 @@ ALICE = "sk-proxy-alice-0123456789"
 
 @pytest.fixture
 def keys_proxy(fresh_database_url, upstream_url):
-    settings = make_settings(fresh_database_url, upstream_url,
-                             auth={"mode": "keys", "keys": [{"key": ALICE, "tenant": "alice"}]},
-                             upstreams=[{"name": "native", "base_url": upstream_url, "models": ["native-*"],
-                                         "api": "responses", "api_key": UPSTREAM_KEY},
-                                        {"name": "fake", "base_url": upstream_url, "models": ["*"],
-                                         "api_key": UPSTREAM_KEY}])
-    with serve_proxy(settings) as p:
-        p.db = Db(fresh_database_url)  # type: ignore[attr-defined]
-        yield p
+    yield from proxy_with(fresh_database_url, upstream_url,
+                          auth={"mode": "keys", "keys": [{"key": ALICE, "tenant": "alice"}]},
+                          upstreams=[{"name": "native", "base_url": upstream_url, "models": ["native-*"],
+                                      "api": "responses", "api_key": UPSTREAM_KEY},
+                                     {"name": "fake", "base_url": upstream_url, "models": ["*"],
+                                      "api_key": UPSTREAM_KEY}])
 
 
 def _post(proxy, key: str, cid: str, path: str, body: dict) -> httpx.Response:

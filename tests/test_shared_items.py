@@ -15,7 +15,7 @@ import pytest
 
 from storage import SharedItems, open_database
 
-from .conftest import Db, make_settings, serve_proxy
+from .conftest import Db, make_settings, proxy_with, serve_proxy
 from .fakes import Reply
 from .helpers import say, system, tool, tool_call, user
 
@@ -35,9 +35,7 @@ def stored(db: Db, node_id: str) -> Any:
 
 @pytest.fixture
 def own(fresh_database_url: str, upstream_url: str) -> Any:
-    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
-        p.db = Db(fresh_database_url)
-        yield p
+    yield from proxy_with(fresh_database_url, upstream_url)
 
 
 def session(p: Any, key: str, cid: str, upstream: Any) -> list[str]:

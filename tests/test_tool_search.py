@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from .anthropic_fake import AReply
-from .conftest import Db, make_settings, serve_proxy
+from .conftest import proxy_with
 from .fakes import Reply
 from .helpers import MODEL, tool_call
 from .test_codex_tools import AGENTS, APPLY_PATCH, PATCH, SEARCH, SHELL
@@ -29,9 +29,7 @@ def test_allowed_tools_naming_the_tool_search_keeps_it(proxy, upstream, key, cid
 
 @pytest.fixture
 def compacting(fresh_database_url, upstream_url):
-    with serve_proxy(make_settings(fresh_database_url, upstream_url, compaction={"keep_recent": 2})) as p:
-        p.db = Db(fresh_database_url)
-        yield p
+    yield from proxy_with(fresh_database_url, upstream_url, compaction={"keep_recent": 2})
 
 
 def test_the_tools_a_search_loaded_are_still_offered_after_a_compaction(compacting, upstream, key, cid):
