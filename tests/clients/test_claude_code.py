@@ -153,3 +153,46 @@ def test_claude_code_over_an_anthropic_upstream(database_url: str, db: Any, clie
     assert len(conversations) == 1
     assert [n["parent_id"] for n in nodes[1:]] == [nodes[0]["id"], nodes[1]["id"]]
     assert "Run echo" not in _texts(nodes[1]["sent"]) and "Run echo" not in _texts(nodes[2]["sent"])
+
+
+def test_claude_code_over_a_responses_upstream(database_url: str, db: Any, client_home: Path) -> None:
+    """Claude Code in front of a model only the Responses API serves (OpenAI's newest): its
+    Messages requests through chat to Responses items and back, the tool round included."""
+    claude = claude_bin()
+    upstream = FakeUpstream()
+    key = f"sk-ant-{new_key()}"
+    with ServerThread(upstream) as server:
+        settings = make_settings(database_url, server.url + "/v1", upstreams=[
+            {"name": "openai", "base_url": server.url + "/v1", "models": ["*"], "api": "responses"}])
+        with serve_proxy(settings) as proxy:
+            work = client_home / "project"
+            work.mkdir()
+            upstream.enqueue(
+                Reply(content="Running it.", tool_calls=[tool_call("call_cr1", "Bash", json.dumps(
+                    {"command": "echo branchpoint-ok", "description": "print a word"}))]),
+                Reply(content="It printed branchpoint-ok."),
+                Reply(content="You asked me to run echo."),
+            )
+            first, second = _session(claude, work, _env(client_home, proxy.url, key))
+    assert "It printed branchpoint-ok." in first
+    assert "You asked me to run echo." in second
+
+    calls = upstream.responses_requests
+    assert len(calls) == 3
+    assert {t["name"] for t in calls[0].body["tools"]} >= {"Bash", "Read", "Edit"}
+    assert all(c.body["store"] is False and "previous_response_id" not in c.body for c in calls)
+    # the tool really ran: its output went back as the call's function_call_output, after the call
+    items = calls[1].input
+    call = next(i for i in items if i.get("type") == "function_call")
+    result = next(i for i in items if i.get("type") == "function_call_output")
+    assert call["call_id"] == result["call_id"] == "call_cr1" and items.index(result) > items.index(call)
+    assert "branchpoint-ok" in json.dumps(result["output"])
+    # each call sends the one before it again, and one thing more: nothing doubled
+    for before, after in itertools.pairwise(calls):
+        assert len(after.input) > len(before.input)
+    texts = [json.dumps(i) for i in calls[2].input]
+    assert sum("Run echo branchpoint-ok" in t for t in texts) == 1
+
+    conversations, nodes = _stored(db, key)
+    assert len(conversations) == 1 and [n["api"] for n in nodes] == ["messages"] * 3
+    assert nodes[1]["parent_id"] == nodes[0]["id"] and nodes[2]["parent_id"] == nodes[1]["id"]
