@@ -161,21 +161,26 @@ def test_the_request_fields_translation_table():
     from proxy.dialects.responses.for_chat import request_fields
 
     fields = request_fields({
-        "model": "m", "max_completion_tokens": 9, "reasoning_effort": "low", "verbosity": "high",
+        "model": "m", "max_completion_tokens": 90, "reasoning_effort": "low", "verbosity": "high",
         "response_format": {"type": "json_object"}, "seed": 7, "store": True, "stream_options": {"include_usage": True},
         "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
             {"type": "function", "function": {"name": "a"}}]}},
-        "tools": [{"type": "custom", "custom": {"name": "grep", "description": "search"}}],
+        "tools": [{"type": "custom", "custom": {"name": "grep", "description": "search"}},
+                  {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
+                  {"type": "function", "function": {"name": "b", "strict": True}}],
         "n": 1, "stop": None, "logprobs": False, "include": ["reasoning.encrypted_content"], "future": {"x": 1},
     })
     assert fields == {
-        "model": "m", "max_output_tokens": 9, "reasoning": {"effort": "low"},
+        "model": "m", "max_output_tokens": 90, "reasoning": {"effort": "low"},
         "text": {"format": {"type": "json_object"}, "verbosity": "high"},
         "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "a"}]},
-        "tools": [{"type": "custom", "name": "grep", "description": "search"}],
+        "tools": [{"type": "custom", "name": "grep", "description": "search"},
+                  {"type": "function", "name": "a", "parameters": {"type": "object"}, "strict": False},  # (chat's default)
+                  {"type": "function", "name": "b", "strict": True}],
         "include": ["reasoning.encrypted_content"], "future": {"x": 1}, "store": False,
     }
     assert "format" not in request_fields({"response_format": {"type": "text"}}).get("text", {})
+    assert request_fields({"max_tokens": 1})["max_output_tokens"] == 16  # (the API's minimum)
 
 
 def test_an_app_resending_its_history_is_matched_on_the_answers_stored_from_items(native, upstream, key):

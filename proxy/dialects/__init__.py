@@ -188,7 +188,10 @@ class _Through:
         return self.outer.answer(self.inner.answer(content).body)
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
-        return _Chained(self.outer.translator(wants_usage=wants_usage, secrets=()),
+        # (both mask: the inner one each upstream event whole, the outer one across the chat
+        # chunks -- a credential split across text deltas comes together there, and in the answer
+        # the outer one stores)
+        return _Chained(self.outer.translator(wants_usage=wants_usage, secrets=secrets),
                         self.inner.translator(wants_usage=True, secrets=secrets))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -196,8 +199,8 @@ class _Through:
 
 
 class _Chained:
-    """Two stream translators in a row: the upstream's events into chat chunks (``inner``, which
-    masks), those into the client's events (``outer``). The inner one's held-back end is passed on
+    """Two stream translators in a row: the upstream's events into chat chunks (``inner``), those
+    into the client's events (``outer``); both mask. The inner one's held-back end is passed on
     as soon as its stream ends, so the outer one knows the whole answer before it is stored."""
 
     def __init__(self, outer: Translator, inner: Translator) -> None:

@@ -3,8 +3,10 @@ fields in Responses terms, the answer as a chat completion, the event stream as 
 (docs/behaviour.md#the-responses-api). Pure functions and one relay translator.
 
     chat request field                        Responses field
-    max_tokens, max_completion_tokens         max_output_tokens
-    tools / tool_choice ({type, <type>: {...}}) the same, flattened ({type, name, ...})
+    max_tokens, max_completion_tokens         max_output_tokens (16 at least: the API's minimum)
+    tools / tool_choice ({type, <type>: {...}}) the same, flattened ({type, name, ...}); a function
+                                              not saying ``strict`` gets ``strict: false`` (chat's
+                                              default; the Responses API's is strict)
     response_format                           text.format
     reasoning_effort, verbosity               reasoning.effort, text.verbosity
     stream_options, seed, store               dropped (usage always comes; the proxy owns state)
@@ -37,6 +39,7 @@ __all__ = ["ToChat", "check_fields", "completion", "finish_reason", "message_of"
 _encode = msgspec.json.Encoder().encode
 
 _DROPPED = frozenset({"stream_options", "seed", "store", "messages"})
+_LEAST_OUTPUT = 16  # the smallest max_output_tokens the Responses API takes (OpenAI's: 400 below it)
 # chat fields with no Responses equivalent: refused unless they hold the value that changes nothing
 _REFUSED: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "stop": (None, "", []), "logit_bias": (None, {}), "logprobs": (None, False),
@@ -53,6 +56,15 @@ def _flatten(value: Any) -> Any:
         kind = value["type"]
         return {"type": kind, **{k: v for k, v in value.items() if k not in ("type", kind)}, **value[kind]}
     return value
+
+
+def _tool(tool: Any) -> Any:
+    """A chat tool as a Responses one. A function that does not say ``strict`` is not strict in
+    chat, and is in the Responses API (every property required): it says ``strict: false``."""
+    tool = _flatten(tool)
+    if isinstance(tool, dict) and tool.get("type") == "function" and "strict" not in tool:
+        tool = {**tool, "strict": False}
+    return tool
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -80,10 +92,10 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
         if key in _DROPPED or key in _REFUSED or key.startswith("_bp_"):  # (_bp_: our own keys)
             continue
         if key in ("max_tokens", "max_completion_tokens"):
-            if value is not None:
-                out["max_output_tokens"] = value
+            if value is not None:  # (at least what the API takes: Claude Code's quota probe asks 1)
+                out["max_output_tokens"] = max(value, _LEAST_OUTPUT) if type(value) is int else value
         elif key == "tools":
-            out["tools"] = [_flatten(t) for t in value or ()]
+            out["tools"] = [_tool(t) for t in value or ()]
         elif key == "tool_choice":
             out["tool_choice"] = _tool_choice(value)
         elif key == "response_format":
@@ -123,6 +135,12 @@ def message_of(output: list[Any], provider: str | None = None) -> dict[str, Any]
             message.setdefault("tool_calls", []).extend(m["tool_calls"])
     if texts:
         message["content"] = "".join(texts)
+    if not message.get("reasoning_content"):  # (an encrypted item's summary: what a stream shows of it)
+        summary = "".join(str(part.get("text") or "") for item in output if isinstance(item, dict)
+                          and item.get("type") == "reasoning" and item.get("encrypted_content")
+                          for part in item.get("summary") or () if isinstance(part, dict))
+        if summary:
+            message["reasoning_content"] = summary
     return message
 
 

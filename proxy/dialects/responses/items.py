@@ -407,6 +407,17 @@ def _native(items: Sequence[dict[str, Any]], message: dict[str, Any], provider: 
     return out
 
 
+def _tool_output(content: Any) -> Any:
+    """A chat tool message's content as a ``function_call_output``'s output: a string; its text
+    parts joined; other parts as Responses input parts (an image, a file)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = _content_to_parts(content, output=False)
+    if isinstance(parts, list) and all(isinstance(p, dict) and p.get("type") == "input_text" for p in parts):
+        return "\n".join(str(p.get("text") or "") for p in parts)
+    return parts if isinstance(parts, list) else _encode(content).decode()
+
+
 def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) -> list[dict[str, Any]]:
     """Responses input items for assembled chat messages (those made from items get their own
     items back, as ``_native`` allows)."""
@@ -422,9 +433,8 @@ def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) ->
                 continue
         role = m.get("role")
         if role == "tool":
-            output = m.get("content")
             out.append({"type": "function_call_output", "call_id": m.get("tool_call_id"),
-                        "output": output if isinstance(output, str) else _encode(output).decode()})
+                        "output": _tool_output(m.get("content"))})
             continue
         if role == "assistant":
             if m.get("content") or m.get("refusal"):
