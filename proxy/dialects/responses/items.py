@@ -216,12 +216,15 @@ def loaded_tools(messages: Iterable[Any]) -> list[Any]:
     items among ``messages``' own items -- and those a compaction's summary of earlier searches
     carries (``LOADED`` on the message: ``proxy.compaction.summaries``)."""
     out: list[Any] = []
-    for m in messages:
-        if not isinstance(m, dict):
+    for m in messages:  # (every call offering a search reads its whole history: one look at most)
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "user":  # (a summary's)
+            carried = m.get(LOADED)
+            if isinstance(carried, list):
+                out.extend(carried)
             continue
-        carried = m.get(LOADED)
-        if isinstance(carried, list):
-            out.extend(carried)
+        if role != "tool":  # (a search's output reads as a tool message)
+            continue
         native = m.get(ITEMS)
         for item in native if isinstance(native, list) else ():
             if isinstance(item, dict) and item.get("type") == "tool_search_output" and _client_search(item) \
