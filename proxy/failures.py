@@ -161,6 +161,8 @@ def _client_error_body(body: bytes, error: NodeError) -> bytes:
             filled["message"] = error.message
         if filled["type"] is None:
             filled["type"] = error.type
+        if data.get("object") == "response":  # (a Responses upstream's failed response: the error is all it says)
+            return msgspec.json.encode({"error": {**upstream_error, **filled}})
         return msgspec.json.encode({**data, "error": {**upstream_error, **filled}})
     return error_body(error.message, error.type, error.code)
 

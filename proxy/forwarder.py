@@ -49,6 +49,11 @@ class Forwarder:
     def __init__(self, upstream: UpstreamClient) -> None:
         self.upstream = upstream
 
+    def speaks(self, body: bytes, api: str) -> bool:
+        """Whether the upstream a request's model routes to speaks ``api`` (else a call that names
+        no conversation is translated for it, not passed through: docs/behaviour.md)."""
+        return (self.upstream.route(_model_of(body)) if body else self.upstream.default).api == api
+
     async def forward(self, request: Request[Any, Any, Any], path: str, body: bytes, headers: RequestHeaders,
                       caller: Caller, *, errors: ErrorVoice = OPENAI_ERRORS) -> ASGIApp:
         """``errors``: how an error of the proxy's own is said (the client's API: OpenAI's, or

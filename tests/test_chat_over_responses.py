@@ -8,6 +8,7 @@ import json
 import openai
 import pytest
 
+from .conftest import Db, tenant_of
 from .fakes import Reply
 from .helpers import say, system, tool, tool_call, user
 
@@ -222,3 +223,97 @@ def test_an_upstream_error_fails_the_node_and_names_it(native, upstream, key, ci
     node = native.db.node(node_id)
     assert node["status"] == "failed" and node["error"]["status"] == 503
     assert native.db.head(cid) == node_id  # transient: the head rests on the failed node (its items stay)
+
+
+# -- after a hostile pass: names, reasoning, odd parts, failures, calls naming no conversation ------
+
+def _answer(output, status="completed", **extra):
+    return {"id": "resp_x", "object": "response", "created_at": 1, "status": status, "model": "native-1",
+            "output": output, "usage": {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}, **extra}
+
+
+def _sse(*events):
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+CRM = {"type": "namespace", "name": "crm", "description": "CRM tools",
+       "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]}
+LOOKUP = {"type": "function_call", "id": "fc_1", "status": "completed", "call_id": "call_n", "namespace": "crm",
+          "name": "lookup", "arguments": "{}"}
+
+
+def test_a_namespaced_call_has_one_name_streamed_or_whole_and_goes_back_with_its_namespace(native, upstream, key, cid):
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_sse(
+        {"type": "response.created", "response": _answer([], status="in_progress")},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**LOOKUP, "arguments": ""}},
+        {"type": "response.function_call_arguments.delta", "output_index": 0, "delta": "{}"},
+        {"type": "response.output_item.done", "output_index": 0, "item": LOOKUP},
+        {"type": "response.completed", "response": _answer([LOOKUP])})))
+    client = native.openai(key)
+    stream, _ = say(client, cid, user("find"), model="native-1", tools=[CRM], stream=True)
+    names = [tc.function.name for c in stream if c.choices for tc in c.choices[0].delta.tool_calls or ()
+             if tc.function and tc.function.name]
+    assert names == ["crm__lookup"]  # (as the whole answer and the stored message name it)
+    upstream.enqueue(Reply(content="found it"))
+    say(client, cid, {"role": "tool", "tool_call_id": "call_n", "content": "found"}, model="native-1", tools=[CRM])
+    call = next(i for i in upstream.responses_requests[-1].body["input"] if i.get("type") == "function_call")
+    assert (call["namespace"], call["name"], call["call_id"]) == ("crm", "lookup", "call_n")
+
+
+REASONING_TEXT = {"type": "reasoning", "id": "rs_1", "summary": [],
+                  "content": [{"type": "reasoning_text", "text": "Step one."}]}
+DONE = {"type": "message", "id": "m", "role": "assistant", "status": "completed",
+        "content": [{"type": "output_text", "text": "Done.", "annotations": []}]}
+
+
+def test_raw_reasoning_text_is_the_answers_reasoning_content_streamed_whole_and_stored(native, upstream, key, cid,
+                                                                                      fresh_database_url):
+    """A server that shows the model's reasoning itself (gpt-oss's reasoning_text, no summary)."""
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(_answer([REASONING_TEXT, DONE])).encode()))
+    whole, h = say(native.openai(key), cid, user("hi"), model="native-1")
+    assert whole.choices[0].message.reasoning_content == "Step one."
+    assert Db(fresh_database_url).node(h["x-node-id"])["received"][0]["reasoning_content"] == "Step one."
+
+
+def test_an_image_url_given_as_a_plain_string(native, upstream, key, cid):
+    r = native.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid}, json={
+        "model": "native-1", "messages": [user([{"type": "text", "text": "see"},
+                                                {"type": "image_url", "image_url": "https://x/y.png"}])]})
+    assert r.status_code == 200, r.text
+    assert upstream.responses_requests[-1].body["input"][0]["content"][1] == {
+        "type": "input_image", "image_url": "https://x/y.png", "detail": "auto"}
+
+
+def test_a_failed_response_with_status_200_is_an_error_body_only(native, upstream, key, cid):
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(_answer([], status="failed", error={
+        "code": "server_error", "message": "The model failed."})).encode()))
+    r = native.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
+                              json={"model": "native-1", "messages": [user("hi")]})
+    assert r.status_code >= 500 and set(r.json()) == {"error"} and r.json()["error"]["message"] == "The model failed."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_call_naming_no_conversation_is_translated_for_a_responses_upstream(native, upstream, key, stream,
+                                                                                   fresh_database_url):
+    """A model only the Responses API serves (gpt-5-codex, gpt-5-pro): a pass-through to its
+    chat endpoint could only fail. Translated and answered; nothing stored."""
+    client = openai.OpenAI(base_url=f"{native.url}/v1", api_key=key, max_retries=0)
+    upstream.enqueue(Reply(content="translated"))
+    answer = client.chat.completions.create(model="native-1", messages=[user("hi")], stream=stream)
+    text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices) if stream \
+        else answer.choices[0].message.content
+    assert text == "translated"
+    assert upstream.responses_requests[-1].body["input"][-1]["content"] == "hi"
+    assert [r.path for r in upstream.requests if r.path.endswith("/chat/completions")] == []
+    assert Db(fresh_database_url).fetchval("SELECT count(*) FROM nodes WHERE tenant = $1", tenant_of(key)) == 0
+
+
+def test_a_responses_call_naming_no_conversation_is_translated_for_a_chat_upstream(native, upstream, key,
+                                                                                   fresh_database_url):
+    client = openai.OpenAI(base_url=f"{native.url}/v1", api_key=key, max_retries=0)
+    upstream.enqueue(Reply(content="translated"))
+    response = client.responses.create(model="chat-1", input="hi")
+    assert response.output_text == "translated"
+    assert upstream.last.messages[-1] == {"role": "user", "content": "hi"}
+    assert upstream.responses_requests == []
+    assert Db(fresh_database_url).fetchval("SELECT count(*) FROM nodes WHERE tenant = $1", tenant_of(key)) == 0

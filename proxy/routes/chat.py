@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions`` and ``POST /c/{conversation_id}/v1/chat/completions``.
 
 HTTP only: read the headers, and the body through the chat dialect, hand a ``Call`` to the call lifecycle, return its ASGI
-response. Without a conversation id the request is passed through untouched.
+response. Without a conversation id the request is passed through untouched -- to an upstream of
+another API (a model only the Responses API serves), translated and answered, nothing stored.
 """
 
 from __future__ import annotations
@@ -27,16 +28,21 @@ __all__ = ["chat_completions", "chat_completions_auto", "chat_completions_prefix
 async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder: Forwarder, caller: Caller,
                 path_cid: str | None, *, auto: bool = False) -> ASGIApp:
     """A chat call: stored when it names a conversation (or comes through ``/auto/v1``, which finds
-    the conversation by content), passed through otherwise."""
+    the conversation by content), passed through otherwise (translated only, for an upstream of
+    another API)."""
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     raw = await request.body()
-    if cid is None and not auto:
+    store = cid is not None or auto
+    if not store and forwarder.speaks(raw, "chat"):
         return await forwarder.forward(request, "chat/completions", raw, headers, caller)
 
-    kind = node_kind(headers)
-    mode = "full" if auto else context_mode(headers, calls.default_mode)
-    parent_mode, parent_id = parent_of(headers, mode)
+    if store:
+        kind = node_kind(headers)
+        mode = "full" if auto else context_mode(headers, calls.default_mode)
+        parent_mode, parent_id = parent_of(headers, mode)
+    else:  # an upstream of another API: translated for it, nothing stored (the headers of a stored call not read)
+        kind, mode, parent_mode, parent_id = "turn", "delta", "head", None
 
     raws = key = None
     if mode == "full":  # each message as sent: what this process saw sent before is not hashed (or checked) again
@@ -65,6 +71,7 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
         credentials=headers.credentials(),
         raw_items=raws,
         history_key=key,
+        store=store,
     )
     return await calls.run(call, request.receive)
 

@@ -31,7 +31,8 @@ from ...errors import InvalidRequest
 from ...failures import Failure
 from ...secrets import Masker
 from ...sse import DONE, payload, sse_error_event
-from .items import to_messages
+from .items import reasoning_text, to_messages
+from .tools import flat_name
 from .translate import chat_usage_of
 
 __all__ = ["ToChat", "check_fields", "completion", "finish_reason", "message_of", "request_fields"]
@@ -136,9 +137,8 @@ def message_of(output: list[Any], provider: str | None = None) -> dict[str, Any]
     if texts:
         message["content"] = "".join(texts)
     if not message.get("reasoning_content"):  # (an encrypted item's summary: what a stream shows of it)
-        summary = "".join(str(part.get("text") or "") for item in output if isinstance(item, dict)
-                          and item.get("type") == "reasoning" and item.get("encrypted_content")
-                          for part in item.get("summary") or () if isinstance(part, dict))
+        summary = "".join(reasoning_text(item) for item in output if isinstance(item, dict)
+                          and item.get("type") == "reasoning" and item.get("encrypted_content"))
         if summary:
             message["reasoning_content"] = summary
     return message
@@ -242,8 +242,9 @@ class ToChat:
         if kind == "response.output_item.added" and item is not None and item.get("type") == "function_call":
             call = self._calls[index] = len(self._calls)
             self._args[call] = str(item.get("arguments") or "")
+            name = flat_name(item.get("namespace"), item.get("name"))  # (as the whole answer names it)
             return self._chunk({"tool_calls": [{"index": call, "id": item.get("call_id"), "type": "function",
-                                                "function": {"name": item.get("name"), "arguments": self._args[call]}}]})
+                                                "function": {"name": name, "arguments": self._args[call]}}]})
         if kind == "response.function_call_arguments.delta" and index in self._calls:
             call = self._calls[index]
             self._args[call] += str(event.get("delta") or "")

@@ -36,7 +36,7 @@ import msgspec
 
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
-from .tools import LOADED, SEARCH, custom_arguments, flat_name, members
+from .tools import LOADED, SEARCH, custom_arguments, flat_name, members, split_name
 
 __all__ = [
     "ITEMS",
@@ -49,6 +49,7 @@ __all__ = [
     "loaded_tools",
     "node_id_of",
     "read_response",
+    "reasoning_text",
     "request_body",
     "response_id",
     "to_items",
@@ -116,10 +117,26 @@ def request_body(fields: dict[str, Any], messages: Iterable[dict[str, Any]], pro
                  stream: bool = False) -> bytes:
     """A Responses upstream's request: ``fields`` (``store: false`` among them -- the proxy owns the
     state) and the assembled messages as input items; the twin of ``assembly.build_body``."""
-    body = {**fields, "input": to_items(messages, provider)}
+    body = {**fields, "input": _with_namespaces(to_items(messages, provider), fields.get("tools"))}
     if stream:
         body["stream"] = True
     return _encode_sorted(body)
+
+
+def _with_namespaces(items: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
+    """Function calls translated from chat messages under the flat name a namespaced function has
+    over chat (``<namespace>__<name>``: a chat client's own answers, stored as messages) given
+    their namespace again, by the tools the request offers."""
+    if not isinstance(tools, list) or not any(isinstance(t, dict) and t.get("type") == "namespace" for t in tools):
+        return items
+    out = []
+    for item in items:
+        if item.get("type") == "function_call" and "namespace" not in item:
+            namespace, name = split_name(item.get("name"), tools)
+            if namespace is not None:
+                item = {**item, "namespace": namespace, "name": name}
+        out.append(item)
+    return out
 
 
 def input_items(value: Any) -> list[dict[str, Any]]:
@@ -346,7 +363,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 pending.append(item)
         elif kind == "reasoning":
             if not item.get("encrypted_content"):
-                reasoning.extend(s.get("text", "") for s in item.get("summary") or () if isinstance(s, dict))
+                reasoning.append(reasoning_text(item))
             pending.append(item)
         else:  # an item chat cannot express: kept for a Responses upstream only
             pending.append(item)
@@ -370,6 +387,16 @@ def cleared(item: dict[str, Any], text: str) -> dict[str, Any] | None:
 # -- messages -> items ----------------------------------------------------------------------------
 
 
+def reasoning_text(item: dict[str, Any]) -> str:
+    """What a reasoning item says in words: its summary, else its raw reasoning text (a server
+    that shows the model's reasoning itself, gpt-oss's)."""
+    summary = "".join(str(s.get("text") or "") for s in item.get("summary") or () if isinstance(s, dict))
+    if summary:
+        return summary
+    return "".join(str(c.get("text") or "") for c in item.get("content") or ()
+                   if isinstance(c, dict) and c.get("type") == "reasoning_text")
+
+
 def _content_to_parts(content: Any, *, output: bool) -> Any:
     if content is None:
         return [] if output else ""
@@ -384,10 +411,12 @@ def _content_to_parts(content: Any, *, output: bool) -> Any:
             parts.append({"type": "output_text", "text": part.get("text", ""), "annotations": []} if output
                          else {"type": "input_text", "text": part.get("text", "")})
         elif kind == "image_url":
-            image = part.get("image_url") or {}
+            image = part.get("image_url")
+            image = {"url": image} if isinstance(image, str) else image if isinstance(image, dict) else {}
             parts.append({"type": "input_image", "image_url": image.get("url"), "detail": image.get("detail", "auto")})
         elif kind == "file":
-            parts.append({"type": "input_file", **(part.get("file") or {})})
+            file = part.get("file")
+            parts.append({"type": "input_file", **(file if isinstance(file, dict) else {})})
         else:
             parts.append(part)
     return parts
