@@ -307,13 +307,3 @@ def test_a_chat_call_naming_no_conversation_is_translated_for_a_responses_upstre
     assert [r.path for r in upstream.requests if r.path.endswith("/chat/completions")] == []
     assert Db(fresh_database_url).fetchval("SELECT count(*) FROM nodes WHERE tenant = $1", tenant_of(key)) == 0
 
-
-def test_a_responses_call_naming_no_conversation_is_translated_for_a_chat_upstream(native, upstream, key,
-                                                                                   fresh_database_url):
-    client = openai.OpenAI(base_url=f"{native.url}/v1", api_key=key, max_retries=0)
-    upstream.enqueue(Reply(content="translated"))
-    response = client.responses.create(model="chat-1", input="hi")
-    assert response.output_text == "translated"
-    assert upstream.last.messages[-1] == {"role": "user", "content": "hi"}
-    assert upstream.responses_requests == []
-    assert Db(fresh_database_url).fetchval("SELECT count(*) FROM nodes WHERE tenant = $1", tenant_of(key)) == 0

@@ -215,18 +215,11 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
             body["conversation"] = cid  # (kept with the call, never sent: its response names it, as OpenAI's)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
     parent = await stored_response(admin, caller, previous) if ours else None
-    store = cid is not None or auto or ours or _holds_compaction(body)
-    if not store and forwarder.speaks(raw, "responses"):
+    # (to any upstream: an OpenAI one configured as api = "chat" serves the Responses API too)
+    if cid is None and not auto and not ours and not _holds_compaction(body):
         return await forwarder.forward(request, "responses", raw, headers, caller)
     if previous and parent is None:  # another tenant's, deleted, or an upstream's in a stored call
         raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
-    if not store:  # an upstream of another API: translated for it, nothing stored
-        return await calls.run(Call(
-            tenant=caller.tenant, conversation_id=None, kind="turn", mode="delta", parent_mode="head", parent_id=None,
-            body=body, items=[i for i in await _resolve_references(RESPONSES.items(body), admin, caller)
-                              if not is_compaction_item(i)],
-            stream=body.get("stream") is True, client_key=caller.client_key, headers=headers.items, dialect=RESPONSES,
-            credentials=headers.credentials(), store=False), request.receive)
 
     kind = node_kind(headers)
     given = bool((headers.get("x-parent-node-id") or "").strip())
