@@ -21,6 +21,8 @@ from .secrets import BytesMasker, redact_bytes
 from .upstream import UpstreamClient, response_headers
 
 if TYPE_CHECKING:
+    from config import Upstream
+
     from .routes.common import RequestHeaders
 
 __all__ = ["Forwarder"]
@@ -49,16 +51,17 @@ class Forwarder:
     def __init__(self, upstream: UpstreamClient) -> None:
         self.upstream = upstream
 
-    def speaks(self, body: bytes, api: str) -> bool:
-        """Whether the upstream a request's model routes to speaks ``api`` (else a call that names
-        no conversation is translated for it, not passed through: docs/behaviour.md)."""
-        return (self.upstream.route(_model_of(body)) if body else self.upstream.default).api == api
+    def route(self, body: bytes) -> Upstream:
+        """The upstream a request's model routes to (its ``api`` says whether a call that names no
+        conversation can pass through to it, or is translated: docs/behaviour.md)."""
+        return self.upstream.route(_model_of(body)) if body else self.upstream.default
 
     async def forward(self, request: Request[Any, Any, Any], path: str, body: bytes, headers: RequestHeaders,
-                      caller: Caller, *, errors: ErrorVoice = OPENAI_ERRORS) -> ASGIApp:
+                      caller: Caller, *, errors: ErrorVoice = OPENAI_ERRORS, upstream: Upstream | None = None) -> ASGIApp:
         """``errors``: how an error of the proxy's own is said (the client's API: OpenAI's, or
-        Anthropic's to a Messages client) -- the upstream's own errors are relayed as they are."""
-        upstream = self.upstream.route(_model_of(body)) if body else self.upstream.default
+        Anthropic's to a Messages client) -- the upstream's own errors are relayed as they are;
+        ``upstream``: the one ``route`` found for the body, when the caller asked already."""
+        upstream = upstream or self.route(body)
         out_headers = self.upstream.request_headers(upstream, headers.items, caller.client_key)
         upstream_request = self.upstream.build(request.method, upstream, path, headers=out_headers,
                                                content=body or None, params=request.scope.get("query_string") or None)

@@ -34,8 +34,10 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     raw = await request.body()
     store = cid is not None or auto
-    if not store and forwarder.speaks(raw, "chat"):
-        return await forwarder.forward(request, "chat/completions", raw, headers, caller)
+    if not store:
+        upstream = forwarder.route(raw)
+        if upstream.api == "chat":
+            return await forwarder.forward(request, "chat/completions", raw, headers, caller, upstream=upstream)
 
     if store:
         kind = node_kind(headers)
