@@ -98,6 +98,8 @@ class Dialect(Protocol):
     # params a call translated through chat takes from its conversation's history (assembled
     # messages, new ones last), beside its own: the tools a client's tool search loaded
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]: ...
+    # what a compaction's summary of ``messages`` keeps for ``history_params`` to read back
+    def summary_keys(self, messages: Iterable[dict[str, Any]]) -> dict[str, Any]: ...
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]: ...
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes: ...
@@ -106,15 +108,16 @@ class Dialect(Protocol):
     def for_chat(self, *, node_id: uuid.UUID, provider: str) -> Exchange: ...
 
 
-def summary_keys(messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def summary_keys(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What a compaction's summary message keeps of the history it replaces, beside its text:
-    the tools a Responses client's tool searches loaded there, which later calls still offer
-    (``Dialect.history_params`` reads them back from the summary)."""
-    from .responses.items import loaded_tools
-    from .responses.tools import LOADED
-
-    loaded = loaded_tools(messages)
-    return {LOADED: loaded} if loaded else {}
+    each dialect's ``summary_keys`` (the tools a Responses client's tool searches loaded there,
+    which later calls still offer). Keys of the proxy's own: never sent upstream."""
+    if not _REGISTRY:
+        _REGISTRY.update(_registry())
+    out: dict[str, Any] = {}
+    for d in {id(d): d for d in _REGISTRY.values()}.values():
+        out.update(d.summary_keys(messages))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,9 @@ class Chat:
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {}
 
+    def summary_keys(self, messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 

@@ -57,6 +57,9 @@ class Messages:
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {}
 
+    def summary_keys(self, messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        return {}
+
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return translate.chat_params(params)
 

@@ -65,8 +65,9 @@ class Responses:
 
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         # (read only when the call offers a tool search the client runs: most calls need no scan)
-        if not tools.searches(params.get("tools")):
-            return {}
+        return self.summary_keys(messages) if tools.searches(params.get("tools")) else {}
+
+    def summary_keys(self, messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         loaded = items.loaded_tools(messages)
         return {tools.LOADED: loaded} if loaded else {}
 
