@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 MODEL = "gpt-4o-mini"
@@ -25,6 +26,17 @@ def tool(id_: str, text: str) -> dict[str, Any]:
 
 def tool_call(id_: str, name: str = "run_sql", args: str = '{"sql": "select 1"}') -> dict[str, Any]:
     return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def responses_answer(output: list[dict[str, Any]], *, status: str = "completed", **extra: Any) -> dict[str, Any]:
+    """A Responses upstream's response object holding ``output`` (for ``Reply(kind="raw")``)."""
+    return {"id": "resp_upstream", "object": "response", "created_at": 1, "status": status, "model": "native-1",
+            "output": output, "usage": {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}, **extra}
+
+
+def responses_events(*events: dict[str, Any]) -> bytes:
+    """A Responses upstream's event stream: each event (with its ``type``) under its name."""
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
 
 
 def say(client: Any, cid: str | None, *messages: dict[str, Any], parent: str | None = None, kind: str | None = None,

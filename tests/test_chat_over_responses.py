@@ -10,7 +10,7 @@ import pytest
 
 from .conftest import Db, tenant_of
 from .fakes import Reply
-from .helpers import say, system, tool, tool_call, user
+from .helpers import responses_answer, responses_events, say, system, tool, tool_call, user
 
 TOOLS = [{"type": "function", "function": {"name": "run_sql", "description": "Run one query.", "strict": True,
                                            "parameters": {"type": "object", "properties": {"sql": {"type": "string"}}}}}]
@@ -227,15 +227,6 @@ def test_an_upstream_error_fails_the_node_and_names_it(native, upstream, key, ci
 
 # -- after a hostile pass: names, reasoning, odd parts, failures, calls naming no conversation ------
 
-def _answer(output, status="completed", **extra):
-    return {"id": "resp_x", "object": "response", "created_at": 1, "status": status, "model": "native-1",
-            "output": output, "usage": {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}, **extra}
-
-
-def _sse(*events):
-    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
-
-
 CRM = {"type": "namespace", "name": "crm", "description": "CRM tools",
        "tools": [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]}
 LOOKUP = {"type": "function_call", "id": "fc_1", "status": "completed", "call_id": "call_n", "namespace": "crm",
@@ -243,12 +234,12 @@ LOOKUP = {"type": "function_call", "id": "fc_1", "status": "completed", "call_id
 
 
 def test_a_namespaced_call_has_one_name_streamed_or_whole_and_goes_back_with_its_namespace(native, upstream, key, cid):
-    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_sse(
-        {"type": "response.created", "response": _answer([], status="in_progress")},
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=responses_events(
+        {"type": "response.created", "response": responses_answer([], status="in_progress")},
         {"type": "response.output_item.added", "output_index": 0, "item": {**LOOKUP, "arguments": ""}},
         {"type": "response.function_call_arguments.delta", "output_index": 0, "delta": "{}"},
         {"type": "response.output_item.done", "output_index": 0, "item": LOOKUP},
-        {"type": "response.completed", "response": _answer([LOOKUP])})))
+        {"type": "response.completed", "response": responses_answer([LOOKUP])})))
     client = native.openai(key)
     stream, _ = say(client, cid, user("find"), model="native-1", tools=[CRM], stream=True)
     names = [tc.function.name for c in stream if c.choices for tc in c.choices[0].delta.tool_calls or ()
@@ -269,7 +260,7 @@ DONE = {"type": "message", "id": "m", "role": "assistant", "status": "completed"
 def test_raw_reasoning_text_is_the_answers_reasoning_content_streamed_whole_and_stored(native, upstream, key, cid,
                                                                                       fresh_database_url):
     """A server that shows the model's reasoning itself (gpt-oss's reasoning_text, no summary)."""
-    upstream.enqueue(Reply(kind="raw", body=json.dumps(_answer([REASONING_TEXT, DONE])).encode()))
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(responses_answer([REASONING_TEXT, DONE])).encode()))
     whole, h = say(native.openai(key), cid, user("hi"), model="native-1")
     assert whole.choices[0].message.reasoning_content == "Step one."
     assert Db(fresh_database_url).node(h["x-node-id"])["received"][0]["reasoning_content"] == "Step one."
@@ -285,7 +276,7 @@ def test_an_image_url_given_as_a_plain_string(native, upstream, key, cid):
 
 
 def test_a_failed_response_with_status_200_is_an_error_body_only(native, upstream, key, cid):
-    upstream.enqueue(Reply(kind="raw", body=json.dumps(_answer([], status="failed", error={
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(responses_answer([], status="failed", error={
         "code": "server_error", "message": "The model failed."})).encode()))
     r = native.http(key).post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
                               json={"model": "native-1", "messages": [user("hi")]})

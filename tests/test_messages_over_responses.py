@@ -13,6 +13,7 @@ import httpx
 
 from .conftest import Proxy
 from .fakes import FakeUpstream, Reply
+from .helpers import responses_answer, responses_events
 
 READ = {"name": "Read", "description": "read a file", "input_schema": {
     "type": "object", "properties": {"file_path": {"type": "string"}, "offset": {"type": "number"}},
@@ -21,10 +22,6 @@ READ = {"name": "Read", "description": "read a file", "input_schema": {
 
 def _post(proxy: Proxy, key: str, cid: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{proxy.url}/c/{cid}/v1/messages", headers={"x-api-key": key}, json=body, timeout=30)
-
-
-def _event(kind: str, **data: Any) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
 
 
 def test_function_tools_stay_non_strict(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
@@ -72,16 +69,14 @@ def test_a_key_split_across_text_deltas_is_masked_in_what_is_stored(mproxy: Prox
     cut = text.index(key) + 8
     message = {"type": "message", "role": "assistant", "id": "msg_u", "status": "completed",
                "content": [{"type": "output_text", "text": text, "annotations": []}]}
-    final = {"id": "resp_u", "object": "response", "status": "completed", "model": "native-1", "output": [message],
-             "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}}
-    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=b"".join([
-        _event("response.created", response={**final, "status": "in_progress", "output": []}),
-        _event("response.output_item.added", output_index=0, item={**message, "content": []}),
-        _event("response.output_text.delta", output_index=0, content_index=0, delta=text[:cut]),
-        _event("response.output_text.delta", output_index=0, content_index=0, delta=text[cut:]),
-        _event("response.output_item.done", output_index=0, item=message),
-        _event("response.completed", response=final),
-    ])))
+    final = responses_answer([message])
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=responses_events(
+        {"type": "response.created", "response": {**final, "status": "in_progress", "output": []}},
+        {"type": "response.output_item.added", "output_index": 0, "item": {**message, "content": []}},
+        {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": text[:cut]},
+        {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": text[cut:]},
+        {"type": "response.output_item.done", "output_index": 0, "item": message},
+        {"type": "response.completed", "response": final})))
     r = _post(mproxy, key, cid, {"model": "native-1", "max_tokens": 50, "stream": True,
                                  "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 200

@@ -12,7 +12,7 @@ import pytest
 from .anthropic_fake import AReply
 from .conftest import proxy_with
 from .fakes import Reply
-from .helpers import MODEL, tool_call
+from .helpers import MODEL, responses_answer, tool_call
 from .test_codex_tools import AGENTS, APPLY_PATCH, PATCH, SEARCH, SHELL
 
 
@@ -58,8 +58,7 @@ def test_the_tools_a_search_loaded_are_still_offered_after_a_compaction(compacti
 
 
 def _native_answer(output):
-    return json.dumps({"id": "resp_up", "object": "response", "created_at": 1, "status": "completed", "model": "native-1",
-                       "output": output, "usage": {"input_tokens": 5, "output_tokens": 5, "total_tokens": 10}}).encode()
+    return json.dumps(responses_answer(output)).encode()
 
 
 def test_a_responses_upstreams_search_call_gets_our_id_so_a_guide_order_resend_matches(mproxy, upstream, key, cid, db):

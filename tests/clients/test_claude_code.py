@@ -71,22 +71,33 @@ def _texts(sent: list[dict[str, Any]]) -> str:
     return json.dumps(sent)
 
 
-def test_claude_code_over_a_chat_upstream(database_url: str, db: Any, client_home: Path) -> None:
+def _scripted_session(database_url: str, client_home: Path, key: str, call_id: str, api: str) -> FakeUpstream:
+    """Claude Code's session (``_session``) in front of a fake OpenAI upstream speaking ``api``
+    (chat or responses), scripted: a Bash call (``call_id``), its answer, the second answer --
+    which reach Claude Code. Returns the upstream, with what it received."""
     claude = claude_bin()
     upstream = FakeUpstream()
-    key = f"sk-ant-{new_key()}"
-    with ServerThread(upstream) as server, serve_proxy(make_settings(database_url, server.url + "/v1")) as proxy:
-        work = client_home / "project"
-        work.mkdir()
-        upstream.enqueue(
-            Reply(content="Running it.", tool_calls=[tool_call("call_cc1", "Bash", json.dumps(
-                {"command": "echo branchpoint-ok", "description": "print a word"}))]),
-            Reply(content="It printed branchpoint-ok."),
-            Reply(content="You asked me to run echo."),
-        )
-        first, second = _session(claude, work, _env(client_home, proxy.url, key))
+    with ServerThread(upstream) as server:
+        settings = make_settings(database_url, server.url + "/v1", upstreams=[
+            {"name": "openai", "base_url": server.url + "/v1", "models": ["*"], "api": api}])
+        with serve_proxy(settings) as proxy:
+            work = client_home / "project"
+            work.mkdir()
+            upstream.enqueue(
+                Reply(content="Running it.", tool_calls=[tool_call(call_id, "Bash", json.dumps(
+                    {"command": "echo branchpoint-ok", "description": "print a word"}))]),
+                Reply(content="It printed branchpoint-ok."),
+                Reply(content="You asked me to run echo."),
+            )
+            first, second = _session(claude, work, _env(client_home, proxy.url, key))
     assert "It printed branchpoint-ok." in first
     assert "You asked me to run echo." in second
+    return upstream
+
+
+def test_claude_code_over_a_chat_upstream(database_url: str, db: Any, client_home: Path) -> None:
+    key = f"sk-ant-{new_key()}"
+    upstream = _scripted_session(database_url, client_home, key, "call_cc1", "chat")
 
     calls = upstream.turn_requests
     assert len(calls) == 3, [c.messages[-1] for c in calls]
@@ -158,24 +169,8 @@ def test_claude_code_over_an_anthropic_upstream(database_url: str, db: Any, clie
 def test_claude_code_over_a_responses_upstream(database_url: str, db: Any, client_home: Path) -> None:
     """Claude Code in front of a model only the Responses API serves (OpenAI's newest): its
     Messages requests through chat to Responses items and back, the tool round included."""
-    claude = claude_bin()
-    upstream = FakeUpstream()
     key = f"sk-ant-{new_key()}"
-    with ServerThread(upstream) as server:
-        settings = make_settings(database_url, server.url + "/v1", upstreams=[
-            {"name": "openai", "base_url": server.url + "/v1", "models": ["*"], "api": "responses"}])
-        with serve_proxy(settings) as proxy:
-            work = client_home / "project"
-            work.mkdir()
-            upstream.enqueue(
-                Reply(content="Running it.", tool_calls=[tool_call("call_cr1", "Bash", json.dumps(
-                    {"command": "echo branchpoint-ok", "description": "print a word"}))]),
-                Reply(content="It printed branchpoint-ok."),
-                Reply(content="You asked me to run echo."),
-            )
-            first, second = _session(claude, work, _env(client_home, proxy.url, key))
-    assert "It printed branchpoint-ok." in first
-    assert "You asked me to run echo." in second
+    upstream = _scripted_session(database_url, client_home, key, "call_cr1", "responses")
 
     calls = upstream.responses_requests
     assert len(calls) == 3
