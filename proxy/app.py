@@ -45,7 +45,8 @@ from .routes.passthrough import (
     passthrough_prefixed,
 )
 from .routes.response_objects import response_input_items, response_resource
-from .routes.responses import responses_compact, responses_create
+from .routes.responses import responses_create
+from .routes.responses_compact import responses_compact
 from .routes.ui import ui_router
 from .runtime import Runtime
 

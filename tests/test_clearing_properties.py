@@ -23,7 +23,7 @@ from proxy.assembly import Target, assemble
 from proxy.compaction.clearing import is_cleared, plan
 from proxy.dialects import dialect, message_path
 from proxy.dialects.messages.blocks import fragments, to_anthropic
-from proxy.dialects.responses.items import to_items
+from proxy.dialects.responses.outbound import to_items
 from storage import PathNode
 
 from .helpers import prefix_extends

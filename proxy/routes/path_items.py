@@ -16,9 +16,9 @@ from storage import AdminStore, NodeRow
 
 from ..compaction.clearing import METHOD as CLEARING
 from ..dialects import message_path
-from ..dialects.responses import items as responses_items
 from ..dialects.responses import translate
 from ..dialects.responses.compaction import compaction_item, compaction_node_of, is_compaction_item
+from ..dialects.responses.outbound import to_items
 from ..errors import ConversationNotFound, NodeNotFound
 
 __all__ = ["ITEM_IDS", "Item", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
@@ -83,7 +83,7 @@ def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
         received = list(node.received or []) if with_received else []
     else:
         chat = message_path([node])[0]
-        sent = responses_items.to_items(chat.sent)
+        sent = to_items(chat.sent)
         received = []
         if with_received:
             for message in chat.received or ():
@@ -225,7 +225,7 @@ async def resolve_compactions(items: list[dict[str, Any]], admin: AdminStore, te
                               param: str) -> list[dict[str, Any]]:
     """Compaction items of ours a client puts among a conversation's items (or a stateless
     compaction's input), each as its compaction node gives it -- its summary the node's own -- so
-    that they read as that summary (``responses_items.convert``); one that names no compaction of
+    that they read as that summary (``dialects.responses.items.convert``); one that names no compaction of
     this tenant is 404, as everywhere a token is resolved. An upstream's own (OpenAI's, encrypted)
     stays as it came."""
     out = []

@@ -1,7 +1,7 @@
 """The Responses API on the tree (docs/behaviour.md#the-responses-api): ``POST /v1/responses``
-(also under ``/c/{id}/v1`` and ``/auto/v1``) and ``POST /v1/responses/compact``. The stored
+(also under ``/c/{id}/v1`` and ``/auto/v1``). The stored
 responses themselves -- ``GET``/``DELETE /v1/responses/{id}``, its input items -- are
-``proxy.routes.response_objects``'.
+``proxy.routes.response_objects``', and compaction ``proxy.routes.responses_compact``'.
 
 A call is stored when it names a conversation (header, path prefix or ``/auto/v1``) or carries the
 ``previous_response_id`` of a stored response of the caller's tenant; otherwise it passes through.
@@ -10,7 +10,6 @@ HTTP only: the call itself is the lifecycle's, like a chat call.
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -23,33 +22,26 @@ from storage import AdminStore, NodeRow, TreeStore, transcript
 
 from ..auth import Caller
 from ..call import Call, items_after
-from ..compaction import Compactor
-from ..dialects import message_path, parse_model_request
 from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import items as responses_items
-from ..dialects.responses import translate
-from ..dialects.responses.compaction import compaction_item, compaction_node_of, is_compaction_item
+from ..dialects.responses.compaction import compaction_node_of, is_compaction_item
 from ..errors import (
-    ConversationBusy,
     ConversationNotFound,
     InvalidConversationId,
     InvalidRequest,
     NodeNotFound,
     NotFound,
-    UpstreamFailure,
 )
-from ..http import RawResponse
 from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
 from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
-from .conversations import items_node, new_conversation_id
 from .docs import errors
 from .passthrough import Forwarder
-from .path_items import kept_items, node_items, resolve_compactions, with_parts
+from .path_items import node_items, resolve_compactions
 from .response_objects import response_of, stored_response
 
-__all__ = ["responses_compact", "responses_create"]
+__all__ = ["named_conversation", "resolve_references", "responses_create"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -65,7 +57,7 @@ def _node_of_item(item_id: Any) -> uuid.UUID | None:
         return None
 
 
-async def _resolve_references(items: list[dict[str, Any]], admin: AdminStore, caller: Caller) -> list[dict[str, Any]]:
+async def resolve_references(items: list[dict[str, Any]], admin: AdminStore, caller: Caller) -> list[dict[str, Any]]:
     """Input items that reference stored output items (``item_reference``, as clients send when
     they take ``store: true`` at its word) replaced by the items themselves -- the proxy stores
     them, so it resolves them."""
@@ -96,7 +88,7 @@ async def _resolve_references(items: list[dict[str, Any]], admin: AdminStore, ca
     return out
 
 
-async def _named_conversation(value: Any, cid: str | None, previous: Any, admin: AdminStore, caller: Caller) -> str | None:
+async def named_conversation(value: Any, cid: str | None, previous: Any, admin: AdminStore, caller: Caller) -> str | None:
     """The conversation a call's ``conversation`` field names (an id, or ``{"id": ...}``): one of
     the caller's conversations -- a ``conv_`` one the Conversations API made, or any other."""
     if value is None:
@@ -210,7 +202,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     previous = body.get("previous_response_id")
     named = body.get("conversation") is not None
     if "conversation" in body:  # OpenAI's conversation state: the call belongs to it, as under /c/{id}/v1
-        cid = await _named_conversation(body.pop("conversation"), cid, previous, admin, caller)
+        cid = await named_conversation(body.pop("conversation"), cid, previous, admin, caller)
         if named:
             body["conversation"] = cid  # (kept with the call, never sent: its response names it, as OpenAI's)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
@@ -233,7 +225,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         mode = "delta" if named else "full" if auto else context_mode(headers, calls.default_mode)
         # X-Parent-Node-Id as for chat (a node, or root: an edit of the first question); refused in full history
         parent_mode, parent_id = parent_of(headers, mode)
-    items = await _resolve_references(RESPONSES.items(body), admin, caller)
+    items = await resolve_references(RESPONSES.items(body), admin, caller)
     resumed_call = False
     if parent is None and not named and not given:
         resumed = await _resume_compaction(items, admin, calls.tree, caller, cid)
@@ -266,84 +258,3 @@ async def responses_create(request: Request[Any, Any, Any], call: NamedDependenc
     path_cid = request.path_params.get("conversation_id")
     return await _create(request, call.calls, call.forwarder, call.caller, call.admin, path_cid,
                          auto=request.scope["path"].startswith("/auto/"))
-
-
-@route(["/v1/responses/compact", "/c/{conversation_id:str}/v1/responses/compact"], http_method=["POST"],
-       summary="Compact a conversation, a stored response's path or the given input now", tags=["responses"],
-       status_code=200, responses=errors(400, 401, 404, 409, 502))
-async def responses_compact(request: Request[Any, Any, Any], call: NamedDependency[CallContext],
-                            compactor: NamedDependency[Compactor]) -> ASGIApp:
-    caller, admin = call.caller, call.admin
-    headers = RequestHeaders(request.scope)
-    cid = resolve_conversation_id(request.path_params.get("conversation_id"), headers.get("x-conversation-id"))
-    raw = await request.body()
-    body = parse_model_request(raw)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model is required", param="model")
-    previous = body.get("previous_response_id")
-    if "conversation" in body:
-        cid = await _named_conversation(body["conversation"], cid, previous, admin, caller)
-    if previous is not None:
-        node = await stored_response(admin, caller, previous)
-        if node is None:
-            raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
-        path = message_path(await admin.path_rows(node.tree_id, node.id))
-        tree_id = node.tree_id
-
-        async def compact(keep_recent: int | None) -> Any:
-            # (no lease held: the head moves to the summary if it is still on the response)
-            return await compactor.summaries.compact(tenant=caller.tenant, conversation_id=node.conversation_id,
-                                                     tree_id=node.tree_id, path=path, model=model,
-                                                     client_key=caller.client_key, mode="full", trigger="admin",
-                                                     keep_recent=keep_recent)
-        source: list[Any] = path
-    else:
-        if cid is None:  # the input alone: it becomes a conversation of its own, then compacted
-            if body.get("input") is None:
-                raise InvalidRequest("input, previous_response_id or conversation is required", param="input")
-            # (its instructions, a system message, first)
-            items = await _resolve_references(RESPONSES.items(RESPONSES.parse(raw)), admin, caller)
-            # (a window that holds a compaction item -- OpenAI's stateless loop compacting again -- reads as its summary)
-            items = await resolve_compactions(items, admin, caller.tenant, param="input")
-            cid = new_conversation_id()
-            await admin.add_items(caller.tenant, cid, [items_node(items)], create=True, metadata={})
-        conv = await admin.conversation(caller.tenant, cid)
-        if conv is None:
-            raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation")
-
-        async def compact(keep_recent: int | None) -> Any:
-            return await compactor.compact_now(conv, caller.client_key, default_model=model, keep_recent=keep_recent)
-        source = [] if conv.head_node_id is None else message_path(await admin.path_rows(conv.tree_id, conv.head_node_id))
-        tree_id = conv.tree_id
-    result = await compact(None)
-    if result.reason == "nothing_to_compact" and not (len(source) == 1 and source[0].kind == "compaction"):
-        # asked to compact now, with too few messages to keep the usual recent ones raw: all of
-        # them are summarised, and the summary alone stays (a path that is one compaction and
-        # nothing since is answered with that compaction as it is, below)
-        result = await compact(0)
-    if result.compacted and result.node is not None:
-        node = result.node
-        output = await _compacted_output(admin, tree_id, node)
-        usage = translate.usage_of(node.usage) if node.usage and "prompt_tokens" in node.usage else node.usage
-        rid = responses_items.response_id(node.id)
-    elif result.reason == "nothing_to_compact" and source and source[0].kind == "compaction":
-        output = await _compacted_output(admin, tree_id, source[0])
-        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-        rid = responses_items.response_id(source[0].id)
-    elif result.reason in ("empty", "nothing_to_compact"):  # nothing to summarise: the context as it is
-        output = [with_parts(item) for n in source for item in responses_items.to_items([*n.sent, *(n.received or [])])]
-        usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-        rid = responses_items.response_id(source[-1].id) if source else "resp_" + "0" * 32
-    elif result.reason in ("moved", "busy"):
-        raise ConversationBusy("the conversation moved while compacting; retry")
-    else:
-        raise UpstreamFailure(f"the summary could not be made ({result.reason}); nothing was compacted")
-    return RawResponse(200, _encode({"id": rid, "object": "response.compaction", "created_at": int(time.time()),
-                                     "output": output, "usage": usage}))
-
-
-async def _compacted_output(admin: AdminStore, tree_id: uuid.UUID, node: Any) -> list[dict[str, Any]]:
-    """A compaction node as ``/responses/compact`` answers it: its compaction item, then the items
-    it kept raw as the conversation's items list has them (typed, with the same ids)."""
-    return [compaction_item(node), *await kept_items(admin, tree_id, node)]

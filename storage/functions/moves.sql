@@ -168,9 +168,8 @@ DECLARE
     target conversations%ROWTYPE;
     v_node uuid;
 BEGIN
-    SELECT * INTO target FROM conversations c
-     WHERE c.tree_id = v_tree AND c.tenant = p_tenant AND c.id = p_target FOR UPDATE;
-    IF NOT FOUND THEN
+    target := bp_lock_conversation(v_tree, p_tenant, p_target, true);
+    IF target.id IS NULL THEN
         PERFORM bp_refuse('BPNFC', format('conversation %L not found', p_target));
     END IF;
     IF target.head_node_id IS NOT NULL OR target.forked_from IS NOT NULL OR target.lease_node_id IS NOT NULL

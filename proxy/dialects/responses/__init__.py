@@ -1,7 +1,8 @@
 """The Responses API (``POST /v1/responses``) on the tree (docs/behaviour.md#the-responses-api).
 
     request.py    a client's Responses request read and checked; the items it sends
-    items.py      Responses items <-> chat messages; response ids <-> node ids; an upstream's response read
+    items.py      Responses items -> chat messages; response ids <-> node ids; an upstream's response read
+    outbound.py   chat messages -> Responses items: what a Responses upstream gets, what a chat node lists as
     translate.py  a Responses request for a chat upstream, and the response objects we serve
     stream.py     Responses event streams: translated from a chat stream, or relayed natively
     for_chat.py   chat-completions clients over a Responses upstream: request, answer, stream
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import Transcript
-from . import for_chat, items, tools, translate
+from . import for_chat, items, outbound, tools, translate
 from .exchange import ChatOverResponses, ResponsesNative, ResponsesOverChat
 from .request import call_items, parse_responses_body
 
@@ -76,7 +77,7 @@ class Responses:
 
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes:
-        return items.request_body(fields, messages, provider, stream=stream)
+        return outbound.request_body(fields, messages, provider, stream=stream)
 
     def relay(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> ResponsesNative:
         return ResponsesNative(node_id=node_id, params=params, provider=provider)

@@ -1,10 +1,10 @@
-"""Responses items <-> chat messages: what lets one conversation mix both APIs
+"""Responses items -> chat messages (the way back: ``outbound``): what lets one conversation mix both APIs
 (docs/behaviour.md#the-responses-api). Pure functions.
 
 Inside the proxy a path is read as chat messages (assembly, compaction, token estimates, matching
 all speak them). A node stored by a Responses call holds items; ``to_messages`` turns them into
 messages, keeping the original items beside them under ``ITEMS`` so that a request to a
-Responses upstream can send them back natively (``to_items``); anything a chat upstream cannot
+Responses upstream can send them back natively (``outbound.to_items``); anything a chat upstream cannot
 read is dropped there (``assembly.strip``).
 
     message (input or output) item        -> user / system / developer / assistant message
@@ -29,20 +29,23 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
 
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
-from .tools import LOADED, SEARCH, custom_arguments, flat_name, members, split_name
+from .tools import LOADED, SEARCH, custom_arguments, flat_name, members
 
 __all__ = [
+    "CALLS",
     "ITEMS",
     "ITEMS_OF",
     "PRODUCER",
+    "RESULTS",
     "cleared",
+    "client_search",
     "convert",
     "input_items",
     "items_of",
@@ -50,9 +53,7 @@ __all__ = [
     "node_id_of",
     "read_response",
     "reasoning_text",
-    "request_body",
     "response_id",
-    "to_items",
     "to_messages",
 ]
 
@@ -64,7 +65,6 @@ _TEXT_OUT = frozenset({"output_text", "text"})
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-_encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 
 def items_of(message: dict[str, Any]) -> str | None:
@@ -111,32 +111,6 @@ def read_response(content: bytes) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("output"), list) or data.get("status") == "failed":
         raise NotACompletion("not a completed response")
     return data
-
-
-def request_body(fields: dict[str, Any], messages: Iterable[dict[str, Any]], provider: str | None, *,
-                 stream: bool = False) -> bytes:
-    """A Responses upstream's request: ``fields`` (``store: false`` among them -- the proxy owns the
-    state) and the assembled messages as input items; the twin of ``assembly.build_body``."""
-    body = {**fields, "input": _with_namespaces(to_items(messages, provider), fields.get("tools"))}
-    if stream:
-        body["stream"] = True
-    return _encode_sorted(body)
-
-
-def _with_namespaces(items: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:
-    """Function calls translated from chat messages under the flat name a namespaced function has
-    over chat (``<namespace>__<name>``: a chat client's own answers, stored as messages) given
-    their namespace again, by the tools the request offers."""
-    if not isinstance(tools, list) or not any(isinstance(t, dict) and t.get("type") == "namespace" for t in tools):
-        return items
-    out = []
-    for item in items:
-        if item.get("type") == "function_call" and "namespace" not in item:
-            namespace, name = split_name(item.get("name"), tools)
-            if namespace is not None:
-                item = {**item, "namespace": namespace, "name": name}
-        out.append(item)
-    return out
 
 
 def input_items(value: Any) -> list[dict[str, Any]]:
@@ -189,14 +163,11 @@ def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
 
 
 _CALL_OF_ANSWER = re.compile(r"(?:fc|ctc|tsc)_([0-9a-f]{32})_\d+")
-_CALLS = frozenset({"function_call", "custom_tool_call", "tool_search_call"})
-_RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})  # (cleared by context editing)
-# the items any Responses upstream may get back (others -- a server's tool search, a web search
-# call -- only the provider that produced them)
-_PORTABLE = frozenset({"message", "function_call", "custom_tool_call", *_RESULTS})
+CALLS = frozenset({"function_call", "custom_tool_call", "tool_search_call"})
+RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})  # (cleared by context editing)
 
 
-def _client_search(item: dict[str, Any]) -> bool:
+def client_search(item: dict[str, Any]) -> bool:
     """A tool search item the client ran (a server's goes back to a Responses upstream only)."""
     return item.get("type") in ("tool_search_call", "tool_search_output") and item.get("execution") == "client"
 
@@ -244,7 +215,7 @@ def loaded_tools(messages: Iterable[Any]) -> list[Any]:
             continue
         native = m.get(ITEMS)
         for item in native if isinstance(native, list) else ():
-            if isinstance(item, dict) and item.get("type") == "tool_search_output" and _client_search(item) \
+            if isinstance(item, dict) and item.get("type") == "tool_search_output" and client_search(item) \
                     and isinstance(item.get("tools"), list):
                 out.extend(item["tools"])
     return out
@@ -314,7 +285,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 reasoning.clear()
             out.append(attach(message, item))
             last_assistant, number, answered = (message if role == "assistant" else None), counted, None
-        elif kind in _CALLS and (kind != "tool_search_call" or _client_search(item)):
+        elif kind in CALLS and (kind != "tool_search_call" or client_search(item)):
             name = flat_name(item.get("namespace"), item.get("name"))
             if kind == "custom_tool_call":
                 arguments = custom_arguments(item.get("input"))
@@ -340,12 +311,12 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             for w in waiting:
                 ordinals[w] = number
             waiting.clear()
-        elif kind == "tool_search_output" and _client_search(item):
+        elif kind == "tool_search_output" and client_search(item):
             names = _tool_names(item.get("tools"))
             text = f"Tools loaded: {', '.join(names)}." if names else "No tools found."
             out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": text}, item))
             last_assistant = None
-        elif kind in _RESULTS:
+        elif kind in RESULTS:
             output = item.get("output")
             if isinstance(output, list):
                 output, _ = _parts_to_content(output, output=False)
@@ -375,18 +346,6 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
     return out, ordinals
 
 
-def cleared(item: dict[str, Any], text: str) -> dict[str, Any] | None:
-    """A tool result item (``function_call_output``, ``custom_tool_call_output``) with its output
-    replaced by ``text`` (a cleared tool result, docs/behaviour.md#context-editing); None for any
-    other item."""
-    if item.get("type") in _RESULTS:
-        return {**item, "output": text}
-    return None
-
-
-# -- messages -> items ----------------------------------------------------------------------------
-
-
 def reasoning_text(item: dict[str, Any]) -> str:
     """What a reasoning item says in words: its summary, else its raw reasoning text (a server
     that shows the model's reasoning itself, gpt-oss's)."""
@@ -397,87 +356,10 @@ def reasoning_text(item: dict[str, Any]) -> str:
                    if isinstance(c, dict) and c.get("type") == "reasoning_text")
 
 
-def _content_to_parts(content: Any, *, output: bool) -> Any:
-    if content is None:
-        return [] if output else ""
-    if isinstance(content, str):
-        return [{"type": "output_text", "text": content, "annotations": []}] if output else content
-    parts = []
-    for part in content if isinstance(content, list) else [content]:
-        if not isinstance(part, dict):
-            continue
-        kind = part.get("type")
-        if kind == "text":
-            parts.append({"type": "output_text", "text": part.get("text", ""), "annotations": []} if output
-                         else {"type": "input_text", "text": part.get("text", "")})
-        elif kind == "image_url":
-            image = part.get("image_url")
-            image = {"url": image} if isinstance(image, str) else image if isinstance(image, dict) else {}
-            parts.append({"type": "input_image", "image_url": image.get("url"), "detail": image.get("detail", "auto")})
-        elif kind == "file":
-            file = part.get("file")
-            parts.append({"type": "input_file", **(file if isinstance(file, dict) else {})})
-        else:
-            parts.append(part)
-    return parts
-
-
-def _native(items: Sequence[dict[str, Any]], message: dict[str, Any], provider: str | None) -> list[dict[str, Any]]:
-    """A message's own items, fit to send back: item ids dropped (nothing is stored upstream),
-    reasoning only to the provider that produced it and only with its encrypted content."""
-    same = provider is not None and message.get(PRODUCER) == provider
-    out = []
-    for item in items:
-        if item.get("type") == "reasoning":
-            if same and item.get("encrypted_content"):
-                out.append(item)
-            continue
-        if item.get("type") in _PORTABLE or _client_search(item) or "role" in item:
-            out.append({k: v for k, v in item.items() if k not in ("id", "status")})
-        elif same:
-            out.append(item)
-    return out
-
-
-def _tool_output(content: Any) -> Any:
-    """A chat tool message's content as a ``function_call_output``'s output: a string; its text
-    parts joined; other parts as Responses input parts (an image, a file)."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = _content_to_parts(content, output=False)
-    if isinstance(parts, list) and all(isinstance(p, dict) and p.get("type") == "input_text" for p in parts):
-        return "\n".join(str(p.get("text") or "") for p in parts)
-    return parts if isinstance(parts, list) else _encode(content).decode()
-
-
-def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) -> list[dict[str, Any]]:
-    """Responses input items for assembled chat messages (those made from items get their own
-    items back, as ``_native`` allows)."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        native = m.get(ITEMS)
-        if native and items_of(m) == "responses":  # (another dialect's: translated from the message)
-            kept = _native(native, m, provider)
-            calls_kept = {i.get("call_id") for i in kept if i.get("type") in _CALLS}
-            calls_now = {c.get("id") for c in m.get("tool_calls") or () if isinstance(c, dict)}
-            if calls_kept == calls_now:  # the pairing check left the message whole
-                out.extend(kept)
-                continue
-        role = m.get("role")
-        if role == "tool":
-            out.append({"type": "function_call_output", "call_id": m.get("tool_call_id"),
-                        "output": _tool_output(m.get("content"))})
-            continue
-        if role == "assistant":
-            if m.get("content") or m.get("refusal"):
-                parts = _content_to_parts(m.get("content"), output=True)
-                if m.get("refusal"):
-                    parts.append({"type": "refusal", "refusal": m["refusal"]})
-                out.append({"type": "message", "role": "assistant", "content": parts})
-            for call in m.get("tool_calls") or ():
-                fn = call.get("function") or {}
-                out.append({"type": "function_call", "call_id": call.get("id"), "name": fn.get("name"),
-                            "arguments": fn.get("arguments") or ""})
-            continue
-        out.append({"type": "message", "role": role or "user", "content": _content_to_parts(m.get("content"), output=False)})
-    return out
+def cleared(item: dict[str, Any], text: str) -> dict[str, Any] | None:
+    """A tool result item (``function_call_output``, ``custom_tool_call_output``) with its output
+    replaced by ``text`` (a cleared tool result, docs/behaviour.md#context-editing); None for any
+    other item."""
+    if item.get("type") in RESULTS:
+        return {**item, "output": text}
+    return None
