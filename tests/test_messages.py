@@ -630,15 +630,68 @@ def test_a_leading_system_messages_marker_is_kept(mproxy: Proxy, claude: FakeAnt
                                           {"type": "text", "text": "SYS", "cache_control": {"type": "ephemeral"}}]
 
 
-def test_documents_reach_a_chat_upstream_as_text(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
-    client(mproxy, key, f"/c/{cid}").messages.create(model="gpt-x", max_tokens=5, messages=[{"role": "user", "content": [
+_PDF = "JVBERi0xLjQK"  # (the first bytes of a PDF, base64)
+
+
+def test_documents_reach_a_chat_upstream_as_file_parts_or_text(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                              cid: str) -> None:
+    """A PDF an Anthropic client attaches reaches a chat model as chat's file part, which OpenAI's
+    models read (and a Responses model as an input_file); a plain-text document as its text; a
+    document by URL, which chat cannot fetch, and a PDF in a tool result (a chat tool message
+    takes text only) as a line naming it."""
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": _PDF},
+           "title": "plan.pdf"}
+    content = [
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "The plan: ship it."},
          "title": "plan.txt"},
-        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0x"}},
-        {"type": "text", "text": "summarise"}]}])
+        pdf,
+        {"type": "document", "source": {"type": "url", "url": "https://example.com/spec.pdf"}},
+        {"type": "text", "text": "summarise"}]
+    c = client(mproxy, key, f"/c/{cid}")
+    c.messages.create(model="gpt-x", max_tokens=5, messages=[{"role": "user", "content": content}])
     parts = upstream.last.messages[-1]["content"]
-    assert [p["type"] for p in parts] == ["text", "text", "text"]
-    assert "The plan: ship it." in parts[0]["text"] and "application/pdf" in parts[1]["text"]
+    assert [p["type"] for p in parts] == ["text", "file", "text", "text"]
+    assert "The plan: ship it." in parts[0]["text"]
+    assert parts[1]["file"] == {"filename": "plan.pdf", "file_data": f"data:application/pdf;base64,{_PDF}"}
+    assert "not readable" in parts[2]["text"] and "application/pdf" not in parts[2]["text"]
+
+    c.messages.create(model="native-x", max_tokens=16, messages=[{"role": "user", "content": [pdf]}])
+    assert upstream.responses_requests[-1].body["input"][-1]["content"] == [
+        {"type": "input_file", "filename": "plan.pdf", "file_data": f"data:application/pdf;base64,{_PDF}"}]
+
+    upstream.enqueue(Reply(tool_calls=[{"id": "call_1", "type": "function",
+                                        "function": {"name": "Read", "arguments": "{}"}}]))
+    use = c.messages.create(model="gpt-x", max_tokens=5, tools=[{"name": "Read", "input_schema": {"type": "object"}}],
+                            messages=[{"role": "user", "content": "read it"}]).content[-1]
+    c.messages.create(model="gpt-x", max_tokens=5, tools=[{"name": "Read", "input_schema": {"type": "object"}}],
+                      messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                              "content": [pdf]}]}])
+    result = upstream.last.messages[-1]
+    assert result["role"] == "tool" and "plan.pdf" in json.dumps(result["content"]) and _PDF not in json.dumps(result)
+
+
+def test_files_reach_an_anthropic_upstream_as_documents(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                        cid: str) -> None:
+    """The other way: an OpenAI client's file parts reach an Anthropic model as documents -- a PDF's
+    bytes as a PDF, a text file as its text, a file by URL (Responses' input_file) as a document
+    by URL; another provider's file id, which Anthropic cannot fetch, as a line naming it."""
+    oc = mproxy.openai(key, conversation=cid)
+    oc.chat.completions.create(model="claude-x", max_tokens=5, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "compare"},
+        {"type": "file", "file": {"filename": "a.pdf", "file_data": f"data:application/pdf;base64,{_PDF}"}},
+        {"type": "file", "file": {"filename": "b.txt", "file_data": "data:text/plain;base64,aGVsbG8="}},
+        {"type": "file", "file": {"file_id": "file-abc123"}}]}])
+    assert claude.last.body["messages"][-1]["content"] == [
+        {"type": "text", "text": "compare"},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": _PDF},
+         "title": "a.pdf"},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "hello"}, "title": "b.txt"},
+        {"type": "text", "text": "[file file-abc123: not readable by this model]"}]
+
+    oc.responses.create(model="claude-x", input=[{"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "and this"}, {"type": "input_file", "file_url": "https://example.com/c.pdf"}]}])
+    assert claude.last.body["messages"][-1]["content"][-1] == {
+        "type": "document", "source": {"type": "url", "url": "https://example.com/c.pdf"}}
 
 
 def test_a_translated_maximum_is_held_to_the_models_output(database_url: str, upstream_url: str,

@@ -153,7 +153,7 @@ def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
             parts.append({"type": "image_url", "image_url": image})
         elif kind == "input_file":
             only_text = False
-            parts.append({"type": "file", "file": {k: part[k] for k in ("file_id", "file_data", "filename") if k in part}})
+            parts.append({"type": "file", "file": {k: part[k] for k in ("file_id", "file_data", "file_url", "filename") if k in part}})
         else:
             only_text = False
             parts.append(part)

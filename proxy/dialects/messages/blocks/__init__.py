@@ -16,7 +16,7 @@ message back together exactly as the client sent it. The ``system`` field is a `
     fragment                                  chat message (``ITEMS``: [the fragment])
     system item                               system (text joined)
     user: tool_result                          tool (tool_use_id, content)
-    user: text / image / document ...          user (text joined; other blocks as parts)
+    user: text / image / document ...          user (text joined; other blocks as parts: a PDF as a file part)
     assistant: text, tool_use, thinking ...    assistant (text joined, tool_calls, reasoning_content)
 
 A ``system`` message among the messages (Claude Code sends one) is a system item marked ``INLINE``:

@@ -7,6 +7,7 @@ functions.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import re
 from collections.abc import Iterable
@@ -46,10 +47,40 @@ def _parts_to_blocks(content: Any) -> list[dict[str, Any]]:
                 blocks.append({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
             else:
                 blocks.append({"type": "image", "source": {"type": "url", "url": url}})
+        elif kind == "file":
+            blocks.append(_document(part.get("file") if isinstance(part.get("file"), dict) else {}))
         elif kind in ("image", "document", "search_result"):
             blocks.append(part)
-        # (audio, files by id ...: nothing Anthropic reads)
+        # (audio ...: nothing Anthropic reads)
     return blocks
+
+
+def _document(file: dict[str, Any]) -> dict[str, Any]:
+    """Chat's file part as Anthropic's document: a PDF's bytes or URL as they are, a text file as
+    its text; anything else (another provider's file id, a format Anthropic does not read) as a
+    line saying what it was."""
+    name = file.get("filename") if isinstance(file.get("filename"), str) and file.get("filename") else None
+    data, url = file.get("file_data"), file.get("file_url")
+    block: dict[str, Any] | None = None
+    if isinstance(data, str) and data.startswith("data:") and ";base64," in data:
+        media, payload = data[5:].split(";base64,", 1)
+        if media == "application/pdf":
+            block = {"type": "document", "source": {"type": "base64", "media_type": media, "data": payload}}
+        elif media.startswith("text/"):
+            try:
+                text = base64.b64decode(payload, validate=True).decode()
+            except (ValueError, UnicodeDecodeError):
+                text = None
+            if text is not None:
+                block = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text}}
+    elif isinstance(url, str) and url:
+        block = {"type": "document", "source": {"type": "url", "url": url}}
+    if block is None:
+        what = name or file.get("file_id") or "file"
+        return {"type": "text", "text": f"[file {what}: not readable by this model]"}
+    if name:
+        block["title"] = name
+    return block
 
 
 def _input(arguments: Any) -> Any:

@@ -85,8 +85,21 @@ def _image_part(block: dict[str, Any]) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def _user_content(blocks: list[Any]) -> Any:
-    """Chat content of user blocks: the text joined when there is only text, else parts."""
+def _file_part(block: dict[str, Any]) -> dict[str, Any] | None:
+    """A document of bytes (a PDF, base64) as chat's file part, which OpenAI's models read; None
+    for any other document (by URL or by an Anthropic file id: nothing another provider can fetch)."""
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    media, data = source.get("media_type"), source.get("data")
+    if source.get("type") != "base64" or not isinstance(media, str) or not isinstance(data, str):
+        return None
+    name = block["title"] if isinstance(block.get("title"), str) and block["title"] else (
+        "document.pdf" if media == "application/pdf" else "document")
+    return {"type": "file", "file": {"filename": name, "file_data": f"data:{media};base64,{data}"}}
+
+
+def _user_content(blocks: list[Any], *, files: bool = True) -> Any:
+    """Chat content of user blocks: the text joined when there is only text, else parts.
+    ``files``: a document of bytes as a file part (a tool message takes text only)."""
     parts: list[dict[str, Any]] = []
     only_text = True
     for block in blocks:
@@ -98,7 +111,10 @@ def _user_content(blocks: list[Any]) -> Any:
         elif block.get("type") == "image":
             only_text = False
             parts.append(_image_part(block))
-        else:  # documents, search results ...: as text a chat upstream can read
+        elif files and block.get("type") == "document" and (file := _file_part(block)) is not None:
+            only_text = False
+            parts.append(file)
+        else:  # other documents, search results ...: as text a chat upstream can read
             only_text = False
             parts.append({"type": "text", "text": _as_text(block)})
     if only_text:
@@ -114,6 +130,9 @@ def _as_text(block: dict[str, Any]) -> str:
     title = f" {block['title']}" if isinstance(block.get("title"), str) else ""
     if kind == "document" and source.get("type") == "text" and isinstance(source.get("data"), str):
         return f"[document{title}]\n{source['data']}"
+    if kind == "document" and source.get("type") == "content":  # (a document of the client's own blocks)
+        texts = [b["text"] for b in _blocks(source.get("content")) if isinstance(b, dict) and _text(b) is not None]
+        return f"[document{title}]\n" + "\n".join(texts)
     if kind == "search_result":
         texts = [b.get("text") for b in _blocks(block.get("content")) if isinstance(b, dict) and isinstance(b.get("text"), str)]
         return f"[search result{title}: {block.get('source', '')}]\n" + "\n".join(texts)
@@ -130,7 +149,7 @@ def _tool_content(content: Any) -> Any:
         return content or ""
     blocks = [{"type": "text", "text": _image_in_a_tool_result(b)} if isinstance(b, dict) and b.get("type") == "image"
               else b for b in _blocks(content)]
-    return _user_content(blocks)
+    return _user_content(blocks, files=False)
 
 
 def _image_in_a_tool_result(block: dict[str, Any]) -> str:
