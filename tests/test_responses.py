@@ -210,6 +210,10 @@ def test_retrieve_input_items_and_delete(proxy, upstream, key, cid, db):
         client.responses.retrieve(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, input="x", previous_response_id=first.id)
+    with pytest.raises(openai.NotFoundError) as e:  # nor its items, from anywhere
+        proxy.openai(key, conversation=f"{cid}-elsewhere").responses.create(
+            model=MODEL, input=[{"type": "item_reference", "id": first.output[0].id}])
+    assert e.value.body["code"] == "item_not_found"
     raw_create(client, input="e")  # the withdrawn response's items are still this call's context
     assert [m["content"] for m in upstream.last.messages][:4] == ["Be brief.", "a", "b", "c"]
     # a leaf nobody needs goes with its node
@@ -231,6 +235,11 @@ def test_a_deleted_conversations_responses_are_gone_though_its_fork_keeps_their_
     with pytest.raises(openai.NotFoundError) as e:
         bare.responses.create(model=MODEL, input="go on", previous_response_id=first.id)
     assert e.value.body["code"] == "node_not_found" and cid not in e.value.message
+    sent = len(upstream.requests)
+    with pytest.raises(openai.NotFoundError) as e:  # its answer is not sent anywhere again
+        proxy.openai(key, conversation=f"{cid}-other").responses.create(
+            model=MODEL, input=[{"type": "item_reference", "id": first.output[0].id}, {"role": "user", "content": "?"}])
+    assert e.value.body["code"] == "item_not_found" and len(upstream.requests) == sent
     raw_create(proxy.openai(key, conversation=f"{cid}-f"), input="the fork goes on")
     assert [m["content"] for m in upstream.last.messages][0] == "shared question"
 

@@ -60,13 +60,14 @@ def _node_of_item(item_id: Any) -> uuid.UUID | None:
 async def resolve_references(items: list[dict[str, Any]], admin: AdminStore, caller: Caller) -> list[dict[str, Any]]:
     """Input items that reference stored output items (``item_reference``, as clients send when
     they take ``store: true`` at its word) replaced by the items themselves -- the proxy stores
-    them, so it resolves them."""
+    them, so it resolves them. A withdrawn response's items are not found, as the response itself
+    is not: what was deleted is not sent upstream again."""
     if not any(i.get("type") == "item_reference" for i in items):
         return items
     found: dict[str, dict[str, Any]] = {}
     for node_id in {_node_of_item(i.get("id")) for i in items if i.get("type") == "item_reference"} - {None}:
         node = await admin.node(caller.tenant, node_id)
-        if node is None:
+        if node is None or node.response_deleted:
             continue
         if node.api == "responses":
             for item in [*(node.received or []), *node.sent]:
