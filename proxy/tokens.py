@@ -33,7 +33,9 @@ little; it is never above the 4-per-character bound.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -42,8 +44,8 @@ import msgspec
 
 from .assembly import PathLike
 
-__all__ = ["EXACT_CHARS", "TokenCounter", "cached_prompt", "estimate_request", "measured_context", "off_loop",
-           "reported_prompt"]
+__all__ = ["EXACT_CHARS", "PDF_PAGE_TOKENS", "TokenCounter", "cached_prompt", "estimate_request", "file_tokens",
+           "measured_context", "off_loop", "reported_prompt"]
 
 log = logging.getLogger("branchpoint.tokens")
 
@@ -140,6 +142,8 @@ class TokenCounter:
                     total += text(part["text"])
                 elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image"):
                     total += 765  # a high-detail 512x512 tile set; images are rare in long contexts
+                elif isinstance(part, dict) and part.get("type") in ("file", "input_file"):
+                    total += file_tokens(part.get("file") if part.get("type") == "file" else part)
                 else:
                     total += text(_encode_json(part).decode())
             return total
@@ -159,6 +163,35 @@ class TokenCounter:
 
     def messages(self, messages: Iterable[Any], text: Callable[[str], int] | None = None) -> int:
         return sum(self.message(m, text) for m in messages)
+
+
+# a file part (chat's ``file``, Responses' ``input_file``): a PDF reads as its pages' text and an
+# image of each page -- 1,500-3,000 tokens a page as providers document it
+PDF_PAGE_TOKENS = 2_500
+_PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
+_PDF_BYTES_PER_PAGE = 40_000  # (pages not found, or too large to look: compressed object streams)
+_PDF_LOOK_BYTES = 8 << 20
+
+
+def file_tokens(file: Any) -> int:
+    """A file part's tokens, estimated: never its base64 bytes counted as text (a 1 MB PDF would
+    read as a million tokens and set off a compaction). A PDF: ``PDF_PAGE_TOKENS`` per page (its
+    page objects counted; else one page per ``_PDF_BYTES_PER_PAGE`` bytes); a text file: its
+    bytes, a token per three; a file by id or URL (its size unknown): one page."""
+    data = file.get("file_data") if isinstance(file, dict) else None
+    if not isinstance(data, str) or not data.startswith("data:") or ";base64," not in data:
+        return PDF_PAGE_TOKENS
+    media, payload = data[5:].split(";base64,", 1)
+    size = len(payload) * 3 // 4
+    if media.startswith("text/"):
+        return max(1, size // 3)
+    pages = 0
+    if size <= _PDF_LOOK_BYTES:
+        try:
+            pages = len(_PDF_PAGE.findall(base64.b64decode(payload)))
+        except ValueError:
+            pages = 0
+    return max(1, pages or -(-size // _PDF_BYTES_PER_PAGE)) * PDF_PAGE_TOKENS
 
 
 class _PathNode(PathLike, Protocol):

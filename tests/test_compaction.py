@@ -2,6 +2,7 @@
 summariser, and assertions on what the upstream received after the compaction."""
 
 import asyncio
+import base64
 import threading
 import time
 import uuid
@@ -558,3 +559,39 @@ def test_an_upstream_that_reports_no_usage_is_compacted_in_the_background_by_the
     node = wait_for(lambda: compaction_nodes(small.db, cid), what="the background compaction")[0]
     assert str(node["compacted_from"]) == h["x-node-id"] and small.db.head(cid) == str(node["id"])
     assert "note 0" in upstream.summariser_requests[0].text()
+
+
+def _pdf(pages: int, size: int) -> str:
+    """A PDF's bytes as base64: ``pages`` page objects, then binary filler (its images) to ``size``."""
+    body = b"%PDF-1.7\n" + b"".join(b"%d 0 obj << /Type /Page /Parent 1 0 R >> endobj\n" % (i + 2) for i in range(pages))
+    body += b"1 0 obj << /Type /Pages /Count %d >> endobj\n" % pages
+    return base64.b64encode(body + bytes(range(256)) * ((size - len(body)) // 256)).decode()
+
+
+def test_an_attached_file_counts_by_its_pages_not_its_base64(fresh_database_url, upstream_url, upstream, key, cid):
+    """A 1 MB PDF of three pages is ~7,500 tokens to a model, not the hundreds of thousands its
+    base64 reads as text: a 200K-window model's conversation is not compacted for it, and the
+    file reaches the model as it was sent."""
+    assert tokens_module.file_tokens({"file_data": "data:application/pdf;base64," + _pdf(3, 1 << 20)}) == \
+        3 * tokens_module.PDF_PAGE_TOKENS
+    assert tokens_module.file_tokens({"file_data": "data:text/plain;base64," + base64.b64encode(b"x" * 300).decode()}) == 100
+    assert tokens_module.file_tokens({"file_id": "file-abc"}) == tokens_module.PDF_PAGE_TOKENS
+    settings = make_settings(fresh_database_url, upstream_url,
+                             models={"wide*": {"context_window": 200_000, "max_output_tokens": 8_000}})
+    with serve_proxy(settings) as p:
+        client = p.openai(key, conversation=cid)
+        client.chat.completions.create(model="wide-1", messages=[user("hello")])
+        pdf = {"type": "file", "file": {"filename": "report.pdf",
+                                        "file_data": "data:application/pdf;base64," + _pdf(3, 1 << 20)}}
+        client.chat.completions.create(model="wide-1", messages=[
+            {"role": "user", "content": [{"type": "text", "text": "summarise"}, pdf]}])
+        client.chat.completions.create(model="wide-1", messages=[user("and the second page?")])
+        assert upstream.summariser_requests == [] and compaction_nodes(Db(fresh_database_url), cid) == []
+        assert upstream.last.messages[2]["content"][1] == pdf
+        # summarised, it is named in the transcript: its base64 is nothing a summary can use
+        for i in range(4):
+            client.chat.completions.create(model="wide-1", messages=[user(f"more {i}")])
+        r = p.http(key).post(f"/admin/conversations/{cid}/compact")
+        assert r.status_code == 200 and r.json()["compacted"] is True, r.text
+        asked = "".join(r.raw.decode() for r in upstream.summariser_requests)
+        assert "[file report.pdf]" in asked and _pdf(3, 1 << 20)[:4000] not in asked

@@ -57,6 +57,15 @@ def is_summary(item: Any) -> bool:
     return _role(item) == "user" and isinstance(item.get("content"), str) and item["content"].startswith(SUMMARY_PREFIX)
 
 
+_FILES = ("file", "input_file")
+
+
+def _file_name(part: dict[str, Any]) -> str:
+    file = part.get("file") if part.get("type") == "file" and isinstance(part.get("file"), dict) else part
+    name = file.get("filename") or file.get("file_id") or file.get("file_url")
+    return name if isinstance(name, str) else "attached"
+
+
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -68,6 +77,8 @@ def _text(content: Any) -> str:
                     parts.append(part["text"])
                 elif part.get("type") in ("image_url", "input_image"):
                     parts.append("[image]")
+                elif part.get("type") in _FILES:  # (named: its base64 is nothing a summary can read)
+                    parts.append(f"[file {_file_name(part)}]")
                 else:
                     parts.append(msgspec.json.encode(part).decode())
         return "\n".join(parts)
@@ -107,7 +118,7 @@ def clip(item: Any, limit: int, tokens: TokenCounter) -> Any:
                 cut = _clip_text(part["text"], limit, tokens)
                 if cut is not part["text"]:
                     part, changed = {**part, "text": cut}, True
-            elif isinstance(part, dict) and part.get("type") not in ("image_url", "input_image"):
+            elif isinstance(part, dict) and part.get("type") not in ("image_url", "input_image", *_FILES):
                 raw = _text([part])
                 cut = _clip_text(raw, limit, tokens)
                 if cut is not raw:
