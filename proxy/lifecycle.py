@@ -316,6 +316,11 @@ class CallLifecycle:
             _upstream_time(time.perf_counter() - t0)
             t = end.translator
             failure = end.failure
+            try:
+                usage = t.usage
+            except Exception:  # (a usage that cannot be read is left out: it never leaves the node pending)
+                log.exception("a streamed answer's usage could not be read")
+                usage = None
             if failure is None:
                 try:
                     received = t.received()
@@ -324,10 +329,10 @@ class CallLifecycle:
                     log.exception("a streamed answer could not be read")
                     failure = relay_error(exc)
                 else:
-                    await self.outcomes.finish(started, Outcome.SUCCESS, received=received, usage=t.usage,
+                    await self.outcomes.finish(started, Outcome.SUCCESS, received=received, usage=usage,
                                                finish_reason=t.finish_reason, received_messages=messages)
                     return None
-            await self.outcomes.finish(started, failure.outcome, error=failure.error, usage=t.usage)
+            await self.outcomes.finish(started, failure.outcome, error=failure.error, usage=usage)
             return None if failure is end.failure else failure
 
         if not any(k.lower() == "content-type" for k, _ in headers):

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from .conftest import make_settings, serve_proxy, spawn_proxy, wait_for
@@ -206,6 +207,64 @@ def test_odd_usage_is_ignored_and_the_answer_comes_back_with_its_node(proxy, ups
         assert 0 <= grown <= 10**12, (direction, grown)
     r2 = _post(proxy, key, cid, {"model": MODEL, "messages": [user("next")]})
     assert r2.status_code == 200 and r2.headers["x-parent-node-id"] == r.headers["x-node-id"]
+
+
+ODD_DETAILS = [
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "prompt_tokens_details": 3},
+    {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15, "completion_tokens_details": "x"},
+    {"prompt_tokens": 10, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": "all"}},
+]
+
+
+def _in_responses_terms(usage: dict[str, Any]) -> dict[str, Any]:
+    return {k.replace("prompt_", "input_").replace("completion_", "output_"): v for k, v in usage.items()}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("usage", [*ODD_USAGE, *ODD_DETAILS], ids=[str(i) for i in range(len(ODD_USAGE) + len(ODD_DETAILS))])
+def test_odd_usage_through_a_translation_fails_no_call(native, upstream, key, cid, usage, stream):
+    """The same through a translation -- a Responses client over a chat upstream, a chat client
+    over a Responses one (the usage in its terms): the answer comes back, its node is stored, the
+    conversation is free for the next call. (A text count failed the call, 500; streamed, its node
+    stayed pending, its lease renewed for as long as the process lived: every later call 409.)"""
+    client = native.openai(key, conversation=cid)
+    upstream.enqueue(Reply(kind="stream" if stream else "json", content="fine", usage=usage))
+    if stream:
+        events = list(client.responses.create(model=MODEL, input="q", stream=True))
+        assert events[-1].type == "response.completed", events[-1]
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "fine"
+    else:
+        assert client.responses.create(model=MODEL, input="q").output_text == "fine"
+    upstream.enqueue(Reply(content="fine too", usage=_in_responses_terms(usage)))
+    if stream:
+        chunks = client.chat.completions.create(model="native-1", messages=[user("again")], stream=True,
+                                                stream_options={"include_usage": True})
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "fine too"
+    else:
+        assert client.chat.completions.create(model="native-1", messages=[user("again")]).choices[0].message.content \
+            == "fine too"
+    nodes = native.http(key).get(f"/admin/conversations/{cid}/tree").json()["data"]
+    assert [n["status"] for n in nodes] == ["success", "success"]
+    assert client.chat.completions.create(model=MODEL, messages=[user("next")]).choices[0].message.content
+
+
+def test_a_stream_whose_usage_cannot_be_read_still_finishes_its_node(native, upstream, key, cid, monkeypatch):
+    """Whatever a stream's translation cannot read at its end, its node is finished -- failed, as
+    an answer that cannot be read is -- and the conversation is free: a usage that raised there left
+    the node pending and its lease renewed for as long as the process lived (every later call 409)."""
+    from proxy.dialects.responses.stream import FromChat
+
+    def broken(self: Any) -> Any:
+        raise ValueError("unreadable usage")
+
+    monkeypatch.setattr(FromChat, "usage", property(broken))
+    client = native.openai(key, conversation=cid)
+    with pytest.raises(openai.APIConnectionError):  # (its last event cannot be written either)
+        list(client.responses.create(model=MODEL, input="q", stream=True))
+    (node,) = native.http(key).get(f"/admin/conversations/{cid}/tree").json()["data"]
+    assert node["status"] == "failed"
+    monkeypatch.undo()
+    assert client.responses.create(model=MODEL, input="next").output_text
 
 
 # -- 3. a client's request nested deeply, with a NUL inside --------------------------------------

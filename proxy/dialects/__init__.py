@@ -34,12 +34,21 @@ from ..errors import InvalidRequest
 from ..relay import Translator
 
 __all__ = ["CACHE_WRITES", "DROPPED_TOOLS", "Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
-           "message_path", "parse_model_request", "refuse_own_keys", "summary_keys"]
+           "message_path", "parse_model_request", "refuse_own_keys", "summary_keys",
+           "usage_count"]
 
 # Usage in the pivot's terms is chat's, and one field more: the tokens an upstream wrote to its
 # prompt cache (Anthropic's name; chat has none, and counts them among the prompt tokens). Every
 # translation that meets them carries them, so a node's usage keeps what the upstream reported.
 CACHE_WRITES = "cache_creation_input_tokens"
+
+
+def usage_count(value: Any) -> int:
+    """A token count of an upstream's usage, as a number a translation adds up: anything but a
+    plausible whole number (text, a float, a bool, a negative) counts 0 -- an odd usage object is
+    the upstream's, and never fails the call it came with."""
+    return value if type(value) is int and 0 <= value <= 10**9 else 0
+
 # In a call's params (and its node's): the hosted tools it offered and a translation goes without
 # (``Crossing.prepare``), so its build, and its replay, leave them out again.
 DROPPED_TOOLS = "_bp_dropped_tools"

@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from ...errors import InvalidRequest
-from .. import CACHE_WRITES
+from .. import CACHE_WRITES, usage_count
 from ..chat.completion import call_id
 from .blocks.from_chat import _input, _parts_to_blocks
 
@@ -188,10 +188,6 @@ def message_id(node_id: uuid.UUID) -> str:
     return f"msg_{node_id.hex}"
 
 
-def _count(value: Any) -> int:
-    return value if type(value) is int and 0 <= value <= 10**9 else 0
-
-
 def chat_usage(usage: Any) -> dict[str, Any] | None:
     """An Anthropic usage object in chat terms: prompt tokens count cache reads and writes, the
     reads are chat's cached tokens, and the writes -- chat has no word for them -- keep Anthropic's
@@ -199,10 +195,10 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
     node stores loses nothing the upstream reported (docs/behaviour.md, "Cached tokens")."""
     if not isinstance(usage, dict):
         return None
-    cached = _count(usage.get("cache_read_input_tokens"))
-    written = _count(usage.get("cache_creation_input_tokens"))
-    prompt = _count(usage.get("input_tokens")) + cached + written
-    completion = _count(usage.get("output_tokens"))
+    cached = usage_count(usage.get("cache_read_input_tokens"))
+    written = usage_count(usage.get("cache_creation_input_tokens"))
+    prompt = usage_count(usage.get("input_tokens")) + cached + written
+    completion = usage_count(usage.get("output_tokens"))
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     if cached:
         out["prompt_tokens_details"] = {"cached_tokens": cached}
@@ -216,10 +212,10 @@ def anthropic_usage(usage: Any) -> dict[str, Any]:
     if not isinstance(usage, dict):
         return {"input_tokens": 0, "output_tokens": 0}
     details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
-    cached = _count(details.get("cached_tokens"))
-    written = _count(usage.get(CACHE_WRITES))
-    prompt = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
-    out = {"input_tokens": max(0, prompt - cached - written), "output_tokens": _count(usage.get("completion_tokens",
+    cached = usage_count(details.get("cached_tokens"))
+    written = usage_count(usage.get(CACHE_WRITES))
+    prompt = usage_count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    out = {"input_tokens": max(0, prompt - cached - written), "output_tokens": usage_count(usage.get("completion_tokens",
                                                                                               usage.get("output_tokens")))}
     if cached:
         out["cache_read_input_tokens"] = cached

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from ...assembly import NATIVE
-from .. import CACHE_WRITES
+from .. import CACHE_WRITES, usage_count
 from ..chat.completion import call_id
 from .tools import (
     DROPPED,
@@ -125,14 +125,14 @@ def convert_usage(usage: Any, source: tuple[str, ...], target: tuple[str, ...]) 
     input and output counts, cached input and reasoning output tokens, the total."""
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get(source[0]) or 0
-    completion = usage.get(source[1]) or 0
-    cached = (usage.get(source[2]) or {}).get("cached_tokens") or 0
-    reasoning = (usage.get(source[3]) or {}).get("reasoning_tokens") or 0
+    prompt, completion = usage_count(usage.get(source[0])), usage_count(usage.get(source[1]))
+    details_in, details_out = usage.get(source[2]), usage.get(source[3])
+    cached = usage_count(details_in.get("cached_tokens")) if isinstance(details_in, dict) else 0
+    reasoning = usage_count(details_out.get("reasoning_tokens")) if isinstance(details_out, dict) else 0
     out = {target[0]: prompt, target[2]: {"cached_tokens": cached},
            target[1]: completion, target[3]: {"reasoning_tokens": reasoning},
-           "total_tokens": usage.get("total_tokens") or prompt + completion}
-    if usage.get(CACHE_WRITES):  # (an Anthropic upstream's cache writes: neither API has a word for them)
+           "total_tokens": usage_count(usage.get("total_tokens")) or prompt + completion}
+    if usage_count(usage.get(CACHE_WRITES)):  # (an Anthropic upstream's cache writes: neither API has a word for them)
         out[CACHE_WRITES] = usage[CACHE_WRITES]
     return out
 
