@@ -20,6 +20,7 @@ __all__ = [
     "Conversation",
     "ConversationList",
     "Deleted",
+    "ExportedConversation",
     "ExportedNode",
     "Node",
     "NodeList",
@@ -166,15 +167,34 @@ def node_of(row: NodeRow, cls: type[Node] = Node, **extra: Any) -> Node:
     return cls(**{f: getattr(row, f) for f in _NODE_FIELDS}, method=compaction_method(row), **extra)
 
 
+class ExportedConversation(msgspec.Struct, omit_defaults=True):
+    """The conversation's own fields, on an export's first line: when it was made, and the
+    Conversations API's metadata when it was given any."""
+
+    created_at: datetime
+    metadata: dict[str, str] | None = None
+
+
 class ExportedNode(Node, omit_defaults=False):
     """A line of an export (``GET .../export``, ``branchpoint conversations export``): every field
-    of the node, and whether it is the conversation's head -- what an import needs."""
+    of the node, and whether it is the conversation's head -- what an import needs: also whether
+    its response was withdrawn, the hash of the request it sent (hex), a compaction's summariser
+    request as sent, and on the first line the conversation's own fields."""
 
     head: bool = False
+    response_deleted: bool = False
+    request_hash: str | None = None
+    summariser_request: str | None = None
+    conversation: ExportedConversation | None = None
 
 
-def exported(row: NodeRow, head: uuid.UUID | None) -> ExportedNode:
-    return node_of(row, ExportedNode, head=row.id == head)  # type: ignore[return-value]
+def exported(row: NodeRow, head: uuid.UUID | None, *, summariser_request: bytes | None = None,
+             conversation: ExportedConversation | None = None) -> ExportedNode:
+    return node_of(row, ExportedNode, head=row.id == head,  # type: ignore[return-value]
+                   response_deleted=row.response_deleted,
+                   request_hash=row.request_hash.hex() if row.request_hash is not None else None,
+                   summariser_request=summariser_request.decode("utf-8", "replace") if summariser_request else None,
+                   conversation=conversation)
 
 
 def tree_node_of(row: TreeRow) -> TreeNode:

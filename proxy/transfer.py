@@ -1,9 +1,12 @@
 """Exports and imports of a conversation's tree (docs/behaviour.md#export-and-import).
 
 An export is JSON Lines, one node a line, oldest first, every field of the node and ``head`` on
-the conversation's head (``proxy.admin_objects.ExportedNode``). An import re-creates such a file as
-a new conversation: fresh node ids (parents and compaction origins follow), calls that were still
-in flight marked interrupted, and each node's matching keys computed from its items.
+the conversation's head (``proxy.admin_objects.ExportedNode``; ``export_lines`` writes it for the
+admin API and the CLI alike); its first line also carries the conversation's own fields. An import
+re-creates such a file as a new conversation: fresh node ids (parents, compaction origins and the
+nodes a clearing's placeholders name follow), calls that were still in flight marked interrupted,
+each node's matching keys computed from its items, and what was withdrawn from the Responses API
+still withdrawn.
 
 An import may come from anyone with a key (``POST /admin/conversations/{id}/import``), so the file
 is checked whole before anything is written: a node the tree's rules, the assembly or the
@@ -12,26 +15,50 @@ database could not take is refused (``NotAnExport``, a 400), never stored.
 
 from __future__ import annotations
 
+import re
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from storage import uuid7
 from storage.transcript import node_keys
 
-from .admin_objects import in_utc
+from .admin_objects import ExportedConversation, exported, in_utc
 from .assembly import CHAT_ROLES
 from .compaction import clearing
 from .dialects import dialect
 
-__all__ = ["NotAnExport", "Prepared", "prepare_import"]
+if TYPE_CHECKING:
+    from storage import AdminStore, ConversationRow
+
+__all__ = ["NotAnExport", "Prepared", "export_lines", "prepare_import"]
+
+_encode = msgspec.json.Encoder().encode
+_HASH = re.compile(r"[0-9a-f]{64}")
+MAX_METADATA = 16  # the Conversations API's limits: pairs, key and value lengths (OpenAI's)
+
+
+async def export_lines(admin: AdminStore, conv: ConversationRow) -> AsyncIterator[bytes]:
+    """A conversation's export, a line at a time: its nodes oldest first, a compaction's
+    summariser request with it, the conversation's own fields on the first line."""
+    first: ExportedConversation | None = ExportedConversation(conv.created_at, conv.metadata)
+    async for row in admin.export(conv):
+        summariser = await admin.summariser_request(row) if row.kind == "compaction" else None
+        yield _encode(exported(row, conv.head_node_id, summariser_request=summariser, conversation=first)) + b"\n"
+        first = None
 
 
 class NotAnExport(ValueError):
     """The file is not an export this proxy can import; the message says where and why."""
+
+
+class _Conversation(msgspec.Struct, forbid_unknown_fields=False):
+    created_at: datetime | None = None
+    metadata: dict[str, str] | None = None
 
 
 class _Line(msgspec.Struct, forbid_unknown_fields=False):
@@ -56,6 +83,10 @@ class _Line(msgspec.Struct, forbid_unknown_fields=False):
     finished_at: datetime | None = None
     api: Literal["chat", "responses", "messages"] = "chat"
     head: bool = False
+    response_deleted: bool = False
+    request_hash: str | None = None
+    summariser_request: str | None = None
+    conversation: _Conversation | None = None
 
 
 _decode_line = msgspec.json.Decoder(_Line).decode
@@ -66,6 +97,24 @@ class Prepared:
     nodes: list[dict[str, Any]]  # ready for AdminStore.import_tree
     head: uuid.UUID | None
     compactions: int
+    created_at: datetime | None = None  # the conversation's, as exported
+    metadata: dict[str, str] | None = None  # its Conversations API metadata, as exported
+
+
+def _conversation(line: _Line) -> tuple[datetime | None, dict[str, str] | None]:
+    """The conversation's own fields of an export's first line, checked as the Conversations API
+    checks its metadata."""
+    conv = line.conversation
+    if conv is None:
+        return None, None
+    if conv.created_at is not None and in_utc(conv.created_at) is None:
+        raise NotAnExport("line 1: the conversation's created_at is outside the years 1 to 9999 (UTC)")
+    metadata = conv.metadata
+    if metadata is not None and (len(metadata) > MAX_METADATA or any(
+            len(k) > 64 or len(v) > 512 or "\x00" in k + v for k, v in metadata.items())):
+        raise NotAnExport(f"line 1: the conversation's metadata holds at most {MAX_METADATA} pairs, "
+                          "keys of at most 64 characters and values of at most 512")
+    return conv.created_at, metadata
 
 
 def _outcome(line: _Line) -> str | None:
@@ -171,9 +220,12 @@ def prepare_import(data: bytes) -> Prepared:
                 raise NotAnExport(f"{where}: a second head")
             head = new_id  # (on any node: the admin API moves it to any finished one)
         sent, params = line.sent, line.params
-        if line.kind == "compaction" and isinstance(params, dict) and params.get("method") == clearing.METHOD:
-            # (its placeholders name the nodes holding the originals: their new ids)
+        if line.kind == "compaction":
+            # (a clearing's placeholders -- and those a summary kept among its recent items -- name
+            # the nodes holding the originals: their new ids)
             sent, params = clearing.renamed(sent, ids), clearing.renamed(params, ids)
+        if line.request_hash is not None and not _HASH.fullmatch(line.request_hash):
+            raise NotAnExport(f"{where}: request_hash is not a sha256 in hex")
         nodes.append({
             "id": new_id,
             "parent_id": ids[line.parent_id] if line.parent_id else None,
@@ -183,6 +235,8 @@ def prepare_import(data: bytes) -> Prepared:
             "model": _text(line.model), "provider": _text(line.provider), "params": params, "usage": line.usage,
             "finish_reason": _text(line.finish_reason), "error": error, "depth": depth[line.id],
             "created_at": line.created_at, "finished_at": finished_at, "api": line.api,
+            "response_deleted": line.response_deleted, "request_hash": line.request_hash,
+            "summariser_request": _text(line.summariser_request) if line.kind == "compaction" else None,
         })
 
     def as_messages(node: dict[str, Any], items: list[Any]) -> list[Any]:
@@ -191,5 +245,7 @@ def prepare_import(data: bytes) -> Prepared:
     keys = node_keys(nodes, as_messages)  # what each node is matched by, computed from its items
     for node in nodes:
         k = keys[node["id"]]
-        node.update(chain=k.chain.hex(), answered=k.answered, system_hash=k.system_hash.hex() if k.system_hash else None)
-    return Prepared(nodes, head, sum(1 for n in nodes if n["kind"] == "compaction"))
+        node.update(chain=k.chain.hex(), answered=k.answered, system_hash=k.system_hash.hex() if k.system_hash else None,
+                    answer=k.answer.hex() if k.answer else None)
+    created_at, metadata = _conversation(lines[0])
+    return Prepared(nodes, head, sum(1 for n in nodes if n["kind"] == "compaction"), created_at, metadata)

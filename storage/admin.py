@@ -145,15 +145,18 @@ class AdminStore:
             after = (page[-1].created_at, page[-1].id)
 
     async def import_tree(self, tenant: str, conversation_id: str, nodes: list[dict[str, Any]],
-                          head: uuid.UUID | None, compactions: int) -> int | None:
-        """Insert an exported tree (ids already remapped) as a new conversation, in one statement.
-        Returns the number of nodes written, or None when the conversation id is taken."""
+                          head: uuid.UUID | None, compactions: int, *, metadata: dict[str, str] | None = None,
+                          created_at: datetime | None = None) -> int | None:
+        """Insert an exported tree (ids already remapped) as a new conversation, in one statement
+        (``metadata`` and ``created_at``: the conversation's own, as exported). Returns the number
+        of nodes written, or None when the conversation id is taken."""
         shared = []
         for node in nodes:
             given = node.get("params")
             sent, params = await self.shared.prepare(tenant, node["sent"], given or {})
             shared.append({**node, "sent": sent, "params": params if given is not None else given})
         nodes = shared
-        row = await self.db.fetchrow(queries.IMPORT_TREE, tenant, conversation_id, uuid7(), head, compactions, nodes)
+        row = await self.db.fetchrow(queries.IMPORT_TREE, tenant, conversation_id, uuid7(), head, compactions, nodes,
+                                     metadata, created_at)
         assert row is not None
         return row["nodes"] if row["created"] else None

@@ -235,6 +235,7 @@ class NodeKeys(msgspec.Struct, frozen=True):
     chain: bytes
     answered: bool
     system_hash: bytes | None
+    answer: bytes | None = None  # a turn that succeeded: the digest of the first message it received
 
 
 def node_keys(nodes: Iterable[dict[str, Any]],
@@ -272,10 +273,13 @@ def node_keys(nodes: Iterable[dict[str, Any]],
                 continue
             h = fold(base.chain if base else EMPTY, digests(sent))
             succeeded = n.get("outcome") == "success"
+            answer = None
             if succeeded:
-                h = fold(h, digests(received))
+                received_digests = digests(received)
+                h = fold(h, received_digests)
+                answer = received_digests[0] if n["kind"] == "turn" and received_digests else None
             keys[n["id"]] = NodeKeys(h, bool(base and base.answered) or (succeeded and bool(received)),
-                                     own_system or (base.system_hash if base else None))
+                                     own_system or (base.system_hash if base else None), answer)
     return keys
 
 

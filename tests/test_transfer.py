@@ -6,12 +6,14 @@ written."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
+import openai
 import pytest
 
-from .conftest import assert_invariants, tenant_of
+from .conftest import assert_invariants, make_settings, serve_proxy, tenant_of
 from .fakes import Reply
 from .helpers import say, tool, tool_call, user
 
@@ -205,3 +207,88 @@ def test_a_head_the_admin_api_put_anywhere_comes_back_with_the_import(proxy, ups
     assert r.status_code == 201, r.text
     head = http.get(f"/admin/conversations/{cid}-copy/path").json()["data"][-1]
     assert (head["kind"], head["outcome"], head["sent"]) == (kind, outcome, target["sent"])
+
+
+def _copy(proxy: Any, key: str, cid: str, name: str = "copy") -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The conversation exported and imported as ``<cid>-<name>``: (the copy's id, the original's
+    lines, the copy's lines)."""
+    lines = export(proxy, key, cid)
+    r = proxy.http(key).post(f"/admin/conversations/{cid}-{name}/import", content=jsonl(lines))
+    assert r.status_code == 201, r.text
+    return f"{cid}-{name}", lines, export(proxy, key, f"{cid}-{name}")
+
+
+def test_an_imported_copy_keeps_its_safety_net_and_its_requests(proxy, upstream, key, cid):
+    """What a copy's calls and readers need beyond the items: the digest of each answer (a delta
+    call resending one is read as a resent history, in the copy as in the original -- an import
+    that left it out duplicated the history into the call's context), the request a node sent
+    (still verified) and a summary's request to the summariser (it read as {})."""
+    client, http = proxy.openai(key), proxy.http(key)
+    upstream.enqueue(Reply(content="answer one"))
+    say(client, cid, user("q1"))
+    for q in ("q2", "q3", "q4"):
+        say(client, cid, user(q))
+    copy, _, _ = _copy(proxy, key, cid)
+    resend = [user("q1"), {"role": "assistant", "content": "answer one"}, user("q1 again, differently")]
+    sent = {}
+    for conversation in (cid, copy):
+        _, h = say(client, conversation, *resend)
+        sent[conversation] = (h["x-context-mode"], upstream.last.messages)
+    assert sent[cid] == sent[copy] and sent[copy][0] == "full"
+    assert [m["content"] for m in sent[copy][1]] == ["q1", "answer one", "q1 again, differently"]
+    for q in ("q5", "q6"):
+        say(client, cid, user(q))
+    assert http.post(f"/admin/conversations/{cid}/compact").json()["compacted"] is True
+    _, lines, copied = _copy(proxy, key, cid, "compacted")
+    for old, new in zip(lines, copied, strict=True):
+        a, b = (http.get(f"/admin/nodes/{n['id']}/request") for n in (old, new))
+        assert (b.status_code, b.content, b.headers["x-request-verified"]) == \
+               (200, a.content, a.headers["x-request-verified"]), new["kind"]
+    assert [n for n in copied if n["kind"] == "compaction"][0]["summariser_request"].startswith("{")
+
+
+def test_an_imported_copy_keeps_withdrawals_and_its_conversations_fields(proxy, upstream, key, cid):
+    """A response withdrawn from the Responses API stays withdrawn in the copy (an import brought
+    it back: retrievable, continuable); the Conversations API's metadata and the conversation's
+    creation time come with it."""
+    client = proxy.openai(key)
+    conv = client.conversations.create(metadata={"topic": "codes"})
+    first = client.responses.create(model="gpt-x", input="the code is 42", conversation=conv.id)
+    client.responses.create(model="gpt-x", input="and then?", conversation=conv.id)
+    client.responses.delete(first.id)  # (the second's context: withdrawn, not deleted)
+    copy, lines, copied = _copy(proxy, key, conv.id)
+    assert [n["response_deleted"] for n in copied] == [n["response_deleted"] for n in lines] == [True, False]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(f"resp_{uuid.UUID(copied[0]['id']).hex}")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="gpt-x", input="go on", previous_response_id=f"resp_{uuid.UUID(copied[0]['id']).hex}")
+    original, imported = client.conversations.retrieve(conv.id), client.conversations.retrieve(copy)
+    assert (imported.metadata, imported.created_at) == (original.metadata, original.created_at) == \
+           ({"topic": "codes"}, conv.created_at)
+
+
+def test_placeholders_kept_by_a_summary_name_the_copys_nodes(database_url, upstream_url, upstream, key, cid):
+    """A summary made after a clearing keeps the clearing's placeholders among its recent items;
+    in the copy they name the copy's nodes (they named the original's, which the copy's tenant
+    may not even reach)."""
+    with serve_proxy(make_settings(database_url, upstream_url, compaction={"keep_recent": 20})) as proxy:
+        _placeholders_in_a_copy(proxy, upstream, key, cid)
+
+
+def _placeholders_in_a_copy(proxy: Any, upstream: Any, key: str, cid: str) -> None:
+    client, http = proxy.openai(key), proxy.http(key)
+
+    def rounds(n: int, start: int) -> None:
+        for i in range(start, start + n):
+            upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"call_{i}", "read_file", "{}")]))
+            say(client, cid, user(f"task {i}"))
+            say(client, cid, tool(f"call_{i}", f"output {i} " * 300))
+
+    rounds(5, 0)
+    assert http.post(f"/admin/conversations/{cid}/compact", json={"method": "clear_tool_results"}).json()["compacted"]
+    rounds(1, 5)
+    assert http.post(f"/admin/conversations/{cid}/compact").json()["compacted"]
+    copy, lines, copied = _copy(proxy, key, cid)
+    say(client, copy, user("next"))
+    named = set(re.findall(r"in node ([0-9a-f-]{36})", json.dumps(upstream.last.body)))
+    assert named and named <= {n["id"] for n in copied}

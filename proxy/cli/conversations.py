@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-import msgspec
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..admin_objects import exported
 from .common import config_option, console, conversations, database, find_conversation, run, settings_of
 
 __all__ = ["export", "import_", "prune"]
@@ -55,8 +53,9 @@ def prune(config_file: str | None, idle_days: float | None, dry_run: bool) -> No
               help="File to write (default: standard output).")
 def export(conversation_id: str, config_file: str | None, tenant: str | None, output: str) -> None:
     """The whole tree as JSON Lines: one object per node, oldest first, parent ids kept."""
+    from proxy.transfer import export_lines
+
     settings = settings_of(config_file)
-    encoder = msgspec.json.Encoder()
 
     async def go(write: Callable[[bytes], Any]) -> int:
         async with database(settings) as db:
@@ -66,8 +65,8 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
             with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console(stderr=True), transient=True, disable=output == "-") as progress:
                 task = progress.add_task("export", total=total)
-                async for row in store.export(conv):
-                    write(encoder.encode(exported(row, conv.head_node_id)) + b"\n")
+                async for line in export_lines(store, conv):
+                    write(line)
                     count += 1
                     progress.update(task, completed=count)
             return count
@@ -112,7 +111,8 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
         async with database(settings) as db:
             shared = SharedItems(db, min_bytes=settings.database.share_items_above)
             return await AdminStore(db, shared).import_tree(tenant, conversation_id, prepared.nodes, prepared.head,
-                                                            prepared.compactions)
+                                                            prepared.compactions, metadata=prepared.metadata,
+                                                            created_at=prepared.created_at)
 
     written = run(go())
     if written is None:

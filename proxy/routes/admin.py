@@ -39,7 +39,6 @@ from ..admin_objects import (
     UsageLine,
     UsageReport,
     conversation_of,
-    exported,
     in_utc,
     node_of,
     tree_node_of,
@@ -52,7 +51,7 @@ from ..compaction import Compactor
 from ..errors import Conflict, ConversationNotFound, InvalidConversationId, InvalidRequest, NodeNotFound
 from ..http import RawResponse
 from ..ids import valid_conversation_id
-from ..transfer import NotAnExport, prepare_import
+from ..transfer import NotAnExport, export_lines, prepare_import
 from ..upstream import UpstreamClient, target_of
 from .docs import errors
 
@@ -286,7 +285,8 @@ class AdminController(Controller):
             prepared = await asyncio.to_thread(prepare_import, body)
         except NotAnExport as exc:
             raise InvalidRequest(f"not an export this proxy can import: {exc}", param="body") from None
-        if await admin.import_tree(reach.tenant, cid, prepared.nodes, prepared.head, prepared.compactions) is None:
+        if await admin.import_tree(reach.tenant, cid, prepared.nodes, prepared.head, prepared.compactions,
+                                   metadata=prepared.metadata, created_at=prepared.created_at) is None:
             raise Conflict(f"conversation {cid!r} already exists", code="conversation_exists", param="conversation_id")
         return _conversation(await _conversation_row(admin, reach, cid), reach)
 
@@ -319,11 +319,7 @@ class AdminController(Controller):
                                   conversation_id: FromPath[str]) -> Stream:
         conv = await _conversation_row(admin, reach, conversation_id)
 
-        async def lines() -> Any:
-            async for row in admin.export(conv):
-                yield _encode(exported(row, conv.head_node_id)) + b"\n"
-
-        return Stream(lines(), media_type="application/jsonl",
+        return Stream(export_lines(admin, conv), media_type="application/jsonl",
                       headers={"content-disposition": f'attachment; filename="{conv.id}.jsonl"'})
 
     @get("/conversations/{conversation_id:str}/tree", summary="Every node of the conversation", responses=errors())

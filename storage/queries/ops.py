@@ -71,27 +71,32 @@ SELECT {_NODE} FROM nodes n
 # Re-create an exported tree as a new conversation of a tenant: in the tree its name gives it
 # (bp_claim_name; $3 if that one is still used), node ids already remapped by the caller; nothing
 # is written if the conversation id is taken.
-# $1 tenant, $2 conversation, $3 spare tree, $4 head, $5 compactions, $6 nodes (jsonb array of objects)
+# $1 tenant, $2 conversation, $3 spare tree, $4 head, $5 compactions, $6 nodes (jsonb array of
+# objects), $7 the conversation's metadata, $8 when it was made (null: now)
 IMPORT_TREE = """
 WITH claim AS (
     SELECT bp_claim_name($1, $2, $3) AS tree_id
 ), conv AS (
-    INSERT INTO conversations (tenant, id, tree_id, head_node_id, compactions)
-    SELECT $1, $2, claim.tree_id, $4, $5 FROM claim WHERE claim.tree_id IS NOT NULL
+    INSERT INTO conversations (tenant, id, tree_id, head_node_id, compactions, metadata, created_at)
+    SELECT $1, $2, claim.tree_id, $4, $5, $7, coalesce($8::timestamptz, clock_timestamp())
+      FROM claim WHERE claim.tree_id IS NOT NULL
     RETURNING tree_id
 ), ins AS (
     INSERT INTO nodes (tree_id, id, tenant, conversation_id, parent_id, kind, outcome, sent, received,
                        model, provider, params, usage, finish_reason, error, compacted_from, depth,
-                       created_at, finished_at, chain, answered, system_hash, api)
+                       created_at, finished_at, chain, answered, system_hash, api, answer, response_deleted,
+                       request_hash, summariser_request)
     SELECT conv.tree_id, r.id, $1, $2, r.parent_id, r.kind, r.outcome, r.sent, r.received, r.model, r.provider,
            coalesce(r.params, '{}'::jsonb), r.usage, r.finish_reason, r.error, r.compacted_from, r.depth,
            r.created_at, r.finished_at, decode(r.chain, 'hex'), r.answered, decode(r.system_hash, 'hex'),
-           coalesce(r.api, 'chat')
+           coalesce(r.api, 'chat'), decode(r.answer, 'hex'), coalesce(r.response_deleted, false),
+           decode(r.request_hash, 'hex'), convert_to(r.summariser_request, 'UTF8')
       FROM conv, jsonb_to_recordset($6) AS r(
            id uuid, parent_id uuid, kind text, outcome text, sent jsonb, received jsonb,
            model text, provider text, params jsonb, usage jsonb, finish_reason text, error jsonb,
            compacted_from uuid, depth integer, created_at timestamptz, finished_at timestamptz,
-           chain text, answered boolean, system_hash text, api text)
+           chain text, answered boolean, system_hash text, api text, answer text, response_deleted boolean,
+           request_hash text, summariser_request text)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM conv) AS created, (SELECT count(*) FROM ins) AS nodes
