@@ -735,6 +735,17 @@ def test_a_side_call_lands_where_its_content_hangs(mproxy: Proxy, claude: FakeAn
     assert "title" not in json.dumps(claude.last.body["messages"])  # the side call is no context of the turn
 
 
+def test_a_messages_call_read_as_a_response_reports_its_usage(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                               cid: str) -> None:
+    """GET /v1/responses/{id} serves any node: a Messages call's usage reads in the Responses
+    API's terms -- its cache reads among the input tokens and as cached ones (it read 0 and 0)."""
+    claude.enqueue(AReply(usage={"input_tokens": 20, "cache_read_input_tokens": 100, "output_tokens": 3}))
+    raw = client(mproxy, key, f"/c/{cid}").messages.with_raw_response.create(
+        model="claude-x", max_tokens=50, messages=[{"role": "user", "content": "hi"}])
+    got = mproxy.openai(key).responses.retrieve(f"resp_{uuid.UUID(raw.headers['x-node-id']).hex}")
+    assert (got.usage.input_tokens, got.usage.input_tokens_details.cached_tokens, got.usage.output_tokens) == (120, 100, 3)
+
+
 def test_usage_counts_cached_prompts_in_every_apis_terms(mproxy: Proxy, claude: FakeAnthropic,
                                                          upstream: FakeUpstream, cid: str) -> None:
     """Anthropic's input_tokens leave out its cache's reads and writes: the conversation's usage

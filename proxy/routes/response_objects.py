@@ -14,6 +14,7 @@ from litestar.types import ASGIApp
 from storage import AdminStore, NodeRow
 
 from ..auth import Caller
+from ..dialects.messages.translate import chat_usage
 from ..dialects.responses import items as responses_items
 from ..dialects.responses import translate
 from ..errors import InvalidRequest, NotFound
@@ -45,7 +46,8 @@ def response_of(node: NodeRow) -> dict[str, Any]:
         usage = node.usage
     else:
         output = translate.output_items(node.received[0], node.id, node.params.get("tools")) if node.received else []
-        usage = translate.usage_of(node.usage)
+        # (a Messages node's usage is in Anthropic's terms: its input tokens leave the cache out)
+        usage = translate.usage_of(chat_usage(node.usage) if node.api == "messages" else node.usage)
     status = {"success": "completed", "failed": "failed", "pending": "in_progress"}[node.status]
     error = None
     if node.error:
