@@ -105,6 +105,25 @@ def test_the_usage_report_sums_tokens_by_model_over_a_time_range(proxy, upstream
     assert proxy.http(f"sk-other-{uuid.uuid4().hex}").get("/admin/usage").json()["data"] == []  # tenants apart
 
 
+def test_the_usage_report_counts_the_model_calls_made(proxy, upstream, key, cid):
+    """Items a Conversations API client added and a clearing of old tool results call no model:
+    they are no calls of the report (each counted as one); a summary's call to the summariser is."""
+    from .test_context_editing import agent_round
+
+    http = proxy.http(key)
+    r = http.post("/v1/conversations", json={"items": [{"type": "message", "role": "user", "content": "hello"}]})
+    assert r.status_code == 200, r.text
+    assert http.post(f"/v1/conversations/{r.json()['id']}/items", json={"items": [
+        {"type": "message", "role": "user", "content": "more"}]}).status_code == 200
+    assert http.get("/admin/usage").json()["calls"] == 0
+    for i in range(5):
+        agent_round(proxy.openai(key), upstream, cid, i, 3000)
+    assert http.post(f"/admin/conversations/{cid}/compact", json={"method": "clear_tool_results"}).json()["compacted"]
+    assert http.get("/admin/usage").json()["calls"] == 10
+    assert http.post(f"/admin/conversations/{cid}/compact").json()["compacted"]
+    assert http.get("/admin/usage").json()["calls"] == 11
+
+
 def test_only_whole_token_counts_in_range_are_counted(proxy, upstream, key, cid):
     """An upstream's (or an import's) odd usage -- negative, fractional (3.0 too: an integer is
     written as one), absurd, a string -- counts as none, in the conversation's usage and the
