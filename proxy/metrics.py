@@ -95,6 +95,10 @@ class Metrics:
         if calls is None:
             calls = self._per_call[(kind, outcome)] = self.calls.labels(kind, outcome)
         calls.inc()
+        self.observe_tokens(usage)
+
+    def observe_tokens(self, usage: dict[str, Any] | None) -> None:
+        """The tokens an upstream reported for a call: a client's, or the summariser's."""
         if isinstance(usage, dict) and usage:
             prompt = _count(reported_prompt(usage))
             completion = _count(usage.get("completion_tokens", usage.get("output_tokens")))

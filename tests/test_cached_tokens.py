@@ -98,3 +98,26 @@ def test_cached_tokens_are_kept_and_counted_whatever_the_apis(mproxy, upstream, 
         assert given.get("cache_creation_input_tokens") == writes, given
         if client == "messages":
             assert given["input_tokens"] + given["cache_read_input_tokens"] + writes == prompt, given
+
+
+def _tokens_in(p: Proxy) -> float:
+    m = re.search(r'^branchpoint_tokens_total\{direction="in"\} ([0-9.e+]+)$', httpx.get(f"{p.url}/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_a_summariser_calls_tokens_are_counted_with_their_cache(mproxy, upstream, key):
+    """The summariser is an upstream call like the client's: the prompt tokens it reports, and the
+    cached ones among them (which were dropped: only top-level counts were added up), count in
+    the conversation's usage and on /metrics."""
+    cid, http = f"sum-{uuid.uuid4().hex[:8]}", mproxy.http(key)
+    for i in range(5):
+        mproxy.openai(key, conversation=cid).chat.completions.create(
+            model="gpt-x", messages=[{"role": "user", "content": f"question {i}"}])
+    before, tokens, cached = http.get(f"/admin/conversations/{cid}").json()["usage"], _tokens_in(mproxy), _metric(mproxy)
+    upstream.enqueue_summary(Reply(content="Facts: a summary.", usage={
+        "prompt_tokens": 1000, "completion_tokens": 50, "total_tokens": 1050,
+        "prompt_tokens_details": {"cached_tokens": 800}}))
+    assert http.post(f"/admin/conversations/{cid}/compact").json()["compacted"] is True
+    after = http.get(f"/admin/conversations/{cid}").json()["usage"]
+    assert (after["prompt_tokens"] - before["prompt_tokens"], after["cached_tokens"] - before["cached_tokens"]) == (1000, 800)
+    assert (_tokens_in(mproxy) - tokens, _metric(mproxy) - cached) == (1000, 800)

@@ -80,6 +80,7 @@ class Summaries:
             self.metrics.compactions.labels(trigger, "failed").inc()
             log.warning("summarisation failed; nothing compacted", extra={"error": getattr(exc, "message", str(exc))})
             return "summarisation_failed"
+        self.metrics.observe_tokens(summary.usage)  # (spent, whether or not the summary is written)
         params = {
             "method": "summary",
             "format": "text",

@@ -20,7 +20,7 @@ import msgspec
 
 from storage import uuid7
 
-from ..dialects import crossing
+from ..dialects import crossing, usage_count
 from ..dialects.chat import NotACompletion
 from ..errors import UpstreamFailure
 from ..tokens import TokenCounter, off_loop
@@ -55,6 +55,18 @@ def _role(item: Any) -> Any:
 def is_summary(item: Any) -> bool:
     """Is this item a summary message of an earlier compaction?"""
     return _role(item) == "user" and isinstance(item.get("content"), str) and item["content"].startswith(SUMMARY_PREFIX)
+
+
+def _add_usage(total: dict[str, Any], usage: dict[str, Any]) -> None:
+    """``usage`` (one summariser call's) added into ``total``: its counts, and those of its details
+    (the cached prompt tokens, the reasoning ones), as the upstream named them."""
+    for key, value in usage.items():
+        if isinstance(value, dict):
+            into = total.setdefault(key, {})
+            if isinstance(into, dict):
+                _add_usage(into, value)
+        elif usage_count(value) and isinstance(total.get(key, 0), int):
+            total[key] = total.get(key, 0) + value
 
 
 _FILES = ("file", "input_file")
@@ -253,9 +265,7 @@ class Summariser:
         text = message.get("content")
         if not isinstance(text, str) or not text.strip():
             raise UpstreamFailure("the summariser returned no text")
-        for key, value in (usage or {}).items():
-            if isinstance(value, int):
-                out.usage[key] = out.usage.get(key, 0) + value
+        _add_usage(out.usage, usage or {})
         return text.strip()
 
     def _cut(self, text: str, budget: int) -> str:
