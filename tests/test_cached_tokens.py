@@ -121,3 +121,21 @@ def test_a_summariser_calls_tokens_are_counted_with_their_cache(mproxy, upstream
     after = http.get(f"/admin/conversations/{cid}").json()["usage"]
     assert (after["prompt_tokens"] - before["prompt_tokens"], after["cached_tokens"] - before["cached_tokens"]) == (1000, 800)
     assert (_tokens_in(mproxy) - tokens, _metric(mproxy) - cached) == (1000, 800)
+
+
+@pytest.mark.parametrize("client", ["responses", "chat"])
+def test_a_failed_responses_stream_keeps_the_usage_it_reported(mproxy, upstream, key, client):
+    """A Responses upstream's stream that ends in response.failed may report usage (the tokens
+    were spent): the failed node keeps it and the conversation counts it -- relayed to a Responses
+    client or translated for a chat one -- as a failed Anthropic stream's already was."""
+    cid = f"rf-{uuid.uuid4().hex[:8]}"
+    upstream.enqueue(Reply(content="partial", error_event={"code": "server_error", "message": "boom"}, usage={
+        "input_tokens": 120, "output_tokens": 7, "total_tokens": 127, "input_tokens_details": {"cached_tokens": 100}}))
+    path, body = (("/v1/responses", {"input": "hi"}) if client == "responses"
+                  else ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}))
+    r = httpx.post(f"{mproxy.url}{path}", json={"model": "native-x", "stream": True, **body}, timeout=30,
+                   headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid})
+    assert r.status_code == 200
+    (node,) = mproxy.http(key).get(f"/admin/conversations/{cid}/tree").json()["data"]
+    usage = mproxy.http(key).get(f"/admin/conversations/{cid}").json()["usage"]
+    assert (node["status"], usage["prompt_tokens"], usage["cached_tokens"]) == ("failed", 120, 100)

@@ -195,12 +195,14 @@ class ToChat:
         self._calls: dict[int, int] = {}  # output_index -> chat tool-call index
         self._args: dict[int, str] = {}  # chat tool-call index -> arguments sent so far
         self._answer: dict[str, Any] | None = None  # the final response's message, once read
+        self._failure: dict[str, Any] | None = None  # the response a response.failed event carried
 
     # -- the Translator protocol --------------------------------------------------------------
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        return chat_usage_of(self.final.get("usage")) if self.final is not None else None
+        response = self.final if self.final is not None else self._failure
+        return chat_usage_of(response.get("usage")) if response is not None else None
 
     @property
     def finish_reason(self) -> str | None:
@@ -224,6 +226,7 @@ class ToChat:
             self.model = response["model"]
         if kind in ("response.failed", "error"):
             self.error = (response or {}).get("error") or {k: event.get(k) for k in ("code", "message")}
+            self._failure = response  # (its usage: the tokens were spent all the same)
             return b""
         if kind in ("response.completed", "response.incomplete"):
             self.final = response or {}

@@ -81,8 +81,7 @@ class Native:
         if self.compaction:
             return self._shifted(kind, event)
         if kind in ("response.failed", "error"):
-            response = event.get("response") or {}
-            self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
+            self._failed(event)
             return b""
         line = self._line(kind, event)
         if kind in ("response.completed", "response.incomplete"):
@@ -95,6 +94,14 @@ class Native:
             return b""
         return line
 
+    def _failed(self, event: dict[str, Any]) -> None:
+        """The upstream's failure: its error, and the usage a failed response reports (its tokens
+        were spent all the same)."""
+        response = event.get("response") if isinstance(event.get("response"), dict) else {}
+        self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
+        if isinstance(response.get("usage"), dict):
+            self.usage = response["usage"]
+
     def _shifted(self, kind: Any, event: dict[str, Any]) -> bytes:
         """An event when the output begins with a compaction item: announced once the response is
         in progress, the upstream's output indexes after it, its completed response holding it first."""
@@ -104,8 +111,7 @@ class Native:
         announce = not self._opened and kind not in ("response.created", "response.queued")
         items = self._announce() if announce and kind != "response.in_progress" else b""
         if kind in ("response.failed", "error"):
-            response = event.get("response") or {}
-            self.error = response.get("error") or {k: event.get(k) for k in ("code", "message")}
+            self._failed(event)
             return items
         if isinstance(event.get("output_index"), int):
             event["output_index"] += len(self.compaction)
