@@ -31,6 +31,7 @@ from .admin_objects import ExportedConversation, exported, in_utc
 from .assembly import CHAT_ROLES
 from .compaction import clearing
 from .dialects import dialect
+from .ids import metadata_problem
 
 if TYPE_CHECKING:
     from storage import AdminStore, ConversationRow
@@ -39,7 +40,6 @@ __all__ = ["NotAnExport", "Prepared", "export_lines", "prepare_import"]
 
 _encode = msgspec.json.Encoder().encode
 _HASH = re.compile(r"[0-9a-f]{64}")
-MAX_METADATA = 16  # the Conversations API's limits: pairs, key and value lengths (OpenAI's)
 
 
 async def export_lines(admin: AdminStore, conv: ConversationRow) -> AsyncIterator[bytes]:
@@ -109,12 +109,10 @@ def _conversation(line: _Line) -> tuple[datetime | None, dict[str, str] | None]:
         return None, None
     if conv.created_at is not None and in_utc(conv.created_at) is None:
         raise NotAnExport("line 1: the conversation's created_at is outside the years 1 to 9999 (UTC)")
-    metadata = conv.metadata
-    if metadata is not None and (len(metadata) > MAX_METADATA or any(
-            len(k) > 64 or len(v) > 512 or "\x00" in k + v for k, v in metadata.items())):
-        raise NotAnExport(f"line 1: the conversation's metadata holds at most {MAX_METADATA} pairs, "
-                          "keys of at most 64 characters and values of at most 512")
-    return conv.created_at, metadata
+    problem = metadata_problem(conv.metadata) if conv.metadata is not None else None
+    if problem is not None:
+        raise NotAnExport(f"line 1: the conversation's {problem[0]}")
+    return conv.created_at, conv.metadata
 
 
 def _outcome(line: _Line) -> str | None:

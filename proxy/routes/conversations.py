@@ -34,7 +34,7 @@ from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import translate
 from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
-from ..ids import valid_conversation_id
+from ..ids import metadata_problem, valid_conversation_id
 from .context import CallContext
 from .docs import errors
 from .path_items import ITEM_IDS, has_instructions, listed_item, path_items, resolve_compactions
@@ -46,7 +46,6 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 MAX_ITEMS = 20  # items per create (OpenAI's limit)
-MAX_METADATA = 16  # metadata pairs; keys at most 64 characters, values at most 512 (OpenAI's)
 
 
 def new_conversation_id() -> str:
@@ -78,14 +77,9 @@ def _checked_items(value: Any, *, param: str, required: bool) -> list[dict[str, 
 def _checked_metadata(value: Any) -> dict[str, str] | None:
     if value is None:
         return None
-    if not isinstance(value, dict):
-        raise InvalidRequest("metadata must be an object of string pairs", param="metadata")
-    if len(value) > MAX_METADATA:
-        raise InvalidRequest(f"metadata holds {len(value)} pairs; at most {MAX_METADATA}", param="metadata")
-    for k, v in value.items():
-        if not isinstance(v, str) or len(k) > 64 or len(v) > 512:
-            raise InvalidRequest("metadata keys are at most 64 characters and values strings of at most 512",
-                                 param=f"metadata.{k}")
+    problem = metadata_problem(value)
+    if problem is not None:
+        raise InvalidRequest(problem[0], param=problem[1])
     return value
 
 
