@@ -143,7 +143,8 @@ class TokenCounter:
                 elif isinstance(part, dict) and part.get("type") in ("image_url", "input_image"):
                     total += 765  # a high-detail 512x512 tile set; images are rare in long contexts
                 elif isinstance(part, dict) and part.get("type") in ("file", "input_file"):
-                    total += file_tokens(part.get("file") if part.get("type") == "file" else part)
+                    total += file_tokens(part.get("file") if part.get("type") == "file" else part,
+                                         bound=text is _text_bound)
                 else:
                     total += text(_encode_json(part).decode())
             return total
@@ -173,11 +174,13 @@ _PDF_BYTES_PER_PAGE = 40_000  # (pages not found, or too large to look: compress
 _PDF_LOOK_BYTES = 8 << 20
 
 
-def file_tokens(file: Any) -> int:
+def file_tokens(file: Any, *, bound: bool = False) -> int:
     """A file part's tokens, estimated: never its base64 bytes counted as text (a 1 MB PDF would
     read as a million tokens and set off a compaction). A PDF: ``PDF_PAGE_TOKENS`` per page (its
     page objects counted; else one page per ``_PDF_BYTES_PER_PAGE`` bytes); a text file: its
-    bytes, a token per three; a file by id or URL (its size unknown): one page."""
+    bytes, a token per three; a file by id or URL (its size unknown): one page. ``bound``: a
+    number never below that, found without decoding anything (a page object takes ten bytes at
+    least), as the upper bound a threshold is first asked of."""
     data = file.get("file_data") if isinstance(file, dict) else None
     if not isinstance(data, str) or not data.startswith("data:") or ";base64," not in data:
         return PDF_PAGE_TOKENS
@@ -185,6 +188,8 @@ def file_tokens(file: Any) -> int:
     size = len(payload) * 3 // 4
     if media.startswith("text/"):
         return max(1, size // 3)
+    if bound:
+        return max(1, -(-size // 10), -(-size // _PDF_BYTES_PER_PAGE)) * PDF_PAGE_TOKENS
     pages = 0
     if size <= _PDF_LOOK_BYTES:
         try:

@@ -572,8 +572,9 @@ def test_an_attached_file_counts_by_its_pages_not_its_base64(fresh_database_url,
     """A 1 MB PDF of three pages is ~7,500 tokens to a model, not the hundreds of thousands its
     base64 reads as text: a 200K-window model's conversation is not compacted for it, and the
     file reaches the model as it was sent."""
-    assert tokens_module.file_tokens({"file_data": "data:application/pdf;base64," + _pdf(3, 1 << 20)}) == \
-        3 * tokens_module.PDF_PAGE_TOKENS
+    pdf_file = {"file_data": "data:application/pdf;base64," + _pdf(3, 1 << 20)}
+    assert tokens_module.file_tokens(pdf_file) == 3 * tokens_module.PDF_PAGE_TOKENS
+    assert tokens_module.file_tokens(pdf_file, bound=True) >= 3 * tokens_module.PDF_PAGE_TOKENS  # (nothing decoded)
     assert tokens_module.file_tokens({"file_data": "data:text/plain;base64," + base64.b64encode(b"x" * 300).decode()}) == 100
     assert tokens_module.file_tokens({"file_id": "file-abc"}) == tokens_module.PDF_PAGE_TOKENS
     settings = make_settings(fresh_database_url, upstream_url,
