@@ -55,6 +55,7 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     lease_seconds: float
     context_mode: Literal["delta", "full"]
     unsupported_tools: Literal["drop", "refuse"]
+    upstream_objects: Literal["pass", "refuse"]  # an upstream account every tenant shares: its objects passed through or not
     session_headers: tuple[str, ...]  # under /auto/v1 without X-Conversation-Id: headers naming the conversation
     reaper_interval_seconds: float
     max_body_bytes: int

@@ -144,7 +144,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         finally:
             await runtime.stop()
 
-    forwarder = Forwarder(runtime.upstream)
+    forwarder = Forwarder(runtime.upstream, upstream_objects=settings.server.upstream_objects)
 
     def call_context(caller: NamedDependency[Caller]) -> CallContext:
         return CallContext(caller, runtime.calls, forwarder, runtime.admin)

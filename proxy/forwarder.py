@@ -13,7 +13,7 @@ from litestar import Request
 from litestar.types import ASGIApp
 
 from .auth import Caller
-from .errors import UpstreamFailure
+from .errors import NotFound, UpstreamFailure
 from .http import RawResponse, encode_headers
 from .observability import current_request
 from .relay import OPENAI_ERRORS, BytesRelay, ErrorVoice
@@ -44,12 +44,41 @@ def _model_of(body: bytes) -> str | None:
         return None
 
 
+# What a call to a model is: with ``[server] upstream_objects = "refuse"``, the only routes passed
+# through to an upstream whose configured key all tenants share (docs/behaviour.md#auth-and-tenancy)
+_CALLS = frozenset({
+    "chat/completions", "completions", "responses", "responses/input_tokens", "messages", "messages/count_tokens",
+    "embeddings", "moderations", "audio/speech", "audio/transcriptions", "audio/translations",
+    "images/generations", "images/edits", "images/variations",
+})
+_STORED_UPSTREAM = ("chat/completions", "responses")  # (an upstream may keep these calls' answers)
+
+
+def _a_call(method: str, path: str) -> bool:
+    return (method == "POST" and path in _CALLS) or (method == "GET" and (path == "models" or path.startswith("models/")))
+
+
+def _unstored(body: bytes) -> bytes:
+    """A call's body with ``store: false``: nothing of it kept in an account every tenant reads."""
+    try:
+        fields = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return body  # (not JSON: the upstream refuses it)
+    if not isinstance(fields, dict) or fields.get("store") is False:
+        return body
+    return msgspec.json.encode({**fields, "store": False})
+
+
 class Forwarder:
     """Relays one request to the upstream its model routes to, and the answer back, untouched
-    (but for the credentials: ours go out, an echo of them never comes back)."""
+    (but for the credentials: ours go out, an echo of them never comes back). ``upstream_objects =
+    "refuse"``: towards an upstream whose configured key every tenant shares, only calls to a model
+    pass (404 for the account's own objects -- stored answers, files, batches ...), and those that
+    an upstream may keep go with ``store: false``."""
 
-    def __init__(self, upstream: UpstreamClient) -> None:
+    def __init__(self, upstream: UpstreamClient, *, upstream_objects: str = "pass") -> None:
         self.upstream = upstream
+        self.upstream_objects = upstream_objects
 
     def route(self, body: bytes) -> Upstream:
         """The upstream a request's model routes to (its ``api`` says whether a call that names no
@@ -62,6 +91,12 @@ class Forwarder:
         Anthropic's to a Messages client) -- the upstream's own errors are relayed as they are;
         ``upstream``: the one ``route`` found for the body, when the caller asked already."""
         upstream = upstream or self.route(body)
+        if self.upstream_objects == "refuse" and upstream.api_key:  # (one account for every tenant)
+            if not _a_call(request.method, path):
+                raise NotFound(f"{request.method} /v1/{path} is not passed through: the upstream's account is shared "
+                               "by every tenant ([server] upstream_objects)", param="path")
+            if path in _STORED_UPSTREAM and body:
+                body = _unstored(body)
         out_headers = self.upstream.request_headers(upstream, headers.items, caller.client_key)
         upstream_request = self.upstream.build(request.method, upstream, path, headers=out_headers,
                                                content=body or None, params=request.scope.get("query_string") or None)

@@ -59,18 +59,54 @@ def test_every_id_taking_endpoint_is_404_for_another_tenant(proxy, upstream, key
     assert own["x-node-id"] != node
 
 
+def _keys_settings(database_url, upstream_url, **overrides):
+    return make_settings(database_url, upstream_url,
+                         auth={"mode": "keys", "keys": [
+                             {"key": "sk-proxy-alice-0123456789", "tenant": "alice"},
+                             {"key": "sha256:" + hashlib.sha256(b"sk-proxy-bob-0123456789").hexdigest(), "tenant": "bob"},
+                             {"key": "sk-proxy-admin-0123456789", "tenant": "ops", "admin": True},
+                         ]},
+                         upstreams=[{"name": "fake", "base_url": upstream_url, "models": ["*"],
+                                     "api_key": "sk-upstream-secret-0123456789"}], **overrides)
+
+
 @pytest.fixture
 def keys_proxy(fresh_database_url, upstream_url):
-    settings = make_settings(fresh_database_url, upstream_url,
-                             auth={"mode": "keys", "keys": [
-                                 {"key": "sk-proxy-alice-0123456789", "tenant": "alice"},
-                                 {"key": "sha256:" + hashlib.sha256(b"sk-proxy-bob-0123456789").hexdigest(), "tenant": "bob"},
-                                 {"key": "sk-proxy-admin-0123456789", "tenant": "ops", "admin": True},
-                             ]},
-                             upstreams=[{"name": "fake", "base_url": upstream_url, "models": ["*"],
-                                         "api_key": "sk-upstream-secret-0123456789"}])
-    with serve_proxy(settings) as p:
+    with serve_proxy(_keys_settings(fresh_database_url, upstream_url)) as p:
         yield p
+
+
+@pytest.mark.parametrize("objects", ["pass", "refuse"])
+def test_an_upstream_account_every_tenant_shares_keeps_its_objects_to_itself(fresh_database_url, upstream_url,
+                                                                             upstream, objects):
+    """Every tenant's calls go upstream with one configured key: the account's own objects -- an
+    answer a pass-through call left stored there, files, batches -- are every tenant's through the
+    pass-through (the contract's default, "pass"). With upstream_objects = "refuse" only calls to
+    a model pass, and those an upstream may keep go with store: false."""
+    settings = _keys_settings(fresh_database_url, upstream_url, server={"upstream_objects": objects})
+    bob = "sk-proxy-bob-0123456789"
+    with serve_proxy(settings) as p:
+        http = p.http(bob)
+        calls = [("POST", "/v1/chat/completions", {"model": "m", "messages": [user("not stored here")]}),
+                 ("POST", "/v1/responses", {"model": "m", "input": "nor here"}),
+                 ("POST", "/v1/embeddings", {"model": "m", "input": "x"}),
+                 ("GET", "/v1/models", None)]
+        objects_ = [("GET", "/v1/chat/completions", None), ("GET", "/v1/responses/resp_upstream_fake", None),
+                    ("GET", "/v1/files", None), ("DELETE", "/v1/files/file-abc", None), ("POST", "/v1/batches", {})]
+        for method, path, body in calls:
+            sent = len(upstream.requests)
+            http.request(method, path, json=body)
+            assert len(upstream.requests) == sent + 1, path
+            if body and path != "/v1/embeddings":
+                assert upstream.requests[-1].body.get("store") is (False if objects == "refuse" else None), path
+        for method, path, body in objects_:
+            sent = len(upstream.requests)
+            r = http.request(method, path, json=body)
+            if objects == "refuse":
+                assert (r.status_code, len(upstream.requests)) == (404, sent), path
+                assert r.json()["error"]["code"] == "not_found"
+            else:
+                assert len(upstream.requests) == sent + 1, path
 
 
 def test_keys_mode(keys_proxy, upstream, cid):
