@@ -55,6 +55,22 @@ def test_usage_chunk_kept_when_the_client_asked(client, upstream, cid, db):
     assert wait_status(db, headers["x-node-id"], "success")["usage"]["completion_tokens"] == 7
 
 
+def test_usage_on_the_finishing_chunk_is_stripped_too(client, upstream, cid, db):
+    """Some servers put the usage on the finishing chunk, beside its choices (not a chunk of its
+    own): the client that did not ask gets that chunk without it, and the node keeps it."""
+    def chunk(delta, finish=None, **extra):
+        return ("data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+                                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra})
+                + "\n\n").encode()
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=b"".join([
+        chunk({"role": "assistant", "content": "hi"}), chunk({}, "stop", usage=usage), b"data: [DONE]\n\n"])))
+    headers, chunks = stream(client, cid, user("q"))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hi"
+    assert [c.choices[0].finish_reason for c in chunks] == [None, "stop"] and all(c.usage is None for c in chunks)
+    assert wait_status(db, headers["x-node-id"], "success")["usage"] == usage
+
+
 def test_streamed_tool_calls_merge_by_index(client, upstream, cid, db):
     calls = [{"id": "call_1", "type": "function", "function": {"name": "run_sql", "arguments": '{"sql": "select * from sales"}'}},
              {"id": "call_2", "type": "function", "function": {"name": "lookup", "arguments": '{"k": "v"}'}}]

@@ -179,8 +179,11 @@ class ChatStream:
         if self.acc.error is not None:
             self.error = self.acc.error
             return b""  # not relayed: our own final error event replaces it
-        if self.strip_usage and isinstance(chunk, dict) and chunk.get("usage") and not chunk.get("choices"):
-            return b""  # we asked for usage; the client did not
+        if self.strip_usage and isinstance(chunk, dict) and chunk.get("usage"):  # we asked for usage; the client did not
+            if not chunk.get("choices"):
+                return b""
+            # (some servers send it on the finishing chunk, beside its choices: those go on without it)
+            raw = b"data: " + _encode({k: v for k, v in chunk.items() if k != "usage"})
         return raw + b"\n\n"
 
     def _rest(self) -> bytes:
