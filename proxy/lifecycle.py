@@ -315,12 +315,7 @@ class CallLifecycle:
         async def on_end(end: StreamEnd) -> Failure | None:
             _upstream_time(time.perf_counter() - t0)
             t = end.translator
-            failure = end.failure
-            try:
-                usage = t.usage
-            except Exception:  # (a usage that cannot be read is left out: it never leaves the node pending)
-                log.exception("a streamed answer's usage could not be read")
-                usage = None
+            failure, usage = end.failure, end.usage
             if failure is None:
                 try:
                     received = t.received()

@@ -73,6 +73,16 @@ class StreamEnd:
     disconnected: bool
     failure: Failure | None
 
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        """The usage the stream reported, or None -- also when the translator cannot read it:
+        whatever it holds, the call's node is finished."""
+        try:
+            return self.translator.usage
+        except Exception:
+            log.exception("a streamed answer's usage could not be read")
+            return None
+
 
 # stores the outcome; returns the failure it stored instead of the answer when the answer could
 # not be read (None: stored as the stream ended)
