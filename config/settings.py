@@ -310,6 +310,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("upstream_defaults' timeouts must be > 0 (and keepalive_expiry >= 0)")
     if u.max_connections < 1:
         raise SettingsError("upstream_defaults.max_connections must be >= 1")
+    if s.max_connections < 1:  # (uvicorn's limit_concurrency: 0 would answer every request 503)
+        raise SettingsError("server.max_connections must be >= 1")
     if u.ca_bundle and not os.path.isfile(u.ca_bundle):
         raise SettingsError(f"upstream_defaults.ca_bundle: no such file {u.ca_bundle!r}")
     for upstream in settings.upstreams:

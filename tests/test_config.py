@@ -77,6 +77,7 @@ def test_model_routing_first_match_and_limits_most_specific(tmp_path):
     "[server]\nlease_seconds = nan\n",
     "[compaction]\nsoft = inf\n",
     "[server]\nport = 70000\n",
+    "[server]\nmax_connections = 0\n",  # (uvicorn would answer every request 503)
     "[server]\nlog_level = \"bogus\"\n",
     "[database]\npool_min = 10\npool_max = 2\n",
     "[database]\npool_max = 0\n",

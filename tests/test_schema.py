@@ -5,6 +5,7 @@ import asyncio
 import re
 
 import asyncpg
+import httpx
 
 from storage import latest_version, migrate
 
@@ -348,3 +349,17 @@ def test_an_existing_database_upgrades_to_the_call_contracts(pg_server_url):
             await conn.close()
 
     run(check())
+
+
+def test_ready_on_the_schema_of_this_version_or_a_newer_one(own_proxy):
+    """/readyz is 503 while migrations are pending; a schema a newer version migrated (its
+    `migrate` run before it rolls out, as the README says) serves this one too: it stays ready --
+    every running process left its load balancer at once."""
+    db, ready = own_proxy.db, lambda: httpx.get(f"{own_proxy.url}/readyz", timeout=10)
+    assert ready().status_code == 200
+    db.fetch("INSERT INTO schema_migrations (version, name) VALUES ($1, 'from a newer version')", latest_version() + 1)
+    r = ready()
+    assert (r.status_code, r.json()["schema_version"]) == (200, latest_version() + 1)
+    db.fetch("DELETE FROM schema_migrations WHERE version >= $1", latest_version())
+    r = ready()
+    assert (r.status_code, r.json()["status"]) == (503, "unavailable") and "pending" in r.text

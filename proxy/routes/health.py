@@ -43,8 +43,10 @@ async def readyz(ops: NamedDependency[OpsStore]) -> Response[Readiness]:
         version = await ops.schema_version()
     except StorageError as exc:
         return Response(Readiness("unavailable", "unreachable", detail=str(exc)), status_code=503)
-    if version != latest_version():
+    if version < latest_version():
         return Response(Readiness("unavailable", "migrations pending", schema_version=version), status_code=503)
+    # (a newer schema -- `migrate` of the next version run before it rolls out -- serves this one
+    # too: migrations only add; this process stays in its load balancer until it is replaced)
     return Response(Readiness("ready", "ok", schema_version=version))
 
 
