@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import asyncpg
 import httpx
 import pytest
 from click.testing import CliRunner
@@ -231,6 +232,40 @@ def test_migrate(fresh_database_url, pg_server_url):
     from storage import latest_version
 
     assert result.exit_code == 0 and f"applied {latest_version()} migration(s)" in result.output
+
+
+def test_migrate_waits_for_a_migration_running_elsewhere(fresh_database_url, tmp_path):
+    """A migration holding its lock elsewhere (a server starting, rebuilding an index) longer than
+    [database] command_timeout: the command waits for it, as a starting server does -- it ran on
+    a connection of the request pool, and failed "database unavailable" once the timeout passed."""
+    import threading
+
+    from storage.migrate import _LOCK_KEY
+
+    config = tmp_path / "short.toml"
+    config.write_text("[database]\ncommand_timeout = 1\n")
+    holding, release = threading.Event(), threading.Event()
+
+    async def hold() -> None:
+        conn = await asyncpg.connect(fresh_database_url)
+        try:
+            await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+            holding.set()
+            await asyncio.to_thread(release.wait, 30)
+        finally:
+            await conn.close()
+
+    holder = threading.Thread(target=lambda: asyncio.run(hold()))
+    holder.start()
+    try:
+        assert holding.wait(10)
+        threading.Timer(3.0, release.set).start()  # (three command timeouts)
+        result = CliRunner().invoke(main, ["migrate", "--config", str(config)], catch_exceptions=False,
+                                    env={"BRANCHPOINT_DATABASE_URL": fresh_database_url, "BRANCHPOINT_CONFIG": ""})
+    finally:
+        release.set()
+        holder.join()
+    assert result.exit_code == 0 and "schema is current" in result.output, result.output
 
 
 def test_invalid_config_is_a_clear_error(tmp_path):

@@ -33,8 +33,9 @@ def migrate(config_file: str | None) -> None:
                 def step(done: int, total: int, name: str) -> None:
                     progress.update(task, total=total, completed=done, description=f"migrating: {name}")
 
-                async with db.connection() as conn:
-                    return await run_migrations(conn, progress=step)
+                # (a connection of its own, as a starting server migrates: no statement timeout --
+                # a migration may rebuild an index for minutes, or wait for one running elsewhere)
+                return await run_migrations(db.dsn, progress=step)
 
     applied = run(go())
     out.print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else "; the schema is current"))
