@@ -340,6 +340,35 @@ def test_export_then_import_restores_the_tree(populated, tmp_path, upstream_url,
         assert upstream.last.messages == from_original
 
 
+def test_import_with_a_key_gives_the_conversation_to_that_keys_tenant(populated, tmp_path, upstream_url):
+    """--key is read as the configured auth mode reads it: in keys mode the tenant [[auth.keys]]
+    names (the conversation was given to the key's hash, which no key of that mode reaches), in
+    none mode the local tenant; a key the configuration does not know is refused."""
+    url, first = populated
+    out = tmp_path / "sales.jsonl"
+    tenant = Db(url).fetchval("SELECT tenant FROM nodes WHERE id = $1", __import__("uuid").UUID(first))
+    assert cli(url, "conversations", "export", "sales", "--tenant", tenant, "-o", str(out)).exit_code == 0
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[auth]\nmode = "keys"\n[[auth.keys]]\nkey = "sk-team-a-0123456789"\ntenant = "team-a"\n')
+    local = tmp_path / "none.toml"
+    local.write_text('[auth]\nmode = "none"\n')
+    env = {"BRANCHPOINT_DATABASE_URL": url, "BRANCHPOINT_CONFIG": ""}
+
+    def imported(config, key, as_):
+        return CliRunner().invoke(main, ["conversations", "import", str(out), "--as", as_, "--key", key,
+                                         "--config", str(config)], env=env)
+
+    assert imported(keys, "sk-team-a-0123456789", "for-team-a").exit_code == 0
+    assert imported(local, "anything", "for-local").exit_code == 0
+    refused = imported(keys, "sk-stranger-0123456789", "for-nobody")
+    assert refused.exit_code != 0 and "invalid API key" in refused.output
+    owners = dict(Db(url).fetch("SELECT id, tenant FROM conversations WHERE id LIKE 'for-%'"))
+    assert owners == {"for-team-a": "team-a", "for-local": "local"}
+    with serve_proxy(make_settings(url, upstream_url, auth={"mode": "keys", "keys": [
+            {"key": "sk-team-a-0123456789", "tenant": "team-a"}]})) as p:
+        assert p.http("sk-team-a-0123456789").get("/admin/conversations/for-team-a").status_code == 200
+
+
 def test_export_and_import_keep_responses_nodes_and_their_matching(fresh_database_url, upstream_url, upstream, tmp_path):
     key = "sk-cli-responses"
     with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:

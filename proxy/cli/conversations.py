@@ -84,11 +84,11 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
 @click.argument("file", type=click.File("rb"))
 @click.option("--as", "conversation_id", required=True, help="The id of the new conversation.")
 @click.option("--tenant", default=None, help="The tenant that will own it.")
-@click.option("--key", default=None, help="Or: the API key of that tenant (passthrough mode hashes it into the tenant).")
+@click.option("--key", default=None, help="Or: an API key of that tenant, read as the configured auth mode reads it.")
 @config_option
 def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None, config_file: str | None) -> None:
     """Re-create an exported tree as a new conversation (new node ids; nothing else changes)."""
-    from proxy.auth import key_hash
+    from proxy.auth import Authenticator
     from proxy.errors import BranchpointError
     from proxy.ids import valid_conversation_id
     from proxy.transfer import NotAnExport, prepare_import
@@ -96,7 +96,12 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
 
     if (tenant is None) == (key is None):
         raise click.ClickException("name the owner with exactly one of --tenant and --key")
-    tenant = tenant or f"t_{key_hash(key or '')[:32]}"
+    settings = settings_of(config_file)
+    if tenant is None:  # the key's tenant as the proxy reads it, in the configured auth mode
+        try:
+            tenant = Authenticator(settings.auth)(None, key).tenant
+        except BranchpointError as exc:
+            raise click.ClickException(f"--key: {exc.message}") from None
     try:
         valid_conversation_id(conversation_id, source="--as")
     except BranchpointError as exc:
@@ -105,7 +110,6 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
         prepared = prepare_import(file.read())
     except NotAnExport as exc:
         raise click.ClickException(f"not an export this proxy can import: {exc}") from None
-    settings = settings_of(config_file)
 
     async def go() -> int | None:
         async with database(settings) as db:
