@@ -268,6 +268,16 @@ def test_migrate_waits_for_a_migration_running_elsewhere(fresh_database_url, tmp
     assert result.exit_code == 0 and "schema is current" in result.output, result.output
 
 
+def test_serve_with_workers_fails_when_they_cannot_start():
+    """A worker that cannot start (the database is down) stops `serve --workers 2` with uvicorn's
+    start-up failure, as one process does -- it exited 0, which a supervisor reads as a clean stop."""
+    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": "postgresql://u:p@127.0.0.1:1/x", "BRANCHPOINT_CONFIG": ""}
+    for workers in ("1", "2"):
+        done = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "--workers", workers, "--port",
+                               str(free_port())], env=env, capture_output=True, timeout=120)
+        assert done.returncode == 3, (workers, done.returncode, done.stderr.decode()[-500:])
+
+
 def test_invalid_config_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nlease_seconds = -1\n")

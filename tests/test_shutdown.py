@@ -23,20 +23,24 @@ from .fakes import Reply, free_port
 from .helpers import MODEL, user
 
 
-def _serve(database_url: str, upstream_url: str, tmp_path: Any, grace: float) -> tuple[subprocess.Popen, str]:
+def _serve(database_url: str, upstream_url: str, tmp_path: Any, grace: float,
+           workers: int = 1) -> tuple[subprocess.Popen, str]:
     config = tmp_path / "shutdown.toml"
     config.write_text(f"[server]\nshutdown_grace_seconds = {grace}\nlog_level = \"warning\"\n")
     port = free_port()
     env = {**os.environ, "BRANCHPOINT_DATABASE_URL": database_url, "BRANCHPOINT_UPSTREAM_URL": upstream_url,
            "BRANCHPOINT_CONFIG": str(config)}
-    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--workers", str(workers)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 40
+    ready: set[int] = set()  # (the workers seen ready)
     while True:
         try:
             if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return proc, base
+                ready.add(httpx.get(f"{base}/healthz", timeout=2).json()["pid"])
+                if len(ready) == workers:
+                    return proc, base
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -46,10 +50,10 @@ def _serve(database_url: str, upstream_url: str, tmp_path: Any, grace: float) ->
 
 @contextlib.contextmanager
 def _serving(database_url: str, upstream_url: str, tmp_path: Any, grace: float,
-             held: threading.Event) -> Iterator[tuple[subprocess.Popen, str]]:
+             held: threading.Event, workers: int = 1) -> Iterator[tuple[subprocess.Popen, str]]:
     """A ``serve`` process; on the way out ``held`` is set (whatever the fake upstream still holds
     goes) and a process still alive is killed."""
-    proc, base = _serve(database_url, upstream_url, tmp_path, grace)
+    proc, base = _serve(database_url, upstream_url, tmp_path, grace, workers)
     try:
         yield proc, base
     finally:
@@ -309,3 +313,21 @@ def test_a_call_stopped_while_starting_is_answered_and_leaves_nothing_behind(
     assert len(upstream.chat_requests) == 1  # the stopped call never reached the upstream
     log = _log(proc)
     assert "Traceback" not in log, log
+
+
+def test_workers_refuse_new_connections_from_the_signal_on(fresh_database_url, upstream_url, upstream, tmp_path):
+    """`serve --workers 2` (compose.yaml runs it; docker stop signals the parent only): the call in
+    flight is interrupted as with one process, and new connections are refused from the signal on
+    -- the parent kept its copy of the listening socket open, and they hung until the grace ran out."""
+    never = threading.Event()
+    upstream.enqueue(Reply(content="too late", hold=never))
+    answers: dict[str, Any] = {}
+    with _serving(fresh_database_url, upstream_url, tmp_path, 6.0, never, workers=2) as (proc, base):
+        (thread,) = _in_threads(base, [("w-slow", False)], answers, upstream)
+        stopped = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        _stops_listening(base, timeout=3.0)
+        thread.join(20)
+        assert proc.wait(20) is not None and time.monotonic() - stopped < 15
+    status, _, body = answers["w-slow"]
+    assert status == 503 and json.loads(body)["error"]["code"] == "interrupted", body

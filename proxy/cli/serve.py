@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import click
 
@@ -55,9 +56,29 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
             tune_gc()
             uvicorn.Server(config).run()
         else:
-            from uvicorn.supervisors import Multiprocess
-
-            Multiprocess(config, sockets=[config.bind_socket()]).run()
+            supervisor = _supervisor(config)
+            supervisor.run()
+            if any(process.exitcode == _STARTUP_FAILURE for process in supervisor.processes):
+                raise SystemExit(_STARTUP_FAILURE)  # (a worker could not start: not a clean stop)
     finally:
         if embedded:
             embedded.stop()
+
+
+_STARTUP_FAILURE = 3  # uvicorn's exit code for a server that could not start (one process exits so)
+
+
+def _supervisor(config: Any) -> Any:
+    """uvicorn's supervisor of several workers, closing its copy of the listening socket as the
+    shutdown begins: the workers close theirs as they stop listening, so new connections are
+    refused from the signal on, as with one process -- the parent's copy kept the socket open,
+    and a new connection hung until the grace ran out (docs/behaviour.md#shutdown)."""
+    from uvicorn.supervisors import Multiprocess
+
+    class Supervisor(Multiprocess):
+        def terminate_all(self) -> None:
+            for sock in self.sockets:
+                sock.close()
+            super().terminate_all()
+
+    return Supervisor(config, sockets=[config.bind_socket()])
