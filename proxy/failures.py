@@ -109,7 +109,14 @@ def _error_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
     )
 
 
+# a request refused for its bytes, not its tokens (Anthropic's 413 "Request exceeds the maximum
+# allowed number of bytes"): no summary makes it fit
+_TOO_LARGE = "request_too_large"
+
+
 def _is_overflow(type_: str | None, code: str | None, message: str | None) -> bool:
+    if _TOO_LARGE in (type_, code):
+        return False
     return code in _OVERFLOW_CODES or type_ in _OVERFLOW_CODES or bool(message and _OVERFLOW_TEXT.search(message))
 
 
@@ -169,17 +176,22 @@ def _client_error_body(body: bytes, error: NodeError) -> bytes:
 
 def not_a_completion(content: bytes, reason: str, secrets: Iterable[str | None], status: int = 200) -> Failure:
     """A 2xx (``status``) whose body is not a completion: an error body in disguise (classified like
-    a 502), or garbage (502 ``upstream_bad_response``) -- the node's error keeps the status it came
-    with, as every failure the upstream answered with a status does."""
+    a 502 -- but an overflow it says, a Responses upstream's failed response among them, is one, as
+    in a stream's error event: answered 400, the head stays), or garbage (502
+    ``upstream_bad_response``) -- the node's error keeps the status it came with, as every failure
+    the upstream answered with a status does."""
     try:
         data = _decode(content)
     except (msgspec.DecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and data.get("error"):
-        failure = classify(502, content, secrets)
+        failure = classify(400, content, secrets)
+        if failure.outcome is not Outcome.OVERFLOW:
+            failure = classify(502, content, secrets)
     else:
         failure = Failure.from_error(UpstreamBadResponse(f"the upstream answered 2xx without a completion ({reason})"))
-    return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=status), 502, failure.body)
+    client_status = failure.status if failure.outcome is Outcome.OVERFLOW else 502
+    return Failure(failure.outcome, msgspec.structs.replace(failure.error, status=status), client_status, failure.body)
 
 
 def from_stream_error(error: Any, secrets: Iterable[str | None]) -> Failure:

@@ -29,6 +29,15 @@ ROWS = {
     "error-in-200": (httpx.Response(200, json={"error": {"message": "quota", "type": "server_error"}}), 502, None,
                      "transient", True),
     "garbage-200": (httpx.Response(200, text="<html>"), 502, "upstream_bad_response", "transient", True),
+    # an overflow said in a 200 (an error body in disguise, a Responses upstream's failed response):
+    # an overflow, as the same said in a stream's error event -- it was a 502 the SDKs retried, and
+    # the oversized question became the head's context
+    "overflow-in-200": (httpx.Response(200, json=OVERFLOW), 400, "context_length_exceeded", "overflow", False),
+    # a request refused for its bytes (Anthropic's request_too_large: "exceeds the maximum allowed
+    # number of bytes") is no overflow: no summary makes it fit
+    "413-bytes": (httpx.Response(413, json={"type": "error", "error": {
+        "type": "request_too_large", "message": "Request exceeds the maximum allowed number of bytes."}}),
+        413, None, "invalid", False),
 }
 
 
