@@ -363,8 +363,8 @@ def _validate(settings: Settings) -> None:
     names = [u.name for u in settings.upstreams]
     if len(set(names)) != len(names):
         raise SettingsError("upstream names must be unique")
-    for limits in settings.models.values():
-        if limits.max_output_tokens >= limits.context_window:
-            raise SettingsError("models.*.max_output_tokens must be below context_window")
+    for glob, limits in settings.models.items():
+        if not 0 <= limits.max_output_tokens < limits.context_window:
+            raise SettingsError(f'models."{glob}": max_output_tokens must be >= 0 and below context_window')
     if settings.auth.mode == "keys" and not settings.auth.keys:
         raise SettingsError('auth.mode = "keys" needs at least one [[auth.keys]] entry')

@@ -78,6 +78,8 @@ def test_model_routing_first_match_and_limits_most_specific(tmp_path):
     "[compaction]\nsoft = inf\n",
     "[server]\nport = 70000\n",
     "[server]\nmax_connections = 0\n",  # (uvicorn would answer every request 503)
+    '[models."x*"]\ncontext_window = 1000\nmax_output_tokens = 1000\n',
+    '[models."x*"]\ncontext_window = -5\nmax_output_tokens = -10\n',
     "[server]\nlog_level = \"bogus\"\n",
     "[database]\npool_min = 10\npool_max = 2\n",
     "[database]\npool_max = 0\n",
