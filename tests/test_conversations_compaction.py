@@ -252,6 +252,23 @@ def test_compact_stateless_input_then_send_the_output_back(proxy, upstream, key)
     assert sent[0].startswith(SUMMARY_PREFIX) and sent[1:] == [*kept, "and now?", "echo: and now?", "and then?"]
 
 
+def test_a_withdrawn_compaction_is_not_resumed_nor_copied(proxy, upstream, key):
+    """The compaction item of a response its client deleted (withdrawn: its node still holds its
+    conversation's path) names nothing any more, as GET, previous_response_id and item_reference
+    already said: a stateless call resending it, or a conversation made with it, is 404 -- the
+    deleted summary was sent upstream again, or copied into the new conversation."""
+    client = proxy.openai(key)
+    compacted = client.responses.compact(model=MODEL, input=[user_item(f"note {i}") for i in range(10)])
+    output = [i.model_dump(exclude_none=True) for i in compacted.output]
+    client.responses.delete(compacted.id)
+    sent = len(upstream.requests)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=MODEL, store=False, input=[*output, user_item("and now?")])
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.create(items=[output[0]])
+    assert len(upstream.requests) == sent
+
+
 def test_compact_a_stored_response(proxy, upstream, key, cid):
     client = proxy.openai(key, conversation=cid)
     last = None

@@ -233,7 +233,7 @@ async def resolve_compactions(items: list[dict[str, Any]], admin: AdminStore, te
         named = compaction_node_of(item) if is_compaction_item(item) else None
         if named is not None:
             node = await admin.node(tenant, named[0])
-            if node is None or node.kind != "compaction":
+            if node is None or node.kind != "compaction" or node.response_deleted:  # (withdrawn: deleted for its client)
                 raise NodeNotFound("the compaction item names no compaction of this tenant", param=param)
             item = compaction_item(node, named[1])
         out.append(item)

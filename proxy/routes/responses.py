@@ -160,7 +160,7 @@ async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tre
         return None
     named = compaction_node_of(items[at])
     node = await admin.node(caller.tenant, named[0]) if named else None
-    if node is None or node.kind != "compaction":  # not ours, another tenant's, or gone
+    if node is None or node.kind != "compaction" or node.response_deleted:  # not ours, another tenant's, or gone
         raise NodeNotFound("the compaction item names no compaction of this tenant", param="input")
     rest = [item for item in items[at + 1:] if not is_compaction_item(item)]
     anchor: NodeRow = node
