@@ -315,11 +315,14 @@ def _validate(settings: Settings) -> None:
     if u.ca_bundle and not os.path.isfile(u.ca_bundle):
         raise SettingsError(f"upstream_defaults.ca_bundle: no such file {u.ca_bundle!r}")
     for upstream in settings.upstreams:
-        if not _url_ok(upstream.base_url, ("http", "https")):
-            raise SettingsError(f"upstreams {upstream.name!r}: base_url must be an http:// or https:// URL "
+        if not _url_ok(upstream.base_url, ("http", "https")) or any(c in upstream.base_url for c in "?#"):
+            raise SettingsError(f"upstreams {upstream.name!r}: base_url must be an http:// or https:// URL without "
+                                "a query or fragment -- each endpoint's path goes after it -- "
                                 f"(BRANCHPOINT_UPSTREAM_URL for the default one), not {upstream.base_url!r}")
     seen: set[str] = set()
     for entry in settings.auth.keys:
+        if entry.key != entry.key.strip() or not entry.key:  # (a client's key is read stripped: it could never match)
+            raise SettingsError("auth.keys: a key is empty or has spaces around it")
         hashed = entry.key.startswith("sha256:")
         if hashed and not re.fullmatch(r"[0-9a-fA-F]{64}", entry.key[7:]):
             raise SettingsError("auth.keys: a sha256: key is 64 hexadecimal digits")

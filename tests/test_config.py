@@ -89,6 +89,8 @@ def test_model_routing_first_match_and_limits_most_specific(tmp_path):
     "[upstream_defaults]\nca_bundle = \"/nonexistent.pem\"\n",
     "[[upstreams]]\nname = \"x\"\nbase_url = \"not a url\"\n",
     "[[upstreams]]\nname = \"x\"\nbase_url = \"ftp://127.0.0.1/v1\"\n",
+    "[[upstreams]]\nname = \"x\"\nbase_url = \"http://127.0.0.1/v1?api-version=1\"\n",  # (paths went after the query)
+    "[auth]\nmode = \"keys\"\n[[auth.keys]]\nkey = \" sk-spaced-0123456789 \"\ntenant = \"t\"\n",  # (never matched)
     "[auth]\nmode = \"keys\"\n[[auth.keys]]\nkey = \"sha256:zz\"\ntenant = \"t\"\n",
     "[auth]\nmode = \"keys\"\n[[auth.keys]]\nkey = \"k1\"\ntenant = \"t1\"\n[[auth.keys]]\nkey = \"k1\"\ntenant = \"t2\"\nadmin = true\n",
 ])
