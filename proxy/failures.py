@@ -29,7 +29,7 @@ from .errors import BranchpointError, InvalidRequest, UpstreamBadResponse, error
 from .secrets import redact_bytes
 
 __all__ = ["Failure", "NodeError", "cancellation_handled", "classify", "from_stream_error", "interrupted",
-           "not_a_completion"]
+           "not_a_completion", "reaped"]
 
 _decode = msgspec.json.Decoder().decode
 
@@ -215,6 +215,13 @@ def interrupted(message: str) -> Failure:
     transient, like a call the reaper finds after its process died -- the same type and code --,
     and 503 to the client, whose SDK retries it elsewhere."""
     return Failure.of(Outcome.TRANSIENT, "interrupted", "interrupted", message, 503)
+
+
+def reaped() -> Failure:
+    """An answer whose node was reaped before it could be stored (its lease ran out: a process cut
+    off from the database for longer): its client is told the call was interrupted, never that it
+    succeeded -- the answer is stored nowhere."""
+    return interrupted("the call's lease ran out before its answer could be stored; send it again")
 
 
 def cancellation_handled() -> None:

@@ -44,7 +44,7 @@ from .compaction import Compactor
 from .dialects import DROPPED_TOOLS, Crossing, Exchange, crossing
 from .dialects.chat import NotACompletion
 from .errors import BranchpointError, UpstreamFailure, UpstreamTooLarge, from_refusal
-from .failures import Failure, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion
+from .failures import Failure, cancellation_handled, classify, from_stream_error, interrupted, not_a_completion, reaped
 from .http import RawResponse, encode_headers
 from .later import Later
 from .leases import LeaseKeeper
@@ -254,8 +254,10 @@ class CallLifecycle:
             answer = exchange.answer(Masker(started.secrets).bytes(content))  # (credentials echoed: masked)
         except NotACompletion as exc:
             raise _Failed(not_a_completion(content, str(exc), started.secrets, response.status_code)) from None
-        await self.outcomes.finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
-                           finish_reason=answer.finish_reason, received_messages=answer.messages)
+        if not await self.outcomes.finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
+                                          finish_reason=answer.finish_reason, received_messages=answer.messages):
+            failure = reaped()
+            return RawResponse(failure.status, started.call.dialect.error_body(failure), started.headers())
         return RawResponse(response.status_code, answer.body, relay_headers)
 
     async def _response(self, started: Started, request: httpx.Request,
@@ -324,9 +326,9 @@ class CallLifecycle:
                     log.exception("a streamed answer could not be read")
                     failure = relay_error(exc)
                 else:
-                    await self.outcomes.finish(started, Outcome.SUCCESS, received=received, usage=usage,
-                                               finish_reason=t.finish_reason, received_messages=messages)
-                    return None
+                    stored = await self.outcomes.finish(started, Outcome.SUCCESS, received=received, usage=usage,
+                                                        finish_reason=t.finish_reason, received_messages=messages)
+                    return None if stored else reaped()
             await self.outcomes.finish(started, failure.outcome, error=failure.error, usage=usage)
             return None if failure is end.failure else failure
 

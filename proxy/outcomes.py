@@ -39,15 +39,18 @@ class Outcomes:
 
     async def finish(self, started: Started, outcome: Outcome, *, received: list[Any] | None = None,
                       usage: dict[str, Any] | None = None, finish_reason: str | None = None,
-                      error: NodeError | None = None, received_messages: list[Any] | None = None) -> None:
+                      error: NodeError | None = None, received_messages: list[Any] | None = None) -> bool:
         """Store the outcome; the head follows the head rule. Never raises. If the database is
         away, the outcome is stored in the background as soon as it is back (the lease is kept
         alive meanwhile); a node that still cannot be stored is reaped as interrupted in the end.
         Stopped in flight (the shutdown's grace ran out), it goes on in the background too, and the
-        cancellation counts as handled: the caller answers its client as if it had finished."""
+        cancellation counts as handled: the caller answers its client as if it had finished.
+        False: the node was no longer pending -- reaped when its lease ran out (a process cut off
+        from the database longer than the lease) -- and nothing of this outcome is stored: the
+        caller must not tell its client that the answer was."""
         started.finished = True
         if not started.stored:  # (nothing to store: a call only translated)
-            return
+            return True
         if not isinstance(finish_reason, str):  # (an upstream's odd one: a number, say)
             finish_reason = None
         elif "\x00" in finish_reason:
@@ -63,16 +66,20 @@ class Outcomes:
                                   tenant=started.call.tenant, conversation_id=started.conversation_id,
                                   begun=started.begun)
         try:
-            await store()
+            if not await store():
+                log.warning("a call's node was reaped before its outcome could be stored (its lease ran out)",
+                            extra={"node_id": str(started.node_id)})
+                self.leases.untrack(started.node_id)  # (no lease left to renew)
+                return False
         except StorageUnavailable as exc:
             log.warning("could not store a call's outcome; retrying in the background",
                         extra={"node_id": str(started.node_id), "error": str(exc)})
             self.tasks.spawn(self.store_later(started, store, outcome, usage, error))
-            return
+            return True
         except asyncio.CancelledError:  # (the shutdown waits for the background)
             self.tasks.spawn(self.store_later(started, store, outcome, usage, error))
             cancellation_handled()
-            return
+            return True
         except Exception as exc:  # noqa: BLE001 - any refusal: the node is failed instead
             # not the database being away: the outcome itself was refused, and would be again. The
             # node fails now (its lease released) instead of holding the conversation until the
@@ -82,8 +89,9 @@ class Outcomes:
                 await asyncio.shield(fail)
             except asyncio.CancelledError:  # (it goes on in the background)
                 cancellation_handled()
-            return
+            return True
         self.stored(started, outcome, usage, error)
+        return True
 
     async def store_later(self, started: Started, store: Callable[[], Any], outcome: Outcome,
                            usage: dict[str, Any] | None, error: NodeError | None,

@@ -179,3 +179,47 @@ def test_only_calls_older_than_the_interval_are_renewed(fresh_database_url, cid)
             await db.close()
 
     run(scenario())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_whose_node_was_reaped_meanwhile_is_not_told_a_success(fresh_database_url, upstream_url, upstream,
+                                                                        key, cid, stream):
+    """A call whose lease ran out while its upstream still answered (a process cut off from the
+    database for longer than the lease: no renewal came) was reaped as interrupted, and the next
+    turn went on without it. When its answer then comes, it is stored nowhere -- so its client is
+    told the call was interrupted (503, or a stream's error end), never that it succeeded: it was
+    answered 200 with an answer the conversation does not hold."""
+    db = Db(fresh_database_url)
+    settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 30, "reaper_interval_seconds": 0.1})
+    with serve_proxy(settings) as p:
+        client = p.openai(key)
+        say(client, cid, user("q1"))
+        hold = threading.Event()
+        upstream.enqueue(Reply(content="answer A", hold=hold))
+        outcome: dict[str, object] = {}
+
+        def slow() -> None:
+            try:
+                answer, _ = say(client, cid, user("qA"), stream=stream)
+                outcome["text"] = "".join(c.choices[0].delta.content or "" for c in answer if c.choices) if stream \
+                    else answer.choices[0].message.content
+            except openai.APIError as exc:  # (a stream's error end raises as the chunks are read)
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        try:
+            upstream.wait_for(2)
+            pending = wait_for(lambda: db.fetchval(
+                "SELECT id FROM nodes WHERE conversation_id = $1 AND outcome IS NULL", cid))
+            db.fetch("UPDATE nodes SET lease_until = now() - interval '1 second' WHERE id = $1", pending)
+            db.fetch("UPDATE conversations SET lease_until = now() - interval '1 second' WHERE id = $1", cid)
+            wait_for(lambda: db.node(pending)["status"] == "failed", 10, "the reaper")
+            say(client, cid, user("qB"))
+        finally:
+            hold.set()
+        thread.join(20)
+    assert "error" in outcome, outcome
+    error = outcome["error"]
+    assert "lease ran out" in str(error) and (stream or getattr(error, "status_code", None) == 503), error
+    assert db.node(pending)["received"] is None
