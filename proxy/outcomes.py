@@ -66,7 +66,7 @@ class Outcomes:
                                   tenant=started.call.tenant, conversation_id=started.conversation_id,
                                   begun=started.begun)
         try:
-            if not await store():
+            if await store() is False:  # (None: its conversation deleted since -- deleted stays deleted)
                 log.warning("a call's node was reaped before its outcome could be stored (its lease ran out)",
                             extra={"node_id": str(started.node_id)})
                 self.leases.untrack(started.node_id)  # (no lease left to renew)

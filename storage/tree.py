@@ -240,9 +240,10 @@ class TreeStore:
                      first["start"], first["with_system"], path, start if mode in ("delta", "full") else None)
 
     async def finish_call(self, tree_id: uuid.UUID, node_id: uuid.UUID, finish: CallFinish, *,
-                          tenant: str = "", conversation_id: str = "", begun: Begun | None = None) -> bool:
-        """Store the outcome; the head follows the head rule. False: the node was reaped meanwhile
-        (or is missing and could not be written again). ``tenant`` and ``conversation_id`` order a
+                          tenant: str = "", conversation_id: str = "", begun: Begun | None = None) -> bool | None:
+        """Store the outcome; the head follows the head rule. True: stored; False: the node was no
+        longer pending (reaped meanwhile); None: it is missing and could not be written again (its
+        conversation deleted since its start was lost). ``tenant`` and ``conversation_id`` order a
         batch (``storage.batching``). ``begun``: the call's start, to write its node again if the
         database lost it (``Begun.restore``; then the node holds no lease, and the finish moves the
         head by the head rule alone)."""
@@ -258,7 +259,7 @@ class TreeStore:
             if finished is None:
                 log.error("a call's lost start could not be written again (its place in the tree is gone); "
                           "its outcome is not stored", extra={"node_id": str(node_id)})
-        return bool(finished)
+        return finished
 
     async def renew(self, tree_id: uuid.UUID, node_id: uuid.UUID, lease_seconds: float) -> bool:
         return bool(await self.db.fetchval(queries.RENEW_LEASE, tree_id, node_id, lease_seconds))

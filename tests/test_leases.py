@@ -212,8 +212,10 @@ def test_an_answer_whose_node_was_reaped_meanwhile_is_not_told_a_success(fresh_d
             upstream.wait_for(2)
             pending = wait_for(lambda: db.fetchval(
                 "SELECT id FROM nodes WHERE conversation_id = $1 AND outcome IS NULL", cid))
+            # (the conversation's lease first: the reaper, every 0.1 s, goes by the node's, and clears both)
+            db.fetch("UPDATE conversations SET lease_until = now() - interval '1 second' "
+                     "WHERE id = $1 AND lease_node_id = $2", cid, pending)
             db.fetch("UPDATE nodes SET lease_until = now() - interval '1 second' WHERE id = $1", pending)
-            db.fetch("UPDATE conversations SET lease_until = now() - interval '1 second' WHERE id = $1", cid)
             wait_for(lambda: db.node(pending)["status"] == "failed", 10, "the reaper")
             say(client, cid, user("qB"))
         finally:
