@@ -221,6 +221,14 @@ async def path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, lis
     return conv, await _items_of(admin, conv.tree_id, path), path
 
 
+async def live_node(admin: AdminStore, tenant: str, node_id: uuid.UUID) -> NodeRow | None:
+    """A node of the tenant as the Responses API finds it -- by its response id, an item's id or a
+    compaction item's token alike: None when it is missing or withdrawn (its response deleted,
+    its node kept as other calls' context)."""
+    node = await admin.node(tenant, node_id)
+    return None if node is None or node.response_deleted else node
+
+
 async def resolve_compactions(items: list[dict[str, Any]], admin: AdminStore, tenant: str, *,
                               param: str) -> list[dict[str, Any]]:
     """Compaction items of ours a client puts among a conversation's items (or a stateless
@@ -232,8 +240,8 @@ async def resolve_compactions(items: list[dict[str, Any]], admin: AdminStore, te
     for item in items:
         named = compaction_node_of(item) if is_compaction_item(item) else None
         if named is not None:
-            node = await admin.node(tenant, named[0])
-            if node is None or node.kind != "compaction" or node.response_deleted:  # (withdrawn: deleted for its client)
+            node = await live_node(admin, tenant, named[0])
+            if node is None or node.kind != "compaction":
                 raise NodeNotFound("the compaction item names no compaction of this tenant", param=param)
             item = compaction_item(node, named[1])
         out.append(item)

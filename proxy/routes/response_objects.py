@@ -24,7 +24,7 @@ from .common import RequestHeaders
 from .context import CallContext
 from .docs import errors
 from .passthrough import upstream_path
-from .path_items import node_items
+from .path_items import live_node, node_items
 
 __all__ = ["response_input_items", "response_of", "response_resource", "stored_response"]
 
@@ -35,8 +35,7 @@ async def stored_response(admin: AdminStore, caller: Caller, response_id: str | 
     node_id = responses_items.node_id_of(response_id)
     if node_id is None:
         return None
-    node = await admin.node(caller.tenant, node_id)
-    return None if node is None or node.response_deleted else node
+    return await live_node(admin, caller.tenant, node_id)
 
 
 def response_of(node: NodeRow) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder
-from .path_items import node_items, resolve_compactions
+from .path_items import live_node, node_items, resolve_compactions
 from .response_objects import response_of, stored_response
 
 __all__ = ["named_conversation", "resolve_references", "responses_create"]
@@ -66,8 +66,8 @@ async def resolve_references(items: list[dict[str, Any]], admin: AdminStore, cal
         return items
     found: dict[str, dict[str, Any]] = {}
     for node_id in {_node_of_item(i.get("id")) for i in items if i.get("type") == "item_reference"} - {None}:
-        node = await admin.node(caller.tenant, node_id)
-        if node is None or node.response_deleted:
+        node = await live_node(admin, caller.tenant, node_id)
+        if node is None:
             continue
         if node.api == "responses":
             for item in [*(node.received or []), *node.sent]:
@@ -159,13 +159,13 @@ async def _resume_compaction(items: list[dict[str, Any]], admin: AdminStore, tre
     if at is None:
         return None
     named = compaction_node_of(items[at])
-    node = await admin.node(caller.tenant, named[0]) if named else None
-    if node is None or node.kind != "compaction" or node.response_deleted:  # not ours, another tenant's, or gone
+    node = await live_node(admin, caller.tenant, named[0]) if named else None
+    if node is None or node.kind != "compaction":  # not ours, another tenant's, gone or withdrawn
         raise NodeNotFound("the compaction item names no compaction of this tenant", param="input")
     rest = [item for item in items[at + 1:] if not is_compaction_item(item)]
     anchor: NodeRow = node
-    call = await admin.node(caller.tenant, named[1]) if named and named[1] else None
-    if call is not None and call.parent_id == node.id and call.status == "success" and not call.response_deleted:
+    call = await live_node(admin, caller.tenant, named[1]) if named and named[1] else None
+    if call is not None and call.parent_id == node.id and call.status == "success":
         answer = response_of(call)["output"]
         if answer and [i.get("id") for i in rest[:len(answer)]] == [i.get("id") for i in answer]:
             rest, anchor = rest[len(answer):], call
