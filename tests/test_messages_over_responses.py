@@ -95,3 +95,31 @@ def test_an_encrypted_reasoning_items_summary_is_the_answers_thinking(mproxy: Pr
     assert r.status_code == 200, r.text
     assert [(b["type"], b.get("thinking") or b.get("text")) for b in r.json()["content"]] == [("thinking", "hmm"),
                                                                                             ("text", "third")]
+
+
+def test_a_field_the_upstream_cannot_honour_is_refused_under_the_clients_own_name(
+        mproxy: Proxy, upstream: FakeUpstream, claude_server: Any, key: str, cid: str) -> None:
+    """A request translated through chat is refused for a field the upstream's API has no
+    equivalent of under the name its client sent: an Anthropic client's stop_sequences towards a
+    Responses model (chat's 'stop' was named), an OpenAI Responses client's text.format towards an
+    Anthropic model (chat's 'response_format' was). Nothing is sent upstream."""
+    before = len(upstream.responses_requests)
+    c = anthropic.Anthropic(base_url=f"{mproxy.url}/c/{cid}", api_key=key, max_retries=0)
+    try:
+        c.messages.create(model="native-1", max_tokens=50, stop_sequences=["END"],
+                          messages=[{"role": "user", "content": "hi"}])
+        raise AssertionError("stop_sequences reached a Responses upstream")
+    except anthropic.BadRequestError as exc:
+        error = exc.body["error"]  # type: ignore[index]
+        assert error["type"] == "invalid_request_error", error
+        assert error["message"].startswith("'stop_sequences' has no equivalent in the Responses API"), error
+    assert len(upstream.responses_requests) == before
+
+    claude_before = len(claude_server[0].requests)
+    r = httpx.post(f"{mproxy.url}/c/{cid}-r/v1/responses", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "claude-x", "input": "hi", "text": {"format": {
+                       "type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "text.format" and error["message"].startswith("'text.format' has no equivalent"), error
+    assert len(claude_server[0].requests) == claude_before

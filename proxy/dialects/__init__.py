@@ -23,7 +23,7 @@ setting names its dialect too (``anthropic`` is the ``messages`` dialect, ``_ALI
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -102,7 +102,9 @@ class Dialect(Protocol):
     # -- translations through chat, and the upstream side ------------------------------------
     def params_to_chat(self, params: dict[str, Any]) -> dict[str, Any]: ...  # may refuse
     def params_from_chat(self, params: dict[str, Any]) -> dict[str, Any]: ...
-    def check_from_chat(self, params: dict[str, Any]) -> None: ...  # refused before any node
+    # refused before any node; ``name``: what the client calls a chat field (its own API's name)
+    def check_from_chat(self, params: dict[str, Any], name: Callable[[str], str] = str) -> None: ...
+    def chat_field(self, name: str) -> str: ...  # this API's name of the chat field its own translates to
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]: ...  # hosted tools a chat upstream cannot run
     # params a call translated through chat takes from its conversation's history (assembled
     # messages, new ones last), beside its own: the tools a client's tool search loaded
@@ -156,7 +158,7 @@ class Crossing:
                                  "= \"refuse\")", param="tools")
         if self.upstream.name != "chat":  # (checked as the call is built: without the dropped tools)
             self.upstream.check_from_chat(self.client.params_to_chat({**params, DROPPED_TOOLS: dropped} if dropped
-                                                                     else params))
+                                                                     else params), self.client.chat_field)
         return dropped
 
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ the other dialects translate to and from it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ...assembly import SYSTEM_AT, build_body, strip
@@ -89,8 +89,11 @@ class Chat:
     def params_from_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 
-    def check_from_chat(self, params: dict[str, Any]) -> None:
+    def check_from_chat(self, params: dict[str, Any], name: Callable[[str], str] = str) -> None:
         return None
+
+    def chat_field(self, name: str) -> str:
+        return name
 
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return []

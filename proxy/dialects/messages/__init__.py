@@ -13,7 +13,7 @@ Its client side is the ``messages`` dialect (a node's ``api``); an upstream that
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -66,8 +66,11 @@ class Messages:
     def params_from_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return translate.request_fields(params)
 
-    def check_from_chat(self, params: dict[str, Any]) -> None:
-        translate.check_fields(params)
+    def check_from_chat(self, params: dict[str, Any], name: Callable[[str], str] = str) -> None:
+        translate.check_fields(params, name)
+
+    def chat_field(self, name: str) -> str:
+        return translate.CHAT_FIELDS.get(name, name)
 
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return translate.hosted(params.get("tools"))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -79,6 +80,11 @@ def _chat_tool_choice(choice: Any, left_out: set[Any]) -> Any:
     return "auto"
 
 
+# a Messages request's fields under the chat names ``chat_params`` gives them (their own elsewhere)
+CHAT_FIELDS = {"stop": "stop_sequences", "user": "metadata.user_id",
+               "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
+
+
 def chat_params(params: dict[str, Any]) -> dict[str, Any]:
     """The chat-completions fields for a Messages request's other fields."""
     out = {k: params[k] for k in _SAME if k in params}
@@ -118,11 +124,13 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def check_fields(params: dict[str, Any]) -> None:
-    for name, harmless in _REFUSED.items():
-        if name in params and params[name] not in harmless:
-            raise InvalidRequest(f"{name!r} has no equivalent in the Messages API, which this model's upstream "
-                                 "speaks (api = \"anthropic\")", param=name)
+def check_fields(params: dict[str, Any], name: Callable[[str], str] = str) -> None:
+    """Raise ``InvalidRequest`` for a chat field the Messages API cannot honour, under the name the
+    client gave it (``name``, as ``responses.for_chat.check_fields``)."""
+    for field, harmless in _REFUSED.items():
+        if field in params and params[field] not in harmless:
+            raise InvalidRequest(f"{name(field)!r} has no equivalent in the Messages API, which this model's upstream "
+                                 "speaks (api = \"anthropic\")", param=name(field))
 
 
 def _anthropic_tool_choice(choice: Any, parallel: Any) -> Any:

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .. import Transcript
@@ -58,8 +58,11 @@ class Responses:
     def params_from_chat(self, params: dict[str, Any]) -> dict[str, Any]:
         return for_chat.request_fields(params)
 
-    def check_from_chat(self, params: dict[str, Any]) -> None:
-        for_chat.check_fields(params)
+    def check_from_chat(self, params: dict[str, Any], name: Callable[[str], str] = str) -> None:
+        for_chat.check_fields(params, name)
+
+    def chat_field(self, name: str) -> str:
+        return translate.CHAT_FIELDS.get(name, name)
 
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return tools.hosted(params.get("tools"))

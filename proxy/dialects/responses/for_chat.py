@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -75,13 +76,14 @@ def _tool_choice(choice: Any) -> Any:
     return choice
 
 
-def check_fields(params: dict[str, Any]) -> None:
+def check_fields(params: dict[str, Any], name: Callable[[str], str] = str) -> None:
     """Raise ``InvalidRequest`` for a field the Responses API cannot honour (checked once, before
-    the call starts; ``request_fields`` then leaves such fields out)."""
-    for name, harmless in _REFUSED.items():
-        if name in params and params[name] not in harmless:
-            raise InvalidRequest(f"{name!r} has no equivalent in the Responses API, which this model's upstream "
-                                 "speaks (api = \"responses\")", param=name)
+    the call starts; ``request_fields`` then leaves such fields out), under the name the client
+    gave it (``name``: a client of a third API sent it as its own field, translated to chat's)."""
+    for field, harmless in _REFUSED.items():
+        if field in params and params[field] not in harmless:
+            raise InvalidRequest(f"{name(field)!r} has no equivalent in the Responses API, which this model's upstream "
+                                 "speaks (api = \"responses\")", param=name(field))
 
 
 def request_fields(params: dict[str, Any]) -> dict[str, Any]:

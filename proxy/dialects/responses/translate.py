@@ -85,6 +85,11 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     return {"type": fmt["type"]}
 
 
+# a Responses request's fields under the chat names ``chat_params`` gives them (their own elsewhere)
+CHAT_FIELDS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+               "reasoning_effort": "reasoning.effort"}
+
+
 def chat_params(params: dict[str, Any]) -> dict[str, Any]:
     """The chat-completions fields for a Responses request's other fields."""
     out = {k: params[k] for k in _SAME if k in params}
