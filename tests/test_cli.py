@@ -234,6 +234,34 @@ def test_migrate(fresh_database_url, pg_server_url):
     assert result.exit_code == 0 and f"applied {latest_version()} migration(s)" in result.output
 
 
+def test_a_command_on_a_database_not_migrated_says_to_migrate_it(pg_server_url):
+    """A command that reads the schema, on a database without it (a new one) or with an older
+    version of it: one line saying what to run -- it was PostgreSQL's 'relation "conversations"
+    does not exist'."""
+    empty = new_database(pg_server_url)
+    for args in (["conversations", "list"], ["usage"], ["check"]):
+        result = cli(empty, *args)
+        assert result.exit_code == 1, (args, result.output)
+        assert "holds no Branchpoint schema: run `branchpoint migrate` first" in result.output, (args, result.output)
+
+    async def older() -> None:  # the newest migration undone in the record only: the schema reads as one version older
+        conn = await asyncpg.connect(empty)
+        try:
+            await conn.execute("DELETE FROM schema_migrations WHERE version = (SELECT max(version) FROM schema_migrations)")
+        finally:
+            await conn.close()
+
+    assert cli(empty, "migrate").exit_code == 0
+    assert cli(empty, "conversations", "list").exit_code == 0
+    run(older())
+    from storage import latest_version
+
+    result = cli(empty, "conversations", "list")
+    assert result.exit_code == 1
+    assert (f"the database schema is at version {latest_version() - 1}, this Branchpoint needs {latest_version()}: "
+            "run `branchpoint migrate` first") in result.output
+
+
 def test_migrate_waits_for_a_migration_running_elsewhere(fresh_database_url, tmp_path):
     """A migration holding its lock elsewhere (a server starting, rebuilding an index) longer than
     [database] command_timeout: the command waits for it, as a starting server does -- it ran on

@@ -33,8 +33,11 @@ def console(stderr: bool = False) -> Console:
 
 
 @asynccontextmanager
-async def database(settings: Settings) -> AsyncIterator[Any]:
-    """A small pool on the configured database (or the embedded one), closed afterwards."""
+async def database(settings: Settings, *, migrated: bool = True) -> AsyncIterator[Any]:
+    """A small pool on the configured database (or the embedded one), closed afterwards.
+    ``migrated``: the command needs the schema this version made (every one but those that make
+    or copy it) -- a database without it is said so, with what to run, not met with a failing
+    query ("relation ... does not exist")."""
     from storage import StorageError, open_database
 
     d = settings.database
@@ -44,9 +47,25 @@ async def database(settings: Settings) -> AsyncIterator[Any]:
     except StorageError as exc:
         raise click.ClickException(f"cannot reach the database: {exc}") from None
     try:
+        if migrated:
+            await _require_schema(db)
         yield db
     finally:
         await db.close()
+
+
+async def _require_schema(db: Any) -> None:
+    from storage.migrate import applied_versions, latest_version
+
+    async with db.connection() as conn:
+        applied = await applied_versions(conn)
+    latest = latest_version()
+    if not applied:
+        raise click.ClickException("the database holds no Branchpoint schema: run `branchpoint migrate` first "
+                                   "(`branchpoint serve` migrates too)")
+    if max(applied) < latest:
+        raise click.ClickException(f"the database schema is at version {max(applied)}, this Branchpoint needs "
+                                   f"{latest}: run `branchpoint migrate` first")
 
 
 def run(coro: Any) -> Any:

@@ -25,7 +25,7 @@ def migrate(config_file: str | None) -> None:
     out = console()
 
     async def go() -> list[int]:
-        async with database(settings) as db:
+        async with database(settings, migrated=False) as db:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=console(stderr=True), transient=True) as progress:
                 task = progress.add_task("migrating", total=None)
@@ -51,7 +51,7 @@ def backup(file: Path, config_file: str | None) -> None:
     settings = settings_of(config_file)
 
     async def go() -> None:
-        async with database(settings) as db:
+        async with database(settings, migrated=False) as db:
             await dump(db.dsn, file)
 
     run(go())
@@ -72,7 +72,7 @@ def restore(file: Path, replace: bool, config_file: str | None) -> None:
     settings = settings_of(config_file)
 
     async def go() -> list[int]:
-        async with database(settings) as db:
+        async with database(settings, migrated=False) as db:
             async with db.connection() as conn:
                 others, conversations = await restore_blockers(conn)
             if others:
