@@ -1,6 +1,6 @@
 -- Server-side functions, part 4 of 6: full-history mode (docs/behaviour.md#full-history-mode) --
 -- finding the node a resent history continues (bp_begin_full's probes of the transcript index;
--- bp_match_candidates when two candidates tie) and starting the call under it (bp_begin_full,
+-- bp_best_candidate when two candidates tie) and starting the call under it (bp_begin_full,
 -- reached through bp_begin_call).
 --
 -- Refusals: none -- a history that matches nothing starts a new root (or a new conversation).
@@ -46,7 +46,7 @@ $$;
 -- is `chain` that a full-history call may hang under -- in the named conversation's reach (its
 -- tree: its own nodes and the `visible` ones of its source: one shard on Citus), or, with no
 -- conversation named, anywhere in the tenant (every shard); never a transform. A compaction node
--- first, then the newest; at most `limit` rows (null: all). bp_match_candidates orders them.
+-- first, then the newest; at most `limit` rows (null: all). bp_best_candidate takes the best of them.
 CREATE OR REPLACE FUNCTION bp_match_rows(p_tenant text, p_conversation text, p_tree uuid, p_visible uuid[],
                                          p_chain bytea, p_limit integer)
 RETURNS TABLE (id uuid, parent_id uuid, tree_id uuid, conversation_id text, outcome text, kind text,
@@ -73,38 +73,48 @@ BEGIN
 END
 $$;
 
--- bp_match_candidates(tenant, conversation, tree, visible, chain, tie break, limit): the nodes whose
--- transcript hash is `chain` that a full-history call may hang under (bp_match_rows). Best first:
--- with `tie break`, a node on the conversation's head path first (the walk: only asked for when
--- two candidates tie), then a compaction node over the node it replaced, then the newest. At most
--- `limit` rows. The head-path test runs here, once per candidate, never inside the candidates'
--- query (on Citus that query runs on a shard, which cannot walk the tree itself). (No SET
--- clauses of its own, which would cost each probe a settings change: bp_begin_full's apply.)
-CREATE OR REPLACE FUNCTION bp_match_candidates(p_tenant text, p_conversation text, p_tree uuid, p_visible uuid[],
-                                               p_chain bytea, p_tie_break boolean, p_limit integer)
+-- bp_best_candidate(tenant, conversation, tree, visible, chain, pending): the node whose transcript
+-- hash is `chain` that a full-history call hangs under when two candidates tie (bp_match_rows'
+-- rows; a node still in flight only when `pending`): the first, in bp_match_rows' order (a
+-- compaction node, then the newest), that lies on its conversation's head path; none on it: the
+-- first. The head-path test walks the path (bp_on_head_path, from the head down to the node's
+-- depth), so it runs candidate by candidate and stops at the first on it -- whatever the number
+-- of candidates (under /auto/v1, every conversation of the tenant that began the same way: each
+-- is usually on its own head path, so the first is taken at once). With no conversation named at
+-- most 32 candidates are walked: past them the first is taken, as when nothing ties. The walk runs
+-- here, never inside the candidates' query (on Citus that query runs on a shard, which cannot walk
+-- the tree itself). (No SET clauses of its own, which would cost each call a settings change:
+-- bp_begin_full's apply.)
+CREATE OR REPLACE FUNCTION bp_best_candidate(p_tenant text, p_conversation text, p_tree uuid, p_visible uuid[],
+                                             p_chain bytea, p_pending boolean)
 RETURNS TABLE (id uuid, parent_id uuid, tree_id uuid, conversation_id text, outcome text)
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 DECLARE
     r record;
-    v_n integer := 0;
+    v_first record;
+    v_any boolean := false;  -- (a row holding a null -- a root's parent -- is neither NULL nor NOT NULL)
+    v_walked integer := 0;
 BEGIN
-    IF NOT p_tie_break THEN
-        RETURN QUERY SELECT m.id, m.parent_id, m.tree_id, m.conversation_id, m.outcome
-                       FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain, p_limit) m
-                      ORDER BY (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC;
-        RETURN;
-    END IF;
-    -- the candidates on the head path first, then the others, each part in the order above
-    FOR r IN SELECT m.*, bp_on_head_path(m.tree_id, p_tenant, coalesce(p_conversation, m.conversation_id), m.id) AS on_head
-               FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain, NULL) m
-              ORDER BY on_head DESC, (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC LOOP
-        EXIT WHEN v_n >= p_limit;
-        id := r.id; parent_id := r.parent_id; tree_id := r.tree_id; conversation_id := r.conversation_id;
-        outcome := r.outcome;
-        RETURN NEXT;
-        v_n := v_n + 1;
+    FOR r IN SELECT m.* FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain, NULL) m
+              ORDER BY (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC LOOP
+        CONTINUE WHEN r.outcome IS NULL AND NOT p_pending;
+        IF NOT v_any THEN
+            v_first := r;
+            v_any := true;
+        END IF;
+        EXIT WHEN p_conversation IS NULL AND v_walked >= 32;
+        v_walked := v_walked + 1;
+        IF bp_on_head_path(r.tree_id, p_tenant, coalesce(p_conversation, r.conversation_id), r.id) THEN
+            v_first := r;
+            EXIT;
+        END IF;
     END LOOP;
+    IF v_any THEN
+        id := v_first.id; parent_id := v_first.parent_id; tree_id := v_first.tree_id;
+        conversation_id := v_first.conversation_id; outcome := v_first.outcome;
+        RETURN NEXT;
+    END IF;
 END
 $$;
 
@@ -112,7 +122,7 @@ $$;
 -- as bp_call_start_t reads it). The client sent its whole history; the parent is the node whose
 -- transcript equals the longest start of it: candidates are the nodes whose transcript hash is
 -- one of the client's prefix hashes (bp_match_rows' rows) -- the deepest wins; ties: as
--- bp_match_candidates orders them. Nothing matched: a new root (a new conversation,
+-- bp_best_candidate takes the best of them. Nothing matched: a new root (a new conversation,
 -- new_conversation_id, when none was named). Everything matched and the node failed (or is in
 -- flight): the retry rule, beside it. The new node stores only what is new, and the client's
 -- system messages when they differ from those in effect on the parent's path. No lease, no
@@ -208,12 +218,9 @@ BEGIN
         EXIT WHEN v_k > 0;
     END LOOP;
     IF v_ties > 1 THEN  -- (the best the tie rules give that the probe could take)
-        FOR v_row IN SELECT * FROM bp_match_candidates(s.tenant, s.conversation_id, conv.tree_id, v_visible,
-                                                       s.prefixes[v_k - s.prefix_offset], true, NULL) LOOP
-            IF v_row.outcome IS NOT NULL OR v_k = v_m THEN
-                v_best := v_row;
-                EXIT;
-            END IF;
+        FOR v_row IN SELECT * FROM bp_best_candidate(s.tenant, s.conversation_id, conv.tree_id, v_visible,
+                                                     s.prefixes[v_k - s.prefix_offset], v_k = v_m) LOOP
+            v_best := v_row;
         END LOOP;
     END IF;
     IF v_k > 0 AND s.conversation_id IS NULL THEN
