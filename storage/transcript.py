@@ -21,9 +21,10 @@ Canonical form (what compares, and what does not):
   null, ``""``, whitespace only and absent are equal; other parts compare by their JSON, without
   a ``cache_control`` marker (clients move theirs to the newest message each call);
 - ``tool_calls`` by id, function name and arguments as parsed JSON (key order, whitespace and a
-  whole number's ``.0`` do not matter; empty or null arguments are ``{}``, as clients that parse
-  them send them back for a tool without parameters; arguments that are not JSON compare as
-  strings); a missing ``type`` is ``function``;
+  whole number's ``.0`` do not matter, nor a key whose value is ``false`` or ``null``, which a
+  client filling in its tool's defaults adds; empty or null arguments are ``{}``, as clients that
+  parse them send them back for a tool without parameters; arguments that are not JSON compare
+  as strings); a missing ``type`` is ``function``;
   the legacy ``function_call`` the same way; ``tool`` messages by ``tool_call_id`` and content;
 - ``name`` compares (an empty one is none); everything else -- null fields, ``refusal``, ``annotations``, ``audio``,
   reasoning fields, unknown extras -- is ignored (clients drop or add them).
@@ -81,15 +82,18 @@ def is_system(item: Any) -> bool:
 
 
 def _number(value: Any) -> Any:
-    """A parsed JSON value with every whole number one way: ``20.0`` and ``20`` are one number in
-    JSON, and a client that parses arguments and writes them again (JavaScript's JSON.stringify:
-    the Vercel AI SDK, opencode) sends ``20`` back for a model's ``20.0``."""
+    """A parsed JSON value as arguments compare: every whole number one way -- ``20.0`` and ``20``
+    are one number in JSON, and a client that parses arguments and writes them again
+    (JavaScript's JSON.stringify: the Vercel AI SDK, opencode) sends ``20`` back for a model's
+    ``20.0`` -- and a key whose value is ``false`` or ``null`` left out, at any depth: a client
+    that parses a call through its tool's schema sends it back with the defaults filled in (Claude
+    Code resends each Edit with ``replace_all: false``), or drops what is null."""
     if type(value) is float:
         return int(value) if value.is_integer() else value
     if type(value) is list:
         return [_number(v) for v in value]
     if type(value) is dict:
-        return {k: _number(v) for k, v in value.items()}
+        return {k: _number(v) for k, v in value.items() if v is not None and v is not False}
     return value
 
 

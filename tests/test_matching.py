@@ -39,6 +39,17 @@ def test_content_forms_that_mean_the_same_compare_equal():
         digest(assistant(None, tool_calls=[tool_call("c", args='{"a": 20}')]))
     assert digest(assistant(None, tool_calls=[tool_call("c", args='{"a": "20.0"}')])) != \
         digest(assistant(None, tool_calls=[tool_call("c", args='{"a": "20"}')]))
+    # a key whose value is false or null is absent, at any depth (defaults a client's schema fills in)
+    edit = '{"file_path": "a", "old_string": "x", "new_string": "y"}'
+    assert digest(assistant(None, tool_calls=[tool_call("c", args=edit)])) == digest(assistant(None, tool_calls=[
+        tool_call("c", args='{"replace_all": false, "file_path": "a", "old_string": "x", "new_string": "y", "n": null}')]))
+    assert digest(assistant(None, tool_calls=[tool_call("c", args='{"edits": [{"a": 1}]}')])) == digest(assistant(
+        None, tool_calls=[tool_call("c", args='{"edits": [{"a": 1, "all": false}]}')]))
+    assert digest(assistant(None, tool_calls=[tool_call("c", args='{"a": null}')])) == digest(assistant(
+        None, tool_calls=[tool_call("c", args="")]))
+    for other in ('{"all": true}', '{"all": 0}', '{"all": ""}', '{"all": []}', '{"all": "false"}'):
+        assert digest(assistant(None, tool_calls=[tool_call("c", args=other)])) != digest(assistant(
+            None, tool_calls=[tool_call("c", args="{}")])), other
 
 
 def test_the_edges_of_a_text_do_not_count_but_its_inside_does():

@@ -981,3 +981,34 @@ def test_without_a_conversation_the_proxys_own_errors_are_anthropics(mproxy: Pro
             assert r.status_code == 502, r.text
             assert r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error", r.text
             assert "cannot reach the upstream" in r.json()["error"]["message"]
+
+
+def test_an_edit_resent_with_its_defaults_filled_in_is_matched(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
+    """Claude Code resends each Edit call as its tool's schema reads it, with ``replace_all: false``
+    the model never wrote: the resent history still matches the Edit round, so the next node hangs
+    under it and stores only the tool result -- the match stopped before it, and the next node,
+    beside the Edit round, stored the model's call again (found by a hostile pass)."""
+    c = client(mproxy, key, "/auto")
+    session = {"X-Claude-Code-Session-Id": f"cc-{uuid.uuid4().hex}"}
+    edit = {"name": "Edit", "description": "edit a file", "input_schema": {"type": "object", "properties": {
+        "file_path": {"type": "string"}, "old_string": {"type": "string"}, "new_string": {"type": "string"},
+        "replace_all": {"type": "boolean", "default": False}}, "required": ["file_path", "old_string", "new_string"]}}
+    wrote = {"file_path": "notes.txt", "old_string": "pelican", "new_string": "heron"}
+    claude.enqueue(AReply(content=[{"type": "tool_use", "id": "toolu_edit1", "name": "Edit", "input": wrote}],
+                          stop_reason="tool_use"))
+    ask = {"role": "user", "content": "use heron"}
+    first = c.messages.with_raw_response.create(model="claude-x", max_tokens=50, tools=[edit], messages=[ask],
+                                                extra_headers=session)
+    resent = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_edit1", "name": "Edit", "input": {**wrote, "replace_all": False}}]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_edit1", "content": "edited"}]}
+    second = c.messages.with_raw_response.create(model="claude-x", max_tokens=50, tools=[edit],
+                                                 messages=[ask, resent, result], extra_headers=session)
+    assert second.headers["x-context-matched"] == "2"
+    assert second.headers["x-parent-node-id"] == first.headers["x-node-id"]
+    assert node(mproxy, key, second.headers["x-node-id"])["sent"] == [result]
+    # the upstream gets the call as its model wrote it: the request extends the one before byte for
+    # byte (a prompt cache's prefix), then the result
+    assert claude.last.body["messages"][1:] == [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_edit1", "name": "Edit", "input": wrote}]},
+        result]
