@@ -81,7 +81,7 @@ def is_system(item: Any) -> bool:
     return isinstance(item, dict) and _system_role(item.get("role"))
 
 
-def _number(value: Any) -> Any:
+def _comparable(value: Any) -> Any:
     """A parsed JSON value as arguments compare: every whole number one way -- ``20.0`` and ``20``
     are one number in JSON, and a client that parses arguments and writes them again
     (JavaScript's JSON.stringify: the Vercel AI SDK, opencode) sends ``20`` back for a model's
@@ -91,9 +91,9 @@ def _number(value: Any) -> Any:
     if type(value) is float:
         return int(value) if value.is_integer() else value
     if type(value) is list:
-        return [_number(v) for v in value]
+        return [_comparable(v) for v in value]
     if type(value) is dict:
-        return {k: _number(v) for k, v in value.items() if v is not None and v is not False}
+        return {k: _comparable(v) for k, v in value.items() if v is not None and v is not False}
     return value
 
 
@@ -104,10 +104,10 @@ def _json_value(value: Any) -> Any:
         return _NO_ARGUMENTS
     if isinstance(value, str):
         try:
-            return ["json", _number(_decode(value))]
+            return ["json", _comparable(_decode(value))]
         except (msgspec.DecodeError, RecursionError):
             return ["text", value]
-    return ["json", _number(value)]
+    return ["json", _comparable(value)]
 
 
 def _content(content: Any, *, strip: bool = False) -> Any:
