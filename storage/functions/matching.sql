@@ -96,7 +96,9 @@ DECLARE
     v_any boolean := false;  -- (a row holding a null -- a root's parent -- is neither NULL nor NOT NULL)
     v_walked integer := 0;
 BEGIN
-    FOR r IN SELECT m.* FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain, NULL) m
+    -- (with no conversation named, the 64 first are more than the walks can test)
+    FOR r IN SELECT m.* FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain,
+                                           CASE WHEN p_conversation IS NULL THEN 64 END) m
               ORDER BY (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC LOOP
         CONTINUE WHEN r.outcome IS NULL AND NOT p_pending;
         IF NOT v_any THEN
