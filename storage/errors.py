@@ -85,6 +85,10 @@ _UNAVAILABLE = (
     ConnectionError,
     asyncpg.exceptions.PostgresConnectionError,
     asyncpg.exceptions.InterfaceError,
+    # the client's protocol in a state no statement can start from: an error the server sent as it
+    # went (an idle connection's "terminating connection", before the socket's end is read) --
+    # the connection is dropped (storage.database) and the next one is fine
+    asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.AdminShutdownError,

@@ -1,16 +1,19 @@
 """PostgreSQL going away under traffic: requests fail fast with 503 (never hang, never 500), the
 pool recovers by itself, and an outcome that could not be stored is stored once it is back."""
 
+import asyncio
+import struct
 import threading
 import time
 
+import asyncpg
 import httpx
 import pytest
 
 from storage import StorageUnavailable
 from storage.database import Database
 
-from .conftest import Db, RowLocks, assert_invariants, make_settings, run, serve_proxy
+from .conftest import Db, RowLocks, assert_invariants, make_settings, run, serve_proxy, wait_for
 from .fakes import Reply
 from .helpers import MODEL
 
@@ -92,6 +95,89 @@ def test_waiting_for_a_pooled_connection_gives_up_without_losing_it(database_url
             await db.close()
 
     run(scenario())
+
+
+def _server_ends_the_session(conn) -> None:
+    """What a server shutting down (or a terminated backend) sends an idle connection before it
+    closes the socket -- a FATAL ErrorResponse -- handed to the connection's protocol as if it had
+    just arrived: the state a pooled connection is in until the socket's end is read."""
+    body = b"SFATAL\0VFATAL\0C57P01\0Mterminating connection due to administrator command\0\0"
+    conn._protocol.data_received(b"E" + struct.pack("!i", len(body) + 4) + body)
+
+
+async def wait_until(conn, query, *args, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not await conn.fetchval(query, *args):
+        assert time.monotonic() < deadline, query
+        await asyncio.sleep(0.02)
+
+
+def test_a_connection_the_server_is_ending_is_unavailable_and_dropped(database_url):
+    """A pooled connection the server ended while it was idle -- its farewell read, not yet the
+    socket's end -- refuses any statement (asyncpg: "cannot switch to state ..."): that is the
+    database being away (503, an outcome stored later), not a refusal (a 500, an outcome failed);
+    and the connection is dropped, not given back. A statement the server ends (FATAL: the
+    backend terminated) drops its connection too."""
+    async def scenario():
+        db = await Database().open(database_url, min_size=1, max_size=1)
+        try:
+            async with db.connection() as conn:
+                pass
+            _server_ends_the_session(conn)
+            assert not conn.is_closed()
+            with pytest.raises(StorageUnavailable) as away:
+                await db.fetchval("SELECT 1")
+            assert type(away.value.__cause__).__name__ == "InternalClientError"
+            assert conn.is_closed()
+            assert await db.fetchval("SELECT 2") == 2
+
+            async with db.connection() as conn:
+                pid = conn.get_server_pid()
+            ended = asyncio.ensure_future(db.fetchval("SELECT pg_sleep(5)"))
+            other = await asyncpg.connect(database_url)
+            try:
+                await wait_until(other, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep%'", pid)
+                assert await other.fetchval("SELECT pg_terminate_backend($1)", pid)
+            finally:
+                await other.close()
+            with pytest.raises(StorageUnavailable):
+                await ended
+            assert conn.is_closed() and db.pool.size == 0 and db.pool.idle == 0
+            assert await db.fetchval("SELECT 3") == 3
+        finally:
+            await db.close()
+
+    run(scenario())
+
+
+def test_an_answer_whose_finish_meets_a_connection_the_server_ended_is_stored(proxy, upstream, key, cid, db):
+    """The call's finish borrows a connection the server ended while it was idle (a restart under
+    load): the client still gets its answer, which is stored once a connection works -- it was
+    'refused', the node failed without it -- and the conversation is free for the next turn."""
+    http = httpx.Client(base_url=proxy.url, timeout=30)
+    assert call(http, key, cid, "first").status_code == 200
+    hold = threading.Event()
+    upstream.enqueue(Reply(content="the answer", hold=hold))
+    answered = []
+    asking = threading.Thread(target=lambda: answered.append(call(http, key, cid, "second", timeout=30)))
+    asking.start()
+    wait_for(lambda: upstream.requests and upstream.last.messages[-1]["content"] == "second")
+
+    async def end_idle_sessions() -> int:
+        idle = [conn for conn, _ in proxy.runtime.db.pool._idle]
+        for conn in idle:
+            _server_ends_the_session(conn)
+        return len(idle)
+
+    assert proxy.in_loop(end_idle_sessions()) >= 1
+    hold.set()
+    asking.join(30)
+    assert answered[0].status_code == 200, answered[0].text
+    node_id = answered[0].headers["x-node-id"]
+    wait_for(lambda: db.node(node_id)["status"] == "success", timeout=10)
+    nxt = call(http, key, cid, "third")
+    assert nxt.status_code == 200, nxt.text
+    assert [m["content"] for m in upstream.last.messages] == ["first", "echo: first", "second", "the answer", "third"]
 
 
 @pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
