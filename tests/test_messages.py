@@ -1012,3 +1012,52 @@ def test_an_edit_resent_with_its_defaults_filled_in_is_matched(mproxy: Proxy, cl
     assert claude.last.body["messages"][1:] == [
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_edit1", "name": "Edit", "input": wrote}]},
         result]
+
+
+@pytest.mark.parametrize("model", ["claude-x", "gpt-4o-mini"])
+@pytest.mark.parametrize("where", ["/auto", "/c/{cid}"])
+def test_the_sdks_tool_runner_threads_are_declined_and_it_sends_the_whole_conversation(
+        mproxy: Proxy, claude: FakeAnthropic, upstream: FakeUpstream, key: str, cid: str, model: str, where: str) -> None:
+    """The anthropic SDK's tool runner uses message threads (a beta: the server keeps the
+    conversation, each request sends only what is new) -- a stored call's conversation is the
+    tree's, and a translated call's upstream has no threads: refused as Anthropic refuses what
+    threads do not support, so the SDK sends the whole conversation instead. It sent only the new
+    messages, which reached the upstream alone, and each round became a conversation of its own
+    (found by a hostile pass)."""
+    from anthropic import beta_tool
+
+    @beta_tool
+    def weather(city: str) -> str:
+        """The weather in a city.
+
+        Args:
+            city: the city
+        """
+        return f"21 C in {city}"
+
+    if model.startswith("claude"):
+        claude.enqueue(AReply(content=[{"type": "tool_use", "id": "toolu_w1", "name": "weather",
+                                        "input": {"city": "Paris"}}], stop_reason="tool_use"),
+                       AReply(content=[{"type": "text", "text": "21 C."}]))
+    else:
+        upstream.enqueue(Reply(content=None, tool_calls=[{"id": "toolu_w1", "type": "function", "function": {
+            "name": "weather", "arguments": '{"city": "Paris"}'}}]), Reply(content="21 C."))
+    c = client(mproxy, key, where.format(cid=cid))
+    final = c.beta.messages.tool_runner(model=model, max_tokens=100, tools=[weather], system="You answer weather.",
+                                        messages=[{"role": "user", "content": "Weather in Paris?"}]).until_done()
+    assert final.content[0].text == "21 C."
+    if model.startswith("claude"):
+        sent = claude.last.body
+        assert "thread" not in sent and sent["system"] == "You answer weather."
+        assert [(m["role"], [b["type"] for b in m["content"]] if isinstance(m["content"], list) else m["content"])
+                for m in sent["messages"]] == [("user", "Weather in Paris?"), ("assistant", ["tool_use"]),
+                                               ("user", ["tool_result"])]
+    else:
+        sent = upstream.last.body
+        assert "thread" not in sent
+        assert [m["role"] for m in sent["messages"]] == ["system", "user", "assistant", "tool"]
+        assert sent["messages"][3]["content"] == "21 C in Paris"
+    listed = admin(mproxy, key, "/admin/conversations").json()["data"]
+    assert len(listed) == 1
+    path = admin(mproxy, key, f"/admin/conversations/{listed[0]['id']}/path").json()["data"]
+    assert len(path) == 2 and path[1]["parent_id"] == path[0]["id"]

@@ -33,6 +33,17 @@ __all__ = ["messages_count_tokens", "messages_create"]
 _encode = msgspec.json.Encoder().encode
 
 
+# A message thread (Anthropic's beta: the server holds the conversation, each request sends only
+# what is new) on a stored call: the tree holds the conversation, never the upstream -- as a
+# Responses upstream never stores (store: false) -- and a thread over a translating upstream has
+# nowhere to live. Refused as Anthropic refuses a request Threads do not support: the SDKs then
+# send the whole conversation without ``thread`` (their default), which every mode reads.
+_THREAD_REFUSED = _encode({"type": "error", "error": {
+    "type": "invalid_request_error", "details": {"error_code": "thread_unsupported_request"},
+    "message": "message threads are not served here: the proxy keeps the conversation itself -- send the whole "
+               "conversation without 'thread' (or name a conversation and send only what is new, without 'thread')"}})
+
+
 def _anthropic_upstream(call: CallContext, body: dict[str, Any]) -> bool:
     return call.calls.upstream.route(body.get("model")).api == "anthropic"
 
@@ -48,6 +59,8 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     native = _anthropic_upstream(call, body)
     if not store and native:
         return await call.forwarder.forward(request, "messages", raw, headers, call.caller, errors=ANTHROPIC_ERRORS)
+    if "thread" in body:  # stored, or translated: no upstream holds the thread (docs/behaviour.md#the-messages-api)
+        return RawResponse(400, _THREAD_REFUSED)
     # (an Anthropic upstream carries out the request's context_management itself; another, the proxy)
     edit = None if native or not store else clearing_edit(body)
     if store:
