@@ -232,6 +232,26 @@ def test_responses_with_a_conversation_over_a_chat_upstream(proxy, upstream, key
         client.responses.create(model=MODEL, conversation="conv_" + "0" * 32, input="x")
 
 
+def test_the_conversations_api_under_auto_v1(proxy, upstream, key, db):
+    """/auto/v1 is the base URL the README gives the Agents SDK: its conversations are the tree's
+    there too -- they went to the upstream (made there, its items never reaching a call here, and
+    our ids sent out to be looked up; found by a hostile pass)."""
+    import openai as sdk
+
+    client = sdk.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0)
+    conv = client.conversations.create(items=[user_item("My name is Ada.")], metadata={"from": "auto"})
+    assert re.fullmatch(r"conv_[0-9a-f]{32}", conv.id) and upstream.requests == []
+    assert client.conversations.retrieve(conv.id).metadata == {"from": "auto"}
+    answer = client.responses.with_raw_response.create(model=MODEL, conversation=conv.id, input="Hello")
+    assert answer.headers["x-conversation-id"] == conv.id
+    assert upstream_texts(upstream.last) == ["My name is Ada.", "Hello"]
+    assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["My name is Ada.", "Hello", "echo: Hello"]
+    assert client.conversations.delete(conv.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.retrieve(conv.id)
+    assert all("/conversations" not in r.path for r in upstream.requests)
+
+
 def test_responses_with_a_conversation_over_a_responses_upstream(native, upstream, key):
     client = native.openai(key)
     conv = client.conversations.create(items=[user_item("Context item.")])

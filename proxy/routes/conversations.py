@@ -1,5 +1,5 @@
-"""OpenAI's Conversations API on the tree (docs/behaviour.md#the-conversations-api), under ``/v1``
-and ``/c/{id}/v1``: a conversation object is a Branchpoint conversation (``conv_`` + 32 hex
+"""OpenAI's Conversations API on the tree (docs/behaviour.md#the-conversations-api), under ``/v1``,
+``/c/{id}/v1`` and ``/auto/v1``: a conversation object is a Branchpoint conversation (``conv_`` + 32 hex
 digits, or any conversation id of ours), its items are the items on its head path.
 
     POST   /v1/conversations                       a conversation, its items one ``items`` node
@@ -171,7 +171,7 @@ def _list(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 # -- the routes -------------------------------------------------------------------------------------
 
-_PREFIXES = ("/v1", "/c/{conversation_id:str}/v1")
+_PREFIXES = ("/v1", "/c/{conversation_id:str}/v1", "/auto/v1")  # (every base URL the README gives an SDK)
 
 
 @route([f"{p}/conversations" for p in _PREFIXES], http_method=["POST"], status_code=200,
