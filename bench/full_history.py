@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Full-history mode: what it saves, and what matching costs.
 
-    uv run python bench/full_history.py [--turns 200] [--reps 200] [--conversations 10000]
+    uv run python bench/full_history.py [--turns 200] [--reps 200] [--conversations 10000] [--skip-ties]
 
 Part 1 -- growth. A chat of ``--turns`` turns whose client resends its whole history each time
 (X-Context-Mode: full), compaction on (the model limited to an 8,192-token window, as in
@@ -21,7 +21,13 @@ Part 3 -- flat in the tenant's size. Under /auto/v1 (conversation found by conte
 a full-mode side call matching a 100-message conversation, with 10 and then ``--conversations``
 conversations in the tenant.
 
-Parts 2 and 3 use the workplace's fast fake upstream and the layout of bench/run.py: fake
+Part 4 -- ties in the tenant. Under /auto/v1, ``--conversations`` conversations that began
+alike (one canned first question, answered alike: an app's fixed opener, an eval run), and a
+full-mode side call continuing that opening: every one of them is a candidate, and the tie rule
+(a node on its conversation's head path first) settles it. With 10 and then ``--conversations``
+such conversations.
+
+Parts 2 to 4 use the workplace's fast fake upstream and the layout of bench/run.py: fake
 upstream on CPU 0, Branchpoint pinned to CPU 1, PostgreSQL moved to CPU 0.
 """
 
@@ -167,6 +173,45 @@ def tenant_scale(proxy: str, reps: int, conversations: int) -> list[dict]:
     return out
 
 
+async def _alike(proxy: str, key: str, count: int, opening: list[dict]) -> None:
+    async with httpx.AsyncClient(base_url=proxy, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        sem = asyncio.Semaphore(8)  # (calls alike in flight at once would join one conversation: the retry rule)
+
+        async def one() -> None:
+            async with sem:
+                r = await client.post("/auto/v1/chat/completions", json={"model": MODEL, "messages": opening})
+                r.raise_for_status()
+
+        await asyncio.gather(*(one() for _ in range(count)))
+
+
+def ties_scale(proxy: str, reps: int, conversations: int) -> list[dict]:
+    key = f"sk-bench-ties-{int(time.time())}"
+    opening = [{"role": "user", "content": "the app's canned opening question"}]
+    out = []
+    with httpx.Client(base_url=proxy, headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        first = http.post("/auto/v1/chat/completions", json={"model": MODEL, "messages": opening}).json()
+        answer = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
+        body = json.dumps({"model": MODEL, "messages": [*opening, answer, {"role": "user", "content": "side"}]}).encode()
+        headers = {"content-type": "application/json", "X-Node-Kind": "transform"}
+        made = 1
+        for size in (10, conversations):
+            asyncio.run(_alike(proxy, key, size - made, opening))
+            made = size
+            samples = []
+            for _ in range(10):
+                r = http.post("/auto/v1/chat/completions", content=body, headers=headers)
+                assert r.headers["x-context-matched"] == "2", r.headers
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                http.post("/auto/v1/chat/completions", content=body, headers=headers).raise_for_status()
+                samples.append((time.perf_counter() - t0) * 1000)
+            row = {"conversations_alike": size, "auto_p50_ms": round(statistics.median(samples), 3)}
+            log(f"ties: {row}")
+            out.append(row)
+    return out
+
+
 def main() -> None:
     ap = arguments(__doc__, port=14006, up_port=18083)
     ap.add_argument("--turns", type=int, default=200)
@@ -176,6 +221,7 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=10000)
     ap.add_argument("--skip-growth", action="store_true")
     ap.add_argument("--skip-tenant", action="store_true")
+    ap.add_argument("--skip-ties", action="store_true")
     args = ap.parse_args()
     results: dict = {}
     if not args.skip_growth:
@@ -188,6 +234,8 @@ def main() -> None:
             results["matching"] = matching_cost(http, args.reps)
         if not args.skip_tenant:
             results["tenant"] = tenant_scale(proxy, args.reps, args.conversations)
+        if not args.skip_ties:
+            results["ties"] = ties_scale(proxy, args.reps, args.conversations)
     finally:
         procs.stop()
     print(json.dumps(results, indent=2))
