@@ -74,6 +74,19 @@ class StreamAccumulator:
             if choice.get("finish_reason") and isinstance(choice["finish_reason"], str):
                 self.finish_reason = choice["finish_reason"]
 
+    def marks(self) -> tuple[int, int, int, int]:
+        """Where each text of the answer ends now (content, reasoning_content, reasoning, refusal:
+        the pieces so far), for ``since``."""
+        return len(self.content), len(self.reasoning_content), len(self.reasoning), len(self.refusal)
+
+    def since(self, marks: tuple[int, int, int, int]) -> tuple[str, str, str, str]:
+        """What each text gained since ``marks``: a translator's deltas, read from the pieces a chunk
+        added -- not from the whole text joined again at every chunk, which made a translated
+        stream's cost grow with the square of its length."""
+        content, reasoning_content, reasoning, refusal = marks
+        return ("".join(self.content[content:]), "".join(self.reasoning_content[reasoning_content:]),
+                "".join(self.reasoning[reasoning:]), "".join(self.refusal[refusal:]))
+
     def _merge(self, delta: dict[str, Any]) -> None:
         # (an upstream's odd field -- a number where text goes -- is left out, never stored as
         # what it is not; content as a list of parts, as Mistral's reasoning models stream it,

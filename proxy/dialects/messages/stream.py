@@ -269,23 +269,22 @@ class FromChat:
         return _event("content_block_delta", {"index": self.open, "delta": delta})
 
     def _chunk(self, chunk: Any) -> bytes:
-        before = (len("".join(self.acc.reasoning_content)) + len("".join(self.acc.reasoning)),
-                  len("".join(self.acc.content)))
+        marks = self.acc.marks()
         self.acc.feed(chunk)
         if self.acc.error is not None:
             self.error = self.acc.error
             return b""
         out = []
-        reasoning = "".join(self.acc.reasoning_content) + "".join(self.acc.reasoning)
-        if len(reasoning) > before[0]:
+        text, reasoning_content, reasoning_plain, _ = self.acc.since(marks)
+        reasoning = reasoning_content + reasoning_plain
+        if reasoning:
             if self.kind != "thinking":
                 out.append(self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""}))
-            out.append(self._delta({"type": "thinking_delta", "thinking": reasoning[before[0]:]}))
-        text = "".join(self.acc.content)
-        if len(text) > before[1]:
+            out.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
+        if text:
             if self.kind != "text":
                 out.append(self._start("text", {"type": "text", "text": ""}))
-            out.append(self._delta({"type": "text_delta", "text": text[before[1]:]}))
+            out.append(self._delta({"type": "text_delta", "text": text}))
         # (tool calls: sent whole at the end -- a chat stream may interleave several calls'
         # arguments, or text between a call's start and its arguments, which Anthropic's blocks,
         # one open at a time and never reopened, cannot say)

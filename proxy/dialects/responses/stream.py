@@ -59,10 +59,11 @@ class FromChat:
         self.items: list[dict[str, Any]] = []  # output items as added, by output_index
         self.text_index: int | None = None  # the open message item
         self.parts: dict[str, int] = {}  # its content parts by type ("output_text", "refusal"): content_index
-        self.text = ""
-        self.refusal = ""
+        self.text: list[str] = []  # the message's text and refusal as streamed (joined as their parts close)
+        self.refusal: list[str] = []
         self.reasoning_index: int | None = None  # the reasoning item (a chat upstream's reasoning, as its summary)
-        self.reasoning = ""
+        self.reasoning: list[str] = []
+        self.reasoning_from: tuple[int, int] = (0, 0)  # characters of reasoning_content, of reasoning, so far
         self.calls: dict[int, int] = {}  # chat tool-call index -> output_index
         self.closed: set[int] = set()
         self.compaction = compaction or []  # the compaction item the output begins with (never stored)
@@ -105,29 +106,34 @@ class FromChat:
             self.masker.apply(chunk)
         return self._chunk(chunk)
 
-    def _reasoning_so_far(self) -> str:
-        # (as translate.output_items reads the message: reasoning_content, else reasoning)
-        return "".join(self.acc.reasoning_content) or "".join(self.acc.reasoning)
+    def _reasoning_gained(self, content: str, plain: str) -> str:
+        """The reasoning a chunk added (``content``: to reasoning_content, ``plain``: to reasoning),
+        as translate.output_items reads the message: reasoning_content, else reasoning -- once
+        reasoning_content begins, it is the reasoning, from where what was shown so far ends."""
+        had_content, had_plain = self.reasoning_from
+        self.reasoning_from = (had_content + len(content), had_plain + len(plain))
+        if had_content:
+            return content
+        if content:  # (reasoning_content begins: it takes over from reasoning)
+            return "".join(self.acc.reasoning_content)[had_plain:]
+        return plain
 
     def _chunk(self, chunk: Any) -> bytes:
-        before_reasoning = len(self._reasoning_so_far())
-        before_text = "".join(self.acc.content)
-        before_refusal = len(self.refusal)
+        marks = self.acc.marks()
         before_args = {i: tc["function"]["arguments"] for i, tc in self.acc.tool_calls.items()}
         self.acc.feed(chunk)
         if self.acc.error is not None:
             self.error = self.acc.error
             return b""
         out = []
-        reasoning = self._reasoning_so_far()
-        if len(reasoning) > before_reasoning:
-            out.append(self._reasoning_delta(reasoning[before_reasoning:]))
-        text = "".join(self.acc.content)
-        if len(text) > len(before_text):
-            out.append(self._text_delta(text[len(before_text):]))
-        refusal = "".join(self.acc.refusal)
-        if len(refusal) > before_refusal:
-            out.append(self._refusal_delta(refusal[before_refusal:]))
+        text, reasoning_content, reasoning_plain, refusal = self.acc.since(marks)
+        reasoning = self._reasoning_gained(reasoning_content, reasoning_plain)
+        if reasoning:
+            out.append(self._reasoning_delta(reasoning))
+        if text:
+            out.append(self._text_delta(text))
+        if refusal:
+            out.append(self._refusal_delta(refusal))
         for i, call in sorted(self.acc.tool_calls.items()):
             arguments = call["function"]["arguments"]
             if i not in self.calls:  # (the message stays open: text may follow a call, and is its own)
@@ -148,7 +154,7 @@ class FromChat:
             out += self.emit("response.output_item.added", output_index=self.reasoning_index, item=item)
             out += self.emit("response.reasoning_summary_part.added", item_id=item["id"],
                              output_index=self.reasoning_index, summary_index=0, part={"type": "summary_text", "text": ""})
-        self.reasoning += delta
+        self.reasoning.append(delta)
         return out + self.emit("response.reasoning_summary_text.delta", item_id=self.items[self.reasoning_index]["id"],
                                output_index=self.reasoning_index, summary_index=0, delta=delta)
 
@@ -164,10 +170,11 @@ class FromChat:
         item = self._closing(index)
         if item is None:
             return b""
-        part = {"type": "summary_text", "text": self.reasoning}
+        text = "".join(self.reasoning)
+        part = {"type": "summary_text", "text": text}
         item.update(summary=[part])
         return (self.emit("response.reasoning_summary_text.done", item_id=item["id"], output_index=index,
-                          summary_index=0, text=self.reasoning)
+                          summary_index=0, text=text)
                 + self.emit("response.reasoning_summary_part.done", item_id=item["id"], output_index=index,
                             summary_index=0, part=part)
                 + self.emit("response.output_item.done", output_index=index, item=item))
@@ -194,13 +201,13 @@ class FromChat:
 
     def _text_delta(self, delta: str) -> bytes:
         out, at = self._part("output_text")
-        self.text += delta
+        self.text.append(delta)
         return out + self.emit("response.output_text.delta", item_id=self.items[self.text_index]["id"],
                                output_index=self.text_index, content_index=at, delta=delta, logprobs=[])
 
     def _refusal_delta(self, delta: str) -> bytes:
         out, at = self._part("refusal")
-        self.refusal += delta
+        self.refusal.append(delta)
         return out + self.emit("response.refusal.delta", item_id=self.items[self.text_index]["id"],
                                output_index=self.text_index, content_index=at, delta=delta)
 
@@ -212,13 +219,15 @@ class FromChat:
         out, parts = b"", []
         for kind, at in sorted(self.parts.items(), key=lambda kv: kv[1]):
             if kind == "output_text":
-                part: dict[str, Any] = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+                text = "".join(self.text)
+                part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
                 out += self.emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=at,
-                                 text=self.text, logprobs=[])
+                                 text=text, logprobs=[])
             else:
-                part = {"type": "refusal", "refusal": self.refusal}
+                refusal = "".join(self.refusal)
+                part = {"type": "refusal", "refusal": refusal}
                 out += self.emit("response.refusal.done", item_id=item["id"], output_index=index, content_index=at,
-                                 refusal=self.refusal)
+                                 refusal=refusal)
             out += self.emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=at,
                              part=part)
             parts.append(part)
