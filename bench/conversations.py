@@ -6,9 +6,12 @@
    nodes of 20 and as 1,000 nodes of one (a path 1,000 nodes deep);
 2. the extra cost of a Responses call naming its conversation with ``conversation=`` over the
    same call under ``/c/<id>/v1`` (c=1, p50, alternating, side calls -- X-Node-Kind: transform --
-   on a 20-turn path, so the path stays the same length).
+   on a 20-turn path, so the path stays the same length);
+3. deleting the first item of a conversation 100, 1,000 and 3,000 nodes deep (one item each):
+   every node from the item's on is made anew, beside the old ones -- one delete each, its time
+   (the proxy's work is linear in the nodes since 2026-12-05: it was quadratic).
 
-    uv run python bench/conversations.py [--reps 300]
+    uv run python bench/conversations.py [--reps 300] [--skip-deletes]
 
 Layout of bench/run.py: the fake upstream on CPU 0, Branchpoint on CPU 1.
 """
@@ -64,9 +67,25 @@ def first_page(http: httpx.Client, cid: str, reps: int) -> float:
     return round(statistics.median(samples), 3)
 
 
+def deletes(http: httpx.Client) -> list[dict]:
+    out = []
+    for nodes in (100, 1000, 3000):
+        cid = http.post("/v1/conversations", json={"items": [item("item 0")]}).json()["id"]
+        for i in range(1, nodes):
+            http.post(f"/v1/conversations/{cid}/items", json={"items": [item(f"item {i}")]}).raise_for_status()
+        first = http.get(f"/v1/conversations/{cid}/items", params={"limit": 1, "order": "asc"}).json()["data"][0]["id"]
+        t0 = time.perf_counter()
+        http.delete(f"/v1/conversations/{cid}/items/{first}").raise_for_status()
+        row = {"nodes": nodes, "delete_ms": round((time.perf_counter() - t0) * 1000, 3)}
+        log(f"delete the first item: {row}")
+        out.append(row)
+    return out
+
+
 def main() -> None:
     ap = arguments(__doc__, port=14041, up_port=18096)
     ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--skip-deletes", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bp-conversations-bench-"))
     procs = Procs()
@@ -109,6 +128,10 @@ def main() -> None:
             row["extra_ms"] = round(row["conversation_p50_ms"] - row["prefix_p50_ms"], 3)
             figures["conversation_vs_prefix"] = row
             log(str(row))
+
+            # 3. deleting the first item of a deep conversation
+            if not args.skip_deletes:
+                figures["delete_first_item"] = deletes(http)
     finally:
         procs.stop()
     print(json.dumps(figures, indent=2))

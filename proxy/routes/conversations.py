@@ -37,7 +37,7 @@ from ..http import RawResponse
 from ..ids import metadata_problem, valid_conversation_id
 from .context import CallContext
 from .docs import errors
-from .path_items import ITEM_IDS, has_instructions, listed_item, path_items, resolve_compactions
+from .path_items import ITEM_IDS, Item, has_instructions, listed_item, path_items, resolve_compactions
 
 __all__ = ["conversation_item", "conversation_items", "conversation_resource", "conversations_create",
            "new_conversation_id"]
@@ -248,8 +248,12 @@ async def conversation_item(request: Request[Any, Any, Any], call: NamedDependen
     copies: list[dict[str, Any]] = []
     # every node from `first` to the head (one contributing no item is copied too, empty)
     start = next(i for i, n in enumerate(path) if n.id == first.id)
+    by_node: dict[Any, list[Item]] = {}  # (each node's items, grouped once: per node, a scan of them all was quadratic)
+    for i in items:
+        if i is not items[index]:
+            by_node.setdefault(i.node.id, []).append(i)
     for node in path[start:]:
-        kept = [i for i in items if i.node.id == node.id and i is not items[index]]
+        kept = by_node.get(node.id, [])
         params: dict[str, Any] = {}
         # instructions (context, never an item) stay so in the copy: a call's, or those a summary carried
         carried = next((i for i in kept if i.hidden and isinstance(i.raw.get("content"), str)), None)
