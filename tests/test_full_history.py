@@ -477,3 +477,53 @@ def test_a_tie_goes_to_the_node_on_the_head_path_even_when_another_is_newer(prox
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [user("hi"), answer, user("more")]})
     assert r.status_code == 200 and r.headers["x-context-matched"] == "2"
     assert r.headers["x-parent-node-id"] == older.headers["x-node-id"]
+
+
+def test_a_retry_after_many_failed_attempts_walks_at_most_32_of_them(proxy, upstream, key, cid, db):
+    """A client resending a history the upstream keeps refusing leaves a failed attempt per call,
+    each a candidate for the next (the retry rule) and none on the head path (a refusal leaves the
+    head where it was): the tie rule walked every one of them on every retry (2,000 attempts: ~26
+    ms of PostgreSQL per call; found by a hostile pass). It walks at most 32, then takes the
+    newest -- the retry hangs beside the attempts all the same."""
+    import asyncio
+
+    import asyncpg
+
+    from storage import transcript
+
+    from .conftest import tenant_of
+
+    http = httpx.Client(base_url=proxy.url, headers={"Authorization": f"Bearer {key}", **FULL,
+                                                     "X-Conversation-Id": cid}, timeout=30)
+    history = [user("a question the upstream refuses")]
+    for _ in range(40):
+        upstream.enqueue(Reply(kind="error", status=400))
+    for _ in range(40):
+        assert http.post("/v1/chat/completions", json={"model": MODEL, "messages": history}).status_code == 400
+    tenant, chain = tenant_of(key), transcript.chain(history)
+    tree = db.fetchval("SELECT tree_id FROM conversations WHERE tenant = $1 AND id = $2", tenant, cid)
+    assert db.fetchval("SELECT count(*) FROM nodes WHERE tree_id = $1 AND chain = $2 AND status = 'failed'",
+                       tree, chain) == 40
+
+    async def settle() -> tuple[list[asyncpg.Record], int]:
+        conn = await asyncpg.connect(db.url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL track_functions = 'all'")
+                walks = ("SELECT coalesce(pg_stat_get_xact_function_calls("
+                         "'bp_on_head_path(uuid,text,text,uuid)'::regprocedure), 0)")
+                before = await conn.fetchval(walks)
+                rows = await conn.fetch("SELECT * FROM bp_best_candidate($1, $2, $3, '{}'::uuid[], $4, true)",
+                                        tenant, cid, tree, chain)
+                return rows, await conn.fetchval(walks) - before
+        finally:
+            await conn.close()
+
+    rows, walked = asyncio.run(settle())
+    assert walked == 32 and len(rows) == 1
+    newest = db.fetchval("SELECT id FROM nodes WHERE tree_id = $1 AND chain = $2 ORDER BY created_at DESC, id DESC "
+                         "LIMIT 1", tree, chain)
+    assert rows[0]["id"] == newest
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": history})
+    assert r.status_code == 200 and r.headers["x-context-matched"] == "1"
+    assert db.node(r.headers["x-node-id"])["parent_id"] is None  # (beside the attempts: roots all)

@@ -80,8 +80,10 @@ $$;
 -- first. The head-path test walks the path (bp_on_head_path, from the head down to the node's
 -- depth), so it runs candidate by candidate and stops at the first on it -- whatever the number
 -- of candidates (under /auto/v1, every conversation of the tenant that began the same way: each
--- is usually on its own head path, so the first is taken at once). With no conversation named at
--- most 32 candidates are walked: past them the first is taken, as when nothing ties. The walk runs
+-- is usually on its own head path, so the first is taken at once). At most 32 candidates are
+-- walked: past them the first is taken, as when nothing ties -- a client retrying a history
+-- that keeps failing leaves a failed attempt per retry, none on the head path (a refusal leaves
+-- the head where it was), and each retry walked them all. The walk runs
 -- here, never inside the candidates' query (on Citus that query runs on a shard, which cannot walk
 -- the tree itself). (No SET clauses of its own, which would cost each call a settings change:
 -- bp_begin_full's apply.)
@@ -96,16 +98,15 @@ DECLARE
     v_any boolean := false;  -- (a row holding a null -- a root's parent -- is neither NULL nor NOT NULL)
     v_walked integer := 0;
 BEGIN
-    -- (with no conversation named, the 64 first are more than the walks can test)
-    FOR r IN SELECT m.* FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain,
-                                           CASE WHEN p_conversation IS NULL THEN 64 END) m
+    -- (the 64 first are more than the walks can test)
+    FOR r IN SELECT m.* FROM bp_match_rows(p_tenant, p_conversation, p_tree, p_visible, p_chain, 64) m
               ORDER BY (m.kind = 'compaction') DESC, m.created_at DESC, m.id DESC LOOP
         CONTINUE WHEN r.outcome IS NULL AND NOT p_pending;
         IF NOT v_any THEN
             v_first := r;
             v_any := true;
         END IF;
-        EXIT WHEN p_conversation IS NULL AND v_walked >= 32;
+        EXIT WHEN v_walked >= 32;
         v_walked := v_walked + 1;
         IF bp_on_head_path(r.tree_id, p_tenant, coalesce(p_conversation, r.conversation_id), r.id) THEN
             v_first := r;
