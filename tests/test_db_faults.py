@@ -137,7 +137,7 @@ def test_a_connection_the_server_is_ending_is_unavailable_and_dropped(database_u
             other = await asyncpg.connect(database_url)
             try:
                 await wait_until(other, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep%'", pid)
-                assert await other.fetchval("SELECT pg_terminate_backend($1)", pid)
+                assert await other.fetchval("SELECT pg_terminate_backend($1::int)", pid)
             finally:
                 await other.close()
             with pytest.raises(StorageUnavailable):
