@@ -407,6 +407,31 @@ def test_a_cache_control_marker_that_moved_off_an_image_still_matches(proxy, ups
     assert r2.headers["x-conversation-id"] == r1.headers["x-conversation-id"]
 
 
+def best_candidate_walks(db, tenant, conversation, tree, chain, *, pending):
+    """The candidate the tie rule takes (bp_best_candidate's rows), and how many head-path walks
+    it made to find it -- counted with the backend's function statistics, in a transaction of
+    its own."""
+    import asyncio
+
+    import asyncpg
+
+    async def settle():
+        conn = await asyncpg.connect(db.url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL track_functions = 'all'")
+                walks = ("SELECT coalesce(pg_stat_get_xact_function_calls("
+                         "'bp_on_head_path(uuid,text,text,uuid)'::regprocedure), 0)")
+                before = await conn.fetchval(walks)
+                rows = await conn.fetch("SELECT * FROM bp_best_candidate($1, $2, $3, '{}'::uuid[], $4, $5)",
+                                        tenant, conversation, tree, chain, pending)
+                return rows, await conn.fetchval(walks) - before
+        finally:
+            await conn.close()
+
+    return asyncio.run(settle())
+
+
 def test_a_tie_among_many_conversations_that_began_alike_walks_one_head_path(proxy, upstream, key, db):
     """Under /auto/v1 every conversation of the tenant that began the same way ties for a history
     that continues that beginning (a canned first question, a model answering it alike). The tie
@@ -414,9 +439,7 @@ def test_a_tie_among_many_conversations_that_began_alike_walks_one_head_path(pro
     one: the head-path test (a walk of the path) ran for every candidate before, ~200 ms of
     PostgreSQL per call with 6,000 such conversations. Counted with the backend's function
     statistics, where the tie is settled (bp_best_candidate)."""
-    import asyncio
 
-    import asyncpg
 
     from storage import transcript
 
@@ -434,21 +457,7 @@ def test_a_tie_among_many_conversations_that_began_alike_walks_one_head_path(pro
     tenant = tenant_of(key)
     assert db.fetchval("SELECT count(*) FROM nodes WHERE tenant = $1 AND chain = $2", tenant, chain) == 40
 
-    async def settle() -> tuple[list[asyncpg.Record], int]:
-        conn = await asyncpg.connect(db.url)
-        try:
-            async with conn.transaction():
-                await conn.execute("SET LOCAL track_functions = 'all'")
-                walks = ("SELECT coalesce(pg_stat_get_xact_function_calls("
-                         "'bp_on_head_path(uuid,text,text,uuid)'::regprocedure), 0)")
-                before = await conn.fetchval(walks)
-                rows = await conn.fetch("SELECT * FROM bp_best_candidate($1, NULL, NULL, '{}'::uuid[], $2, false)",
-                                        tenant, chain)
-                return rows, await conn.fetchval(walks) - before
-        finally:
-            await conn.close()
-
-    rows, walked = asyncio.run(settle())
+    rows, walked = best_candidate_walks(db, tenant, None, None, chain, pending=False)
     assert walked == 1
     assert [r["conversation_id"] for r in rows] == [conversations[-1]]
 
@@ -485,9 +494,7 @@ def test_a_retry_after_many_failed_attempts_walks_at_most_32_of_them(proxy, upst
     head where it was): the tie rule walked every one of them on every retry (2,000 attempts: ~26
     ms of PostgreSQL per call; found by a hostile pass). It walks at most 32, then takes the
     newest -- the retry hangs beside the attempts all the same."""
-    import asyncio
 
-    import asyncpg
 
     from storage import transcript
 
@@ -505,21 +512,7 @@ def test_a_retry_after_many_failed_attempts_walks_at_most_32_of_them(proxy, upst
     assert db.fetchval("SELECT count(*) FROM nodes WHERE tree_id = $1 AND chain = $2 AND status = 'failed'",
                        tree, chain) == 40
 
-    async def settle() -> tuple[list[asyncpg.Record], int]:
-        conn = await asyncpg.connect(db.url)
-        try:
-            async with conn.transaction():
-                await conn.execute("SET LOCAL track_functions = 'all'")
-                walks = ("SELECT coalesce(pg_stat_get_xact_function_calls("
-                         "'bp_on_head_path(uuid,text,text,uuid)'::regprocedure), 0)")
-                before = await conn.fetchval(walks)
-                rows = await conn.fetch("SELECT * FROM bp_best_candidate($1, $2, $3, '{}'::uuid[], $4, true)",
-                                        tenant, cid, tree, chain)
-                return rows, await conn.fetchval(walks) - before
-        finally:
-            await conn.close()
-
-    rows, walked = asyncio.run(settle())
+    rows, walked = best_candidate_walks(db, tenant, cid, tree, chain, pending=True)
     assert walked == 32 and len(rows) == 1
     newest = db.fetchval("SELECT id FROM nodes WHERE tree_id = $1 AND chain = $2 ORDER BY created_at DESC, id DESC "
                          "LIMIT 1", tree, chain)
