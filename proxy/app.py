@@ -44,7 +44,7 @@ from .routes.passthrough import (
     passthrough_auto,
     passthrough_prefixed,
 )
-from .routes.response_objects import response_input_items, response_resource
+from .routes.response_objects import response_cancel, response_input_items, response_resource
 from .routes.responses import responses_create
 from .routes.responses_compact import responses_compact
 from .routes.ui import ui_router
@@ -166,6 +166,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             messages_count_tokens,
             response_resource,
             response_input_items,
+            response_cancel,
             responses_compact,
             conversations_create,
             conversation_resource,

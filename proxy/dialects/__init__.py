@@ -106,6 +106,9 @@ class Dialect(Protocol):
     def check_from_chat(self, params: dict[str, Any], name: Callable[[str], str] = str) -> None: ...
     def chat_field(self, name: str) -> str: ...  # this API's name of the chat field its own translates to
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]: ...  # hosted tools a chat upstream cannot run
+    # refused before any node: a field of this API's own that would change the answer and that its
+    # translation through chat cannot carry (rather than dropped: the model would answer without it)
+    def check_to_chat(self, params: dict[str, Any]) -> None: ...
     # params a call translated through chat takes from its conversation's history (assembled
     # messages, new ones last), beside its own: the tools a client's tool search loaded
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]: ...
@@ -151,6 +154,7 @@ class Crossing:
         if self.client.name == "chat":
             self.upstream.check_from_chat(params)
             return []
+        self.client.check_to_chat(params)
         dropped = self.client.unsupported_by_chat(params)
         if dropped and unsupported_tools == "refuse":
             raise InvalidRequest(f"tool type {dropped[0]!r} needs an upstream that speaks the {self.client.name} API "

@@ -26,7 +26,7 @@ from .docs import errors
 from .passthrough import upstream_path
 from .path_items import live_node, node_items
 
-__all__ = ["response_input_items", "response_of", "response_resource", "stored_response"]
+__all__ = ["response_cancel", "response_input_items", "response_of", "response_resource", "stored_response"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -79,10 +79,34 @@ async def response_resource(request: Request[Any, Any, Any], call: NamedDependen
         if outcome == "not_found":
             raise NotFound(f"no response {response_id!r}", code="response_not_found", param="response_id")
         return RawResponse(200, _encode({"id": response_id, "object": "response", "deleted": True}))
+    if request.query_params.get("stream", "").lower() in ("true", "1"):
+        # (resuming a background response's stream: none runs here -- each is answered as it runs)
+        raise InvalidRequest("a response of the proxy's has no stream to resume: every call is answered as it runs "
+                             "(background: true included); retrieve it without stream", param="stream")
     node = await stored_response(admin, caller, response_id)
     if node is None:
         raise NotFound(f"no response {response_id!r}", code="response_not_found", param="response_id")
     return RawResponse(200, _encode(response_of(node)))
+
+
+@route(["/v1/responses/{response_id:str}/cancel", "/c/{conversation_id:str}/v1/responses/{response_id:str}/cancel",
+        "/auto/v1/responses/{response_id:str}/cancel"], http_method=["POST"],
+       summary="Cancel a background response (an upstream's: passed through)", tags=["responses"],
+       responses=errors(400, 404))
+async def response_cancel(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    """An upstream's response (a pass-through call's) is the upstream's to cancel; one of ours
+    never runs in the background, so there is nothing to cancel."""
+    if request.path_params.get("conversation_id") is not None:
+        valid_conversation_id(request.path_params["conversation_id"], source="path")
+    response_id = request.path_params["response_id"]
+    if responses_items.node_id_of(response_id) is None:
+        path = upstream_path(request.scope, _skip_prefix(request.scope))
+        return await call.forwarder.forward(request, path, await request.body(), RequestHeaders(request.scope),
+                                            call.caller)
+    if await stored_response(call.admin, call.caller, response_id) is None:
+        raise NotFound(f"no response {response_id!r}", code="response_not_found", param="response_id")
+    raise InvalidRequest("only a background response can be cancelled, and the proxy answers every call as it runs",
+                         param="response_id")
 
 
 def _input_items(node: NodeRow) -> list[dict[str, Any]]:

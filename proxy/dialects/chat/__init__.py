@@ -95,6 +95,9 @@ class Chat:
     def chat_field(self, name: str) -> str:
         return name
 
+    def check_to_chat(self, params: dict[str, Any]) -> None:
+        return None
+
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return []
 

@@ -72,6 +72,9 @@ class Messages:
     def chat_field(self, name: str) -> str:
         return translate.CHAT_FIELDS.get(name, name)
 
+    def check_to_chat(self, params: dict[str, Any]) -> None:
+        return None  # (the fields it cannot carry are documented as not sent: thinking, top_k ...)
+
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return translate.hosted(params.get("tools"))
 

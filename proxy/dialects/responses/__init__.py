@@ -64,6 +64,9 @@ class Responses:
     def chat_field(self, name: str) -> str:
         return translate.CHAT_FIELDS.get(name, name)
 
+    def check_to_chat(self, params: dict[str, Any]) -> None:
+        translate.check_to_chat(params)
+
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return tools.hosted(params.get("tools"))
 

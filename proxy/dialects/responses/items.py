@@ -110,6 +110,8 @@ def read_response(content: bytes) -> dict[str, Any]:
         raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
     if not isinstance(data, dict) or not isinstance(data.get("output"), list) or data.get("status") == "failed":
         raise NotACompletion("not a completed response")
+    if data.get("status") in ("queued", "in_progress"):  # (an answer still to come is no answer)
+        raise NotACompletion(f"a response still {data['status']}")
     return data
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from ...assembly import NATIVE
+from ...errors import InvalidRequest
 from .. import CACHE_WRITES, usage_count
 from ..chat.completion import call_id
 from .tools import (
@@ -42,8 +43,11 @@ _decode = msgspec.json.Decoder().decode
 # Responses fields with a chat-completions equivalent of the same name and meaning.
 _SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "prompt_cache_key",
          "safety_identifier", "top_logprobs", "stream")
-# Fields only the proxy uses (or a Responses upstream must not get).
-_OURS = ("input", "instructions", "previous_response_id", "store", "conversation", "context_management", "truncation")
+# Fields only the proxy uses (or a Responses upstream must not get). ``background``: the proxy
+# answers every call as it runs (over any upstream): an upstream's queued response would be an
+# answer still to come that nothing here ever fetches.
+_OURS = ("input", "instructions", "previous_response_id", "store", "conversation", "context_management", "truncation",
+         "background")
 
 
 def _tool_choice(choice: Any, dropped: Any, tools: Any) -> Any:
@@ -87,7 +91,32 @@ def _response_format(text: Any) -> dict[str, Any] | None:
 
 # a Responses request's fields under the chat names ``chat_params`` gives them (their own elsewhere)
 CHAT_FIELDS = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
-               "reasoning_effort": "reasoning.effort"}
+               "reasoning_effort": "reasoning.effort", "verbosity": "text.verbosity"}
+
+
+# includes a translation through chat can serve: what the answer holds anyway, or nothing (the
+# hosted tools they name are not run there; chat's reasoning is never encrypted) -- not the
+# output's logprobs, which it does not carry back
+_SERVABLE_INCLUDES = frozenset({"reasoning.encrypted_content", "message.input_image.image_url",
+                                "web_search_call.action.sources", "web_search_call.results", "file_search_call.results",
+                                "code_interpreter_call.outputs", "computer_call_output.output.image_url"})
+
+
+def check_to_chat(params: dict[str, Any]) -> None:
+    """Raise ``InvalidRequest`` for a Responses field that changes the answer and that the
+    translation through chat cannot carry -- a reusable prompt, the output's logprobs -- rather than
+    drop it: the model would answer without it, and the client never know."""
+    if params.get("prompt") is not None:
+        raise InvalidRequest("'prompt' (a reusable prompt) needs an upstream that speaks the Responses API; this "
+                             "model's upstream does not: send its instructions and input instead", param="prompt")
+    include = params.get("include")
+    for value in include if isinstance(include, list) else ():
+        if value not in _SERVABLE_INCLUDES:
+            raise InvalidRequest(f"include {value!r} needs an upstream that speaks the Responses API; this model's "
+                                 "upstream does not", param="include")
+    if params.get("top_logprobs") not in (None, 0):
+        raise InvalidRequest("'top_logprobs' needs an upstream that speaks the Responses API; this model's upstream "
+                             "does not", param="top_logprobs")
 
 
 def chat_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -107,6 +136,9 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
     reasoning = params.get("reasoning")
     if isinstance(reasoning, dict) and reasoning.get("effort"):
         out["reasoning_effort"] = reasoning["effort"]
+    text = params.get("text")
+    if isinstance(text, dict) and text.get("verbosity") is not None:
+        out["verbosity"] = text["verbosity"]
     if isinstance(params.get("metadata"), dict) and params["metadata"]:
         out["metadata"] = params["metadata"]
     return out
@@ -258,7 +290,8 @@ def client_fields(params: dict[str, Any]) -> dict[str, Any]:
     """The fields of a response object that say the client's request, not the upstream's (which
     never saw them): restored on a Responses upstream's answer."""
     return {"previous_response_id": params.get("previous_response_id"), "store": params.get("store", True),
-            "instructions": params.get("instructions"), "conversation": conversation_of(params)}
+            "instructions": params.get("instructions"), "conversation": conversation_of(params),
+            "background": params.get("background") is True}
 
 
 # a finish reason (chat's terms, as a node stores it) that leaves a response incomplete: its reason
@@ -290,6 +323,7 @@ def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[
         "object": "response",
         "created_at": int(created_at if created_at is not None else time.time()),
         "status": status,
+        "background": params.get("background") is True,  # (asked for: answered as it ran all the same)
         "error": error,
         "incomplete_details": incomplete,
         "instructions": instructions,

@@ -1,0 +1,90 @@
+"""The Responses API's own features that OpenAI's stateful API offers, served from the tree or
+refused by name -- never silently wrong: background mode, stream resumption, cancel, fields a
+chat upstream cannot honour, text.verbosity. Through the openai SDK; assertions on what the fake
+upstream received and on what the client got back (found by a hostile pass)."""
+
+import json
+
+import openai
+import pytest
+
+from .fakes import Reply
+from .helpers import MODEL
+
+QUEUED = {"id": "resp_upstream_bg", "object": "response", "created_at": 1, "status": "queued", "model": "native-x",
+          "output": [], "error": None, "incomplete_details": None, "usage": None, "background": True}
+
+
+def test_background_is_answered_as_it_runs_and_a_queued_answer_is_no_answer(native, upstream, key, cid):
+    """``background: true`` is not sent upstream -- the proxy answers every call as it runs, and
+    an upstream's queued response would be an answer nothing here ever fetches: it was sent, the
+    upstream answered 'queued' with no output, and the node was stored a success with nothing
+    received (its question then in every later call's context without an answer). The response
+    says background, and completed; a queued answer from an upstream is not a completion."""
+    client = native.openai(key, conversation=cid)
+    done = client.responses.create(model="native-x", input="write a haiku", background=True)
+    assert "background" not in upstream.responses_requests[-1].body
+    assert done.status == "completed" and done.background is True and done.output_text
+    assert client.responses.retrieve(done.id).output_text == done.output_text
+
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(QUEUED).encode()))  # an upstream that queues anyway
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.responses.create(model="native-x", input="and another")
+    assert refused.value.status_code == 502
+    failed = native.db.fetchrow("SELECT status, received FROM nodes WHERE conversation_id = $1 ORDER BY created_at DESC "
+                         "LIMIT 1", cid)
+    assert failed["status"] == "failed" and failed["received"] is None
+
+
+def test_a_stream_resumption_is_refused_by_name(native, upstream, key, cid):
+    """``GET /v1/responses/{id}?stream=true`` (resuming a background stream) answered the stored
+    response as JSON, which the SDK read as an empty stream: nothing to resume here (no call runs
+    in the background), so a 400 naming ``stream``."""
+    client = native.openai(key, conversation=cid)
+    r = client.responses.create(model=MODEL, input="hi")
+    with pytest.raises(openai.BadRequestError) as refused:
+        list(client.responses.retrieve(r.id, stream=True, starting_after=0))
+    assert refused.value.body["param"] == "stream"
+    assert client.responses.retrieve(r.id).output_text  # (without stream: the response)
+
+
+def test_cancel_passes_through_for_an_upstreams_response_and_is_refused_for_ours(native, upstream, key, cid):
+    """``POST /v1/responses/{id}/cancel``: an id the upstream gave (a pass-through call's) goes to
+    the upstream, as every other route does -- it was 404 here, reaching nothing; one of ours is
+    refused: only a background response can be cancelled, and none runs here."""
+    http = native.http(key)
+    before = len(upstream.requests)
+    http.post("/v1/responses/resp_upstream_bg/cancel")
+    assert [r.path for r in upstream.requests[before:]] == ["/v1/responses/resp_upstream_bg/cancel"]
+    ours = native.openai(key, conversation=cid).responses.create(model=MODEL, input="hi")
+    r = http.post(f"/v1/responses/{ours.id}/cancel")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+    assert len(upstream.requests) == before + 2  # (the call itself, and the first cancel)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("prompt", {"id": "pmpt_abc", "version": "2", "variables": {"city": "Paris"}}),
+    ("include", ["message.output_text.logprobs"]),
+])
+def test_a_field_a_chat_upstream_cannot_honour_is_refused_by_name(native, upstream, key, cid, field, value):
+    """A Responses call to a model of a chat upstream with a field that changes the answer and has
+    no chat equivalent here: a reusable prompt (its id, version and variables were dropped: the
+    model answered without the prompt), an include of the output's logprobs (dropped, the client
+    got none). 400 naming it, nothing sent upstream -- as chat fields a Responses upstream cannot
+    honour are refused."""
+    client = native.openai(key, conversation=cid)
+    before = len(upstream.requests)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model=MODEL, input="hi", **{field: value})
+    assert refused.value.body["param"] == field
+    assert len(upstream.requests) == before
+    # includes a chat upstream can serve (nothing, or what the answer holds anyway) pass
+    client.responses.create(model=MODEL, input="hi", include=["reasoning.encrypted_content"])
+
+
+def test_text_verbosity_reaches_a_chat_upstream(native, upstream, key, cid):
+    """``text.verbosity`` is chat's ``verbosity``: it was dropped while the response said it
+    applied."""
+    r = native.openai(key, conversation=cid).responses.create(model=MODEL, input="hi", text={"verbosity": "low"})
+    assert upstream.last.body["verbosity"] == "low"
+    assert r.text.verbosity == "low"
