@@ -316,3 +316,34 @@ def test_a_translated_stream_reads_each_piece_a_bounded_number_of_times(translat
     assert streamed.count(b"p1999 ") == 1 and streamed.count(b"p0 ") == 1
     reassembled = "".join(piece for piece in pieces[field].items)
     assert reassembled == "".join(f"p{i} " for i in range(n))
+
+
+@pytest.mark.parametrize("translator", ["responses", "messages"])
+@pytest.mark.parametrize("deltas", [
+    [{"reasoning_content": "ab", "reasoning": "ab"}, {"reasoning_content": "cd", "reasoning": "cd"}],  # copied into both
+    [{"reasoning_content": "abc"}, {"reasoning": "xyz"}],  # reasoning_content, then reasoning
+    [{"reasoning": "ab"}, {"reasoning": "cd"}],
+    [{"reasoning_content": "ab"}, {"reasoning_content": "cd"}],
+])
+def test_a_translated_streams_thinking_is_the_whole_answers(translator, deltas):
+    """The reasoning a Responses or Anthropic client is streamed from a chat upstream is the one
+    the whole answer -- and the stored node -- holds: reasoning_content, else reasoning. The
+    Anthropic stream sent both, one after the other (``ababcdcd`` from an upstream that copies one
+    field into the other, where the answer says ``abcd``; found by a review)."""
+    from proxy.dialects.messages.stream import FromChat as MessagesFromChat
+    from proxy.dialects.responses.stream import FromChat as ResponsesFromChat
+
+    node = uuid.uuid4()
+    t = (ResponsesFromChat(node_id=node, params={"model": "m"}, instructions=None) if translator == "responses"
+         else MessagesFromChat(node_id=node, params={"model": "m"}))
+    out = t.opening() + b"".join(t.event(b"data: " + json.dumps(chunk(d)).encode()) for d in deltas)
+    out += t.event(b"data: " + json.dumps(chunk({"content": "done"}, finish="stop")).encode()) + t.event(b"data: [DONE]")
+    events = [json.loads(line[6:]) for line in out.split(b"\n") if line.startswith(b"data: {")]
+    if translator == "responses":
+        streamed = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta")
+        whole = "".join(p["text"] for item in t.received() if item["type"] == "reasoning" for p in item["summary"])
+    else:
+        streamed = "".join(e["delta"]["thinking"] for e in events
+                           if e["type"] == "content_block_delta" and e["delta"]["type"] == "thinking_delta")
+        whole = "".join(b["thinking"] for b in t.received()[0]["content"] if b["type"] == "thinking")
+    assert streamed == whole and whole

@@ -4,7 +4,7 @@ a ``proxy.relay.Translator``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -33,6 +33,18 @@ def _texts(parts: list[Any], kind: str) -> list[str]:
     return out
 
 
+class Marks(NamedTuple):
+    """Where an answer's texts ended at a moment of its stream (``StreamAccumulator.marks``): each
+    list's pieces, and the characters of the two reasonings."""
+
+    content: int
+    reasoning_content: int
+    reasoning: int
+    refusal: int
+    reasoning_content_chars: int
+    reasoning_chars: int
+
+
 class StreamAccumulator:
     """Merges ``chat.completion.chunk`` deltas (choice 0) into one assistant message."""
 
@@ -41,6 +53,8 @@ class StreamAccumulator:
         self.reasoning_content: list[str] = []
         self.reasoning: list[str] = []
         self.refusal: list[str] = []
+        self.reasoning_content_chars = 0  # (their lengths, kept as they grow: ``since`` reads them)
+        self.reasoning_chars = 0
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.extra: dict[str, Any] = {}
         self.role = "assistant"
@@ -74,18 +88,24 @@ class StreamAccumulator:
             if choice.get("finish_reason") and isinstance(choice["finish_reason"], str):
                 self.finish_reason = choice["finish_reason"]
 
-    def marks(self) -> tuple[int, int, int, int]:
-        """Where each text of the answer ends now (content, reasoning_content, reasoning, refusal:
-        the pieces so far), for ``since``."""
-        return len(self.content), len(self.reasoning_content), len(self.reasoning), len(self.refusal)
+    def marks(self) -> Marks:
+        """Where the answer's texts end now, for ``since``."""
+        return Marks(len(self.content), len(self.reasoning_content), len(self.reasoning), len(self.refusal),
+                     self.reasoning_content_chars, self.reasoning_chars)
 
-    def since(self, marks: tuple[int, int, int, int]) -> tuple[str, str, str, str]:
-        """What each text gained since ``marks``: a translator's deltas, read from the pieces a chunk
-        added -- not from the whole text joined again at every chunk, which made a translated
-        stream's cost grow with the square of its length."""
-        content, reasoning_content, reasoning, refusal = marks
-        return ("".join(self.content[content:]), "".join(self.reasoning_content[reasoning_content:]),
-                "".join(self.reasoning[reasoning:]), "".join(self.refusal[refusal:]))
+    def since(self, marks: Marks) -> tuple[str, str, str]:
+        """What the answer gained since ``marks``: (text, reasoning, refusal) -- a translator's deltas,
+        read from the pieces a chunk added, not from the whole text joined again at every chunk
+        (which made a translated stream's cost grow with the square of its length). The reasoning
+        is the message's as ``message()`` gives it to a reader: reasoning_content, else reasoning;
+        once reasoning_content begins it is the reasoning, from where what was shown so far ends."""
+        reasoning = "".join(self.reasoning_content[marks.reasoning_content:])
+        if not marks.reasoning_content_chars:
+            if reasoning:  # (reasoning_content begins: it takes over)
+                reasoning = "".join(self.reasoning_content)[marks.reasoning_chars:]
+            else:
+                reasoning = "".join(self.reasoning[marks.reasoning:])
+        return "".join(self.content[marks.content:]), reasoning, "".join(self.refusal[marks.refusal:])
 
     def _merge(self, delta: dict[str, Any]) -> None:
         # (an upstream's odd field -- a number where text goes -- is left out, never stored as
@@ -96,7 +116,9 @@ class StreamAccumulator:
                 continue
             if key == "content":
                 if isinstance(value, list):
-                    self.reasoning_content.extend(_texts(value, "thinking"))
+                    thinking = _texts(value, "thinking")
+                    self.reasoning_content.extend(thinking)
+                    self.reasoning_content_chars += sum(len(t) for t in thinking)
                     self.content.extend(_texts(value, "text"))
                 elif isinstance(value, str):
                     self.content.append(value)
@@ -107,6 +129,10 @@ class StreamAccumulator:
             elif key in ("reasoning_content", "reasoning", "refusal"):
                 if isinstance(value, str):
                     getattr(self, key).append(value)
+                    if key == "reasoning_content":
+                        self.reasoning_content_chars += len(value)
+                    elif key == "reasoning":
+                        self.reasoning_chars += len(value)
             elif key == "role":
                 if isinstance(value, str):
                     self.role = value

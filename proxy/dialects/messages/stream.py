@@ -275,8 +275,7 @@ class FromChat:
             self.error = self.acc.error
             return b""
         out = []
-        text, reasoning_content, reasoning_plain, _ = self.acc.since(marks)
-        reasoning = reasoning_content + reasoning_plain
+        text, reasoning, _ = self.acc.since(marks)  # (reasoning: as translate.content_of reads it)
         if reasoning:
             if self.kind != "thinking":
                 out.append(self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""}))

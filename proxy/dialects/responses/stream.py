@@ -63,7 +63,6 @@ class FromChat:
         self.refusal: list[str] = []
         self.reasoning_index: int | None = None  # the reasoning item (a chat upstream's reasoning, as its summary)
         self.reasoning: list[str] = []
-        self.reasoning_from: tuple[int, int] = (0, 0)  # characters of reasoning_content, of reasoning, so far
         self.calls: dict[int, int] = {}  # chat tool-call index -> output_index
         self.closed: set[int] = set()
         self.compaction = compaction or []  # the compaction item the output begins with (never stored)
@@ -106,18 +105,6 @@ class FromChat:
             self.masker.apply(chunk)
         return self._chunk(chunk)
 
-    def _reasoning_gained(self, content: str, plain: str) -> str:
-        """The reasoning a chunk added (``content``: to reasoning_content, ``plain``: to reasoning),
-        as translate.output_items reads the message: reasoning_content, else reasoning -- once
-        reasoning_content begins, it is the reasoning, from where what was shown so far ends."""
-        had_content, had_plain = self.reasoning_from
-        self.reasoning_from = (had_content + len(content), had_plain + len(plain))
-        if had_content:
-            return content
-        if content:  # (reasoning_content begins: it takes over from reasoning)
-            return "".join(self.acc.reasoning_content)[had_plain:]
-        return plain
-
     def _chunk(self, chunk: Any) -> bytes:
         marks = self.acc.marks()
         before_args = {i: tc["function"]["arguments"] for i, tc in self.acc.tool_calls.items()}
@@ -126,8 +113,7 @@ class FromChat:
             self.error = self.acc.error
             return b""
         out = []
-        text, reasoning_content, reasoning_plain, refusal = self.acc.since(marks)
-        reasoning = self._reasoning_gained(reasoning_content, reasoning_plain)
+        text, reasoning, refusal = self.acc.since(marks)  # (reasoning: as translate.output_items reads it)
         if reasoning:
             out.append(self._reasoning_delta(reasoning))
         if text:
