@@ -150,34 +150,39 @@ def test_a_connection_the_server_is_ending_is_unavailable_and_dropped(database_u
     run(scenario())
 
 
-def test_an_answer_whose_finish_meets_a_connection_the_server_ended_is_stored(proxy, upstream, key, cid, db):
+def test_an_answer_whose_finish_meets_a_connection_the_server_ended_is_stored(fresh_database_url, upstream_url, upstream,
+                                                                             key, cid):
     """The call's finish borrows a connection the server ended while it was idle (a restart under
     load): the client still gets its answer, which is stored once a connection works -- it was
-    'refused', the node failed without it -- and the conversation is free for the next turn."""
-    http = httpx.Client(base_url=proxy.url, timeout=30)
-    assert call(http, key, cid, "first").status_code == 200
-    hold = threading.Event()
-    upstream.enqueue(Reply(content="the answer", hold=hold))
-    answered = []
-    asking = threading.Thread(target=lambda: answered.append(call(http, key, cid, "second", timeout=30)))
-    asking.start()
-    wait_for(lambda: upstream.requests and upstream.last.messages[-1]["content"] == "second")
+    'refused', the node failed without it -- and the conversation is free for the next turn. (A
+    proxy of its own, with a pool of two: every idle connection is made one the server ended, and
+    none is left to another test.)"""
+    settings = make_settings(fresh_database_url, upstream_url, database={"pool_min": 1, "pool_max": 2})
+    with serve_proxy(settings) as proxy, httpx.Client(base_url=proxy.url, timeout=30) as http:
+        assert call(http, key, cid, "first").status_code == 200
+        hold = threading.Event()
+        upstream.enqueue(Reply(content="the answer", hold=hold))
+        answered = []
+        asking = threading.Thread(target=lambda: answered.append(call(http, key, cid, "second", timeout=30)))
+        asking.start()
+        wait_for(lambda: upstream.requests and upstream.last.messages[-1]["content"] == "second")
 
-    async def end_idle_sessions() -> int:
-        idle = [conn for conn, _ in proxy.runtime.db.pool._idle]
-        for conn in idle:
-            _server_ends_the_session(conn)
-        return len(idle)
+        async def end_idle_sessions() -> int:
+            idle = [conn for conn, _ in proxy.runtime.db.pool._idle]
+            for conn in idle:
+                _server_ends_the_session(conn)
+            return len(idle)
 
-    assert proxy.in_loop(end_idle_sessions()) >= 1
-    hold.set()
-    asking.join(30)
-    assert answered[0].status_code == 200, answered[0].text
-    node_id = answered[0].headers["x-node-id"]
-    wait_for(lambda: db.node(node_id)["status"] == "success", timeout=10)
-    nxt = call(http, key, cid, "third")
-    assert nxt.status_code == 200, nxt.text
-    assert [m["content"] for m in upstream.last.messages] == ["first", "echo: first", "second", "the answer", "third"]
+        assert proxy.in_loop(end_idle_sessions()) >= 1
+        hold.set()
+        asking.join(30)
+        assert answered[0].status_code == 200, answered[0].text
+        node_id = answered[0].headers["x-node-id"]
+        wait_for(lambda: proxy.db.node(node_id)["status"] == "success", timeout=10)
+        nxt = call(http, key, cid, "third")
+        assert nxt.status_code == 200, nxt.text
+        assert [m["content"] for m in upstream.last.messages] == ["first", "echo: first", "second", "the answer",
+                                                                  "third"]
 
 
 @pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)

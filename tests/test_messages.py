@@ -1061,3 +1061,14 @@ def test_the_sdks_tool_runner_threads_are_declined_and_it_sends_the_whole_conver
     assert len(listed) == 1
     path = admin(mproxy, key, f"/admin/conversations/{listed[0]['id']}/path").json()["data"]
     assert len(path) == 2 and path[1]["parent_id"] == path[0]["id"]
+
+
+def test_a_null_thread_is_no_thread(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    """``"thread": null`` (a client that writes every field, set or not) asks for no thread: served."""
+    r = httpx.post(f"{mproxy.url}/c/{cid}/v1/messages", headers={"x-api-key": key}, timeout=30,
+                   json={"model": "claude-x", "max_tokens": 10, "thread": None, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{mproxy.url}/c/{cid}/v1/messages", headers={"x-api-key": key}, timeout=30,
+                   json={"model": "claude-x", "max_tokens": 10, "thread": {"type": "create"},
+                         "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["details"]["error_code"] == "thread_unsupported_request"

@@ -59,7 +59,7 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     native = _anthropic_upstream(call, body)
     if not store and native:
         return await call.forwarder.forward(request, "messages", raw, headers, call.caller, errors=ANTHROPIC_ERRORS)
-    if "thread" in body:  # stored, or translated: no upstream holds the thread (docs/behaviour.md#the-messages-api)
+    if body.get("thread") is not None:  # stored, or translated: no upstream holds the thread (docs/behaviour.md#the-messages-api)
         return RawResponse(400, _THREAD_REFUSED)
     # (an Anthropic upstream carries out the request's context_management itself; another, the proxy)
     edit = None if native or not store else clearing_edit(body)

@@ -81,7 +81,7 @@ $$;
 -- depth), so it runs candidate by candidate and stops at the first on it -- whatever the number
 -- of candidates (under /auto/v1, every conversation of the tenant that began the same way: each
 -- is usually on its own head path, so the first is taken at once). At most 32 candidates are
--- walked: past them the first is taken, as when nothing ties -- a client retrying a history
+-- walked: past them the first (in that order) is taken, as when nothing ties -- a client retrying a history
 -- that keeps failing leaves a failed attempt per retry, none on the head path (a refusal leaves
 -- the head where it was), and each retry walked them all. The walk runs
 -- here, never inside the candidates' query (on Citus that query runs on a shard, which cannot walk
