@@ -47,6 +47,7 @@ from .routes.passthrough import (
 from .routes.response_objects import response_cancel, response_input_items, response_resource
 from .routes.responses import responses_create
 from .routes.responses_compact import responses_compact
+from .routes.responses_input_tokens import responses_input_tokens
 from .routes.ui import ui_router
 from .runtime import Runtime
 
@@ -167,6 +168,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             response_resource,
             response_input_items,
             response_cancel,
+            responses_input_tokens,
             responses_compact,
             conversations_create,
             conversation_resource,

@@ -88,3 +88,30 @@ def test_text_verbosity_reaches_a_chat_upstream(native, upstream, key, cid):
     r = native.openai(key, conversation=cid).responses.create(model=MODEL, input="hi", text={"verbosity": "low"})
     assert upstream.last.body["verbosity"] == "low"
     assert r.text.verbosity == "low"
+
+
+def test_input_tokens_counts_the_stored_context_and_sends_none_of_our_ids_upstream(native, upstream, key, cid):
+    """``POST /v1/responses/input_tokens`` naming state of ours (a previous response, a
+    conversation) is counted here, stored context included -- it went upstream with our response
+    id, which no upstream knows (a chat one answered 404); one naming nothing goes to a Responses
+    upstream as it came, and is estimated for any other."""
+    client = native.openai(key, conversation=cid)
+    long_question = "tell me about the sea " * 50
+    first = client.responses.create(model=MODEL, input=long_question)
+    http = native.http(key)
+    before = len(upstream.requests)
+    alone = http.post("/v1/responses/input_tokens", json={"model": MODEL, "input": "and the sky?"}).json()
+    chained = http.post("/v1/responses/input_tokens", json={"model": MODEL, "input": "and the sky?",
+                                                            "previous_response_id": first.id}).json()
+    by_conversation = http.post("/v1/responses/input_tokens", json={"model": MODEL, "input": "and the sky?",
+                                                                    "conversation": cid}).json()
+    assert alone["object"] == chained["object"] == "response.input_tokens"
+    assert chained["input_tokens"] == by_conversation["input_tokens"] > alone["input_tokens"] + 200
+    assert len(upstream.requests) == before  # (all counted here: a chat model's upstream has no such endpoint)
+    missing = http.post("/v1/responses/input_tokens", json={"model": MODEL, "input": "x",
+                                                            "previous_response_id": "resp_" + "0" * 32})
+    assert missing.status_code == 404
+    http.post("/v1/responses/input_tokens", json={"model": "native-x", "input": "hi"})  # names nothing of ours
+    assert [r.path for r in upstream.requests[before:]] == ["/v1/responses/input_tokens"]
+    http.post("/v1/responses/input_tokens", json={"model": "native-x", "input": "hi", "previous_response_id": first.id})
+    assert len(upstream.requests) == before + 1
