@@ -115,3 +115,17 @@ def test_input_tokens_counts_the_stored_context_and_sends_none_of_our_ids_upstre
     assert [r.path for r in upstream.requests[before:]] == ["/v1/responses/input_tokens"]
     http.post("/v1/responses/input_tokens", json={"model": "native-x", "input": "hi", "previous_response_id": first.id})
     assert len(upstream.requests) == before + 1
+
+
+def test_parallel_tool_calls_goes_to_a_chat_upstream_only_with_tools(native, upstream, key, cid):
+    """The Responses API takes ``parallel_tool_calls`` with no tools (its default is true, and SDKs
+    send it); chat refuses it without tools ("only allowed when tools are specified") -- so with
+    none offered, or every one dropped (a hosted tool), it is not sent."""
+    client = native.openai(key, conversation=cid)
+    client.responses.create(model=MODEL, input="hi", parallel_tool_calls=True)
+    assert "parallel_tool_calls" not in upstream.last.body
+    client.responses.create(model=MODEL, input="hi", parallel_tool_calls=True, tools=[{"type": "web_search"}])
+    assert "parallel_tool_calls" not in upstream.last.body and "tools" not in upstream.last.body
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+    client.responses.create(model=MODEL, input="hi", parallel_tool_calls=False, tools=[tool])
+    assert upstream.last.body["parallel_tool_calls"] is False

@@ -130,6 +130,8 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
             out["tools"] = tools
     if params.get("tool_choice") is not None and ("tools" in out or not params.get("tools")):  # (all dropped: none)
         out["tool_choice"] = _tool_choice(params["tool_choice"], params.get(DROPPED), offered(params))
+    if "tools" not in out:  # (the Responses API takes it without tools; chat refuses it: "only allowed when tools")
+        out.pop("parallel_tool_calls", None)
     fmt = _response_format(params.get("text"))
     if fmt is not None:
         out["response_format"] = fmt
