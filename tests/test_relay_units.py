@@ -324,6 +324,7 @@ def test_a_translated_stream_reads_each_piece_a_bounded_number_of_times(translat
     [{"reasoning_content": "abc"}, {"reasoning": "xyz"}],  # reasoning_content, then reasoning
     [{"reasoning": "ab"}, {"reasoning": "cd"}],
     [{"reasoning_content": "ab"}, {"reasoning_content": "cd"}],
+    [{"reasoning": "ab"}, {"reasoning_content": "a"}, {"reasoning_content": "bcd"}],  # reasoning_content lagging
 ])
 def test_a_translated_streams_thinking_is_the_whole_answers(translator, deltas):
     """The reasoning a Responses or Anthropic client is streamed from a chat upstream is the one

@@ -129,3 +129,27 @@ def test_parallel_tool_calls_goes_to_a_chat_upstream_only_with_tools(native, ups
     tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
     client.responses.create(model=MODEL, input="hi", parallel_tool_calls=False, tools=[tool])
     assert upstream.last.body["parallel_tool_calls"] is False
+
+
+def test_input_tokens_counts_as_the_call_would_be_assembled(native, upstream, key, cid):
+    """The count follows the assembly's rules: instructions resent with every call are counted
+    once (the system rule: the last in effect -- they were counted per node, ~4x for three calls);
+    instructions alone count; an upstream's own previous_response_id, and a body without a model,
+    pass through to a Responses upstream; a conversation named by the path that has no call yet
+    is empty, not 404."""
+    client = native.openai(key, conversation=cid)
+    rules = "Always answer in formal English and cite sources. " * 40
+    first = client.responses.create(model=MODEL, input="q1", instructions=rules)
+    second = client.responses.create(model=MODEL, input="q2", instructions=rules, previous_response_id=first.id)
+    http = native.http(key)
+    count = lambda **body: http.post("/v1/responses/input_tokens", json={"model": MODEL, **body}).json()  # noqa: E731
+    alone = count(instructions=rules)["input_tokens"]
+    assert alone > 300
+    chained = count(input="q3", instructions=rules, previous_response_id=second.id)["input_tokens"]
+    assert alone < chained < alone + 100  # (the rules once, and a few short messages)
+    before = len(upstream.requests)
+    http.post("/v1/responses/input_tokens", json={"model": "native-x", "previous_response_id": "resp_upstreams1"})
+    http.post("/v1/responses/input_tokens", json={"input": "hi"})  # (no model: the default upstream -- a chat one)
+    assert [r.path for r in upstream.requests[before:]] == ["/v1/responses/input_tokens"]
+    fresh = http.post(f"/c/{cid}-new/v1/responses/input_tokens", json={"model": MODEL, "input": "hi"})
+    assert fresh.status_code == 200 and fresh.json()["input_tokens"] > 0

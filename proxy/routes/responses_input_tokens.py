@@ -21,11 +21,13 @@ from litestar.types import ASGIApp
 
 from storage import NodeRow
 
-from ..dialects import message_path, parse_model_request
+from ..assembly import assemble
+from ..dialects import message_path
 from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import items as responses_items
 from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
+from ..upstream import target_of
 from .common import RequestHeaders, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
@@ -36,16 +38,19 @@ from .responses import named_conversation
 __all__ = ["responses_input_tokens"]
 
 _encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 
 
-async def _stored_path(call: CallContext, body: dict[str, Any], cid: str | None) -> list[NodeRow] | None:
-    """The stored path the request continues: its previous response's, or its conversation's up to
-    the head; None when it names no state of ours."""
+async def _stored_path(call: CallContext, body: dict[str, Any], cid: str | None,
+                       named_by_path: bool) -> list[NodeRow] | None:
+    """The stored path the request continues: its previous response's (one of ours), or its
+    conversation's up to the head -- empty for a conversation the path or header names that has no
+    call yet (a call there would make it); None when it names no state of ours."""
     previous = body.get("previous_response_id")
     cid = await named_conversation(body.get("conversation"), cid, previous, call.admin, call.caller)
-    if previous is not None:
-        node_id = responses_items.node_id_of(previous) if isinstance(previous, str) else None
-        node = None if node_id is None else await live_node(call.admin, call.caller.tenant, node_id)
+    node_id = responses_items.node_id_of(previous) if isinstance(previous, str) else None
+    if node_id is not None:
+        node = await live_node(call.admin, call.caller.tenant, node_id)
         if node is None:
             raise NotFound(f"no response {previous!r}", code="response_not_found", param="previous_response_id")
         return await call.admin.path_rows(node.tree_id, node.id)
@@ -53,8 +58,24 @@ async def _stored_path(call: CallContext, body: dict[str, Any], cid: str | None)
         return None
     conv = await call.admin.conversation(call.caller.tenant, cid)
     if conv is None:
+        if named_by_path:
+            return []
         raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation")
     return [] if conv.head_node_id is None else await call.admin.path_rows(conv.tree_id, conv.head_node_id)
+
+
+def _body(raw: bytes) -> dict[str, Any]:
+    """The request's JSON object (``model`` is optional here, as in OpenAI's)."""
+    try:
+        body = _decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        raise InvalidRequest("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    value = body.get("input")
+    if value is not None and not isinstance(value, (str, list)):
+        raise InvalidRequest("'input' must be a string or an array of items", param="input")
+    return body
 
 
 @route(["/v1/responses/input_tokens", "/c/{conversation_id:str}/v1/responses/input_tokens",
@@ -65,22 +86,17 @@ async def responses_input_tokens(request: Request[Any, Any, Any], call: NamedDep
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(request.path_params.get("conversation_id"), headers.get("x-conversation-id"))
     raw = await request.body()
-    body = parse_model_request(raw)
-    value = body.get("input")
-    if value is not None and not isinstance(value, (str, list)):
-        raise InvalidRequest("'input' must be a string or an array of items", param="input")
-    path = await _stored_path(call, body, cid)
-    if path is None and call.calls.upstream.route(body.get("model")).api == "responses":
+    body = _body(raw)
+    path = await _stored_path(call, body, cid, named_by_path=cid is not None)
+    upstream = call.calls.upstream.route(body.get("model"))
+    if path is None and upstream.api == "responses":
         prefix = 4 if request.scope["path"].startswith("/c/") else 3 if request.scope["path"].startswith("/auto/") else 2
         return await call.forwarder.forward(request, upstream_path(request.scope, prefix), raw, headers, call.caller)
+    # as the call would be assembled: the path's items and the request's own, the system rule applied
+    own = RESPONSES.read(RESPONSES.items({**body, "input": body.get("input") or []})).messages
+    messages = assemble(message_path(path or []), own, target_of(upstream)).messages
     counter = call.calls.compactor.tokens
-    stored: list[Any] = []
-    for node in message_path(path or []):  # (each node's items read as messages; an answer when it succeeded)
-        stored.extend(node.sent)
-        if node.status == "success" and node.received:
-            stored.extend(node.received)
-    own = RESPONSES.read(RESPONSES.items(body) if value is not None else []).messages
-    tokens = counter.messages([*stored, *own])
+    tokens = counter.messages(messages)
     if body.get("tools"):
         tokens += counter.text(_encode(body["tools"]).decode())
     return RawResponse(200, _encode({"object": "response.input_tokens", "input_tokens": tokens}))

@@ -55,6 +55,7 @@ class StreamAccumulator:
         self.refusal: list[str] = []
         self.reasoning_content_chars = 0  # (their lengths, kept as they grow: ``since`` reads them)
         self.reasoning_chars = 0
+        self.reasoning_shown = 0  # (the characters of reasoning ``since`` gave out)
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.extra: dict[str, Any] = {}
         self.role = "assistant"
@@ -94,18 +95,25 @@ class StreamAccumulator:
                      self.reasoning_content_chars, self.reasoning_chars)
 
     def since(self, marks: Marks) -> tuple[str, str, str]:
-        """What the answer gained since ``marks``: (text, reasoning, refusal) -- a translator's deltas,
-        read from the pieces a chunk added, not from the whole text joined again at every chunk
-        (which made a translated stream's cost grow with the square of its length). The reasoning
-        is the message's as ``message()`` gives it to a reader: reasoning_content, else reasoning;
-        once reasoning_content begins it is the reasoning, from where what was shown so far ends."""
-        reasoning = "".join(self.reasoning_content[marks.reasoning_content:])
-        if not marks.reasoning_content_chars:
-            if reasoning:  # (reasoning_content begins: it takes over)
-                reasoning = "".join(self.reasoning_content)[marks.reasoning_chars:]
-            else:
-                reasoning = "".join(self.reasoning[marks.reasoning:])
-        return "".join(self.content[marks.content:]), reasoning, "".join(self.refusal[marks.refusal:])
+        """What the answer gained since ``marks``: (text, reasoning, refusal) -- a translator's deltas
+        (one call per chunk fed), read from the pieces the chunk added, not from the whole text
+        joined again at every chunk (which made a translated stream's cost grow with the square of
+        its length). The reasoning is the message's as ``message()`` gives it to a reader --
+        reasoning_content, else reasoning -- past what was shown of it so far (an upstream that
+        begins reasoning_content after some reasoning: it takes over from there)."""
+        text, refusal = "".join(self.content[marks.content:]), "".join(self.refusal[marks.refusal:])
+        from_content = self.reasoning_content_chars > 0
+        length = self.reasoning_content_chars if from_content else self.reasoning_chars
+        if length <= self.reasoning_shown:
+            return text, "", refusal
+        pieces, first, chars = ((self.reasoning_content, marks.reasoning_content, marks.reasoning_content_chars)
+                                if from_content else (self.reasoning, marks.reasoning, marks.reasoning_chars))
+        if chars == self.reasoning_shown:
+            reasoning = "".join(pieces[first:])  # (the usual case: what this chunk added)
+        else:  # (the source changed, or lagged behind what was shown: from where the shown ends)
+            reasoning = "".join(pieces)[self.reasoning_shown:]
+        self.reasoning_shown = length
+        return text, reasoning, refusal
 
     def _merge(self, delta: dict[str, Any]) -> None:
         # (an upstream's odd field -- a number where text goes -- is left out, never stored as

@@ -94,12 +94,10 @@ CHAT_FIELDS = {"max_completion_tokens": "max_output_tokens", "response_format": 
                "reasoning_effort": "reasoning.effort", "verbosity": "text.verbosity"}
 
 
-# includes a translation through chat can serve: what the answer holds anyway, or nothing (the
-# hosted tools they name are not run there; chat's reasoning is never encrypted) -- not the
-# output's logprobs, which it does not carry back
-_SERVABLE_INCLUDES = frozenset({"reasoning.encrypted_content", "message.input_image.image_url",
-                                "web_search_call.action.sources", "web_search_call.results", "file_search_call.results",
-                                "code_interpreter_call.outputs", "computer_call_output.output.image_url"})
+# includes that would change the answer and that a translation through chat cannot serve: the
+# output's logprobs, which it does not carry back (any other -- what the answer holds anyway, or a
+# dropped hosted tool's output, or one named after this was written -- passes, as fields do)
+_UNSERVABLE_INCLUDES = frozenset({"message.output_text.logprobs"})
 
 
 def check_to_chat(params: dict[str, Any]) -> None:
@@ -111,7 +109,7 @@ def check_to_chat(params: dict[str, Any]) -> None:
                              "model's upstream does not: send its instructions and input instead", param="prompt")
     include = params.get("include")
     for value in include if isinstance(include, list) else ():
-        if value not in _SERVABLE_INCLUDES:
+        if value in _UNSERVABLE_INCLUDES:
             raise InvalidRequest(f"include {value!r} needs an upstream that speaks the Responses API; this model's "
                                  "upstream does not", param="include")
     if params.get("top_logprobs") not in (None, 0):
