@@ -108,10 +108,10 @@ class StreamAccumulator:
             return text, "", refusal
         pieces, first, chars = ((self.reasoning_content, marks.reasoning_content, marks.reasoning_content_chars)
                                 if from_content else (self.reasoning, marks.reasoning, marks.reasoning_chars))
-        if chars == self.reasoning_shown:
-            reasoning = "".join(pieces[first:])  # (the usual case: what this chunk added)
-        else:  # (the source changed, or lagged behind what was shown: from where the shown ends)
-            reasoning = "".join(pieces)[self.reasoning_shown:]
+        # the usual case: what this chunk added; else (the source changed, or lagged behind what
+        # was shown) the source from where the shown ends
+        reasoning = "".join(pieces[first:]) if chars == self.reasoning_shown else \
+            "".join(pieces)[self.reasoning_shown:]
         self.reasoning_shown = length
         return text, reasoning, refusal
 
