@@ -122,8 +122,8 @@ def test_parallel_tool_calls_goes_to_a_chat_upstream_only_with_tools(native, ups
     send it); chat refuses it without tools ("only allowed when tools are specified") -- so with
     none offered, or every one dropped (a hosted tool), it is not sent."""
     client = native.openai(key, conversation=cid)
-    client.responses.create(model=MODEL, input="hi", parallel_tool_calls=True)
-    assert "parallel_tool_calls" not in upstream.last.body
+    client.responses.create(model=MODEL, input="hi", parallel_tool_calls=True, top_logprobs=0)
+    assert "parallel_tool_calls" not in upstream.last.body and "top_logprobs" not in upstream.last.body
     client.responses.create(model=MODEL, input="hi", parallel_tool_calls=True, tools=[{"type": "web_search"}])
     assert "parallel_tool_calls" not in upstream.last.body and "tools" not in upstream.last.body
     tool = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}

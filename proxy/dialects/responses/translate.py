@@ -130,6 +130,8 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
         out["tool_choice"] = _tool_choice(params["tool_choice"], params.get(DROPPED), offered(params))
     if "tools" not in out:  # (the Responses API takes it without tools; chat refuses it: "only allowed when tools")
         out.pop("parallel_tool_calls", None)
+    if not out.get("top_logprobs"):  # (0 asks nothing; chat takes it only with logprobs, which a non-zero one is refused for)
+        out.pop("top_logprobs", None)
     fmt = _response_format(params.get("text"))
     if fmt is not None:
         out["response_format"] = fmt
