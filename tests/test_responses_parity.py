@@ -153,3 +153,5 @@ def test_input_tokens_counts_as_the_call_would_be_assembled(native, upstream, ke
     assert [r.path for r in upstream.requests[before:]] == ["/v1/responses/input_tokens"]
     fresh = http.post(f"/c/{cid}-new/v1/responses/input_tokens", json={"model": MODEL, "input": "hi"})
     assert fresh.status_code == 200 and fresh.json()["input_tokens"] > 0
+    for odd in ({"model": 5, "input": "x"}, {"model": MODEL, "input": 5}, [1, 2]):
+        assert http.post("/v1/responses/input_tokens", json=odd).status_code == 400, odd

@@ -75,6 +75,8 @@ def _body(raw: bytes) -> dict[str, Any]:
     value = body.get("input")
     if value is not None and not isinstance(value, (str, list)):
         raise InvalidRequest("'input' must be a string or an array of items", param="input")
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise InvalidRequest("'model' must be a string", param="model")
     return body
 
 
