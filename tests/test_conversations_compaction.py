@@ -217,6 +217,19 @@ def test_compact_now_always_answers_a_compaction_item(proxy, upstream, key):
         assert item.type == "message" and item.id and item.id.startswith("msg_")
 
 
+def test_compact_now_under_auto_v1(proxy, upstream, key):
+    """``/auto/v1`` -- the base URL the README gives Codex -- compacts here too: the request went to
+    the upstream as a pass-through of a response id named "compact" (our items sent out; a chat
+    upstream has no such endpoint)."""
+    import openai as sdk
+
+    client = sdk.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0)
+    before = len(upstream.requests)
+    compacted = client.responses.compact(model=MODEL, input=[user_item(f"note {i}") for i in range(10)])
+    assert compacted.object == "response.compaction" and compacted.output[0].type == "compaction"
+    assert all(not r.path.endswith("/responses/compact") for r in upstream.requests[before:])
+
+
 def test_compacted_items_are_the_conversations_and_a_compaction_is_not_summarised_again(proxy, upstream, key):
     """The kept items of a compact answer have the ids the conversation's items list gives them
     (retrieving one answers that item, not the summary); compacting again with nothing new answers

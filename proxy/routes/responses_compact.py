@@ -1,4 +1,4 @@
-"""``POST /v1/responses/compact`` (also under ``/c/{id}/v1``): compact a conversation, a stored
+"""``POST /v1/responses/compact`` (also under ``/c/{id}/v1`` and ``/auto/v1``): compact a conversation, a stored
 response's path or the given input now, as OpenAI's endpoint does -- the summary written as a
 compaction node, and the compacted window answered (docs/behaviour.md#the-responses-api).
 HTTP only: the compaction itself is the compactor's.
@@ -45,7 +45,8 @@ __all__ = ["responses_compact"]
 _encode = msgspec.json.Encoder().encode
 
 
-@route(["/v1/responses/compact", "/c/{conversation_id:str}/v1/responses/compact"], http_method=["POST"],
+@route(["/v1/responses/compact", "/c/{conversation_id:str}/v1/responses/compact", "/auto/v1/responses/compact"],
+       http_method=["POST"],
        summary="Compact a conversation, a stored response's path or the given input now", tags=["responses"],
        status_code=200, responses=errors(400, 401, 404, 409, 502))
 async def responses_compact(request: Request[Any, Any, Any], call: NamedDependency[CallContext],
