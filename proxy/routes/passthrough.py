@@ -34,6 +34,14 @@ __all__ = [
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
+def prefix_segments(scope: Any) -> int:
+    """How many segments of a request's path are the proxy's own before the upstream's path:
+    ``/v1`` (2 with the empty first), ``/auto/v1`` (3) or ``/c/{id}/v1`` (4) -- what
+    ``upstream_path`` skips."""
+    path = scope["path"]
+    return 4 if path.startswith("/c/") else 3 if path.startswith("/auto/") else 2
+
+
 def upstream_path(scope: Any, skip: int) -> str:
     """The path to forward: the request's raw (still percent-encoded) path after its first ``skip``
     segments -- forwarded as it came, never decoded and re-encoded. It must stay under the

@@ -23,7 +23,7 @@ from ..ids import valid_conversation_id
 from .common import RequestHeaders
 from .context import CallContext
 from .docs import errors
-from .passthrough import upstream_path
+from .passthrough import prefix_segments, upstream_path
 from .path_items import live_node, node_items
 
 __all__ = ["response_cancel", "response_input_items", "response_of", "response_resource", "stored_response"]
@@ -57,11 +57,6 @@ def response_of(node: NodeRow) -> dict[str, Any]:
                                      created_at=node.created_at.timestamp())
 
 
-def _skip_prefix(scope: Any) -> int:
-    path = scope["path"]
-    return 4 if path.startswith("/c/") else 3 if path.startswith("/auto/") else 2
-
-
 @route(["/v1/responses/{response_id:str}", "/c/{conversation_id:str}/v1/responses/{response_id:str}",
         "/auto/v1/responses/{response_id:str}"], http_method=["GET", "DELETE", "POST"],
        summary="Retrieve or delete a response (served from the tree)", tags=["responses"], responses=errors(400, 404))
@@ -72,7 +67,7 @@ async def response_resource(request: Request[Any, Any, Any], call: NamedDependen
     response_id = request.path_params["response_id"]
     node_id = responses_items.node_id_of(response_id)
     if node_id is None or request.method == "POST":  # not one of ours (or a sub-resource): the upstream's
-        path = upstream_path(request.scope, _skip_prefix(request.scope))
+        path = upstream_path(request.scope, prefix_segments(request.scope))
         return await forwarder.forward(request, path, await request.body(), RequestHeaders(request.scope), caller)
     if request.method == "DELETE":
         outcome = await admin.delete_response(caller.tenant, node_id)
@@ -100,7 +95,7 @@ async def response_cancel(request: Request[Any, Any, Any], call: NamedDependency
         valid_conversation_id(request.path_params["conversation_id"], source="path")
     response_id = request.path_params["response_id"]
     if responses_items.node_id_of(response_id) is None:
-        path = upstream_path(request.scope, _skip_prefix(request.scope))
+        path = upstream_path(request.scope, prefix_segments(request.scope))
         return await call.forwarder.forward(request, path, await request.body(), RequestHeaders(request.scope),
                                             call.caller)
     if await stored_response(call.admin, call.caller, response_id) is None:
@@ -123,7 +118,7 @@ async def response_input_items(request: Request[Any, Any, Any], call: NamedDepen
     forwarder, caller, admin = call.forwarder, call.caller, call.admin
     response_id = request.path_params["response_id"]
     if responses_items.node_id_of(response_id) is None:
-        path = upstream_path(request.scope, _skip_prefix(request.scope))
+        path = upstream_path(request.scope, prefix_segments(request.scope))
         return await forwarder.forward(request, path, b"", RequestHeaders(request.scope), caller)
     node = await stored_response(admin, caller, response_id)
     if node is None:

@@ -31,7 +31,7 @@ from ..upstream import target_of
 from .common import RequestHeaders, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
-from .passthrough import upstream_path
+from .passthrough import prefix_segments, upstream_path
 from .path_items import live_node
 from .responses import named_conversation
 
@@ -92,8 +92,8 @@ async def responses_input_tokens(request: Request[Any, Any, Any], call: NamedDep
     path = await _stored_path(call, body, cid, named_by_path=cid is not None)
     upstream = call.calls.upstream.route(body.get("model"))
     if path is None and upstream.api == "responses":
-        prefix = 4 if request.scope["path"].startswith("/c/") else 3 if request.scope["path"].startswith("/auto/") else 2
-        return await call.forwarder.forward(request, upstream_path(request.scope, prefix), raw, headers, call.caller)
+        return await call.forwarder.forward(request, upstream_path(request.scope, prefix_segments(request.scope)), raw,
+                                            headers, call.caller)
     # as the call would be assembled: the path's items and the request's own, the system rule applied
     own = RESPONSES.read(RESPONSES.items({**body, "input": body.get("input") or []})).messages
     messages = assemble(message_path(path or []), own, target_of(upstream)).messages
