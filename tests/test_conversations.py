@@ -477,3 +477,93 @@ def test_an_item_deletes_branch_is_a_sibling_of_the_one_it_copies(proxy, upstrea
     assert http.post(f"/admin/conversations/{cid}/switch", json={"node_id": old["id"]}).status_code == 200
     back = next(n for n in http.get(f"/admin/conversations/{cid}/path").json()["data"] if n["id"] == old["id"])
     assert (back["sibling_index"], back["sibling_count"]) == (1, 2)
+
+
+@pytest.mark.parametrize(("bad", "param"), [
+    ({"type": "message", "role": "wizard", "content": "x"}, "items[1].role"),
+    ({"type": "message", "role": "user"}, "items[1].content"),
+    ({"type": "message", "role": "user", "content": 5}, "items[1].content"),
+    ({"role": "user", "content": [5]}, "items[1].content[0]"),
+    ({"role": "user", "content": [{"type": "input_text"}]}, "items[1].content[0].text"),
+    ({"role": "user", "content": [{"type": "input_image", "detail": "auto"}]}, "items[1].content[0].image_url"),
+    ({"type": "function_call", "name": "f", "arguments": "{}"}, "items[1].call_id"),
+    ({"type": "function_call_output", "call_id": "call_1"}, "items[1].output"),
+    ({"type": "reasoning", "summary": "not a list"}, "items[1].summary"),
+    ({"type": "compaction", "encrypted_content": 5}, "items[1].encrypted_content"),
+    ({"type": "message", "role": "user", "content": "x", "id": 7}, "items[1].id"),
+])
+def test_an_item_that_cannot_be_context_is_refused_when_added(proxy, upstream, key, bad, param):
+    """Added items reach no upstream that could refuse them: stored unchecked, a malformed one would
+    go upstream with every later call of the conversation, and each would be refused. They are
+    checked as they are added -- on create and on an items add alike -- and nothing is stored."""
+    client = proxy.openai(key)
+    for create in (True, False):
+        conv = client.conversations.create(items=[] if create else [user_item("kept")])
+        with pytest.raises(openai.BadRequestError) as refused:
+            if create:
+                client.conversations.create(items=[user_item("ok"), bad])
+            else:
+                client.conversations.items.create(conv.id, items=[user_item("ok"), bad])
+        assert refused.value.body["param"] == param
+        assert texts(client.conversations.items.list(conv.id, order="asc").data) == ([] if create else ["kept"])
+    client.responses.create(model=MODEL, conversation=conv.id, input="q")
+    assert upstream_texts(upstream.last) == ["kept", "q"]
+
+
+def test_items_of_every_type_the_proxy_reads_and_of_types_it_does_not_are_added(proxy, upstream, key):
+    """What the checks let through: the item types as OpenAI's reference shapes them, and an item of
+    a type the proxy does not know (kept and forwarded as it came: OpenAI adds types)."""
+    client = proxy.openai(key)
+    items = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be brief"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "look"},
+                                                        {"type": "input_image", "image_url": "https://x/y.png"},
+                                                        {"type": "input_file", "file_id": "file_1"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "look", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_text", "text": "seen"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "thought"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done", "annotations": []},
+                                                             {"type": "refusal", "refusal": "no"}]},
+        {"type": "mcp_list_tools", "server_label": "s", "tools": []},
+    ]
+    conv = client.conversations.create(items=items)
+    assert len(client.conversations.items.list(conv.id).data) == len(items)
+
+
+def test_an_item_reference_finds_an_added_item_only_while_its_conversation_lists_it(proxy, upstream, key):
+    """A deleted item stays a branch of the tree (nothing is removed), but a reference to it is
+    not found, as a GET of it is not -- the deleted text is not sent upstream again; the item
+    beside it, copied to the new branch, is still found by its id."""
+    client = proxy.openai(key)
+    conv = client.conversations.create(items=[user_item("KEEP"), user_item("DELETED-SECRET")])
+    kept, gone = [i.id for i in client.conversations.items.list(conv.id, order="asc").data]
+    client.conversations.items.delete(gone, conversation_id=conv.id)
+    other = client.conversations.create()
+    for target in (conv.id, other.id):
+        with pytest.raises(openai.NotFoundError):
+            client.responses.create(model=MODEL, conversation=target,
+                                    input=[{"type": "item_reference", "id": gone}, user_item("Q")])
+    assert all("DELETED-SECRET" not in str(r.body) for r in upstream.requests)
+    client.responses.create(model=MODEL, conversation=other.id, input=[{"type": "item_reference", "id": kept}])
+    assert upstream_texts(upstream.last) == ["KEEP"]
+    assert texts(client.conversations.items.list(conv.id, order="asc").data) == ["KEEP"]
+
+
+@pytest.mark.parametrize("given", ["msg_mine", "msg_" + "ab" * 16, "fc_custom1"])
+def test_an_item_reference_finds_an_id_the_client_gave_in_the_conversation_it_continues(proxy, upstream, key, given):
+    """An id the client gave names no node: it is found among the items of the conversation the
+    call continues (docs/behaviour.md#the-conversations-api)."""
+    client = proxy.openai(key)
+    item, answered = {**user_item("NAMED-ITEM"), "id": given}, []
+    if given.startswith("fc_"):  # (a call goes with its output)
+        item = {"type": "function_call", "call_id": "call_z", "name": "f", "arguments": "{}", "id": given}
+        answered = [{"type": "function_call_output", "call_id": "call_z", "output": "NAMED-ITEM"}]
+    conv = client.conversations.create(items=[item])
+    client.responses.create(model=MODEL, conversation=conv.id, input=[{"type": "item_reference", "id": given},
+                                                                      *answered, user_item("Q")])
+    sent = upstream.last.messages
+    assert [m.get("content") for m in sent[-2:]] == ["NAMED-ITEM", "Q"]
+    assert not answered or sent[-3]["tool_calls"][0]["id"] == "call_z"
+    with pytest.raises(openai.NotFoundError):  # another conversation's: not looked for
+        client.responses.create(model=MODEL, conversation=client.conversations.create().id,
+                                input=[{"type": "item_reference", "id": given}])

@@ -32,6 +32,7 @@ from storage import AdminStore, transcript, uuid7
 
 from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import translate
+from ..dialects.responses.checks import item_problem
 from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
 from ..ids import metadata_problem, valid_conversation_id
@@ -70,6 +71,8 @@ def _checked_items(value: Any, *, param: str, required: bool) -> list[dict[str, 
             raise InvalidRequest("item references cannot be added to a conversation", param=f"{param}[{i}]")
         if "type" not in item:
             item = {"type": "message", **item}
+        if (problem := item_problem(item)) is not None:  # (stored unchecked, it would fail every later call)
+            raise InvalidRequest(problem[0], param=f"{param}[{i}]{problem[1]}")
         out.append(item)
     return out
 

@@ -38,7 +38,7 @@ from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder
-from .path_items import live_node, node_items, resolve_compactions
+from .path_items import live_node, node_items, path_items, resolve_compactions
 from .response_objects import response_of, stored_response
 
 __all__ = ["named_conversation", "resolve_references", "responses_create"]
@@ -57,17 +57,44 @@ def _node_of_item(item_id: Any) -> uuid.UUID | None:
         return None
 
 
-async def resolve_references(items: list[dict[str, Any]], admin: AdminStore, caller: Caller) -> list[dict[str, Any]]:
-    """Input items that reference stored output items (``item_reference``, as clients send when
-    they take ``store: true`` at its word) replaced by the items themselves -- the proxy stores
-    them, so it resolves them. A withdrawn response's items are not found, as the response itself
-    is not: what was deleted is not sent upstream again."""
-    if not any(i.get("type") == "item_reference" for i in items):
+async def resolve_references(items: list[dict[str, Any]], admin: AdminStore, caller: Caller,
+                             cid: str | None = None) -> list[dict[str, Any]]:
+    """Input items that reference stored items (``item_reference``, as clients send when they take
+    ``store: true`` at its word) replaced by the items themselves -- the proxy stores them, so it
+    resolves them. An id is found as the API shows it, and only so:
+
+    - a response's item (its id names the call's node): while the response is there -- a withdrawn
+      response's items are not found, as the response itself is not;
+    - an item added to a conversation (Conversations API): while its conversation lists it -- a
+      deleted item is not found, though its node stays as a branch;
+    - an id the client gave an item (it names no node): among the items of ``cid``, the
+      conversation the call continues.
+
+    What was deleted is not sent upstream again."""
+    references = [i for i in items if i.get("type") == "item_reference"]
+    if not references:
         return items
+    wanted = {i["id"] for i in references if isinstance(i.get("id"), str)}
     found: dict[str, dict[str, Any]] = {}
-    for node_id in {_node_of_item(i.get("id")) for i in items if i.get("type") == "item_reference"} - {None}:
+    listings: dict[str, dict[str, dict[str, Any]]] = {}
+
+    async def listed(conversation: str) -> dict[str, dict[str, Any]]:
+        """The items a conversation lists now (its head path's), by id."""
+        if conversation not in listings:
+            try:
+                _, on_path, _ = await path_items(admin, caller.tenant, conversation)
+            except ConversationNotFound:
+                on_path = []
+            listings[conversation] = {i.listed["id"]: i.raw for i in on_path if not i.hidden}
+        return listings[conversation]
+
+    for node_id in {_node_of_item(i) for i in wanted} - {None}:
         node = await live_node(admin, caller.tenant, node_id)
         if node is None:
+            continue
+        if node.kind == "items":  # not a response's: found while its conversation lists it
+            shown = await listed(node.conversation_id)
+            found.update({k: shown[k] for k in wanted if k in shown and k not in found})
             continue
         if node.api == "responses":
             for item in [*(node.received or []), *node.sent]:
@@ -79,10 +106,13 @@ async def resolve_references(items: list[dict[str, Any]], admin: AdminStore, cal
         for item in node_items(node):
             found.setdefault(item.listed["id"], item.raw)
             found.setdefault(item.own, item.raw)
+    if cid is not None and wanted - found.keys():  # (ids the client gave, or ours it copied into its own)
+        shown = await listed(cid)
+        found.update({k: shown[k] for k in wanted - found.keys() if k in shown})
     out = []
     for item in items:
         if item.get("type") == "item_reference":
-            if item.get("id") not in found:
+            if not isinstance(item.get("id"), str) or item["id"] not in found:
                 raise NotFound(f"no stored item {item.get('id')!r}", code="item_not_found", param="input")
             item = found[item["id"]]
         out.append(item)
@@ -226,7 +256,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
         mode = "delta" if named else "full" if auto else context_mode(headers, calls.default_mode)
         # X-Parent-Node-Id as for chat (a node, or root: an edit of the first question); refused in full history
         parent_mode, parent_id = parent_of(headers, mode)
-    items = await resolve_references(RESPONSES.items(body), admin, caller)
+    items = await resolve_references(RESPONSES.items(body), admin, caller, cid)
     resumed_call = False
     if parent is None and not named and not given:
         resumed = await _resume_compaction(items, admin, calls.tree, caller, cid)

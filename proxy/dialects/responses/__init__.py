@@ -1,6 +1,7 @@
 """The Responses API (``POST /v1/responses``) on the tree (docs/behaviour.md#the-responses-api).
 
     request.py    a client's Responses request read and checked; the items it sends
+    checks.py     items checked before they are stored unsent (a conversation's added items)
     items.py      Responses items -> chat messages; response ids <-> node ids; an upstream's response read
     outbound.py   chat messages -> Responses items: what a Responses upstream gets, what a chat node lists as
     translate.py  a Responses request for a chat upstream, and the response objects we serve
