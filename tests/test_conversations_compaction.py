@@ -398,7 +398,7 @@ def test_a_summary_keeps_the_system_items_ids_and_lists_no_instructions(proxy, u
     assert item_text(client.conversations.items.retrieve(system_id, conversation_id=conv.id)) == "SYS"
     # a system item of odd content (parts of another kind) is carried as well, and lists
     odd = client.conversations.create(items=[{"type": "message", "role": "system",
-                                              "content": {"odd": "form"}},
+                                              "content": [{"type": "odd_part", "form": "x"}]},
                                              *[user_item(f"fact {i}") for i in range(8)]])
     odd_id = client.conversations.items.list(odd.id, order="asc").data[0].id
     client.responses.compact(model=MODEL, extra_body={"conversation": odd.id})
