@@ -194,6 +194,8 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
             "auth": _given(runtime.auth),
             "metrics_token": _given(settings.server.metrics_token),
         },
+        # auth "none": a browser page of another site may not change anything (docs/behaviour.md#auth-and-tenancy)
+        guards=[runtime.auth.same_site] if runtime.auth.mode == "none" else [],
         lifespan=[lifespan],
         middleware=[DefineMiddleware(ObservabilityMiddleware, metrics=runtime.metrics),
                     DefineMiddleware(BodyTimeout, timeout=settings.server.client_body_timeout),

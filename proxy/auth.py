@@ -6,7 +6,11 @@
 - ``keys``: only proxy-issued keys from the config (stored as ``sha256:<hex>`` or in clear in the
   file), each naming a tenant; upstream keys come from the config; an ``admin`` key sees every
   tenant in the admin API.
-- ``none``: one local tenant, no key needed (a key, if sent, is still forwarded upstream).
+- ``none``: one local tenant, no key needed (a key, if sent, is still forwarded upstream). With
+  no key to stop it, a page of another site open in a browser on the same machine could send
+  the proxy requests that change things (a form or a ``no-cors`` fetch needs no permission to
+  send, only to read the answer): ``Authenticator.same_site`` refuses those
+  (docs/behaviour.md#auth-and-tenancy).
 
 Keys are never logged or stored: only their hashes are compared and kept.
 """
@@ -17,15 +21,18 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
 from config import AuthSettings
 
-from .errors import AuthenticationFailed
+from .errors import AuthenticationFailed, CrossSiteRefused
 
 __all__ = ["Authenticator", "Caller", "key_hash"]
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # (a read: another site's page cannot read the answer)
 
 
 def key_hash(key: str) -> str:
@@ -67,6 +74,30 @@ class Authenticator:
         ``caller`` among them: without the guard, anyone could make it decode a body and learn
         whether it was well formed before being refused."""
         self.caller(connection)
+
+    @staticmethod
+    def same_site(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        """A Litestar guard for ``none`` mode: a browser's request that would change something is
+        refused (403 ``cross_site_request``) unless it comes from a page of the proxy's own origin
+        (the viewer) or from no page at all (an address typed in). The browser says which in
+        ``Sec-Fetch-Site``; one too old to say it is judged by its ``Origin`` against the host it
+        asked for. A request without either is not a browser's (an SDK, curl) and goes on."""
+        if connection.scope["method"] in _SAFE_METHODS:
+            return
+        headers = connection.headers
+        site = headers.get("sec-fetch-site")
+        if site is not None:
+            if site in ("same-origin", "none"):
+                return
+        else:
+            origin = headers.get("origin")
+            if origin is None:
+                return
+            host = headers.get("x-forwarded-host") or headers.get("host") or ""
+            if origin != "null" and urlsplit(origin).netloc.lower() == host.split(",")[0].strip().lower():
+                return
+        raise CrossSiteRefused("a page of another site may not send this proxy requests that change things "
+                               "(auth mode \"none\": no key protects it); open the viewer from the proxy itself")
 
     def __call__(self, authorization: str | None, api_key: str | None = None) -> Caller:
         # a bearer token, or Anthropic's ``x-api-key`` (its SDKs and Claude Code send that)

@@ -5,6 +5,7 @@
      ├── InvalidRequest                 400 invalid_request_error / invalid_request
      │    └── InvalidConversationId     400 invalid_conversation_id
      ├── AuthenticationFailed           401 invalid_api_key
+     ├── CrossSiteRefused               403 cross_site_request (a browser page of another site, auth "none")
      ├── NotFound                       404
      │    ├── NodeNotFound              404 node_not_found
      │    └── ConversationNotFound      404 conversation_not_found
@@ -39,6 +40,7 @@ __all__ = [
     "Conflict",
     "ConversationBusy",
     "ConversationNotFound",
+    "CrossSiteRefused",
     "InvalidConversationId",
     "InvalidRequest",
     "NodeNotFound",
@@ -102,6 +104,7 @@ class InvalidRequest(BranchpointError, status=400, type_="invalid_request_error"
 
 class InvalidConversationId(InvalidRequest, code="invalid_conversation_id"): ...
 class AuthenticationFailed(BranchpointError, status=401, type_="authentication_error", code="invalid_api_key"): ...
+class CrossSiteRefused(BranchpointError, status=403, type_="permission_error", code="cross_site_request"): ...
 
 
 class NotFound(BranchpointError, status=404, type_="not_found_error", code="not_found"): ...
