@@ -13,7 +13,7 @@ from typing import Any
 from . import queries
 from .database import Database
 from .ids import uuid7
-from .model import ConversationRow, NodeRow, PathRow, SearchHit, TreeRow, UsageRow, rows
+from .model import ConversationRow, NodeHit, NodeRow, PathRow, SearchHit, TreeRow, UsageRow, rows
 from .shared import SharedItems
 
 __all__ = ["AdminStore"]
@@ -84,8 +84,23 @@ class AdminStore:
 
     async def search(self, tenant: str | None, words: str, limit: int) -> list[SearchHit]:
         """The ``limit`` nodes whose messages best match ``words`` (full-text, migration 0021), in
-        the conversations of ``tenant`` (None: every tenant)."""
-        return rows(SearchHit, await self.db.fetch(queries.SEARCH, tenant, words, limit))
+        the conversations of ``tenant`` (None: every tenant), each with the conversation that made
+        it -- or, when that one was deleted, each fork that still reaches it."""
+        hits: list[SearchHit] = []
+        forks: dict[tuple[uuid.UUID, str], list[tuple[str, set[uuid.UUID]]]] = {}
+        for row in rows(NodeHit, await self.db.fetch(queries.SEARCH, tenant, words, limit)):
+            if row.conversation_id is not None:
+                owners = [row.conversation_id]
+            else:
+                # the conversation that made it was deleted, the node kept because forks reach it:
+                # it is in their context, so a search finds them (rare: read only then)
+                key = (row.tree_id, row.tenant)
+                if key not in forks:
+                    forks[key] = [(fork, set(await self.db.fetchval(queries.VISIBLE_FOREIGN, row.tree_id, row.tenant, fork)))
+                                  for fork in [r["id"] for r in await self.db.fetch(queries.FORKS_OF_TREE, *key)]]
+                owners = [fork for fork, seen in forks[key] if row.node_id in seen]
+            hits.extend(SearchHit(row.tenant, owner, row.node_id, row.created_at, row.rank, row.snippet) for owner in owners)
+        return hits[:limit]
 
     async def usage(self, tenant: str | None, since: datetime, until: datetime) -> list[UsageRow]:
         """Token usage by tenant and model of the calls made in ``[since, until)`` in the

@@ -14,6 +14,7 @@ import msgspec
 
 __all__ = [
     "ConversationRow",
+    "NodeHit",
     "NodeRow",
     "Outcome",
     "PathNode",
@@ -143,12 +144,26 @@ class Pruned(msgspec.Struct, frozen=True):
 
 
 class SearchHit(msgspec.Struct, frozen=True):
-    """A node whose messages hold the words searched for (``AdminStore.search``)."""
+    """A node whose messages hold the words searched for (``AdminStore.search``), and a
+    conversation whose context holds it."""
 
     tenant: str
     conversation_id: str
     node_id: uuid.UUID
     created_at: datetime
+    rank: float
+    snippet: str
+
+
+class NodeHit(msgspec.Struct, frozen=True):
+    """A search's row: the conversation that made the node, or None when it was deleted (the node
+    kept for forks)."""
+
+    tenant: str
+    conversation_id: str | None
+    node_id: uuid.UUID
+    created_at: datetime
+    tree_id: uuid.UUID
     rank: float
     snippet: str
 

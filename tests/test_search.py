@@ -91,3 +91,22 @@ def test_an_admin_key_finds_each_tenants_conversation_of_one_id(fresh_database_u
             say(p.openai(k), "same", user("a zebra crossing"))
         found = _search(p, "sk-admin-search", "zebra").json()["data"]
         assert sorted((f["tenant"], f["id"]) for f in found) == [("alice", "same"), ("bob", "same")]
+
+
+def test_a_fork_is_found_by_what_its_deleted_source_said(own_proxy: Proxy, upstream: FakeUpstream) -> None:
+    """A conversation deleted while a fork reaches its nodes keeps those nodes (the fork's
+    context): the words they hold are what the fork says too, so a search finds the fork -- and
+    not a branch of the source the fork never reached, which the delete removed."""
+    key = new_key()
+    auth = {"Authorization": f"Bearer {key}"}
+    client = own_proxy.openai(key)
+    source, fork = (f"s-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    _, first = say(client, source, user("the axolotl regrows its limbs"))
+    say(client, source, user("and the quokka smiles"))  # after the fork point: not the fork's
+    assert httpx.post(f"{own_proxy.url}/admin/conversations/{source}/fork", headers=auth,
+                      json={"conversation_id": fork, "node_id": first["x-node-id"]}).status_code == 200
+    assert [f["id"] for f in _search(own_proxy, key, "axolotl").json()["data"]] == [source]
+    assert httpx.delete(f"{own_proxy.url}/admin/conversations/{source}", headers=auth).status_code == 200
+    found = _search(own_proxy, key, "axolotl").json()["data"]
+    assert [f["id"] for f in found] == [fork] and found[0]["match"]["node_id"] == first["x-node-id"]
+    assert _search(own_proxy, key, "quokka").json()["data"] == []

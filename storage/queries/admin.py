@@ -53,10 +53,11 @@ SELECT * FROM conversations c
  LIMIT $4""", order="ORDER BY c.created_at DESC, c.id DESC")
 
 # The nodes whose messages hold these words, best match first: the conversation that made each
-# (still there), a snippet around the words, the rank. The expression is the one migration 0021
-# indexes.  $1 tenant (null: every tenant -- admin keys), $2 the words, $3 limit
+# (null when it was deleted and the node kept for the forks that reach it), a snippet around the
+# words, the rank. The expression is the one migration 0021 indexes.  $1 tenant (null: every
+# tenant -- admin keys), $2 the words, $3 limit
 SEARCH = """
-SELECT n.tenant, n.conversation_id, n.id AS node_id, n.created_at,
+SELECT n.tenant, c.id AS conversation_id, n.id AS node_id, n.created_at, n.tree_id,
        ts_rank(jsonb_to_tsvector('simple'::regconfig, n.sent || coalesce(n.received, '[]'::jsonb), '["string"]'),
                plainto_tsquery('simple'::regconfig, $2)) AS rank,
        ts_headline('simple'::regconfig,
@@ -69,7 +70,7 @@ SELECT n.tenant, n.conversation_id, n.id AS node_id, n.created_at,
                    plainto_tsquery('simple'::regconfig, $2),
                    'StartSel=«, StopSel=», MaxWords=18, MinWords=6, MaxFragments=1') AS snippet
   FROM nodes n
-  JOIN conversations c ON c.tree_id = n.tree_id AND c.id = n.conversation_id AND c.tenant = n.tenant
+  LEFT JOIN conversations c ON c.tree_id = n.tree_id AND c.id = n.conversation_id AND c.tenant = n.tenant
  WHERE ($1::text IS NULL OR n.tenant = $1)
    AND jsonb_to_tsvector('simple'::regconfig, n.sent || coalesce(n.received, '[]'::jsonb), '["string"]')
        @@ plainto_tsquery('simple'::regconfig, $2)
@@ -98,6 +99,9 @@ DELETE_CONVERSATION = "SELECT deleted, kept FROM bp_delete_conversation(p_tenant
 
 # The nodes of other conversations this one can see (forks only).  $1 tree, $2 tenant, $3 conversation
 VISIBLE_FOREIGN = "SELECT array(SELECT bp_visible_foreign($1, $2, $3))"
+
+# The forks of a tree (the conversations that may see nodes of another).  $1 tree, $2 tenant
+FORKS_OF_TREE = "SELECT id FROM conversations WHERE tree_id = $1 AND tenant = $2 AND fork_node_id IS NOT NULL ORDER BY id"
 
 _NODE = columns(NodeRow, "n")
 _P_NODE = columns(NodeRow, "p")
