@@ -129,6 +129,82 @@ def test_cache_control_markers_are_the_calls_own(mproxy: Proxy, claude: FakeAnth
     assert body["system"] == system
 
 
+def _marker_paths(value: Any, at: str = "") -> list[str]:
+    """Where ``cache_control`` markers are in a JSON value, as dotted paths."""
+    if isinstance(value, dict):
+        return [at] * ("cache_control" in value) + [
+            p for k, v in value.items() if k != "cache_control" for p in _marker_paths(v, f"{at}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _marker_paths(v, f"{at}.{i}")]
+    return []
+
+
+def test_markers_inside_blocks_are_the_calls_own_too(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                     cid: str) -> None:
+    """A client that marks the text inside its newest tool result each turn (the SDK's MCP helper,
+    ``mcp_content(..., cache_control=...)``), or a block of a document's ``content`` source: the
+    upstream gets this call's markers only, where the client put them -- before, an earlier call's
+    marker inside an old block was sent again, and past four Anthropic refused every marked call,
+    so the tool loop could not go on. A call with no marker sends none; ``/request`` rebuilds the
+    body with the inner positions."""
+    c = client(mproxy, key, f"/c/{cid}")
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    claude.enqueue(AReply(content=[{"type": "tool_use", "id": "toolu_0", "name": "Bash", "input": {}}],
+                          stop_reason="tool_use"))
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=[{"role": "user", "content": "go"}])
+    for i in range(6):
+        claude.enqueue(AReply(content=[{"type": "tool_use", "id": f"toolu_{i + 1}", "name": "Bash", "input": {}}],
+                              stop_reason="tool_use"))
+        r = c.messages.with_raw_response.create(model="claude-x", max_tokens=10, tools=tools, messages=[
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": [
+                {"type": "text", "text": f"out {i}", "cache_control": {"type": "ephemeral"}}]}]}])
+        body = claude.last.body
+        last = len(body["messages"]) - 1
+        assert _marker_paths(body["messages"]) == [f".{last}.content.0.content.0"]
+        assert body["messages"][-1]["content"][0]["content"][0] == {"type": "text", "text": f"out {i}",
+                                                                    "cache_control": {"type": "ephemeral"}}
+    assert replay_verified(mproxy, key, r.headers["x-node-id"]) == "true"
+
+    document = {"type": "document", "source": {"type": "content", "content": [
+        {"type": "text", "text": "page 1"}, {"type": "text", "text": "page 2", "cache_control": {"type": "ephemeral"}}]}}
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_6", "content": "done"}, document]}])
+    last = len(claude.last.body["messages"]) - 1
+    assert _marker_paths(claude.last.body["messages"]) == [f".{last}.content.1.source.content.1"]
+
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=[{"role": "user", "content": "thanks"}])
+    assert _marker_paths(claude.last.body) == []
+
+
+def test_full_history_an_old_marker_inside_a_block_is_not_sent_again(mproxy: Proxy, claude: FakeAnthropic) -> None:
+    """Full history: the stored copy of a tool result keeps the marker inside it that the client
+    sent then; a later call that resends the block without it (its marker moved on) gets the
+    block as it sends it now -- the stored marker matched nothing and is not sent."""
+    key = new_key()
+    c = client(mproxy, key, "/auto")
+    session = {"X-Claude-Code-Session-Id": f"s-{uuid.uuid4().hex[:8]}"}
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    base = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_0", "name": "Bash", "input": {}}]}]
+    claude.enqueue(AReply(content=base[1]["content"], stop_reason="tool_use"))
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=base[:1], extra_headers=session)
+
+    def result(**marker: Any) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_0",
+                                             "content": [{"type": "text", "text": "out", **marker}]}]}
+    marked = [*base, result(cache_control={"type": "ephemeral"})]
+    claude.enqueue(AReply(content=[{"type": "text", "text": "done"}]))
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=marked, extra_headers=session)
+    assert claude.last.body["messages"] == marked
+
+    later = [*base, result(), {"role": "assistant", "content": [{"type": "text", "text": "done"}]},
+             {"role": "user", "content": "next"}]
+    r = c.messages.with_raw_response.create(model="claude-x", max_tokens=10, tools=tools, messages=later,
+                                            extra_headers=session)
+    assert r.headers["x-context-matched"] == "4"
+    assert claude.last.body["messages"] == later
+
+
 def test_count_tokens(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
     c = client(mproxy, key, "")
     assert c.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "hi"}]).input_tokens == 42

@@ -50,8 +50,7 @@ def markers(messages: Sequence[Any]) -> list[list[Any]]:
 
 
 def unmarked(parts: Any) -> Any:
-    """Content parts (or Anthropic blocks) without their ``cache_control`` markers: the same list
-    when none has one."""
+    """Content parts without their ``cache_control`` markers: the same list when none has one."""
     if type(parts) is not list or not any(type(p) is dict and "cache_control" in p for p in parts):
         return parts
     return [{k: v for k, v in p.items() if k != "cache_control"} if type(p) is dict and "cache_control" in p else p

@@ -27,7 +27,8 @@ client's order).
 ``cache_control`` and ``thinking`` / ``redacted_thinking`` blocks do not change the chat message
 (so they take no part in matching); a ``thinking`` block goes back only to the provider that
 produced it (``PRODUCER``), and ``cache_control`` markers are those of the call being made
-(``markers`` / ``apply_markers``): a marker an earlier call put on an old block is not sent again.
+(``markers`` / ``apply_markers``): a marker an earlier call put on an old block, or on a block
+inside one, is not sent again.
 """
 
 from __future__ import annotations
