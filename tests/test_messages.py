@@ -746,6 +746,25 @@ def test_documents_reach_a_chat_upstream_as_file_parts_or_text(mproxy: Proxy, up
     assert result["role"] == "tool" and "plan.pdf" in json.dumps(result["content"]) and _PDF not in json.dumps(result)
 
 
+def test_an_image_by_anthropic_file_id_reaches_a_chat_upstream_as_a_line(mproxy: Proxy, upstream: FakeUpstream,
+                                                                         key: str, cid: str) -> None:
+    """An image attached by Anthropic file id is nothing a chat model can fetch: it reaches a chat
+    upstream as a line naming it, as such a document does -- before, its id went as an image_url,
+    which OpenAI-compatible servers refuse. Images by bytes or URL go as image parts."""
+    client(mproxy, key, f"/c/{cid}").messages.create(model="gpt-x", max_tokens=5, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "file", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0K"}},
+        {"type": "document", "source": {"type": "file", "file_id": "file_022"}},
+        {"type": "text", "text": "what are they"}]}])
+    assert upstream.last.messages[-1]["content"] == [
+        {"type": "text", "text": "[image (file): not readable by this model]"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},
+        {"type": "text", "text": "[document (file): not readable by this model]"},
+        {"type": "text", "text": "what are they"}]
+
+
 def test_files_reach_an_anthropic_upstream_as_documents(mproxy: Proxy, claude: FakeAnthropic, key: str,
                                                         cid: str) -> None:
     """The other way: an OpenAI client's file parts reach an Anthropic model as documents -- a PDF's

@@ -76,12 +76,16 @@ def _text(block: dict[str, Any]) -> str | None:
     return text if block.get("type") == "text" and isinstance(text, str) else None
 
 
-def _image_part(block: dict[str, Any]) -> dict[str, Any]:
+def _image_part(block: dict[str, Any]) -> dict[str, Any] | None:
+    """An image of bytes (base64) or by URL as chat's image part; None for any other (by an
+    Anthropic file id: nothing another provider can fetch)."""
     source = block.get("source") if isinstance(block.get("source"), dict) else {}
-    if source.get("type") == "base64":
-        url = f"data:{source.get('media_type', '')};base64,{source.get('data', '')}"
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        url = f"data:{source.get('media_type', '')};base64,{source['data']}"
+    elif isinstance(source.get("url"), str) and source["url"]:
+        url = source["url"]
     else:
-        url = source.get("url") or source.get("file_id")
+        return None
     return {"type": "image_url", "image_url": {"url": url}}
 
 
@@ -108,13 +112,13 @@ def _user_content(blocks: list[Any], *, files: bool = True) -> Any:
         text = _text(block)
         if text is not None:
             parts.append({"type": "text", "text": text})
-        elif block.get("type") == "image":
+        elif block.get("type") == "image" and (image := _image_part(block)) is not None:
             only_text = False
-            parts.append(_image_part(block))
+            parts.append(image)
         elif files and block.get("type") == "document" and (file := _file_part(block)) is not None:
             only_text = False
             parts.append(file)
-        else:  # other documents, search results ...: as text a chat upstream can read
+        else:  # other images and documents, search results ...: as text a chat upstream can read
             only_text = False
             parts.append({"type": "text", "text": _as_text(block)})
     if only_text:
