@@ -387,6 +387,37 @@ def test_over_chat_a_reasoning_that_ends_like_a_key_begins_stays_one_block(mprox
     assert final.content[0].thinking == "Let me check the files" and final.content[1].text == "Answer."
 
 
+def test_over_chat_structured_output_and_effort(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
+    """``output_config`` has words in chat: its ``format`` (structured output, a JSON schema: the
+    SDK's ``messages.parse(output_format=...)``) is chat's strict ``response_format``, its
+    ``effort`` chat's ``reasoning_effort`` -- before, both were dropped, the model answered in
+    prose and the SDK failed validating it. A Responses upstream gets them through chat, as
+    ``text.format`` and ``reasoning.effort``."""
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+
+    c = client(mproxy, key, f"/c/{cid}")
+    upstream.enqueue(Reply(content='{"name": "Paris"}'))
+    m = c.messages.parse(model="gpt-x", max_tokens=50, output_format=City, output_config={"effort": "high"},
+                         messages=[{"role": "user", "content": "a city"}])
+    assert m.parsed_output == City(name="Paris")
+    sent = upstream.last.body
+    assert sent["reasoning_effort"] == "high"
+    assert sent["response_format"]["type"] == "json_schema"
+    schema = sent["response_format"]["json_schema"]
+    assert (schema["name"], schema["strict"]) == ("output", True)
+    assert schema["schema"]["properties"] == {"name": {"title": "Name", "type": "string"}}
+
+    c.messages.create(model="native-x", max_tokens=50, messages=[{"role": "user", "content": "another"}],
+                      output_config={"effort": "low", "format": {"type": "json_schema", "schema": schema["schema"]}})
+    body = upstream.responses_requests[-1].body
+    assert body["reasoning"]["effort"] == "low"
+    assert body["text"]["format"] == {"type": "json_schema", "name": "output", "schema": schema["schema"],
+                                      "strict": True}
+
+
 def test_over_responses_upstream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
     """Neither side speaks chat: translated through it, both ways, streams too."""
     c = client(mproxy, key, f"/c/{cid}")

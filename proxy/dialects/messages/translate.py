@@ -10,9 +10,12 @@ Pure functions.
     tool_choice auto / any / tool /     "auto" / "required" / a function / "none";
       none, disable_parallel_tool_use   parallel_tool_calls: false
     metadata.user_id                    user
+    output_config.format (json_schema)  response_format (json_schema, strict: Anthropic's
+      (or the beta's output_format)       structured output always holds to the schema)
+    output_config.effort                reasoning_effort (the same values)
     temperature, top_p, stream          the same
     thinking, top_k, context_management, dropped: no chat equivalent (the answer does not
-      output_config, service_tier ...   depend on them in a way chat can express)
+      service_tier ...                  depend on them in a way chat can express)
 
     stop_reason  end_turn / stop_sequence / pause_turn -> stop, max_tokens -> length,
                  tool_use -> tool_calls, refusal -> content_filter (and back)
@@ -82,7 +85,21 @@ def _chat_tool_choice(choice: Any, left_out: set[Any]) -> Any:
 
 # a Messages request's fields under the chat names ``chat_params`` gives them (their own elsewhere)
 CHAT_FIELDS = {"stop": "stop_sequences", "user": "metadata.user_id",
-               "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
+               "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+               "response_format": "output_config.format", "reasoning_effort": "output_config.effort"}
+
+
+def _response_format(params: dict[str, Any]) -> dict[str, Any] | None:
+    """Structured output (``output_config.format``, or the structured-outputs beta's
+    ``output_format``: a JSON schema) as chat's ``response_format``; strict, since Anthropic's
+    answer always holds to the schema. Chat's schema needs a name, which Anthropic's has not."""
+    config = params.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if fmt is None:
+        fmt = params.get("output_format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
 def chat_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -108,6 +125,12 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
     metadata = params.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         out["user"] = metadata["user_id"]
+    fmt = _response_format(params)
+    if fmt is not None:
+        out["response_format"] = fmt
+    config = params.get("output_config")
+    if isinstance(config, dict) and isinstance(config.get("effort"), str):
+        out["reasoning_effort"] = config["effort"]  # (low ... max: chat's values too; another goes as it came)
     return out
 
 
