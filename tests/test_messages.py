@@ -281,6 +281,25 @@ def test_prompt_too_long_is_a_context_overflow(mproxy: Proxy, claude: FakeAnthro
     assert node(mproxy, key, node_id)["error"]["code"] == "context_overflow"
 
 
+def test_a_context_overflow_over_chat_says_prompt_is_too_long(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                               cid: str) -> None:
+    """A chat upstream's overflow (OpenAI's "maximum context length") reaches a Messages client in
+    Anthropic's words, "prompt is too long" first -- what Claude Code reads as "compact and try
+    again" -- the upstream's own words after them."""
+    c = client(mproxy, key, f"/c/{cid}")
+    said = "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens."
+    upstream.enqueue(Reply(kind="error", status=400, error={"message": said, "type": "invalid_request_error",
+                                                            "param": "messages", "code": "context_length_exceeded"}))
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        c.messages.create(model="gpt-x", max_tokens=10, messages=[{"role": "user", "content": "x"}])
+    assert exc.value.body["error"] == {"type": "invalid_request_error", "message": f"prompt is too long: {said}"}
+    # another failure keeps its words
+    upstream.enqueue(Reply(kind="error", status=400, error={"message": "bad temperature", "type": "invalid_request_error"}))
+    with pytest.raises(anthropic.BadRequestError) as other:
+        c.messages.create(model="gpt-x", max_tokens=10, messages=[{"role": "user", "content": "y"}])
+    assert other.value.body["error"]["message"] == "bad temperature"
+
+
 def test_stream_error_event(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
     c = client(mproxy, key, f"/c/{cid}")
     claude.enqueue(AReply(content=[{"type": "text", "text": "partial"}],

@@ -49,7 +49,7 @@ class Messages:
         return blocks.to_messages(items, provider)
 
     def error_body(self, failure: Any) -> bytes:
-        return errors.error_body(failure.status, failure.error.message, failure.error)
+        return errors.error_body(failure.status, errors.in_anthropic_words(failure.error), failure.error)
 
     def cleared(self, item: dict[str, Any], text: str) -> dict[str, Any] | None:
         return blocks.cleared(item, text)

@@ -9,7 +9,8 @@ import msgspec
 
 from ...relay import ErrorVoice
 
-__all__ = ["ANTHROPIC_ERRORS", "anthropic_type", "error_body", "error_event", "from_openai_body", "is_messages_path"]
+__all__ = ["ANTHROPIC_ERRORS", "anthropic_type", "error_body", "error_event", "from_openai_body", "in_anthropic_words",
+           "is_messages_path"]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
@@ -30,6 +31,20 @@ def anthropic_type(status: int, error: Any = None) -> str:
     if own in ANTHROPIC_TYPES and own not in ("invalid_request_error", "api_error"):
         return own
     return _BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+_TOO_LONG = "prompt is too long"
+
+
+def in_anthropic_words(error: Any) -> str:
+    """An error's message as a Messages client looks for it: a context overflow -- whatever the
+    upstream called it (OpenAI's "maximum context length", llama.cpp's "exceeds the available
+    context size" ...) -- begins with Anthropic's "prompt is too long", the words Claude Code and
+    other Messages clients read as "compact and try again"."""
+    message = str(getattr(error, "message", "") or "")
+    if getattr(error, "code", None) == "context_overflow" and not message.lower().startswith(_TOO_LONG):
+        return f"{_TOO_LONG}: {message}" if message else _TOO_LONG
+    return message
 
 
 def error_body(status: int, message: str, error: Any = None) -> bytes:
