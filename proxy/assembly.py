@@ -16,6 +16,7 @@ Rules, in order:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -105,10 +106,26 @@ def _shape_tool_call(tc: Any) -> Any:
     return out
 
 
+def _audio(msg: dict[str, Any], target: Target, producer: str | None, out: dict[str, Any]) -> None:
+    """An audio answer (OpenAI's ``audio: {id, data, expires_at, transcript}``) as it may go back:
+    to the chat provider that made it, while it keeps it (until ``expires_at``), as the reference
+    ``{"id"}`` its API takes; to any other, or once expired, its transcript as the content -- what
+    the model said, never an empty turn. (The one impure rule here: it reads the clock.)"""
+    audio = msg.get("audio")
+    if not isinstance(audio, dict):
+        return
+    reference, expires = audio.get("id"), audio.get("expires_at")
+    if isinstance(reference, str) and reference and producer == target.provider and target.api == "chat" and (
+            type(expires) is not int or expires > time.time()):
+        out["audio"] = {"id": reference}
+    elif not out.get("content") and isinstance(audio.get("transcript"), str) and audio["transcript"]:
+        out["content"] = audio["transcript"]
+
+
 def shape_received(msg: dict[str, Any], target: Target, producer: str | None) -> dict[str, Any]:
     """A returned assistant message as it may be sent back to ``target``: portable fields only,
     nulls dropped, reasoning kept only where the target accepts it (opaque reasoning only to the
-    provider that produced it)."""
+    provider that produced it), an audio answer as ``_audio`` gives it."""
     out: dict[str, Any] = {}
     keep_reasoning = target.accepts_reasoning
     keep_opaque = keep_reasoning and producer == target.provider
@@ -124,10 +141,12 @@ def shape_received(msg: dict[str, Any], target: Target, producer: str | None) ->
             out["tool_calls"] = [_shape_tool_call(tc) for tc in calls]
         else:
             del out["tool_calls"]
+    _audio(msg, target, producer, out)
     out.setdefault("role", "assistant")
     if "content" not in out:
-        # null content is valid next to tool calls / a refusal; an otherwise empty turn gets ""
-        out["content"] = None if ("tool_calls" in out or "function_call" in out or "refusal" in out) else ""
+        # null content is valid next to tool calls / a refusal / audio; an otherwise empty turn gets ""
+        out["content"] = None if ("tool_calls" in out or "function_call" in out or "refusal" in out
+                                  or "audio" in out) else ""
     return out
 
 

@@ -154,3 +154,16 @@ def test_a_compaction_node_carries_answers_whole_and_each_provider_gets_its_own_
     assert plain[1] == {"role": "assistant", "content": "42"}
     odd = {"role": "user", "content": "r", CARRIED: "openai"}
     assert assemble([node([odd], None, parent=False)], [], T).messages == [odd]
+
+
+def test_an_audio_answer_goes_to_another_provider_or_api_as_its_transcript():
+    import time
+    msg = {"role": "assistant", "content": None,
+           "audio": {"id": "audio_1", "data": "AAAA", "expires_at": int(time.time()) + 600, "transcript": "Paris."}}
+    assert shape_received(msg, Target("openai"), "openai") == {"role": "assistant", "audio": {"id": "audio_1"},
+                                                                "content": None}
+    for target in (Target("groq"), Target("openai", api="responses"), Target("openai", api="anthropic")):
+        assert shape_received(msg, target, "openai") == {"role": "assistant", "content": "Paris."}
+    # text beside the audio stays the content (the transcript is not added to it)
+    assert shape_received({**msg, "content": "Paris!"}, Target("groq"), "openai") == {"role": "assistant",
+                                                                                       "content": "Paris!"}

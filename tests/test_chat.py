@@ -351,3 +351,60 @@ def test_a_stored_calls_body_goes_out_without_the_headers_of_the_clients(proxy, 
     r = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, headers=headers)
     got = {k.lower(): v for k, v in upstream.last.headers.items()}
     assert r.status_code == 200 and got["content-type"] == "text/plain" and got["content-encoding"] == "identity"
+
+
+def _audio(expires_in: int = 3600) -> dict:
+    import time
+    return {"id": "audio_abc123", "data": "UklGRiQAAABXQVZF", "expires_at": int(time.time()) + expires_in,
+            "transcript": "The capital of France is Paris."}
+
+
+def _sse(*deltas: dict) -> bytes:
+    chunks = [{"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+               "choices": [{"index": 0, "delta": d, "finish_reason": "stop" if not d else None}]} for d in deltas]
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
+AUDIO_ASKED = {"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}
+
+
+def test_an_audio_answer_goes_back_as_its_reference_and_once_expired_as_its_words(client, upstream, cid):
+    """An audio answer (``content`` null, ``audio`` with an id, the data and a transcript) is the
+    model's turn: the next call sends it back to the provider that made it as ``audio: {"id"}``,
+    as OpenAI's API takes an earlier audio answer -- and once the provider no longer keeps it
+    (``expires_at``), as its transcript. Never an empty turn."""
+    upstream.enqueue(Reply(content=None, extra_message={"audio": _audio()}))
+    first, _ = say(client, cid, user("capital of France?"), **AUDIO_ASKED)
+    assert first.choices[0].message.audio.transcript == "The capital of France is Paris."
+    say(client, cid, user("and of Spain?"), **AUDIO_ASKED)
+    assert upstream.last.messages[1] == {"role": "assistant", "audio": {"id": "audio_abc123"}, "content": None}
+    other = f"{cid}-expired"
+    upstream.enqueue(Reply(content=None, extra_message={"audio": _audio(expires_in=-5)}))
+    say(client, other, user("capital of France?"), **AUDIO_ASKED)
+    say(client, other, user("and of Spain?"))
+    assert upstream.last.messages[1] == {"role": "assistant", "content": "The capital of France is Paris."}
+
+
+def test_a_full_history_client_sends_its_audio_answer_back_by_its_reference(client, upstream, cid):
+    full = {"X-Context-Mode": "full"}
+    upstream.enqueue(Reply(content=None, extra_message={"audio": _audio()}))
+    say(client, cid, user("capital of France?"), headers=full, **AUDIO_ASKED)
+    _, h = say(client, cid, user("capital of France?"), {"role": "assistant", "audio": {"id": "audio_abc123"}},
+               user("and of Spain?"), headers=full, **AUDIO_ASKED)
+    assert h["x-context-matched"] == "2"
+    assert upstream.last.messages[1] == {"role": "assistant", "audio": {"id": "audio_abc123"}, "content": None}
+
+
+def test_a_streamed_audio_answer_is_stored_as_the_whole_one_is(client, upstream, cid, db):
+    """OpenAI streams an audio answer as deltas: the id and an empty transcript, the transcript's
+    and the data's pieces, the expiry. Stored, they are the one ``audio`` a non-streamed answer
+    has (each delta replaced the one before: the id, the transcript and the data were lost)."""
+    audio = _audio()
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_sse(
+        {"role": "assistant", "content": None, "audio": {"id": audio["id"], "transcript": ""}},
+        {"audio": {"transcript": "The capital "}}, {"audio": {"transcript": "of France is Paris."}},
+        {"audio": {"data": "UklGRiQA"}}, {"audio": {"data": "AABXQVZF"}}, {"audio": {"expires_at": audio["expires_at"]}},
+        {})))
+    stream, h = say(client, cid, user("capital of France?"), stream=True, **AUDIO_ASKED)
+    list(stream)
+    assert db.node(h["x-node-id"])["received"][0]["audio"] == audio

@@ -58,6 +58,9 @@ class StreamAccumulator:
         self.reasoning_shown = 0  # (the characters of reasoning ``since`` gave out)
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.extra: dict[str, Any] = {}
+        # an audio answer's pieces (its transcript and data arrive as deltas of strings, its id and
+        # expiry once): joined by ``message()``
+        self.audio: dict[str, Any] = {}
         self.role = "assistant"
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -145,9 +148,17 @@ class StreamAccumulator:
                 if isinstance(value, str):
                     self.role = value
             elif key == "function_call":
-                fc = self.extra.setdefault("function_call", {"name": "", "arguments": ""})
-                fc["name"] += value.get("name") or ""
-                fc["arguments"] += value.get("arguments") or ""
+                if isinstance(value, dict):
+                    fc = self.extra.setdefault("function_call", {"name": "", "arguments": ""})
+                    for part in ("name", "arguments"):
+                        if isinstance(value.get(part), str):
+                            fc[part] += value[part]
+            elif key == "audio" and isinstance(value, dict):
+                for part, piece in value.items():
+                    if part in ("transcript", "data") and isinstance(piece, str):
+                        self.audio.setdefault(part, []).append(piece)
+                    elif piece is not None:
+                        self.audio[part] = piece
             elif isinstance(value, list):  # e.g. reasoning_details: arrives in pieces
                 self.extra.setdefault(key, []).extend(value)
             else:
@@ -179,6 +190,8 @@ class StreamAccumulator:
         if self.refusal:
             msg["refusal"] = "".join(self.refusal)
         msg.update(self.extra)
+        if self.audio:
+            msg["audio"] = {k: "".join(v) if k in ("transcript", "data") else v for k, v in self.audio.items()}
         return msg
 
 
