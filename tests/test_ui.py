@@ -840,6 +840,75 @@ def test_regenerating_a_side_call_makes_a_side_call(ui, page, upstream):
     assert head_of(ui, cid) == h1["x-node-id"]
 
 
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+PDF = "JVBERi0xLjQKJcOkw7zDtsOfCjEgMCBvYmoKPDwvVHlwZS9DYXRhbG9nPj4KZW5kb2JqCg=="
+
+
+def ask_with_an_image(ui: Any, cid: str, api: str) -> str:
+    """One question holding an image (and, in the Messages API, a PDF) and its text, asked in
+    ``api``'s own shape; the node's id."""
+    if api == "chat":
+        _, h = say(ui.openai(KEY), cid, user([{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
+                                              {"type": "text", "text": "What is in this picture?"}]))
+        return h["x-node-id"]
+    with httpx.Client(base_url=f"{ui.url}/c/{cid}/v1", headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as http:
+        if api == "messages":
+            r = http.post("/messages", json={"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+                {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}},
+                {"type": "text", "text": "What is in this picture?"}]}]})
+        else:
+            r = http.post("/responses", json={"model": MODEL, "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}", "detail": "low"},
+                {"type": "input_text", "text": "What is in this picture?"}]}]})
+    assert r.status_code == 200, r.text
+    return r.headers["x-node-id"]
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_regenerate_sends_the_questions_images_again(ui, page, upstream, api):
+    """Regenerate on a Messages or Responses node sends the model what the first call sent it:
+    the image (and the PDF) as parts, beside the text -- the viewer rebuilt the request from what
+    it draws, and the model got the literal text "[image]What is in this picture?"."""
+    cid = f"regimg-{api}-{uuid.uuid4().hex[:6]}"
+    node = ask_with_an_image(ui, cid, api)
+    first = upstream.chat_requests[-1].messages
+    assert any(part["type"] == "image_url" for part in first[-1]["content"])
+    open_conversation(page, ui, cid)
+    node_el(page, node).click()
+    expect(page.locator(".detail dd.mono")).to_have_text(node)
+    asked = len(upstream.chat_requests)
+    page.locator(".detail button", has_text="Regenerate").click()
+    wait_for(lambda: len(upstream.chat_requests) > asked, what="the regeneration's request")
+    assert upstream.chat_requests[-1].messages == first
+    expect(page.locator(".graph .node")).to_have_count(2)
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_edit_question_keeps_the_questions_images(ui, page, upstream, api):
+    """Edit question offers the question's text alone and sends the edit with the question's
+    image (and PDF) still in it: the composer held "[image]What is in this picture?" and the edit
+    went out as text only."""
+    cid = f"editimg-{api}-{uuid.uuid4().hex[:6]}"
+    node = ask_with_an_image(ui, cid, api)
+    first = upstream.chat_requests[-1].messages
+    open_conversation(page, ui, cid)
+    node_el(page, node).click()
+    expect(page.locator(".detail dd.mono")).to_have_text(node)
+    page.locator(".detail button", has_text="Edit question").click()
+    expect(page.locator(".composer textarea")).to_have_value("What is in this picture?")
+    expect(page.locator(".composer .mode")).to_contain_text("kept")
+    page.fill(".composer textarea", "What colour is it?")
+    asked = len(upstream.chat_requests)
+    page.keyboard.press("Control+Enter")
+    wait_for(lambda: len(upstream.chat_requests) > asked, what="the edit's request")
+    edited = upstream.chat_requests[-1].messages
+    assert edited[:-1] == first[:-1]
+    assert edited[-1]["content"] == [part if part["type"] != "text" else {"type": "text", "text": "What colour is it?"}
+                                     for part in first[-1]["content"]]
+    expect(page.locator(".graph .node")).to_have_count(2)
+
+
 def test_an_odd_stored_shape_does_not_keep_a_conversation_from_opening(ui, page, upstream):
     """An upstream's answer whose tool_calls is an object is stored as it came; the conversation
     still opens, its text drawn (the page threw on every load before; the `page` fixture fails

@@ -6,7 +6,7 @@ import { drawChat, drawPending } from "./chat.js";
 import { drawCompare } from "./compare.js";
 import { drawDetail } from "./detail.js";
 import { drawDaily, drawPathTokens, loadDaily } from "./spend.js";
-import { asChatMessages, el, fill, lastUserText, withQuestion } from "./messages.js";
+import { asChatMessages, attachmentsOf, el, fill, lastUserText, withQuestion } from "./messages.js";
 import { TreeView } from "./tree.js";
 
 const POLL_MS = 2000;
@@ -490,10 +490,12 @@ class ConversationView {
   setMode(mode) {
     this.mode = mode;
     const short = (node) => node.id.slice(-8);
+    const kept = mode.kind === "edit" ? attachmentsOf(mode.node.sent, mode.node.api) : 0;
     this.modeLabel.textContent = {
       head: "Send from the head",
       reply: mode.node ? `Reply under node …${short(mode.node)} (a new branch)` : "",
-      edit: mode.node ? `Edit the question of node …${short(mode.node)} (a new branch beside it)` : "",
+      edit: mode.node ? `Edit the question of node …${short(mode.node)} (a new branch beside it`
+        + `${kept ? `; its ${kept === 1 ? "image or file is" : `${kept} images and files are`} kept` : ""})` : "",
     }[mode.kind];
     this.cancelMode.hidden = mode.kind === "head";
     if (mode.kind === "edit") this.input.value = lastUserText(mode.node.sent, mode.node.api);

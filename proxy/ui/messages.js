@@ -49,13 +49,78 @@ function textOf(content) {
   return JSON.stringify(content);
 }
 
-// -> [{role, text, calls: [{id, name, arguments}], callId, output}]
+// What a message's content is when it is sent again through the chat endpoint (Regenerate, Edit
+// question): each part in chat's form, as the proxy itself reads a Responses or Messages request
+// (proxy/dialects) -- an image stays an image, a PDF a file; the text alone when there is only
+// text. The views draw "[image]" instead; what is sent must be the part itself.
+function chatPart(part, api) {
+  if (typeof part === "string") return { type: "text", text: part };
+  if (!part || typeof part !== "object" || part.type === "refusal") return null;
+  if (typeof part.text === "string" && ["text", "input_text", "output_text"].includes(part.type)) {
+    return { type: "text", text: part.text };
+  }
+  if (api === "responses" && part.type === "input_image") {
+    const image = { url: part.image_url ?? (part.file_id ? `file:${part.file_id}` : null) };
+    if (part.detail) image.detail = part.detail;
+    return { type: "image_url", image_url: image };
+  }
+  if (api === "responses" && part.type === "input_file") {
+    return { type: "file", file: Object.fromEntries(["file_id", "file_data", "file_url", "filename"]
+      .filter((k) => k in part).map((k) => [k, part[k]])) };
+  }
+  if (api !== "messages") return part; // (chat's own parts, and what is not understood: as it came)
+  const source = part.source && typeof part.source === "object" ? part.source : {};
+  if (part.type === "image") {
+    return { type: "image_url", image_url: { url: source.type === "base64" ? `data:${source.media_type ?? ""};base64,${source.data ?? ""}`
+      : source.url ?? source.file_id } };
+  }
+  if (part.type === "document" && source.type === "base64" && typeof source.media_type === "string" && typeof source.data === "string") {
+    const name = typeof part.title === "string" && part.title ? part.title : source.media_type === "application/pdf" ? "document.pdf" : "document";
+    return { type: "file", file: { filename: name, file_data: `data:${source.media_type};base64,${source.data}` } };
+  }
+  // a block chat has no part for, as text (a plain-text document's own text)
+  const title = typeof part.title === "string" ? ` ${part.title}` : "";
+  if (part.type === "document" && source.type === "text" && typeof source.data === "string") {
+    return { type: "text", text: `[document${title}]\n${source.data}` };
+  }
+  if (part.type === "document" && source.type === "content") {
+    const texts = (typeof source.content === "string" ? [{ type: "text", text: source.content }] : list(source.content))
+      .filter((b) => b?.type === "text" && typeof b.text === "string").map((b) => b.text);
+    return { type: "text", text: `[document${title}]\n${texts.join("\n")}` };
+  }
+  if (part.type === "search_result") {
+    const texts = list(part.content).filter((b) => typeof b?.text === "string").map((b) => b.text);
+    return { type: "text", text: `[search result${title}: ${part.source ?? ""}]\n${texts.join("\n")}` };
+  }
+  const media = source.media_type || source.type || "";
+  return { type: "text", text: `[${part.type}${title}${media ? ` (${media})` : ""}: not readable by this model]` };
+}
+
+function chatContent(content, api) {
+  if (content === null || content === undefined || typeof content === "string") return content ?? "";
+  if (!Array.isArray(content)) return content;
+  const parts = content.map((part) => chatPart(part, api)).filter((part) => part !== null);
+  return parts.every((part) => part.type === "text" && typeof part.text === "string")
+    ? parts.map((part) => part.text).join("") : parts;
+}
+
+// The text of chat content: what the composer offers to edit (the other parts are kept).
+function textParts(content) {
+  if (typeof content === "string") return content;
+  return list(content).filter((part) => part?.type === "text" && typeof part.text === "string").map((part) => part.text).join("");
+}
+
+// -> [{role, text, calls: [{id, name, arguments}], callId, output, chat}] -- `chat`: the message's
+// content as the chat endpoint takes it (chatContent)
 // One Messages item (an Anthropic message or a fragment of one): text, tool uses, tool results,
 // thinking -- each block as the views draw it.
 function readBlocks(item, out) {
   const blocks = typeof item.content === "string" ? [{ type: "text", text: item.content }] : list(item.content);
   if (item.role === "system") {
-    out.push({ role: "system", text: textOf(blocks) });
+    // (a system prompt's text blocks, one a line, as the proxy reads them)
+    const chat = typeof item.content === "string" ? item.content
+      : blocks.filter((b) => b?.type === "text" && typeof b.text === "string").map((b) => b.text).join("\n");
+    out.push({ role: "system", text: textOf(blocks), chat });
     return;
   }
   let current = null;
@@ -70,12 +135,14 @@ function readBlocks(item, out) {
       out.push({ role: "reasoning", text: "[redacted thinking]" });
     } else {
       if (!current) {
-        current = { role: item.role, text: "", calls: [] };
+        current = { role: item.role, text: "", calls: [], blocks: [] };
         out.push(current);
       }
       if (block?.type === "tool_use") current.calls.push({ id: block.id, name: block.name, arguments: JSON.stringify(block.input ?? {}) });
-      else if (block?.type === "image") current.text += "[image]";
-      else current.text += typeof block?.text === "string" ? block.text : JSON.stringify(block);
+      else {
+        current.blocks.push(block);
+        current.text += block?.type === "image" ? "[image]" : typeof block?.text === "string" ? block.text : JSON.stringify(block);
+      }
     }
   }
 }
@@ -84,6 +151,11 @@ export function readItems(items, api) {
   const out = [];
   if (api === "messages") {
     for (const item of list(items)) if (item && typeof item === "object") readBlocks(item, out);
+    for (const m of out) {
+      if (!m.blocks) continue;
+      m.chat = chatContent(m.blocks, "messages");
+      delete m.blocks;
+    }
     return out;
   }
   for (const item of list(items)) {
@@ -99,7 +171,7 @@ export function readItems(items, api) {
     } else if (type === "message" || item.role) {
       const calls = list(item.tool_calls).map((c) => ({ id: c?.id, name: c?.function?.name, arguments: c?.function?.arguments }));
       if (item.role === "tool") out.push({ role: "tool", callId: item.tool_call_id, output: item.content });
-      else out.push({ role: item.role, text: textOf(item.content), calls, refusal: item.refusal });
+      else out.push({ role: item.role, text: textOf(item.content), calls, refusal: item.refusal, chat: chatContent(item.content, api) });
     } else {
       out.push({ role: "item", text: JSON.stringify(item) });
     }
@@ -181,18 +253,36 @@ export function asChatMessages(items, api) {
       out.push({ role: "assistant", content: m.text || null,
                  tool_calls: m.calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments ?? "" } })) });
     } else if (["user", "assistant", "system", "developer"].includes(m.role)) {
-      out.push({ role: m.role, content: m.text });
+      out.push({ role: m.role, content: m.chat ?? m.text });
     }
   }
   return out;
 }
 
-// A node's messages with its (last) question replaced by `text`: an edit keeps the system prompt.
+// Chat content with its text replaced by `text`: the text parts give way to one (where the first
+// stood), images and files stay where they were.
+function replaceText(content, text) {
+  if (!Array.isArray(content)) return text;
+  const out = [];
+  let placed = false;
+  for (const part of content) {
+    if (part?.type !== "text") out.push(part);
+    else if (!placed) {
+      out.push({ ...part, text });
+      placed = true;
+    }
+  }
+  if (!placed) out.push({ type: "text", text });
+  return out;
+}
+
+// A node's messages with its (last) question's text replaced by `text`: an edit keeps the system
+// prompt, and the question's images and files.
 export function withQuestion(items, api, text) {
   const messages = asChatMessages(items, api);
   for (let i = messages.length - 1; i >= 0; i--) {
     if (messages[i].role === "user") {
-      messages[i] = { ...messages[i], content: text };
+      messages[i] = { ...messages[i], content: replaceText(messages[i].content, text) };
       return messages;
     }
   }
@@ -200,7 +290,20 @@ export function withQuestion(items, api, text) {
   return messages;
 }
 
-export function lastUserText(items, api) {
+function lastQuestion(items, api) {
   const users = readItems(items, api).filter((m) => m.role === "user");
-  return users.length ? users[users.length - 1].text : "";
+  return users.length ? users[users.length - 1] : null;
+}
+
+// The text of a node's (last) question: what Edit question offers, and what the chat shows while
+// a regeneration streams.
+export function lastUserText(items, api) {
+  const question = lastQuestion(items, api);
+  return question ? textParts(question.chat ?? question.text) : "";
+}
+
+// How many parts of a node's (last) question are not text (images, files): an edit keeps them.
+export function attachmentsOf(items, api) {
+  const content = lastQuestion(items, api)?.chat;
+  return Array.isArray(content) ? content.filter((part) => part?.type !== "text").length : 0;
 }
