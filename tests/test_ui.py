@@ -710,6 +710,46 @@ def test_nodes_from_other_clients_appear_without_a_reload(ui, page):
     expect(page.locator(".messages")).to_contain_text("Another client asks")
 
 
+def test_a_node_deleted_elsewhere_leaves_the_detail_pane(ui, page, upstream):
+    """The selected node deleted by another client (DELETE /v1/responses/{id}) leaves the detail
+    pane, its actions with it, and the composer aimed at it goes back to the head: the pane kept
+    showing the node in full, with buttons acting on a node that no longer exists."""
+    cid = f"delr-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    client.responses.create(model=MODEL, input="first question", extra_headers={"X-Conversation-Id": cid})
+    gone = client.responses.create(model=MODEL, input="second question", extra_headers={"X-Conversation-Id": cid})
+    node = head_of(ui, cid)
+    # (another root holds the head: a head's response is only withdrawn, its node kept)
+    client.responses.create(model=MODEL, input="another root", extra_headers={"X-Conversation-Id": cid, "X-Parent-Node-Id": "root"})
+    open_conversation(page, ui, cid)
+    node_el(page, node).click()
+    detail = page.locator(".detail")
+    expect(detail.locator("dd.mono")).to_have_text(node)
+    detail.locator("button", has_text="Reply from here").click()
+    expect(page.locator(".composer .mode")).to_contain_text("Reply under node")
+    assert httpx.delete(f"{ui.url}/v1/responses/{gone.id}", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    expect(node_el(page, node)).to_have_count(0)
+    expect(detail).to_have_text("Select a node to see it in full.")
+    expect(page.locator(".composer .mode")).to_have_text("Send from the head")
+
+
+def test_a_conversation_deleted_and_made_again_shows_the_new_one(ui, page, upstream):
+    """A conversation deleted and made again under the same id while it is open shows the new
+    one only: the old node's detail -- what it said, its actions -- stayed in the pane."""
+    cid = f"again-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    _, old = say(client, cid, user("the old conversation's question"))
+    open_conversation(page, ui, cid)
+    node_el(page, old["x-node-id"]).click()
+    expect(page.locator(".detail dd.mono")).to_have_text(old["x-node-id"])
+    assert admin(ui).delete(f"/admin/conversations/{cid}").status_code == 200
+    _, new = say(client, cid, user("the new conversation's question"))  # (before the next poll)
+    expect(node_el(page, new["x-node-id"])).to_have_count(1)
+    expect(node_el(page, old["x-node-id"])).to_have_count(0)
+    expect(page.locator("main")).not_to_contain_text("the old conversation's question")
+    expect(page.locator(".detail")).to_have_text("Select a node to see it in full.")
+
+
 def test_an_admin_key_reads_and_steers_other_tenants(ui, page, tenant):
     cid, n = edited_conversation(ui)
     sign_in(page, ui, ADMIN_KEY)

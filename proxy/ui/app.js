@@ -311,7 +311,14 @@ class ConversationView {
       conv.forked_from ? [" · fork of ", el("a", { href: conversationLink(conv.forked_from, this.tenant) }, conv.forked_from)] : null,
       this.tenant ? el("span", { class: "badge" }, `tenant ${this.tenant}`) : null,
       conv.metadata ? Object.entries(conv.metadata).map(([k, v]) => el("span", { class: "badge metadata" }, `${k}: ${v}`)) : null);
-    if (this.selected && !this.nodes.some((n) => n.id === this.selected)) this.selected = null;
+    if (this.selected && !this.nodes.some((n) => n.id === this.selected)) {
+      // deleted elsewhere (a Responses delete, the conversation deleted and made again): its
+      // detail and actions go with it
+      this.selected = null;
+      this.selectedNode = null;
+      fill(this.detail, el("p", { class: "notice" }, "Select a node to see it in full."));
+    }
+    if (this.mode.node && !this.nodes.some((n) => n.id === this.mode.node.id)) this.setMode({ kind: "head" });
     this.drawGraph();
     drawPathTokens(this.tokensChart, this.path);
     drawChat(this.messages, this.path, this.tree.index, {
