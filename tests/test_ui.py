@@ -710,6 +710,31 @@ def test_nodes_from_other_clients_appear_without_a_reload(ui, page):
     expect(page.locator(".messages")).to_contain_text("Another client asks")
 
 
+def test_a_side_call_that_lands_is_redrawn_without_a_reload(ui, page, upstream):
+    """A side call (X-Node-Kind: transform) in flight when the page opened is drawn answered once
+    it lands: its finish moves neither the node count, the head, updated_at nor the busy flag the
+    poll watched, so it stayed amber until a reload."""
+    cid = f"side-{uuid.uuid4().hex[:8]}"
+    client = ui.openai(KEY)
+    say(client, cid, user("main question"))
+    release = threading.Event()
+    upstream.enqueue(Reply(content="A title", hold=release))
+    side: list[Any] = []
+    in_flight = threading.Thread(target=lambda: side.append(say(client, cid, user("a title for this chat?"), kind="transform")))
+    in_flight.start()
+    try:
+        wait_for(lambda: admin(ui).get(f"/admin/conversations/{cid}").json()["node_count"] == 2, what="the side call started")
+        open_conversation(page, ui, cid)
+        expect(page.locator(".graph .node.pending")).to_have_count(1)
+    finally:
+        release.set()
+        in_flight.join(10)
+    node = side[0][1]["x-node-id"]
+    assert admin(ui).get(f"/admin/nodes/{node}").json()["status"] == "success"
+    expect(node_el(page, node)).to_have_class(re.compile(r"\bok\b"))
+    expect(page.locator(".graph .node.pending")).to_have_count(0)
+
+
 def test_a_node_deleted_elsewhere_leaves_the_detail_pane(ui, page, upstream):
     """The selected node deleted by another client (DELETE /v1/responses/{id}) leaves the detail
     pane, its actions with it, and the composer aimed at it goes back to the head: the pane kept

@@ -339,11 +339,20 @@ class ConversationView {
     if (document.hidden || this.sending || this.stopped) return;
     try {
       const conv = await this.api.conversation(this.id);
-      if (this.signatureOf(conv) !== this.signature) await this.reload();
+      if (this.signatureOf(conv) !== this.signature || await this.landed()) await this.reload();
     } catch (error) {
       if (error instanceof ApiError && error.status === 404) return this.reload();
       if (!refused(error)) this.say(`refresh failed: ${error.message}`, true);
     }
+  }
+
+  // A side call finishing changes none of the conversation's counters: while a drawn node is in
+  // flight the tree is asked too, and a node that is no longer in flight redraws the views.
+  async landed() {
+    const pending = this.nodes?.filter((n) => n.status === "pending") ?? [];
+    if (!pending.length) return false;
+    const now = new Map((await this.api.tree(this.id)).data.map((n) => [n.id, n.status]));
+    return pending.some((n) => now.get(n.id) !== "pending");
   }
 
   drawGraph() {
