@@ -775,6 +775,20 @@ def test_a_conversation_deleted_and_made_again_shows_the_new_one(ui, page, upstr
     expect(page.locator(".detail")).to_have_text("Select a node to see it in full.")
 
 
+@pytest.mark.parametrize("fragment", ["#/c/%", "#/c/%E0%A4%A", "#/t/%/c/x", "#/c/x?node=%ZZ"])
+def test_a_malformed_link_opens_the_list(ui, page, fragment):
+    """A link whose escapes do not decode opens the list and says so -- followed, and loaded
+    afresh: decoding it threw (`URI malformed`, a script error the fixture fails on) and a fresh
+    load left the page blank."""
+    sign_in(page, ui)
+    expect(page.locator("table")).to_be_visible()
+    page.goto(f"{ui.url}/ui/{fragment}")
+    expect(page.locator(".list [role=alert]")).to_have_text(f"Not a conversation link: {fragment}")
+    page.reload()
+    expect(page.locator("table")).to_be_visible()
+    expect(page.locator(".list [role=alert]")).to_have_text(f"Not a conversation link: {fragment}")
+
+
 def test_an_admin_key_reads_and_steers_other_tenants(ui, page, tenant):
     cid, n = edited_conversation(ui)
     sign_in(page, ui, ADMIN_KEY)

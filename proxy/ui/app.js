@@ -73,9 +73,14 @@ function route() {
   signOutButton.hidden = false;
   // #/c/<id>, or #/t/<tenant>/c/<id> for an admin key looking into another tenant
   const match = location.hash.match(/^#\/(?:t\/([^/]+)\/)?c\/([^?]+)(?:\?node=(.+))?$/);
-  current = match ? new ConversationView(decodeURIComponent(match[2]), match[1] ? decodeURIComponent(match[1]) : null,
-                                         match[3] ? decodeURIComponent(match[3]) : null)
-    : new ListView();
+  let parts = null;
+  try {
+    parts = match && [decodeURIComponent(match[2]), match[1] ? decodeURIComponent(match[1]) : null,
+                      match[3] ? decodeURIComponent(match[3]) : null];
+  } catch {
+    // a link whose escapes do not decode (`#/c/%`, cut in the middle of a character): the list
+  }
+  current = parts ? new ConversationView(...parts) : new ListView(match ? `Not a conversation link: ${location.hash}` : null);
 }
 
 function conversationLink(id, tenant) {
@@ -85,7 +90,7 @@ function conversationLink(id, tenant) {
 // -- the conversation list ---------------------------------------------------------------------
 
 class ListView {
-  constructor() {
+  constructor(notice = null) {
     crumb.textContent = "conversations";
     this.search = el("input", { type: "search", placeholder: "search by id", "aria-label": "search by id" });
     this.scope = el("select", { "aria-label": "search in", onchange: () => {
@@ -105,7 +110,7 @@ class ListView {
     });
     this.file = el("input", { type: "file", accept: ".jsonl,application/jsonl", "aria-label": "export file", hidden: true,
       onchange: () => this.importFile() });
-    fill(main, el("div", { class: "list" },
+    fill(main, el("div", { class: "list" }, notice ? el("p", { class: "error", role: "alert" }, notice) : null,
       el("div", { class: "row" }, this.search, this.scope, el("button", { onclick: () => this.reset() }, "Refresh"),
         el("span", { class: "spacer" }), this.file, el("button", { onclick: () => this.file.click() }, "Import…")),
       el("table", {}, el("thead", {}, el("tr", {}, ...["conversation", "nodes", "tokens", "state", "created", "updated"].map((h) => el("th", {}, h)))), this.rows),
