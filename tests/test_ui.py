@@ -789,6 +789,26 @@ def test_a_malformed_link_opens_the_list(ui, page, fragment):
     expect(page.locator(".list [role=alert]")).to_have_text(f"Not a conversation link: {fragment}")
 
 
+def test_a_long_unbroken_word_does_not_widen_the_page(ui, page, upstream):
+    """A word as long as a line -- a URL in a conversation's metadata, a 400-character tool name
+    and call id -- breaks where it must: the page stays as wide as the window and the detail pane
+    within it (they widened the page and pushed the detail pane off screen)."""
+    client = ui.openai(KEY)
+    url = "https://example.com/" + "a1b2c3d4" * 20
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "hi"}], metadata={"source": url})
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_" + "C" * 400, name="W" * 400)]))
+    client.responses.create(model=MODEL, conversation=conv.id, input="use the tool")
+    open_conversation(page, ui, conv.id)
+    expect(page.locator(".toolbar .meta")).to_contain_text(f"source: {url}")
+    expect(page.locator(".messages")).to_contain_text("tool call " + "W" * 400)
+    page.locator(".messages details.fold-item > summary").first.click()
+    node_el(page, head_of(ui, conv.id)).click()
+    expect(page.locator(".detail")).to_contain_text("tool call " + "W" * 400)
+    width = page.evaluate("() => ({window: innerWidth, page: document.documentElement.scrollWidth, "
+                          "detail: document.querySelector('.detail').getBoundingClientRect().right})")
+    assert width["page"] <= width["window"] and width["detail"] <= width["window"], width
+
+
 def test_an_admin_key_reads_and_steers_other_tenants(ui, page, tenant):
     cid, n = edited_conversation(ui)
     sign_in(page, ui, ADMIN_KEY)
