@@ -196,6 +196,18 @@ def test_sign_in_refuses_a_wrong_key_clearly_then_remembers_the_right_one(ui, pa
     assert page.evaluate("sessionStorage.length") == 0
 
 
+@pytest.mark.parametrize("key", ["sk-ключ", "sk-ui-viewer\u200b0123456789"])
+def test_sign_in_names_a_character_a_key_cannot_hold(ui, page, key):
+    """A key holding a character no request header carries (a Cyrillic letter, a zero-width space
+    pasted with it) is refused on the form, the character named: the browser refused to send it
+    and the form said "Could not reach Branchpoint: Failed to execute 'fetch'..."."""
+    sign_in(page, ui, key)
+    error = page.locator("#signin-error")
+    expect(error).to_contain_text("This key cannot be sent as typed")
+    expect(error).to_contain_text("U+200B" if "\u200b" in key else '"к" (U+043A)')
+    assert page.evaluate("sessionStorage.length") == 0
+
+
 def test_conversation_list_newest_first_search_and_paging(ui, page):
     marker = uuid.uuid4().hex[:6]
     client = ui.openai(KEY)

@@ -49,6 +49,17 @@ function signIn(message) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     error.textContent = "";
+    // (a request header carries Latin-1 only, and no line break: fetch refuses anything else
+    // before sending, with a message about fetch -- the character is named instead; a zero-width
+    // space pasted with a key is the usual one)
+    const odd = [...key.value.trim()].find((c) => c.codePointAt(0) > 0xff || /[\0\r\n]/.test(c));
+    if (odd) {
+      const code = `U+${odd.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}`;
+      const what = /[\p{Cf}\p{Cc}\p{Z}]/u.test(odd) ? `an invisible character (${code})` : `"${odd}" (${code})`;
+      error.textContent = `This key cannot be sent as typed: it holds ${what}, which a request header cannot carry. `
+        + "Type or paste the key again.";
+      return;
+    }
     const candidate = new Api(key.value.trim());
     try {
       await candidate.conversations(null, null);
