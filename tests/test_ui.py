@@ -77,11 +77,22 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
-    """A fresh tab (its own sessionStorage); any script error in it fails the test."""
+    """A fresh tab (its own sessionStorage); any script error in it, or error logged to its
+    console, fails the test."""
     context = browser.new_context(viewport={"width": 1500, "height": 900})
     tab = context.new_page()
     errors: list[str] = []
+
+    def logged(message: Any) -> None:
+        url = message.location.get("url", "")
+        # (the browser's own line for an API answer the page reads and shows -- a refused key, a
+        # deleted conversation -- is no error of the page's)
+        if message.type == "error" and not (message.text.startswith("Failed to load resource")
+                                            and re.search(r"/(admin|c)/", url)):
+            errors.append(f"console: {message.text} ({url})")
+
     tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.on("console", logged)
     tab.set_default_timeout(10_000)
     yield tab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
