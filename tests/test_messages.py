@@ -12,6 +12,8 @@ import anthropic
 import httpx
 import pytest
 
+from proxy.dialects import crossing
+from proxy.errors import InvalidRequest
 from tests.anthropic_fake import AReply, FakeAnthropic
 from tests.conftest import Proxy, make_settings, new_key, serve_proxy
 from tests.fakes import FakeUpstream, Reply, ServerThread, free_port
@@ -498,6 +500,50 @@ def test_chat_fields_without_an_equivalent_are_refused(mproxy: Proxy, key: str, 
     with pytest.raises(Exception) as exc:
         oc.chat.completions.create(model="claude-x", n=2, messages=[{"role": "user", "content": "x"}])
     assert getattr(exc.value, "status_code", None) == 400
+
+
+_TWO = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}}]
+
+
+def test_a_chat_clients_allowed_tools_reach_anthropic_as_the_tools_it_names(mproxy: Proxy, claude: FakeAnthropic,
+                                                                              key: str, cid: str) -> None:
+    """``tool_choice: allowed_tools`` offers Anthropic only the tools it names, its mode the
+    choice (``required`` is ``any``) -- as over a chat upstream for a Responses client. It went as
+    every tool and ``auto``: the model could call the tool the client excluded, and need call none."""
+    oc = mproxy.openai(key, conversation=cid)
+    only_a = [{"type": "function", "function": {"name": "a"}}]
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "hi"}], tools=_TWO,
+                               tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "required",
+                                                                                       "tools": only_a}})
+    assert [t["name"] for t in claude.last.body["tools"]] == ["a"]
+    assert claude.last.body["tool_choice"] == {"type": "any"}
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "again"}], tools=_TWO,
+                               parallel_tool_calls=False,
+                               tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": only_a}})
+    assert [t["name"] for t in claude.last.body["tools"]] == ["a"]
+    assert claude.last.body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+
+
+def test_a_chat_clients_custom_tool_over_anthropic_is_dropped_and_said(mproxy: Proxy, claude: FakeAnthropic,
+                                                                       key: str, cid: str) -> None:
+    """A custom tool (free-form input) is not offered to Anthropic, whose answer could only call a
+    function: it is dropped and named in X-Branchpoint-Dropped-Tools, as a hosted tool a chat
+    upstream cannot run, and forcing it lets the model choose. It vanished unsaid; with
+    ``unsupported_tools = "refuse"`` it is refused before anything is stored."""
+    oc = mproxy.openai(key, conversation=cid)
+    tools = [{"type": "custom", "custom": {"name": "apply_patch", "description": "patch"}}, _TWO[0]]
+    raw = oc.chat.completions.with_raw_response.create(
+        model="claude-x", messages=[{"role": "user", "content": "patch it"}], tools=tools,
+        tool_choice={"type": "custom", "custom": {"name": "apply_patch"}})
+    assert raw.headers["x-branchpoint-dropped-tools"] == "custom"
+    assert [t["name"] for t in claude.last.body["tools"]] == ["a"]
+    assert claude.last.body["tool_choice"] == {"type": "auto"}
+    way = crossing("chat", "anthropic")
+    with pytest.raises(InvalidRequest) as refused:
+        way.prepare({"tools": tools}, unsupported_tools="refuse")
+    assert refused.value.param == "tools" and "custom" in str(refused.value)
+    assert way.prepare({"tools": _TWO}, unsupported_tools="refuse") == []
 
 
 # -- full history: clients that resend the whole session ----------------------------------------------

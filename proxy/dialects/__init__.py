@@ -106,6 +106,7 @@ class Dialect(Protocol):
     def check_from_chat(self, params: dict[str, Any], name: Callable[[str], str] = str) -> None: ...
     def chat_field(self, name: str) -> str: ...  # this API's name of the chat field its own translates to
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]: ...  # hosted tools a chat upstream cannot run
+    def unsupported_from_chat(self, params: dict[str, Any]) -> list[str]: ...  # a chat client's tools it cannot take
     # refused before any node: a field of this API's own that would change the answer and that its
     # translation through chat cannot carry (rather than dropped: the model would answer without it)
     def check_to_chat(self, params: dict[str, Any]) -> None: ...
@@ -147,13 +148,17 @@ class Crossing:
 
     def prepare(self, params: dict[str, Any], *, unsupported_tools: str = "drop") -> list[str]:
         """Before anything is stored: refuse what the upstream cannot honour, and name the hosted
-        tools a chat upstream cannot run -- dropped (returned), or refused when
-        ``unsupported_tools`` is ``"refuse"``."""
+        tools a chat upstream cannot run (or a chat client's tools another upstream cannot take)
+        -- dropped (returned), or refused when ``unsupported_tools`` is ``"refuse"``."""
         if self.native:
             return []
         if self.client.name == "chat":
             self.upstream.check_from_chat(params)
-            return []
+            dropped = self.upstream.unsupported_from_chat(params)
+            if dropped and unsupported_tools == "refuse":
+                raise InvalidRequest(f"tool type {dropped[0]!r} cannot be offered to this model's upstream, which speaks "
+                                     f"the {self.upstream.name} API (server.unsupported_tools = \"refuse\")", param="tools")
+            return dropped
         self.client.check_to_chat(params)
         dropped = self.client.unsupported_by_chat(params)
         if dropped and unsupported_tools == "refuse":

@@ -101,6 +101,9 @@ class Chat:
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return []
 
+    def unsupported_from_chat(self, params: dict[str, Any]) -> list[str]:
+        return []
+
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
         if SYSTEM_AT in params or MARKERS in params:  # (our own keys: never sent)
             return {k: v for k, v in params.items() if k != SYSTEM_AT and k != MARKERS}

@@ -78,6 +78,9 @@ class Messages:
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return translate.hosted(params.get("tools"))
 
+    def unsupported_from_chat(self, params: dict[str, Any]) -> list[str]:
+        return translate.untaken(params.get("tools"))
+
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
         # the client's fields as they came (our own keys but the markers, which request_body uses)
         return {k: v for k, v in params.items() if not k.startswith("_bp_") or k == blocks.MARKERS}

@@ -38,7 +38,7 @@ from ..chat.completion import call_id
 from .blocks.from_chat import _input, _parts_to_blocks
 
 __all__ = ["APPLIED_EDITS", "anthropic_usage", "chat_params", "chat_usage", "check_fields", "completion",
-           "content_of", "hosted", "message_object", "request_fields"]
+           "content_of", "hosted", "message_object", "request_fields", "untaken"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -156,7 +156,29 @@ def check_fields(params: dict[str, Any], name: Callable[[str], str] = str) -> No
                                  "speaks (api = \"anthropic\")", param=name(field))
 
 
+def untaken(tools: Any) -> list[str]:
+    """The types of a chat request's tools an Anthropic upstream cannot take: custom ones
+    (free-form input), dropped and named in X-Branchpoint-Dropped-Tools (or refused:
+    server.unsupported_tools) -- never left out unsaid."""
+    if not isinstance(tools, list):
+        return []
+    return ["custom"] if any(isinstance(t, dict) and t.get("type") == "custom" for t in tools) else []
+
+
+def _allowed(choice: Any) -> set[Any] | None:
+    """The names of the functions a ``tool_choice`` of ``allowed_tools`` leaves the model (None:
+    it is no such choice)."""
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+        return None
+    allowed = choice.get("allowed_tools") if isinstance(choice.get("allowed_tools"), dict) else {}
+    return {t["function"].get("name") for t in allowed.get("tools") or ()
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)}
+
+
 def _anthropic_tool_choice(choice: Any, parallel: Any) -> Any:
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":  # (its tools: offered alone)
+        allowed = choice.get("allowed_tools") if isinstance(choice.get("allowed_tools"), dict) else {}
+        choice = allowed.get("mode", "auto")
     if choice == "required":
         out: dict[str, Any] = {"type": "any"}
     elif choice == "none":
@@ -188,9 +210,10 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
                 out["stop_sequences"] = [value] if isinstance(value, str) else list(value)
         elif key == "tools":
             tools = []
+            allowed = _allowed(params.get("tool_choice"))
             for t in value or ():
                 fn = t.get("function") if isinstance(t, dict) else None
-                if isinstance(fn, dict):
+                if isinstance(fn, dict) and (allowed is None or fn.get("name") in allowed):
                     tool = {"name": fn.get("name"), "input_schema": fn.get("parameters") or {"type": "object"}}
                     if fn.get("description"):
                         tool["description"] = fn["description"]

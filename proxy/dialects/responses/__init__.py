@@ -71,6 +71,9 @@ class Responses:
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
         return tools.hosted(params.get("tools"))
 
+    def unsupported_from_chat(self, params: dict[str, Any]) -> list[str]:
+        return []  # (custom tools too: the Responses API has them)
+
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         # (read only when the call offers a tool search the client runs: most calls need no scan)
         return self.summary_keys(messages) if tools.searches(params.get("tools")) else {}
