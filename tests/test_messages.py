@@ -10,6 +10,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 
 from proxy.dialects import crossing
@@ -544,6 +545,48 @@ def test_a_chat_clients_custom_tool_over_anthropic_is_dropped_and_said(mproxy: P
         way.prepare({"tools": tools}, unsupported_tools="refuse")
     assert refused.value.param == "tools" and "custom" in str(refused.value)
     assert way.prepare({"tools": _TWO}, unsupported_tools="refuse") == []
+
+
+def test_openai_only_fields_are_not_sent_to_anthropic(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                      cid: str) -> None:
+    """OpenAI's own fields with no meaning for Anthropic (its prompt cache's key and options,
+    safety_identifier, its service tiers) are not sent: Anthropic refuses a field it does not
+    know (400 "Extra inputs are not permitted"), so an SDK call setting one failed on every Claude
+    model -- a Responses client's alike. A field the proxy does not know still goes as it came;
+    ``moderation``, which would change the answer, is refused."""
+    oc = mproxy.openai(key, conversation=cid)
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "hi"}], prompt_cache_key="k1",
+                               safety_identifier="u1", service_tier="default", prompt_cache_retention="24h",
+                               extra_body={"prompt_cache_options": {"mode": "implicit"}, "future_field": 1})
+    sent = claude.last.body
+    assert sent["future_field"] == 1
+    assert not {"prompt_cache_key", "safety_identifier", "service_tier", "prompt_cache_retention",
+                "prompt_cache_options"} & set(sent), sent
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "hi"}], service_tier="auto")
+    assert claude.last.body["service_tier"] == "auto"  # (Anthropic's word too)
+    oc.responses.create(model="claude-x", input="hi", prompt_cache_key="k1", safety_identifier="u1", service_tier="flex")
+    assert not {"prompt_cache_key", "safety_identifier", "service_tier"} & set(claude.last.body), claude.last.body
+    before = len(claude.calls)
+    with pytest.raises(openai.BadRequestError) as refused:
+        oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "hi"}],
+                                   extra_body={"moderation": {"model": "omni-moderation-latest"}})
+    assert refused.value.body["param"] == "moderation" and len(claude.calls) == before
+
+
+def test_audio_reaches_anthropic_as_a_line_saying_so(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    """A chat client's audio, which Anthropic cannot read, reaches it as a line saying what it was
+    (as a file it cannot read): the question was answered without it, unsaid, and an audio-only
+    message went as a user message with no content."""
+    oc = mproxy.openai(key, conversation=cid)
+    audio = {"type": "input_audio", "input_audio": {"data": "UklGRiQA", "format": "wav"}}
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What does the speaker ask for?"}, audio]}])
+    assert claude.last.body["messages"][-1]["content"] == [
+        {"type": "text", "text": "What does the speaker ask for?"},
+        {"type": "text", "text": "[audio (wav): not readable by this model]"}]
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": [audio]}])
+    assert claude.last.body["messages"][-1] == {
+        "role": "user", "content": [{"type": "text", "text": "[audio (wav): not readable by this model]"}]}
 
 
 # -- full history: clients that resend the whole session ----------------------------------------------

@@ -136,14 +136,20 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
 
 # -- chat requests for an Anthropic upstream --------------------------------------------------------
 
+# (OpenAI's own among them -- its prompt cache's key and options, safety_identifier: Anthropic
+# refuses a field it does not know, 400 "Extra inputs are not permitted", so a chat SDK call that
+# set one failed on every Claude model; any other field goes as it came)
 _DROPPED_FROM_CHAT = frozenset({"stream_options", "seed", "store", "messages", "n", "user", "max_completion_tokens",
-                                "parallel_tool_calls", "reasoning_effort", "verbosity", "metadata"})
+                                "parallel_tool_calls", "reasoning_effort", "verbosity", "metadata", "prompt_cache_key",
+                                "prompt_cache_options", "prompt_cache_retention", "safety_identifier"})
+# OpenAI's service tiers, which are not Anthropic's ("auto", "standard_only"): not sent
+_OPENAI_TIERS = frozenset({"default", "flex", "scale", "priority", "fast"})
 # chat fields with no Messages equivalent: refused unless they hold the value that changes nothing
 _REFUSED: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None, 0),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,), "functions": (None, []), "function_call": (None,),
-    "web_search_options": (None,), "response_format": (None, {"type": "text"}),
+    "web_search_options": (None,), "response_format": (None, {"type": "text"}), "moderation": (None,),
 }
 
 
@@ -203,7 +209,7 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
     for key, value in params.items():
         if key in _DROPPED_FROM_CHAT or key in _REFUSED or key.startswith("_bp_"):
             continue
-        if key == "max_tokens":
+        if key == "max_tokens" or (key == "service_tier" and isinstance(value, str) and value in _OPENAI_TIERS):
             continue
         if key == "stop":
             if value:

@@ -51,7 +51,10 @@ def _parts_to_blocks(content: Any) -> list[dict[str, Any]]:
             blocks.append(_document(part.get("file") if isinstance(part.get("file"), dict) else {}))
         elif kind in ("image", "document", "search_result"):
             blocks.append(part)
-        # (audio ...: nothing Anthropic reads)
+        elif kind == "input_audio":  # (nothing Anthropic reads: a line saying so, never dropped unsaid)
+            audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else {}
+            media = audio.get("format") if isinstance(audio.get("format"), str) and audio.get("format") else None
+            blocks.append({"type": "text", "text": f"[audio{f' ({media})' if media else ''}: not readable by this model]"})
     return blocks
 
 
