@@ -528,6 +528,12 @@ def test_items_of_every_type_the_proxy_reads_and_of_types_it_does_not_are_added(
     ]
     conv = client.conversations.create(items=items)
     assert len(client.conversations.items.list(conv.id).data) == len(items)
+    # an SDK's dump of an item writes its absent id as null: none
+    dumped = {"type": "function_call", "call_id": "call_2", "name": "look", "arguments": "{}", "id": None, "status": None}
+    assert len(client.conversations.items.create(conv.id, items=[dumped]).data) == 1
+    # a compaction item of ours named by its id alone passes the checks (and is looked for: none here)
+    with pytest.raises(openai.NotFoundError):
+        client.conversations.items.create(conv.id, items=[{"type": "compaction", "id": "cmp_" + "ab" * 16}])
 
 
 def test_an_item_reference_finds_an_added_item_only_while_its_conversation_lists_it(proxy, upstream, key):

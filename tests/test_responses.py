@@ -210,10 +210,14 @@ def test_retrieve_input_items_and_delete(proxy, upstream, key, cid, db):
         client.responses.retrieve(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model=MODEL, input="x", previous_response_id=first.id)
-    with pytest.raises(openai.NotFoundError) as e:  # nor its items, from anywhere
-        proxy.openai(key, conversation=f"{cid}-elsewhere").responses.create(
-            model=MODEL, input=[{"type": "item_reference", "id": first.output[0].id}])
-    assert e.value.body["code"] == "item_not_found"
+    for where in (f"{cid}-elsewhere", cid):  # nor its items, from anywhere -- its own conversation too
+        with pytest.raises(openai.NotFoundError) as e:
+            proxy.openai(key, conversation=where).responses.create(
+                model=MODEL, input=[{"type": "item_reference", "id": first.output[0].id}])
+        assert e.value.body["code"] == "item_not_found"
+    with pytest.raises(openai.NotFoundError):  # (nor through a response after it)
+        proxy.openai(key).responses.create(model=MODEL, previous_response_id=second.id,
+                                           input=[{"type": "item_reference", "id": first.output[0].id}])
     raw_create(client, input="e")  # the withdrawn response's items are still this call's context
     assert [m["content"] for m in upstream.last.messages][:4] == ["Be brief.", "a", "b", "c"]
     # a leaf nobody needs goes with its node

@@ -85,7 +85,9 @@ async def resolve_references(items: list[dict[str, Any]], admin: AdminStore, cal
                 _, on_path, _ = await path_items(admin, caller.tenant, conversation)
             except ConversationNotFound:
                 on_path = []
-            listings[conversation] = {i.listed["id"]: i.raw for i in on_path if not i.hidden}
+            # (a withdrawn response's items stay on the path as context, never found by a reference)
+            listings[conversation] = {i.listed["id"]: i.raw for i in on_path
+                                      if not i.hidden and not i.node.response_deleted}
         return listings[conversation]
 
     for node_id in {_node_of_item(i) for i in wanted} - {None}:

@@ -35,7 +35,6 @@ _STRINGS: dict[str, tuple[str, ...]] = {
     "function_call_output": ("call_id",),
     "custom_tool_call": ("call_id", "name", "input"),
     "custom_tool_call_output": ("call_id",),
-    "compaction": ("encrypted_content",),
 }
 
 _OUTPUTS = ("function_call_output", "custom_tool_call_output")  # output: a string or an array of parts
@@ -44,7 +43,7 @@ _OUTPUTS = ("function_call_output", "custom_tool_call_output")  # output: a stri
 def item_problem(item: dict[str, Any]) -> tuple[str, str] | None:
     """Why ``item`` cannot be stored as context, and the field at fault (relative to the item:
     ``""``, ``".role"``, ``".content[2].text"``) -- or None."""
-    if "id" in item and not isinstance(item["id"], str):
+    if item.get("id") is not None and not isinstance(item["id"], str):  # (null: none, as an SDK's dump writes it)
         return "an item's id must be a string", ".id"
     kind = item.get("type", "message")
     if kind == "message":
@@ -58,6 +57,10 @@ def item_problem(item: dict[str, Any]) -> tuple[str, str] | None:
             return _parts_problem(output, ".output")
         if not isinstance(output, str):
             return f"a {kind} item needs 'output' (a string or an array of content parts)", ".output"
+    if kind == "compaction" and not isinstance(item.get("encrypted_content"), str) and not (
+            item.get("encrypted_content") is None and isinstance(item.get("id"), str)):
+        # (its token, or -- one of ours -- its id alone: cmp_<node>)
+        return "a compaction item needs 'encrypted_content' (a string)", ".encrypted_content"
     if kind == "reasoning":
         if not isinstance(item.get("summary"), list):
             return "a reasoning item needs 'summary' (an array of summary parts)", ".summary"
