@@ -108,15 +108,16 @@ def _shape_tool_call(tc: Any) -> Any:
 
 def _audio(msg: dict[str, Any], target: Target, producer: str | None, out: dict[str, Any]) -> None:
     """An audio answer (OpenAI's ``audio: {id, data, expires_at, transcript}``) as it may go back:
-    to the chat provider that made it, while it keeps it (until ``expires_at``), as the reference
-    ``{"id"}`` its API takes; to any other, or once expired, its transcript as the content -- what
-    the model said, never an empty turn. (The one impure rule here: it reads the clock.)"""
+    to the chat provider that made it, while it keeps it (until ``expires_at``; none said: not
+    kept), as the reference ``{"id"}`` its API takes; to any other, or once expired, its transcript
+    as the content -- what the model said, never an empty turn. (The one impure rule here: it
+    reads the clock.)"""
     audio = msg.get("audio")
     if not isinstance(audio, dict):
         return
     reference, expires = audio.get("id"), audio.get("expires_at")
-    if isinstance(reference, str) and reference and producer == target.provider and target.api == "chat" and (
-            type(expires) is not int or expires > time.time()):
+    if isinstance(reference, str) and reference and producer == target.provider and target.api == "chat" \
+            and type(expires) is int and expires > time.time():
         out["audio"] = {"id": reference}
     elif not out.get("content") and isinstance(audio.get("transcript"), str) and audio["transcript"]:
         out["content"] = audio["transcript"]
@@ -262,9 +263,18 @@ def carried(node: PathLike) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     if node.status == "success" and node.received:
         producer = node.provider or ""
         whole = Target(producer, accepts_reasoning=True)  # (what its producer takes back: everything)
-        items = items + [{**shape_received(m, whole, producer), CARRIED: producer}
+        items = items + [{**shape_received(m, whole, producer), **_audio_kept(m), CARRIED: producer}
                          for m in node.received if isinstance(m, dict)]
     return node_system, items
+
+
+def _audio_kept(msg: dict[str, Any]) -> dict[str, Any]:
+    """What a carried audio answer keeps of its audio: all ``_audio`` reads to shape it for each
+    later call (its id, expiry and transcript; not its data)."""
+    audio = msg.get("audio")
+    if not isinstance(audio, dict):
+        return {}
+    return {"audio": {k: audio[k] for k in ("id", "expires_at", "transcript") if k in audio}}
 
 
 def carried_items(path: Iterable[PathLike]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

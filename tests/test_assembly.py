@@ -167,3 +167,31 @@ def test_an_audio_answer_goes_to_another_provider_or_api_as_its_transcript():
     # text beside the audio stays the content (the transcript is not added to it)
     assert shape_received({**msg, "content": "Paris!"}, Target("groq"), "openai") == {"role": "assistant",
                                                                                        "content": "Paris!"}
+
+
+def test_an_audio_answer_a_compaction_carries_keeps_what_shapes_it_later(monkeypatch):
+    """A summary's node carries answers raw (``carried``): an audio answer among them keeps its id,
+    expiry and transcript (not its data), so each later call gets it as its provider takes it --
+    the reference while the maker keeps it, the transcript once it expired or for anyone else."""
+    import time
+
+    import proxy.assembly
+    from proxy.assembly import carried
+
+    audio = {"id": "audio_1", "data": "AAAA", "expires_at": int(time.time()) + 600, "transcript": "Paris."}
+    turn = PathNode(id=uuid.uuid4(), parent_id=None, kind="turn", status="success", provider="openai",
+                    sent=[{"role": "user", "content": "capital of France?"}],
+                    received=[{"role": "assistant", "content": None, "audio": audio}])
+    _, items = carried(turn)
+    assert items[1]["audio"] == {"id": "audio_1", "expires_at": audio["expires_at"], "transcript": "Paris."}
+    compaction = PathNode(id=uuid.uuid4(), parent_id=None, kind="compaction", status="success", sent=items,
+                          received=None, provider="openai")
+    assert assemble([compaction], [], Target("openai")).messages[1] == {
+        "role": "assistant", "audio": {"id": "audio_1"}, "content": None}
+    assert assemble([compaction], [], Target("groq")).messages[1] == {"role": "assistant", "content": "Paris."}
+    later = time.time() + 3600
+    monkeypatch.setattr(proxy.assembly.time, "time", lambda: later)
+    assert assemble([compaction], [], Target("openai")).messages[1] == {"role": "assistant", "content": "Paris."}
+    # an audio answer that says no expiry is not taken as kept
+    no_expiry = {"role": "assistant", "content": None, "audio": {"id": "audio_2", "transcript": "Rome."}}
+    assert shape_received(no_expiry, Target("openai"), "openai") == {"role": "assistant", "content": "Rome."}
