@@ -301,6 +301,19 @@ def test_a_context_overflow_over_chat_says_prompt_is_too_long(mproxy: Proxy, ups
     with pytest.raises(anthropic.BadRequestError) as other:
         c.messages.create(model="gpt-x", max_tokens=10, messages=[{"role": "user", "content": "y"}])
     assert other.value.body["error"]["message"] == "bad temperature"
+    # an overflow a chat upstream reports in its stream -- before any answer, or after a first chunk
+    # -- ends the Messages stream with an error event in the same words (Claude Code streams)
+    error = {"error": {"message": said, "type": "invalid_request_error", "code": "context_length_exceeded"}}
+    first = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "gpt-x",
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    for events in ([error], [first, error]):
+        upstream.enqueue(Reply(kind="raw", content_type="text/event-stream",
+                               body=b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)))
+        r = httpx.post(f"{mproxy.url}/c/{cid}/v1/messages", headers={"x-api-key": key}, timeout=30,
+                       json={"model": "gpt-x", "max_tokens": 10, "stream": True,
+                             "messages": [{"role": "user", "content": "z"}]})
+        last = [line for line in r.text.splitlines() if line.startswith("data: ")][-1]
+        assert json.loads(last[6:])["error"]["message"] == f"prompt is too long: {said}"
 
 
 def test_stream_error_event(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:

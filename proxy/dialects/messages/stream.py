@@ -28,7 +28,7 @@ from ..chat.completion import call_id
 from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
 from .blocks.from_chat import input_json
-from .errors import anthropic_type, error_event
+from .errors import anthropic_type, error_event, in_anthropic_words
 
 __all__ = ["FromChat", "Message", "Native", "ToChat", "error_event"]
 
@@ -204,7 +204,7 @@ class Native:
         return b""  # (a Messages stream ends with message_stop, or it was cut)
 
     def failing(self, failure: Failure) -> bytes:
-        return error_event(_error_type(failure), failure.error.message)
+        return error_event(_error_type(failure), in_anthropic_words(failure.error))
 
 
 def _error_type(failure: Failure) -> str:
@@ -328,7 +328,7 @@ class FromChat:
         return out + _event("message_stop", {})
 
     def failing(self, failure: Failure) -> bytes:
-        return self._stop() + error_event(_error_type(failure), failure.error.message)
+        return self._stop() + error_event(_error_type(failure), in_anthropic_words(failure.error))
 
 
 class ToChat:
