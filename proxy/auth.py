@@ -56,6 +56,21 @@ def _bearer(authorization: str | None) -> str | None:
     return value or None
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _same_place(origin: str, host: str) -> bool:
+    """Does a browser's ``Origin`` name the host it asked for (``Host``)? A default port may be
+    written on one side and left out on the other (``http://localhost`` and ``localhost:80``)."""
+    try:
+        asked, named = urlsplit(origin), urlsplit(f"//{host}")
+        default = _DEFAULT_PORTS.get(asked.scheme)
+        return asked.hostname is not None and asked.hostname == named.hostname and \
+            (asked.port or default) == (named.port or default)
+    except ValueError:  # (a port that is not one)
+        return False
+
+
 class Authenticator:
     def __init__(self, settings: AuthSettings) -> None:
         self.mode = settings.mode
@@ -93,8 +108,8 @@ class Authenticator:
             origin = headers.get("origin")
             if origin is None:
                 return
-            host = headers.get("x-forwarded-host") or headers.get("host") or ""
-            if origin != "null" and urlsplit(origin).netloc.lower() == host.split(",")[0].strip().lower():
+            host = (headers.get("x-forwarded-host") or headers.get("host") or "").split(",")[0].strip()
+            if origin != "null" and _same_place(origin, host):
                 return
         raise CrossSiteRefused("a page of another site may not send this proxy requests that change things "
                                "(auth mode \"none\": no key protects it); open the viewer from the proxy itself")

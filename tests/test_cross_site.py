@@ -133,6 +133,12 @@ def test_the_viewers_own_requests_reads_and_clients_that_are_not_browsers_go_on(
     assert http.post(f"/admin/conversations/{cid}/fork", json=fork, headers={"origin": "null"}).status_code == 403
     assert http.post(f"/admin/conversations/{cid}/fork", json=fork,
                      headers={"origin": f"http://{host}"}).status_code == 200
+    # a default port written on one side only names the same place (a reverse proxy may keep it in Host)
+    fork = {"conversation_id": f"{cid}-fork3"}
+    assert http.post(f"/admin/conversations/{cid}/fork", json=fork,
+                     headers={"origin": "http://localhost", "host": "localhost:80"}).status_code == 200
+    assert http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": f"{cid}-fork4"},
+                     headers={"origin": "http://localhost:8080", "host": "localhost:80"}).status_code == 403
     refused = http.post(f"/c/{cid}/v1/chat/completions", json={"model": "m", "messages": [user("x")]},
                         headers={"sec-fetch-site": "same-site"})
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "cross_site_request"
