@@ -451,6 +451,16 @@ def test_over_chat_structured_output_and_effort(mproxy: Proxy, upstream: FakeUps
     assert body["reasoning"]["effort"] == "low"
     assert body["text"]["format"] == {"type": "json_schema", "name": "output", "schema": schema["schema"],
                                       "strict": True}
+    # a schema chat's strict mode refuses (a property left out of required: Pydantic's default
+    # value; an object not closed) goes as a guide, not strict -- a refusal would be worse
+    for loose in ({"type": "object", "properties": {"name": {"type": "string"}, "size": {"type": "integer"}},
+                   "required": ["name"], "additionalProperties": False},
+                  {"type": "object", "properties": {"city": {"type": "object", "properties": {"n": {"type": "string"}},
+                                                             "required": ["n"]}},
+                   "required": ["city"], "additionalProperties": False}):
+        c.messages.create(model="gpt-x", max_tokens=50, messages=[{"role": "user", "content": "loose"}],
+                          output_config={"format": {"type": "json_schema", "schema": loose}})
+        assert upstream.last.body["response_format"]["json_schema"]["strict"] is False
 
 
 def test_over_responses_upstream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:

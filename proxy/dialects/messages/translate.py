@@ -10,8 +10,8 @@ Pure functions.
     tool_choice auto / any / tool /     "auto" / "required" / a function / "none";
       none, disable_parallel_tool_use   parallel_tool_calls: false
     metadata.user_id                    user
-    output_config.format (json_schema)  response_format (json_schema, strict: Anthropic's
-      (or the beta's output_format)       structured output always holds to the schema)
+    output_config.format (json_schema)  response_format (json_schema; strict where chat's strict
+      (or the beta's output_format)       mode can hold the schema, as Anthropic's always holds to it)
     output_config.effort                reasoning_effort (the same values)
     temperature, top_p, stream          the same
     thinking, top_k, context_management, dropped: no chat equivalent (the answer does not
@@ -91,15 +91,37 @@ CHAT_FIELDS = {"stop": "stop_sequences", "user": "metadata.user_id",
 
 def _response_format(params: dict[str, Any]) -> dict[str, Any] | None:
     """Structured output (``output_config.format``, or the structured-outputs beta's
-    ``output_format``: a JSON schema) as chat's ``response_format``; strict, since Anthropic's
-    answer always holds to the schema. Chat's schema needs a name, which Anthropic's has not."""
+    ``output_format``: a JSON schema) as chat's ``response_format``; strict where chat's strict mode
+    can hold the schema (``_strict_fits``), since Anthropic's answer always holds to it. Chat's
+    schema needs a name, which Anthropic's has not."""
     config = params.get("output_config")
     fmt = config.get("format") if isinstance(config, dict) else None
     if fmt is None:
         fmt = params.get("output_format")
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         return None
-    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+    return {"type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt["schema"], "strict": _strict_fits(fmt["schema"])}}
+
+
+def _strict_fits(schema: Any, depth: int = 0) -> bool:
+    """Can chat's strict mode hold this schema? OpenAI's refuses one with an object that leaves a
+    property out of ``required`` or does not close itself (``additionalProperties: false``) --
+    which Anthropic's takes (Pydantic's defaults): such a schema goes as a non-strict one, a guide
+    rather than a refusal."""
+    if depth > 64:
+        return False
+    if isinstance(schema, list):
+        return all(_strict_fits(s, depth + 1) for s in schema)
+    if not isinstance(schema, dict):
+        return True
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        required = schema.get("required")
+        if schema.get("additionalProperties") is not False or not isinstance(required, list) \
+                or set(properties) - {r for r in required if isinstance(r, str)}:
+            return False
+    return all(_strict_fits(v, depth + 1) for k, v in schema.items() if k not in ("required", "enum", "const"))
 
 
 def chat_params(params: dict[str, Any]) -> dict[str, Any]:
