@@ -596,3 +596,25 @@ def test_an_attached_file_counts_by_its_pages_not_its_base64(fresh_database_url,
         assert r.status_code == 200 and r.json()["compacted"] is True, r.text
         asked = "".join(r.raw.decode() for r in upstream.summariser_requests)
         assert "[file report.pdf]" in asked and _pdf(3, 1 << 20)[:4000] not in asked
+
+
+def test_a_summariser_with_a_smaller_window_is_sent_no_more_than_it_takes(fresh_database_url, upstream_url,
+                                                                          upstream, key, cid):
+    """``[compaction] model`` may be a smaller model than the conversation's: its requests are held
+    to its own input limit (the transcript chunked, a giant message cut to it) and its summary to
+    what it can write -- not to the conversation model's, which it would refuse."""
+    models = {"wide*": {"context_window": 40000, "max_output_tokens": 1000},
+              "tiny-sum*": {"context_window": 4000, "max_output_tokens": 500}}
+    settings = make_settings(fresh_database_url, upstream_url, models=models,
+                             compaction={"keep_recent": 2, "model": "tiny-sum"})
+    with serve_proxy(settings) as p:
+        client = p.openai(key)
+        for i in range(12):  # ~12 x 1,000 tokens of history
+            upstream.enqueue(Reply(content=f"answer {i}", usage=usage(1000 * (i + 1))))
+            _say(client, cid, user(f"question {i}: " + FILLER * 5), model="wide-1")
+        assert p.http(key).post(f"/admin/conversations/{cid}/compact").status_code == 200
+        counter = TokenCounter()
+        sizes = [sum(counter.text(str(m.get("content"))) for m in s.messages) for s in upstream.summariser_requests]
+        assert len(sizes) > 1 and max(sizes) <= 3500  # (tiny-sum's input limit: 3,500)
+        compaction = p.http(key).get(f"/admin/conversations/{cid}/path").json()["data"][0]
+        assert compaction["kind"] == "compaction" and compaction["params"]["summary_budget_tokens"] <= 500

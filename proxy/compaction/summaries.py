@@ -71,9 +71,13 @@ class Summaries:
         older, recent = await self._fit_recent(body, keep, pinned, limits.hard - limits.summary_budget - fixed)
         if all(is_summary(item) for item in older):  # nothing, or only the previous summary
             return "nothing_to_compact"
+        # the summariser's own limits bound its requests and what it can write (a smaller model than
+        # the conversation's is sent no more than it takes: chunked, and cut to that)
+        own = self.thresholds.settings.limits_for(summariser)
+        budget = max(64, min(limits.summary_budget, own.max_output_tokens))
         try:
             summary = await self.summariser.summarise([uncarry(m, _PORTABLE) for m in older], model=summariser, client_key=client_key,
-                                                      budget=limits.summary_budget, input_limit=limits.input)
+                                                      budget=budget, input_limit=own.input_limit)
         except Exception as exc:
             if not isinstance(exc, UpstreamFailure):
                 log.exception("summarisation failed")
@@ -87,7 +91,7 @@ class Summaries:
             "trigger": trigger,
             "summariser_model": summariser,
             "keep_recent": keep,
-            "summary_budget_tokens": limits.summary_budget,
+            "summary_budget_tokens": budget,
             "summary_tokens": summary.tokens,
             "compacted_messages": len(older),
             "summariser_calls": summary.calls,
