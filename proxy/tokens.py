@@ -44,7 +44,7 @@ import msgspec
 
 from .assembly import PathLike
 
-__all__ = ["EXACT_CHARS", "PDF_PAGE_TOKENS", "TokenCounter", "cached_prompt", "estimate_request", "file_tokens",
+__all__ = ["EXACT_CHARS", "PDF_PAGE_TOKENS", "TokenCounter", "audio_tokens", "cached_prompt", "estimate_request", "file_tokens",
            "measured_context", "off_loop", "reported_prompt"]
 
 log = logging.getLogger("branchpoint.tokens")
@@ -145,6 +145,8 @@ class TokenCounter:
                 elif isinstance(part, dict) and part.get("type") in ("file", "input_file"):
                     total += file_tokens(part.get("file") if part.get("type") == "file" else part,
                                          bound=text is _text_bound)
+                elif isinstance(part, dict) and part.get("type") == "input_audio":
+                    total += audio_tokens(part.get("input_audio"))
                 else:
                     total += text(_encode_json(part).decode())
             return total
@@ -172,6 +174,18 @@ PDF_PAGE_TOKENS = 2_500
 _PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
 _PDF_BYTES_PER_PAGE = 40_000  # (pages not found, or too large to look: compressed object streams)
 _PDF_LOOK_BYTES = 8 << 20
+
+
+AUDIO_BYTES_PER_TOKEN = 3200  # ~10 tokens a second of 32 kB/s audio (16 kHz, 16-bit): an estimate
+
+
+def audio_tokens(audio: Any) -> int:
+    """About the tokens an audio clip (chat's ``input_audio``: base64 ``data``) counts for: by its
+    length in bytes, not its base64 read as text (a minute of audio is not 600,000 characters of
+    words)."""
+    data = audio.get("data") if isinstance(audio, dict) else None
+    size = len(data) * 3 // 4 if isinstance(data, str) else 0
+    return max(50, size // AUDIO_BYTES_PER_TOKEN)
 
 
 def file_tokens(file: Any, *, bound: bool = False) -> int:

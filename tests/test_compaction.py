@@ -618,3 +618,30 @@ def test_a_summariser_with_a_smaller_window_is_sent_no_more_than_it_takes(fresh_
         assert len(sizes) > 1 and max(sizes) <= 3500  # (tiny-sum's input limit: 3,500)
         compaction = p.http(key).get(f"/admin/conversations/{cid}/path").json()["data"][0]
         assert compaction["kind"] == "compaction" and compaction["params"]["summary_budget_tokens"] <= 500
+
+
+def test_an_audio_clip_is_summarised_as_audio_and_counted_by_its_length(fresh_database_url, upstream_url,
+                                                                        upstream, key, cid):
+    """A question holding an audio clip (chat's ``input_audio``, base64): the summariser reads it as
+    ``[audio]``, as it reads an image or a file -- not its base64 as text, which filled its request
+    with noise -- and the token estimate counts it by its length, not its base64's characters."""
+    import base64
+    import os
+
+    audio = base64.b64encode(os.urandom(30000)).decode()
+    clip = {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}}
+    assert TokenCounter().message({"role": "user", "content": [clip]}) < 200  # (30 kB: ~10 tokens, 50 at least)
+    models = {"wide*": {"context_window": 200000, "max_output_tokens": 8000}}
+    with serve_proxy(make_settings(fresh_database_url, upstream_url, models=models,
+                                   compaction={"keep_recent": 2})) as p:
+        client = p.openai(key)
+        upstream.enqueue(Reply(content="heard it", usage=usage(300)))
+        _say(client, cid, {"role": "user", "content": [{"type": "text", "text": "what is said here?"}, clip]},
+             model="wide-1")
+        for i in range(4):
+            upstream.enqueue(Reply(content=f"answer {i}", usage=usage(400 + 100 * i)))
+            _say(client, cid, user(f"question {i}"), model="wide-1")
+        r = p.http(key).post(f"/admin/conversations/{cid}/compact")
+        assert r.status_code == 200 and r.json()["compacted"], r.text
+        asked = "".join(s.raw.decode() for s in upstream.summariser_requests)
+        assert "what is said here?" in asked and "[audio]" in asked and audio[:200] not in asked

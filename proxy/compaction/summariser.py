@@ -91,6 +91,8 @@ def _text(content: Any) -> str:
                     parts.append("[image]")
                 elif part.get("type") in _FILES:  # (named: its base64 is nothing a summary can read)
                     parts.append(f"[file {_file_name(part)}]")
+                elif part.get("type") == "input_audio":  # (nor an audio clip's)
+                    parts.append("[audio]")
                 else:
                     parts.append(msgspec.json.encode(part).decode())
         return "\n".join(parts)
