@@ -431,19 +431,28 @@ def test_a_process_dying_mid_compaction_leaves_no_trace(fresh_database_url, upst
         wait_for(lambda: compaction_nodes(db, cid), what="the compaction after restart")
 
 
-def test_a_turn_during_background_compaction_wins_over_it(small, upstream, key, cid):
+def test_a_turn_during_background_compaction_wins_over_it_and_the_next_call_uses_the_summary(small, upstream, key, cid):
+    """A turn that moves the head while its path is summarised wins: nothing is written then. The
+    summary is not lost: the next call, whose path still holds the node it summarised, hangs under
+    it -- the turn since kept raw -- and the summariser is not asked again (a fast agent's turns
+    overtake every summary, and were never compacted before the hard threshold)."""
     hold = threading.Event()
-    upstream.enqueue_summary(Reply(content="Facts: too late.", hold=hold))
+    upstream.enqueue_summary(Reply(content="Facts: made while the conversation moved on.", hold=hold))
     grow(small, upstream, key, cid, 7)
     wait_for(lambda: upstream.summariser_requests, what="the summariser request")
     later = grow(small, upstream, key, cid, 1, start=7, prompt_step=0)  # the head moves on: a new turn
     hold.set()
     wait_for(lambda: 'branchpoint_compactions_total{mode="soft",result="moved"} 1.0' in httpx.get(f"{small.url}/metrics").text,
-             what="the compaction to be dropped")
+             what="the compaction to be left for the next call")
     assert compaction_nodes(small.db, cid) == []
     assert small.db.head(cid) == later[-1]
-    say(small.openai(key), cid, user("next"))
-    assert "Facts: too late." not in upstream.last.text() and "question 0" in upstream.last.text()
+    _, h = say(small.openai(key), cid, user("next"))
+    sent = upstream.last.messages
+    assert sent[0]["content"].startswith(SUMMARY_PREFIX) and "made while the conversation moved on" in sent[0]["content"]
+    assert "question 0" not in upstream.last.text() and "question 7" in upstream.last.text()  # (the turn since: raw)
+    assert sent[-1] == user("next") and len(upstream.summariser_requests) == 1
+    [node] = compaction_nodes(small.db, cid)
+    assert h["x-parent-node-id"] == str(node["id"]) and str(small.db.head(cid)) == h["x-node-id"]
 
 
 def test_a_call_above_hard_takes_over_the_background_summary(small, upstream, key, cid):
@@ -645,3 +654,46 @@ def test_an_audio_clip_is_summarised_as_audio_and_counted_by_its_length(fresh_da
         assert r.status_code == 200 and r.json()["compacted"], r.text
         asked = "".join(s.raw.decode() for s in upstream.summariser_requests)
         assert "what is said here?" in asked and "[audio]" in asked and audio[:200] not in asked
+
+
+def test_a_full_history_turn_in_flight_as_a_summary_is_applied_is_compacted_by_the_next_call(small, upstream, key,
+                                                                                              cid):
+    """A full-history client holds no lease: a background summary is applied while its next turn is
+    in flight, and that turn, finishing, hangs under the node the summary replaced (the head goes
+    there). Its next call -- whose path holds that node again -- hangs under the summary made, the
+    turn since kept raw: the summary is used, not paid for and left on a side line."""
+    full = {"X-Context-Mode": "full"}
+    client = small.openai(key)
+    history: list = []
+
+    def turn(i: int, reply: Reply) -> dict:
+        upstream.enqueue(reply)
+        history.append(user(f"question {i}: {FILLER[:200]}"))
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=list(history),
+                                                               extra_headers={"X-Conversation-Id": cid, **full})
+        history.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+        return raw.headers
+
+    summary_hold = threading.Event()
+    upstream.enqueue_summary(Reply(content="Facts: the early questions.", hold=summary_hold))
+    for i in range(7):  # the seventh reports 2,100+: above soft
+        turn(i, Reply(content=f"answer {i}", usage=usage(300 + 300 * i)))
+    wait_for(lambda: upstream.summariser_requests, what="the background summariser call")
+    turn_hold = threading.Event()
+    seventh = threading.Thread(target=turn, args=(7, Reply(content="answer 7", usage=usage(2400), hold=turn_hold)))
+    seventh.start()
+    wait_for(lambda: len(upstream.turn_requests) == 8, what="the eighth turn at the upstream")
+    summary_hold.set()
+    wait_for(lambda: compaction_nodes(small.db, cid), what="the summary applied while the turn is in flight")
+    turn_hold.set()
+    seventh.join(10)
+    upstream.enqueue(Reply(content="now", usage=usage(500)))
+    history.append(user("what now?"))
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=list(history),
+                                                           extra_headers={"X-Conversation-Id": cid, **full})
+    sent = upstream.last.messages
+    assert sent[0]["content"].startswith(SUMMARY_PREFIX) and "the early questions" in sent[0]["content"]
+    assert "question 0" not in upstream.last.text() and "question 7" in upstream.last.text()
+    assert sent[-1] == user("what now?") and len(upstream.summariser_requests) == 1
+    latest = compaction_nodes(small.db, cid)[-1]
+    assert raw.headers["x-parent-node-id"] == str(latest["id"])

@@ -160,6 +160,11 @@ class Compactor:
         hangs under (None: none)."""
         if not path:
             return None
+        if kind != "transform":  # (a side call moves no head: a summary it hung under would serve no turn)
+            ready = await self.jobs.use_ready(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                              kind=kind, path=path, call_node=call_node)
+            if ready is not None:
+                return ready
         limits = self.thresholds.limits(model)
         hard = limits.hard if threshold is None else threshold
         clear = limits.clear if edits is None else edits.trigger_tokens or 0
