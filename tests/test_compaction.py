@@ -697,3 +697,59 @@ def test_a_full_history_turn_in_flight_as_a_summary_is_applied_is_compacted_by_t
     assert sent[-1] == user("what now?") and len(upstream.summariser_requests) == 1
     latest = compaction_nodes(small.db, cid)[-1]
     assert raw.headers["x-parent-node-id"] == str(latest["id"])
+
+
+def _overtaken_summary(small, upstream, key, cid, later_turns):
+    """Seven turns (the seventh above soft by its reported usage) and a held background summary;
+    ``later_turns`` overtake it (reporting little: no newer request); released, it is not applied
+    -- the head moved -- and waits for the next call."""
+    client = small.openai(key)
+    hold = threading.Event()
+    upstream.enqueue_summary(Reply(content="Facts: the ready summary.", hold=hold))
+    for i in range(7):
+        upstream.enqueue(Reply(content=f"answer {i}", usage=usage(300 + 300 * i)))
+        say(client, cid, user(f"question {i}: " + (FILLER if i >= 5 else "short")))
+    wait_for(lambda: upstream.summariser_requests, what="the summariser request")
+    heads = []
+    for j, text in enumerate(later_turns):
+        upstream.enqueue(Reply(content=f"later answer {j}", usage=usage(300)))
+        heads.append(say(client, cid, user(text))[1]["x-node-id"])
+    hold.set()
+    wait_for(lambda: 'branchpoint_compactions_total{mode="soft",result="moved"} 1.0' in
+             httpx.get(f"{small.url}/metrics").text, what="the summary to wait")
+    assert compaction_nodes(small.db, cid) == []
+    return heads
+
+
+def test_a_call_using_a_ready_summary_is_measured_against_the_hard_threshold_after_it(small, upstream, key, cid):
+    """The summary waited while turns were added; the call that uses it brings its own items too:
+    the request it makes is measured like any (2,560 tokens of question on top: summarised again
+    to fit under hard, not sent above what the model takes)."""
+    _overtaken_summary(small, upstream, key, cid, ["later: " + FILLER])
+    upstream.enqueue(Reply(content="ok", usage=usage(500)))
+    say(small.openai(key), cid, user("new: " + FILLER * 14))
+    sent = upstream.last.messages
+    assert sent[0]["content"].startswith(SUMMARY_PREFIX)
+    assert TokenCounter().messages(sent) <= 2700 and len(upstream.summariser_requests) == 2
+
+
+def test_a_ready_summary_is_not_used_by_a_call_with_its_own_threshold_nor_by_a_regeneration(small, upstream, key,
+                                                                                            cid):
+    """A call with its own compaction threshold is compacted only above it; a regeneration of the
+    head's answer (its parent the head's parent) goes beside the original, with the original's
+    context -- neither takes the waiting summary, which the next call from the head still finds."""
+    heads = _overtaken_summary(small, upstream, key, cid, ["later: a small turn", "later: another"])
+    client = small.openai(key)
+    upstream.enqueue(Reply(content="ok", usage=usage(500)))
+    answer = client.responses.create(model=MODEL, input="next", extra_headers={"X-Conversation-Id": f"{cid}"},
+                                     context_management=[{"type": "compaction", "compact_threshold": 1_000_000}])
+    assert "question 0" in upstream.last.text() and answer.output[0].type != "compaction"
+    head = str(small.db.head(cid))
+    parent = str(small.db.node(head)["parent_id"])
+    upstream.enqueue(Reply(content="regenerated", usage=usage(500)))
+    _, h = say(client, cid, user("next"), parent=parent)
+    assert h["x-parent-node-id"] == parent and "question 0" in upstream.last.text()
+    upstream.enqueue(Reply(content="ok", usage=usage(500)))
+    _, h = say(client, cid, user("from the head"))
+    assert upstream.last.messages[0]["content"].startswith(SUMMARY_PREFIX)
+    assert h["x-parent-node-id"] == str(compaction_nodes(small.db, cid)[-1]["id"]) and heads

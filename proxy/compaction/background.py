@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from storage import PathNode
 
 from ..background import Background
@@ -48,9 +50,11 @@ if TYPE_CHECKING:
 __all__ = ["READY_FOR", "READY_MOST", "BackgroundCompactions", "Job"]
 
 log = logging.getLogger("branchpoint.compaction")
+_encode = msgspec.json.Encoder().encode
 
 READY_FOR = 900.0  # seconds a summary made waits for its conversation's next call
-READY_MOST = 256  # conversations whose summary waits so (the oldest goes first)
+READY_MOST = 256  # conversations whose summary waits so (the oldest goes first) ...
+READY_BYTES = 64 << 20  # ... and the bytes they hold at most (the items they keep raw may be large)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,7 @@ class BackgroundCompactions:
         # summaries made, for the conversation's next call: (the node summarised, the summary, until
         # when, the compaction node it made if it was applied)
         self.ready: dict[tuple[str, str], tuple[uuid.UUID, Prepared, float, uuid.UUID | None]] = {}
+        self.ready_sizes: dict[tuple[str, str], int] = {}
 
     def request(self, job: Job) -> None:
         """Compact ``job``'s path in the background, now or after the job already running."""
@@ -192,10 +197,18 @@ class BackgroundCompactions:
             return "busy"
 
     def _keep(self, job: Job, prepared: Prepared) -> None:
-        self.ready.pop(job.key, None)
-        while len(self.ready) >= READY_MOST:
-            del self.ready[next(iter(self.ready))]
+        self._drop(job.key)
+        size = len(prepared.first_request) + len(_encode([prepared.system, prepared.summary, prepared.recent]))
+        if size > READY_BYTES // 8:
+            return  # (a path of giant items: not held for later)
+        while self.ready and (len(self.ready) >= READY_MOST or sum(self.ready_sizes.values()) + size > READY_BYTES):
+            self._drop(next(iter(self.ready)))
         self.ready[job.key] = (job.head, prepared, asyncio.get_running_loop().time() + READY_FOR, None)
+        self.ready_sizes[job.key] = size
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        self.ready.pop(key, None)
+        self.ready_sizes.pop(key, None)
 
     def _ready_on(self, key: tuple[str, str], path: Sequence[PathNode]) -> tuple[
             uuid.UUID, Prepared, float, uuid.UUID | None] | None:
@@ -205,7 +218,7 @@ class BackgroundCompactions:
             return None
         summarised_to, _, until, applied = entry
         if asyncio.get_running_loop().time() > until:
-            del self.ready[key]
+            self._drop(key)
             return None
         if not any(n.id == summarised_to for n in path):
             return None  # the path went through it, or is another branch
@@ -222,6 +235,9 @@ class BackgroundCompactions:
         entry = self._ready_on(key, path)
         if entry is None:
             return None
+        state = await self.compactor.tree.conversation_state(tenant, conversation_id)
+        if state is None or state[0] != path[-1].id:
+            return None  # not a call that continues from the head (an edit, a regeneration): it stays beside
         summarised_to, prepared = entry[0], entry[1]
         ids = [n.id for n in path]
         result = await self.compactor.summaries.write(prepared, tenant=tenant, conversation_id=conversation_id,
@@ -231,7 +247,7 @@ class BackgroundCompactions:
         if not result.compacted:
             return None
         if self.ready.get(key) is entry:
-            del self.ready[key]
+            self._drop(key)
         return result
 
     async def take_over(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,

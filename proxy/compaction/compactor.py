@@ -160,19 +160,25 @@ class Compactor:
         hangs under (None: none)."""
         if not path:
             return None
-        if kind != "transform":  # (a side call moves no head: a summary it hung under would serve no turn)
-            ready = await self.jobs.use_ready(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
-                                              kind=kind, path=path, call_node=call_node)
-            if ready is not None:
-                return ready
         limits = self.thresholds.limits(model)
         hard = limits.hard if threshold is None else threshold
         clear = limits.clear if edits is None else edits.trigger_tokens or 0
         by_uses = edits is not None and edits.trigger_uses is not None
         lowest = min(hard, clear) if clear else hard
         bound = estimate_request(self.tokens, path, new_items, extra, upper_bound=True)
+        ready: CompactionResult | None = None
+        # a summary the background made for this path, which the conversation overtook: the call
+        # that continues from the head hangs under it (not a side call, whose head stays; not a
+        # call with its own threshold, compacted only above it) -- and is then measured as any
+        # call, the turns since and its own items on top of the summary
+        if kind != "transform" and threshold is None and self.jobs.ready:
+            ready = await self.jobs.use_ready(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id,
+                                              kind=kind, path=path, call_node=call_node)
+            if ready is not None and ready.node is not None:
+                path = [ready.node]
+                bound = estimate_request(self.tokens, path, new_items, extra, upper_bound=True)
         if bound <= lowest and not by_uses:
-            return None  # far below: nothing to tokenise (proxy/tokens.py)
+            return ready  # far below: nothing to tokenise (proxy/tokens.py)
         # (the bound is 4 per character: a quarter of it, the characters to count at most)
         estimate = await off_loop(estimate_request, self.tokens, path, new_items, extra, chars=bound // 4)
         cleared: CompactionResult | None = None
@@ -187,7 +193,7 @@ class Compactor:
             else:
                 cleared = None
         if estimate <= hard:
-            return cleared
+            return cleared or ready
         alone = await off_loop(estimate_request, self.tokens, [], new_items, extra, chars=bound // 4)
         if alone > limits.input:
             # no summary can make room for this call's own items: summarising would only cost
@@ -195,7 +201,7 @@ class Compactor:
             self.metrics.compactions.labels("hard", "new_items_overflow").inc()
             log.info("compaction skipped: the call's new items alone overflow the input limit",
                      extra={"conversation_id": conversation_id, "estimate": alone})
-            return cleared
+            return cleared or ready
         taken = await self.jobs.take_over(tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, kind=kind,
                                           path=path, call_node=call_node)
         if taken is not None:
@@ -206,8 +212,8 @@ class Compactor:
                                               path=path, model=model, client_key=client_key, mode=kind,
                                               trigger="hard", call_node=call_node, new_items=new_items)
         result.extra["estimate_before"] = estimate
-        if not result.compacted and cleared is not None:
-            return cleared  # (the clearing stands: the call hangs under it)
+        if not result.compacted and (cleared is not None or ready is not None):
+            return cleared or ready  # (the clearing, or the summary it used, stands: the call hangs under it)
         result.clearing = cleared
         return result
 
