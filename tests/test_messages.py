@@ -457,7 +457,8 @@ def test_over_chat_structured_output_and_effort(mproxy: Proxy, upstream: FakeUps
                    "required": ["name"], "additionalProperties": False},
                   {"type": "object", "properties": {"city": {"type": "object", "properties": {"n": {"type": "string"}},
                                                              "required": ["n"]}},
-                   "required": ["city"], "additionalProperties": False}):
+                   "required": ["city"], "additionalProperties": False},
+                  {"type": "object", "additionalProperties": {"type": "string"}}):
         c.messages.create(model="gpt-x", max_tokens=50, messages=[{"role": "user", "content": "loose"}],
                           output_config={"format": {"type": "json_schema", "schema": loose}})
         assert upstream.last.body["response_format"]["json_schema"]["strict"] is False

@@ -116,12 +116,15 @@ def _strict_fits(schema: Any, depth: int = 0) -> bool:
     if not isinstance(schema, dict):
         return True
     properties = schema.get("properties")
-    if isinstance(properties, dict):
-        required = schema.get("required")
+    if isinstance(properties, dict) or schema.get("type") == "object":
+        required = schema.get("required", [])
         if schema.get("additionalProperties") is not False or not isinstance(required, list) \
-                or set(properties) - {r for r in required if isinstance(r, str)}:
+                or set(properties or ()) - {r for r in required if isinstance(r, str)}:
             return False
-    return all(_strict_fits(v, depth + 1) for k, v in schema.items() if k not in ("required", "enum", "const"))
+    if isinstance(properties, dict) and not all(_strict_fits(v, depth + 1) for v in properties.values()):
+        return False
+    return all(_strict_fits(v, depth + 1) for k, v in schema.items()
+               if k not in ("properties", "required", "enum", "const", "default", "examples"))
 
 
 def chat_params(params: dict[str, Any]) -> dict[str, Any]:
