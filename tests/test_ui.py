@@ -974,9 +974,11 @@ def ask_with_an_image(ui: Any, cid: str, api: str) -> str:
                                               {"type": "text", "text": "What is in this picture?"}]))
         return h["x-node-id"]
     with httpx.Client(base_url=f"{ui.url}/c/{cid}/v1", headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as http:
-        if api == "messages":
+        if api.startswith("messages"):
+            by_id = [{"type": "image", "source": {"type": "file", "file_id": "file_011CNha8iCJcU1wXNR6q4V8w"}}] \
+                if api == "messages-file-id" else []
             r = http.post("/messages", json={"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": [
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PNG}}, *by_id,
                 {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}},
                 {"type": "text", "text": "What is in this picture?"}]}]})
         else:
@@ -987,11 +989,13 @@ def ask_with_an_image(ui: Any, cid: str, api: str) -> str:
     return r.headers["x-node-id"]
 
 
-@pytest.mark.parametrize("api", ["messages", "responses"])
+@pytest.mark.parametrize("api", ["messages", "messages-file-id", "responses"])
 def test_regenerate_sends_the_questions_images_again(ui, page, upstream, api):
     """Regenerate on a Messages or Responses node sends the model what the first call sent it:
     the image (and the PDF) as parts, beside the text -- the viewer rebuilt the request from what
-    it draws, and the model got the literal text "[image]What is in this picture?"."""
+    it draws, and the model got the literal text "[image]What is in this picture?". An image by
+    Anthropic file id goes as the line naming it, as the proxy's translation writes it (not as a
+    URL that is a file id, which chat upstreams refuse)."""
     cid = f"regimg-{api}-{uuid.uuid4().hex[:6]}"
     node = ask_with_an_image(ui, cid, api)
     first = upstream.chat_requests[-1].messages

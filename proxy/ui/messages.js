@@ -70,10 +70,14 @@ function chatPart(part, api) {
   }
   if (api !== "messages") return part; // (chat's own parts, and what is not understood: as it came)
   const source = part.source && typeof part.source === "object" ? part.source : {};
-  if (part.type === "image") {
-    return { type: "image_url", image_url: { url: source.type === "base64" ? `data:${source.media_type ?? ""};base64,${source.data ?? ""}`
-      : source.url ?? source.file_id } };
+  if (part.type === "image" && source.type === "base64" && typeof source.data === "string") {
+    return { type: "image_url", image_url: { url: `data:${source.media_type ?? ""};base64,${source.data}` } };
   }
+  if (part.type === "image" && typeof source.url === "string" && source.url) {
+    return { type: "image_url", image_url: { url: source.url } };
+  }
+  // (an image by Anthropic file id is nothing another provider can fetch: a line naming it, below,
+  // as the proxy's own translation writes it)
   if (part.type === "document" && source.type === "base64" && typeof source.media_type === "string" && typeof source.data === "string") {
     const name = typeof part.title === "string" && part.title ? part.title : source.media_type === "application/pdf" ? "document.pdf" : "document";
     return { type: "file", file: { filename: name, file_data: `data:${source.media_type};base64,${source.data}` } };
