@@ -238,13 +238,9 @@ class BackgroundCompactions:
         state = await self.compactor.tree.conversation_state(tenant, conversation_id)
         if state is None or state[0] != path[-1].id:
             return None  # not a call that continues from the head (an edit, a regeneration): it stays beside
-        summarised_to, prepared = entry[0], entry[1]
-        ids = [n.id for n in path]
-        result = await self.compactor.summaries.write(prepared, tenant=tenant, conversation_id=conversation_id,
-                                                      tree_id=tree_id, mode=kind, trigger="soft",
-                                                      compacted_from=path[-1].id,
-                                                      later=path[ids.index(summarised_to) + 1:], call_node=call_node)
-        if not result.compacted:
+        result = await self._for_call(entry[1], entry[0], path, tenant=tenant, conversation_id=conversation_id,
+                                      tree_id=tree_id, kind=kind, call_node=call_node, trigger="soft")
+        if result is None:
             return None
         if self.ready.get(key) is entry:
             self._drop(key)
@@ -266,11 +262,22 @@ class BackgroundCompactions:
             return None
         if isinstance(prepared, str):
             return None
-        result = await self.compactor.summaries.write(prepared, tenant=tenant, conversation_id=conversation_id,
-                                                      tree_id=tree_id, mode=kind, trigger="hard",
-                                                      compacted_from=path[-1].id,
-                                                      later=path[ids.index(summarised_to) + 1:], call_node=call_node)
-        if not result.compacted:
+        result = await self._for_call(prepared, summarised_to, path, tenant=tenant, conversation_id=conversation_id,
+                                      tree_id=tree_id, kind=kind, call_node=call_node, trigger="hard")
+        if result is None:
             return None
         prepared.taken_over = True
         return result
+
+    async def _for_call(self, prepared: Prepared, summarised_to: uuid.UUID, path: Sequence[PathNode], *, tenant: str,
+                        conversation_id: str, tree_id: uuid.UUID, kind: str, call_node: uuid.UUID,
+                        trigger: str) -> CompactionResult | None:
+        """Write ``prepared`` (a summary of the path to ``summarised_to``) for a call on ``path``:
+        the compaction node replaces the whole path, the nodes after ``summarised_to`` kept raw,
+        and the call hangs under it. None when it could not be written."""
+        ids = [n.id for n in path]
+        result = await self.compactor.summaries.write(prepared, tenant=tenant, conversation_id=conversation_id,
+                                                      tree_id=tree_id, mode=kind, trigger=trigger,
+                                                      compacted_from=path[-1].id,
+                                                      later=path[ids.index(summarised_to) + 1:], call_node=call_node)
+        return result if result.compacted else None
