@@ -28,6 +28,31 @@ class AReply:
     cut: bool = False  # drop the connection after the first block
 
 
+# Fields of OpenAI's APIs that Anthropic's refuses, as it refuses any field it does not know
+# ("<field>: Extra inputs are not permitted", 400): a translation that forwarded one of them would
+# fail every call against the real API, so the fake refuses them too. (Not every unknown field: a
+# native client may rightly send one of Anthropic's the fake does not list.)
+OPENAI_ONLY = frozenset({
+    "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "safety_identifier", "response_format",
+    "reasoning_effort", "reasoning", "seed", "n", "logprobs", "top_logprobs", "logit_bias", "frequency_penalty",
+    "presence_penalty", "parallel_tool_calls", "max_completion_tokens", "stream_options", "store", "user",
+    "modalities", "audio", "prediction", "web_search_options", "verbosity", "functions", "function_call",
+    "moderation", "text", "input", "instructions", "previous_response_id", "truncation", "include",
+    "max_output_tokens", "conversation", "background", "prompt",
+})
+
+
+def _refused_field(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return None
+    for key in body:
+        if key in OPENAI_ONLY:
+            return key
+    if body.get("service_tier") not in (None, "auto", "standard_only"):
+        return "service_tier"
+    return None
+
+
 def _last_user_text(body: dict[str, Any]) -> str:
     for m in reversed(body.get("messages") or []):
         if m.get("role") != "user":
@@ -98,6 +123,11 @@ class FakeAnthropic:
             await self._json(send, 404, {"type": "error", "error": {"type": "not_found_error", "message": "no route"}})
             return
         reply = reply or AReply()
+        refused = _refused_field(body)
+        if refused is not None:
+            await self._json(send, 400, {"type": "error", "error": {
+                "type": "invalid_request_error", "message": f"{refused}: Extra inputs are not permitted"}})
+            return
         if reply.error is not None:
             await self._json(send, reply.status, {"type": "error", "error": reply.error})
             return
