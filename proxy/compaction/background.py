@@ -57,6 +57,17 @@ READY_MOST = 256  # conversations whose summary waits so (the oldest goes first)
 READY_BYTES = 64 << 20  # ... and the bytes they hold at most (the items they keep raw may be large)
 
 
+@dataclass(slots=True)
+class _Ready:
+    """A summary made, waiting for its conversation's next call (``use_ready``)."""
+
+    summarised_to: uuid.UUID  # the node whose path it summarises
+    prepared: Prepared
+    until: float  # (the loop's clock)
+    size: int  # bytes it holds, about (READY_BYTES)
+    applied: uuid.UUID | None = None  # the compaction node it made, once applied in the background
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     tenant: str
@@ -83,8 +94,7 @@ class BackgroundCompactions:
         self.summarising: dict[tuple[str, str], tuple[uuid.UUID, asyncio.Future[Prepared | str]]] = {}
         # summaries made, for the conversation's next call: (the node summarised, the summary, until
         # when, the compaction node it made if it was applied)
-        self.ready: dict[tuple[str, str], tuple[uuid.UUID, Prepared, float, uuid.UUID | None]] = {}
-        self.ready_sizes: dict[tuple[str, str], int] = {}
+        self.ready: dict[tuple[str, str], _Ready] = {}
 
     def request(self, job: Job) -> None:
         """Compact ``job``'s path in the background, now or after the job already running."""
@@ -123,8 +133,8 @@ class BackgroundCompactions:
                 del self.summarising[job.key]
                 future.set_result("reused")
                 ids = [n.id for n in path]
-                later = path[ids.index(ready[0]) + 1:]
-                prepared: Prepared | str = ready[1]
+                later = path[ids.index(ready.summarised_to) + 1:]
+                prepared: Prepared | str = ready.prepared
             else:
                 prepared = await self._prepare(job, path)
                 future.set_result(prepared)
@@ -157,8 +167,8 @@ class BackgroundCompactions:
                                                  compacted_from=job.head, later=later)
                 if result.compacted:
                     entry = self.ready.get(job.key)
-                    if entry is not None and entry[1] is prepared and result.node is not None:
-                        self.ready[job.key] = (*entry[:3], result.node.id)
+                    if entry is not None and entry.prepared is prepared and result.node is not None:
+                        entry.applied = result.node.id
                     return True
                 if result.reason not in ("moved", "busy"):
                     outcome = result.reason
@@ -197,31 +207,26 @@ class BackgroundCompactions:
             return "busy"
 
     def _keep(self, job: Job, prepared: Prepared) -> None:
-        self._drop(job.key)
+        self.ready.pop(job.key, None)
         size = len(prepared.first_request) + len(_encode([prepared.system, prepared.summary, prepared.recent]))
         if size > READY_BYTES // 8:
             return  # (a path of giant items: not held for later)
-        while self.ready and (len(self.ready) >= READY_MOST or sum(self.ready_sizes.values()) + size > READY_BYTES):
-            self._drop(next(iter(self.ready)))
-        self.ready[job.key] = (job.head, prepared, asyncio.get_running_loop().time() + READY_FOR, None)
-        self.ready_sizes[job.key] = size
+        while self.ready and (len(self.ready) >= READY_MOST
+                              or sum(e.size for e in self.ready.values()) + size > READY_BYTES):
+            del self.ready[next(iter(self.ready))]
+        self.ready[job.key] = _Ready(job.head, prepared, asyncio.get_running_loop().time() + READY_FOR, size)
 
-    def _drop(self, key: tuple[str, str]) -> None:
-        self.ready.pop(key, None)
-        self.ready_sizes.pop(key, None)
-
-    def _ready_on(self, key: tuple[str, str], path: Sequence[PathNode]) -> tuple[
-            uuid.UUID, Prepared, float, uuid.UUID | None] | None:
+    def _ready_on(self, key: tuple[str, str], path: Sequence[PathNode]) -> _Ready | None:
         """The summary made for this conversation, if ``path`` still holds the node it summarised."""
         entry = self.ready.get(key)
         if entry is None:
             return None
-        summarised_to, _, until, applied = entry
-        if asyncio.get_running_loop().time() > until:
-            self._drop(key)
+        if asyncio.get_running_loop().time() > entry.until:
+            del self.ready[key]
             return None
-        if not any(n.id == summarised_to for n in path):
+        if not any(n.id == entry.summarised_to for n in path):
             return None  # the path went through it, or is another branch
+        applied = entry.applied
         if applied is not None and any(n.parent_id == applied for n in path):
             return None  # (the path through the compaction it made, unfolded for a provider that cannot read it)
         return entry
@@ -238,12 +243,13 @@ class BackgroundCompactions:
         state = await self.compactor.tree.conversation_state(tenant, conversation_id)
         if state is None or state[0] != path[-1].id:
             return None  # not a call that continues from the head (an edit, a regeneration): it stays beside
-        result = await self._for_call(entry[1], entry[0], path, tenant=tenant, conversation_id=conversation_id,
-                                      tree_id=tree_id, kind=kind, call_node=call_node, trigger="soft")
+        result = await self._for_call(entry.prepared, entry.summarised_to, path, tenant=tenant,
+                                      conversation_id=conversation_id, tree_id=tree_id, kind=kind,
+                                      call_node=call_node, trigger="soft")
         if result is None:
             return None
         if self.ready.get(key) is entry:
-            self._drop(key)
+            del self.ready[key]
         return result
 
     async def take_over(self, *, tenant: str, conversation_id: str, tree_id: uuid.UUID, kind: str,
