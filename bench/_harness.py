@@ -90,10 +90,11 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) ->
 
 def start_branchpoint(procs: Procs, work: Path, *, port: int, upstream_url: str, config: str = "",
                       args: tuple[str, ...] = (), cpus: str | None = "1", database_url: str | None = None,
-                      name: str = "proxy") -> tuple[str, subprocess.Popen]:
+                      name: str = "proxy", tree: Path = ROOT) -> tuple[str, subprocess.Popen]:
     """``branchpoint serve`` as a process of its own on ``cpus``, with an embedded PostgreSQL in
     ``work`` unless ``database_url`` is given; ``config``: more TOML after ``[server]``'s
-    ``log_level``; ``args``: more ``serve`` arguments. Returns (its URL, its process) once ready."""
+    ``log_level``; ``args``: more ``serve`` arguments; ``tree``: the checkout whose build runs (its
+    ``.venv``: bench/ab.py compares two). Returns (its URL, its process) once ready."""
     config_file = work / "bench.toml"
     config_file.write_text('[server]\nlog_level = "warning"\n' + config)
     env = {**os.environ, "BRANCHPOINT_UPSTREAM_URL": upstream_url, "BRANCHPOINT_CONFIG": str(config_file)}
@@ -102,7 +103,7 @@ def start_branchpoint(procs: Procs, work: Path, *, port: int, upstream_url: str,
     else:
         env["BRANCHPOINT_DATA_DIR"] = str(work / "data")
         env.pop("BRANCHPOINT_DATABASE_URL", None)
-    px = procs.start([str(ROOT / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(port), *args], cpus=cpus,
+    px = procs.start([str(tree / ".venv" / "bin" / "branchpoint"), "serve", "--port", str(port), *args], cpus=cpus,
                      log_file=work / f"{name}.log", env=env)
     proxy = f"http://127.0.0.1:{port}"
     wait_http(f"{proxy}/readyz", 60, px)
