@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.logs import JsonFormatter
+from proxy.logs import JsonFormatter, TextFormatter
 
 from .fakes import Reply
 from .helpers import MODEL, say, user
@@ -123,6 +123,29 @@ def test_structured_logs_with_ids_and_no_contents(proxy, upstream, key, cid, cap
     assert line["conversation_id"] == cid and line["node_id"] == r.headers["x-node-id"]
     assert line["status"] == 200 and line["duration_ms"] > 0 and line["route"] == "/v1/chat/completions"
     assert all(secret_text not in json.dumps(x) for x in lines)
+
+
+def test_text_logs_carry_the_same_ids_and_fields(proxy, upstream, key, cid, caplog):
+    """``log_format = "text"`` (for humans) says what the JSON lines say: the request,
+    conversation and node ids and the access line's fields, as ``key=value`` -- it once wrote the
+    bare message, ``... branchpoint.access request``, nothing to trace a call by."""
+    caplog.set_level(logging.INFO)
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid,
+                                                               "X-Request-Id": "req-text-42"},
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "SECRET-TEXT-CONTENT"}]})
+    assert r.status_code == 200
+    formatter = TextFormatter()
+    lines = [formatter.format(rec) for rec in caplog.records if rec.levelno >= logging.INFO]
+    access = [x for x in lines if " branchpoint.access " in x and "request_id=req-text-42" in x]
+    assert access, lines
+    line = access[0]
+    assert f"conversation_id={cid}" in line and f"node_id={r.headers['x-node-id']}" in line
+    assert "status=200" in line and "route=/v1/chat/completions" in line and "method=POST" in line
+    assert all("SECRET-TEXT-CONTENT" not in x for x in lines)
+    # a value with spaces or quotes stays one readable field
+    record = logging.LogRecord("branchpoint", logging.WARNING, __file__, 1, "odd", (), None)
+    record.detail = 'two words "quoted"'
+    assert formatter.format(record).endswith(' detail="two words \\"quoted\\""')
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux's /proc")
