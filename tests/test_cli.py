@@ -101,6 +101,27 @@ def test_conversations_export(populated, tmp_path):
     assert len(result.output.strip().splitlines()) == 4
 
 
+def test_a_failed_export_leaves_no_file_and_says_why(populated, tmp_path):
+    """An export that fails writes nothing: an id mistyped leaves no empty file a backup script
+    would take for an empty conversation (and a file there before stays as it was); a directory
+    that does not exist is a message, not a traceback."""
+    url, _ = populated
+    typo = tmp_path / "typo.jsonl"
+    result = cli(url, "conversations", "export", "sales-typo", "-o", str(typo))
+    assert result.exit_code == 1 and "no conversation" in result.output
+    assert not typo.exists() and list(tmp_path.iterdir()) == []
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("before\n")
+    result = cli(url, "conversations", "export", "sales-typo", "-o", str(kept))
+    assert result.exit_code == 1 and kept.read_text() == "before\n" and list(tmp_path.iterdir()) == [kept]
+    missing = tmp_path / "no-such-dir" / "x.jsonl"
+    result = cli(url, "conversations", "export", "sales-copy", "-o", str(missing))
+    assert result.exit_code == 1 and result.output.startswith("Error: cannot write ") and str(missing) in result.output
+    assert "Traceback" not in result.output
+    result = cli(url, "conversations", "export", "sales-copy", "-o", str(kept))  # a whole export replaces it
+    assert result.exit_code == 0 and kept.read_text() != "before\n" and list(tmp_path.iterdir()) == [kept]
+
+
 def test_the_admin_api_exports_what_the_command_exports(populated, upstream_url):
     """GET /admin/conversations/{id}/export: the same JSON Lines as the command (so the command
     imports it), for the conversation's own tenant only; read a page at a time."""

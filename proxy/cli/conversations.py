@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,8 +77,20 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
         count = run(go(sys.stdout.buffer.write))
         sys.stdout.flush()
     else:
-        with Path(output).open("wb") as fh:
-            count = run(go(fh.write))
+        # written beside the file and renamed into place once whole: a failed export (an unknown
+        # id, the database gone) leaves no file -- or the one there before -- not an empty one
+        target = Path(output)
+        try:
+            fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                count = run(go(fh.write))
+            os.replace(part, target)
+        except BaseException:
+            Path(part).unlink(missing_ok=True)
+            raise
         console(stderr=True).print(f"exported {count} node(s) to {output}")
 
 
