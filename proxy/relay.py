@@ -3,7 +3,8 @@
 ``StreamRelay`` forwards an upstream SSE stream of a stored call to the client event by event, as
 it arrives, through the ``Translator`` of the call's dialects (proxy.dialects), which also rebuilds
 the answer that will be stored. It sends the response start (with the node headers) first, then
-pumps events; a task watching ``receive()`` notices a client disconnect and stops the pump.
+pumps events; a task watching ``receive()`` notices a client disconnect and stops the pump (an
+answer already whole is stored as a success at once, else the node fails as client_disconnected).
 Whatever happens -- the end event, an error event, a cut stream, a disconnect -- exactly one
 ``StreamEnd`` reaches the ``on_end`` callback, shielded from cancellation, so the node is always
 finalized.
@@ -61,6 +62,12 @@ class Translator(Protocol):
 
     def received(self) -> list[dict[str, Any]]: ...  # the answer, as stored
 
+    # the client left before the stream's end: whether the answer was whole already -- all that
+    # was still to come was its usage and the stream's end (a chat stream whose every choice
+    # finished, an Anthropic one past its stop_reason, a Responses one completed); then
+    # ``received`` and ``usage`` give it as it is stored
+    def complete(self) -> bool: ...
+
     usage: dict[str, Any] | None
     finish_reason: str | None
 
@@ -115,7 +122,7 @@ class StreamRelay:
                 disconnected = True
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
-                failure = client_disconnected("the client disconnected before the stream ended")
+                failure = self._left("the client disconnected before the stream ended")
             else:
                 failure = pump.result()
                 end = b""
@@ -138,7 +145,8 @@ class StreamRelay:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, RuntimeError) as exc:  # the client went away under our send()
             disconnected = True
-            failure = failure or client_disconnected(f"the client connection failed: {type(exc).__name__}")
+            if not finished:
+                failure = failure or self._left(f"the client connection failed: {type(exc).__name__}")
         except asyncio.CancelledError:
             # only the server cancels a response: its shutdown grace ran out (docs/behaviour.md#shutdown)
             if finished:
@@ -157,6 +165,19 @@ class StreamRelay:
                 pump.cancel()
             if not finished:
                 await self._finish_shielded(StreamEnd(self.translator, disconnected, failure))
+
+    def _left(self, message: str) -> Failure | None:
+        """The client went away before the stream's end: ``client_disconnected`` -- or None (a
+        success) when it had its whole answer already (``Translator.complete``). The upstream's
+        rest (the usage, the end) is not waited for: the node is stored at once, so the client's
+        next call finds the conversation free, with the usage seen so far
+        (docs/behaviour.md#the-chat-endpoint)."""
+        try:
+            if self.translator.error is None and self.translator.complete():
+                return None
+        except Exception:  # (an answer the translator cannot say whole is not)
+            log.exception("a streamed answer's completeness could not be read")
+        return client_disconnected(message)
 
     async def _finish_shielded(self, end: StreamEnd) -> Failure | None:
         """Close the upstream and store the outcome, even if this task is being cancelled: then

@@ -26,6 +26,7 @@ class AReply:
     error: dict[str, Any] | None = None  # {"type": ..., "message": ...}
     stream_error: dict[str, Any] | None = None  # an error event after the first block
     cut: bool = False  # drop the connection after the first block
+    gate: threading.Event | None = None  # a stream: wait for this between message_delta and message_stop
 
 
 # Fields of OpenAI's APIs that Anthropic's refuses, as it refuses any field it does not know
@@ -190,5 +191,7 @@ class FakeAnthropic:
                 raise ConnectionResetError("fake anthropic cut the stream")
         await event("message_delta", {"delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
                                       "usage": {"output_tokens": message["usage"].get("output_tokens", 0)}})
+        if reply.gate is not None:
+            await asyncio.to_thread(reply.gate.wait, 30)
         await event("message_stop", {})
         await send({"type": "http.response.body", "body": b""})

@@ -145,8 +145,9 @@ class Reply:
     cut_after: int | None = None  # stream: drop the connection after this many events
     error_event: dict[str, Any] | None = None  # stream: send this error event after the pieces
     extra_message: dict[str, Any] = field(default_factory=dict)
-    gate: threading.Event | None = None  # stream: wait for this before the events from gate_after on
+    gate: threading.Event | None = None  # stream: wait for this before the events from gate_after on (raw: before rest)
     gate_after: int = 2
+    rest: bytes = b""  # raw: sent after ``body``, once the gate opened
     hold: threading.Event | None = None  # wait for this before answering at all
     headers: list[tuple[str, str]] = field(default_factory=list)  # extra response headers
 
@@ -305,7 +306,13 @@ class FakeUpstream:
         if reply.kind == "hang":
             await asyncio.sleep(3600)
         extra = [(k.encode(), v.encode()) for k, v in reply.headers]
-        if reply.kind == "raw":
+        if reply.kind == "raw" and reply.gate is not None:  # the body, then the rest once the gate opens
+            await send({"type": "http.response.start", "status": reply.status,
+                        "headers": [(b"content-type", reply.content_type.encode()), *extra]})
+            await send({"type": "http.response.body", "body": reply.body, "more_body": True})
+            await asyncio.to_thread(reply.gate.wait, 30)
+            await send({"type": "http.response.body", "body": reply.rest})
+        elif reply.kind == "raw":
             await self._raw(send, reply.status, reply.body, reply.content_type, extra)
         elif reply.kind == "error":
             await self._json(send, reply.status, {"error": reply.error or {

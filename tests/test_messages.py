@@ -5,6 +5,7 @@ upstream, and chat clients over the Anthropic upstream (docs/behaviour.md#the-me
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from proxy.dialects import crossing
 from proxy.errors import InvalidRequest
 from tests.anthropic_fake import AReply, FakeAnthropic
-from tests.conftest import Proxy, make_settings, new_key, serve_proxy
+from tests.conftest import Db, Proxy, make_settings, new_key, serve_proxy, wait_for
 from tests.fakes import FakeUpstream, Reply, ServerThread, free_port
 
 
@@ -104,6 +105,36 @@ def test_native_stream_relayed_and_reassembled(mproxy: Proxy, claude: FakeAnthro
     sent = claude.last.body["messages"]
     assert sent[1]["content"][0] == {"type": "thinking", "thinking": "let me think", "signature": "sig-abc"}
     assert sent[2] == {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}]}
+
+
+def test_a_client_that_leaves_at_the_stop_reason_gets_its_answer_stored(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                                         cid: str, db: Db) -> None:
+    """A client that stops reading at ``message_delta`` (its stop_reason and usage: the answer is
+    whole; only ``message_stop`` is left) had its whole answer: the node is a success, with the
+    usage that event brought, and the answer is the next call's context -- it was stored as
+    client_disconnected, its answer lost to the model."""
+    gate = threading.Event()
+    claude.enqueue(AReply(content=[{"type": "text", "text": "The capital is Paris."}], gate=gate))
+    c = client(mproxy, key, f"/c/{cid}")
+    try:
+        raw = c.messages.with_raw_response.create(model="claude-x", max_tokens=100, stream=True,
+                                                  messages=[{"role": "user", "content": "capital of France?"}])
+        node_id = raw.headers["x-node-id"]
+        stream = raw.parse()
+        for event in stream:
+            if event.type == "message_delta" and event.delta.stop_reason:
+                break
+        stream.close()
+        stored = wait_for(lambda: (row := db.node(node_id))["status"] != "pending" and row, 10, "the node stored")
+        assert stored["status"] == "success" and stored["error"] is None, stored["error"]
+        assert stored["usage"] == {"input_tokens": 11, "output_tokens": 5} and stored["finish_reason"] == "stop"
+        c.messages.create(model="claude-x", max_tokens=100, messages=[{"role": "user", "content": "and of Italy?"}])
+        assert claude.last.body["messages"] == [
+            {"role": "user", "content": "capital of France?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "The capital is Paris."}]},
+            {"role": "user", "content": "and of Italy?"}]
+    finally:
+        gate.set()
 
 
 def test_query_string_and_beta_headers_forwarded(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:

@@ -189,6 +189,9 @@ class _Ending:
     def ended(self) -> bytes:
         return b""
 
+    def complete(self) -> bool:
+        return self.finished
+
     def closing(self) -> bytes:
         if self.broken == "closing":
             raise TypeError("an odd answer")
@@ -348,3 +351,41 @@ def test_a_translated_streams_thinking_is_the_whole_answers(translator, deltas):
                            if e["type"] == "content_block_delta" and e["delta"]["type"] == "thinking_delta")
         whole = "".join(b["thinking"] for b in t.received()[0]["content"] if b["type"] == "thinking")
     assert streamed == whole and whole
+
+
+def test_a_chat_answer_is_complete_once_every_choice_finished():
+    """A client leaving before the stream's end had its whole answer only when every choice it was
+    streamed (n > 1: several) had finished -- the first one's finish alone is not enough."""
+    acc = StreamAccumulator()
+    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None},
+                                     {"index": 1, "delta": {"content": "b"}, "finish_reason": None}]})
+    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    assert acc.finish_reason == "stop" and not acc.complete
+    acc.feed({"id": "x", "choices": [{"index": 1, "delta": {}, "finish_reason": "length"}]})
+    assert acc.complete
+
+
+def test_a_translated_anthropic_answer_is_complete_at_its_stop_reason():
+    """A Responses client over an Anthropic upstream (through chat) that leaves after the upstream's
+    message_delta, before message_stop: the answer is whole, and what is stored holds it with its
+    finish and the usage message_delta brought -- the upstream's held-back end is passed on."""
+    from proxy.dialects import crossing, dialect
+
+    way = crossing(dialect("responses"), dialect("anthropic"))
+    t = way.exchange(node_id=uuid.uuid4(), params={"model": "claude-x"}, provider="anthropic").translator(wants_usage=False)
+    t.opening()
+
+    def event(kind, **data):
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}".encode()
+
+    for raw in (event("message_start", message={"id": "m", "type": "message", "role": "assistant", "model": "claude-x",
+                                                "content": [], "usage": {"input_tokens": 11, "output_tokens": 1}}),
+                event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+                event("content_block_delta", index=0, delta={"type": "text_delta", "text": "Paris."}),
+                event("content_block_stop", index=0)):
+        t.event(raw)
+    assert not t.complete()
+    t.event(event("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 5}))
+    assert t.complete()  # (message_stop still to come)
+    assert t.received()[0]["content"][0]["text"] == "Paris."
+    assert t.finish_reason == "stop" and t.usage["output_tokens"] == 5

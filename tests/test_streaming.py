@@ -122,6 +122,47 @@ def test_client_disconnect_marks_the_node_failed(proxy, upstream, key, cid, db):
     assert node["received"] is None
 
 
+_ASKED = {"/v1/chat/completions": {"messages": [user("capital of France?")]},
+          "/v1/responses": {"input": "capital of France?"},
+          "/v1/messages": {"messages": [user("capital of France?")], "max_tokens": 100}}
+
+
+@pytest.mark.parametrize("path", list(_ASKED))
+def test_a_client_that_leaves_once_its_answer_is_whole_gets_it_stored(proxy, upstream, key, cid, db, path):
+    """Many clients stop reading once the answer's end came (``if chunk.choices[0].finish_reason:
+    break``), before the usage chunk the proxy asked for and [DONE]: that client had its whole
+    answer, so the node is a success -- at once, without waiting for the upstream's rest (its
+    usage, still on its way, is not known) -- and the next call's context holds the answer.
+    Before, it was stored as client_disconnected: the model never saw the answer its user did.
+    (A Responses or Messages client over a chat upstream, leaving after the answer's last text,
+    is the same case.)"""
+    gate = threading.Event()
+    usage = {"id": "chatcmpl-g", "object": "chat.completion.chunk", "created": 0, "model": MODEL, "choices": [],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", gate=gate,
+                           body=_chunk({"role": "assistant", "content": "The capital is "}) + _chunk({"content": "Paris."}, "stop"),
+                           rest=b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n"))
+    try:
+        with httpx.Client(base_url=proxy.url, timeout=10) as http:
+            with http.stream("POST", path, json={"model": MODEL, **_ASKED[path], "stream": True},
+                             headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}) as r:
+                node_id = r.headers["x-node-id"]
+                for line in r.iter_lines():
+                    if "Paris." in line:  # (the chat chunk that finishes the choice brings it)
+                        break  # the answer is whole: the client leaves
+            node = wait_for(lambda: (row := db.node(node_id))["status"] != "pending" and row, 10, "the node stored")
+            assert node["status"] == "success" and node["error"] is None, node["error"]
+            assert node["finish_reason"] == "stop" and node["usage"] is None  # (the usage had not come)
+            assert db.head(cid) == node_id
+            upstream.enqueue(Reply(content="Rome."))
+            http.post("/v1/chat/completions", json={"model": MODEL, "messages": [user("and of Italy?")]},
+                      headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}).raise_for_status()
+        assert upstream.last.messages == [user("capital of France?"), {"role": "assistant", "content": "The capital is Paris."},
+                                          user("and of Italy?")]
+    finally:
+        gate.set()
+
+
 def test_a_client_gone_before_the_first_byte_fails_the_node_and_the_upstream_request_is_dropped(
         proxy, upstream, key, cid, db):
     """A client that gives up while the upstream has not answered yet (its stream not begun):

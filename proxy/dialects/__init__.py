@@ -272,6 +272,16 @@ class _Chained:
     def closing(self) -> bytes:
         return self.outer.closing()
 
+    def complete(self) -> bool:
+        """The upstream's answer was whole (the inner one's): its held-back end -- the finishing
+        chunk, the usage seen -- is passed on now, so the outer one holds the whole answer too."""
+        if self.inner.error is not None or not self.inner.complete():
+            return False
+        if not self._passed_end:
+            self._passed_end = True
+            self._through(self.inner.closing())
+        return self.outer.complete()
+
     def failing(self, failure: Any) -> bytes:
         return self.outer.failing(failure)
 

@@ -63,6 +63,7 @@ class StreamAccumulator:
         self.audio: dict[str, Any] = {}
         self.role = "assistant"
         self.finish_reason: str | None = None
+        self.choices: dict[Any, bool] = {}  # every choice's index (n > 1: several) -> it finished
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, Any] | None = None
         self.response_id: str | None = None
@@ -84,13 +85,24 @@ class StreamAccumulator:
         if usage and isinstance(usage, dict):
             self.usage = usage
         for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", 0)
+            if isinstance(index, (int, str)):
+                finished = bool(choice.get("finish_reason")) and isinstance(choice["finish_reason"], str)
+                self.choices[index] = self.choices.get(index, False) or finished
+            if index != 0:
                 continue
             delta = choice.get("delta") or {}
             if delta:
                 self._merge(delta)
             if choice.get("finish_reason") and isinstance(choice["finish_reason"], str):
                 self.finish_reason = choice["finish_reason"]
+
+    @property
+    def complete(self) -> bool:
+        """Every choice finished: what may follow is the usage and ``[DONE]``."""
+        return self.finish_reason is not None and all(self.choices.values())
 
     def marks(self) -> Marks:
         """Where the answer's texts end now, for ``since``."""
@@ -260,6 +272,9 @@ class ChatStream:
 
     def ended(self) -> bytes:
         return ended_without_done(self)
+
+    def complete(self) -> bool:
+        return self.finished or self.acc.complete
 
     def failing(self, failure: Failure) -> bytes:
         err = failure.error

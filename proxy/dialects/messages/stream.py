@@ -203,6 +203,9 @@ class Native:
     def ended(self) -> bytes:
         return b""  # (a Messages stream ends with message_stop, or it was cut)
 
+    def complete(self) -> bool:
+        return self.finished or self.acc.stop_reason is not None  # (message_delta said it, with the usage)
+
     def failing(self, failure: Failure) -> bytes:
         return error_event(_error_type(failure), in_anthropic_words(failure.error))
 
@@ -316,6 +319,9 @@ class FromChat:
     def ended(self) -> bytes:
         return ended_without_done(self)
 
+    def complete(self) -> bool:
+        return self.finished or self.acc.complete
+
     def closing(self) -> bytes:
         out = self._stop() + self._refusal() + self._tools()
         usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
@@ -428,6 +434,9 @@ class ToChat:
 
     def ended(self) -> bytes:
         return b""  # (a Messages stream ends with message_stop, or it was cut)
+
+    def complete(self) -> bool:
+        return self.finished or self.acc.stop_reason is not None  # (message_delta said it, with the usage)
 
     def failing(self, failure: Failure) -> bytes:
         err = failure.error

@@ -318,6 +318,9 @@ class ToChat:
     def ended(self) -> bytes:
         return b""  # (a Responses stream ends with its completion event, or it was cut)
 
+    def complete(self) -> bool:
+        return self.final is not None
+
     def failing(self, failure: Failure) -> bytes:
         err = failure.error
         return sse_error_event(err.message, err.type, err.code)

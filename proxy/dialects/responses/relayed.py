@@ -166,6 +166,9 @@ class Native:
     def ended(self) -> bytes:
         return b""  # (a Responses stream ends with its completion event, or it was cut)
 
+    def complete(self) -> bool:
+        return self.finished  # (its completion event came)
+
     def failing(self, failure: Failure) -> bytes:
         err = failure.error
         response = {**(self.final or self.started or {}), "id": self.rid, "object": "response", "status": "failed",

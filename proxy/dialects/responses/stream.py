@@ -258,6 +258,9 @@ class FromChat:
     def ended(self) -> bytes:
         return ended_without_done(self)
 
+    def complete(self) -> bool:
+        return self.finished or self.acc.complete
+
     def closing(self) -> bytes:
         out = self._close_reasoning() + self._close_text() + self._close_calls()
         if self.text_index is None and not self.calls:  # an answer without text or calls still has an (empty) message
