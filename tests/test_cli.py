@@ -317,14 +317,31 @@ def test_migrate_waits_for_a_migration_running_elsewhere(fresh_database_url, tmp
     assert result.exit_code == 0 and "schema is current" in result.output, result.output
 
 
-def test_serve_with_workers_fails_when_they_cannot_start():
-    """A worker that cannot start (the database is down) stops `serve --workers 2` with uvicorn's
-    start-up failure, as one process does -- it exited 0, which a supervisor reads as a clean stop."""
+def test_serve_with_workers_fails_when_they_cannot_start(fresh_database_url):
+    """A worker that cannot start (here: the database's schema is newer than this code) stops
+    `serve --workers 2` with uvicorn's start-up failure, as one process does -- it exited 0, which
+    a supervisor reads as a clean stop."""
+    Db(fresh_database_url).fetch("INSERT INTO schema_migrations (version, name) VALUES (9999, 'from_the_future')")
+    env = {**os.environ, "BRANCHPOINT_DATABASE_URL": fresh_database_url, "BRANCHPOINT_CONFIG": ""}
+    for workers in ("1", "2"):
+        done = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "--workers", workers, "--port",
+                               str(free_port())], env=env, capture_output=True, timeout=120)
+        assert done.returncode == 3, (workers, done.returncode, done.stderr.decode()[-500:])
+        assert "newer than this code" in done.stderr.decode()
+
+
+def test_serve_says_in_one_line_that_it_cannot_reach_the_database():
+    """A configured database that cannot be reached is found before the server (or any worker)
+    starts, and said in one line naming where it was looked for, never the password; the exit is
+    uvicorn's start-up failure (3) -- found by the app's start-up it was a forty-line traceback."""
     env = {**os.environ, "BRANCHPOINT_DATABASE_URL": "postgresql://u:p@127.0.0.1:1/x", "BRANCHPOINT_CONFIG": ""}
     for workers in ("1", "2"):
         done = subprocess.run([sys.executable, "-m", "proxy.cli", "serve", "--workers", workers, "--port",
                                str(free_port())], env=env, capture_output=True, timeout=120)
         assert done.returncode == 3, (workers, done.returncode, done.stderr.decode()[-500:])
+        err = done.stderr.decode()
+        assert "Error: cannot reach the database at 127.0.0.1:1: " in err and "Traceback" not in err, err[-2000:]
+        assert "u:p@" not in err and len(err.strip().splitlines()) == 1, err[-2000:]
 
 
 def test_invalid_config_is_a_clear_error(tmp_path):

@@ -30,6 +30,8 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
 
     settings = settings_of(config_file)
     configure_logging(settings.server.log_level, settings.server.log_format)
+    if settings.database.url:
+        _require_reachable(settings)
     server = settings.server
     # several workers: the embedded server (if any) is started once, here, and shared
     embedded = None
@@ -66,6 +68,31 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
 
 
 _STARTUP_FAILURE = 3  # uvicorn's exit code for a server that could not start (one process exits so)
+
+
+def _require_reachable(settings: Any) -> None:
+    """A configured database that cannot be reached is said in one line, naming where it was looked
+    for (never the password), and the server does not start (exit 3, as uvicorn's own start-up
+    failure) -- found later, by the app's start-up, it was a traceback forty lines long."""
+    from urllib.parse import urlsplit
+
+    from .common import database
+
+    async def probe() -> None:
+        async with database(settings, migrated=False):
+            pass
+
+    try:
+        asyncio.run(probe())
+    except click.ClickException as exc:
+        try:
+            parts = urlsplit(settings.database.url)
+            where = f" at {parts.hostname}:{parts.port or 5432}" if parts.hostname else ""
+        except ValueError:
+            where = ""
+        click.echo(f"Error: {exc.message.replace('cannot reach the database', f'cannot reach the database{where}', 1)}",
+                   err=True)
+        raise SystemExit(_STARTUP_FAILURE) from None
 
 
 def _supervisor(config: Any) -> Any:
