@@ -253,9 +253,25 @@ def load_settings(
     try:
         settings = msgspec.convert(raw, Settings)
     except msgspec.ValidationError as exc:
-        raise SettingsError(f"invalid configuration: {exc}") from exc
+        raise SettingsError(f"invalid configuration: {_located(exc, raw)}") from exc
     _validate(settings)
     return settings
+
+
+def _located(exc: msgspec.ValidationError, raw: dict[str, Any]) -> str:
+    """msgspec's message, with a ``[models]`` entry named by its glob: msgspec says ``[...]`` for
+    any key of a table, and with several entries (the defaults hold some) nobody could tell which."""
+    text = str(exc)
+    models = raw.get("models")
+    if "`$.models[...]" not in text or not isinstance(models, dict):
+        return text
+    for glob, entry in models.items():
+        try:
+            msgspec.convert(entry, ModelLimits)
+        except msgspec.ValidationError as inner:
+            said, where = str(inner), f'`$.models."{glob}"'
+            return said.replace(" - at `$", f" - at {where}", 1) if " - at `$" in said else f"{said} - at {where}`"
+    return text
 
 
 _LOG_LEVELS = frozenset(logging.getLevelNamesMapping())  # (what logging takes: WARN and FATAL too)

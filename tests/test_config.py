@@ -101,6 +101,21 @@ def test_invalid_config_is_refused(tmp_path, text):
         load_settings(f, env={})
 
 
+@pytest.mark.parametrize(("entry", "said"), [
+    ('context_window = "200k"\nmax_output_tokens = 8192\n', 'Expected `int`, got `str` - at `$.models."my-*".context_window`'),
+    ("context_window = 1000\nmax_output_token = 10\n", 'unknown field `max_output_token` - at `$.models."my-*"`'),
+    ("context_window = 1000\n", 'missing required field `max_output_tokens` - at `$.models."my-*"`'),
+])
+def test_a_bad_models_entry_is_named_by_its_glob(tmp_path, entry, said):
+    """msgspec names any key of a table ``[...]``: with several ``[models]`` entries (the defaults
+    hold some) the error did not say which one was wrong."""
+    f = tmp_path / "bad.toml"
+    f.write_text(f'[models."ok-*"]\ncontext_window = 1000\nmax_output_tokens = 10\n[models."my-*"]\n{entry}')
+    with pytest.raises(SettingsError) as caught:
+        load_settings(f, env={})
+    assert said in str(caught.value), str(caught.value)
+
+
 def test_missing_file_is_refused(tmp_path):
     with pytest.raises(SettingsError):
         load_settings(tmp_path / "nope.toml", env={})
