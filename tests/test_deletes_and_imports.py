@@ -156,6 +156,111 @@ def test_check_reports_a_node_nothing_reaches(own_proxy, key, fresh_database_url
     assert result.exit_code == 1 and "node_reached" in result.output, result.output
 
 
+# -- a name made again where its deleted conversation's kept nodes are -------------------------
+
+
+def _kept_for_a_fork(proxy: Any, key: str, database_url: str, how: str) -> tuple[str, str, list[str], str]:
+    """Conversation A of three turns, a fork F of it at the second with a turn of its own, then A
+    deleted (``how``: by the admin API, or by retention) -- its first two nodes kept for F.
+    Returns (A, F, A's three nodes, F's node)."""
+    client, http = proxy.openai(key), proxy.http(key)
+    a = f"old-{uuid.uuid4().hex[:8]}"
+    f = f"{a}-f"
+    nodes = [say(client, a, user(q))[1]["x-node-id"] for q in ("q1 the opening", "q2 A-SECRET-TWO", "q3 A-SECRET-THREE")]
+    assert http.post(f"/admin/conversations/{a}/fork", json={"conversation_id": f, "node_id": nodes[1]}).status_code == 200
+    _, hy = say(client, f, user("the fork's own question"))
+    if how == "admin":
+        r = http.delete(f"/admin/conversations/{a}")
+        assert r.status_code == 200 and r.json()["nodes_kept"] == 2, r.text
+    else:
+        from .test_retention import age, cli
+
+        age(proxy.db, a, 40)
+        done = cli(database_url, "--idle-days", "30")
+        assert "deleted 1 conversation(s)" in done.output and "2 kept for forks" in done.output, done.output
+    assert http.get(f"/admin/conversations/{a}").status_code == 404
+    return a, f, nodes, hy["x-node-id"]
+
+
+@pytest.mark.parametrize("how", ["admin", "retention"])
+def test_a_name_made_again_as_a_fork_in_its_old_tree_owns_none_of_the_old_nodes(own_proxy, upstream, key,
+                                                                                fresh_database_url, how):
+    """A deleted conversation's nodes that a fork still reaches stay -- as nobody's own. A new
+    conversation of the deleted one's name made as a fork of that fork lives in the old tree,
+    where those nodes still carried the name: it took them for its own -- counted them and their
+    usage, listed them in its tree and search hits, could move its head onto one and send the
+    deleted question upstream, and kept them alive once the fork that reached them went."""
+    http, client = own_proxy.http(key), own_proxy.openai(key)
+    a, f, (x1, x2, x3), y1 = _kept_for_a_fork(own_proxy, key, fresh_database_url, how)
+    r = http.post(f"/admin/conversations/{f}/fork", json={"conversation_id": a, "node_id": x1})
+    assert r.status_code == 200, r.text
+    conv = http.get(f"/admin/conversations/{a}").json()
+    assert conv["node_count"] == 0 and not conv["usage"]["total_tokens"], conv  # it made no call
+    assert [n["id"] for n in http.get(f"/admin/conversations/{a}/tree").json()["data"]] == [x1]  # what it reaches
+    hits = http.get("/admin/conversations", params={"q": "A-SECRET-TWO"}).json()["data"]
+    assert [h["id"] for h in hits] == [f]  # the kept node is in the context of F alone
+    r = http.put(f"/admin/conversations/{a}/head", json={"node_id": x2})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "node_not_found", r.text
+    # F goes: what only it reached goes with it; the new A still reaches its fork point
+    assert http.delete(f"/admin/conversations/{f}").json()["nodes_deleted"] == 2
+    left = own_proxy.db.fetch("SELECT id FROM nodes WHERE id = ANY($1::uuid[])", [uuid.UUID(n) for n in (x1, x2, x3, y1)])
+    assert [str(row["id"]) for row in left] == [x1]
+    upstream.requests.clear()
+    say(client, a, user("next"))
+    assert upstream.last.messages == [user("q1 the opening"), {"role": "assistant", "content": "echo: q1 the opening"},
+                                      user("next")]
+    assert http.get(f"/admin/conversations/{a}").json()["node_count"] == 1
+    assert_invariants(fresh_database_url)
+
+
+def test_a_session_continuing_the_fork_under_the_deleted_name_owns_only_its_own_call(own_proxy, upstream, key,
+                                                                                    fresh_database_url):
+    """The same name made again by a session that continues the fork (under /auto/v1, its session
+    header naming the deleted conversation): a fork of F, in the old tree -- owning its one call,
+    not the deleted conversation's kept nodes on its path."""
+    import openai
+
+    a, f, (x1, x2, _), y1 = _kept_for_a_fork(own_proxy, key, fresh_database_url, "admin")
+    auto = openai.OpenAI(base_url=f"{own_proxy.url}/auto/v1", api_key=key, max_retries=0)
+    history = [user("q1 the opening"), {"role": "assistant", "content": "echo: q1 the opening"},
+               user("q2 A-SECRET-TWO"), {"role": "assistant", "content": "echo: q2 A-SECRET-TWO"},
+               user("the fork's own question"), {"role": "assistant", "content": "echo: the fork's own question"},
+               user("resumed")]
+    raw = auto.chat.completions.with_raw_response.create(model=MODEL, messages=history, extra_headers={"session-id": a})
+    assert raw.headers["x-conversation-id"] == a and raw.headers["x-parent-node-id"] == y1
+    http = own_proxy.http(key)
+    conv = http.get(f"/admin/conversations/{a}").json()
+    assert conv["forked_from"] == f and conv["node_count"] == 1, conv
+    assert [n["id"] for n in http.get(f"/admin/conversations/{a}/tree").json()["data"]] == \
+        [x1, x2, y1, raw.headers["x-node-id"]]
+    assert_invariants(fresh_database_url)
+
+
+def test_the_migration_gives_kept_nodes_taken_over_before_back(own_proxy, upstream, key, fresh_database_url):
+    """Migration 0026 on what the old deletes left: kept nodes still carrying their deleted
+    conversation's id become no conversation's own, and those a fork made under that id had
+    taken over are given back -- the fork owns its own calls again, and nothing else."""
+    from storage import migrate
+
+    db, http = own_proxy.db, own_proxy.http(key)
+    a, f, (x1, x2, _), _ = _kept_for_a_fork(own_proxy, key, fresh_database_url, "admin")
+    b, _, (z1, z2, _), _ = _kept_for_a_fork(own_proxy, key, fresh_database_url, "admin")
+    for name in (a, b):  # as a delete before this version left them
+        db.fetch("UPDATE nodes SET conversation_id = $1 WHERE conversation_id = $1 || ' (deleted)'", name)
+    assert http.post(f"/admin/conversations/{f}/fork", json={"conversation_id": a, "node_id": x1}).status_code == 200
+    _, h = say(own_proxy.openai(key), a, user("its own"))
+    assert http.get(f"/admin/conversations/{a}").json()["node_count"] == 3  # took X1 and X2 over
+    db.fetch("DELETE FROM schema_migrations WHERE version = 26")
+    assert run(migrate(fresh_database_url)) == [26]
+    assert http.get(f"/admin/conversations/{a}").json()["node_count"] == 1
+    labels = {str(r["id"]): r["conversation_id"] for r in db.fetch(
+        "SELECT id, conversation_id FROM nodes WHERE id = ANY($1::uuid[])",
+        [uuid.UUID(n) for n in (x1, x2, z1, z2, h["x-node-id"])])}
+    assert labels == {x1: f"{a} (deleted)", x2: f"{a} (deleted)", z1: f"{b} (deleted)", z2: f"{b} (deleted)",
+                      h["x-node-id"]: a}
+    assert_invariants(fresh_database_url)
+
+
 # -- imports and usage: times and outcomes the tree can hold ------------------------------------
 
 

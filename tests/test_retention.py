@@ -76,8 +76,9 @@ def test_the_server_deletes_idle_conversations_and_keeps_what_a_fork_reaches(sto
         assert exists(db, "recent") and node_count(db, "recent") == 2
         assert exists(db, "old-side") and node_count(db, "old-side") == 3  # a side call today: not idle
         assert exists(db, "source-fork")
-        # the fork's context is intact: the source's two turns are still sent upstream
-        assert node_count(db, "source") == source_nodes == 2
+        # the fork's context is intact: the source's two turns are still sent upstream (kept,
+        # no conversation's own any more: relabelled)
+        assert node_count(db, "source") == 0 and node_count(db, "source (deleted)") == source_nodes == 2
         p.openai(key).chat.completions.create(model=MODEL, messages=[user("and now?")],
                                               extra_headers={"X-Conversation-Id": "source-fork"})
         sent = [m["content"] for m in upstream.last.messages if m["role"] == "user"]

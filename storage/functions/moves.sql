@@ -320,8 +320,9 @@ $$;
 -- bp_delete_conversation(tenant, conversation): DELETE /admin/conversations/{id}. Deletes the
 -- conversation and its nodes -- except those another conversation of the tree (a fork) still
 -- reaches, which stay so that the fork's context never breaks (withdrawn from the Responses API:
--- GET /v1/responses/{id} and previous_response_id no longer find them); they go once nothing
--- reaches them. Refused (BPBSY) while a call of the conversation is in flight; BPNFC when it is unknown.
+-- GET /v1/responses/{id} and previous_response_id no longer find them -- and relabelled: no
+-- conversation's own any more); they go once nothing reaches them. Refused (BPBSY) while a call
+-- of the conversation is in flight; BPNFC when it is unknown.
 -- Deletes in one tree are serialised (bp_lock_tree_deletes): each statement after the lock sees
 -- what an earlier delete committed (read committed), so the last of them takes what nothing
 -- reaches any more. Returns (deleted nodes, kept nodes).
@@ -378,8 +379,11 @@ BEGIN
     )
     SELECT count(*) INTO deleted FROM gone;
     -- what stays is the fork's context, no longer this conversation's responses: withdrawn, as
-    -- bp_delete_response withdraws one other nodes need
-    UPDATE nodes n SET response_deleted = true
+    -- bp_delete_response withdraws one other nodes need -- and no longer this name's nodes either:
+    -- they are relabelled '<id> (deleted)', which no conversation id can be (a space), so a new
+    -- conversation of this name made in this tree (a fork of a fork, a session continuing one)
+    -- never takes them for its own: its counts, its reach, its search hits, what its delete keeps
+    UPDATE nodes n SET response_deleted = true, conversation_id = p_conversation || ' (deleted)'
      WHERE n.tree_id = conv.tree_id AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
     GET DIAGNOSTICS kept = ROW_COUNT;
 END
