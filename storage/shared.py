@@ -45,6 +45,7 @@ REF = "_bp_shared"  # (a client's item or field that looks like a reference is s
 FRESH = 60.0  # seconds a process counts an item as stored after it last wrote its row
 GRACE = 600.0  # an item not seen for this long, and referred to by no node, is removed
 SHARED_ROLES = frozenset({"system", "developer"})
+OWN = "_bp_"  # params of the proxy's own (proxy.dialects.OWN): never shared -- so never resolved either
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 _N = TypeVar("_N", bound=msgspec.Struct)
@@ -52,6 +53,12 @@ _N = TypeVar("_N", bound=msgspec.Struct)
 
 def is_ref(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get(REF), str)
+
+
+def _field_ref(name: str, value: Any) -> bool:
+    """A field's value is a reference where ``split`` puts one: never in a param of the proxy's
+    own (``OWN``), whatever its shape -- an import's line may hold anything there."""
+    return is_ref(value) and not name.startswith(OWN)
 
 
 def _digest(value: Any) -> tuple[str, bytes]:
@@ -100,7 +107,7 @@ class SharedItems:
                     out_sent[i] = {REF: key, "role": role} if type(role) is str else {REF: key}
         out_params = params
         for name, value in params.items():
-            if name.startswith("_bp_") or not isinstance(value, (dict, list, str)):
+            if name.startswith(OWN) or not isinstance(value, (dict, list, str)):
                 continue
             if share or is_ref(value):
                 key, encoded = _digest(value)
@@ -165,14 +172,14 @@ class SharedItems:
     def refs(sent: Iterable[Any], params: dict[str, Any] | None) -> list[str]:
         out = [item[REF] for item in sent if is_ref(item)]
         if params:
-            out.extend(v[REF] for v in params.values() if is_ref(v))
+            out.extend(v[REF] for k, v in params.items() if _field_ref(k, v))
         return out
 
     def _whole(self, tenant: str, sent: list[Any], params: dict[str, Any] | None) -> tuple[list[Any], dict[str, Any] | None]:
         if any(is_ref(item) for item in sent):
             sent = [self._value(tenant, item) if is_ref(item) else item for item in sent]
-        if params and any(is_ref(v) for v in params.values()):
-            params = {k: self._value(tenant, v) if is_ref(v) else v for k, v in params.items()}
+        if params and any(_field_ref(k, v) for k, v in params.items()):
+            params = {k: self._value(tenant, v) if _field_ref(k, v) else v for k, v in params.items()}
         return sent, params
 
     async def resolve(self, tenant: str, nodes: list[_N]) -> list[_N]:

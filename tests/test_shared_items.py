@@ -289,6 +289,32 @@ def test_a_clients_lookalike_reference_comes_back_as_sent(fresh_database_url, up
         assert {r["hash"]: r["item"] for r in shared_rows(db)}[ref] == forged
 
 
+
+def test_a_lookalike_reference_under_one_of_the_proxys_own_params_reads_back_as_imported(own, upstream, key, cid):
+    """A reference-shaped value under a param of the proxy's own (``_bp_...``: never shared, a
+    client's request cannot carry one, an import's line can) is no reference: it reads back as
+    it was imported. Every read of the node looked it up as one -- a shared item that is not
+    there -- and failed with 500 (the path, the export mid-stream, the items, the node, its
+    request, its response), and so did the conversation's next call."""
+    forged = {"_bp_shared": "ab" * 32}
+    http = own.http(key)
+    say(own.openai(key), cid, user("hello"))
+    lines = [json.loads(line) for line in http.get(f"/admin/conversations/{cid}/export").content.splitlines()]
+    lines[-1]["params"]["_bp_note"] = forged
+    copy = f"{cid}-copy"
+    r = http.post(f"/admin/conversations/{copy}/import", content="\n".join(json.dumps(line) for line in lines).encode())
+    assert r.status_code == 201, r.text
+    head = http.get(f"/admin/conversations/{copy}").json()["head_node_id"]
+    assert http.get(f"/admin/nodes/{head}").json()["params"]["_bp_note"] == forged
+    assert http.get(f"/admin/conversations/{copy}/path").json()["data"][-1]["params"]["_bp_note"] == forged
+    exported = http.get(f"/admin/conversations/{copy}/export")
+    assert exported.status_code == 200 and json.loads(exported.content.splitlines()[-1])["params"]["_bp_note"] == forged
+    for url in (f"/v1/conversations/{copy}/items", f"/admin/nodes/{head}/request", f"/v1/responses/resp_{uuid.UUID(head).hex}"):
+        assert http.get(url).status_code == 200, url
+    _, h = say(own.openai(key), copy, user("and on"))
+    assert h["x-parent-node-id"] == head and "hello" in json.dumps(upstream.last.body)
+    assert stored(own.db, head)["params"]["_bp_note"] == forged and not shared_rows(own.db)  # (kept as it is)
+
 def test_a_started_call_whose_path_cannot_be_read_holds_nothing(fresh_database_url, upstream_url, upstream, key, cid):
     """A call starts (its pending node holds the conversation), then reading its path fails -- here
     a shared item taken from under it by hand, which no retry brings back. The call fails (500),
