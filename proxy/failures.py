@@ -27,11 +27,10 @@ from storage import Outcome
 
 from .errors import BranchpointError, InvalidRequest, UpstreamBadResponse, error_body
 from .secrets import redact_bytes
+from .surrogates import encode, loads
 
 __all__ = ["Failure", "NodeError", "cancellation_handled", "classify", "from_stream_error", "interrupted",
            "not_a_completion", "reaped"]
-
-_decode = msgspec.json.Decoder().decode
 
 
 class NodeError(msgspec.Struct, omit_defaults=True):
@@ -88,7 +87,7 @@ _OVERFLOW_TEXT = re.compile(
 def _error_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
     """(type, code, message) from an OpenAI-shaped (or close) error body; Nones if unreadable."""
     try:
-        data = _decode(body)
+        data = loads(body)
     except (msgspec.DecodeError, RecursionError):
         return None, None, None
     if isinstance(data, list) and len(data) == 1:  # (Gemini's OpenAI-compatible errors come in a list)
@@ -156,7 +155,7 @@ def _client_error_body(body: bytes, error: NodeError) -> bytes:
     """The upstream's error body when it is OpenAI-shaped with all four keys (relayed byte for
     byte); else the same error with the missing keys filled in; else a wrapper of what it said."""
     try:
-        data = _decode(body)
+        data = loads(body)
     except (msgspec.DecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
@@ -181,7 +180,7 @@ def not_a_completion(content: bytes, reason: str, secrets: Iterable[str | None],
     ``upstream_bad_response``) -- the node's error keeps the status it came with, as every failure
     the upstream answered with a status does."""
     try:
-        data = _decode(content)
+        data = loads(content)
     except (msgspec.DecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and data.get("error"):
@@ -199,7 +198,7 @@ def from_stream_error(error: Any, secrets: Iterable[str | None]) -> Failure:
     says that (OpenAI's and Anthropic's ``invalid_request_error``: a stream that refused the
     request as its first word -- the head stays), else transient. Its code is the event's own, else
     ``stream_error`` (no HTTP status said it: the stream came with a 200)."""
-    body = msgspec.json.encode({"error": error if isinstance(error, dict) else {"message": str(error)}})
+    body = encode({"error": error if isinstance(error, dict) else {"message": str(error)}})  # (a lone surrogate: as its escape)
     failure = classify(400, body, secrets)
     if failure.outcome is not Outcome.OVERFLOW and not (isinstance(error, dict)
                                                          and error.get("type") == "invalid_request_error"):

@@ -18,6 +18,7 @@ from .http import RawResponse, encode_headers
 from .observability import current_request
 from .relay import OPENAI_ERRORS, BytesRelay, ErrorVoice
 from .secrets import BytesMasker, redact_bytes
+from .surrogates import loads
 from .upstream import UpstreamClient, response_headers
 
 if TYPE_CHECKING:
@@ -40,7 +41,14 @@ def _model_of(body: bytes) -> str | None:
         return None
     try:
         return _model_decoder.decode(body).model
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+    except msgspec.DecodeError:  # (a lone surrogate escape, proxy.surrogates: read all of it, then)
+        try:
+            model = loads(body)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        model = model.get("model") if isinstance(model, dict) else None
+        return model if isinstance(model, str) else None
+    except (msgspec.ValidationError, RecursionError):
         return None
 
 
@@ -61,7 +69,7 @@ def _a_call(method: str, path: str) -> bool:
 def _unstored(body: bytes) -> bytes:
     """A call's body with ``store: false``: nothing of it kept in an account every tenant reads."""
     try:
-        fields = msgspec.json.decode(body)
+        fields = loads(body)
     except (msgspec.DecodeError, RecursionError):
         return body  # (not JSON: the upstream refuses it)
     if not isinstance(fields, dict) or fields.get("store") is False:

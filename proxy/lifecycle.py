@@ -37,6 +37,7 @@ from storage import (
     uuid7,
 )
 
+from . import surrogates
 from .background import Background
 from .builder import RequestBuilder
 from .call import Call, Started
@@ -313,6 +314,7 @@ class CallLifecycle:
                t0: float) -> StreamRelay:
         options = started.call.body.get("stream_options")
         wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        surrogates_read = surrogates.read_count()
 
         async def on_end(end: StreamEnd) -> Failure | None:
             _upstream_time(time.perf_counter() - t0)
@@ -321,6 +323,8 @@ class CallLifecycle:
             if failure is None:
                 try:
                     received = t.received()
+                    if surrogates.read_count() != surrogates_read:  # (events held lone surrogates: made valid, halves joined)
+                        received = surrogates.mend(received)
                     messages = exchange.messages(received)
                 except Exception as exc:  # (an answer that cannot be read is a failed node, never a pending one)
                     log.exception("a streamed answer could not be read")

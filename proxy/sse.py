@@ -8,10 +8,9 @@ from typing import Any
 import msgspec
 
 from .errors import UpstreamBadResponse, error_body
+from .surrogates import loads_piece
 
 __all__ = ["DONE", "UNREAD", "SSEParser", "payload", "relayable", "sse_error_event"]
-
-_decode = msgspec.json.Decoder().decode
 
 DONE = object()  # the ``[DONE]`` that ends a chat stream
 UNREAD = object()  # an event without data (a comment, a keep-alive, a name only), or empty data
@@ -21,14 +20,15 @@ def payload(event: bytes) -> Any:
     """An event's data decoded from JSON; or ``DONE``; or ``UNREAD``. Data that is not a JSON
     object raises ``UpstreamBadResponse``: the upstream broke its stream (relayed, it would break the
     client's SDK, and the answer stored would not be the one it read) -- the relay ends the
-    stream with an error event, and the node fails."""
+    stream with an error event, and the node fails. A lone surrogate escape is read, and kept
+    (``proxy.surrogates``: the other half of its character may come with the next event)."""
     data = SSEParser.data(event)
     if data is None or not data.strip():
         return UNREAD
     if data == b"[DONE]":
         return DONE
     try:
-        value = _decode(data)
+        value = loads_piece(data)
     except (msgspec.DecodeError, RecursionError):
         raise UpstreamBadResponse("the upstream's stream held an event whose data is not JSON") from None
     if not isinstance(value, dict):  # (every API's events are objects)

@@ -32,6 +32,7 @@ from .assembly import CHAT_ROLES
 from .compaction import clearing
 from .dialects import dialect
 from .ids import metadata_problem
+from .surrogates import loads
 
 if TYPE_CHECKING:
     from storage import AdminStore, ConversationRow
@@ -90,6 +91,13 @@ class _Line(msgspec.Struct, forbid_unknown_fields=False):
 
 
 _decode_line = msgspec.json.Decoder(_Line).decode
+
+
+def _line(raw: bytes) -> _Line:
+    try:
+        return _decode_line(raw)
+    except msgspec.DecodeError:  # (one holding a lone surrogate escape -- proxy.surrogates -- read so; else raised again)
+        return msgspec.convert(loads(raw), _Line)
 
 
 @dataclass(frozen=True)
@@ -177,7 +185,7 @@ def prepare_import(data: bytes) -> Prepared:
         if not raw.strip():
             continue
         try:
-            lines.append(_decode_line(raw))
+            lines.append(_line(raw))
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise NotAnExport(f"line {number}: {exc}") from None
         except RecursionError:  # (as a request body nested too deeply is refused)

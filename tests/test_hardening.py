@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from .conftest import Db, assert_invariants, make_settings, new_key, proxy_with, serve_proxy, spawn_proxy, wait_for
-from .fakes import Reply, serve_connections
+from .fakes import Reply, ServerThread, serve_connections
 from .helpers import MODEL, say, user
 
 
@@ -162,6 +162,163 @@ def test_nul_characters_sent_by_a_client_are_stored_and_a_nul_model_is_refused(p
     assert node["sent"] == [user("a\u0000b")] and node["params"]["metadata"] == {"k\u0000ey": "v\u0000"}
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="gpt\u0000", messages=[user("x")])
+
+
+# A lone UTF-16 surrogate escape ("\ud83d": half an emoji) is valid JSON by the grammar -- what
+# JavaScript's JSON.stringify writes for a string cut mid-emoji, what a server slicing its text in
+# UTF-16 units streams -- and Python's json and JavaScript's JSON.parse take it. An upstream that
+# speaks it (or a client) is answered, never failed.
+
+class ScriptedUpstream:
+    """An upstream of any API answering each call with the next bytes queued, recording the
+    requests it got (their raw bodies)."""
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[str, bytes]] = []  # (content type, body)
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        raw = b""
+        while True:
+            message = await receive()
+            raw += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.bodies.append(raw)
+        content_type, body = self.queue.pop(0)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type.encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture(scope="module")
+def scripted(database_url):
+    """A proxy in front of a ``ScriptedUpstream``: ``claude-*`` models to it as Anthropic's API, the
+    rest as a chat-completions one."""
+    fake = ScriptedUpstream()
+    with ServerThread(fake) as server:
+        url = server.url + "/v1"
+        ups = [{"name": "anthropic", "base_url": url, "models": ["claude-*"], "api": "anthropic"},
+               {"name": "chatty", "base_url": url, "models": ["*"]}]
+        with serve_proxy(make_settings(database_url, url, upstreams=ups)) as p:
+            yield p, fake
+
+
+def _split_emoji_stream(api: str) -> bytes:
+    """An answer "smile 😀 " and a last lone half, the emoji's two halves in two deltas."""
+    texts = ["smile ", "\\ud83d", "\\ude00 \\ud83d"]
+    if api == "chat":
+        chunk = ('data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+                 '"choices":[{"index":0,"delta":{"content":"%s"},"finish_reason":%s}]}\n\n')
+        return "".join([*(chunk % (t, "null") for t in texts), chunk % ("", '"stop"'), "data: [DONE]\n\n"]).encode()
+    start = ('event: message_start\ndata: {"type":"message_start","message":{"id":"msg_up","type":"message",'
+             '"role":"assistant","model":"claude-x","content":[],"stop_reason":null,"stop_sequence":null,'
+             '"usage":{"input_tokens":10,"output_tokens":1}}}\n\n'
+             'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n')
+    delta = 'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"%s"}}\n\n'
+    end = ('event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+           'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},'
+           '"usage":{"output_tokens":3}}\n\n'
+           'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    return (start + "".join(delta % t for t in texts) + end).encode()
+
+
+def _streamed_text(client: str, body: bytes) -> str:
+    """The text a client read from a stream (every event's data parsed by ``json.loads``, as the
+    SDKs do), its halves joined as JavaScript shows them."""
+    datas = [json.loads(line[5:]) for line in body.decode().split("\n") if line.startswith("data: {")]
+    assert not any(d.get("type") == "error" or "error" in d for d in datas), body
+    if client == "chat":
+        texts = [d["choices"][0]["delta"].get("content") or "" for d in datas if d.get("choices")]
+    elif client == "messages":
+        texts = [d["delta"]["text"] for d in datas if d.get("type") == "content_block_delta"]
+    else:
+        texts = [d["delta"] for d in datas if d.get("type") == "response.output_text.delta"]
+    return "".join(texts).encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+@pytest.mark.parametrize("client, api", [("chat", "chat"), ("messages", "chat"), ("responses", "chat"),
+                                         ("messages", "anthropic"), ("chat", "anthropic")])
+def test_an_emoji_cut_across_two_stream_deltas_is_relayed_and_stored_whole(scripted, key, cid, client, api):
+    """An upstream streaming an emoji's UTF-16 halves in two deltas ("\\ud83d", then "\\ude00")
+    -- and a last half alone -- was an event "whose data is not JSON" (msgspec refuses lone
+    surrogates) and failed the call. Now the stream reaches the client as valid JSON (relayed as
+    it came, or translated with the halves written as the escapes they came as), and the stored
+    answer -- the next call's context -- holds the emoji whole and U+FFFD for the lone half
+    (the database cannot hold a half)."""
+    proxy, fake = scripted
+    model = "claude-x" if api == "anthropic" else MODEL
+    path, body = {"chat": ("/v1/chat/completions", {"messages": [user("q")]}),
+                  "messages": ("/v1/messages", {"messages": [user("q")], "max_tokens": 50}),
+                  "responses": ("/v1/responses", {"input": "q"})}[client]
+    fake.queue.append(("text/event-stream", _split_emoji_stream(api)))
+    http = proxy.http(key)
+    r = http.post(path, json={"model": model, **body, "stream": True},
+                  headers={"X-Conversation-Id": cid, "x-api-key": key})
+    assert r.status_code == 200
+    assert _streamed_text(client, r.content) == "smile \U0001f600 \ufffd"
+    node = proxy.db.node(r.headers["x-node-id"])  # (stored before the client saw the stream's end)
+    assert node["status"] == "success", node["error"]
+    assert "smile \U0001f600 \ufffd" in json.dumps(node["received"], ensure_ascii=False)
+    fake.queue.append(("application/json", json.dumps(
+        {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}]}
+        if api == "chat" else
+        {"id": "msg_up", "type": "message", "role": "assistant", "model": "claude-x", "stop_reason": "end_turn",
+         "stop_sequence": None, "content": [{"type": "text", "text": "ok"}],
+         "usage": {"input_tokens": 5, "output_tokens": 2}}).encode()))
+    r = http.post(path, json={"model": model, **body}, headers={"X-Conversation-Id": cid, "x-api-key": key})
+    assert r.status_code == 200, r.text
+    assert "smile \U0001f600 \ufffd" in fake.bodies[-1].decode()  # (valid UTF-8: strict decoding)
+
+
+def test_a_whole_answer_holding_a_lone_surrogate_is_answered(proxy, upstream, key, cid, db):
+    """A whole answer cut mid-emoji ("cut emoji \\ud83d", finish_reason length) was a 502 "invalid
+    JSON". Now a chat client gets it byte for byte, a translated one (Messages) valid UTF-8 with
+    U+FFFD for the half, and the node stores U+FFFD."""
+    body = (b'{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":'
+            b'{"role":"assistant","content":"cut emoji \\ud83d"},"finish_reason":"length"}],'
+            b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+    http = proxy.http(key)
+    upstream.enqueue(Reply(kind="raw", body=body))
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [user("q")]}, headers={"X-Conversation-Id": cid})
+    assert r.status_code == 200 and r.content == body
+    assert db.node(r.headers["x-node-id"])["received"][0]["content"] == "cut emoji \ufffd"
+    upstream.enqueue(Reply(kind="raw", body=body))
+    r = http.post("/v1/messages", json={"model": MODEL, "max_tokens": 5, "messages": [user("q")]},
+                  headers={"X-Conversation-Id": cid + "-m"})
+    assert r.status_code == 200 and r.json()["content"][0]["text"] == "cut emoji \ufffd"
+    r.content.decode()  # (strict: valid UTF-8)
+
+
+def test_a_request_holding_a_lone_surrogate_is_taken(proxy, mproxy, upstream, key, cid, db):
+    """A request whose text a JavaScript app cut mid-emoji (JSON.stringify writes "\\ud83d") was
+    refused 400 "not valid JSON: Input data was truncated"; one that names no conversation went to
+    the default upstream whatever its model. Now it is taken: the upstream gets valid UTF-8 with
+    U+FFFD for the half, and the node stores the same; a call that names no conversation is routed
+    by its model. JSON broken otherwise is refused as before."""
+    http = proxy.http(key)
+    content = b'{"model":"%s","messages":[{"role":"user","content":"truncated \\ud83d"}]}'
+    r = http.post("/v1/chat/completions", content=content % MODEL.encode(),
+                  headers={"X-Conversation-Id": cid, "content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert "truncated \ufffd" in upstream.last.raw.decode()  # (valid UTF-8: strict decoding)
+    assert upstream.last.messages == [user("truncated \ufffd")]
+    assert db.node(r.headers["x-node-id"])["sent"] == [user("truncated \ufffd")]
+    # not stored: routed by its model (native-* goes to the Responses upstream, translated)
+    r = mproxy.http(key).post("/v1/chat/completions", content=content % b"native-1",
+                              headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert upstream.responses_requests[-1].input[0]["content"] == "truncated \ufffd"
+    r = http.post("/v1/chat/completions", content=b'{"model":"%s","messages":[' % MODEL.encode(),
+                  headers={"X-Conversation-Id": cid, "content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "the request body is not valid JSON: Input data was truncated"
 
 
 # -- 4. a database that answers too late ---------------------------------------------------------

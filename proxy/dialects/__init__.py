@@ -32,6 +32,7 @@ import msgspec.structs
 
 from ..errors import InvalidRequest
 from ..relay import Translator
+from ..surrogates import loads
 
 __all__ = ["CACHE_WRITES", "DROPPED_TOOLS", "Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
            "message_path", "parse_model_request", "refuse_own_keys", "summary_keys",
@@ -289,14 +290,11 @@ class _Chained:
         return self.outer.received()
 
 
-_decode = msgspec.json.Decoder().decode
-
-
 def parse_model_request(raw: bytes) -> dict[str, Any]:
     """A call's body (chat completions, Responses) as a dict, every field kept: a JSON object
     naming a model; anything else is refused with 400."""
     try:
-        body = _decode(raw)
+        body = loads(raw)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:

@@ -36,6 +36,7 @@ from ..dialects.responses.checks import item_problem
 from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
 from ..ids import metadata_problem, valid_conversation_id
+from ..surrogates import loads
 from .context import CallContext
 from .docs import errors
 from .path_items import ITEM_IDS, Item, has_instructions, listed_item, path_items, resolve_compactions
@@ -44,7 +45,6 @@ __all__ = ["conversation_item", "conversation_items", "conversation_resource", "
            "new_conversation_id"]
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 
 MAX_ITEMS = 20  # items per create (OpenAI's limit)
 
@@ -124,7 +124,7 @@ async def _body(request: Request[Any, Any, Any]) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = _decode(raw)
+        body = loads(raw)
     except msgspec.DecodeError:
         raise InvalidRequest("the body is not JSON", param="body") from None
     except RecursionError:

@@ -27,6 +27,7 @@ from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import items as responses_items
 from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
+from ..surrogates import loads
 from ..upstream import target_of
 from .common import RequestHeaders, resolve_conversation_id
 from .context import CallContext
@@ -38,7 +39,6 @@ from .responses import named_conversation
 __all__ = ["responses_input_tokens"]
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 
 
 async def _stored_path(call: CallContext, body: dict[str, Any], cid: str | None,
@@ -67,7 +67,7 @@ async def _stored_path(call: CallContext, body: dict[str, Any], cid: str | None,
 def _body(raw: bytes) -> dict[str, Any]:
     """The request's JSON object (``model`` is optional here, as in OpenAI's)."""
     try:
-        body = _decode(raw)
+        body = loads(raw)
     except (msgspec.DecodeError, RecursionError):
         raise InvalidRequest("the request body is not valid JSON") from None
     if not isinstance(body, dict):

@@ -8,9 +8,9 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-__all__ = ["Completion", "NotACompletion", "call_id", "parse_completion"]
+from ...surrogates import loads
 
-_decode = msgspec.json.Decoder().decode
+__all__ = ["Completion", "NotACompletion", "call_id", "parse_completion"]
 
 
 class NotACompletion(ValueError):
@@ -25,7 +25,7 @@ class Completion(NamedTuple):
 
 def parse_completion(content: bytes) -> Completion:
     try:
-        data = _decode(content)
+        data = loads(content)
         choice = data["choices"][0]
         message = choice["message"]
     except (msgspec.DecodeError, RecursionError) as exc:

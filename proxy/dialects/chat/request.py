@@ -31,10 +31,11 @@ def raw_messages(raw: bytes) -> list[bytes] | None:
     """Each message of a chat request (``parse_chat_body`` accepted) as the JSON bytes it was sent
     as, in order: the same messages the body holds (a repeated key: the last, as in the body).
     None when they cannot be told apart so (a repeated ``messages`` key whose first value is no
-    array)."""
+    array; or a body holding a lone surrogate escape, which ``parse_model_request`` read and this
+    decoder refuses)."""
     try:
         return [bytes(m) for m in _decode_raw(raw).messages]
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, msgspec.DecodeError):
         return None
 
 

@@ -6,16 +6,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import msgspec
-
 from ...failures import Failure
 from ...secrets import TextMasker
 from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
+from ...surrogates import encode
 
 __all__ = ["ChatStream", "MaskedChunks", "StreamAccumulator", "ended_without_done", "masked_chunks"]
-
-_encode = msgspec.json.Encoder().encode
-
 
 
 def _texts(parts: list[Any], kind: str) -> list[str]:
@@ -246,7 +242,7 @@ class ChatStream:
             self._tail = raw + b"\n\n"
             return self._rest()
         if self.masker is not None and self.masker.apply(chunk):
-            raw = b"data: " + _encode(chunk)
+            raw = b"data: " + encode(chunk)
         self.acc.feed(chunk)
         if self.acc.error is not None:
             self.error = self.acc.error
@@ -255,7 +251,7 @@ class ChatStream:
             if not chunk.get("choices"):
                 return b""
             # (some servers send it on the finishing chunk, beside its choices: those go on without it)
-            raw = b"data: " + _encode({k: v for k, v in chunk.items() if k != "usage"})
+            raw = b"data: " + encode({k: v for k, v in chunk.items() if k != "usage"})
         return raw + b"\n\n"
 
     def _rest(self) -> bytes:
@@ -265,7 +261,7 @@ class ChatStream:
         chunk = {"id": self.acc.response_id, "object": "chat.completion.chunk", "model": self.acc.model,
                  "choices": self.masker.rest()}
         self.acc.feed(chunk)
-        return b"data: " + _encode(chunk) + b"\n\n"
+        return b"data: " + encode(chunk) + b"\n\n"
 
     def closing(self) -> bytes:
         return self._tail

@@ -8,12 +8,12 @@ from typing import Any
 import msgspec
 
 from ...relay import ErrorVoice
+from ...surrogates import loads
 
 __all__ = ["ANTHROPIC_ERRORS", "anthropic_type", "error_body", "error_event", "from_openai_body", "in_anthropic_words",
            "is_messages_path"]
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 
 ANTHROPIC_TYPES = frozenset({"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
                              "request_too_large", "rate_limit_error", "api_error", "overloaded_error", "timeout_error",
@@ -54,7 +54,7 @@ def error_body(status: int, message: str, error: Any = None) -> bytes:
 def from_openai_body(status: int, body: bytes) -> bytes:
     """An error body of ours (OpenAI's shape) in Anthropic's."""
     try:
-        data = _decode(body)
+        data = loads(body)
     except (msgspec.DecodeError, RecursionError):
         data = None
     if isinstance(data, dict) and data.get("type") == "error":

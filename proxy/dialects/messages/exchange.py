@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from ...relay import Translator
+from ...surrogates import loads
 from .. import Answer
 from ..chat import NotACompletion, parse_completion
 from ..chat.stream import masked_chunks
@@ -26,14 +27,13 @@ from .blocks import to_messages
 
 __all__ = ["ChatOverMessages", "MessagesNative", "MessagesOverChat", "read_message"]
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
 def read_message(content: bytes) -> dict[str, Any]:
     """An Anthropic upstream's answer, decoded; raises ``NotACompletion`` unless it is a message."""
     try:
-        data = _decode(content)
+        data = loads(content)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
     if not translate.read_message(data):
@@ -68,7 +68,7 @@ class MessagesOverChat:
         completion = parse_completion(content)
         blocks = translate.content_of(completion.message, self.node_id)
         usage = translate.anthropic_usage(completion.usage)
-        model = _decode(content).get("model") or self.params.get("model")
+        model = loads(content).get("model") or self.params.get("model")
         body = translate.message_object(node_id=self.node_id, model=model, content=blocks,
                                         stop=translate.stop_reason(completion.finish_reason), usage=usage,
                                         applied_edits=self.params.get(translate.APPLIED_EDITS))

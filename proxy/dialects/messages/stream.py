@@ -24,6 +24,7 @@ import msgspec
 from ...failures import Failure
 from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
+from ...surrogates import encode, loads
 from ..chat.completion import call_id
 from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
@@ -32,12 +33,9 @@ from .errors import anthropic_type, error_event, in_anthropic_words
 
 __all__ = ["FromChat", "Message", "Native", "ToChat", "error_event"]
 
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
-
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + _encode({"type": kind, **data}) + b"\n\n"
+    return b"event: " + kind.encode() + b"\ndata: " + encode({"type": kind, **data}) + b"\n\n"
 
 
 _DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
@@ -136,7 +134,7 @@ class Message:
             return
         text = "".join(pieces)
         try:
-            block["input"] = _decode(text) if text.strip() else {}
+            block["input"] = loads(text) if text.strip() else {}
         except (msgspec.DecodeError, RecursionError):
             block["input"] = {"arguments": text}
 
@@ -369,7 +367,7 @@ class ToChat:
     def _line(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         chunk = {"id": f"chatcmpl-{self.node_id.hex}", "object": "chat.completion.chunk", "created": self.created,
                  "model": self.acc.message.get("model"), "choices": choices, **extra}
-        return b"data: " + _encode(chunk) + b"\n\n"
+        return b"data: " + encode(chunk) + b"\n\n"
 
     def _chunk(self, delta: dict[str, Any]) -> bytes:
         out = b""

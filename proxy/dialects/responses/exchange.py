@@ -19,6 +19,7 @@ import msgspec
 
 from ...relay import Translator
 from ...secrets import Masker
+from ...surrogates import loads
 from .. import Answer
 from ..chat import parse_completion
 from ..chat.stream import masked_chunks
@@ -40,7 +41,6 @@ def compaction_output(params: dict[str, Any], node_id: uuid.UUID) -> list[dict[s
     node = params.get(_COMPACTED)
     return [] if node is None else [compaction_item(node, node_id)]
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -77,7 +77,7 @@ class ResponsesOverChat:
         response = translate.response_object(node_id=self.node_id, params=self.params,
                                              output=[*compaction_output(self.params, self.node_id), *output],
                                              usage=usage, instructions=self.instructions,
-                                             finish_reason=completion.finish_reason, model=_decode(content).get("model"))
+                                             finish_reason=completion.finish_reason, model=loads(content).get("model"))
         return Answer(_encode(response), output, self.messages(output), usage, completion.finish_reason)
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:

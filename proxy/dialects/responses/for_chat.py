@@ -25,20 +25,18 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from ...assembly import strip
 from ...errors import InvalidRequest
 from ...failures import Failure
 from ...secrets import Masker
 from ...sse import DONE, payload, sse_error_event
+from ...surrogates import encode
 from .items import reasoning_text, to_messages
 from .tools import flat_name
 from .translate import chat_usage_of
 
 __all__ = ["ToChat", "check_fields", "completion", "finish_reason", "message_of", "request_fields"]
 
-_encode = msgspec.json.Encoder().encode
 
 _DROPPED = frozenset({"stream_options", "seed", "store", "messages"})
 _LEAST_OUTPUT = 16  # the smallest max_output_tokens the Responses API takes (OpenAI's: 400 below it)
@@ -280,7 +278,7 @@ class ToChat:
     def _line(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         chunk = {"id": _completion_id(self.node_id), "object": "chat.completion.chunk", "created": self.created,
                  "model": self.model, "choices": choices, **extra}
-        return b"data: " + _encode(chunk) + b"\n\n"
+        return b"data: " + encode(chunk) + b"\n\n"
 
     def _open(self) -> bytes:
         """The first chunk (the role), once."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from ...surrogates import loads
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
 from .tools import LOADED, SEARCH, custom_arguments, flat_name, members
@@ -64,7 +65,6 @@ _TEXT_IN = frozenset({"input_text", "text"})
 _TEXT_OUT = frozenset({"output_text", "text"})
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 
 
 def items_of(message: dict[str, Any]) -> str | None:
@@ -105,7 +105,7 @@ def read_response(content: bytes) -> dict[str, Any]:
     """A Responses upstream's answer, decoded; raises ``NotACompletion`` unless it is a response
     that did not fail."""
     try:
-        data = _decode(content)
+        data = loads(content)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
     if not isinstance(data, dict) or not isinstance(data.get("output"), list) or data.get("status") == "failed":
@@ -192,7 +192,7 @@ def _search_arguments(value: Any) -> str:
     for it; a bare query (a string that is not a JSON object) as ``{"query": ...}``."""
     if isinstance(value, str):
         try:
-            decoded = _decode(value)
+            decoded = loads(value)
         except msgspec.DecodeError:
             decoded = value
         if isinstance(decoded, dict):

@@ -10,18 +10,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import msgspec
-
 from ...failures import Failure
 from ...secrets import Masker
 from ...sse import DONE, payload, relayable
+from ...surrogates import encode
 from . import translate
 from .items import response_id
 from .stream import Events
 
 __all__ = ["Native"]
-
-_encode = msgspec.json.Encoder().encode
 
 
 class Native:
@@ -59,7 +56,7 @@ class Native:
         a compaction item, a failure -- are numbered in it too)."""
         event["sequence_number"] = self.emit.sequence
         self.emit.sequence += 1
-        return b"event: " + str(kind).encode() + b"\ndata: " + _encode(event) + b"\n\n"
+        return b"event: " + str(kind).encode() + b"\ndata: " + encode(event) + b"\n\n"
 
     def event(self, raw: bytes) -> bytes:
         if self.masker:

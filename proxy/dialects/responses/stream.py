@@ -19,18 +19,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import msgspec
-
 from ...failures import Failure
 from ...sse import DONE, UNREAD, payload
+from ...surrogates import encode
 from ..chat.completion import call_id
 from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
 from .tools import offered
 
 __all__ = ["Events", "FromChat"]
-
-_encode = msgspec.json.Encoder().encode
 
 
 class Events:
@@ -42,7 +39,7 @@ class Events:
     def __call__(self, type_: str, **fields: Any) -> bytes:
         data = {"type": type_, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return b"event: " + type_.encode() + b"\ndata: " + _encode(data) + b"\n\n"
+        return b"event: " + type_.encode() + b"\ndata: " + encode(data) + b"\n\n"
 
 
 class FromChat:

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from ...errors import InvalidRequest
+from ...surrogates import loads
 from .. import DROPPED_TOOLS
 
 __all__ = ["DROPPED", "LOADED", "SEARCH", "chat_tools", "custom_arguments", "custom_input", "custom_names", "flat_name",
@@ -40,7 +41,6 @@ _CALLABLE = frozenset({"function", "custom"})  # the tools a chat upstream's mod
 _INPUT = "input"  # a custom tool's one argument over chat
 
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 
 
 def members(tool: dict[str, Any]) -> list[Any]:
@@ -117,7 +117,7 @@ def custom_input(arguments: Any) -> str:
     if not isinstance(arguments, str):
         return ""
     try:
-        value = _decode(arguments)
+        value = loads(arguments)
     except msgspec.DecodeError:
         return arguments
     if isinstance(value, dict) and isinstance(value.get(_INPUT), str):

@@ -20,6 +20,7 @@ import msgspec
 
 from ...assembly import NATIVE
 from ...errors import InvalidRequest
+from ...surrogates import loads
 from .. import CACHE_WRITES, usage_count
 from ..chat.completion import call_id
 from .tools import (
@@ -38,7 +39,6 @@ from .tools import (
 __all__ = ["chat_params", "chat_usage_of", "finish_of", "input_item_id", "item_id_prefix", "native_params", "output_items", "response_object",
            "usage_of"]
 
-_decode = msgspec.json.Decoder().decode
 
 # Responses fields with a chat-completions equivalent of the same name and meaning.
 _SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "service_tier", "prompt_cache_key",
@@ -260,7 +260,7 @@ def tool_call_item(node_id: uuid.UUID, index: int, call_id: Any, name: Any, argu
     if is_search(name, tools):
         kind = "tool_search_call"
         try:
-            parsed = _decode(arguments) if arguments else {}
+            parsed = loads(arguments) if arguments else {}
         except msgspec.DecodeError:
             parsed = arguments
         if not isinstance(parsed, dict):  # (a model that wrote its query bare: an object, as the item has it)

@@ -15,14 +15,13 @@ from typing import Any
 
 import msgspec
 
+from ....surrogates import loads
 from ...responses.items import ITEMS, PRODUCER, items_of
 from .to_chat import CONT, INLINE, _blocks
 
 __all__ = ["input_json", "sendable", "to_anthropic"]
 
 _THINKING = frozenset({"thinking", "redacted_thinking"})
-
-_decode = msgspec.json.Decoder().decode
 
 
 # -- chat messages -> an Anthropic request's system and messages -----------------------------------
@@ -90,7 +89,7 @@ def _input(arguments: Any) -> Any:
     if isinstance(arguments, dict):
         return arguments
     try:
-        value = _decode(arguments) if isinstance(arguments, str | bytes) and arguments else {}
+        value = loads(arguments) if isinstance(arguments, str | bytes) and arguments else {}
     except (msgspec.DecodeError, RecursionError):
         return {"arguments": arguments}  # (not JSON: kept, as a field)
     return value if isinstance(value, dict) else {"value": value}
@@ -101,7 +100,7 @@ def input_json(arguments: str) -> str:
     are a JSON object, else the object ``_input`` makes of them -- what the answer whole and the
     stored answer say, and what an SDK can parse (it refuses anything but an object)."""
     try:
-        if isinstance(_decode(arguments), dict):
+        if isinstance(loads(arguments), dict):
             return arguments
     except (msgspec.DecodeError, RecursionError):
         pass

@@ -1,0 +1,134 @@
+"""JSON holding a lone UTF-16 surrogate escape (``"\\ud83d"``: half an emoji), docs/behaviour.md#limits-and-hostile-peers.
+
+Valid by JSON's grammar, taken by Python's ``json`` and JavaScript's ``JSON.parse`` (the SDKs) --
+and written by ``JSON.stringify`` for a string cut mid-emoji, or streamed by a server that slices
+its text in UTF-16 units -- but refused by msgspec's decoder; and a string holding such a half
+can be neither written as UTF-8 (msgspec's encoder refuses it) nor stored (PostgreSQL cannot).
+
+msgspec stays the fast path: only JSON it refused, and only when it holds a surrogate escape, is
+read again by the standard library. A whole document (``loads``) comes back valid -- a lone
+surrogate replaced by U+FFFD, nothing being left to complete it; a stream's event (``loads_piece``)
+keeps its halves, so an emoji cut across two deltas is whole again in the answer assembled from
+them (``mend``, once the stream ended, when ``read_count`` says such an event was read).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+__all__ = ["encode", "loads", "loads_piece", "mend", "read_count"]
+
+_decode = msgspec.json.Decoder().decode
+_encode = msgspec.json.Encoder().encode
+_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # (\ud800 to \udfff: a surrogate, lone or one of a pair)
+_TEXT_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_read = 0  # stream events read with their surrogates kept (``loads_piece``), ever
+
+
+def _refuse(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # (json.loads takes NaN and Infinity; msgspec does not)
+
+
+def _fallback(data: bytes | bytearray | memoryview | str, exc: Exception) -> Any:
+    """``data``, which msgspec refused with ``exc``, read by the standard library -- if it holds a
+    surrogate, as an escape (or, in a string, as itself); else ``exc`` raised, as it would have been."""
+    if isinstance(data, str):
+        if not (isinstance(exc, UnicodeEncodeError) or _TEXT_ESCAPE.search(data)):
+            raise exc
+        text = data
+    else:
+        raw = bytes(data)
+        if not _ESCAPE.search(raw):
+            raise exc
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise exc from None
+    try:
+        return json.loads(text, parse_constant=_refuse)
+    except ValueError:  # (broken otherwise too: msgspec's word stands)
+        raise (exc if isinstance(exc, msgspec.DecodeError) else msgspec.DecodeError("JSON is malformed")) from None
+
+
+def loads(data: bytes | bytearray | memoryview | str, decoder: Callable[[Any], Any] = _decode) -> Any:
+    """A whole JSON document (a request, an answer, an error body) decoded by ``decoder`` (an
+    untyped one); one holding a lone surrogate escape too, that surrogate read as U+FFFD. Anything
+    else the decoder refuses raises its ``msgspec.DecodeError``, as it would have."""
+    try:
+        return decoder(data)
+    except (msgspec.DecodeError, UnicodeEncodeError) as exc:  # (the latter: a string holding a surrogate itself)
+        return mend(_fallback(data, exc))
+
+
+def loads_piece(data: bytes | bytearray | memoryview | str) -> Any:
+    """A stream event's JSON data, as ``loads`` -- but a lone surrogate is kept (its other half may
+    come with the next event): whoever assembles an answer from such events ``mend``s it once
+    whole, and writes the events it makes with ``encode``."""
+    global _read
+    try:
+        return _decode(data)
+    except (msgspec.DecodeError, UnicodeEncodeError) as exc:
+        value = _fallback(data, exc)
+        _read += 1
+        return value
+
+
+def read_count() -> int:
+    """How many stream events were read holding a surrogate escape msgspec refused, ever: a stream
+    during which it grew may hold surrogates in its answer (another stream's may have grown it too:
+    mending an answer that needs none changes nothing)."""
+    return _read
+
+
+def encode(value: Any, encoder: Callable[[Any], bytes] = _encode) -> bytes:
+    """``encoder(value)``; a value holding a lone surrogate (a stream event's, ``loads_piece``) as
+    ASCII JSON, the surrogate written as the escape it came as -- what a client reading the
+    upstream itself would have got."""
+    try:
+        return encoder(value)
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _mended(text: str) -> str:
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # (a surrogate: paired up where it can be, else U+FFFD)
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+def mend(value: Any) -> Any:
+    """``value`` with every string (and key) holding a UTF-16 surrogate made valid: the two halves
+    of a character, joined (a pair cut across a stream's deltas and assembled again), become it;
+    a lone half becomes U+FFFD. Returns a new value (only strings, lists and dicts are walked),
+    walked with a stack of its own -- not by recursion: a value nested hundreds of levels deep is
+    mended like any other."""
+    if isinstance(value, str):
+        return _mended(value)
+    if not isinstance(value, (list, dict)):
+        return value
+    root: Any = [] if isinstance(value, list) else {}
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        source, copy = stack.pop()
+        items = enumerate(source) if isinstance(source, list) else source.items()
+        for k, v in items:
+            if isinstance(v, str):
+                v = _mended(v)
+            elif isinstance(v, (list, dict)):
+                new: Any = [] if isinstance(v, list) else {}
+                stack.append((v, new))
+                v = new
+            if isinstance(copy, list):
+                copy.append(v)
+            else:
+                copy[_mended(k) if isinstance(k, str) else k] = v
+    return root
