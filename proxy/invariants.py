@@ -59,7 +59,7 @@ async def check_invariants(db: Database, *, grace: float = 30.0, assemble_heads:
     for r in await ops.stale_leases(grace):
         out.append(Violation("no_stale_lease", f"conversation {r['id']!r} leased to {r['lease_node_id']} long after expiry"))
     for r in await ops.unreached_nodes(limit):
-        out.append(Violation("node_reached", f"node {r['id']} (of deleted conversation {r['conversation_id']!r}) "
+        out.append(Violation("node_reached", f"node {r['id']} ({r['conversation_id']!r}: a deleted conversation's) "
                                              "is reached by no conversation of its tree"))
     if assemble_heads:
         for conversation_id, path in await ops.head_paths(limit):
