@@ -365,6 +365,23 @@ def test_a_chat_answer_is_complete_once_every_choice_finished():
     assert acc.complete
 
 
+def test_a_chat_answer_finished_on_a_chunk_still_bringing_text_is_not_known_whole():
+    """Some servers put finish_reason on every chunk (or on the chunks still bringing text): a
+    client leaving after one of those may be leaving mid-answer, so the answer counts as whole
+    only once a chunk finishes it bringing nothing more -- else a stop pressed mid-answer stored
+    the cut answer as a success, and sent it as the next call's context."""
+    acc = StreamAccumulator()
+    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "The first half "},
+                                      "finish_reason": "stop"}]})
+    assert acc.finish_reason == "stop" and not acc.complete
+    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {"content": "and the rest."}, "finish_reason": "stop"}]})
+    assert not acc.complete
+    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    assert acc.complete
+    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {"content": " More?"}, "finish_reason": None}]})
+    assert not acc.complete  # (text after the finish: not whole after all)
+
+
 def test_a_translated_anthropic_answer_is_complete_at_its_stop_reason():
     """A Responses client over an Anthropic upstream (through chat) that leaves after the upstream's
     message_delta, before message_stop: the answer is whole, and what is stored holds it with its

@@ -140,7 +140,8 @@ def test_a_client_that_leaves_once_its_answer_is_whole_gets_it_stored(proxy, ups
     usage = {"id": "chatcmpl-g", "object": "chat.completion.chunk", "created": 0, "model": MODEL, "choices": [],
              "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
     upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", gate=gate,
-                           body=_chunk({"role": "assistant", "content": "The capital is "}) + _chunk({"content": "Paris."}, "stop"),
+                           body=_chunk({"role": "assistant", "content": "The capital is "}) + _chunk({"content": "Paris."})
+                           + _chunk({}, "stop"),
                            rest=b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n"))
     try:
         with httpx.Client(base_url=proxy.url, timeout=10) as http:
@@ -148,7 +149,7 @@ def test_a_client_that_leaves_once_its_answer_is_whole_gets_it_stored(proxy, ups
                              headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}) as r:
                 node_id = r.headers["x-node-id"]
                 for line in r.iter_lines():
-                    if "Paris." in line:  # (the chat chunk that finishes the choice brings it)
+                    if "Paris." in line:  # (the finishing chunk came with it: read in the same turn)
                         break  # the answer is whole: the client leaves
             node = wait_for(lambda: (row := db.node(node_id))["status"] != "pending" and row, 10, "the node stored")
             assert node["status"] == "success" and node["error"] is None, node["error"]

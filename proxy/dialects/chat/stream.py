@@ -84,12 +84,17 @@ class StreamAccumulator:
             if not isinstance(choice, dict):
                 continue
             index = choice.get("index", 0)
+            delta = choice.get("delta") or {}
             if isinstance(index, (int, str)):
-                finished = bool(choice.get("finish_reason")) and isinstance(choice["finish_reason"], str)
-                self.choices[index] = self.choices.get(index, False) or finished
+                # a choice is whole once a chunk finishes it carrying nothing more: some servers put
+                # finish_reason on every chunk, or on chunks still bringing text -- an answer cut
+                # there is not whole (and more text after a finish makes it not whole again)
+                finish = choice.get("finish_reason")
+                carries = not isinstance(delta, dict) or any(v for k, v in delta.items() if k != "role")
+                self.choices[index] = (not carries) and (self.choices.get(index, False)
+                                                         or (bool(finish) and isinstance(finish, str)))
             if index != 0:
                 continue
-            delta = choice.get("delta") or {}
             if delta:
                 self._merge(delta)
             if choice.get("finish_reason") and isinstance(choice["finish_reason"], str):
@@ -97,7 +102,8 @@ class StreamAccumulator:
 
     @property
     def complete(self) -> bool:
-        """Every choice finished: what may follow is the usage and ``[DONE]``."""
+        """Every choice finished (by a chunk bringing nothing more): what may follow is the usage
+        and ``[DONE]``."""
         return self.finish_reason is not None and all(self.choices.values())
 
     def marks(self) -> Marks:
