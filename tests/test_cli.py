@@ -102,9 +102,10 @@ def test_conversations_export(populated, tmp_path):
 
 
 def test_a_failed_export_leaves_no_file_and_says_why(populated, tmp_path):
-    """An export that fails writes nothing: an id mistyped leaves no empty file a backup script
-    would take for an empty conversation (and a file there before stays as it was); a directory
-    that does not exist is a message, not a traceback."""
+    """An export of an unknown id writes nothing: a mistyped id left an empty file a backup script
+    would take for an empty conversation (and emptied a file there before). A directory that does
+    not exist is a message, not a traceback. The output is written where it points, as a shell's
+    redirection would: through a link, keeping the file's mode."""
     url, _ = populated
     typo = tmp_path / "typo.jsonl"
     result = cli(url, "conversations", "export", "sales-typo", "-o", str(typo))
@@ -112,14 +113,18 @@ def test_a_failed_export_leaves_no_file_and_says_why(populated, tmp_path):
     assert not typo.exists() and list(tmp_path.iterdir()) == []
     kept = tmp_path / "kept.jsonl"
     kept.write_text("before\n")
+    kept.chmod(0o644)
     result = cli(url, "conversations", "export", "sales-typo", "-o", str(kept))
     assert result.exit_code == 1 and kept.read_text() == "before\n" and list(tmp_path.iterdir()) == [kept]
     missing = tmp_path / "no-such-dir" / "x.jsonl"
     result = cli(url, "conversations", "export", "sales-copy", "-o", str(missing))
     assert result.exit_code == 1 and result.output.startswith("Error: cannot write ") and str(missing) in result.output
     assert "Traceback" not in result.output
-    result = cli(url, "conversations", "export", "sales-copy", "-o", str(kept))  # a whole export replaces it
-    assert result.exit_code == 0 and kept.read_text() != "before\n" and list(tmp_path.iterdir()) == [kept]
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(kept)
+    result = cli(url, "conversations", "export", "sales-copy", "-o", str(link))
+    assert result.exit_code == 0 and link.is_symlink() and kept.read_text() != "before\n"
+    assert kept.stat().st_mode & 0o777 == 0o644
 
 
 def test_the_admin_api_exports_what_the_command_exports(populated, upstream_url):

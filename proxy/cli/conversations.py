@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,39 +58,41 @@ def export(conversation_id: str, config_file: str | None, tenant: str | None, ou
 
     settings = settings_of(config_file)
 
-    async def go(write: Callable[[bytes], Any]) -> int:
+    async def go() -> int:
         async with database(settings) as db:
             store, conv = await find_conversation(db, conversation_id, tenant)
-            total = conv.node_count
-            count = 0
-            with Progress(TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=console(stderr=True), transient=True, disable=output == "-") as progress:
-                task = progress.add_task("export", total=total)
+            # the output is opened once the conversation is found: a mistyped id leaves no empty
+            # file a backup script would take for an empty conversation (nor empties one there)
+            with _opened(output) as write, Progress(
+                    TextColumn("exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console(stderr=True), transient=True, disable=output == "-") as progress:
+                count = 0
+                task = progress.add_task("export", total=conv.node_count)
                 async for line in export_lines(store, conv):
                     write(line)
                     count += 1
                     progress.update(task, completed=count)
             return count
 
-    if output == "-":
-        count = run(go(sys.stdout.buffer.write))
-        sys.stdout.flush()
-    else:
-        # written beside the file and renamed into place once whole: a failed export (an unknown
-        # id, the database gone) leaves no file -- or the one there before -- not an empty one
-        target = Path(output)
-        try:
-            fd, part = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-        except OSError as exc:
-            raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                count = run(go(fh.write))
-            os.replace(part, target)
-        except BaseException:
-            Path(part).unlink(missing_ok=True)
-            raise
+    count = run(go())
+    if output != "-":
         console(stderr=True).print(f"exported {count} node(s) to {output}")
+
+
+@contextmanager
+def _opened(output: str) -> Iterator[Callable[[bytes], Any]]:
+    """Where an export writes: standard output (``-``), else the file (a link followed, a pipe or
+    ``/dev/stdout`` written as it is) -- one that cannot be opened is a message, not a traceback."""
+    if output == "-":
+        yield sys.stdout.buffer.write
+        sys.stdout.flush()
+        return
+    try:
+        fh = Path(output).open("wb")  # noqa: SIM115 - closed by the with below, once the open is known to have worked
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
+    with fh:
+        yield fh.write
 
 
 @conversations.command("import")
