@@ -15,6 +15,7 @@ them (``mend``, once the stream ended, when ``read_count`` says such an event wa
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -25,13 +26,22 @@ __all__ = ["encode", "loads", "loads_piece", "mend", "read_count"]
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
-_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # (\ud800 to \udfff: a surrogate, lone or one of a pair)
-_TEXT_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# \ud800 to \udfff (a surrogate, lone or one of a pair) as an escape -- not the text "\\ud83d" (an
+# escaped backslash before "ud83d": code, a path), which is no surrogate and needs no second reading
+_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F]")
+_TEXT_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F]")
 _read = 0  # stream events read with their surrogates kept (``loads_piece``), ever
 
 
 def _refuse(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # (json.loads takes NaN and Infinity; msgspec does not)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # (json.loads reads 1e999 as inf; msgspec refuses it as out of range)
+        raise ValueError(f"{text} is out of range")
+    return value
 
 
 def _fallback(data: bytes | bytearray | memoryview | str, exc: Exception) -> Any:
@@ -50,7 +60,7 @@ def _fallback(data: bytes | bytearray | memoryview | str, exc: Exception) -> Any
         except UnicodeDecodeError:
             raise exc from None
     try:
-        return json.loads(text, parse_constant=_refuse)
+        return json.loads(text, parse_constant=_refuse, parse_float=_finite)
     except ValueError:  # (broken otherwise too: msgspec's word stands)
         raise (exc if isinstance(exc, msgspec.DecodeError) else msgspec.DecodeError("JSON is malformed")) from None
 

@@ -321,6 +321,38 @@ def test_a_request_holding_a_lone_surrogate_is_taken(proxy, mproxy, upstream, ke
     assert r.json()["error"]["message"] == "the request body is not valid JSON: Input data was truncated"
 
 
+def test_a_lone_surrogate_in_streamed_tool_arguments_is_written_not_a_failure():
+    """Tool arguments cut mid-emoji (max_tokens) by a stream whose events kept the half: the
+    Messages translation of a chat answer wraps arguments that are no JSON object as an input
+    object, and writing it failed on the half -- the stream ended in an error. Each place that
+    writes such text writes the half as the escape it came as."""
+    from proxy.dialects.messages.blocks.from_chat import input_json
+    from proxy.dialects.messages.blocks.to_chat import _arguments
+    from proxy.dialects.responses.tools import custom_arguments
+    from proxy.surrogates import loads_piece
+
+    cut = loads_piece(b'{"arguments": "{\\"q\\": \\"smile \\ud83d"}')["arguments"]
+    assert cut == '{"q": "smile \ud83d'
+    assert json.loads(input_json(cut)) == {"arguments": cut}
+    assert json.loads(_arguments({"q": "smile \ud83d"})) == {"q": "smile \ud83d"}
+    assert json.loads(custom_arguments("smile \ud83d")) == {"input": "smile \ud83d"}
+
+
+def test_only_a_surrogate_escape_is_read_again():
+    """The second reading is for surrogate escapes only: the text "\\ud83d" (an escaped
+    backslash: code, a path) is none, and JSON refused for anything else stays refused -- a number
+    out of range among them, which Python's reader would have taken as infinity."""
+    import msgspec
+
+    from proxy.surrogates import loads
+
+    assert loads(b'{"m": "C:\\\\ud83d"}') == {"m": "C:\\ud83d"}
+    for broken in (b'{"t": 1e999, "m": "C:\\\\ud83d"}', b'{"t": 1e999, "m": "\\ud83d"}',
+                   b'{"t": NaN, "m": "\\ud83d"}', b'{"m": "\\ud83d"'):
+        with pytest.raises(msgspec.DecodeError):
+            loads(broken)
+
+
 # -- 4. a database that answers too late ---------------------------------------------------------
 
 class StallingRelay:

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 
 from ...errors import InvalidRequest
-from ...surrogates import loads
+from ...surrogates import encode, loads
 from .. import DROPPED_TOOLS
 
 __all__ = ["DROPPED", "LOADED", "SEARCH", "chat_tools", "custom_arguments", "custom_input", "custom_names", "flat_name",
@@ -40,7 +40,6 @@ _SEPARATOR = "__"
 _CALLABLE = frozenset({"function", "custom"})  # the tools a chat upstream's model can call (the client runs them)
 _INPUT = "input"  # a custom tool's one argument over chat
 
-_encode = msgspec.json.Encoder().encode
 
 
 def members(tool: dict[str, Any]) -> list[Any]:
@@ -107,7 +106,7 @@ def custom_names(tools: Any) -> frozenset[str]:
 
 def custom_arguments(text: Any) -> str:
     """A custom tool call's input as the arguments of the chat function call standing for it."""
-    return _encode({_INPUT: text if isinstance(text, str) else ""}).decode()
+    return encode({_INPUT: text if isinstance(text, str) else ""}).decode()  # (a streamed input's lone surrogate too)
 
 
 def custom_input(arguments: Any) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ....surrogates import loads
+from ....surrogates import encode, loads
 from ...responses.items import ITEMS, PRODUCER, items_of
 from .to_chat import CONT, INLINE, _blocks
 
@@ -104,7 +104,7 @@ def input_json(arguments: str) -> str:
             return arguments
     except (msgspec.DecodeError, RecursionError):
         pass
-    return msgspec.json.encode(_input(arguments)).decode()
+    return encode(_input(arguments)).decode()  # (arguments cut mid-emoji: a lone surrogate kept)
 
 
 def _from_chat(message: dict[str, Any], provider: str | None) -> tuple[str, list[dict[str, Any]]]:

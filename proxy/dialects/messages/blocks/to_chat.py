@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import msgspec
-
+from ....surrogates import encode
 from ...responses.items import ITEMS, ITEMS_OF, PRODUCER
 
 __all__ = ["CONT", "INLINE", "cleared", "fragments", "to_message", "to_messages"]
@@ -19,7 +18,6 @@ __all__ = ["CONT", "INLINE", "cleared", "fragments", "to_message", "to_messages"
 CONT = "_bp_cont"  # this fragment continues the Anthropic message of the one before
 INLINE = "_bp_inline"  # a system message among the messages (not the ``system`` field)
 
-_encode = msgspec.json.Encoder().encode
 
 _ERRORED = "[the tool failed] "  # a tool result's is_error, as a chat tool message says it
 
@@ -163,7 +161,7 @@ def _image_in_a_tool_result(block: dict[str, Any]) -> str:
 
 
 def _arguments(value: Any) -> str:
-    return _encode(value if value is not None else {}).decode()
+    return encode(value if value is not None else {}).decode()  # (a streamed input's lone surrogate too)
 
 
 def _assistant(blocks: list[Any]) -> dict[str, Any]:
