@@ -44,6 +44,14 @@ class LeaseKeeper:
     def untrack(self, node_id: uuid.UUID) -> None:
         self.inflight.pop(node_id, None)
 
+    def held(self, node_id: uuid.UUID) -> bool:
+        """Does this call surely still hold its lease -- set (by its start, or a renewal) less than
+        ``lease_seconds`` ago, with half an interval to spare for the round trip that set it? Once
+        it may have run out, another process may have reaped the node and a delete taken it:
+        its finish must not write it again as a start the database lost (docs/architecture.md#durability)."""
+        entry = self.inflight.get(node_id)
+        return entry is not None and time.monotonic() - entry[1] < self.lease_seconds - self.interval / 2
+
     def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self._renew_loop(), name="branchpoint-lease-renewal"),

@@ -7,9 +7,8 @@ too. Every way out of a started call ends in ``finish``."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from storage import CallFinish, Outcome, StorageUnavailable, TreeStore, transcript
@@ -62,12 +61,14 @@ class Outcomes:
             request_hash=started.request_hash, leased=started.leased,
             received_digests=transcript.digests(received_messages if received_messages is not None else received or ()),
         )
-        store = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
-                                  tenant=started.call.tenant, conversation_id=started.conversation_id,
-                                  begun=started.begun)
+        store = self._storing(started, finish)
         try:
-            if await store() is False:  # (None: its conversation deleted since -- deleted stays deleted)
-                log.warning("a call's node was reaped before its outcome could be stored (its lease ran out)",
+            if not await store():
+                # False: reaped (its lease ran out: a process cut off from the database longer than
+                # the lease); None: gone -- deleted after it was reaped, or its start lost and its
+                # place in the tree gone since. Deleted stays deleted, and the client is not told
+                # its answer was stored
+                log.warning("a call's node was reaped or deleted before its outcome could be stored",
                             extra={"node_id": str(started.node_id)})
                 self.leases.untrack(started.node_id)  # (no lease left to renew)
                 return False
@@ -92,6 +93,17 @@ class Outcomes:
             return True
         self.stored(started, outcome, usage, error)
         return True
+
+    def _storing(self, started: Started, finish: CallFinish) -> Callable[[], Awaitable[bool | None]]:
+        """What stores ``finish`` (again, if the database is away). A node missing at the finish is
+        written again as a start the database lost only while this process surely held its lease:
+        once that may have run out, the node may have been reaped and then deleted -- and a deleted
+        conversation (or one made again under its name) must not get it back."""
+        async def store() -> bool | None:
+            begun = started.begun if self.leases.held(started.node_id) else None
+            return await self.tree.finish_call(started.tree_id, started.node_id, finish, tenant=started.call.tenant,
+                                               conversation_id=started.conversation_id, begun=begun)
+        return store
 
     async def store_later(self, started: Started, store: Callable[[], Any], outcome: Outcome,
                            usage: dict[str, Any] | None, error: NodeError | None,
@@ -118,9 +130,7 @@ class Outcomes:
                             message=f"the proxy could not store this call's outcome ({cause})")
         finish = CallFinish(outcome=Outcome.TRANSIENT, error=failure, request_hash=started.request_hash,
                             leased=started.leased)
-        fail = functools.partial(self.tree.finish_call, started.tree_id, started.node_id, finish,
-                                 tenant=started.call.tenant, conversation_id=started.conversation_id,
-                                 begun=started.begun)
+        fail = self._storing(started, finish)
         try:
             try:
                 await fail()

@@ -90,6 +90,7 @@ class CallStart(msgspec.Struct, kw_only=True):
     ordinals: list[int] | None = None
     api: str = "chat"
     tree_id: uuid.UUID | None = None  # None here: bp_begin_call_at sets it (a start beside its tree)
+    restorable: bool = True  # this process's finish writes a lost start again: its commit need not wait
 
 
 class CallFinish(msgspec.Struct, kw_only=True):

@@ -225,3 +225,95 @@ def test_an_answer_whose_node_was_reaped_meanwhile_is_not_told_a_success(fresh_d
     error = outcome["error"]
     assert "lease ran out" in str(error) and (stream or getattr(error, "status_code", None) == 503), error
     assert db.node(pending)["received"] is None
+
+
+def _cut_off_from_renewing(monkeypatch):
+    """The process cannot reach the database to renew its leases (its calls go on)."""
+    async def lost(self, tree_id, node_id, lease_seconds):
+        from storage import StorageUnavailable
+        raise StorageUnavailable("connection lost (simulated)")
+    monkeypatch.setattr(TreeStore, "renew", lost)
+
+
+@pytest.mark.parametrize("made_again", [False, True])
+def test_a_reaped_call_whose_conversation_was_deleted_is_not_written_back(fresh_database_url, upstream_url, upstream,
+                                                                          key, monkeypatch, made_again):
+    """A process cut off from the database longer than the lease: another process reaps its call,
+    and then the conversation is deleted (nothing holds it any more) -- and made again under its
+    name. When the old call's answer comes, its node is missing; it was written again, as a start
+    the database had lost: the deleted conversation came back, or its question and answer became
+    the new one's head and context, and the client was told it succeeded. A node is written again
+    only while its process surely held the lease; the client is told the call was interrupted."""
+    cid = f"again-{uuid.uuid4().hex[:8]}"
+    db = Db(fresh_database_url)
+    settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 1.5, "reaper_interval_seconds": 0.1})
+    with serve_proxy(settings) as a, serve_proxy(settings) as b:
+        hold = threading.Event()
+        upstream.enqueue(Reply(content="OLD ANSWER", hold=hold))
+        outcome: dict[str, object] = {}
+
+        def old_call() -> None:
+            try:
+                ask(a.openai(key, max_retries=0), cid, "OLD QUESTION")
+            except openai.APIError as exc:
+                outcome["error"] = exc
+
+        _cut_off_from_renewing(monkeypatch)
+        thread = threading.Thread(target=old_call)
+        thread.start()
+        try:
+            upstream.wait_for(1)
+            wait_for(lambda: db.fetchval("SELECT outcome FROM nodes WHERE conversation_id = $1", cid) == "transient",
+                     10, "the reaper")
+            assert b.http(key).delete(f"/admin/conversations/{cid}").status_code == 200
+            if made_again:
+                ask(b.openai(key), cid, "NEW QUESTION")
+        finally:
+            hold.set()
+        thread.join(20)
+        assert getattr(outcome.get("error"), "status_code", None) == 503, outcome
+        assert not any("OLD QUESTION" in str(row["sent"]) for row in db.fetch("SELECT sent FROM nodes"))
+        if made_again:
+            ask(b.openai(key), cid, "FOLLOW-UP")
+            assert upstream.last.messages == [user("NEW QUESTION"), {"role": "assistant", "content": "echo: NEW QUESTION"},
+                                              user("FOLLOW-UP")]
+        else:
+            assert db.fetchval("SELECT count(*) FROM conversations WHERE id = $1", cid) == 0
+
+
+def test_a_reaped_call_whose_response_was_deleted_leaves_the_head_where_it_was_put(
+        fresh_database_url, upstream_url, upstream, key, monkeypatch):
+    """The same for a later call: reaped, the head moved back by hand, the reaped node deleted as a
+    response (DELETE /v1/responses/{id}) -- its answer, coming then, neither brought the node back
+    nor moved the head onto it."""
+    cid = f"resp-{uuid.uuid4().hex[:8]}"
+    db = Db(fresh_database_url)
+    settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 1.5, "reaper_interval_seconds": 0.1})
+    with serve_proxy(settings) as a, serve_proxy(settings) as b:
+        first = ask(b.openai(key), cid, "first")[1]["x-node-id"]
+        hold = threading.Event()
+        upstream.enqueue(Reply(content="OLD ANSWER", hold=hold))
+        outcome: dict[str, object] = {}
+
+        def old_call() -> None:
+            try:
+                ask(a.openai(key, max_retries=0), cid, "OLD QUESTION")
+            except openai.APIError as exc:
+                outcome["error"] = exc
+
+        _cut_off_from_renewing(monkeypatch)
+        thread = threading.Thread(target=old_call)
+        thread.start()
+        try:
+            upstream.wait_for(2)
+            old = wait_for(lambda: db.fetchval("SELECT id FROM nodes WHERE conversation_id = $1 AND outcome = 'transient'",
+                                               cid), 10, "the reaper")
+            http = b.http(key)
+            assert http.put(f"/admin/conversations/{cid}/head", json={"node_id": first}).status_code == 200
+            assert http.delete(f"/v1/responses/resp_{old.hex}").status_code == 200
+        finally:
+            hold.set()
+        thread.join(20)
+        assert getattr(outcome.get("error"), "status_code", None) == 503, outcome
+        assert db.head(cid) == first
+        assert db.fetchval("SELECT count(*) FROM nodes WHERE id = $1", old) == 0

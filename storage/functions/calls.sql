@@ -47,12 +47,17 @@
 --                             start then reads no other tree and claims no name -- a conversation
 --                             not there answers 'elsewhere' (bp_conversation_at); null: look it up
 --                             by name, and make it if it is new
+--   restorable                the caller's finish writes the start again if a crash lost it
+--                             (bp_restore_start): then, and only then, the start's commit does not
+--                             wait for the disk. A process of a version before this field (a
+--                             rolling upgrade: it calls the new functions) sends none, sends no
+--                             restore with its finish either, and its starts commit as they did
 SELECT bp_define_type('bp_call_start_t', '
     tenant text, conversation_id text, new_conversation_id text, new_tree_id uuid, tree_id uuid,
     node_id uuid, kind text, mode text, parent_mode text, parent_id uuid,
     sent jsonb, digests bytea[], prefixes bytea[], prefix_offset integer,
     system_hash bytea, lease_seconds double precision, model text, provider text,
-    params jsonb, ordinals integer[], api text');
+    params jsonb, ordinals integer[], api text, restorable boolean');
 
 -- bp_call_finish_t: how a call ended, as storage.tree.CallFinish sends it -- read by
 -- bp_finish_call as bp_call_start_t is read (made the same way; a field: a line here and the struct):
@@ -122,8 +127,10 @@ DECLARE
     v_above bytea;
 BEGIN
     -- the start's commit does not wait for the disk: what a crash could lose of it, the finish
-    -- writes again (bp_restore_start; docs/architecture.md#durability)
-    PERFORM set_config('synchronous_commit', 'off', true);
+    -- writes again (bp_restore_start; docs/architecture.md#durability) -- a finish that can
+    IF s.restorable THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     IF s.mode = 'full' THEN
         RETURN QUERY SELECT * FROM bp_begin_full(p_start, p_known);
         RETURN;

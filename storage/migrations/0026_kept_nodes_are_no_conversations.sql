@@ -10,7 +10,12 @@
 -- migration 0015's). Then the nodes a fork made under a deleted conversation's name took over
 -- are given back: a fork's own nodes are all younger than the fork, so a node older than the
 -- fork whose name it carries was the deleted conversation's (a fork made into an empty
--- conversation keeps that one's creation time, older still than its own nodes).
+-- conversation keeps that one's creation time, older still than its own nodes). Older by more
+-- than a second: on a PostgreSQL distributed by tree a node's time is its worker's clock and a
+-- conversation's the coordinator's, and a session continuing a fork makes its first node within
+-- milliseconds of the fork -- a clock a little behind must not take that node from it. (A
+-- conversation deleted and made again as a fork within the second keeps what it took; the fix
+-- in bp_delete_conversation stops it from happening again.)
 
 UPDATE nodes n SET conversation_id = n.conversation_id || ' (deleted)'
  WHERE strpos(n.conversation_id, ' ') = 0
@@ -20,4 +25,4 @@ UPDATE nodes n SET conversation_id = n.conversation_id || ' (deleted)'
 UPDATE nodes n SET conversation_id = n.conversation_id || ' (deleted)'
   FROM conversations c
  WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant AND c.id = n.conversation_id
-   AND c.fork_node_id IS NOT NULL AND n.created_at < c.created_at;
+   AND c.fork_node_id IS NOT NULL AND n.created_at < c.created_at - interval '1 second';
