@@ -45,8 +45,9 @@ async def readyz(ops: NamedDependency[OpsStore]) -> Response[Readiness]:
         return Response(Readiness("unavailable", "unreachable", detail=str(exc)), status_code=503)
     if version < latest_version():
         return Response(Readiness("unavailable", "migrations pending", schema_version=version), status_code=503)
-    # (a newer schema -- `migrate` of the next version run before it rolls out -- serves this one
-    # too: migrations only add; this process stays in its load balancer until it is replaced)
+    # (a newer schema -- `migrate` of the next version run before it rolls out -- is ready too:
+    # this process stays in its load balancer until it is replaced. Whether its calls still work
+    # depends on the migrations in between: docs/scaling.md#upgrading)
     return Response(Readiness("ready", "ok", schema_version=version))
 
 
