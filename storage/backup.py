@@ -43,11 +43,23 @@ async def backup(dsn: str, file: Path) -> None:
     await _run("pg_dump", "--format=custom", "--no-owner", "--no-privileges", f"--file={file}", f"--dbname={dsn}")
 
 
+_ENDING = 3.0  # seconds other sessions are given to go: a client just gone, a proxy just stopped
+
+
 async def restore_blockers(conn: asyncpg.Connection) -> tuple[int, int]:
-    """(other sessions connected to the database, conversations it holds)."""
-    others = await conn.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        " AND backend_type = 'client backend'")
+    """(other sessions connected to the database, conversations it holds). A session whose client
+    has just closed it is still listed until its server process has ended -- a proxy stopped a
+    moment ago, the previous command's own connections: other sessions are given ``_ENDING``
+    seconds to go before they count."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _ENDING
+    while True:
+        others = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'")
+        if not others or loop.time() >= deadline:
+            break
+        await asyncio.sleep(0.1)
     held = await conn.fetchval("SELECT to_regclass('conversations') IS NOT NULL")
     conversations = await conn.fetchval("SELECT count(*) FROM conversations") if held else 0
     return others, conversations
