@@ -353,15 +353,21 @@ def test_a_translated_streams_thinking_is_the_whole_answers(translator, deltas):
     assert streamed == whole and whole
 
 
+def _upstream_chunk(acc: StreamAccumulator, chunk: dict) -> None:
+    """A chunk as the stream translators take it: its finishes read, then the chunk fed."""
+    acc.note_finishes(chunk)
+    acc.feed(chunk)
+
+
 def test_a_chat_answer_is_complete_once_every_choice_finished():
     """A client leaving before the stream's end had its whole answer only when every choice it was
     streamed (n > 1: several) had finished -- the first one's finish alone is not enough."""
     acc = StreamAccumulator()
-    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None},
+    _upstream_chunk(acc, {"id": "x", "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None},
                                      {"index": 1, "delta": {"content": "b"}, "finish_reason": None}]})
-    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    _upstream_chunk(acc, {"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     assert acc.finish_reason == "stop" and not acc.complete
-    acc.feed({"id": "x", "choices": [{"index": 1, "delta": {}, "finish_reason": "length"}]})
+    _upstream_chunk(acc, {"id": "x", "choices": [{"index": 1, "delta": {}, "finish_reason": "length"}]})
     assert acc.complete
 
 
@@ -371,15 +377,35 @@ def test_a_chat_answer_finished_on_a_chunk_still_bringing_text_is_not_known_whol
     only once a chunk finishes it bringing nothing more -- else a stop pressed mid-answer stored
     the cut answer as a success, and sent it as the next call's context."""
     acc = StreamAccumulator()
-    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "The first half "},
+    _upstream_chunk(acc, {"id": "x", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "The first half "},
                                       "finish_reason": "stop"}]})
     assert acc.finish_reason == "stop" and not acc.complete
-    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {"content": "and the rest."}, "finish_reason": "stop"}]})
+    _upstream_chunk(acc, {"id": "x", "choices": [{"index": 0, "delta": {"content": "and the rest."}, "finish_reason": "stop"}]})
     assert not acc.complete
-    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    _upstream_chunk(acc, {"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     assert acc.complete
-    acc.feed({"id": "x", "choices": [{"index": 0, "delta": {"content": " More?"}, "finish_reason": None}]})
+    _upstream_chunk(acc, {"id": "x", "choices": [{"index": 0, "delta": {"content": " More?"}, "finish_reason": None}]})
     assert not acc.complete  # (text after the finish: not whole after all)
+
+
+def test_a_chat_answer_is_whole_though_the_masker_released_held_text_with_its_finish():
+    """Text that could begin one of the call's credentials ("s" of "sk-...") is held back and
+    given out with the chunk that finishes its choice: that chunk then brings text, but the
+    upstream's did not -- the answer is whole, and a client leaving there gets it stored (it was
+    client_disconnected for any answer ending in a prefix of a key)."""
+    from proxy.dialects.chat.stream import ChatStream, masked_chunks
+
+    def event(delta: dict, finish: str | None = None) -> bytes:
+        return b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "model": "m",
+                                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode()
+
+    stream = ChatStream(strip_usage=True, masker=masked_chunks(["sk-secret-key-0123456789"]))
+    out = stream.event(event({"role": "assistant", "content": "Both are capital"}))
+    out += stream.event(event({"content": "s"}))
+    assert not stream.complete() and b'"s"' not in out  # (held back: it may begin the key)
+    out = stream.event(event({}, "stop"))
+    assert b'"content":"s"' in out.replace(b" ", b"")  # released with the finish
+    assert stream.complete() and "".join(stream.acc.content) == "Both are capitals"
 
 
 def test_a_translated_anthropic_answer_is_complete_at_its_stop_reason():

@@ -85,20 +85,30 @@ class StreamAccumulator:
                 continue
             index = choice.get("index", 0)
             delta = choice.get("delta") or {}
-            if isinstance(index, (int, str)):
-                # a choice is whole once a chunk finishes it carrying nothing more: some servers put
-                # finish_reason on every chunk, or on chunks still bringing text -- an answer cut
-                # there is not whole (and more text after a finish makes it not whole again)
-                finish = choice.get("finish_reason")
-                carries = not isinstance(delta, dict) or any(v for k, v in delta.items() if k != "role")
-                self.choices[index] = (not carries) and (self.choices.get(index, False)
-                                                         or (bool(finish) and isinstance(finish, str)))
             if index != 0:
                 continue
             if delta:
                 self._merge(delta)
             if choice.get("finish_reason") and isinstance(choice["finish_reason"], str):
                 self.finish_reason = choice["finish_reason"]
+
+    def note_finishes(self, chunk: Any) -> None:
+        """Which choices the upstream's ``chunk`` finishes, for ``complete`` -- read before the
+        credential masker releases held-back text into the finishing chunk (which would make it
+        look as if it still brought text). A choice is whole once a chunk finishes it bringing
+        nothing more: some servers put finish_reason on every chunk, or on chunks still bringing
+        text -- an answer cut there is not whole (and more text after a finish makes it not whole
+        again)."""
+        if not isinstance(chunk, dict):
+            return
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or not isinstance(index := choice.get("index", 0), (int, str)):
+                continue
+            delta = choice.get("delta") or {}
+            finish = choice.get("finish_reason")
+            carries = not isinstance(delta, dict) or any(v for k, v in delta.items() if k != "role")
+            self.choices[index] = (not carries) and (self.choices.get(index, False)
+                                                     or (bool(finish) and isinstance(finish, str)))
 
     @property
     def complete(self) -> bool:
@@ -247,6 +257,7 @@ class ChatStream:
             self.finished = True
             self._tail = raw + b"\n\n"
             return self._rest()
+        self.acc.note_finishes(chunk)
         if self.masker is not None and self.masker.apply(chunk):
             raw = b"data: " + encode(chunk)
         self.acc.feed(chunk)

@@ -248,6 +248,7 @@ class FromChat:
             if self.masker is not None and self.masker.masker.holding:
                 return self._chunk({"choices": self.masker.rest()})
             return b""
+        self.acc.note_finishes(chunk)
         if self.masker is not None:
             self.masker.apply(chunk)
             self.masker.release_reasoning(chunk)  # (the thinking block closes whole before the text)

@@ -98,6 +98,7 @@ class FromChat:
             if self.masker is not None and self.masker.masker.holding:  # (no finishing chunk came)
                 return self._chunk({"choices": self.masker.rest()})
             return b""
+        self.acc.note_finishes(chunk)
         if self.masker is not None:
             self.masker.apply(chunk)
         return self._chunk(chunk)
