@@ -336,6 +336,8 @@ def test_a_lone_surrogate_in_streamed_tool_arguments_is_written_not_a_failure():
     assert json.loads(input_json(cut)) == {"arguments": cut}
     assert json.loads(_arguments({"q": "smile \ud83d"})) == {"q": "smile \ud83d"}
     assert json.loads(custom_arguments("smile \ud83d")) == {"input": "smile \ud83d"}
+    from proxy.dialects.responses.items import _search_arguments
+    assert json.loads(_search_arguments("smile \ud83d")) == {"query": "smile \ud83d"}
 
 
 def test_only_a_surrogate_escape_is_read_again():

@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 
-from ...surrogates import loads
+from ...surrogates import encode, loads
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
 from .tools import LOADED, SEARCH, custom_arguments, flat_name, members
@@ -64,7 +64,6 @@ PRODUCER = "_bp_producer"  # the provider that produced them (opaque reasoning g
 _TEXT_IN = frozenset({"input_text", "text"})
 _TEXT_OUT = frozenset({"output_text", "text"})
 
-_encode = msgspec.json.Encoder().encode
 
 
 def items_of(message: dict[str, Any]) -> str | None:
@@ -198,7 +197,7 @@ def _search_arguments(value: Any) -> str:
         if isinstance(decoded, dict):
             return value
         value = {"query": decoded}
-    return _encode(value if isinstance(value, dict) else {}).decode()
+    return encode(value if isinstance(value, dict) else {}).decode()  # (a streamed query's lone surrogate too)
 
 
 def loaded_tools(messages: Iterable[Any]) -> list[Any]:

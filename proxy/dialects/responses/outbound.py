@@ -20,12 +20,12 @@ from typing import Any
 
 import msgspec
 
+from ...surrogates import encode
 from .items import CALLS, ITEMS, PRODUCER, RESULTS, client_search, items_of
 from .tools import split_name
 
 __all__ = ["request_body", "to_items"]
 
-_encode = msgspec.json.Encoder().encode
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 # the items any Responses upstream may get back (others -- a server's tool search, a web search
 # call -- only the provider that produced them)
@@ -111,7 +111,7 @@ def _tool_output(content: Any) -> Any:
     parts = _content_to_parts(content, output=False)
     if isinstance(parts, list) and all(isinstance(p, dict) and p.get("type") == "input_text" for p in parts):
         return "\n".join(str(p.get("text") or "") for p in parts)
-    return parts if isinstance(parts, list) else _encode(content).decode()
+    return parts if isinstance(parts, list) else encode(content).decode()
 
 
 def to_items(messages: Iterable[dict[str, Any]], provider: str | None = None) -> list[dict[str, Any]]:
