@@ -34,23 +34,29 @@ class LeaseKeeper:
         self.lease_seconds = lease_seconds
         self.reaper_interval = reaper_interval
         self.interval = max(0.05, lease_seconds / 3)  # between renewal passes
-        self.inflight: dict[uuid.UUID, tuple[uuid.UUID, float]] = {}  # node id -> (tree id, lease set at)
+        # node id -> (tree id, when its lease was last set: before the statement that set it was sent)
+        self.inflight: dict[uuid.UUID, tuple[uuid.UUID, float]] = {}
+        self.lapsed: set[uuid.UUID] = set()  # tracked calls whose lease may have run out: for good
+        self.spare = min(1.0, lease_seconds / 10)  # (for clocks that do not quite agree)
         self._tasks: list[asyncio.Task[None]] = []
 
-    def track(self, tree_id: uuid.UUID, node_id: uuid.UUID) -> None:
-        """A started call of this process (its lease was set when its start was stored)."""
-        self.inflight[node_id] = (tree_id, time.monotonic())
+    def track(self, tree_id: uuid.UUID, node_id: uuid.UUID, since: float) -> None:
+        """A started call of this process; ``since``: ``time.monotonic()`` taken before its start
+        was sent -- the lease the start set runs out no earlier than ``lease_seconds`` later."""
+        self.inflight[node_id] = (tree_id, since)
 
     def untrack(self, node_id: uuid.UUID) -> None:
         self.inflight.pop(node_id, None)
+        self.lapsed.discard(node_id)
 
     def held(self, node_id: uuid.UUID) -> bool:
-        """Does this call surely still hold its lease -- set (by its start, or a renewal) less than
-        ``lease_seconds`` ago, with half an interval to spare for the round trip that set it? Once
-        it may have run out, another process may have reaped the node and a delete taken it:
-        its finish must not write it again as a start the database lost (docs/architecture.md#durability)."""
+        """Does this call surely still hold its lease: set (by its start or a renewal that found the
+        node pending) less than ``lease_seconds`` ago, and never seen run out? Once it may have,
+        another process may have reaped the node and a delete taken it: its finish must not write
+        it again as a start the database lost (docs/architecture.md#durability)."""
         entry = self.inflight.get(node_id)
-        return entry is not None and time.monotonic() - entry[1] < self.lease_seconds - self.interval / 2
+        return (entry is not None and node_id not in self.lapsed
+                and time.monotonic() - entry[1] < self.lease_seconds - self.spare)
 
     def start(self) -> None:
         self._tasks = [
@@ -74,17 +80,26 @@ class LeaseKeeper:
         self._tasks = []
 
     async def renew_due(self) -> None:
-        """Renew the leases set at least an interval ago (module docstring)."""
+        """Renew the leases set at least an interval ago (module docstring). A renewal that finds
+        the node no longer pending, or missing, renews nothing: while the lease was surely held
+        when it was sent, nobody can have reaped the node -- a start the database lost, which the
+        finish writes again; after that, the lease ran out for good (``held``)."""
         for node_id, (tree_id, since) in list(self.inflight.items()):
             if time.monotonic() - since < self.interval:
                 continue
+            held = self.held(node_id)
+            sent = time.monotonic()
             try:
-                await self.tree.renew(tree_id, node_id, self.lease_seconds)
+                renewed = await self.tree.renew(tree_id, node_id, self.lease_seconds)
             except StorageError as exc:
                 log.warning("lease renewal failed", extra={"node_id": str(node_id), "error": str(exc)})
                 continue
-            if node_id in self.inflight:  # (not finished meanwhile)
-                self.inflight[node_id] = (tree_id, time.monotonic())
+            if node_id not in self.inflight:  # (finished meanwhile)
+                continue
+            if renewed:
+                self.inflight[node_id] = (tree_id, sent)
+            elif not held:
+                self.lapsed.add(node_id)
 
     async def reap(self) -> int:
         reaped = await self.tree.reap_expired()

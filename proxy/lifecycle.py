@@ -109,6 +109,7 @@ class CallLifecycle:
             new_conversation_id=None if call.conversation_id else f"auto-{uuid7().hex}", ordinals=call.ordinals,
             api=call.api,
         )
+        since = time.monotonic()  # (the lease the start sets runs out no earlier than a lease after this)
         try:
             if call.mode == "full" and len(prefixes) > _WINDOW:
                 # the deepest match is almost always near the end (the new question, a round of
@@ -146,7 +147,7 @@ class CallLifecycle:
         if ctx is not None:
             ctx.conversation_id, ctx.node_id = started.conversation_id, str(node_id)
             ctx.context_mode, ctx.context_matched = started.mode, started.matched
-        self.leases.track(started.tree_id, node_id)
+        self.leases.track(started.tree_id, node_id, since)
         return started, begun.path
 
     # -- finish ------------------------------------------------------------------------------

@@ -114,11 +114,21 @@ class Outcomes:
         released."""
         node = {"node_id": str(started.node_id)}
         if refused is None:
+            result: list[bool | None] = []
+
+            async def attempt() -> None:
+                result[:] = [await store()]
+
             try:
-                if await self.later.store(started.node_id, store):
-                    self.stored(started, outcome, usage, error)
-                else:
+                if not await self.later.store(started.node_id, attempt):
                     self.leases.untrack(started.node_id)  # the reaper takes it from here
+                elif not result[0]:  # reaped, or reaped and deleted, while the database was away
+                    log.error("a call's outcome could not be stored once the database was back: its lease had "
+                              "run out (its node reaped, or deleted since); its client had its answer",
+                              extra=node)
+                    self.leases.untrack(started.node_id)
+                else:
+                    self.stored(started, outcome, usage, error)
                 return
             except Exception as exc:  # noqa: BLE001 - any refusal: the node is failed instead
                 refused = exc

@@ -201,6 +201,7 @@ def test_a_restore_never_replaces_what_it_must_not(populated, pg_server_url, tmp
 
     code, output = run(with_another_session())  # a proxy still serving, say
     assert code == 1 and "stop the proxy" in output
+    assert Db(target).fetchval("SELECT count(*) FROM conversations WHERE id = 'sales-copy'") == 0  # (nothing done)
 
     async def with_a_session_ending() -> tuple[int, str]:
         """A session that ends a moment after the restore began (a proxy just stopped; the last

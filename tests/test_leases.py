@@ -155,11 +155,12 @@ def test_only_calls_older_than_the_interval_are_renewed(fresh_database_url, cid)
             for name in ("young", "old"):
                 sent = [user(name)]
                 node = uuid7()
+                since = time.monotonic()
                 begun = await store.begin_call(CallStart(
                     tenant="t_renew", conversation_id=f"{cid}-{name}", node_id=node, new_tree_id=uuid.uuid4(),
                     kind="turn", mode="delta", parent_mode="head", parent_id=None, sent=sent, digests=digests(sent),
                     prefixes=[], system_hash=None, lease_seconds=30, model=MODEL, provider="default", params={}))
-                keeper.track(begun.tree_id, node)
+                keeper.track(begun.tree_id, node, since)
                 started[name] = node
             tree, _ = keeper.inflight[started["old"]]
             keeper.inflight[started["old"]] = (tree, time.monotonic() - keeper.interval)  # set an interval ago
@@ -179,6 +180,51 @@ def test_only_calls_older_than_the_interval_are_renewed(fresh_database_url, cid)
             await db.close()
 
     run(scenario())
+
+
+def test_a_lease_is_held_while_surely_alive_and_lapses_for_good():
+    """What a finish goes by when its node is missing (``LeaseKeeper.held``): the lease is held
+    for ``lease_seconds`` from before the statement that set it; a renewal that finds the node
+    no longer pending renews nothing -- sent while the lease was held, nobody can have reaped the
+    node (a start the database lost: still held until the lease runs out); sent after, the lease
+    ran out for good, however the database answers later. A renewal that found the node pending
+    sets it again. (A renewal that found the node gone once the database was back counted as a
+    renewal: a reaped call whose conversation was deleted was written back at its finish.)"""
+    answers: list[object] = []
+
+    class Tree:
+        async def renew(self, tree_id, node_id, seconds):
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    from storage import StorageUnavailable
+
+    keeper = LeaseKeeper(Tree(), Metrics(), lease_seconds=30, reaper_interval=3600)
+    tree, node = uuid.uuid4(), uuid.uuid4()
+    now = time.monotonic()
+    keeper.track(tree, node, now - 29.5)  # set 29.5 s ago: within the spare second of running out
+    assert not keeper.held(node)
+    keeper.track(tree, node, now - 11)  # set 11 s ago
+    assert keeper.held(node)
+    answers[:] = [False]  # the node is missing: a lost start (the lease was held when asked)
+    run(keeper.renew_due())
+    assert keeper.held(node) and keeper.inflight[node][1] == now - 11  # (nothing renewed)
+    answers[:] = [True]  # found pending: renewed from when it was asked
+    run(keeper.renew_due())
+    assert keeper.held(node) and keeper.inflight[node][1] >= now
+    keeper.inflight[node] = (tree, now - 40)  # renewals failed for longer than the lease (cut off)
+    answers[:] = [StorageUnavailable("away")]
+    run(keeper.renew_due())
+    assert not keeper.held(node)
+    answers[:] = [False]  # back: the node reaped (or reaped and deleted) meanwhile
+    run(keeper.renew_due())
+    assert node in keeper.lapsed
+    keeper.inflight[node] = (tree, time.monotonic())  # whatever comes later: lapsed for good
+    assert not keeper.held(node)
+    keeper.untrack(node)
+    assert node not in keeper.lapsed
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -227,17 +273,28 @@ def test_an_answer_whose_node_was_reaped_meanwhile_is_not_told_a_success(fresh_d
     assert db.node(pending)["received"] is None
 
 
-def _cut_off_from_renewing(monkeypatch):
-    """The process cannot reach the database to renew its leases (its calls go on)."""
+def _cut_off_from_renewing(monkeypatch) -> tuple[threading.Event, list[bool]]:
+    """The process cannot reach the database to renew its leases (its calls go on) -- until the
+    event returned is set; then the renewals' answers are listed."""
+    back = threading.Event()
+    answered: list[bool] = []
+    renew = TreeStore.renew
+
     async def lost(self, tree_id, node_id, lease_seconds):
+        if back.is_set():
+            answered.append(await renew(self, tree_id, node_id, lease_seconds))
+            return answered[-1]
         from storage import StorageUnavailable
         raise StorageUnavailable("connection lost (simulated)")
     monkeypatch.setattr(TreeStore, "renew", lost)
+    return back, answered
 
 
-@pytest.mark.parametrize("made_again", [False, True])
+@pytest.mark.parametrize(("made_again", "back_before_the_answer"), [(False, False), (True, False), (False, True),
+                                                                    (True, True)])
 def test_a_reaped_call_whose_conversation_was_deleted_is_not_written_back(fresh_database_url, upstream_url, upstream,
-                                                                          key, monkeypatch, made_again):
+                                                                          key, monkeypatch, made_again,
+                                                                          back_before_the_answer):
     """A process cut off from the database longer than the lease: another process reaps its call,
     and then the conversation is deleted (nothing holds it any more) -- and made again under its
     name. When the old call's answer comes, its node is missing; it was written again, as a start
@@ -258,7 +315,7 @@ def test_a_reaped_call_whose_conversation_was_deleted_is_not_written_back(fresh_
             except openai.APIError as exc:
                 outcome["error"] = exc
 
-        _cut_off_from_renewing(monkeypatch)
+        back, answered = _cut_off_from_renewing(monkeypatch)
         thread = threading.Thread(target=old_call)
         thread.start()
         try:
@@ -268,6 +325,10 @@ def test_a_reaped_call_whose_conversation_was_deleted_is_not_written_back(fresh_
             assert b.http(key).delete(f"/admin/conversations/{cid}").status_code == 200
             if made_again:
                 ask(b.openai(key), cid, "NEW QUESTION")
+            if back_before_the_answer:  # A reaches the database again, and renews: the node is gone
+                back.set()
+                wait_for(lambda: answered, 10, "a renewal of A's")
+                assert answered[0] is False
         finally:
             hold.set()
         thread.join(20)
@@ -301,7 +362,7 @@ def test_a_reaped_call_whose_response_was_deleted_leaves_the_head_where_it_was_p
             except openai.APIError as exc:
                 outcome["error"] = exc
 
-        _cut_off_from_renewing(monkeypatch)
+        _cut_off_from_renewing(monkeypatch)  # (for good)
         thread = threading.Thread(target=old_call)
         thread.start()
         try:

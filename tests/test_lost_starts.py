@@ -230,3 +230,37 @@ def test_restore_is_read_as_the_start_wrote_it():
     assert decoded["call"] == json.loads(bytes(_jsonb(start)))
     assert {k: v for k, v in decoded.items() if k != "call"} == {
         "conversation_id": "c", "parent_id": str(parent), "mode": "full", "start": 3, "with_system": True}
+
+
+def test_an_outcome_stored_later_whose_node_was_gone_is_not_taken_for_stored(caplog):
+    """The database away at the finish: the client had its answer, and the outcome is stored once
+    the database is back. When by then the node was reaped (its lease ran out) or deleted, nothing
+    was stored -- it was taken for stored all the same (counted, followed by a compaction check
+    of a node that is not there) and nothing said so."""
+    from types import SimpleNamespace
+
+    from proxy.outcomes import Outcomes
+    from storage import Outcome
+
+    done: list[object] = []
+
+    class Later:
+        async def store(self, node_id, attempt):
+            await attempt()
+            return True
+
+    outcomes = Outcomes.__new__(Outcomes)  # (only what store_later uses)
+    outcomes.later = Later()
+    outcomes.leases = SimpleNamespace(untrack=lambda node: done.append(("untracked", node)))
+    outcomes.stored = lambda *args: done.append("stored")
+    started = SimpleNamespace(node_id=uuid7())
+    for result, stored in ((None, False), (False, False), (True, True)):
+        done.clear()
+
+        async def store(result=result):
+            return result
+
+        run(outcomes.store_later(started, store, Outcome.SUCCESS, None, None))
+        assert ("stored" in done) is stored, (result, done)
+        assert stored or ("untracked", started.node_id) in done
+    assert "could not be stored once the database was back" in caplog.text

@@ -51,7 +51,8 @@ def prune(config_file: str | None, idle_days: float | None, dry_run: bool) -> No
 @config_option
 @click.option("--tenant", default=None, help="The conversation's tenant (needed when the id exists for several).")
 @click.option("--output", "-o", default="-", type=click.Path(dir_okay=False, allow_dash=True),
-              help="File to write (default: standard output).")
+              help="File to write (default: standard output); opened once the conversation is found, written "
+                   "as the export goes (one that fails midway, the database gone, leaves what it wrote).")
 def export(conversation_id: str, config_file: str | None, tenant: str | None, output: str) -> None:
     """The whole tree as JSON Lines: one object per node, oldest first, parent ids kept."""
     from proxy.transfer import export_lines
