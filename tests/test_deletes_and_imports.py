@@ -245,11 +245,18 @@ def test_the_migration_gives_kept_nodes_taken_over_before_back(own_proxy, upstre
     db, http = own_proxy.db, own_proxy.http(key)
     a, f, (x1, x2, _), _ = _kept_for_a_fork(own_proxy, key, fresh_database_url, "admin")
     b, _, (z1, z2, _), _ = _kept_for_a_fork(own_proxy, key, fresh_database_url, "admin")
-    for name in (a, b):  # as a delete before this version left them
+    for name in (a, b):  # as a delete before this version left them -- made a while before
         db.fetch("UPDATE nodes SET conversation_id = $1 WHERE conversation_id = $1 || ' (deleted)'", name)
+        db.fetch("UPDATE nodes SET created_at = created_at - interval '1 minute', "
+                 "finished_at = finished_at - interval '1 minute' WHERE conversation_id = $1", name)
     assert http.post(f"/admin/conversations/{f}/fork", json={"conversation_id": a, "node_id": x1}).status_code == 200
     _, h = say(own_proxy.openai(key), a, user("its own"))
     assert http.get(f"/admin/conversations/{a}").json()["node_count"] == 3  # took X1 and X2 over
+    # its own first call, stamped by a clock half a second behind the fork's (a Citus worker's):
+    # still its own
+    db.fetch("UPDATE nodes n SET created_at = c.created_at - interval '0.5 second' FROM conversations c "
+             "WHERE n.id = $1 AND c.tree_id = n.tree_id AND c.tenant = n.tenant AND c.id = $2",
+             uuid.UUID(h["x-node-id"]), a)
     db.fetch("DELETE FROM schema_migrations WHERE version = 26")
     assert run(migrate(fresh_database_url)) == [26]
     assert http.get(f"/admin/conversations/{a}").json()["node_count"] == 1
