@@ -719,8 +719,9 @@ def test_compaction_counts_anthropics_cached_tokens(fresh_database_url: str, ups
             claude.enqueue(AReply(content=[{"type": "text", "text": f"answer {i}"}],
                                   usage={"input_tokens": 5, "cache_read_input_tokens": 300 + 300 * i,
                                          "output_tokens": 20}))
+            if i == 6:  # the summary's answer, queued before the turn that starts the background job
+                claude.enqueue(AReply(content=[{"type": "text", "text": "Facts so far: seven questions were asked."}]))
             c.messages.create(model="tiny-claude", max_tokens=50, messages=[{"role": "user", "content": f"question {i}"}])
-        claude.enqueue(AReply(content=[{"type": "text", "text": "Facts so far: seven questions were asked."}]))
         db = Db(fresh_database_url)
         wait_for(lambda: db.fetch("SELECT id FROM nodes WHERE conversation_id = $1 AND kind = 'compaction'", cid),
                  what="the background compaction")
