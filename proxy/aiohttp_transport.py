@@ -84,8 +84,11 @@ class AiohttpTransport(_Base):
             return super().get_client()
         connector = aiohttp.TCPConnector(keepalive_timeout=self.limits.keepalive_expiry, ssl=self.ssl_context,
                                          limit=self.limits.max_connections or 0)
+        # No cookie jar: the session is shared by every tenant, and aiohttp's default jar would send
+        # one tenant's Set-Cookie back with the next one's request (docs/architecture.md).
         return aiohttp.ClientSession(connector=connector, max_line_size=self.max_head_bytes,
-                                     max_field_size=self.max_head_bytes, max_headers=self.max_headers)
+                                     max_field_size=self.max_head_bytes, max_headers=self.max_headers,
+                                     cookie_jar=aiohttp.DummyCookieJar())
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:

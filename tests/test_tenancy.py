@@ -194,10 +194,13 @@ def test_auth_mode_none_is_one_local_tenant(fresh_database_url, upstream_url, up
 @pytest.mark.parametrize("transport", ["builtin", "httpx", "aiohttp"])
 def test_an_upstream_cookie_never_reaches_another_tenant(database_url, upstream_url, upstream, cid, transport):
     """The proxy keeps no cookie jar: a Set-Cookie an upstream sends in one tenant's answer is not
-    sent back with anyone's later request (the client's own Cookie header passes through)."""
+    sent back with anyone's later request (the client's own Cookie header passes through). The
+    upstream is addressed by a host name: a cookie jar that keeps cookies only for names (aiohttp's
+    ignores IP addresses) would go unnoticed against 127.0.0.1."""
     from .fakes import Reply
 
-    settings = make_settings(database_url, upstream_url, upstream_defaults={"transport": transport})
+    named_url = upstream_url.replace("127.0.0.1", "localhost")
+    settings = make_settings(database_url, named_url, upstream_defaults={"transport": transport})
     with serve_proxy(settings) as p:
         upstream.enqueue(Reply(headers=[("set-cookie", "session=tenant-a-secret; Path=/")]))
         p.openai("sk-tenant-a").chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}],
