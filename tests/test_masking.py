@@ -131,6 +131,42 @@ def test_a_key_echoed_in_an_upstream_response_header_is_masked(keys_proxy, upstr
     assert UPSTREAM_KEY not in str(r.headers)
 
 
+def test_a_summary_echoing_the_key_is_masked_where_stored_shown_and_sent_on(keys_proxy, upstream, cid):
+    """A summariser answer is an answer like any other: the operator's key it echoes is masked
+    before the summary is stored -- so neither the conversation's path nor the later turns'
+    requests (the summary goes upstream with each) hold it."""
+    http = keys_proxy.http(ALICE)
+    for i in range(4):
+        r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
+                      json={"model": MODEL, "messages": [user(f"turn {i} " + "words " * 30)]})
+        assert r.status_code == 200, r.text
+    upstream.enqueue_summary(Reply(content=f"Facts: the account key is {UPSTREAM_KEY}."))
+    r = http.post(f"/admin/conversations/{cid}/compact")
+    assert r.status_code == 200 and r.json()["compacted"], r.text
+    assert upstream.summariser_requests[-1].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    path = http.get(f"/admin/conversations/{cid}/path").text
+    assert UPSTREAM_KEY not in path and f"the account key is {MASK}" in path
+    stored = json.dumps([dict(row) for row in keys_proxy.db.fetch("SELECT * FROM nodes")], default=str)
+    assert UPSTREAM_KEY not in stored
+    r = http.post("/v1/chat/completions", headers={"X-Conversation-Id": cid},
+                  json={"model": MODEL, "messages": [user("and now?")]})
+    assert r.status_code == 200, r.text
+    sent = upstream.last.raw.decode()
+    assert f"the account key is {MASK}" in sent and UPSTREAM_KEY not in sent
+
+
+def test_a_compact_answer_echoing_the_key_is_masked(keys_proxy, upstream):
+    """/v1/responses/compact gives the summary to the client: the operator's key the summariser
+    echoed is masked there too."""
+    upstream.enqueue_summary(Reply(content=f"Facts: the account key is {UPSTREAM_KEY}."))
+    r = keys_proxy.http(ALICE).post("/v1/responses/compact", json={"model": MODEL, "input": [
+        {"role": "user", "content": "hello " * 40}, {"role": "assistant", "content": "hi " * 40},
+        {"role": "user", "content": "more " * 40}]})
+    assert r.status_code == 200, r.text
+    assert upstream.summariser_requests, "no summary was made"
+    assert UPSTREAM_KEY not in r.text and f"the account key is {MASK}" in r.text
+
+
 @given(st.lists(st.sampled_from([b"hello ", b"s", b"sk-", b"sk-upstream", b"abcab", b"c", b"d ", b"\\", b"\"", b"x\n\n",
                                  b"sk-upstream-secret-0123456789", b"a\"b\\c-secret", b"sk-abcdef", b"-longer",
                                  b"XXsecr", b"etYY", b"secret"]), max_size=12),

@@ -23,6 +23,7 @@ from storage import uuid7
 from ..dialects import crossing, usage_count
 from ..dialects.chat import NotACompletion
 from ..errors import UpstreamFailure
+from ..secrets import Masker, redact
 from ..tokens import TokenCounter, off_loop
 from ..upstream import UpstreamClient
 
@@ -259,11 +260,14 @@ class Summariser:
         response, content = await self.upstream.fetch(request)
         if response.status_code != 200:
             raise UpstreamFailure(f"the summariser answered HTTP {response.status_code}")
+        # the credential this request carried (the operator's key, or the client's), echoed in the
+        # answer: masked, as in every answer -- a summary is stored, shown and sent on every later turn
+        secrets = (upstream.api_key, client_key)
         try:
-            answer = way.exchange(node_id=uuid7(), params={}, provider=upstream.name).answer(content)
+            answer = way.exchange(node_id=uuid7(), params={}, provider=upstream.name).answer(Masker(secrets).bytes(content))
             message, usage = answer.messages[0], answer.usage
         except NotACompletion as exc:
-            raise UpstreamFailure(f"the summariser's answer is not a completion ({exc})") from None
+            raise UpstreamFailure(f"the summariser's answer is not a completion ({redact(str(exc), secrets)})") from None
         text = message.get("content")
         if not isinstance(text, str) or not text.strip():
             raise UpstreamFailure("the summariser returned no text")
