@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from proxy.secrets import MASK, BytesMasker, Masker, TextMasker
 
 from .conftest import Db, proxy_with
-from .fakes import Reply
+from .fakes import Reply, completion
 from .helpers import MODEL, tool_call, user
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
@@ -167,14 +167,74 @@ def test_a_compact_answer_echoing_the_key_is_masked(keys_proxy, upstream):
     assert UPSTREAM_KEY not in r.text and f"the account key is {MASK}" in r.text
 
 
+SLASHED = "sk-live/Ab12+Cd34/Ef56Gh78Ij90"  # a key with characters JSON writers escape
+
+
+def _escaped(data: dict) -> bytes:
+    """JSON as PHP's json_encode writes it (and some Java and .NET serialisers): the solidus escaped."""
+    return json.dumps(data).replace("/", "\\/").encode()
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_key_echoed_json_escaped_in_an_answer_is_masked(proxy, upstream, cid, db, named):
+    """The parser decodes ``\\/`` (or any ``\\u`` escape) back into the key: an echo the upstream
+    escaped is masked as the bare one is -- in the client's answer and the stored one, and in the
+    bytes of an answer passed through."""
+    upstream.enqueue(Reply(kind="raw", body=_escaped(completion(Reply(content=f"you sent {SLASHED}"), MODEL, 5))))
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "messages": [user("echo")]}, timeout=30,
+                   headers={"Authorization": f"Bearer {SLASHED}", **({"X-Conversation-Id": cid} if named else {})})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == f"you sent {MASK}"
+    if named:
+        assert SLASHED not in json.dumps(db.node(r.headers["x-node-id"])["received"])
+
+
+def test_a_key_echoed_json_escaped_in_an_error_is_masked(proxy, upstream, cid, db):
+    """An upstream's error that quotes the key it refused, escaped: masked for the client and in
+    the node's stored error."""
+    upstream.enqueue(Reply(kind="raw", status=401, body=_escaped({"error": {
+        "message": f"Incorrect API key provided: {SLASHED}", "type": "invalid_request_error", "code": "invalid_api_key"}})))
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "messages": [user("echo")]}, timeout=30,
+                   headers={"Authorization": f"Bearer {SLASHED}", "X-Conversation-Id": cid})
+    assert r.status_code == 401
+    assert r.json()["error"]["message"] == f"Incorrect API key provided: {MASK}"
+    assert SLASHED not in json.dumps(db.node(r.headers["x-node-id"])["error"])
+
+
+OPERATOR = "ABSKQmVkcm9ja0FQSUtleS/0123+abcdEFGH="  # base64, as Bedrock's long-term API keys are
+
+
+@pytest.fixture
+def operator_proxy(fresh_database_url, upstream_url):
+    yield from proxy_with(fresh_database_url, upstream_url,
+                          auth={"mode": "keys", "keys": [{"key": ALICE, "tenant": "alice"}]},
+                          upstreams=[{"name": "fake", "base_url": upstream_url, "models": ["*"], "api_key": OPERATOR}])
+
+
+@pytest.mark.parametrize("escape", ["\\/", "\\u002F", "\\u002f"])
+def test_the_operators_key_echoed_json_escaped_never_reaches_a_tenant(operator_proxy, upstream, cid, escape):
+    """The operator's key with ``/``, ``+`` and ``=`` in it, echoed with its ``/`` escaped (PHP)
+    or as a ``\\u`` escape, its ``+`` as .NET writes it and its ``=`` as Gson does: masked in the
+    error the tenant gets."""
+    body = json.dumps({"error": {"message": f"Invalid key {OPERATOR}", "type": "invalid_request_error"}})
+    body = body.replace("/", escape).replace("+", "\\u002B").replace("=", "\\u003d")
+    upstream.enqueue(Reply(kind="raw", status=401, body=body.encode()))
+    r = operator_proxy.http(ALICE).post("/v1/chat/completions", json={"model": MODEL, "messages": [user("x")]},
+                                        headers={"X-Conversation-Id": cid})
+    assert upstream.last.headers["authorization"] == f"Bearer {OPERATOR}"
+    assert r.json()["error"]["message"] == f"Invalid key {MASK}"
+
+
 @given(st.lists(st.sampled_from([b"hello ", b"s", b"sk-", b"sk-upstream", b"abcab", b"c", b"d ", b"\\", b"\"", b"x\n\n",
                                  b"sk-upstream-secret-0123456789", b"a\"b\\c-secret", b"sk-abcdef", b"-longer",
-                                 b"XXsecr", b"etYY", b"secret"]), max_size=12),
+                                 b"XXsecr", b"etYY", b"secret", b"sk\\u002d", b"sk\\u002Dabcdef", b"ab/c", b"ab\\/c", b"ab\\u00",
+                                 b"2fc+d", b"2Fc\\u002bd"]), max_size=12),
        st.lists(st.integers(min_value=0, max_value=400), max_size=8))
 def test_bytes_masker_equals_masking_the_whole_body(words, cuts):
-    # (one credential may begin another, or hold it: "sk-abcdef" / "sk-abcdef-longer", "secret" / "XXsecretYY")
+    # (one credential may begin another, or hold it: "sk-abcdef" / "sk-abcdef-longer", "secret" / "XXsecretYY";
+    # and any may come JSON-escaped, cut in the middle of an escape)
     secrets = ["sk-upstream-secret-0123456789", 'a"b\\c-secret', "abcabcabd", "sk-abcdef", "sk-abcdef-longer",
-               "secret", "XXsecretYY"]
+               "secret", "XXsecretYY", "ab/c+d"]
     body = b"".join(words)
     points = sorted({c % (len(body) + 1) for c in cuts})
     masker = BytesMasker(secrets)
