@@ -131,6 +131,45 @@ def test_a_key_echoed_in_an_upstream_response_header_is_masked(keys_proxy, upstr
     assert UPSTREAM_KEY not in str(r.headers)
 
 
+def _responses_events(text: str) -> bytes:
+    """A Responses upstream's event stream writing ``text`` three characters a delta."""
+    response = {"id": "resp_u", "object": "response", "created_at": 1, "status": "in_progress", "model": "native-1",
+                "output": [], "usage": None}
+    item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+    done = {**item, "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    events = [("response.created", {"response": response}),
+              ("response.output_item.added", {"output_index": 0, "item": item}),
+              ("response.content_part.added", {**where, "part": {"type": "output_text", "text": "", "annotations": []}}),
+              *[("response.output_text.delta", {**where, "delta": text[i:i + 3]}) for i in range(0, len(text), 3)],
+              ("response.output_text.done", {**where, "text": text}),
+              ("response.output_item.done", {"output_index": 0, "item": done}),
+              ("response.completed", {"response": {**response, "status": "completed", "output": [done],
+                                                   "usage": {"input_tokens": 3, "output_tokens": 3, "total_tokens": 6}}})]
+    return b"".join(f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': n, **data})}\n\n".encode()
+                    for n, (kind, data) in enumerate(events))
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_responses_upstreams_stream_is_masked_across_deltas_for_a_chat_or_messages_client(
+        keys_proxy, upstream, cid, path):
+    """A Responses upstream's text deltas that cut the key: a chat client gets no done events, only
+    the deltas -- they join to the text with the key masked, as an Anthropic client's do."""
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_responses_events(f"key {UPSTREAM_KEY} end")))
+    r = _post(keys_proxy, ALICE, cid, path, {"model": "native-1", "stream": True, "messages": [user("k?")],
+                                             "max_tokens": 10})
+    assert r.status_code == 200 and UPSTREAM_KEY not in r.text
+    text = ""
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            event = json.loads(line[6:])
+            text += "".join(c["delta"].get("content") or "" for c in event.get("choices") or ())
+            if isinstance(event.get("delta"), dict):
+                text += event["delta"].get("text") or ""
+    assert text == f"key {MASK} end"  # nothing lost, nothing doubled
+    assert UPSTREAM_KEY not in _stored(keys_proxy.db, r.headers["x-node-id"])
+
+
 def test_a_summary_echoing_the_key_is_masked_where_stored_shown_and_sent_on(keys_proxy, upstream, cid):
     """A summariser answer is an answer like any other: the operator's key it echoes is masked
     before the summary is stored -- so neither the conversation's path nor the later turns'

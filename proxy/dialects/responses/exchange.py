@@ -56,8 +56,10 @@ class ChatOverResponses:
         return Answer(_encode(body), [message], [message], body["usage"], choice["finish_reason"])
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
+        # each event masked whole, and the chunks' text across deltas: a chat client gets no done
+        # events, only the deltas (docs/behaviour.md#limits-and-hostile-peers)
         return for_chat.ToChat(node_id=self.node_id, provider=self.provider, wants_usage=wants_usage,
-                               masker=Masker(secrets) or None)
+                               masker=Masker(secrets) or None, chunks=masked_chunks(secrets))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return received

@@ -31,6 +31,7 @@ from ...failures import Failure
 from ...secrets import Masker
 from ...sse import DONE, payload, sse_error_event
 from ...surrogates import encode
+from ..chat.stream import MaskedChunks
 from .items import reasoning_text, to_messages
 from .tools import flat_name
 from .translate import chat_usage_of
@@ -179,8 +180,9 @@ class ToChat:
     stored. A failed response ends with the chat error event."""
 
     def __init__(self, *, node_id: uuid.UUID, provider: str | None, wants_usage: bool,
-                 masker: Masker | None = None) -> None:
+                 masker: Masker | None = None, chunks: MaskedChunks | None = None) -> None:
         self.masker = masker  # the call's credentials masked in each event
+        self.chunks = chunks  # and in the text of the chunks sent, however the deltas cut them
         self.node_id = node_id
         self.provider = provider
         self.wants_usage = wants_usage
@@ -278,6 +280,9 @@ class ToChat:
     def _line(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         chunk = {"id": _completion_id(self.node_id), "object": "chat.completion.chunk", "created": self.created,
                  "model": self.model, "choices": choices, **extra}
+        if self.chunks is not None:  # (what may begin a credential: held back, given out by the finishing chunk)
+            self.chunks.apply(chunk)
+            self.chunks.release_reasoning(chunk)  # (reasoning held back goes out before the text)
         return b"data: " + encode(chunk) + b"\n\n"
 
     def _open(self) -> bytes:
