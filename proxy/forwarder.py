@@ -129,7 +129,7 @@ class Forwarder:
             finally:
                 upstream_done()
             return RawResponse(response.status_code, redact_bytes(content, secrets),
-                               response_headers(response.headers, secrets, as_it_came=True))
+                               response_headers(response.headers, secrets, as_it_came=True, own_key=bool(upstream.api_key)))
 
         async def close() -> None:
             upstream_done()
@@ -137,7 +137,7 @@ class Forwarder:
 
         chunks = self.upstream.chunks(response)
         masker = BytesMasker(secrets)  # (an answer echoing a credential: masked as it goes by, however cut)
-        return BytesRelay(response.status_code, encode_headers(response_headers(response.headers, secrets, as_it_came=True)),
+        return BytesRelay(response.status_code, encode_headers(response_headers(response.headers, secrets, as_it_came=True, own_key=bool(upstream.api_key))),
                           _masked(chunks, masker) if masker else chunks, close, errors=errors)
 
 

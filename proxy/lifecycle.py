@@ -207,7 +207,7 @@ class CallLifecycle:
                 exchange = way.exchange(node_id=started.node_id, params={**params, **built.history} if built.history else params,
                                         provider=upstream.name)
                 try:
-                    return await self._exchange(started, request, watch, exchange, way)
+                    return await self._exchange(started, request, watch, exchange, way, own_key=bool(upstream.api_key))
                 except _Failed as failed:
                     # truncation "auto" (Responses): an overflow compacts the path and tries once more;
                     # the refused attempt stays a node of its own (a failed sibling: every attempt is one)
@@ -241,15 +241,15 @@ class CallLifecycle:
     # -- the upstream's answer: one ladder of failures for answers and streams ----------------
 
     async def _exchange(self, started: Started, request: httpx.Request, watch: asyncio.Future[None], exchange: Exchange,
-                        way: Crossing) -> Any:
+                        way: Crossing, *, own_key: bool = False) -> Any:
         """The upstream's answer, relayed: a stream as a ``StreamRelay``, an answer as a
         ``RawResponse``, both after the same rungs -- the upstream unreachable or cut
         (``UpstreamFailure``), the client gone first, an error status (``classify``), a body that
         is not what was asked for (``not_a_completion``) -- each raising ``_Failed``."""
         stream = started.call.stream
         t0 = time.perf_counter()
-        response, content = await self._response(started, request, watch)
-        relay_headers = response_headers(response.headers, started.secrets) + started.headers()
+        response, content = await self._response(started, request, watch, own_key=own_key)
+        relay_headers = response_headers(response.headers, started.secrets, own_key=own_key) + started.headers()
         if stream:
             return self._relay(started, response, relay_headers, exchange, t0)
         try:
@@ -262,8 +262,8 @@ class CallLifecycle:
             return RawResponse(failure.status, started.call.dialect.error_body(failure), started.headers())
         return RawResponse(response.status_code, answer.body, relay_headers)
 
-    async def _response(self, started: Started, request: httpx.Request,
-                        watch: asyncio.Future[None]) -> tuple[httpx.Response, bytes]:
+    async def _response(self, started: Started, request: httpx.Request, watch: asyncio.Future[None], *,
+                        own_key: bool = False) -> tuple[httpx.Response, bytes]:
         """The upstream's successful response: a stream's head (its events still to come), or an
         answer read whole -- waited for while ``watch`` looks out for the client going away (then
         the upstream request is dropped; none is sent once it has gone)."""
@@ -291,7 +291,7 @@ class CallLifecycle:
                 raise _Failed(Failure.from_error(exc)) from None
             if not 200 <= response.status_code < 300:
                 raise _Failed(classify(response.status_code, content, started.secrets),
-                              response_headers(response.headers, started.secrets) + started.headers())
+                              response_headers(response.headers, started.secrets, own_key=own_key) + started.headers())
             return response, content
         try:
             response = task.result()
@@ -307,7 +307,7 @@ class CallLifecycle:
             content = b""  # (cut while reading an error: the status says enough)
         if response.status_code != 200:
             raise _Failed(classify(response.status_code, content, started.secrets),
-                          response_headers(response.headers, started.secrets) + started.headers())
+                          response_headers(response.headers, started.secrets, own_key=own_key) + started.headers())
         # a stream was asked for and something else came back: refused whole
         raise _Failed(not_a_completion(content, "not an event stream", started.secrets, response.status_code))
 

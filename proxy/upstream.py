@@ -50,7 +50,8 @@ _DROP_REQUEST = frozenset(
 )
 # Headers that describe the client's body: not sent with a body of the proxy's.
 _BODY_HEADERS = frozenset({"content-type", "content-encoding", "content-md5", "digest", "content-digest"})
-# Headers only meaningful with the client's own upstream account.
+# Headers only meaningful with the client's own upstream account: neither sent nor relayed with the
+# operator's (an upstream with its own key).
 _ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project"})
 ANTHROPIC_VERSION = b"2023-06-01"  # to an Anthropic upstream, when the client named none
 # Response headers not relayed: framing (we re-frame), the server's own identity/cookies, and any
@@ -205,15 +206,17 @@ def target_of(upstream: Upstream, max_output: int | None = None) -> Target:
 
 
 def response_headers(headers: httpx.Headers, secrets: Iterable[str | None] = (), *,
-                     as_it_came: bool = False) -> list[tuple[str, str]]:
+                     as_it_came: bool = False, own_key: bool = False) -> list[tuple[str, str]]:
     """The upstream response headers worth relaying to the client, the call's credentials masked
     in them (``secrets``: never sent back, whatever header an upstream echoes them in).
     ``as_it_came``: the body goes to the client as the upstream sent it (a pass-through), so a
-    coding the proxy does not undo (br) still says what the bytes are."""
+    coding the proxy does not undo (br) still says what the bytes are. ``own_key``: the upstream
+    was called with its configured key -- the operator's account, whose ids
+    (``openai-organization``, ``openai-project``) are not the client's to see."""
     keep = as_it_came and headers.get("content-encoding") and _decoder(headers, 1) is None
     return mask_headers([(k, v) for k, v in headers.multi_items()
                          if ((lk := k.lower()) not in _DROP_RESPONSE or (keep and lk == "content-encoding"))
-                         and not lk.startswith(_OWN_PREFIXES)], secrets)
+                         and not lk.startswith(_OWN_PREFIXES) and not (own_key and lk in _ACCOUNT_HEADERS)], secrets)
 
 
 class UpstreamClient:

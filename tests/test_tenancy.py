@@ -109,6 +109,28 @@ def test_an_upstream_account_every_tenant_shares_keeps_its_objects_to_itself(fre
                 assert len(upstream.requests) == sent + 1, path
 
 
+@pytest.mark.parametrize(("named", "stream"), [(True, False), (True, True), (False, False), (False, True)])
+def test_the_operators_account_ids_never_reach_a_tenant(keys_proxy, upstream, cid, named, stream):
+    """An upstream called with the operator's key answers with the operator's account ids
+    (``openai-organization``, ``openai-project``): not relayed to a tenant, stored call or passed
+    through -- as the same headers from a client are not forwarded to that account."""
+    account = [("openai-organization", "org-operator-acme"), ("openai-project", "proj_operator123")]
+    upstream.enqueue(Reply(kind="stream", headers=account) if stream else Reply(headers=account))
+    r = keys_proxy.http("sk-proxy-alice-0123456789").post(
+        "/v1/chat/completions", json={"model": MODEL, "messages": [user("q")], "stream": stream},
+        headers={"X-Conversation-Id": cid} if named else {})
+    assert r.status_code == 200 and ("x-node-id" in r.headers) == named
+    assert "openai-organization" not in r.headers and "openai-project" not in r.headers
+
+
+def test_a_clients_own_account_ids_come_back_in_passthrough(proxy, upstream, key, cid):
+    """In passthrough the account is the client's own: its ids come back as the upstream sent them."""
+    upstream.enqueue(Reply(headers=[("openai-organization", "org-client"), ("openai-project", "proj_client")]))
+    r = proxy.http(key).post("/v1/chat/completions", json={"model": MODEL, "messages": [user("q")]},
+                             headers={"X-Conversation-Id": cid})
+    assert r.headers["openai-organization"] == "org-client" and r.headers["openai-project"] == "proj_client"
+
+
 def test_keys_mode(keys_proxy, upstream, cid):
     alice, bob, admin = "sk-proxy-alice-0123456789", "sk-proxy-bob-0123456789", "sk-proxy-admin-0123456789"
     with pytest.raises(openai.AuthenticationError):
