@@ -52,7 +52,7 @@ _DROP_REQUEST = frozenset(
 _BODY_HEADERS = frozenset({"content-type", "content-encoding", "content-md5", "digest", "content-digest"})
 # Headers only meaningful with the client's own upstream account: neither sent nor relayed with the
 # operator's (an upstream with its own key).
-_ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project"})
+_ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project", "anthropic-organization-id"})
 ANTHROPIC_VERSION = b"2023-06-01"  # to an Anthropic upstream, when the client named none
 # Response headers not relayed: framing (we re-frame), the server's own identity/cookies, and any
 # that would replace or duplicate ours.

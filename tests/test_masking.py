@@ -77,6 +77,30 @@ def test_a_key_streamed_in_pieces_is_masked_however_the_deltas_cut_it(keys_proxy
     assert UPSTREAM_KEY not in stored and MASK in stored
 
 
+def test_a_key_whole_in_a_streamed_event_is_masked_in_any_field(keys_proxy, upstream, cid):
+    """A chat stream to a chat client masked the key in its text fields only (cut across deltas
+    or not): whole in one event but in another field -- a tool call's name, an audio transcript,
+    OpenRouter's reasoning_details -- it reached the client and storage, where an answer read
+    whole is masked everywhere."""
+    def event(delta: dict, finish: str | None = None) -> bytes:
+        return b"data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() + b"\n\n"
+
+    body = b"".join([
+        event({"role": "assistant", "content": "ok",
+               "reasoning_details": [{"type": "reasoning.text", "text": f"the key {UPSTREAM_KEY}"}],
+               "audio": {"id": "audio_1", "transcript": f"said {UPSTREAM_KEY}"}}),
+        event({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                               "function": {"name": f"fn_{UPSTREAM_KEY}", "arguments": "{}"}}]}),
+        event({}, "tool_calls"), b"data: [DONE]\n\n"])
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=body))
+    r = _post(keys_proxy, ALICE, cid, "/v1/chat/completions",
+              {"model": MODEL, "messages": [user("my key?")], "stream": True})
+    assert r.status_code == 200 and UPSTREAM_KEY not in r.text and MASK in r.text, r.text
+    stored = json.dumps(keys_proxy.db.fetchval("SELECT received FROM nodes WHERE id = $1::uuid", r.headers["x-node-id"]))
+    assert UPSTREAM_KEY not in stored and MASK in stored
+
+
 def test_a_responses_upstream_echoing_the_key_is_masked_in_the_answer_and_storage(keys_proxy, upstream, cid):
     upstream.enqueue(Reply(content=f"key: {UPSTREAM_KEY}"))
     r = _post(keys_proxy, ALICE, cid, "/v1/responses", {"model": "native-1", "input": "my key?"})

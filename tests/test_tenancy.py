@@ -112,15 +112,19 @@ def test_an_upstream_account_every_tenant_shares_keeps_its_objects_to_itself(fre
 @pytest.mark.parametrize(("named", "stream"), [(True, False), (True, True), (False, False), (False, True)])
 def test_the_operators_account_ids_never_reach_a_tenant(keys_proxy, upstream, cid, named, stream):
     """An upstream called with the operator's key answers with the operator's account ids
-    (``openai-organization``, ``openai-project``): not relayed to a tenant, stored call or passed
-    through -- as the same headers from a client are not forwarded to that account."""
-    account = [("openai-organization", "org-operator-acme"), ("openai-project", "proj_operator123")]
+    (``openai-organization``, ``openai-project``; Anthropic's ``anthropic-organization-id`` on
+    every answer): not relayed to a tenant, stored call or passed through -- as the same headers
+    from a client are not forwarded to that account. An error answer neither."""
+    account = [("openai-organization", "org-operator-acme"), ("openai-project", "proj_operator123"),
+               ("anthropic-organization-id", "org-uuid-operator")]
     upstream.enqueue(Reply(kind="stream", headers=account) if stream else Reply(headers=account))
-    r = keys_proxy.http("sk-proxy-alice-0123456789").post(
-        "/v1/chat/completions", json={"model": MODEL, "messages": [user("q")], "stream": stream},
-        headers={"X-Conversation-Id": cid} if named else {})
-    assert r.status_code == 200 and ("x-node-id" in r.headers) == named
-    assert "openai-organization" not in r.headers and "openai-project" not in r.headers
+    upstream.enqueue(Reply(kind="error", status=429, headers=account))
+    for status in (200, 429):
+        r = keys_proxy.http("sk-proxy-alice-0123456789").post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": [user("q")], "stream": stream},
+            headers={"X-Conversation-Id": cid} if named else {})
+        assert r.status_code == status and ("x-node-id" in r.headers) == named
+        assert not {"openai-organization", "openai-project", "anthropic-organization-id"} & set(r.headers), r.headers
 
 
 def test_a_clients_own_account_ids_come_back_in_passthrough(proxy, upstream, key, cid):

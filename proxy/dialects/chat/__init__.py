@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ...assembly import SYSTEM_AT, build_body, strip
+from ...secrets import Masker
 from .. import Answer, Transcript
 from .completion import Completion, NotACompletion, call_id, parse_completion
 from .markers import MARKERS, markers
@@ -34,7 +35,7 @@ class ChatExchange:
         return Answer(content, [completion.message], [completion.message], completion.usage, completion.finish_reason)
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> ChatStream:
-        return ChatStream(strip_usage=not wants_usage, masker=masked_chunks(secrets))
+        return ChatStream(strip_usage=not wants_usage, masker=masked_chunks(secrets), whole=Masker(secrets) or None)
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return received

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ...failures import Failure
-from ...secrets import TextMasker
+from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
 from ...surrogates import encode
 
@@ -230,9 +230,10 @@ class ChatStream:
     """A chat-completions stream relayed as it arrives; ``[DONE]`` is held back until the node
     is stored; the usage chunk the proxy asked for is stripped unless the client asked too."""
 
-    def __init__(self, *, strip_usage: bool, masker: MaskedChunks | None = None) -> None:
+    def __init__(self, *, strip_usage: bool, masker: MaskedChunks | None = None, whole: Masker | None = None) -> None:
         self.strip_usage = strip_usage
-        self.masker = masker
+        self.masker = masker  # (a credential cut across the deltas of a text field)
+        self.whole = whole  # (a credential whole in one event, in any field: a tool's name, an audio transcript)
         self.acc = StreamAccumulator()
         self.finished = False
         self.error: Any = None
@@ -250,6 +251,8 @@ class ChatStream:
         return b""
 
     def event(self, raw: bytes) -> bytes:
+        if self.whole is not None:
+            raw = self.whole.bytes(raw)
         chunk = payload(raw)
         if chunk is UNREAD:
             return raw + b"\n\n" if relayable(raw) else b""  # a comment, a keep-alive: relayed as is
