@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from storage.walk import rebuilt
+
 __all__ = ["encode", "loads", "loads_piece", "mend", "read_count"]
 
 _decode = msgspec.json.Decoder().decode
@@ -118,27 +120,5 @@ def _mended(text: str) -> str:
 def mend(value: Any) -> Any:
     """``value`` with every string (and key) holding a UTF-16 surrogate made valid: the two halves
     of a character, joined (a pair cut across a stream's deltas and assembled again), become it;
-    a lone half becomes U+FFFD. Returns a new value (only strings, lists and dicts are walked),
-    walked with a stack of its own -- not by recursion: a value nested hundreds of levels deep is
-    mended like any other."""
-    if isinstance(value, str):
-        return _mended(value)
-    if not isinstance(value, (list, dict)):
-        return value
-    root: Any = [] if isinstance(value, list) else {}
-    stack: list[tuple[Any, Any]] = [(value, root)]
-    while stack:
-        source, copy = stack.pop()
-        items = enumerate(source) if isinstance(source, list) else source.items()
-        for k, v in items:
-            if isinstance(v, str):
-                v = _mended(v)
-            elif isinstance(v, (list, dict)):
-                new: Any = [] if isinstance(v, list) else {}
-                stack.append((v, new))
-                v = new
-            if isinstance(copy, list):
-                copy.append(v)
-            else:
-                copy[_mended(k) if isinstance(k, str) else k] = v
-    return root
+    a lone half becomes U+FFFD. Returns a new value (only strings, lists and dicts are walked)."""
+    return rebuilt(value, _mended, keys=True)

@@ -21,6 +21,7 @@ import msgspec
 from .embedded import EmbeddedServer
 from .errors import StorageError, map_db_errors
 from .pool import ConnectionPool
+from .walk import rebuilt
 
 __all__ = ["Database", "Unstorable", "open_database"]
 
@@ -55,36 +56,9 @@ def _marked(value: Any) -> dict[str, str]:
 
 def _shield(value: Any) -> Any:
     """``value`` with every string holding NUL -- and every object with such a key -- replaced by
-    its marked form. Walked with a stack of its own, not by recursion: a value nested hundreds of
-    levels deep (an upstream's answer holds what the upstream likes) is shielded like any other."""
-    if isinstance(value, str):
-        return _marked(value) if "\x00" in value else value
-    if isinstance(value, dict) and _kept_marked(value):
-        return _marked(value)
-    if not isinstance(value, (list, dict)):
-        return value
-    root: Any = [] if isinstance(value, list) else {}
-    stack: list[tuple[Any, Any]] = [(value, root)]
-    while stack:
-        source, copy = stack.pop()
-        items = enumerate(source) if isinstance(source, list) else source.items()
-        for k, v in items:
-            if isinstance(v, str):
-                v = _marked(v) if "\x00" in v else v
-            elif isinstance(v, list):
-                stack.append((v, new := []))
-                v = new
-            elif isinstance(v, dict):
-                if _kept_marked(v):
-                    v = _marked(v)
-                else:
-                    stack.append((v, new := {}))
-                    v = new
-            if isinstance(copy, list):
-                copy.append(v)
-            else:
-                copy[k] = v
-    return root
+    its marked form."""
+    return rebuilt(value, lambda text: _marked(text) if "\x00" in text else text,
+                   whole=lambda obj: _marked(obj) if _kept_marked(obj) else None)
 
 
 def _unmark(value: Any) -> Any | None:
