@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakes import Recorded
+from tests.fakes import Recorded, asgi_body
 
 
 @dataclass
@@ -95,20 +95,9 @@ class FakeAnthropic:
         return self.calls[-1]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await asgi_body(scope, receive, send)
+        if raw is None:
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         body: Any = json.loads(raw) if raw else None
         path = scope["path"] + ("?" + scope["query_string"].decode() if scope.get("query_string") else "")

@@ -152,6 +152,23 @@ class Reply:
     headers: list[tuple[str, str]] = field(default_factory=list)  # extra response headers
 
 
+async def asgi_body(scope: Any, receive: Any, send: Any) -> bytes | None:
+    """For the fake upstreams (ASGI apps): the request's whole body -- or None, after answering a
+    lifespan scope."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return None
+    raw = b""
+    while True:
+        message = await receive()
+        raw += message.get("body", b"")
+        if not message.get("more_body"):
+            return raw
+
+
 def completion(reply: Reply, model: str, prompt_tokens: int) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None, "annotations": []}
     if reply.tool_calls:
@@ -248,20 +265,9 @@ class FakeUpstream:
             time.sleep(0.01)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await asgi_body(scope, receive, send)
+        if raw is None:
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             body: Any = json.loads(raw) if raw else None

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from .conftest import Db, assert_invariants, make_settings, new_key, proxy_with, serve_proxy, spawn_proxy, wait_for
-from .fakes import Reply, ServerThread, serve_connections
+from .fakes import Reply, ServerThread, asgi_body, serve_connections
 from .helpers import MODEL, say, user
 
 
@@ -178,18 +178,9 @@ class ScriptedUpstream:
         self.bodies: list[bytes] = []
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await asgi_body(scope, receive, send)
+        if raw is None:
+            return
         self.bodies.append(raw)
         content_type, body = self.queue.pop(0)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", content_type.encode())]})

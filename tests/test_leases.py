@@ -290,6 +290,22 @@ def _cut_off_from_renewing(monkeypatch) -> tuple[threading.Event, list[bool]]:
     return back, answered
 
 
+def _a_late_call(proxy, upstream, key: str, cid: str) -> tuple[threading.Thread, threading.Event, dict[str, object]]:
+    """A turn of ``proxy``'s, to be started, whose upstream answer waits for the event; the error
+    its client got, if any, in the dict."""
+    hold = threading.Event()
+    upstream.enqueue(Reply(content="OLD ANSWER", hold=hold))
+    outcome: dict[str, object] = {}
+
+    def old_call() -> None:
+        try:
+            ask(proxy.openai(key, max_retries=0), cid, "OLD QUESTION")
+        except openai.APIError as exc:
+            outcome["error"] = exc
+
+    return threading.Thread(target=old_call), hold, outcome
+
+
 @pytest.mark.parametrize(("made_again", "back_before_the_answer"), [(False, False), (True, False), (False, True),
                                                                     (True, True)])
 def test_a_reaped_call_whose_conversation_was_deleted_is_not_written_back(fresh_database_url, upstream_url, upstream,
@@ -305,18 +321,8 @@ def test_a_reaped_call_whose_conversation_was_deleted_is_not_written_back(fresh_
     db = Db(fresh_database_url)
     settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 1.5, "reaper_interval_seconds": 0.1})
     with serve_proxy(settings) as a, serve_proxy(settings) as b:
-        hold = threading.Event()
-        upstream.enqueue(Reply(content="OLD ANSWER", hold=hold))
-        outcome: dict[str, object] = {}
-
-        def old_call() -> None:
-            try:
-                ask(a.openai(key, max_retries=0), cid, "OLD QUESTION")
-            except openai.APIError as exc:
-                outcome["error"] = exc
-
+        thread, hold, outcome = _a_late_call(a, upstream, key, cid)
         back, answered = _cut_off_from_renewing(monkeypatch)
-        thread = threading.Thread(target=old_call)
         thread.start()
         try:
             upstream.wait_for(1)
@@ -352,18 +358,8 @@ def test_a_reaped_call_whose_response_was_deleted_leaves_the_head_where_it_was_p
     settings = make_settings(fresh_database_url, upstream_url, server={"lease_seconds": 1.5, "reaper_interval_seconds": 0.1})
     with serve_proxy(settings) as a, serve_proxy(settings) as b:
         first = ask(b.openai(key), cid, "first")[1]["x-node-id"]
-        hold = threading.Event()
-        upstream.enqueue(Reply(content="OLD ANSWER", hold=hold))
-        outcome: dict[str, object] = {}
-
-        def old_call() -> None:
-            try:
-                ask(a.openai(key, max_retries=0), cid, "OLD QUESTION")
-            except openai.APIError as exc:
-                outcome["error"] = exc
-
+        thread, hold, outcome = _a_late_call(a, upstream, key, cid)
         _cut_off_from_renewing(monkeypatch)  # (for good)
-        thread = threading.Thread(target=old_call)
         thread.start()
         try:
             upstream.wait_for(2)
