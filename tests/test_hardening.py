@@ -16,7 +16,17 @@ import httpx
 import openai
 import pytest
 
-from .conftest import Db, assert_invariants, make_settings, new_key, proxy_with, serve_proxy, spawn_proxy, wait_for
+from .conftest import (
+    Db,
+    assert_invariants,
+    make_settings,
+    new_key,
+    proxy_with,
+    serve_proxy,
+    spawn_proxy,
+    three_upstreams,
+    wait_for,
+)
 from .fakes import Reply, ServerThread, asgi_body, serve_connections
 from .helpers import MODEL, say, user
 
@@ -187,10 +197,11 @@ class ScriptedUpstream:
         await send({"type": "http.response.body", "body": body})
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def scripted(database_url):
     """A proxy in front of a ``ScriptedUpstream``: ``claude-*`` models to it as Anthropic's API, the
-    rest as a chat-completions one."""
+    rest as a chat-completions one. (Each test's own: a module's proxy holds its connections for the
+    whole module, and a Citus coordinator's allowance is not large.)"""
     fake = ScriptedUpstream()
     with ServerThread(fake) as server:
         url = server.url + "/v1"
@@ -287,7 +298,7 @@ def test_a_whole_answer_holding_a_lone_surrogate_is_answered(proxy, upstream, ke
     r.content.decode()  # (strict: valid UTF-8)
 
 
-def test_a_request_holding_a_lone_surrogate_is_taken(proxy, mproxy, upstream, key, cid, db):
+def test_a_request_holding_a_lone_surrogate_is_taken(proxy, upstream, upstream_url, claude_server, key, cid, db):
     """A request whose text a JavaScript app cut mid-emoji (JSON.stringify writes "\\ud83d") was
     refused 400 "not valid JSON: Input data was truncated"; one that names no conversation went to
     the default upstream whatever its model. Now it is taken: the upstream gets valid UTF-8 with
@@ -302,7 +313,8 @@ def test_a_request_holding_a_lone_surrogate_is_taken(proxy, mproxy, upstream, ke
     assert upstream.last.messages == [user("truncated \ufffd")]
     assert db.node(r.headers["x-node-id"])["sent"] == [user("truncated \ufffd")]
     # not stored: routed by its model (native-* goes to the Responses upstream, translated)
-    r = mproxy.http(key).post("/v1/chat/completions", content=content % b"native-1",
+    with serve_proxy(make_settings(db.url, upstream_url, upstreams=three_upstreams(upstream_url, claude_server))) as mp:
+        r = mp.http(key).post("/v1/chat/completions", content=content % b"native-1",
                               headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
     assert upstream.responses_requests[-1].input[0]["content"] == "truncated \ufffd"

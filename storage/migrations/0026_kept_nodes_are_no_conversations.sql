@@ -15,7 +15,9 @@
 -- conversation's the coordinator's, and a session continuing a fork makes its first node within
 -- milliseconds of the fork -- a clock a little behind must not take that node from it. (A
 -- conversation deleted and made again as a fork within the second keeps what it took; the fix
--- in bp_delete_conversation stops it from happening again.)
+-- in bp_delete_conversation stops it from happening again.) Written as the difference of the two
+-- times: Citus refuses a timestamp minus an interval beside a column in an UPDATE (a STABLE
+-- operator), not the difference of two timestamps.
 
 UPDATE nodes n SET conversation_id = n.conversation_id || ' (deleted)'
  WHERE strpos(n.conversation_id, ' ') = 0
@@ -25,4 +27,4 @@ UPDATE nodes n SET conversation_id = n.conversation_id || ' (deleted)'
 UPDATE nodes n SET conversation_id = n.conversation_id || ' (deleted)'
   FROM conversations c
  WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant AND c.id = n.conversation_id
-   AND c.fork_node_id IS NOT NULL AND n.created_at < c.created_at - interval '1 second';
+   AND c.fork_node_id IS NOT NULL AND c.created_at - n.created_at > interval '1 second';
