@@ -13,6 +13,7 @@ import pytest
 
 from proxy.logs import JsonFormatter, TextFormatter
 
+from .conftest import wait_for
 from .fakes import Reply
 from .helpers import MODEL, say, user
 
@@ -135,9 +136,14 @@ def test_text_logs_carry_the_same_ids_and_fields(proxy, upstream, key, cid, capl
                    json={"model": MODEL, "messages": [{"role": "user", "content": "SECRET-TEXT-CONTENT"}]})
     assert r.status_code == 200
     formatter = TextFormatter()
+
+    def access_lines() -> list[str]:
+        lines = [formatter.format(rec) for rec in caplog.records if rec.levelno >= logging.INFO]
+        return [x for x in lines if " branchpoint.access " in x and "request_id=req-text-42" in x]
+
+    # (the access line is written once the answer has gone: a moment after the client has it)
+    access = wait_for(access_lines, 10, "the access line")
     lines = [formatter.format(rec) for rec in caplog.records if rec.levelno >= logging.INFO]
-    access = [x for x in lines if " branchpoint.access " in x and "request_id=req-text-42" in x]
-    assert access, lines
     line = access[0]
     assert f"conversation_id={cid}" in line and f"node_id={r.headers['x-node-id']}" in line
     assert "status=200" in line and "route=/v1/chat/completions" in line and "method=POST" in line
