@@ -14,6 +14,7 @@ import json
 import threading
 import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -247,16 +248,18 @@ def test_the_migration_gives_kept_nodes_taken_over_before_back(own_proxy, upstre
     b, _, (z1, z2, _), _ = _kept_for_a_fork(own_proxy, key, fresh_database_url, "admin")
     for name in (a, b):  # as a delete before this version left them -- made a while before
         db.fetch("UPDATE nodes SET conversation_id = $1 WHERE conversation_id = $1 || ' (deleted)'", name)
-        db.fetch("UPDATE nodes SET created_at = created_at - interval '1 minute', "
-                 "finished_at = finished_at - interval '1 minute' WHERE conversation_id = $1", name)
+        for row in db.fetch("SELECT id, created_at, finished_at FROM nodes WHERE conversation_id = $1", name):
+            # (times computed here: Citus takes no timestamp minus an interval beside a column in an UPDATE)
+            db.fetch("UPDATE nodes SET created_at = $2, finished_at = $3 WHERE id = $1", row["id"],
+                     row["created_at"] - timedelta(minutes=1), row["finished_at"] - timedelta(minutes=1))
     assert http.post(f"/admin/conversations/{f}/fork", json={"conversation_id": a, "node_id": x1}).status_code == 200
     _, h = say(own_proxy.openai(key), a, user("its own"))
     assert http.get(f"/admin/conversations/{a}").json()["node_count"] == 3  # took X1 and X2 over
     # its own first call, stamped by a clock half a second behind the fork's (a Citus worker's):
     # still its own
-    db.fetch("UPDATE nodes n SET created_at = c.created_at - interval '0.5 second' FROM conversations c "
-             "WHERE n.id = $1 AND c.tree_id = n.tree_id AND c.tenant = n.tenant AND c.id = $2",
-             uuid.UUID(h["x-node-id"]), a)
+    forked_at = db.fetchval("SELECT created_at FROM conversations WHERE id = $1", a)
+    db.fetch("UPDATE nodes SET created_at = $2 WHERE id = $1", uuid.UUID(h["x-node-id"]),
+             forked_at - timedelta(seconds=0.5))
     db.fetch("DELETE FROM schema_migrations WHERE version = 26")
     assert run(migrate(fresh_database_url)) == [26]
     assert http.get(f"/admin/conversations/{a}").json()["node_count"] == 1
