@@ -246,6 +246,16 @@ def cores_busy(seconds: float = 1.0) -> list[float]:
     return [round(100 * (b1 - b0) / max(1, t1 - t0), 1) for (b0, t0), (b1, t1) in zip(before, after, strict=True)]
 
 
+def busy_before(warning: str) -> list[float]:
+    """How busy each core is before a bench starts, logged -- with ``warning`` when one is more
+    than a tenth busy (something else runs)."""
+    busy = cores_busy()
+    log(f"cores busy before the bench starts, %: {busy}")
+    if max(busy) > 10:
+        log(f"WARNING: the machine is not idle -- something else runs; {warning}")
+    return busy
+
+
 def postgres_pids(data_dir: Path) -> list[int]:
     """The embedded PostgreSQL's postmaster and its children (backends, writer, WAL ...)."""
     pid_file = data_dir / "pgdata" / "postmaster.pid"

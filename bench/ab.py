@@ -24,7 +24,7 @@ from _harness import (
     ROOT,
     Procs,
     arguments,
-    cores_busy,
+    busy_before,
     log,
     pin_postgres,
     shared_bench,
@@ -46,10 +46,7 @@ def main() -> None:
     if not (a_tree / ".venv" / "bin" / "branchpoint").exists():
         raise SystemExit(f"{a_tree} has no .venv/bin/branchpoint: run `uv sync` there first")
     work = Path(tempfile.mkdtemp(prefix="bp-ab-"))
-    busy = cores_busy()
-    log(f"cores busy before the bench starts, %: {busy}")
-    if max(busy) > 10:
-        log("WARNING: the machine is not idle -- something else runs; compare the rounds' spread")
+    busy = busy_before("compare the rounds' spread")
     procs = Procs()
     rounds: list[dict] = []
     scenarios = [("c32 non-stream", 32, False), ("c1 non-stream", 1, False)]

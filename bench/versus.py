@@ -27,7 +27,7 @@ from _harness import (
     MODEL,
     Procs,
     arguments,
-    cores_busy,
+    busy_before,
     cpu_ticks,
     log,
     postgres_pids,
@@ -84,10 +84,7 @@ def main() -> None:
     ap.add_argument("--litellm-port", type=int, default=14091)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bp-versus-"))
-    busy = cores_busy()
-    log(f"cores busy before the bench starts, %: {busy}")
-    if max(busy) > 10:
-        log("WARNING: the machine is not idle -- something else runs; the figures will be skewed")
+    busy = busy_before("the figures will be skewed")
     procs = Procs()
     rounds: list[dict] = []
     idle: dict = {}
