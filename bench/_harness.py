@@ -21,6 +21,10 @@ import httpx
 from storage.embedded import child_pids
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # (the tests' fakes serve the benches too)
+    sys.path.insert(0, str(ROOT))
+from tests.fakes import asgi_body as asgi_body  # (a fake upstream's request body, or None after a lifespan scope)
+
 KEY = "sk-bench-branchpoint"
 MODEL = "gpt-4o-mini"
 RESULTS = ROOT / "bench" / "results"
@@ -323,20 +327,3 @@ def preemptions(pids: list[int]) -> int:
             continue
         total += sum(int(line.split()[1]) for line in status.splitlines() if line.startswith("nonvoluntary_ctxt_switches"))
     return total
-
-
-async def asgi_body(scope, receive, send) -> bytes | None:
-    """For the in-process fake upstreams (ASGI apps): the request's whole body, or None after
-    answering a lifespan scope."""
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            await send({"type": message["type"] + ".complete"})
-            if message["type"] == "lifespan.shutdown":
-                return None
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            return body
