@@ -315,7 +315,6 @@ class CallLifecycle:
                t0: float) -> StreamRelay:
         options = started.call.body.get("stream_options")
         wants_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        surrogates_read = surrogates.read_count()
 
         async def on_end(end: StreamEnd) -> Failure | None:
             _upstream_time(time.perf_counter() - t0)
@@ -324,8 +323,7 @@ class CallLifecycle:
             if failure is None:
                 try:
                     received = t.received()
-                    if surrogates.read_count() != surrogates_read:  # (events held lone surrogates: made valid, halves joined)
-                        received = surrogates.mend(received)
+                    received = surrogates.mend(received)  # (lone surrogates an event kept: halves joined, made valid)
                     messages = exchange.messages(received)
                 except Exception as exc:  # (an answer that cannot be read is a failed node, never a pending one)
                     log.exception("a streamed answer could not be read")
