@@ -239,6 +239,30 @@ def test_full_history_an_old_marker_inside_a_block_is_not_sent_again(mproxy: Pro
     assert claude.last.body["messages"] == later
 
 
+@pytest.mark.parametrize("kind, source", [("document", {"type": "url", "url": "https://example.com/%s.pdf"}),
+                                          ("document", {"type": "file", "file_id": "file_%s"}),
+                                          ("image", {"type": "file", "file_id": "file_%s"})],
+                         ids=["document-url", "document-file-id", "image-file-id"])
+def test_full_history_another_attachment_by_url_or_file_id_is_not_matched(mproxy: Proxy, claude: FakeAnthropic,
+                                                                         kind: str, source: dict[str, str]) -> None:
+    """Full history: a resent history whose attachment by URL or by file id is another one is
+    another history -- before, the line such a block reads as for chat (what matching compares)
+    said only "(url)" or "(file)", so any two matched, and Anthropic got the first call's
+    attachment in place of the one the client sent. The line names the URL or the file id now."""
+    def attached(name: str) -> dict[str, Any]:
+        return {"type": kind, "source": {k: v % name if k in ("url", "file_id") else v for k, v in source.items()}}
+    c = client(mproxy, new_key(), "/auto")
+    session = {"X-Claude-Code-Session-Id": f"s-{uuid.uuid4().hex[:8]}"}
+    first = c.messages.create(model="claude-x", max_tokens=10, extra_headers=session, messages=[
+        {"role": "user", "content": [attached("A"), {"type": "text", "text": "summarise"}]}])
+    history = [{"role": "user", "content": [attached("B"), {"type": "text", "text": "summarise"}]},
+               {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+               {"role": "user", "content": "and the conclusion?"}]
+    r = c.messages.with_raw_response.create(model="claude-x", max_tokens=10, extra_headers=session, messages=history)
+    assert r.headers["x-context-matched"] == "0"
+    assert claude.last.body["messages"] == history
+
+
 def test_count_tokens(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
     c = client(mproxy, key, "")
     assert c.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "hi"}]).input_tokens == 42
@@ -953,10 +977,10 @@ def test_an_image_by_anthropic_file_id_reaches_a_chat_upstream_as_a_line(mproxy:
         {"type": "document", "source": {"type": "file", "file_id": "file_022"}},
         {"type": "text", "text": "what are they"}]}])
     assert upstream.last.messages[-1]["content"] == [
-        {"type": "text", "text": "[image (file): not readable by this model]"},
+        {"type": "text", "text": "[image (file file_011CNha8iCJcU1wXNR6q4V8w): not readable by this model]"},
         {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0K"}},
-        {"type": "text", "text": "[document (file): not readable by this model]"},
+        {"type": "text", "text": "[document (file file_022): not readable by this model]"},
         {"type": "text", "text": "what are they"}]
 
 

@@ -96,8 +96,10 @@ function chatPart(part, api) {
     const texts = list(part.content).filter((b) => typeof b?.text === "string").map((b) => b.text);
     return { type: "text", text: `[search result${title}: ${part.source ?? ""}]\n${texts.join("\n")}` };
   }
-  const media = source.media_type || source.type || "";
-  return { type: "text", text: `[${part.type}${title}${media ? ` (${media})` : ""}: not readable by this model]` };
+  // (naming its URL or file id: the proxy matches a resent history by this line)
+  const named = [source.url, source.file_id, part.file_id].find((v) => typeof v === "string" && v) ?? "";
+  const what = [source.media_type || source.type, named].filter((w) => w).join(" ");
+  return { type: "text", text: `[${part.type}${title}${what ? ` (${what})` : ""}: not readable by this model]` };
 }
 
 function chatContent(content, api) {

@@ -126,7 +126,8 @@ def _user_content(blocks: list[Any], *, files: bool = True) -> Any:
 
 def _as_text(block: dict[str, Any]) -> str:
     """A block chat has no part for, as text: a plain-text document's own text, a search result's
-    texts, else a line saying what it was (its bytes stay in the fragment, for Anthropic)."""
+    texts, else a line saying what it was -- its URL or file id too (its bytes stay in the fragment, for
+    Anthropic)."""
     kind = block.get("type")
     source = block.get("source") if isinstance(block.get("source"), dict) else {}
     title = f" {block['title']}" if isinstance(block.get("title"), str) else ""
@@ -138,8 +139,18 @@ def _as_text(block: dict[str, Any]) -> str:
     if kind == "search_result":
         texts = [b.get("text") for b in _blocks(block.get("content")) if isinstance(b, dict) and isinstance(b.get("text"), str)]
         return f"[search result{title}: {block.get('source', '')}]\n" + "\n".join(texts)
-    media = source.get("media_type") or source.get("type") or ""
-    return f"[{kind}{title}{f' ({media})' if media else ''}: not readable by this model]"
+    what = " ".join(str(w) for w in (source.get("media_type") or source.get("type"), _named(block, source)) if w)
+    return f"[{kind}{title}{f' ({what})' if what else ''}: not readable by this model]"
+
+
+def _named(block: dict[str, Any], source: dict[str, Any]) -> str:
+    """What names a block whose bytes are not in it: its URL or its file id ("" for none). The
+    line standing for it says it -- full history compares that line (docs/behaviour.md#full-history-mode),
+    and one without it would read alike for any two attachments: another history's would match."""
+    for value in (source.get("url"), source.get("file_id"), block.get("file_id")):
+        if isinstance(value, str) and value:
+            return value
+    return ""
 
 
 def _tool_content(content: Any) -> Any:
@@ -156,8 +167,8 @@ def _tool_content(content: Any) -> Any:
 
 def _image_in_a_tool_result(block: dict[str, Any]) -> str:
     source = block.get("source") if isinstance(block.get("source"), dict) else {}
-    media = source.get("media_type") or source.get("type") or "image"
-    return f"\n[an image ({media}) the tool returned: a chat tool message cannot carry images]\n"
+    what = " ".join(str(w) for w in (source.get("media_type") or source.get("type") or "image", _named(block, source)) if w)
+    return f"\n[an image ({what}) the tool returned: a chat tool message cannot carry images]\n"
 
 
 def _arguments(value: Any) -> str:
