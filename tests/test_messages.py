@@ -668,6 +668,29 @@ def test_audio_reaches_anthropic_as_a_line_saying_so(mproxy: Proxy, claude: Fake
         "role": "user", "content": [{"type": "text", "text": "[audio (wav): not readable by this model]"}]}
 
 
+def test_an_image_url_given_as_a_string_reaches_anthropic(mproxy: Proxy, upstream: FakeUpstream, claude: FakeAnthropic,
+                                                           key: str, cid: str) -> None:
+    """A chat image part whose ``image_url`` is the URL itself (a string, which OpenAI-compatible
+    servers and the proxy's own Responses translation take) reaches an Anthropic model as an image
+    by URL -- it made a 500, and once a chat model's call had stored it, so did every later call
+    of the conversation to an Anthropic model, from either API. One without a URL (a list, a
+    number) reaches it as a line saying so."""
+    oc = mproxy.openai(key, conversation=cid)
+    question = {"type": "text", "text": "What is it?"}
+    oc.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": [
+        question, {"type": "image_url", "image_url": "https://example.com/a.png"}]}])
+    by_url = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "and now?"}])
+    assert claude.last.body["messages"][0]["content"] == [question, by_url]
+    client(mproxy, key, f"/c/{cid}").messages.create(model="claude-x", max_tokens=5, messages=[
+        {"role": "user", "content": "again"}])
+    assert claude.last.body["messages"][0]["content"] == [question, by_url]
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": [
+        question, {"type": "image_url", "image_url": ["x"]}, {"type": "image_url", "image_url": {"url": 5}}]}])
+    line = {"type": "text", "text": "[image without a URL: not readable by this model]"}
+    assert claude.last.body["messages"][-1]["content"] == [question, line, line]
+
+
 # -- full history: clients that resend the whole session ----------------------------------------------
 
 

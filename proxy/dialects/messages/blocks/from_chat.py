@@ -40,12 +40,7 @@ def _parts_to_blocks(content: Any) -> list[dict[str, Any]]:
         if kind in ("text", "input_text", "output_text"):
             blocks.append({"type": "text", "text": part.get("text", "")})
         elif kind == "image_url":
-            url = (part.get("image_url") or {}).get("url") or ""
-            if url.startswith("data:") and ";base64," in url:
-                media, data = url[5:].split(";base64,", 1)
-                blocks.append({"type": "image", "source": {"type": "base64", "media_type": media, "data": data}})
-            else:
-                blocks.append({"type": "image", "source": {"type": "url", "url": url}})
+            blocks.append(_image(part.get("image_url")))
         elif kind == "file":
             blocks.append(_document(part.get("file") if isinstance(part.get("file"), dict) else {}))
         elif kind in ("image", "document", "search_result"):
@@ -55,6 +50,20 @@ def _parts_to_blocks(content: Any) -> list[dict[str, Any]]:
             media = audio.get("format") if isinstance(audio.get("format"), str) and audio.get("format") else None
             blocks.append({"type": "text", "text": f"[audio{f' ({media})' if media else ''}: not readable by this model]"})
     return blocks
+
+
+def _image(image: Any) -> dict[str, Any]:
+    """Chat's image part as Anthropic's image: a data URL's bytes, any other URL by URL -- the
+    string form too (``"image_url": "https://..."``, which OpenAI-compatible servers take). One
+    without a URL (null, a list, a number) is a line saying so: it made a 500, and so did every
+    later call of its conversation to an Anthropic model."""
+    url = image if isinstance(image, str) else image.get("url") if isinstance(image, dict) else None
+    if not isinstance(url, str) or not url:
+        return {"type": "text", "text": "[image without a URL: not readable by this model]"}
+    if url.startswith("data:") and ";base64," in url:
+        media, data = url[5:].split(";base64,", 1)
+        return {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}
+    return {"type": "image", "source": {"type": "url", "url": url}}
 
 
 def _document(file: dict[str, Any]) -> dict[str, Any]:
