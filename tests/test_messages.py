@@ -668,6 +668,24 @@ def test_audio_reaches_anthropic_as_a_line_saying_so(mproxy: Proxy, claude: Fake
         "role": "user", "content": [{"type": "text", "text": "[audio (wav): not readable by this model]"}]}
 
 
+def test_a_part_anthropic_has_no_block_for_is_said_not_dropped(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                               cid: str) -> None:
+    """A chat part of a kind Anthropic has no block for (``video_url`` ...) reaches it as a line
+    saying so, as audio does, and an assistant's ``refusal`` part as its text -- both vanished
+    unsaid: the question went without its video, and a refusal-only answer was left out."""
+    oc = mproxy.openai(key, conversation=cid)
+    oc.chat.completions.create(model="claude-x", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "What happens?"},
+                                     {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot watch videos."}]},
+        {"role": "user", "content": "Then guess."}])
+    assert claude.last.body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "What happens?"},
+                                     {"type": "text", "text": "[video_url: not readable by this model]"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "I cannot watch videos."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Then guess."}]}]
+
+
 def test_an_image_url_given_as_a_string_reaches_anthropic(mproxy: Proxy, upstream: FakeUpstream, claude: FakeAnthropic,
                                                            key: str, cid: str) -> None:
     """A chat image part whose ``image_url`` is the URL itself (a string, which OpenAI-compatible

@@ -36,7 +36,7 @@ def _parts_to_blocks(content: Any) -> list[dict[str, Any]]:
     for part in content if isinstance(content, list) else [content]:
         if not isinstance(part, dict):
             continue
-        kind = part.get("type")
+        kind = part.get("type", "text")
         if kind in ("text", "input_text", "output_text"):
             blocks.append({"type": "text", "text": part.get("text", "")})
         elif kind == "image_url":
@@ -49,6 +49,12 @@ def _parts_to_blocks(content: Any) -> list[dict[str, Any]]:
             audio = part.get("input_audio") if isinstance(part.get("input_audio"), dict) else {}
             media = audio.get("format") if isinstance(audio.get("format"), str) and audio.get("format") else None
             blocks.append({"type": "text", "text": f"[audio{f' ({media})' if media else ''}: not readable by this model]"})
+        elif kind == "refusal":  # (an assistant's refusal among its parts: what the model said)
+            if isinstance(part.get("refusal"), str) and part["refusal"]:
+                blocks.append({"type": "text", "text": part["refusal"]})
+        else:  # a part Anthropic has no block for (video_url ...): a line saying so, as audio
+            blocks.append({"type": "text", "text": f"[{kind if isinstance(kind, str) and kind else 'part'}: "
+                                                   "not readable by this model]"})
     return blocks
 
 
