@@ -339,6 +339,27 @@ def test_a_responses_upstream_gets_the_assembled_input_natively(native, upstream
     assert node["status"] == "success" and node["received"][0]["type"] == "message"
 
 
+def test_an_image_by_file_id_reaches_chat_and_anthropic_as_a_line_and_a_responses_upstream_as_it_came(
+        mproxy, upstream, claude, key, cid):
+    """An input_image by OpenAI file id is nothing a chat model or Anthropic can fetch: it reaches
+    them as a line naming it -- before, its id went as the URL ``file:<id>``, which both refuse,
+    on every later call of the conversation -- and a Responses upstream as the client sent it."""
+    client = mproxy.openai(key, conversation=cid)
+    content = [{"type": "input_text", "text": "What is in it?"},
+               {"type": "input_image", "file_id": "file-img123", "detail": "auto"}]
+    client.responses.create(model="native-x", input=[{"type": "message", "role": "user", "content": content}])
+    assert upstream.responses_requests[-1].body["input"][0]["content"] == content
+    line = "[image (file file-img123): not readable by this model]"
+    client.responses.create(model="gpt-x", input="and now?")
+    assert upstream.last.messages[0]["content"] == [{"type": "text", "text": "What is in it?"},
+                                                    {"type": "text", "text": line}]
+    client.responses.create(model="claude-x", input="and now?")
+    assert claude.last.body["messages"][0]["content"] == [{"type": "text", "text": "What is in it?"},
+                                                          {"type": "text", "text": line}]
+    client.responses.create(model="native-x", input="and now?")
+    assert upstream.responses_requests[-1].body["input"][0]["content"] == content
+
+
 def test_request_replay_verifies_for_responses(proxy, upstream, key, cid):
     client = proxy.openai(key, conversation=cid)
     raw_create(client, input="one", instructions="Be brief.")

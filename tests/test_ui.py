@@ -982,20 +982,22 @@ def ask_with_an_image(ui: Any, cid: str, api: str) -> str:
                 {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": PDF}},
                 {"type": "text", "text": "What is in this picture?"}]}]})
         else:
+            by_id = [{"type": "input_image", "file_id": "file-img123", "detail": "auto"}] \
+                if api == "responses-file-id" else []
             r = http.post("/responses", json={"model": MODEL, "input": [{"role": "user", "content": [
-                {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}", "detail": "low"},
+                {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}", "detail": "low"}, *by_id,
                 {"type": "input_text", "text": "What is in this picture?"}]}]})
     assert r.status_code == 200, r.text
     return r.headers["x-node-id"]
 
 
-@pytest.mark.parametrize("api", ["messages", "messages-file-id", "responses"])
+@pytest.mark.parametrize("api", ["messages", "messages-file-id", "responses", "responses-file-id"])
 def test_regenerate_sends_the_questions_images_again(ui, page, upstream, api):
     """Regenerate on a Messages or Responses node sends the model what the first call sent it:
     the image (and the PDF) as parts, beside the text -- the viewer rebuilt the request from what
     it draws, and the model got the literal text "[image]What is in this picture?". An image by
-    Anthropic file id goes as the line naming it, as the proxy's translation writes it (not as a
-    URL that is a file id, which chat upstreams refuse)."""
+    Anthropic or OpenAI file id goes as the line naming it, as the proxy's translation writes it
+    (not as a URL that is a file id, which chat upstreams refuse)."""
     cid = f"regimg-{api}-{uuid.uuid4().hex[:6]}"
     node = ask_with_an_image(ui, cid, api)
     first = upstream.chat_requests[-1].messages

@@ -59,8 +59,12 @@ function chatPart(part, api) {
   if (typeof part.text === "string" && ["text", "input_text", "output_text"].includes(part.type)) {
     return { type: "text", text: part.text };
   }
+  if (api === "responses" && part.type === "input_image" && !part.image_url && part.file_id) {
+    // (by OpenAI file id: a line naming it, as the proxy's own translation writes it)
+    return { type: "text", text: `[image (file ${part.file_id}): not readable by this model]` };
+  }
   if (api === "responses" && part.type === "input_image") {
-    const image = { url: part.image_url ?? (part.file_id ? `file:${part.file_id}` : null) };
+    const image = { url: part.image_url ?? null };
     if (part.detail) image.detail = part.detail;
     return { type: "image_url", image_url: image };
   }

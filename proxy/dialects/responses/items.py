@@ -145,10 +145,15 @@ def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "refusal":
             refusal = (refusal or "") + str(part.get("refusal") or "")
+        elif kind == "input_image" and not part.get("image_url") and part.get("file_id"):
+            # (by OpenAI file id: nothing a chat model or Anthropic can fetch -- its id went as the
+            # URL "file:<id>", which both refuse, on every later call -- a line naming it; the
+            # item keeps the id for a Responses upstream)
+            only_text = False
+            parts.append({"type": "text", "text": f"[image (file {part['file_id']}): not readable by this model]"})
         elif kind == "input_image":
             only_text = False
-            url = part.get("image_url") or (f"file:{part['file_id']}" if part.get("file_id") else None)
-            image: dict[str, Any] = {"url": url}
+            image: dict[str, Any] = {"url": part.get("image_url")}
             if part.get("detail"):
                 image["detail"] = part["detail"]
             parts.append({"type": "image_url", "image_url": image})
