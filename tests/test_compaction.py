@@ -699,6 +699,34 @@ def test_a_full_history_turn_in_flight_as_a_summary_is_applied_is_compacted_by_t
     assert raw.headers["x-parent-node-id"] == str(latest["id"])
 
 
+def test_a_background_summary_written_again_on_another_branch_is_counted_once(small, upstream, key, cid):
+    """The summariser is called once for a background summary, however many compaction nodes it
+    is written as: the head moved back to the node it summarised (an undo of the compaction), the
+    next call there hangs under the same summary written again -- whose node names the first and
+    holds no usage. Before, both nodes held the summariser's usage, and the usage report and the
+    conversation's usage counted a call (and its 5,077 tokens) that was never made."""
+    upstream.enqueue_summary(Reply(content="Facts: the summary.", usage={
+        "prompt_tokens": 5000, "completion_tokens": 77, "total_tokens": 5077}))
+    heads = grow(small, upstream, key, cid, 7)
+    first = wait_for(lambda: compaction_nodes(small.db, cid), what="the background compaction")[0]
+    http = small.http(key)
+    before = http.get("/admin/usage").json()
+    conversation = http.get(f"/admin/conversations/{cid}").json()["usage"]
+    assert http.put(f"/admin/conversations/{cid}/head", json={"node_id": heads[-1]}).status_code == 200
+    upstream.enqueue(Reply(content="next answer", usage=usage(400)))
+    say(small.openai(key), cid, user("next"))
+    assert upstream.last.messages[0]["content"].startswith(SUMMARY_PREFIX)  # (the summary is used again)
+    assert len(upstream.summariser_requests) == 1
+    again = compaction_nodes(small.db, cid)[-1]
+    assert again["id"] != first["id"] and again["usage"] is None
+    assert again["params"]["reused_summary"] == {"node_id": str(first["id"])}
+    after = http.get("/admin/usage").json()
+    assert (after["calls"] - before["calls"], after["prompt_tokens"] - before["prompt_tokens"],
+            after["completion_tokens"] - before["completion_tokens"]) == (1, 400, 20)
+    now = http.get(f"/admin/conversations/{cid}").json()["usage"]
+    assert now["prompt_tokens"] - conversation["prompt_tokens"] == 400
+
+
 def _overtaken_summary(small, upstream, key, cid, later_turns):
     """Seven turns (the seventh above soft by its reported usage) and a held background summary;
     ``later_turns`` overtake it (reporting little: no newer request); released, it is not applied

@@ -6,6 +6,7 @@ Responses APIs answer with (``as_dict``).
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ class Prepared:
     calls: int
     first_request: bytes  # the summariser's first request body, kept with the node
     taken_over: bool = False  # a call crossing the hard threshold wrote it
+    written: uuid.UUID | None = None  # the compaction node it was first written as (its usage counted there)
 
 
 @dataclass

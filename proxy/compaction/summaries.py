@@ -30,6 +30,10 @@ __all__ = ["Summaries"]
 
 log = logging.getLogger("branchpoint.compaction")
 
+# a compaction node's params key naming the node a summary written again was first written as
+# (``{"node_id": ...}``: an import renames it); such a node is no call of its own (the usage report)
+REUSED = "reused_summary"
+
 # what the summariser reads of any provider's answers (no reasoning, no opaque items); the items a
 # compaction node keeps raw are carried whole instead (``assembly.carried``) and shaped for each
 # later call's provider
@@ -131,19 +135,27 @@ class Summaries:
         sent = [*system, prepared.summary, *recent]
         node_id = uuid7()
         params = {**prepared.params, "kept_messages": len(recent)}
+        usage = prepared.usage or None
+        if prepared.written is not None:
+            # written again (a background summary the next call on the branch it left uses): paid
+            # for once, so its usage stays with the first node; this one names it and is no call
+            params[REUSED] = {"node_id": str(prepared.written)}
+            usage = None
         outcome = await self.tree.apply_compaction(
             tenant=tenant, conversation_id=conversation_id, tree_id=tree_id, node_id=node_id,
             compacted_from=compacted_from, sent=sent, model=prepared.model, provider=prepared.provider,
-            params=params, usage=prepared.usage or None,
+            params=params, usage=usage,
             mode=mode, call_node=call_node, request=prepared.first_request,
         )
         if outcome != "ok":
             return CompactionResult(False, outcome)
+        if prepared.written is None:
+            prepared.written = node_id
         self.metrics.compactions.labels(trigger, "ok").inc()
         log.info("compacted", extra={"conversation_id": conversation_id, "node_id": str(node_id), "trigger": trigger,
                                      "compacted_messages": prepared.compacted, "summary_tokens": prepared.tokens})
         node = PathNode(id=node_id, parent_id=None, kind="compaction", status="success", sent=sent, received=None,
-                        provider=prepared.provider, model=prepared.model, usage=prepared.usage or None,
+                        provider=prepared.provider, model=prepared.model, usage=usage,
                         compacted_from=compacted_from)
         return CompactionResult(True, node=node, summary_tokens=prepared.tokens, kept_messages=len(recent),
                                 compacted_messages=prepared.compacted, calls=prepared.calls)
