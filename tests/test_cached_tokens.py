@@ -139,3 +139,26 @@ def test_a_failed_responses_stream_keeps_the_usage_it_reported(mproxy, upstream,
     (node,) = mproxy.http(key).get(f"/admin/conversations/{cid}/tree").json()["data"]
     usage = mproxy.http(key).get(f"/admin/conversations/{cid}").json()["usage"]
     assert (node["status"], usage["prompt_tokens"], usage["cached_tokens"]) == ("failed", 120, 100)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("upstream_api, reported", [
+    ("chat", {**CHAT, "completion_tokens_details": {"reasoning_tokens": 3}}),
+    ("responses", {**RESPONSES, "output_tokens_details": {"reasoning_tokens": 3}}),
+])
+def test_a_messages_clients_node_keeps_the_upstreams_whole_usage(mproxy, upstream, claude, key, upstream_api,
+                                                                 reported, stream):
+    """A Messages client of a chat or Responses upstream is given Anthropic's usage, which has no
+    word for reasoning tokens or a total; its node keeps the upstream's usage whole, in chat's
+    terms (as a chat client's node of either upstream does). The node stored the client's copy
+    before, and lost the reasoning tokens the upstream reported."""
+    cid = f"whole-{uuid.uuid4().hex[:8]}"
+    _enqueue(upstream_api, reported, stream, upstream, claude)
+    given = _call(mproxy, key, cid, "messages", MODELS[upstream_api], stream)
+    assert (given["input_tokens"], given["cache_read_input_tokens"], given["output_tokens"]) == (20, 80, 5)
+    node = mproxy.http(key).get(f"/admin/conversations/{cid}/tree").json()["data"][0]
+    assert node["usage"] == {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105,
+                             "prompt_tokens_details": {"cached_tokens": 80},
+                             "completion_tokens_details": {"reasoning_tokens": 3}}
+    usage = mproxy.http(key).get(f"/admin/conversations/{cid}").json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["cached_tokens"]) == (100, 5, 80)

@@ -67,13 +67,15 @@ class MessagesOverChat:
     def answer(self, content: bytes) -> Answer:
         completion = parse_completion(content)
         blocks = translate.content_of(completion.message, self.node_id)
-        usage = translate.anthropic_usage(completion.usage)
         model = loads(content).get("model") or self.params.get("model")
         body = translate.message_object(node_id=self.node_id, model=model, content=blocks,
-                                        stop=translate.stop_reason(completion.finish_reason), usage=usage,
+                                        stop=translate.stop_reason(completion.finish_reason),
+                                        usage=translate.anthropic_usage(completion.usage),
                                         applied_edits=self.params.get(translate.APPLIED_EDITS))
         received = [{"role": "assistant", "content": blocks}]
-        return Answer(_encode(body), received, self.messages(received), usage, completion.finish_reason)
+        # (stored: the upstream's usage in chat's terms, whole -- Anthropic's has no word for its
+        # reasoning tokens or its total; the client gets its own API's)
+        return Answer(_encode(body), received, self.messages(received), completion.usage, completion.finish_reason)
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
         return stream.FromChat(node_id=self.node_id, params=self.params, masker=masked_chunks(secrets))

@@ -228,7 +228,8 @@ class FromChat:
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        return translate.anthropic_usage(self.acc.usage) if self.acc.usage else None
+        """The usage stored: the upstream's, in chat's terms (the client gets Anthropic's, ``closing``)."""
+        return self.acc.usage or None
 
     @property
     def finish_reason(self) -> str | None:
@@ -323,7 +324,7 @@ class FromChat:
 
     def closing(self) -> bytes:
         out = self._stop() + self._refusal() + self._tools()
-        usage = self.usage or {"input_tokens": 0, "output_tokens": 0}
+        usage = translate.anthropic_usage(self.acc.usage) if self.acc.usage else {"input_tokens": 0, "output_tokens": 0}
         delta: dict[str, Any] = {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason),
                                            "stop_sequence": None}, "usage": usage}
         applied = self.params.get(translate.APPLIED_EDITS)
