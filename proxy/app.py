@@ -28,7 +28,7 @@ from .dialects.messages.errors import is_messages_path
 from .errors import BranchpointError, error_body, from_refusal
 from .forwarder import Forwarder
 from .limits import BodyTimeout, BytesInFlight
-from .observability import ObservabilityMiddleware, install_log_context
+from .observability import ObservabilityMiddleware, install_log_context, unmatched
 from .routes.admin import AdminController
 from .routes.chat import chat_completions, chat_completions_auto, chat_completions_prefixed
 from .routes.context import CallContext
@@ -109,7 +109,10 @@ def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> R
             param = key if isinstance(key, str) and key != "data" else None  # "data": the body as a whole
             detail = f"{param}: {first['message']}" if param else str(first["message"])
     headers = dict(exc.headers) if exc.headers else None
-    return _json(status, error_body(detail, type_, code, param=param), headers, request)
+    response = _json(status, error_body(detail, type_, code, param=param), headers, request)
+    if "path_template" not in request.scope:  # no route took it (routing's refusal): no route's middleware ran
+        return unmatched(request.scope, response, request.app.state.runtime.metrics)
+    return response
 
 
 def _on_too_deep(request: Request[Any, Any, Any], exc: RecursionError) -> Response[bytes]:

@@ -19,15 +19,21 @@ import re
 import time
 from typing import Any
 
+from litestar import Response
+from litestar.background_tasks import BackgroundTask
+
 from .failures import cancellation_handled, interrupted
 from .http import RawResponse
 from .metrics import Metrics
 
-__all__ = ["ObservabilityMiddleware", "RequestContext", "current_request", "install_log_context"]
+__all__ = ["UNMATCHED", "ObservabilityMiddleware", "RequestContext", "current_request", "install_log_context",
+           "unmatched"]
 
 log = logging.getLogger("branchpoint.access")
 
 _VALID_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+UNMATCHED = "unmatched"  # the route label of a request no route took (a bounded label, whatever its path)
 
 
 class RequestContext:
@@ -110,15 +116,39 @@ class ObservabilityMiddleware:
             failure = interrupted("the proxy shut down before it could answer")
             await RawResponse(failure.status, failure.body)(scope, receive, send_with_id)
         finally:
-            elapsed = time.perf_counter() - start
-            route = scope.get("path_template") or "unmatched"
-            self.metrics.observe_request(route, status, elapsed, ctx.upstream_seconds)
-            if log.isEnabledFor(logging.INFO):
-                fields = {
-                    "method": scope["method"], "path": scope["path"], "route": route, "status": status,
-                    "duration_ms": round(elapsed * 1000, 2), "upstream_ms": round(ctx.upstream_seconds * 1000, 2),
-                }
-                if ctx.context_mode is not None:  # a stored call
-                    fields["context_mode"], fields["context_matched"] = ctx.context_mode, ctx.context_matched
-                log.info("request", extra=fields)
+            _observed(self.metrics, scope, ctx, scope.get("path_template") or UNMATCHED, status,
+                      time.perf_counter() - start)
             current_request.reset(token)
+
+
+def _observed(metrics: Metrics, scope: Any, ctx: RequestContext, route: str, status: int, elapsed: float) -> None:
+    """A request answered: counted by route and status, and its access-log line."""
+    metrics.observe_request(route, status, elapsed, ctx.upstream_seconds)
+    if log.isEnabledFor(logging.INFO):
+        fields = {
+            "method": scope["method"], "path": scope["path"], "route": route, "status": status,
+            "duration_ms": round(elapsed * 1000, 2), "upstream_ms": round(ctx.upstream_seconds * 1000, 2),
+        }
+        if ctx.context_mode is not None:  # a stored call
+            fields["context_mode"], fields["context_matched"] = ctx.context_mode, ctx.context_matched
+        log.info("request", extra=fields)
+
+
+def unmatched(scope: Any, response: Response[bytes], metrics: Metrics) -> Response[bytes]:
+    """``response`` -- the refusal of a request no route took (404, 405, a bad Host header) --
+    with the request's id, counted and access-logged once it is sent, as ``route="unmatched"``:
+    Litestar answers such a request before any route's middleware, ``ObservabilityMiddleware``
+    included, runs (so a matched request pays nothing for this)."""
+    ctx = RequestContext(_request_id(scope))
+    start = time.perf_counter()
+    response.headers["x-branchpoint-request-id"] = ctx.request_id
+
+    async def sent() -> None:
+        token = current_request.set(ctx)
+        try:
+            _observed(metrics, scope, ctx, UNMATCHED, response.status_code, time.perf_counter() - start)
+        finally:
+            current_request.reset(token)
+
+    response.background = BackgroundTask(sent)
+    return response

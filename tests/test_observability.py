@@ -154,6 +154,37 @@ def test_text_logs_carry_the_same_ids_and_fields(proxy, upstream, key, cid, capl
     assert formatter.format(record).endswith(' detail="two words \\"quoted\\""')
 
 
+def test_a_request_no_route_takes_is_counted_and_logged(proxy, caplog):
+    """A request to no route (404) or with a method its route does not take (405) is answered by
+    Litestar before any route's middleware runs: it is counted and access-logged all the same, as
+    ``route="unmatched"`` (one label, whatever the path), with its request id -- it was neither,
+    and the request metrics did not add up to the requests served."""
+    caplog.set_level(logging.INFO)
+    before = {status: metric(proxy, "branchpoint_requests_total", route="unmatched", status=status)
+              for status in (404, 405)}
+    r1 = httpx.get(f"{proxy.url}/no/such/route", headers={"X-Request-Id": "req-unrouted-1"})
+    r2 = httpx.delete(f"{proxy.url}/v1/chat/completions", headers={"X-Request-Id": "req-unrouted-2"})
+    assert (r1.status_code, r2.status_code) == (404, 405)
+    assert r1.json()["error"]["code"] == "not_found" and r2.json()["error"]["code"] == "method_not_allowed"
+    assert (r1.headers["x-branchpoint-request-id"], r2.headers["x-branchpoint-request-id"]) == ("req-unrouted-1",
+                                                                                              "req-unrouted-2")
+    formatter = JsonFormatter()
+
+    def access_lines() -> list[dict]:
+        lines = [json.loads(formatter.format(rec)) for rec in caplog.records if rec.name == "branchpoint.access"]
+        found = [x for x in lines if x.get("request_id") in ("req-unrouted-1", "req-unrouted-2")]
+        return found if len(found) == 2 else []
+
+    # (the access line is written once the answer has gone: a moment after the client has it)
+    first, second = sorted(wait_for(access_lines, 10, "the access lines"), key=lambda x: x["request_id"])
+    assert (first["route"], first["status"], first["method"], first["path"]) == ("unmatched", 404, "GET",
+                                                                                 "/no/such/route")
+    assert (second["route"], second["status"], second["method"]) == ("unmatched", 405, "DELETE")
+    assert [metric(proxy, "branchpoint_requests_total", route="unmatched", status=status) - before[status]
+            for status in (404, 405)] == [1, 1]
+    assert "/no/such/route" not in httpx.get(f"{proxy.url}/metrics").text
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux's /proc")
 def test_metrics_show_the_process_and_its_context_switches(proxy, upstream, key, cid):
     assert metric(proxy, "process_cpu_seconds_total") > 0 and metric(proxy, "process_resident_memory_bytes") > 0
