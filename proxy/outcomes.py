@@ -48,7 +48,8 @@ class Outcomes:
         from the database longer than the lease) -- and nothing of this outcome is stored: the
         caller must not tell its client that the answer was."""
         started.finished = True
-        if not started.stored:  # (nothing to store: a call only translated)
+        if not started.stored:  # (nothing to store: a call only translated -- its usage was read all the same)
+            self.metrics.observe_tokens(usage)
             return True
         if not isinstance(finish_reason, str):  # (an upstream's odd one: a number, say)
             finish_reason = None

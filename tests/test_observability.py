@@ -7,12 +7,14 @@ import re
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
 
 from proxy.logs import JsonFormatter, TextFormatter
 
+from .anthropic_fake import AReply
 from .conftest import wait_for
 from .fakes import Reply
 from .helpers import MODEL, say, user
@@ -152,6 +154,39 @@ def test_text_logs_carry_the_same_ids_and_fields(proxy, upstream, key, cid, capl
     record = logging.LogRecord("branchpoint", logging.WARNING, __file__, 1, "odd", (), None)
     record.detail = 'two words "quoted"'
     assert formatter.format(record).endswith(' detail="two words \\"quoted\\""')
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("client, model", [("chat", "native-x"), ("chat", "claude-x"), ("messages", "gpt-x")])
+def test_a_translated_call_naming_no_conversation_counts_its_tokens(mproxy, upstream, claude, key, client, model,
+                                                                    stream):
+    """A call naming no conversation whose upstream speaks another API is translated, so its
+    answer -- usage included -- is read, though nothing is stored: the tokens it reports count
+    on /metrics as a stored call's do (no call is counted: there is none stored). They were
+    never counted: only a stored outcome counted tokens."""
+    in_before, out_before = (metric(mproxy, "branchpoint_tokens_total", direction=d) for d in ("in", "out"))
+    calls_before = sum(float(v) for v in re.findall(r"^branchpoint_calls_total\{[^}]*\} ([0-9.e+]+)$",
+                                                     httpx.get(f"{mproxy.url}/metrics").text, re.M))
+    upstream.enqueue(Reply(kind="stream" if stream and model == "gpt-x" else "json",
+                           usage={"prompt_tokens": 123, "completion_tokens": 4, "total_tokens": 127}
+                           if model == "gpt-x" else {"input_tokens": 123, "output_tokens": 4, "total_tokens": 127}))
+    claude.enqueue(AReply(usage={"input_tokens": 123, "output_tokens": 4}))
+    if client == "messages":
+        c = anthropic.Anthropic(base_url=mproxy.url, api_key=key, max_retries=0)
+        if stream:
+            with c.messages.stream(model=model, max_tokens=50, messages=[user("hi")]) as s:
+                s.get_final_message()
+        else:
+            c.messages.create(model=model, max_tokens=50, messages=[user("hi")])
+    else:
+        answer = mproxy.openai(key).chat.completions.create(model=model, messages=[user("hi")], stream=stream)
+        if stream:
+            list(answer)
+    assert wait_for(lambda: metric(mproxy, "branchpoint_tokens_total", direction="in") - in_before, 10,
+                    "the tokens counted") == 123
+    assert metric(mproxy, "branchpoint_tokens_total", direction="out") - out_before == 4
+    assert sum(float(v) for v in re.findall(r"^branchpoint_calls_total\{[^}]*\} ([0-9.e+]+)$",
+                                            httpx.get(f"{mproxy.url}/metrics").text, re.M)) == calls_before
 
 
 def test_a_request_no_route_takes_is_counted_and_logged(proxy, caplog):
