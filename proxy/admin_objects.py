@@ -179,19 +179,21 @@ class ExportedNode(Node, omit_defaults=False):
     """A line of an export (``GET .../export``, ``branchpoint conversations export``): every field
     of the node, and whether it is the conversation's head -- what an import needs: also whether
     its response was withdrawn, the hash of the request it sent (hex), a compaction's summariser
-    request as sent, and on the first line the conversation's own fields."""
+    request as sent, whether it is a node of the fork's source (``inherited``: its calls counted
+    there), and on the first line the conversation's own fields."""
 
     head: bool = False
     response_deleted: bool = False
     request_hash: str | None = None
     summariser_request: str | None = None
+    inherited: bool = False
     conversation: ExportedConversation | None = None
 
 
-def exported(row: NodeRow, head: uuid.UUID | None, *, summariser_request: bytes | None = None,
+def exported(row: NodeRow, head: uuid.UUID | None, conversation_id: str, *, summariser_request: bytes | None = None,
              conversation: ExportedConversation | None = None) -> ExportedNode:
     return node_of(row, ExportedNode, head=row.id == head,  # type: ignore[return-value]
-                   response_deleted=row.response_deleted,
+                   inherited=row.conversation_id != conversation_id, response_deleted=row.response_deleted,
                    request_hash=row.request_hash.hex() if row.request_hash is not None else None,
                    summariser_request=summariser_request.decode("utf-8", "replace") if summariser_request else None,
                    conversation=conversation)

@@ -30,7 +30,7 @@ from typing import Any
 from storage import NodeRow, PathNode, TreeStore
 
 from .assembly import SYSTEM_AT, Target, assemble, build_body
-from .dialects import Crossing, crossing, dialect, message_path
+from .dialects import INHERITED, Crossing, crossing, dialect, message_path
 from .dialects.chat.markers import MARKERS as CHAT_MARKERS
 from .dialects.chat.markers import apply_markers
 from .limits import ContextTooLarge, bytes_bound, hold
@@ -229,7 +229,7 @@ class RequestBuilder:
                                   received=r.received, provider=r.provider, model=r.model, usage=r.usage,
                                   compacted_from=r.compacted_from, api=r.api))
         readable = await self.readable(node.tree_id, as_of, target, tenant=node.tenant)
-        params = dict(node.params)
+        params = {k: v for k, v in node.params.items() if k != INHERITED}  # (an import's mark: never sent)
         client = dialect(node.api)
         return self.build(readable, client.to_messages(node.sent, node.provider), params, target,
                           stream=params.get("stream") is True, way=crossing(client, target.api))

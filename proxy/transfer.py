@@ -5,8 +5,9 @@ the conversation's head (``proxy.admin_objects.ExportedNode``; ``export_lines`` 
 admin API and the CLI alike); its first line also carries the conversation's own fields. An import
 re-creates such a file as a new conversation: fresh node ids (parents, compaction origins and the
 nodes a clearing's placeholders name follow), calls that were still in flight marked interrupted,
-each node's matching keys computed from its items, and what was withdrawn from the Responses API
-still withdrawn.
+each node's matching keys computed from its items, what was withdrawn from the Responses API
+still withdrawn, and the nodes of a fork's source (``inherited``) marked so that their calls,
+counted in the source, are not counted again (``dialects.INHERITED``).
 
 An import may come from anyone with a key (``POST /admin/conversations/{id}/import``), so the file
 is checked whole before anything is written: a node the tree's rules, the assembly or the
@@ -30,7 +31,7 @@ from storage.transcript import node_keys
 from .admin_objects import ExportedConversation, exported, in_utc
 from .assembly import CHAT_ROLES
 from .compaction import clearing
-from .dialects import dialect
+from .dialects import INHERITED, dialect
 from .ids import metadata_problem
 from .surrogates import loads
 
@@ -49,7 +50,8 @@ async def export_lines(admin: AdminStore, conv: ConversationRow) -> AsyncIterato
     first: ExportedConversation | None = ExportedConversation(conv.created_at, conv.metadata)
     async for row in admin.export(conv):
         summariser = await admin.summariser_request(row) if row.kind == "compaction" else None
-        yield _encode(exported(row, conv.head_node_id, summariser_request=summariser, conversation=first)) + b"\n"
+        yield _encode(exported(row, conv.head_node_id, conv.id, summariser_request=summariser,
+                               conversation=first)) + b"\n"
         first = None
 
 
@@ -87,6 +89,7 @@ class _Line(msgspec.Struct, forbid_unknown_fields=False):
     response_deleted: bool = False
     request_hash: str | None = None
     summariser_request: str | None = None
+    inherited: bool = False  # a node of the exported fork's source: its call counted there
     conversation: _Conversation | None = None
 
 
@@ -230,6 +233,8 @@ def prepare_import(data: bytes) -> Prepared:
             # (a clearing's placeholders -- and those a summary kept among its recent items -- name
             # the nodes holding the originals: their new ids)
             sent, params = clearing.renamed(sent, ids), clearing.renamed(params, ids)
+        if line.inherited:  # (the source's call: its usage kept, counted there and not again here)
+            params = {**params, INHERITED: True}
         if line.request_hash is not None and not _HASH.fullmatch(line.request_hash):
             raise NotAnExport(f"{where}: request_hash is not a sha256 in hex")
         nodes.append({

@@ -292,3 +292,41 @@ def _placeholders_in_a_copy(proxy: Any, upstream: Any, key: str, cid: str) -> No
     say(client, copy, user("next"))
     named = set(re.findall(r"in node ([0-9a-f-]{36})", json.dumps(upstream.last.body)))
     assert named and named <= {n["id"] for n in copied}
+
+
+def test_a_fork_restored_from_its_export_counts_only_its_own_calls(proxy, upstream, key, cid):
+    """A fork's export holds the nodes of its source it sees, and an import makes every line a
+    node of the new conversation: a fork backed up, deleted and restored counted its source's
+    calls a second time (the tenant's usage report 3 calls and 1,200 prompt tokens, then 5 and
+    1,400). The export marks those lines (``inherited``); the import keeps their usage for the
+    record and counts it nowhere -- the report and the fork's usage are what they were -- and the
+    restored fork's next call sends the context the fork's would."""
+    fork = f"{cid}-fork"
+    client, http = proxy.openai(key), proxy.http(key)
+    for q in ("one", "two"):
+        upstream.enqueue(Reply(content=f"answer {q}", usage={"prompt_tokens": 100, "completion_tokens": 10,
+                                                              "total_tokens": 110}))
+        say(client, cid, user(q))
+    assert http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": fork}).status_code == 200
+    upstream.enqueue(Reply(content="answer three", usage={"prompt_tokens": 1000, "completion_tokens": 1,
+                                                          "total_tokens": 1001}))
+    say(client, fork, user("three"))
+    report = http.get("/admin/usage").json()
+    assert (report["calls"], report["prompt_tokens"]) == (3, 1200)
+    counted = http.get(f"/admin/conversations/{fork}").json()["usage"]
+    lines = export(proxy, key, fork)
+    assert http.delete(f"/admin/conversations/{fork}").status_code == 200
+    r = http.post(f"/admin/conversations/{fork}/import", content=jsonl(lines))
+    assert r.status_code == 201, r.text
+    report = http.get("/admin/usage").json()
+    assert (report["calls"], report["prompt_tokens"]) == (3, 1200)
+    assert http.get(f"/admin/conversations/{fork}").json()["usage"] == counted
+    assert [line.get("inherited") for line in lines] == [True, True, False]
+    copied = export(proxy, key, fork)
+    assert [n["usage"] for n in copied] == [n["usage"] for n in lines]  # (kept for the record)
+    for old, new in zip(lines[:2], copied[:2], strict=True):  # their requests still read back as sent
+        a, b = (http.get(f"/admin/nodes/{n['id']}/request") for n in (old, new))
+        assert (b.content, b.headers["x-request-verified"]) == (a.content, "true")
+    say(client, fork, user("four"))
+    assert [m["content"] for m in upstream.last.messages] == [
+        "one", "answer one", "two", "answer two", "three", "answer three", "four"]

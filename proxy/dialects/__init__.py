@@ -34,7 +34,7 @@ from ..errors import InvalidRequest
 from ..relay import Translator
 from ..surrogates import loads
 
-__all__ = ["CACHE_WRITES", "DROPPED_TOOLS", "Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
+__all__ = ["CACHE_WRITES", "DROPPED_TOOLS", "INHERITED", "Answer", "Crossing", "Dialect", "Exchange", "Transcript", "cleared_result", "crossing", "dialect",
            "message_path", "parse_model_request", "refuse_own_keys", "summary_keys",
            "usage_count"]
 
@@ -53,6 +53,11 @@ def usage_count(value: Any) -> int:
 # In a call's params (and its node's): the hosted tools it offered and a translation goes without
 # (``Crossing.prepare``), so its build, and its replay, leave them out again.
 DROPPED_TOOLS = "_bp_dropped_tools"
+
+# In an imported node's params: it was a node of the exported fork's source (``proxy.transfer``),
+# whose call that conversation counted -- its usage is kept, and counted in no usage of the
+# import's (the usage report, the conversation's usage). Never sent: a replay leaves it out.
+INHERITED = "_bp_inherited"
 
 
 @dataclass(frozen=True, slots=True)

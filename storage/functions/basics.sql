@@ -170,7 +170,8 @@ $$;
 
 -- bp_conversation_counts(tree, tenant, conversation): the nodes a conversation made and the tokens
 -- upstreams reported for them (bp_prompt_tokens, completion/output, bp_cached_tokens -- as the
--- usage report sums them, storage/queries/ops.py).
+-- usage report sums them, storage/queries/ops.py): an imported fork's copies of its source's
+-- nodes (params._bp_inherited) are its nodes, but their calls were counted in the source.
 -- One tree's rows: the admin API's lists call it per conversation listed (a conversation row and
 -- its counts in one statement would be a lateral aggregate over every shard, which Citus cannot run).
 CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_conversation text,
@@ -178,9 +179,10 @@ CREATE OR REPLACE FUNCTION bp_conversation_counts(p_tree uuid, p_tenant text, p_
                                                   OUT completion_tokens bigint, OUT cached_tokens bigint)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    SELECT count(*), bp_token_total(sum(bp_prompt_tokens(n.usage))),
-           bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))),
-           bp_token_total(sum(bp_cached_tokens(n.usage)))
+    SELECT count(*), bp_token_total(sum(bp_prompt_tokens(n.usage)) FILTER (WHERE NOT n.params ? '_bp_inherited')),
+           bp_token_total(sum(bp_token_count(n.usage, 'completion_tokens', 'output_tokens'))
+                          FILTER (WHERE NOT n.params ? '_bp_inherited')),
+           bp_token_total(sum(bp_cached_tokens(n.usage)) FILTER (WHERE NOT n.params ? '_bp_inherited'))
       INTO node_count, prompt_tokens, completion_tokens, cached_tokens
       FROM nodes n WHERE n.tree_id = p_tree AND n.tenant = p_tenant AND n.conversation_id = p_conversation;
 END

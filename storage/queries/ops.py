@@ -12,7 +12,8 @@ from ..model import NodeRow, columns
 # in the conversations of tenant $1 (null: every tenant -- admin keys): calls, prompt, completion
 # and cached tokens (bp_prompt_tokens, bp_cached_tokens: storage/functions/basics.sql). Nodes that
 # called no model -- items added by the Conversations API, a clearing, a summary written again on
-# another branch (params.reused_summary: paid for and counted as the node it names) -- are no calls.
+# another branch (params.reused_summary: paid for and counted as the node it names) -- are no calls;
+# nor is an imported fork's copy of a node of its source (params._bp_inherited: counted there).
 USAGE = """
 SELECT c.tenant, n.model, count(*) AS calls,
        bp_token_total(sum(bp_prompt_tokens(n.usage))) AS prompt_tokens,
@@ -21,7 +22,7 @@ SELECT c.tenant, n.model, count(*) AS calls,
   FROM conversations c
   JOIN nodes n ON n.conversation_id = c.id AND n.tenant = c.tenant AND n.tree_id = c.tree_id
  WHERE ($1::text IS NULL OR c.tenant = $1) AND n.created_at >= $2 AND n.created_at < $3
-   AND n.kind <> 'items'
+   AND n.kind <> 'items' AND NOT n.params ? '_bp_inherited'
    AND NOT (n.kind = 'compaction' AND (n.params->>'method' = 'clear_tool_results' OR n.params ? 'reused_summary'))
  GROUP BY c.tenant, n.model
  ORDER BY c.tenant, n.model NULLS LAST
