@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import KEY, MODEL, Procs, arguments, log, postgres_dsn, shared_bench, start_stack, write_result
 
 INDEX = ("CREATE INDEX IF NOT EXISTS nodes_text_search ON nodes USING gin "
-         "(jsonb_to_tsvector('simple'::regconfig, sent || coalesce(received, '[]'::jsonb), '[\"string\"]'))")
+         "(bp_search_vector(sent, received))")  # (migration 0027)
 VOCABULARY = [f"word{i}" for i in range(5000)]
 
 

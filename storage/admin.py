@@ -83,7 +83,7 @@ class AdminStore:
         return None if row is None else (row["metadata"], row["created_at"])
 
     async def search(self, tenant: str | None, words: str, limit: int) -> list[SearchHit]:
-        """The ``limit`` nodes whose messages best match ``words`` (full-text, migration 0021), in
+        """The ``limit`` nodes whose messages best match ``words`` (full-text, migration 0027: bp_search_vector), in
         the conversations of ``tenant`` (None: every tenant), each with the conversation that made
         it -- or, when that one was deleted, each fork that still reaches it."""
         hits: list[SearchHit] = []

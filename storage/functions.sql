@@ -11,3 +11,4 @@
 \ir functions/moves.sql
 \ir functions/retention.sql
 \ir functions/conversations.sql
+\ir functions/search.sql

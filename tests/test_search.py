@@ -5,12 +5,20 @@ tenant, best match first, each conversation once with its best node and a snippe
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
+import time
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
+import pytest
 
 from storage import queries
-from tests.conftest import Proxy, new_key, run
+from tests.anthropic_fake import FakeAnthropic
+from tests.conftest import Proxy, make_settings, new_key, run, serve_proxy, three_upstreams
 from tests.fakes import FakeUpstream, Reply
 from tests.helpers import say, tool, tool_call, user
 
@@ -53,7 +61,7 @@ def test_search_finds_conversations_by_what_was_said(own_proxy: Proxy, upstream:
 
 
 def test_the_search_uses_its_index(own_proxy: Proxy) -> None:
-    """The query's expression is the one migration 0021 indexes (with sequential scans off, the
+    """The query's expression is the one migration 0027 indexes (with sequential scans off, the
     plan reads the index: a change to either side that breaks the match fails here)."""
 
     async def plan() -> str:
@@ -110,3 +118,96 @@ def test_a_fork_is_found_by_what_its_deleted_source_said(own_proxy: Proxy, upstr
     found = _search(own_proxy, key, "axolotl").json()["data"]
     assert [f["id"] for f in found] == [fork] and found[0]["match"]["node_id"] == first["x-node-id"]
     assert _search(own_proxy, key, "quokka").json()["data"] == []
+
+
+@pytest.fixture
+def big(fresh_database_url: str, upstream_url: str, claude_server: Any) -> Iterator[Proxy]:
+    """A proxy of the test's own in front of the chat and the Anthropic fakes (``three_upstreams``);
+    ``roomy-*`` models are never compacted (a paste is sent again as it is)."""
+    with serve_proxy(make_settings(fresh_database_url, upstream_url,
+                                   upstreams=three_upstreams(upstream_url, claude_server),
+                                   models={"roomy*": {"context_window": 10**12, "max_output_tokens": 1000}})) as p:
+        yield p
+
+
+def _call(proxy: Proxy, key: str, cid: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}", "X-Conversation-Id": cid, "anthropic-version": "2023-06-01"}
+    return httpx.post(f"{proxy.url}{path}", json=body, headers=headers, timeout=120)
+
+
+def _node(proxy: Proxy, key: str, node_id: str) -> dict[str, Any]:
+    return httpx.get(f"{proxy.url}/admin/nodes/{node_id}", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+
+
+def _status(proxy: Proxy, key: str, node_id: str) -> str:
+    return _node(proxy, key, node_id)["status"]
+
+
+def _found(proxy: Proxy, key: str, q: str) -> list[str]:
+    return [f["id"] for f in _search(proxy, key, q).json()["data"]]
+
+
+def test_attachments_and_pastes_of_unique_tokens_are_stored_and_sent_again_whole(
+        big: Proxy, upstream: FakeUpstream, claude: FakeAnthropic) -> None:
+    """A node's text-search vector is bounded whatever the node holds (bp_search_vector, migration
+    0027). PostgreSQL refuses a vector of 1 MB of lexemes, and random base64 or unique hashes split
+    into about as many lexemes as they have bytes: indexed whole, a photo, a PDF or a paste of
+    hashes over ~700 KB failed the node's INSERT -- 500 before the upstream was called, on every
+    retry. Each is stored now and sent again whole with the next turn; attachments are left out of
+    the index (the words after a photo are still found), a paste is indexed up to a bound."""
+    key = new_key()
+    photo_conv, pdf_conv, paste_conv = (f"s-{uuid.uuid4().hex[:8]}" for _ in range(3))
+    photo = {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,"
+                                                       + base64.b64encode(os.urandom(1 << 20)).decode()}}
+    asked = [{"type": "text", "text": "what does the okapi eat"}, photo, {"type": "text", "text": "and the zebu"}]
+    r = _call(big, key, photo_conv, "/v1/chat/completions", {"model": "gpt-x", "messages": [user(asked)]})
+    assert r.status_code == 200, r.text[:300]
+    assert _status(big, key, r.headers["x-node-id"]) == "success"
+    assert _call(big, key, photo_conv, "/v1/chat/completions",
+                 {"model": "gpt-x", "messages": [user("and?")]}).status_code == 200
+    assert upstream.last.body["messages"][0]["content"] == asked
+
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                          "data": base64.b64encode(b"%PDF-1.4\n" + os.urandom(1 << 20)).decode()}}
+    blocks = [pdf, {"type": "text", "text": "summarize the walrus report"}]
+    r = _call(big, key, pdf_conv, "/v1/messages",
+              {"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": blocks}]})
+    assert r.status_code == 200, r.text[:300]
+    assert _status(big, key, r.headers["x-node-id"]) == "success"
+    assert _call(big, key, pdf_conv, "/v1/messages", {"model": "claude-x", "max_tokens": 10,
+                                                       "messages": [{"role": "user", "content": "and?"}]}).status_code == 200
+    assert claude.last.body["messages"][0]["content"] == blocks
+
+    # 2 MB of distinct hex hashes (not repeated words, which would deduplicate)
+    paste = "the quagga checksums: " + " ".join(hashlib.sha256(b"%d" % i).hexdigest() for i in range(31_000))
+    r = _call(big, key, paste_conv, "/v1/chat/completions", {"model": "roomy-x", "messages": [user(paste)]})
+    assert r.status_code == 200, r.text[:300]
+    assert _status(big, key, r.headers["x-node-id"]) == "success"
+    assert _call(big, key, paste_conv, "/v1/chat/completions",
+                 {"model": "roomy-x", "messages": [user("and?")]}).status_code == 200
+    assert upstream.last.body["messages"][0]["content"] == paste
+
+    assert _found(big, key, "okapi") == _found(big, key, "zebu") == [photo_conv]
+    assert _found(big, key, "walrus") == [pdf_conv]
+    assert _found(big, key, "quagga") == [paste_conv]
+
+
+def test_a_big_audio_answer_is_stored_and_sent_again_whole(big: Proxy, upstream: FakeUpstream) -> None:
+    """An upstream's audio answer carries the audio as base64 (message.audio.data, MBs for a
+    minute): indexed whole, its lexemes passed PostgreSQL's limit and the node's finish was
+    refused -- the client had its 200, the node was stored failed (storage_refused) and the next
+    turn went without the answer. The answer is stored whole now, and the next turn sends it again
+    (as OpenAI takes an earlier audio answer: by its id, docs/behaviour.md)."""
+    key, cid = new_key(), f"s-{uuid.uuid4().hex[:8]}"
+    audio = {"id": "audio_1", "data": base64.b64encode(os.urandom(3 << 19)).decode(),
+             "expires_at": int(time.time()) + 3600, "transcript": "The narwhal sings."}
+    upstream.enqueue(Reply(content=None, extra_message={"audio": audio}))
+    r = _call(big, key, cid, "/v1/chat/completions", {"model": "gpt-x", "modalities": ["text", "audio"],
+                                                      "audio": {"voice": "alloy", "format": "wav"},
+                                                      "messages": [user("sing")]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["audio"] == audio
+    node = _node(big, key, r.headers["x-node-id"])
+    assert node["status"] == "success" and node["received"][0]["audio"] == audio
+    assert _call(big, key, cid, "/v1/chat/completions", {"model": "gpt-x", "messages": [user("again")]}).status_code == 200
+    assert upstream.last.body["messages"][1] == {"role": "assistant", "content": None, "audio": {"id": "audio_1"}}
+    assert _found(big, key, "narwhal") == [cid]  # the transcript is words

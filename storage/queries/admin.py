@@ -54,12 +54,11 @@ SELECT * FROM conversations c
 
 # The nodes whose messages hold these words, best match first: the conversation that made each
 # (null when it was deleted and the node kept for the forks that reach it), a snippet around the
-# words, the rank. The expression is the one migration 0021 indexes.  $1 tenant (null: every
-# tenant -- admin keys), $2 the words, $3 limit
+# words, the rank. The expression is the one migration 0027 indexes (bp_search_vector,
+# storage/functions/search.sql).  $1 tenant (null: every tenant -- admin keys), $2 the words, $3 limit
 SEARCH = """
 SELECT n.tenant, c.id AS conversation_id, n.id AS node_id, n.created_at, n.tree_id,
-       ts_rank(jsonb_to_tsvector('simple'::regconfig, n.sent || coalesce(n.received, '[]'::jsonb), '["string"]'),
-               plainto_tsquery('simple'::regconfig, $2)) AS rank,
+       ts_rank(bp_search_vector(n.sent, n.received), plainto_tsquery('simple'::regconfig, $2)) AS rank,
        ts_headline('simple'::regconfig,
                    -- (the snippet from what was said: texts, contents, tool arguments and results, not keys or roles)
                    coalesce((SELECT string_agg(t.value #>> '{}', ' … ')
@@ -72,8 +71,7 @@ SELECT n.tenant, c.id AS conversation_id, n.id AS node_id, n.created_at, n.tree_
   FROM nodes n
   LEFT JOIN conversations c ON c.tree_id = n.tree_id AND c.id = n.conversation_id AND c.tenant = n.tenant
  WHERE ($1::text IS NULL OR n.tenant = $1)
-   AND jsonb_to_tsvector('simple'::regconfig, n.sent || coalesce(n.received, '[]'::jsonb), '["string"]')
-       @@ plainto_tsquery('simple'::regconfig, $2)
+   AND bp_search_vector(n.sent, n.received) @@ plainto_tsquery('simple'::regconfig, $2)
  ORDER BY rank DESC, n.created_at DESC
  LIMIT $3
 """
