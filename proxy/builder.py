@@ -89,6 +89,19 @@ def path_weight(path: Sequence[PathNode]) -> int:
     return sum(weight(n.sent) + (weight(n.received) if n.status == "success" and n.received else 0) for n in path)
 
 
+def _as_of(node: NodeRow, path: Sequence[NodeRow]) -> list[PathNode]:
+    """``path`` as it was when ``node`` was created: an ancestor that finished later pending."""
+    as_of = []
+    for r in path:
+        status = r.status
+        if status == "success" and (r.finished_at is None or r.finished_at > node.created_at):
+            status = "pending"
+        as_of.append(PathNode(id=r.id, parent_id=r.parent_id, kind=r.kind, status=status, sent=r.sent,
+                              received=r.received, provider=r.provider, model=r.model, usage=r.usage,
+                              compacted_from=r.compacted_from, api=r.api))
+    return as_of
+
+
 _SIZES_KEPT = 50_000  # path sizes remembered (then forgotten all at once)
 
 
@@ -220,15 +233,16 @@ class RequestBuilder:
     async def replay(self, node: NodeRow, path: Sequence[NodeRow], target: Target) -> Built:
         """Rebuild the body sent for ``node`` from the path of its parent (``path``, root first) as
         it was when the node was created: an ancestor that finished later counted as pending."""
-        as_of = []
-        for r in path:
-            status = r.status
-            if status == "success" and (r.finished_at is None or r.finished_at > node.created_at):
-                status = "pending"
-            as_of.append(PathNode(id=r.id, parent_id=r.parent_id, kind=r.kind, status=status, sent=r.sent,
-                                  received=r.received, provider=r.provider, model=r.model, usage=r.usage,
-                                  compacted_from=r.compacted_from, api=r.api))
-        readable = await self.readable(node.tree_id, as_of, target, tenant=node.tenant)
+        readable = await self.readable(node.tree_id, _as_of(node, path), target, tenant=node.tenant)
+        return self._rebuilt(node, readable, target)
+
+    def replay_unstored(self, node: NodeRow, path: Sequence[NodeRow], target: Target) -> Built:
+        """``replay`` for a node not stored yet (an import's, whose request hash is checked before
+        it is written): the path read as given -- an opaque compaction is not unfolded -- and
+        nothing held against the bytes in flight."""
+        return self._rebuilt(node, message_path(_as_of(node, path)), target)
+
+    def _rebuilt(self, node: NodeRow, readable: Sequence[PathNode], target: Target) -> Built:
         params = {k: v for k, v in node.params.items() if k != INHERITED}  # (an import's mark: never sent)
         client = dialect(node.api)
         return self.build(readable, client.to_messages(node.sent, node.provider), params, target,

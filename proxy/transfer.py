@@ -16,6 +16,7 @@ database could not take is refused (``NotAnExport``, a 400), never stored.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from storage import uuid7
+from storage import NodeRow, uuid7
 from storage.transcript import node_keys
 
 from .admin_objects import ExportedConversation, exported, in_utc
@@ -33,12 +34,16 @@ from .assembly import CHAT_ROLES
 from .compaction import clearing
 from .dialects import INHERITED, dialect
 from .ids import metadata_problem
+from .limits import ContextTooLarge
 from .surrogates import loads
 
 if TYPE_CHECKING:
     from storage import AdminStore, ConversationRow
 
-__all__ = ["NotAnExport", "Prepared", "export_lines", "prepare_import"]
+    from .builder import RequestBuilder
+    from .upstream import UpstreamClient
+
+__all__ = ["NotAnExport", "Prepared", "export_lines", "prepare_import", "reverify"]
 
 _encode = msgspec.json.Encoder().encode
 _HASH = re.compile(r"[0-9a-f]{64}")
@@ -110,6 +115,8 @@ class Prepared:
     compactions: int
     created_at: datetime | None = None  # the conversation's, as exported
     metadata: dict[str, str] | None = None  # its Conversations API metadata, as exported
+    renamed: frozenset[uuid.UUID] = frozenset()  # compactions whose placeholders now name new ids
+    old_ids: dict[uuid.UUID, uuid.UUID] | None = None  # a node's new id -> its exported one
 
 
 def _conversation(line: _Line) -> tuple[datetime | None, dict[str, str] | None]:
@@ -198,6 +205,7 @@ def prepare_import(data: bytes) -> Prepared:
 
     ids: dict[uuid.UUID, uuid.UUID] = {}
     depth: dict[uuid.UUID, int] = {}
+    renamed: set[uuid.UUID] = set()
     nodes: list[dict[str, Any]] = []
     head: uuid.UUID | None = None
     for number, line in _parents_first(lines):
@@ -233,6 +241,8 @@ def prepare_import(data: bytes) -> Prepared:
             # (a clearing's placeholders -- and those a summary kept among its recent items -- name
             # the nodes holding the originals: their new ids)
             sent, params = clearing.renamed(sent, ids), clearing.renamed(params, ids)
+            if sent != line.sent:
+                renamed.add(new_id)
         if line.inherited:  # (the source's call: its usage kept, counted there and not again here)
             params = {**params, INHERITED: True}
         if line.request_hash is not None and not _HASH.fullmatch(line.request_hash):
@@ -259,4 +269,57 @@ def prepare_import(data: bytes) -> Prepared:
         node.update(chain=k.chain.hex(), answered=k.answered, system_hash=k.system_hash.hex() if k.system_hash else None,
                     answer=k.answer.hex() if k.answer else None)
     created_at, metadata = _conversation(lines[0])
-    return Prepared(nodes, head, sum(1 for n in nodes if n["kind"] == "compaction"), created_at, metadata)
+    return Prepared(nodes, head, sum(1 for n in nodes if n["kind"] == "compaction"), created_at, metadata,
+                    frozenset(renamed), {new: old for old, new in ids.items()})
+
+
+_UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def reverify(prepared: Prepared, builder: RequestBuilder, upstream: UpstreamClient) -> None:
+    """The request hashes of the calls under a compaction whose placeholders the import renamed.
+    Such a call's request, rebuilt (``GET /admin/nodes/{id}/request``), names the copy's nodes,
+    so the hash it was exported with cannot match it: each is rebuilt here, and when that body,
+    the original's ids put back, is the one the exported hash is of, the node takes the hash of
+    the body as the copy rebuilds it. A hash that did not match -- forged, or of a request this
+    proxy's configuration would build otherwise -- is kept as it came (``/request``: not
+    verified)."""
+    if not prepared.renamed or prepared.old_ids is None:
+        return
+    by_id = {n["id"]: n for n in prepared.nodes}
+    old = {str(new).encode(): str(was).encode() for new, was in prepared.old_ids.items()}
+    root: dict[uuid.UUID, uuid.UUID] = {}
+    rows: dict[uuid.UUID, NodeRow] = {}
+    tree_id = uuid7()  # (none stored yet: an opaque compaction is not unfolded, the hash then kept)
+
+    def row(node: dict[str, Any]) -> NodeRow:
+        found = rows.get(node["id"])
+        if found is None:
+            finished = node["finished_at"]
+            found = rows[node["id"]] = NodeRow(
+                id=node["id"], conversation_id="", parent_id=node["parent_id"], kind=node["kind"],
+                status="success" if node["outcome"] == "success" else "failed", outcome=node["outcome"],
+                sent=node["sent"], received=node["received"], model=node["model"], provider=node["provider"],
+                params=node["params"], usage=node["usage"], finish_reason=node["finish_reason"], error=node["error"],
+                compacted_from=node["compacted_from"], depth=node["depth"], created_at=in_utc(node["created_at"]),
+                finished_at=in_utc(finished) if finished is not None else None, tenant="", tree_id=tree_id,
+                request_hash=None, api=node["api"], response_deleted=node["response_deleted"])
+        return found
+
+    for node in prepared.nodes:  # (parents first)
+        parent = node["parent_id"]
+        root[node["id"]] = node["id"] if parent is None else root[parent]
+        if node["request_hash"] is None or parent is None or root[node["id"]] not in prepared.renamed:
+            continue
+        path = []
+        while parent is not None:
+            path.append(row(by_id[parent]))
+            parent = by_id[parent]["parent_id"]
+        path.reverse()
+        try:
+            body = builder.replay_unstored(row(node), path, upstream.replay_target(node["provider"], node["model"])).payload
+        except ContextTooLarge:  # (this proxy's bound is lower than the original's: not rebuilt)
+            continue
+        original = _UUID.sub(lambda m: old.get(m.group(), m.group()), body)
+        if hashlib.sha256(original).hexdigest() == node["request_hash"]:
+            node["request_hash"] = hashlib.sha256(body).hexdigest()

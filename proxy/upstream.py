@@ -289,6 +289,14 @@ class UpstreamClient:
         """The configured upstream of this name (a stored node's provider), if it still exists."""
         return self._by_name.get(name) if name else None
 
+    def replay_target(self, provider: str | None, model: str | None) -> Target:
+        """What a stored node's request is rebuilt for (``GET /admin/nodes/{id}/request``, an
+        import's check of the hashes it comes with): its provider as configured now, or by its name
+        alone when no longer configured."""
+        configured = self.named(provider)
+        return (target_of(configured, self.max_output(model)) if configured is not None
+                else Target(provider or "", max_output=self.max_output(model)))
+
     @staticmethod
     def url(upstream: Upstream, path: str) -> str:
         return upstream.base_url.rstrip("/") + "/" + path.lstrip("/")

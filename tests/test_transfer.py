@@ -330,3 +330,32 @@ def test_a_fork_restored_from_its_export_counts_only_its_own_calls(proxy, upstre
     say(client, fork, user("four"))
     assert [m["content"] for m in upstream.last.messages] == [
         "one", "answer one", "two", "answer two", "three", "answer three", "four"]
+
+
+def test_a_call_under_a_clearing_reads_back_verified_in_the_copy(proxy, upstream, key, cid):
+    """An import renames the nodes a clearing's placeholders name, so the request a call under it
+    rebuilds in the copy names the copy's nodes: the hash it was exported with cannot match, and
+    the copy's ``/request`` read unverified. The import checks the rebuilt body, the original's
+    ids put back, against the exported hash and then takes the copy's -- a hash that did not match
+    (forged) stays unverified."""
+    client, http = proxy.openai(key), proxy.http(key)
+    for i in range(5):
+        upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"call_{i}", "read_file", "{}")]))
+        say(client, cid, user(f"task {i}"))
+        say(client, cid, tool(f"call_{i}", f"output {i} " * 300))
+    assert http.post(f"/admin/conversations/{cid}/compact", json={"method": "clear_tool_results"}).json()["compacted"]
+    _, h = say(client, cid, user("after clearing"))
+    sent = upstream.last.raw
+    copy, lines, copied = _copy(proxy, key, cid)
+    after = copied[[n["id"] for n in lines].index(h["x-node-id"])]["id"]
+    original, copied_request = http.get(f"/admin/nodes/{h['x-node-id']}/request"), http.get(f"/admin/nodes/{after}/request")
+    assert original.content == sent and original.headers["x-request-verified"] == "true"
+    assert copied_request.headers["x-request-verified"] == "true"
+    assert set(re.findall(r"in node ([0-9a-f-]{36})", copied_request.text)) <= {n["id"] for n in copied}
+    forged = [dict(n) for n in lines]
+    forged[[n["id"] for n in lines].index(h["x-node-id"])]["request_hash"] = "0" * 64
+    r = http.post(f"/admin/conversations/{cid}-forged/import", content=jsonl(forged))
+    assert r.status_code == 201, r.text
+    node = export(proxy, key, f"{cid}-forged")[[n["id"] for n in lines].index(h["x-node-id"])]
+    assert node["request_hash"] == "0" * 64
+    assert http.get(f"/admin/nodes/{node['id']}/request").headers["x-request-verified"] == "false"

@@ -105,10 +105,12 @@ def _opened(output: str) -> Iterator[Callable[[bytes], Any]]:
 def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None, config_file: str | None) -> None:
     """Re-create an exported tree as a new conversation (new node ids; nothing else changes)."""
     from proxy.auth import Authenticator
+    from proxy.builder import RequestBuilder
     from proxy.errors import BranchpointError
     from proxy.ids import valid_conversation_id
-    from proxy.transfer import NotAnExport, prepare_import
-    from storage import AdminStore, SharedItems
+    from proxy.transfer import NotAnExport, prepare_import, reverify
+    from proxy.upstream import UpstreamClient
+    from storage import AdminStore, SharedItems, TreeStore
 
     if (tenant is None) == (key is None):
         raise click.ClickException("name the owner with exactly one of --tenant and --key")
@@ -129,6 +131,11 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
 
     async def go() -> int | None:
         async with database(settings) as db:
+            upstream = UpstreamClient(settings)  # (what a request is rebuilt for: nothing is sent)
+            try:
+                reverify(prepared, RequestBuilder(TreeStore(db)), upstream)
+            finally:
+                await upstream.aclose()
             shared = SharedItems(db, min_bytes=settings.database.share_items_above)
             return await AdminStore(db, shared).import_tree(tenant, conversation_id, prepared.nodes, prepared.head,
                                                             prepared.compactions, metadata=prepared.metadata,

@@ -44,15 +44,14 @@ from ..admin_objects import (
     tree_node_of,
     usage_window,
 )
-from ..assembly import Target
 from ..auth import Caller
 from ..builder import RequestBuilder
 from ..compaction import Compactor
 from ..errors import Conflict, ConversationNotFound, InvalidConversationId, InvalidRequest, NodeNotFound
 from ..http import RawResponse
 from ..ids import valid_conversation_id
-from ..transfer import NotAnExport, export_lines, prepare_import
-from ..upstream import UpstreamClient, target_of
+from ..transfer import NotAnExport, export_lines, prepare_import, reverify
+from ..upstream import UpstreamClient
 from .docs import errors
 
 __all__ = ["AdminController"]
@@ -278,13 +277,15 @@ class AdminController(Controller):
     @post("/conversations/{conversation_id:str}/import", status_code=201, responses=errors(),
           summary="Re-create an export (JSON Lines) as a new conversation of this id (new node ids)")
     async def import_conversation(self, request: Request[Any, Any, Any], reach: NamedDependency[Reach],
-                                  admin: NamedDependency[AdminStore], conversation_id: FromPath[str]) -> Conversation:
+                                  admin: NamedDependency[AdminStore], builder: NamedDependency[RequestBuilder],
+                                  upstream: NamedDependency[UpstreamClient], conversation_id: FromPath[str]) -> Conversation:
         cid = _cid(conversation_id)
         body = await request.body()
         try:  # (in a thread: a big export takes a while to check, and calls go on meanwhile)
             prepared = await asyncio.to_thread(prepare_import, body)
         except NotAnExport as exc:
             raise InvalidRequest(f"not an export this proxy can import: {exc}", param="body") from None
+        await asyncio.to_thread(reverify, prepared, builder, upstream)
         if await admin.import_tree(reach.tenant, cid, prepared.nodes, prepared.head, prepared.compactions,
                                    metadata=prepared.metadata, created_at=prepared.created_at) is None:
             raise Conflict(f"conversation {cid!r} already exists", code="conversation_exists", param="conversation_id")
@@ -346,10 +347,7 @@ class AdminController(Controller):
             body = await admin.summariser_request(row) or b"{}"
         else:
             path = await admin.path_rows(row.tree_id, row.parent_id) if row.parent_id is not None else []
-            configured = upstream.named(row.provider)
-            target = (target_of(configured, upstream.max_output(row.model)) if configured is not None
-                      else Target(row.provider or "", max_output=upstream.max_output(row.model)))
-            body = (await builder.replay(row, path, target)).payload
+            body = (await builder.replay(row, path, upstream.replay_target(row.provider, row.model))).payload
         stored = row.request_hash
         verified = "unknown" if stored is None else ("true" if hashlib.sha256(body).digest() == bytes(stored) else "false")
         return RawResponse(200, body, [("x-node-id", str(row.id)), ("x-request-verified", verified)])
