@@ -168,10 +168,13 @@ def node_of(row: NodeRow, cls: type[Node] = Node, **extra: Any) -> Node:
 
 
 class ExportedConversation(msgspec.Struct, omit_defaults=True):
-    """The conversation's own fields, on an export's first line: when it was made, and the
+    """The conversation's own fields, on an export's first line: when it was made, its head and
+    how many nodes the export holds as it begins (an import refuses a file cut short), and the
     Conversations API's metadata when it was given any."""
 
     created_at: datetime
+    head_node_id: uuid.UUID | None
+    node_count: int
     metadata: dict[str, str] | None = None
 
 

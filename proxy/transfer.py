@@ -51,8 +51,10 @@ _HASH = re.compile(r"[0-9a-f]{64}")
 
 async def export_lines(admin: AdminStore, conv: ConversationRow) -> AsyncIterator[bytes]:
     """A conversation's export, a line at a time: its nodes oldest first, a compaction's
-    summariser request with it, the conversation's own fields on the first line."""
-    first: ExportedConversation | None = ExportedConversation(conv.created_at, conv.metadata)
+    summariser request with it, the conversation's own fields on the first line -- with its head
+    and the nodes the export holds (a fork's: those of its source it sees too)."""
+    count = conv.node_count + len(await admin.visible_foreign(conv))
+    first: ExportedConversation | None = ExportedConversation(conv.created_at, conv.head_node_id, count, conv.metadata)
     async for row in admin.export(conv):
         summariser = await admin.summariser_request(row) if row.kind == "compaction" else None
         yield _encode(exported(row, conv.head_node_id, conv.id, summariser_request=summariser,
@@ -67,6 +69,9 @@ class NotAnExport(ValueError):
 class _Conversation(msgspec.Struct, forbid_unknown_fields=False):
     created_at: datetime | None = None
     metadata: dict[str, str] | None = None
+    # (exports made before they were fields lack both: nothing to check a cut against)
+    head_node_id: uuid.UUID | msgspec.UnsetType | None = msgspec.UNSET
+    node_count: int | None = None
 
 
 class _Line(msgspec.Struct, forbid_unknown_fields=False):
@@ -131,6 +136,25 @@ def _conversation(line: _Line) -> tuple[datetime | None, dict[str, str] | None]:
     if problem is not None:
         raise NotAnExport(f"line 1: the conversation's {problem[0]}")
     return conv.created_at, conv.metadata
+
+
+def _check_whole(lines: list[_Line]) -> None:
+    """A file cut short -- at a line's end, which leaves every line it keeps whole -- is refused:
+    it holds fewer nodes than its first line counts, or not the head that line names (a node
+    made while the export ran comes after those counted: more is fine)."""
+    conv = lines[0].conversation
+    if conv is None:
+        return
+    if conv.node_count is not None and len(lines) < conv.node_count:
+        raise NotAnExport(f"the export holds {len(lines)} node(s) where its first line counts {conv.node_count}: "
+                          "it was cut short")
+    if conv.head_node_id is not msgspec.UNSET:
+        marked = [line.id for line in lines if line.head]
+        if conv.head_node_id is not None and conv.head_node_id not in marked:
+            raise NotAnExport(f"the head its first line names ({conv.head_node_id}) is on no line marked head: "
+                              "it was cut short or edited")
+        if conv.head_node_id is None and marked:
+            raise NotAnExport(f"line 1 names no head, but node {marked[0]} is marked head")
 
 
 def _outcome(line: _Line) -> str | None:
@@ -202,6 +226,7 @@ def prepare_import(data: bytes) -> Prepared:
             raise NotAnExport(f"line {number}: nested too deeply") from None
     if not lines:
         raise NotAnExport("the export holds no node")
+    _check_whole(lines)
 
     ids: dict[uuid.UUID, uuid.UUID] = {}
     depth: dict[uuid.UUID, int] = {}

@@ -82,7 +82,8 @@ def test_a_call_in_flight_when_exported_comes_back_interrupted(proxy, upstream, 
     build(proxy, upstream, key, cid)
     lines = export(proxy, key, cid)
     lines[-1].update(outcome=None, status="pending", error=None, finished_at=None, received=None, head=False)
-    next(line for line in lines if line["sent"] == [user("Query them by region.")])["head"] = True
+    head = next(line for line in lines if line["sent"] == [user("Query them by region.")])
+    head["head"], lines[0]["conversation"]["head_node_id"] = True, head["id"]
     r = proxy.http(key).post(f"/admin/conversations/{cid}-p/import", content=jsonl(lines))
     assert r.status_code == 201, r.text
     last = export(proxy, key, f"{cid}-p")[-1]
@@ -115,7 +116,7 @@ def _mutations(lines: list[dict[str, Any]]) -> dict[str, bytes]:
         "a date that is none": changed(0, created_at="yesterday"),
         "an outcome that is none": changed(0, outcome="splendid"),
         "params that are a list": changed(0, params=[1]),
-        "a NUL in a key": jsonl([{**lines[0], "sent": [{"role": "user", "content": "x", "\x00": 1}]}]),
+        "a NUL in a key": jsonl([{**lines[0], "sent": [{"role": "user", "content": "x", "\x00": 1}]}, *lines[1:]]),
     }
 
 
@@ -164,9 +165,12 @@ def test_the_command_refuses_what_the_api_refuses(proxy, upstream, key, cid, tmp
 
 
 def test_the_export_format_is_what_an_older_export_held_too(proxy, upstream, key, cid):
-    """Exports made before nodes had an outcome of their own carried status and error.kind."""
+    """Exports made before nodes had an outcome of their own carried status and error.kind (and
+    their first line neither the head nor a node count)."""
     build(proxy, upstream, key, cid)
     lines = export(proxy, key, cid)
+    for field in ("head_node_id", "node_count"):
+        lines[0]["conversation"].pop(field)
     for line in lines:
         line.pop("outcome")
         line.pop("api")
@@ -359,3 +363,29 @@ def test_a_call_under_a_clearing_reads_back_verified_in_the_copy(proxy, upstream
     node = export(proxy, key, f"{cid}-forged")[[n["id"] for n in lines].index(h["x-node-id"])]
     assert node["request_hash"] == "0" * 64
     assert http.get(f"/admin/nodes/{node['id']}/request").headers["x-request-verified"] == "false"
+
+
+def test_an_export_cut_at_a_line_end_is_refused(proxy, upstream, key, cid):
+    """The format has no end: a file cut short at a line's end reads as whole lines, and imported
+    as half a conversation without a head -- its next call silently lost the context. The first
+    line counts the nodes and names the head: a file with fewer, or without that head, is refused
+    (an older export, without them, still imports as it is)."""
+    build(proxy, upstream, key, cid)
+    lines = export(proxy, key, cid)
+    assert lines[0]["conversation"]["node_count"] == len(lines) == 6
+    assert lines[0]["conversation"]["head_node_id"] == next(n["id"] for n in lines if n["head"])
+    http = proxy.http(key)
+    for cut in (lines[:3], lines[:-1]):
+        r = http.post(f"/admin/conversations/{cid}-cut/import", content=jsonl(cut))
+        assert r.status_code == 400 and "cut short" in r.json()["error"]["message"], r.text
+        assert http.get(f"/admin/conversations/{cid}-cut").status_code == 404
+    unmarked = [{**n, "head": False} for n in lines]
+    r = http.post(f"/admin/conversations/{cid}-cut/import", content=jsonl(unmarked))
+    assert r.status_code == 400 and "head" in r.json()["error"]["message"], r.text
+    later = export(proxy, key, cid)  # (a node made meanwhile comes at the end, not the head the export began with)
+    say(proxy.openai(key), cid, user("made while the export ran"))
+    r = http.post(f"/admin/conversations/{cid}-later/import", content=jsonl([*later, {**export(proxy, key, cid)[-1], "head": False}]))
+    assert r.status_code == 201 and r.json()["node_count"] == 7, r.text
+    older = [dict(n) for n in lines[:3]]
+    older[0]["conversation"] = {"created_at": lines[0]["conversation"]["created_at"]}
+    assert http.post(f"/admin/conversations/{cid}-older/import", content=jsonl(older)).status_code == 201
