@@ -33,6 +33,9 @@ from .admin_objects import ExportedConversation, exported, in_utc
 from .assembly import CHAT_ROLES
 from .compaction import clearing
 from .dialects import INHERITED, dialect
+from .dialects.messages.request import check_message
+from .dialects.responses.checks import content_problem, item_problem
+from .errors import InvalidRequest
 from .ids import metadata_problem
 from .limits import ContextTooLarge
 from .surrogates import loads
@@ -174,11 +177,26 @@ def _text(value: str | None) -> str | None:
 
 
 def _check_items(where: str, items: list[dict[str, Any]], api: str) -> None:
-    if api != "chat":
-        return
+    """An imported item meets the checks of items stored with no upstream to refuse them (else the
+    copy's every later call would send it malformed, or lose it): a Responses item the
+    Conversations API's, a Messages fragment (it reads as a message) a Messages request's, a chat
+    message its request's role and the content a message may have (or none)."""
     for i, item in enumerate(items):
-        if not isinstance(item.get("role"), str) or item.get("role") not in CHAT_ROLES:
-            raise NotAnExport(f"{where}[{i}]: a chat message needs a role of {sorted(CHAT_ROLES)}")
+        at = f"{where}[{i}]"
+        if api == "messages":
+            try:
+                check_message(item, at)
+            except InvalidRequest as exc:
+                raise NotAnExport(exc.message) from None
+            continue
+        if api == "responses":
+            problem = item_problem(item)
+        elif not isinstance(item.get("role"), str) or item.get("role") not in CHAT_ROLES:
+            raise NotAnExport(f"{at}: a chat message needs a role of {sorted(CHAT_ROLES)}")
+        else:
+            problem = content_problem(item["content"]) if item.get("content") is not None else None
+        if problem is not None:
+            raise NotAnExport(f"{at}{problem[1]}: {problem[0]}")
 
 
 def _parents_first(lines: list[_Line]) -> list[tuple[int, _Line]]:
@@ -231,6 +249,7 @@ def prepare_import(data: bytes) -> Prepared:
     ids: dict[uuid.UUID, uuid.UUID] = {}
     depth: dict[uuid.UUID, int] = {}
     renamed: set[uuid.UUID] = set()
+    continued = {ref for line in lines for ref in (line.parent_id, line.compacted_from)}
     nodes: list[dict[str, Any]] = []
     head: uuid.UUID | None = None
     for number, line in _parents_first(lines):
@@ -245,9 +264,12 @@ def prepare_import(data: bytes) -> Prepared:
         for field, moment in (("created_at", line.created_at), ("finished_at", line.finished_at)):
             if moment is not None and in_utc(moment) is None:  # the database would take it; no reader could read it
                 raise NotAnExport(f"{where}: {field} {moment.isoformat()} is outside the years 1 to 9999 (UTC)")
-        _check_items(f"{where} sent", line.sent, line.api)
-        _check_items(f"{where} received", line.received or [], line.api)
         outcome, error, finished_at = _outcome(line), line.error, line.finished_at
+        if outcome == "success" or line.head or line.id in continued:
+            # (a failed call nothing continues is no one's context: kept as it came -- an upstream
+            # may have refused it for just such an item)
+            _check_items(f"{where} sent", line.sent, line.api)
+            _check_items(f"{where} received", line.received or [], line.api)
         if outcome == "success" and line.kind not in ("compaction", "items") and line.received is None:
             raise NotAnExport(f"{where}: a {line.kind} that succeeded needs its received items")
         if outcome is None:  # still in flight when exported

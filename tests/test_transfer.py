@@ -389,3 +389,37 @@ def test_an_export_cut_at_a_line_end_is_refused(proxy, upstream, key, cid):
     older = [dict(n) for n in lines[:3]]
     older[0]["conversation"] = {"created_at": lines[0]["conversation"]["created_at"]}
     assert http.post(f"/admin/conversations/{cid}-older/import", content=jsonl(older)).status_code == 201
+
+
+@pytest.mark.parametrize(("api", "item"), [
+    ("chat", {"role": "user", "content": 5}),
+    ("chat", {"role": "user", "content": [{"type": "text"}]}),
+    ("responses", {"type": "message", "role": "user", "content": 5}),
+    ("responses", {"foo": 1}),
+    ("messages", {"role": "user", "content": [{"x": 1}]}),
+])
+def test_an_imported_item_meets_the_checks_of_items_stored_unchecked(proxy, upstream, key, cid, api, item):
+    """An import stores items no upstream has refused, as the Conversations API does, and checks
+    them as it does (a Messages fragment as a Messages request's message): it took any item but
+    a chat message without a role, and the copy's every later call sent it upstream malformed
+    (``content: 5``) or lost it (an item without a type; blocks without one). A failed call that
+    nothing continues is no one's context: its items come back as they were."""
+    build(proxy, upstream, key, cid)
+    upstream.enqueue(Reply(kind="error", status=400))
+    with pytest.raises(Exception):  # noqa: B017 -- the SDK's error for a 400
+        say(proxy.openai(key), cid, user("refused"))
+    lines = export(proxy, key, cid)
+    http = proxy.http(key)
+    junk = [dict(line) for line in lines]
+    junk[0].update(api=api, sent=[item])
+    r = http.post(f"/admin/conversations/{cid}-junk/import", content=jsonl(junk))
+    assert r.status_code == 400 and "line 1 " in r.json()["error"]["message"], r.text
+    assert http.get(f"/admin/conversations/{cid}-junk").status_code == 404
+    as_added = item if api == "responses" else {"type": "message", **item}
+    assert http.post("/v1/conversations", json={"items": [as_added]}).status_code == 400  # (the same checks)
+    failed = [dict(line) for line in lines]
+    assert failed[-1]["outcome"] == "invalid" and not failed[-1]["head"]
+    failed[-1].update(api=api, sent=[item])
+    r = http.post(f"/admin/conversations/{cid}-failed/import", content=jsonl(failed))
+    assert r.status_code == 201, r.text
+    assert export(proxy, key, f"{cid}-failed")[-1]["sent"] == [item]

@@ -9,7 +9,7 @@ from ...errors import InvalidRequest
 from .. import parse_model_request, refuse_own_keys
 from .blocks import MARKERS, fragments, markers
 
-__all__ = ["CLEAR_TOOL_USES", "call_items", "call_params", "clearing_edit", "parse_messages_body"]
+__all__ = ["CLEAR_TOOL_USES", "call_items", "call_params", "check_message", "clearing_edit", "parse_messages_body"]
 
 _ROLES = frozenset({"user", "assistant", "system"})  # (system: a message of its own, where the client put it)
 
@@ -48,23 +48,28 @@ def _check_blocks(blocks: list[Any], where: str) -> None:
             _check_blocks(block["content"], f"{at}.content")
 
 
+def check_message(m: Any, at: str) -> None:
+    """Refuse (400) a message the proxy could not read: its role, and its content -- a string or
+    blocks (``_check_blocks``). Also what an import checks a stored fragment by (one reads as a
+    message: ``blocks.fragments``)."""
+    role = m.get("role") if isinstance(m, dict) else None
+    if not isinstance(role, str) or role not in _ROLES:
+        raise InvalidRequest(f"{at}: each message is an object whose role is 'user', 'assistant' or 'system'", param=at)
+    content = m.get("content")
+    if not isinstance(content, (str, list)):
+        raise InvalidRequest(f"{at}.content: a string or an array of content blocks", param=f"{at}.content")
+    if isinstance(content, list):
+        _check_blocks(content, f"{at}.content")
+
+
 def parse_messages_body(raw: bytes) -> dict[str, Any]:
     body = parse_model_request(raw)
     messages = body.get("messages")
     if not isinstance(messages, list):
         raise InvalidRequest("messages: Field required (an array of messages)", param="messages")
     for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if not isinstance(role, str) or role not in _ROLES:
-            raise InvalidRequest(f"messages.{i}: each message is an object whose role is 'user', 'assistant' or 'system'",
-                                 param=f"messages.{i}")
+        check_message(m, f"messages.{i}")
         refuse_own_keys(m, f"messages.{i}")
-        content = m.get("content")
-        if not isinstance(content, (str, list)):
-            raise InvalidRequest(f"messages.{i}.content: a string or an array of content blocks",
-                                 param=f"messages.{i}.content")
-        if isinstance(content, list):
-            _check_blocks(content, f"messages.{i}.content")
     system = body.get("system")
     if system is not None and not isinstance(system, (str, list)):
         raise InvalidRequest("system: a string or an array of text blocks", param="system")

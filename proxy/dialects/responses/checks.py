@@ -1,5 +1,6 @@
 """Responses items checked before they are stored without an upstream to check them: the items a
-client adds to a conversation (docs/behaviour.md#the-conversations-api). A call's own input goes
+client adds to a conversation (docs/behaviour.md#the-conversations-api), and those of an import
+(``proxy.transfer``: a chat message's content is checked as a message's here). A call's own input goes
 to the upstream, which refuses what it cannot take -- and a refused call is no one's context. An
 added item has no such check: stored as it came, a malformed one would go upstream with every
 later call of its conversation, and each would be refused.
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["item_problem"]
+__all__ = ["content_problem", "item_problem"]
 
 ROLES = ("user", "assistant", "system", "developer")
 
 # content part type -> the fields of which it needs one (a string each)
 _PART_NEEDS: dict[str, tuple[str, ...]] = {
     "input_text": ("text",),
+    "text": ("text",),  # (a chat message's)
     "output_text": ("text",),
     "summary_text": ("text",),
     "reasoning_text": ("text",),
@@ -48,6 +50,8 @@ def item_problem(item: dict[str, Any]) -> tuple[str, str] | None:
     kind = item.get("type", "message")
     if kind == "message":
         return _message_problem(item)
+    if kind == "item_reference":  # (what a call's input names is resolved before it is stored)
+        return "an item reference cannot be stored as context", ""
     for field in _STRINGS.get(kind, ()):
         if not isinstance(item.get(field), str):
             return f"a {kind} item needs '{field}' (a string)", f".{field}"
@@ -78,7 +82,11 @@ def _message_problem(item: dict[str, Any]) -> tuple[str, str] | None:
     if role not in ROLES:
         return (f"Invalid value: {role!r}. Supported values are: 'assistant', 'system', 'developer', and 'user'.",
                 ".role")
-    content = item.get("content")
+    return content_problem(item.get("content"))
+
+
+def content_problem(content: Any) -> tuple[str, str] | None:
+    """Why a message's ``content`` is none: a string, or an array of content parts."""
     if isinstance(content, str):
         return None
     if not isinstance(content, list):
