@@ -223,3 +223,21 @@ def test_pruning_beside_live_traffic_breaks_nothing(fresh_database_url, upstream
     assert failures == []
     assert calls[0] >= 12 and pruned > 0, (calls, pruned)  # both really happened
     assert_invariants(fresh_database_url)
+
+
+def test_a_metadata_update_is_activity(fresh_database_url, upstream_url):
+    """Updating a conversation's metadata through the Conversations API is activity, as adding or
+    deleting its items is: it left ``updated_at`` as it was, and retention deleted a conversation
+    its client had just edited as idle."""
+    db = Db(fresh_database_url)
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p:
+        http = p.http("sk-retention-metadata")
+        ids = [http.post("/v1/conversations", json={"items": [user("keep me")], "metadata": {"n": str(i)}}).json()["id"]
+               for i in range(2)]
+        for cid in ids:
+            age(db, cid, 40)
+        r = http.post(f"/v1/conversations/{ids[0]}", json={"metadata": {"n": "edited"}})
+        assert r.status_code == 200, r.text
+    done = cli(fresh_database_url, "--idle-days", "30")
+    assert "deleted 1 conversation(s)" in done.output, done.output
+    assert exists(db, ids[0]) and not exists(db, ids[1])

@@ -74,16 +74,19 @@ BEGIN
 END
 $$;
 
--- bp_set_metadata(tenant, conversation, metadata): replace a conversation's metadata. Refuses
--- with BPNFC when there is no such conversation.
+-- bp_set_metadata(tenant, conversation, metadata): replace a conversation's metadata -- activity,
+-- as a turn is: retention's idleness counts from it (updated_at). Refuses with BPNFC when there is
+-- no such conversation.
 CREATE OR REPLACE FUNCTION bp_set_metadata(p_tenant text, p_conversation text, p_metadata jsonb)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     conv conversations%ROWTYPE;
+    v_now timestamptz;
 BEGIN
     conv := bp_locked_conversation(p_tenant, p_conversation);
-    UPDATE conversations c SET metadata = p_metadata
+    v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
+    UPDATE conversations c SET metadata = p_metadata, updated_at = v_now
      WHERE c.tree_id = conv.tree_id AND c.tenant = p_tenant AND c.id = p_conversation;
 END
 $$;
