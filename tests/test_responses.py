@@ -19,7 +19,7 @@ WEATHER_TOOL = {"type": "function", "name": "weather", "description": "The weath
 
 
 def raw_create(client, **kw):
-    raw = client.responses.with_raw_response.create(model=MODEL, **kw)
+    raw = client.responses.with_raw_response.create(**{"model": MODEL, **kw})
     return raw.parse(), raw.headers
 
 
@@ -101,6 +101,31 @@ def test_a_function_tool_round_trip_over_a_chat_upstream(proxy, upstream, key, c
     messages = upstream.last.messages
     assert messages[1]["tool_calls"][0]["id"] == "call_1" and messages[2] == {"role": "tool", "tool_call_id": "call_1",
                                                                              "content": "21 C"}
+
+
+@pytest.mark.parametrize("part", [
+    {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
+    {"type": "input_file", "filename": "a.pdf", "file_data": "data:application/pdf;base64,JVBERi0xLjQK"},
+])
+def test_an_image_or_file_a_tool_returned_reaches_a_chat_upstream_as_text(mproxy, upstream, claude, key, cid, part):
+    """The Agents SDK's ToolOutputImage: a function_call_output of an input_text and an image (or
+    a file). A chat tool message takes text only -- OpenAI refuses it, and every later call, which
+    resends it -- so a chat upstream gets a line saying what was there, as a Messages client's
+    image in a tool result; an Anthropic upstream still gets it, in its tool result."""
+    client = mproxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_1", "weather", '{"city": "Paris"}')]))
+    raw_create(client, input="Screenshot the weather in Paris", tools=[WEATHER_TOOL])
+    output = [{"type": "input_text", "text": "the screen:"}, part]
+    raw_create(client, tools=[WEATHER_TOOL], input=[{"type": "function_call_output", "call_id": "call_1", "output": output}])
+    tool_message = upstream.last.messages[-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_1"
+    assert isinstance(tool_message["content"], str) and tool_message["content"].startswith("the screen:")
+    assert ("image/png" if part["type"] == "input_image" else "a.pdf") in tool_message["content"]
+    assert "base64" not in json.dumps(tool_message)
+    raw_create(client, model="claude-x", input="and now?")
+    result = claude.last.body["messages"][2]["content"][0]
+    assert result["type"] == "tool_result" and result["tool_use_id"] == "call_1"
+    assert [b["type"] for b in result["content"]] == ["text", "image" if part["type"] == "input_image" else "document"]
 
 
 def test_streamed_responses_over_a_chat_upstream(proxy, upstream, key, cid, db):

@@ -13,7 +13,8 @@ read is dropped there (``assembly.strip``).
     custom_tool_call                       -> the same, a function call with one argument, ``input``
                                               (as a chat upstream is offered a custom tool: tools.py)
     function_call_output,
-    custom_tool_call_output                -> tool message
+    custom_tool_call_output                -> tool message (text only: an image or a file as a line;
+                                              an Anthropic upstream gets it: ``tool_output_parts``)
     tool_search_call, tool_search_output   -> a call of the function ``tool_search`` and its result,
       (the client's: execution "client")      which names the tools it loaded (those go with every
                                               later call over chat: ``loaded_tools``)
@@ -56,6 +57,7 @@ __all__ = [
     "reasoning_text",
     "response_id",
     "to_messages",
+    "tool_output_parts",
 ]
 
 ITEMS = "_bp_items"  # the native items a message was made from
@@ -234,6 +236,52 @@ def _answer_of(item_id: Any) -> str | None:
     return match.group(1) if match else None
 
 
+def _tool_output(output: Any) -> Any:
+    """A tool result's ``output`` as a chat tool message holds it: text only -- chat's tool
+    messages take no image or file (OpenAI refuses the request, and every later call of the
+    conversation, which resends it), so each is a line saying what it was. The item keeps it: a
+    Responses upstream gets it back as it came, an Anthropic one in its tool result
+    (``tool_output_parts``)."""
+    if not isinstance(output, list):
+        return output
+    texts = []
+    for part in output:
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") in _TEXT_IN | _TEXT_OUT and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            texts.append(_not_text(part))
+    return "".join(texts)
+
+
+def _not_text(part: dict[str, Any]) -> str:
+    """The line standing for a tool output's image, file or other part in a chat tool message."""
+    kind = part.get("type")
+    if kind == "input_image":
+        url = part.get("image_url")
+        media = url[5:].split(";", 1)[0] if isinstance(url, str) and url.startswith("data:") else \
+            "url" if url else "file" if part.get("file_id") else "image"
+        return f"\n[an image ({media}) the tool returned: a chat tool message cannot carry images]\n"
+    if kind == "input_file":
+        what = next((part[k] for k in ("filename", "file_id", "file_url") if isinstance(part.get(k), str)), "file")
+        return f"\n[a file ({what}) the tool returned: a chat tool message cannot carry files]\n"
+    return f"\n[{kind if isinstance(kind, str) else 'a part'} the tool returned: a chat tool message cannot carry it]\n"
+
+
+def tool_output_parts(message: dict[str, Any]) -> Any:
+    """The chat parts of the Responses tool output a tool message was read from, its images and
+    files as parts (the message itself has them as lines, ``_tool_output``) -- for an upstream
+    whose tool result takes them (Anthropic's); None when the message holds no such output."""
+    if items_of(message) != "responses":
+        return None
+    for item in reversed(message.get(ITEMS) or ()):
+        if isinstance(item, dict) and item.get("type") in RESULTS:
+            output = item.get("output")
+            return _parts_to_content(output, output=False)[0] if isinstance(output, list) else None
+    return None
+
+
 def to_messages(items: Iterable[Any], producer: str | None = None) -> list[dict[str, Any]]:
     """Chat messages standing for Responses ``items`` (see the module docstring)."""
     return convert(items, producer)[0]
@@ -323,10 +371,8 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": text}, item))
             last_assistant = None
         elif kind in RESULTS:
-            output = item.get("output")
-            if isinstance(output, list):
-                output, _ = _parts_to_content(output, output=False)
-            out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": output}, item))
+            content = _tool_output(item.get("output"))
+            out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": content}, item))
             last_assistant = None
         elif kind in ("compaction", "compaction_summary") and compaction_node_of(item) is not None:
             # (ours, among a conversation's items: an upstream's own -- OpenAI's, encrypted -- goes back natively)

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from ....surrogates import encode, loads
-from ...responses.items import ITEMS, PRODUCER, items_of
+from ...responses.items import ITEMS, PRODUCER, items_of, tool_output_parts
 from .to_chat import CONT, INLINE, _blocks
 
 __all__ = ["input_json", "sendable", "to_anthropic"]
@@ -125,7 +125,9 @@ def input_json(arguments: str) -> str:
 def _from_chat(message: dict[str, Any], provider: str | None) -> tuple[str, list[dict[str, Any]]]:
     role = message.get("role")
     if role == "tool":
-        content = message.get("content")
+        content = tool_output_parts(message)  # (a Responses tool output's images and files: a tool result takes them)
+        if content is None:
+            content = message.get("content")
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.get("tool_call_id")}
         block["content"] = content if isinstance(content, str) else _parts_to_blocks(content)
         return "user", [block]
