@@ -156,23 +156,22 @@ def _sse(*deltas, finish="stop"):
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
 
-@pytest.mark.parametrize("deltas, types, ordered", [
-    ([{"reasoning_content": "Let me "}, {"reasoning_content": "think."}, {"content": "Done."}], ["reasoning", "message"],
-     True),
+@pytest.mark.parametrize("deltas, types", [
+    ([{"reasoning_content": "Let me "}, {"reasoning_content": "think."}, {"content": "Done."}], ["reasoning", "message"]),
     # reasoning whose end looks like the start of the client's key: held back until the answer ends
-    ([{"reasoning_content": "Let me think: s"}, {"content": "Done."}], ["reasoning", "message"], True),
-    # a call before the text: stored as a whole answer is (the message first -- a chat upstream
-    # gets them back as one assistant message), announced as they came
+    ([{"reasoning_content": "Let me think: s"}, {"content": "Done."}], ["reasoning", "message"]),
+    # a call before the text: announced first, so first in the response too (a chat upstream gets
+    # them back as one assistant message all the same)
     ([{"tool_calls": [{"index": 0, "id": "call_t", "type": "function", "function": {"name": "weather", "arguments": ""}}]},
       {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]}, {"content": "Checking."}],
-     ["message", "function_call"], False),
-    ([{"role": "assistant", "content": ""}, {"refusal": "I can't "}, {"refusal": "help with that."}], ["message"], True),
+     ["function_call", "message"]),
+    ([{"role": "assistant", "content": ""}, {"refusal": "I can't "}, {"refusal": "help with that."}], ["message"]),
 ])
-def test_a_streams_items_are_the_final_responses_and_the_stored_ones(proxy, upstream, key, cid, deltas, types,
-                                                                     ordered):
+def test_a_streams_items_are_the_final_responses_and_the_stored_ones(proxy, upstream, key, cid, deltas, types):
     """Over a chat upstream, what the events say -- each item with its id, reasoning as a reasoning
-    item, a refusal as a refusal part -- is what the completed response and a later GET say, at
-    the same output_index when the items came in the order a whole answer has them."""
+    item, a refusal as a refusal part -- is what the completed response and a later GET say, each
+    item at its output_index (its place in the response's output, as OpenAI's are): a client that
+    keeps the items as streamed, by index, holds the answer as stored."""
     client = proxy.openai(key, conversation=cid)
     upstream.enqueue(Reply(kind="raw", body=_sse(*deltas), content_type="text/event-stream"))
     with client.responses.stream(model=MODEL, input="go", tools=[WEATHER_TOOL]) as stream:
@@ -183,8 +182,7 @@ def test_a_streams_items_are_the_final_responses_and_the_stored_ones(proxy, upst
     assert [i.type for i in final.output] == types
     finals = {i.id: i.model_dump(exclude_none=True) for i in final.output}
     assert {d.id: d.model_dump(exclude_none=True) for d in done.values()} == finals
-    if ordered:
-        assert [done[k].id for k in sorted(done)] == [added[k] for k in sorted(added)] == [i.id for i in final.output]
+    assert [done[k].id for k in sorted(done)] == [added[k] for k in sorted(added)] == [i.id for i in final.output]
     numbers = [e.sequence_number for e in events]
     assert numbers == list(range(len(numbers)))
     stored = client.responses.retrieve(final.id)
@@ -197,6 +195,36 @@ def test_a_streams_items_are_the_final_responses_and_the_stored_ones(proxy, upst
         assert kinds.count("response.refusal.delta") == 2 and "response.output_text.delta" not in kinds
         assert final.output[0].content[0].type == "refusal"
         assert final.output[0].content[0].refusal == "I can't help with that."
+
+
+@pytest.mark.parametrize("order", ["streamed", "message_first"])
+def test_a_streamed_call_before_its_text_resent_whole_keeps_its_tool_round(proxy, upstream, order):
+    """A chat upstream streamed a call, then text: the call is output_index 0, the message 1. A
+    full-history client resends the items in that order (or the message first, as a whole answer
+    has them), then the call's result: the message and its calls are one assistant message -- read
+    as two, the pairing check dropped the call and its result, and the history matched nothing."""
+    client = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=new_key(), max_retries=0)
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_sse(
+        {"tool_calls": [{"index": 0, "id": "call_t", "type": "function", "function": {"name": "weather",
+                                                                                       "arguments": '{"city": "Oslo"}'}}]},
+        {"content": "Checking."}, finish="tool_calls")))
+    question = {"role": "user", "content": "Weather in Oslo?"}
+    with client.responses.with_streaming_response.create(model=MODEL, input=[question], tools=[WEATHER_TOOL],
+                                                         stream=True) as r:
+        first_node = r.headers["x-node-id"]
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    items = [e["item"] for e in sorted((e for e in events if e["type"] == "response.output_item.done"),
+                                       key=lambda e: e["output_index"])]
+    assert [i["type"] for i in items] == ["function_call", "message"]
+    if order == "message_first":
+        items.reverse()
+    result = {"type": "function_call_output", "call_id": "call_t", "output": "-3 C"}
+    _, h2 = raw_create(client, input=[question, *items, result], tools=[WEATHER_TOOL])
+    assert h2["x-parent-node-id"] == first_node and h2["x-context-matched"] == "2"
+    sent = upstream.last.messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[1]["content"] == "Checking." and [c["id"] for c in sent[1]["tool_calls"]] == ["call_t"]
+    assert sent[2] == {"role": "tool", "tool_call_id": "call_t", "content": "-3 C"}
 
 
 def test_a_failure_mid_stream_ends_with_response_failed(proxy, upstream, key, cid, db):

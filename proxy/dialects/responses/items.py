@@ -7,7 +7,8 @@ messages, keeping the original items beside them under ``ITEMS`` so that a reque
 Responses upstream can send them back natively (``outbound.to_items``); anything a chat upstream cannot
 read is dropped there (``assembly.strip``).
 
-    message (input or output) item        -> user / system / developer / assistant message
+    message (input or output) item        -> user / system / developer / assistant message (an
+                                              answer's after its calls: with them, msg_<node>)
     function_call items after a message    -> that assistant message's tool_calls (also one sent after
                                               a result of its answer's: ids fc_<node>_<i> say which)
     custom_tool_call                       -> the same, a function call with one argument, ``input``
@@ -236,6 +237,23 @@ def _answer_of(item_id: Any) -> str | None:
     return match.group(1) if match else None
 
 
+_MESSAGE_OF_ANSWER = re.compile(r"msg_([0-9a-f]{32})(?:_\d+)?")
+
+
+def _joins(item: dict[str, Any], answered: tuple[dict[str, Any], str, int] | None) -> dict[str, Any] | None:
+    """The assistant message of calls an assistant message item belongs with: that of the calls
+    before it when it is of their answer (``msg_<node>``, or a Responses upstream's
+    ``msg_<node>_<i>``) and the message has no text yet -- a stream whose call came before its
+    text gave the items in that order (an item's place is its output_index)."""
+    if answered is None or item.get("role") != "assistant" or not isinstance(item.get("id"), str):
+        return None
+    match = _MESSAGE_OF_ANSWER.fullmatch(item["id"])
+    message = answered[0]
+    if match is None or match.group(1) != answered[1] or message.get("content") is not None or message.get("refusal"):
+        return None
+    return message
+
+
 def _tool_output(output: Any) -> Any:
     """A tool result's ``output`` as a chat tool message holds it: text only -- chat's tool
     messages take no image or file (OpenAI refuses the request, and every later call of the
@@ -328,7 +346,21 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
         ordinals.append(-1)
         waiting.append(len(ordinals) - 1)
         kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
+        if kind == "message" and answered is not None and (joined := _joins(item, answered)) is not None:
+            # (one answer, one assistant message: its text joins its calls, as stored)
+            joined["content"], refusal = _parts_to_content(item.get("content"), output=True)
+            if refusal:
+                joined["refusal"] = refusal
+            if reasoning:
+                joined["reasoning_content"] = (joined.get("reasoning_content") or "") + "".join(reasoning)
+                reasoning.clear()
+            joined[ITEMS] = [*joined.get(ITEMS, []), *pending, item]
+            pending.clear()
+            last_assistant, number = joined, answered[2]
+            for w in waiting:
+                ordinals[w] = number
+            waiting.clear()
+        elif kind == "message":
             role = item.get("role") or "user"
             content, refusal = _parts_to_content(item.get("content"), output=role == "assistant")
             message: dict[str, Any] = {"role": role, "content": content}

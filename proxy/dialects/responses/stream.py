@@ -248,10 +248,15 @@ class FromChat:
         return out
 
     def received(self) -> list[dict[str, Any]]:
-        # (in translate.output_items' order -- reasoning, message, calls -- as a whole answer's: a
-        # message stored after its calls would come back to a chat upstream as two assistant
-        # messages. A stream whose call came before its text announced them the other way round)
-        return translate.output_items(self.acc.message(), self.node_id, offered(self.params))
+        # (each item at its output_index, its place in the response's output: a stream whose call
+        # came before its text announced the call first -- and a client keeps the items in that
+        # order; items.convert reads the message after its calls as one assistant message)
+        items = translate.output_items(self.acc.message(), self.node_id, offered(self.params))
+        calls = iter([self.calls[i] for i in sorted(self.calls)])  # (output_items' calls: in that order)
+        places = [self.reasoning_index if item["type"] == "reasoning" else self.text_index if item["type"] == "message"
+                  else next(calls, None) for item in items]
+        order = sorted(range(len(items)), key=lambda k: len(self.items) if places[k] is None else places[k])
+        return [items[k] for k in order]
 
     def ended(self) -> bytes:
         return ended_without_done(self)
