@@ -575,6 +575,43 @@ def test_chat_client_over_anthropic(mproxy: Proxy, claude: FakeAnthropic, key: s
     ]
 
 
+_CLOSED = {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"], "additionalProperties": False}
+_OPEN = {"type": "object", "properties": {"k": {"type": "string"}, "n": {"type": "number"}}, "required": ["k"]}
+
+
+@pytest.mark.parametrize("client_api, model", [("messages", "gpt-x"), ("messages", "native-1"), ("chat", "claude-x"),
+                                               ("responses", "claude-x")])
+def test_a_tools_strict_reaches_the_upstream_as_asked(mproxy: Proxy, upstream: FakeUpstream, claude: FakeAnthropic,
+                                                      key: str, cid: str, client_api: str, model: str) -> None:
+    """A tool's ``strict`` is what the client asked wherever the upstream takes it (OpenAI's chat
+    and Responses APIs; Anthropic's strict tool use, without a beta header): it was dropped
+    crossing to and from Anthropic's API -- towards a Responses upstream, whose tools are strict
+    unless they say otherwise, it even became ``strict: false``. A schema chat's strict mode
+    refuses (a property left out of ``required``, an object not closed) goes as non-strict."""
+    if client_api == "messages":
+        path, body = "/v1/messages", {"max_tokens": 50, "tools": [
+            {"name": "a", "input_schema": _CLOSED, "strict": True}, {"name": "b", "input_schema": _OPEN, "strict": True},
+            {"name": "c", "input_schema": _CLOSED}]}
+    elif client_api == "chat":
+        path, body = "/v1/chat/completions", {"tools": [
+            {"type": "function", "function": {"name": n, "parameters": _CLOSED, **strict}}
+            for n, strict in (("a", {"strict": True}), ("b", {"strict": False}), ("c", {}))]}
+    else:
+        path, body = "/v1/responses", {"tools": [
+            {"type": "function", "name": n, "parameters": _CLOSED, "strict": strict}
+            for n, strict in (("a", True), ("b", False))]}
+    question = [{"role": "user", "content": "hi"}]
+    r = httpx.post(f"{mproxy.url}/c/{cid}{path}", headers={"x-api-key": key}, timeout=30,
+                   json={"model": model, **body, ("input" if client_api == "responses" else "messages"): question})
+    assert r.status_code == 200, r.text
+    if model == "claude-x":
+        assert [t.get("strict") for t in claude.last.body["tools"]] == [True, None, None][:len(body["tools"])]
+    elif model == "gpt-x":
+        assert [t["function"].get("strict") for t in upstream.last.body["tools"]] == [True, False, None]
+    else:
+        assert [t["strict"] for t in upstream.responses_requests[-1].body["tools"]] == [True, False, False]
+
+
 def test_chat_fields_without_an_equivalent_are_refused(mproxy: Proxy, key: str, cid: str) -> None:
     oc = mproxy.openai(key, conversation=cid)
     with pytest.raises(Exception) as exc:

@@ -4,7 +4,8 @@ Pure functions.
     Messages request field              chat field
     max_tokens                          max_tokens
     stop_sequences                      stop
-    tools (custom: input_schema)        tools (function: parameters)
+    tools (custom: input_schema,        tools (function: parameters, strict -- not where chat's
+      strict)                             strict mode refuses the schema)
     tools (Anthropic's own: web_search, dropped, named in X-Branchpoint-Dropped-Tools
       bash_2025..., code_execution ...) (or refused: server.unsupported_tools)
     tool_choice auto / any / tool /     "auto" / "required" / a function / "none";
@@ -127,6 +128,17 @@ def _strict_fits(schema: Any, depth: int = 0) -> bool:
                if k not in ("properties", "required", "enum", "const", "default", "examples"))
 
 
+def _chat_function(tool: dict[str, Any]) -> dict[str, Any]:
+    """A custom tool as chat's function: ``strict`` as the tool says it -- but for a schema chat's
+    strict mode refuses (``_strict_fits``), which goes as a non-strict one, a guide rather than a
+    refusal; a tool that does not say it is not strict, in either API."""
+    out = {k: v for k, v in (("name", tool.get("name")), ("description", tool.get("description")),
+                             ("parameters", tool.get("input_schema"))) if v is not None}
+    if isinstance(tool.get("strict"), bool):
+        out["strict"] = tool["strict"] and _strict_fits(tool.get("input_schema"))
+    return out
+
+
 def chat_params(params: dict[str, Any]) -> dict[str, Any]:
     """The chat-completions fields for a Messages request's other fields."""
     out = {k: params[k] for k in _SAME if k in params}
@@ -137,9 +149,7 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
         out["stop"] = stop
     tools = [t for t in params.get("tools") or () if _custom(t)]
     if tools:
-        out["tools"] = [{"type": "function", "function": {
-            k: v for k, v in (("name", t.get("name")), ("description", t.get("description")),
-                              ("parameters", t.get("input_schema"))) if v is not None}} for t in tools]
+        out["tools"] = [{"type": "function", "function": _chat_function(t)} for t in tools]
         choice = params.get("tool_choice")
         left_out = {t.get("name") for t in params.get("tools") or () if isinstance(t, dict) and not _custom(t)}
         mapped = _chat_tool_choice(choice, left_out)
@@ -248,6 +258,8 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
                     tool = {"name": fn.get("name"), "input_schema": fn.get("parameters") or {"type": "object"}}
                     if fn.get("description"):
                         tool["description"] = fn["description"]
+                    if fn.get("strict") is True:  # (Anthropic's strict tool use; not strict: its default too)
+                        tool["strict"] = True
                     tools.append(tool)
             if tools:
                 out["tools"] = tools
