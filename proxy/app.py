@@ -202,7 +202,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         lifespan=[lifespan],
         middleware=[DefineMiddleware(ObservabilityMiddleware, metrics=runtime.metrics),
                     DefineMiddleware(BodyTimeout, timeout=settings.server.client_body_timeout),
-                    DefineMiddleware(BytesInFlight, limit=settings.server.max_bytes_in_flight,
+                    DefineMiddleware(BytesInFlight, budget=runtime.bytes_in_flight,
                                      max_body=settings.server.max_body_bytes, metrics=runtime.metrics)],
         exception_handlers={
             BranchpointError: _on_branchpoint_error,

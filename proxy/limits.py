@@ -35,7 +35,7 @@ from .dialects.messages.errors import from_openai_body as anthropic_error
 from .dialects.messages.errors import is_messages_path
 from .errors import BranchpointError, InvalidRequest, RequestTimeout, error_body
 
-__all__ = ["BUSY_WAIT", "SMALL_BODY", "BodyTimeout", "BytesInFlight", "ContextTooLarge", "HeaderTimeoutH11",
+__all__ = ["BUSY_WAIT", "SMALL_BODY", "BodyTimeout", "BytesBudget", "BytesInFlight", "ContextTooLarge", "HeaderTimeoutH11",
            "HeaderTimeoutHttpTools", "ServerBusy", "bytes_bound", "hold", "holding"]
 
 BUSY_WAIT = 5.0  # seconds a request waits for room under max_bytes_in_flight before it is refused
@@ -93,11 +93,12 @@ class ContextTooLarge(InvalidRequest, code="payload_too_large"):
                          "past the large messages", status=413)
 
 
-class _Budget:
+class BytesBudget:
     """Bytes granted to requests, at most ``limit`` at once -- except that a request alone always
     gets what it asks (``max_body_bytes`` may exceed the bound), and small bodies always get theirs.
     Waiters are served first come, first served: a large request is not starved by smaller ones.
-    ``own``: what the asking request holds already (it is alone when nobody else holds anything)."""
+    ``own``: what the asking request holds already (it is alone when nobody else holds anything).
+    One per process (``Runtime.bytes_in_flight``), shared by every route's ``BytesInFlight``."""
 
     def __init__(self, limit: int, on_change: Any = None) -> None:
         self.limit = limit
@@ -166,7 +167,7 @@ class _Hold:
 
     __slots__ = ("budget", "held", "open", "refused", "wait")
 
-    def __init__(self, budget: _Budget, wait: float, refused: Any) -> None:
+    def __init__(self, budget: BytesBudget, wait: float, refused: Any) -> None:
         self.budget, self.wait, self.refused = budget, wait, refused
         self.held = 0
         self.open = True
@@ -219,16 +220,19 @@ class BytesInFlight:
     its chunks arrive. They are given back when the request ends (its answer sent: the body, its
     decoded form and its copies live as long as the call). A request refused is answered 503
     ``server_busy`` (``Retry-After: 1``); one with a Content-Length has its body read and dropped
-    first, so the client reads the answer instead of a broken pipe."""
+    first, so the client reads the answer instead of a broken pipe.
 
-    def __init__(self, app: Any, limit: int, max_body: int, metrics: Any = None, wait: float = BUSY_WAIT) -> None:
+    Litestar builds an app's middleware once per route: ``budget`` is the process's one, built
+    with the runtime -- each instance making its own bounded every route apart."""
+
+    def __init__(self, app: Any, budget: BytesBudget, max_body: int, metrics: Any = None,
+                 wait: float = BUSY_WAIT) -> None:
         self.app = app
-        self.limit = limit
+        self.limit = budget.limit
         self.max_body = max_body
         self.wait = wait
         self.metrics = metrics
-        gauge = getattr(metrics, "bytes_in_flight", None)
-        self.budget = _Budget(limit, gauge.set if gauge is not None else None)
+        self.budget = budget
 
     def _refused(self) -> ServerBusy:
         if self.metrics is not None:

@@ -19,6 +19,7 @@ from .builder import RequestBuilder
 from .compaction import Compactor, Summariser, Thresholds
 from .leases import LeaseKeeper
 from .lifecycle import CallLifecycle
+from .limits import BytesBudget
 from .metrics import Metrics
 from .retention import Retention
 from .sessions import Sessions
@@ -39,6 +40,9 @@ class Runtime:
         self.admin = AdminStore(self.db, self.shared)
         self.ops = OpsStore(self.db)
         self.metrics = Metrics()
+        # the request bytes of all the process's requests (server.max_bytes_in_flight): one budget
+        # for every route -- Litestar makes a BytesInFlight middleware per route
+        self.bytes_in_flight = BytesBudget(server.max_bytes_in_flight, self.metrics.bytes_in_flight.set)
         self.auth = Authenticator(settings.auth)
         self.tokens = TokenCounter()
         self.tasks = Background()

@@ -338,10 +338,10 @@ def test_a_request_alone_may_hold_more_than_the_bound_on_top_of_its_body():
     it wait for itself; anyone else's does (first come, first served, as for bodies)."""
     import asyncio
 
-    from proxy.limits import SMALL_BODY, _Budget
+    from proxy.limits import SMALL_BODY, BytesBudget
 
     async def scenario() -> None:
-        budget = _Budget(100 * SMALL_BODY)
+        budget = BytesBudget(100 * SMALL_BODY)
         body = 30 * SMALL_BODY
         assert await budget.take(body, 1)
         assert await budget.take(200 * SMALL_BODY, 0.01, own=body)  # alone: more than the bound, at once

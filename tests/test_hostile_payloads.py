@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -406,10 +407,10 @@ def test_eight_large_bodies_at_once_stay_within_the_bound_and_memory_is_given_ba
 def test_the_budget_serves_waiters_in_order_and_gives_back_what_it_granted():
     import asyncio
 
-    from proxy.limits import SMALL_BODY, _Budget
+    from proxy.limits import SMALL_BODY, BytesBudget
 
     async def scenario() -> None:
-        budget = _Budget(100 * SMALL_BODY)
+        budget = BytesBudget(100 * SMALL_BODY)
         big = 60 * SMALL_BODY
         assert await budget.take(big, 1)
         first = asyncio.ensure_future(budget.take(big, 5))  # waits: 120 > 100
@@ -430,3 +431,51 @@ def test_the_budget_serves_waiters_in_order_and_gives_back_what_it_granted():
         assert budget.used == 0 and await budget.take(10**12, 0.01)  # alone: always
 
     asyncio.run(scenario())
+
+
+def held(url: str) -> float:
+    """The request bytes a proxy's /metrics says it holds."""
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    return next(float(line.split()[1]) for line in metrics.splitlines()
+                if line.startswith("branchpoint_request_bytes_in_flight "))
+
+
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
+def test_the_bytes_in_flight_bound_is_one_for_the_whole_process(fresh_database_url, upstream_url, upstream, key):
+    """``max_bytes_in_flight`` bounds the request bytes of all of a process's requests: bytes
+    held on one route leave no room on any other. Litestar builds an app's middleware once per
+    route, and each built its own budget: a connection that declared a body as large as the bound
+    (and sent none of it) held up only its own route -- a large request to a pass-through route
+    or to the Messages API went through at once, and the gauge, which every budget set, read 0."""
+    settings = make_settings(fresh_database_url, upstream_url,
+                             server={"max_bytes_in_flight": 1_000_000, "max_body_bytes": 2_000_000})
+    big = {"model": MODEL, "max_tokens": 5, "input": "x", "messages": [user("x" * 200_000)]}
+    with serve_proxy(settings) as proxy:
+        port = int(proxy.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as hog:
+            hog.sendall(f"POST /c/hog/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                        "Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n".encode())  # no body
+            wait_for(lambda: held(proxy.url) == 1_000_000, what="the hog's bytes held")
+            results: dict[str, httpx.Response] = {}
+
+            def call(path: str) -> None:
+                results[path] = httpx.post(proxy.url + path, json=big, timeout=60,
+                                           headers={"Authorization": f"Bearer {key}"})
+
+            others = ["/v1/embeddings", f"/c/big-{uuid.uuid4().hex[:8]}/v1/messages"]
+            threads = [threading.Thread(target=call, args=(path,)) for path in others]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for path in others:
+                r = results[path]
+                assert r.status_code == 503 and r.headers["retry-after"] == "1", (path, r.status_code, r.text[:200])
+                error = r.json()["error"]  # (the Messages API's in Anthropic's shape)
+                assert error["type"] == "overloaded_error" if "messages" in path else error["code"] == "server_busy"
+            assert held(proxy.url) == 1_000_000
+            assert not upstream.requests  # nothing was sent
+        # the hog gone, its bytes are given back: room again
+        wait_for(lambda: held(proxy.url) == 0, what="the hog's bytes given back")
+        r = httpx.post(proxy.url + "/v1/embeddings", json=big, timeout=60, headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200 and len(upstream.requests[-1].raw) > 200_000
