@@ -65,6 +65,7 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_response_headers: int
     client_body_timeout: float
     client_header_timeout: float
+    client_send_timeout: float
     max_connections: int
     shutdown_grace_seconds: float
     path_cache_mb: int
@@ -368,6 +369,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("server.max_response_bytes and server.max_body_bytes must be > 0")
     if settings.server.max_bytes_in_flight < 0:
         raise SettingsError("server.max_bytes_in_flight must be >= 0 (0: no bound)")
+    if settings.server.client_send_timeout < 0:
+        raise SettingsError("server.client_send_timeout must be >= 0 (0: no limit)")
     if settings.server.max_response_header_bytes <= 0 or settings.server.max_response_headers <= 0:
         raise SettingsError("server.max_response_header_bytes and server.max_response_headers must be > 0")
     if settings.server.shutdown_grace_seconds < 0:

@@ -62,10 +62,11 @@ class Answers:
     """The ladder, over the parts it needs: the upstream client, the outcome store and the
     background tasks a stream's end may leave."""
 
-    def __init__(self, *, upstream: UpstreamClient, outcomes: Outcomes, tasks: Background) -> None:
+    def __init__(self, *, upstream: UpstreamClient, outcomes: Outcomes, tasks: Background, send_timeout: float = 0.0) -> None:
         self.upstream = upstream
         self.outcomes = outcomes
         self.tasks = tasks
+        self.send_timeout = send_timeout  # a stream's client that takes nothing this long has left (client_send_timeout)
 
     async def __call__(self, started: Started, request: httpx.Request, watch: asyncio.Future[None], exchange: Exchange,
                        *, own_key: bool = False) -> Any:
@@ -172,4 +173,5 @@ class Answers:
             classify_error=lambda error: from_stream_error(error, started.secrets),
             translator=exchange.translator(wants_usage=wants_usage, secrets=started.secrets),
             background=self.tasks,
+            send_timeout=self.send_timeout,
         )

@@ -148,7 +148,8 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         finally:
             await runtime.stop()
 
-    forwarder = Forwarder(runtime.upstream, upstream_objects=settings.server.upstream_objects)
+    forwarder = Forwarder(runtime.upstream, upstream_objects=settings.server.upstream_objects,
+                          send_timeout=settings.server.client_send_timeout)
 
     def call_context(caller: NamedDependency[Caller]) -> CallContext:
         return CallContext(caller, runtime.calls, forwarder, runtime.admin)

@@ -84,9 +84,10 @@ class Forwarder:
     pass (404 for the account's own objects -- stored answers, files, batches ...), and those that
     an upstream may keep go with ``store: false``."""
 
-    def __init__(self, upstream: UpstreamClient, *, upstream_objects: str = "pass") -> None:
+    def __init__(self, upstream: UpstreamClient, *, upstream_objects: str = "pass", send_timeout: float = 0.0) -> None:
         self.upstream = upstream
         self.upstream_objects = upstream_objects
+        self.send_timeout = send_timeout  # a client that takes nothing of its answer this long has left
 
     def route(self, body: bytes) -> Upstream:
         """The upstream a request's model routes to (its ``api`` says whether a call that names no
@@ -138,7 +139,7 @@ class Forwarder:
         chunks = self.upstream.chunks(response)
         masker = BytesMasker(secrets)  # (an answer echoing a credential: masked as it goes by, however cut)
         return BytesRelay(response.status_code, encode_headers(response_headers(response.headers, secrets, as_it_came=True, own_key=bool(upstream.api_key))),
-                          _masked(chunks, masker) if masker else chunks, close, errors=errors)
+                          _masked(chunks, masker) if masker else chunks, close, errors=errors, send_timeout=self.send_timeout)
 
 
 async def _masked(chunks: AsyncIterator[bytes], masker: BytesMasker) -> AsyncIterator[bytes]:

@@ -72,7 +72,8 @@ def _upstream_time(seconds: float) -> None:
 class CallLifecycle:
     def __init__(self, *, tree: TreeStore, upstream: UpstreamClient, builder: RequestBuilder, compactor: Compactor,
                  leases: LeaseKeeper, metrics: Metrics, tasks: Background, lease_seconds: float,
-                 default_mode: str = "delta", unsupported_tools: str = "drop", sessions: Sessions | None = None) -> None:
+                 default_mode: str = "delta", unsupported_tools: str = "drop", sessions: Sessions | None = None,
+                 send_timeout: float = 0.0) -> None:
         self.tree = tree
         self.upstream = upstream
         self.builder = builder
@@ -88,7 +89,7 @@ class CallLifecycle:
         self.later = Later(tree, lease_seconds)
         self.outcomes = Outcomes(tree=tree, later=self.later, compactor=compactor, leases=leases, metrics=metrics,
                                  tasks=tasks)
-        self.answers = Answers(upstream=upstream, outcomes=self.outcomes, tasks=tasks)
+        self.answers = Answers(upstream=upstream, outcomes=self.outcomes, tasks=tasks, send_timeout=send_timeout)
 
     # -- start -------------------------------------------------------------------------------
 

@@ -5,6 +5,10 @@ it arrives, through the ``Translator`` of the call's dialects (proxy.dialects), 
 the answer that will be stored. It sends the response start (with the node headers) first, then
 pumps events; a task watching ``receive()`` notices a client disconnect and stops the pump (an
 answer already whole is stored as a success at once, else the node fails as client_disconnected).
+A client that takes nothing of its answer for ``send_timeout`` seconds (``[server]
+client_send_timeout``: its socket stays full, and the server's ``send`` waits for room) is one that
+went away: otherwise it would hold its conversation's lease and an upstream connection for as long
+as it kept its socket open. ``BytesRelay`` ends such a client's answer the same way.
 Whatever happens -- the end event, an error event, a cut stream, a disconnect -- exactly one
 ``StreamEnd`` reaches the ``on_end`` callback, shielded from cancellation, so the node is always
 finalized.
@@ -33,8 +37,8 @@ from .errors import UpstreamBadResponse, UpstreamFailure, UpstreamTooLarge
 from .failures import Failure, cancellation_handled, interrupted
 from .sse import SSEParser, sse_error_event
 
-__all__ = ["LOOKAHEAD", "OPENAI_ERRORS", "BytesRelay", "ErrorVoice", "StreamEnd", "StreamRelay", "Translator", "client_disconnected", "relay_error",
-           "wait_for_disconnect"]
+__all__ = ["LOOKAHEAD", "OPENAI_ERRORS", "BytesRelay", "ClientStalled", "ErrorVoice", "StreamEnd", "StreamRelay", "Translator",
+           "client_disconnected", "relay_error", "timed_send", "wait_for_disconnect"]
 
 log = logging.getLogger("branchpoint.relay")
 
@@ -108,11 +112,13 @@ class StreamRelay:
     classify_error: ClassifyError
     translator: Translator
     background: Background
+    send_timeout: float = 0.0  # seconds the client may take nothing of its answer (0: no limit)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         failure: Failure | None = None
         disconnected = False
         finished = False
+        send = timed_send(send, self.send_timeout)
         pump = asyncio.ensure_future(self._pump(send))
         watch = asyncio.ensure_future(wait_for_disconnect(receive))
         try:
@@ -143,10 +149,11 @@ class StreamRelay:
                 if end:
                     await send({"type": "http.response.body", "body": end, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (OSError, RuntimeError) as exc:  # the client went away under our send()
+        except (OSError, RuntimeError) as exc:  # the client went away under our send(), or stopped reading
             disconnected = True
             if not finished:
-                failure = failure or self._left(f"the client connection failed: {type(exc).__name__}")
+                failure = failure or self._left(str(exc) if isinstance(exc, ClientStalled)
+                                                else f"the client connection failed: {type(exc).__name__}")
         except asyncio.CancelledError:
             # only the server cancels a response: its shutdown grace ran out (docs/behaviour.md#shutdown)
             if finished:
@@ -274,6 +281,28 @@ async def wait_for_disconnect(receive: Any) -> None:
             return
 
 
+class ClientStalled(OSError):
+    """The client took nothing of its answer for ``[server] client_send_timeout`` seconds: ended as
+    a client that went away (the server closes its connection: the answer was left unfinished)."""
+
+
+def timed_send(send: Any, timeout: float) -> Any:
+    """``send`` raising ``ClientStalled`` when a message is not taken within ``timeout`` seconds --
+    the server's ``send`` waits while the client's socket is full (0: no limit)."""
+    if timeout <= 0:
+        return send
+
+    async def timed(message: Any) -> None:
+        try:
+            async with asyncio.timeout(timeout):  # (not wait_for: no task per message)
+                await send(message)
+        except TimeoutError:
+            raise ClientStalled(f"the client took nothing of its answer for {timeout:g} s "
+                                "(server.client_send_timeout)") from None
+
+    return timed
+
+
 def client_disconnected(message: str = "the client disconnected before the answer arrived") -> Failure:
     """The client went away before its answer was complete: transient (HTTP 499 in the logs)."""
     return Failure.of(Outcome.TRANSIENT, "client_disconnected", "client_disconnected", message, 499)
@@ -298,11 +327,14 @@ _ABORT = object()  # the pump's answer: cut after the status went out -- end the
 
 class BytesRelay:
     """ASGI app relaying an upstream response byte for byte, as given (pass-through: nothing is parsed or
-    stored). Stops reading the upstream when the client goes away."""
+    stored). Stops reading the upstream when the client goes away, or takes nothing for
+    ``send_timeout`` seconds (its connection then ends unfinished)."""
 
     def __init__(self, status: int, headers: list[tuple[bytes, bytes]], chunks: AsyncIterator[bytes],
-                 close_upstream: Callable[[], Awaitable[None]], *, errors: ErrorVoice | None = None) -> None:
+                 close_upstream: Callable[[], Awaitable[None]], *, errors: ErrorVoice | None = None,
+                 send_timeout: float = 0.0) -> None:
         self.status = status
+        self.send_timeout = send_timeout
         self.headers = headers
         self.chunks = chunks
         self.close_upstream = close_upstream
@@ -316,6 +348,7 @@ class BytesRelay:
         await send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        send = timed_send(send, self.send_timeout)
         watch = asyncio.ensure_future(wait_for_disconnect(receive))
         pump = asyncio.ensure_future(self._pump(send))
         try:
@@ -342,6 +375,8 @@ class BytesRelay:
             if failed:  # cut mid-stream: tell the SSE client
                 await send({"type": "http.response.body", "body": failed, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except ClientStalled as exc:  # (left unfinished: uvicorn closes the connection)
+            log.info("pass-through answer ended: the client stopped reading", extra={"error": str(exc)})
         finally:
             watch.cancel()
             pump.cancel()

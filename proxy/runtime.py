@@ -60,7 +60,8 @@ class Runtime:
                                    compactor=self.compactor, leases=self.leases, metrics=self.metrics,
                                    tasks=self.tasks, lease_seconds=server.lease_seconds,
                                    default_mode=server.context_mode, unsupported_tools=server.unsupported_tools,
-                                   sessions=Sessions(self.tree, self.admin, server.session_headers))
+                                   sessions=Sessions(self.tree, self.admin, server.session_headers),
+                                   send_timeout=server.client_send_timeout)
         self.metrics.watch_database(self.db)
 
     async def start(self) -> None:

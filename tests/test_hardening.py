@@ -582,6 +582,90 @@ def test_slow_headers_and_idle_connections_are_closed(fresh_database_url, upstre
         proc.wait(20)
 
 
+def _stalled(port: int, path: str, key: str, body: dict) -> tuple[socket.socket, bytes]:
+    """A POST whose answer is then never read: a receive buffer of 4 KB, the response head read,
+    nothing more. Returns the socket and the head."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    raw = json.dumps(body).encode()
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(2048)
+    assert head.startswith(b"HTTP/1.1 200"), head[:300]
+    return s, head
+
+
+def _read_to_the_end(s: socket.socket) -> bytes:
+    """What is left of an answer, up to the server's closing of the connection."""
+    rest = b""
+    while chunk := s.recv(1 << 20):
+        rest += chunk
+    return rest
+
+
+def _big_stream() -> Reply:
+    return Reply(kind="stream", content="x" * 16_000_000, pieces=["x" * 4000] * 4000)  # 16 MB of events
+
+
+def test_a_client_that_stops_reading_its_stream_leaves_after_client_send_timeout(fresh_database_url, upstream_url,
+                                                                                  upstream, key, cid):
+    """A client that reads the head of a large stream and then nothing more, its socket kept open:
+    the server's send waits for room for good, and the relay with it -- the conversation stayed
+    locked (every next turn 409, the lease renewed all along) and the upstream connection busy for
+    as long as the socket stayed open. After ``client_send_timeout`` it is a client that went away:
+    its node fails as client_disconnected, the conversation is free, and its connection ends
+    unfinished (never the stream's end)."""
+    settings = make_settings(fresh_database_url, upstream_url, server={"client_send_timeout": 1.0})
+    with serve_proxy(settings) as proxy:
+        db = Db(fresh_database_url)
+        upstream.enqueue(_big_stream())
+        s, head = _stalled(int(urlsplit(proxy.url).port), f"/c/{cid}/v1/chat/completions", key,
+                           {"model": MODEL, "stream": True, "messages": [user("big")]})
+        with s:
+            node = next(line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"x-node-id:"))
+            http = proxy.http(key)
+            wait_for(lambda: http.get(f"/admin/conversations/{cid}").json()["busy"] is False, timeout=60,
+                     what="the conversation freed")
+            row = db.node(node)
+            assert row["status"] == "failed" and row["outcome"] == "transient", row
+            assert row["error"]["code"] == "client_disconnected" and "client_send_timeout" in row["error"]["message"]
+            r = httpx.post(f"{proxy.url}/c/{cid}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                           json={"model": MODEL, "messages": [user("next")]}, timeout=30)
+            assert r.status_code == 200, r.text[:300]
+            # on the failed node, as after any disconnect: its question stays in context, no answer
+            assert [m["content"] for m in upstream.last.messages] == ["big", "next"]
+            rest = _read_to_the_end(s)  # (what was buffered, then the server's close)
+            assert len(rest) < 8_000_000 and not rest.endswith(b"0\r\n\r\n")
+
+
+def test_a_pass_through_client_that_stops_reading_frees_its_upstream_connection(fresh_database_url, upstream_url,
+                                                                                 upstream, key):
+    """The same for a pass-through answer: a client that stops reading held the upstream
+    connection it streamed from -- with one connection to the upstream, every other call waited
+    for it and failed 504. After ``client_send_timeout`` the answer is ended unfinished and the
+    connection freed."""
+    settings = make_settings(fresh_database_url, upstream_url, server={"client_send_timeout": 1.0},
+                             upstream_defaults={"max_connections": 1, "pool_timeout": 2.0})
+    with serve_proxy(settings) as proxy:
+        upstream.enqueue(_big_stream())
+        s, _ = _stalled(int(urlsplit(proxy.url).port), "/v1/chat/completions", key,
+                        {"model": MODEL, "stream": True, "messages": [user("big")]})
+        with s:
+            def served() -> bool:
+                r = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                               json={"model": MODEL, "messages": [user("after")]}, timeout=30)
+                return r.status_code == 200 and "echo: after" in r.text
+
+            wait_for(served, timeout=60, what="a call through the upstream's one connection")
+            rest = _read_to_the_end(s)
+            assert len(rest) < 8_000_000 and not rest.endswith(b"0\r\n\r\n")
+
+
 # -- 9, 10. headers: ours are the only ones; credentials never travel back -------------------------
 
 def test_upstream_headers_never_replace_or_duplicate_ours(proxy, upstream, key, cid):
