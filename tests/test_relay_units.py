@@ -432,3 +432,46 @@ def test_a_translated_anthropic_answer_is_complete_at_its_stop_reason():
     assert t.complete()  # (message_stop still to come)
     assert t.received()[0]["content"][0]["text"] == "Paris."
     assert t.finish_reason == "stop" and t.usage["output_tokens"] == 5
+
+
+def test_a_send_the_client_never_takes_ends_as_stalled_and_a_shutdown_stays_a_cancellation():
+    """A relay's sends are timed by one timer a response (``timed_send``): a message the client's
+    full socket never takes ends with ``ClientStalled`` once ``client_send_timeout`` has passed --
+    while the server's own cancellation of a waiting send (the shutdown's grace over) stays a
+    cancellation, and sends the client takes go on as they came, the timer gone once closed."""
+    import asyncio
+
+    from proxy.relay import ClientStalled, timed_send
+
+    async def main() -> None:
+        taken: list[object] = []
+        stuck = asyncio.Event()  # (never set: a socket that stays full)
+
+        async def send(message: object) -> None:
+            if message == "stuck":
+                await stuck.wait()
+            taken.append(message)
+
+        timed = timed_send(send, 0.05)
+        await timed("a")
+        await asyncio.sleep(0.08)  # (the timer fires between sends: nothing in progress, nothing ended)
+        await timed("b")
+        with pytest.raises(ClientStalled):
+            await timed("stuck")
+        with pytest.raises(ClientStalled):  # (stalled once, stalled for good)
+            await timed("c")
+        assert taken == ["a", "b"]
+        assert asyncio.current_task().cancelling() == 0  # (its own cancellation taken back)
+
+        shutdown = timed_send(send, 60)
+        waiting = asyncio.ensure_future(shutdown("stuck"))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        shutdown.close()
+        assert shutdown._handle is None
+
+        assert timed_send(send, 0) is send  # (0: no limit, the server's send itself)
+
+    asyncio.run(main())
