@@ -61,7 +61,15 @@ class ServerThread:
     """uvicorn serving ``app`` in a thread with its own event loop."""
 
     def __init__(self, app: Any, port: int | None = None) -> None:
-        self.port = port or free_port()
+        # The listening socket is bound here and handed to uvicorn: a port found free and bound
+        # later could be taken in between by anything else on the machine (a flaky start-up).
+        self._sockets: list[socket.socket] | None = None
+        if port is None:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            self._sockets = [sock]
+            port = sock.getsockname()[1]
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_config=None, access_log=False,
                                 lifespan="on", loop="asyncio", http="h11", timeout_graceful_shutdown=5)
@@ -72,7 +80,7 @@ class ServerThread:
     def _run(self) -> None:
         async def serve() -> None:
             self.loop = asyncio.get_running_loop()
-            await self.server.serve()
+            await self.server.serve(sockets=self._sockets)
 
         asyncio.run(serve())
 
