@@ -211,3 +211,27 @@ def test_a_big_audio_answer_is_stored_and_sent_again_whole(big: Proxy, upstream:
     assert _call(big, key, cid, "/v1/chat/completions", {"model": "gpt-x", "messages": [user("again")]}).status_code == 200
     assert upstream.last.body["messages"][1] == {"role": "assistant", "content": None, "audio": {"id": "audio_1"}}
     assert _found(big, key, "narwhal") == [cid]  # the transcript is words
+
+
+def test_words_after_a_backslash_and_at_the_end_of_a_huge_node_are_found(big: Proxy, upstream: FakeUpstream) -> None:
+    """What bp_search_vector indexes of a node: the words after a backslash from their first
+    letter (a Windows path's, LaTeX's: the JSON text writes the backslash as an escape, and
+    reading "\\n" of "\\node_modules" as a line break lost the "n"), and of a node past its bound
+    the end as well as the beginning -- the question after a long tool result or paste, the
+    answer after a long thinking block -- where only the beginning was kept."""
+    key = new_key()
+    path_conv, long_conv = (f"s-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    asked = r"it fails in C:\Users\me\node_modules\react\index.js -- and what is \theta here?"
+    assert _call(big, key, path_conv, "/v1/chat/completions",
+                 {"model": "gpt-x", "messages": [user(asked)]}).status_code == 200
+    for word in ("react", "node_modules", "theta", "users"):
+        assert _found(big, key, word) == [path_conv], word
+
+    filler = " ".join(f"word{i}" for i in range(20_000))  # ~190,000 characters
+    upstream.enqueue(Reply(content=filler + " so the axolotl it is"))
+    r = _call(big, key, long_conv, "/v1/chat/completions",
+              {"model": "roomy-x", "messages": [user(filler), user("which is the ocelot?")]})
+    assert r.status_code == 200, r.text[:300]
+    assert _found(big, key, "ocelot") == _found(big, key, "axolotl") == [long_conv]
+    assert _found(big, key, "word3") == [long_conv]  # (the beginning still)
+    assert _found(big, key, "word10000") == []  # (the middle of a huge node: stored, sent, not found)

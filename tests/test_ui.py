@@ -366,9 +366,10 @@ def test_an_anthropic_session_reads_as_blocks(ui, page, upstream):
     expect(detail).to_contain_text("Messages API")
     expect(detail).to_contain_text("tool call Bash (call_ls)")
     expect(detail).to_contain_text("the user wants files")
+    # (the node keeps its chat upstream's usage, in chat's terms: docs/behaviour.md)
     stored = admin(ui).get(f"/admin/nodes/{first.headers['x-node-id']}").json()["usage"]
-    expect(detail).to_contain_text(f"{stored['input_tokens']} in · {stored['output_tokens']} out · "
-                                   f"{stored['input_tokens'] + stored['output_tokens']} total")
+    expect(detail).to_contain_text(f"{stored['prompt_tokens']} in · {stored['completion_tokens']} out · "
+                                   f"{stored['prompt_tokens'] + stored['completion_tokens']} total")
     node_el(page, second.headers["x-node-id"]).click()
     expect(detail).to_contain_text("result of call_ls")
     expect(detail).to_contain_text("summarise")

@@ -16,22 +16,35 @@
 --   * attachments: a string that is one data: URL, or one unbroken run of 200 or more base64 /
 --     hex characters (an image, a PDF, an audio answer, a token) -- no words anyone searches for,
 --     and random base64 splits into about as many distinct lexemes as it has bytes;
---   * what is past a bound: the first 65,536 characters of what was sent (the node's items in
---     order) and the first 32,768 of what was received. PostgreSQL refuses a vector of 1 MB of
---     lexemes (54000), and that refusal failed the whole INSERT or UPDATE of the node: a text of
---     unique tokens (hashes, a lockfile) past ~700 KB could not be stored at all. The simple parser
---     yields at most ~8 bytes of vector per character (a hyphenated word of 4-byte letters: the
---     word and each part, each with its position), so 98,305 characters stay under the limit
---     whatever they hold.
--- One expression of built-ins, so PostgreSQL inlines it into the index and the search query (a
--- function body it must plan, or a loop over the items, cost ~0.7 ms a call: it runs for every node
--- written): the strings kept are one JSON array each side, read as text -- its quotes and commas
--- parse as blanks, its escaped line breaks and tabs are made blanks first.
+--   * the middle of a huge node: of what was sent (the node's items in order, as JSON text) the
+--     first 49,152 and the last 16,384 characters when it holds more than 65,536, of what was
+--     received the first and the last 16,384 when it holds more than 32,768 -- so the question
+--     after a long tool result, or the answer after a long thinking block, is still found.
+--     PostgreSQL refuses a vector of 1 MB of lexemes (54000), and that refusal failed the whole
+--     INSERT or UPDATE of the node: a text of unique tokens (hashes, a lockfile) past ~700 KB
+--     could not be stored at all. The simple parser yields at most ~8 bytes of vector per
+--     character (a hyphenated word of 4-byte letters: the word and each part, each with its
+--     position), so the 98,306 characters kept stay under the limit whatever they hold.
+-- The strings kept are one JSON array each side, read as text: its quotes and commas parse as
+-- blanks, and every escape (\n, \t, \", \\ -- a Windows path's or LaTeX's backslash) is made a
+-- blank whole, so the word after it is read from its first letter.
+-- PL/pgSQL, whose plans are kept for the session: a SQL function with more than one statement's
+-- worth of body (its text used more than once) is planned again at every write of a node.
 CREATE OR REPLACE FUNCTION bp_search_vector(p_sent jsonb, p_received jsonb)
 RETURNS tsvector
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT to_tsvector('simple'::regconfig,
-        left(replace(replace(replace(jsonb_path_query_array(p_sent, 'strict $.** ? (@.type() == "string" && !(@ like_regex "^(data:[^,\\s]*,\\S*|[A-Za-z0-9+/=_-]{200,})$"))')::text, '\n', ' '), '\t', ' '), '\r', ' '), 65536)
-        || ' ' ||
-        left(replace(replace(replace(jsonb_path_query_array(coalesce(p_received, '[]'::jsonb), 'strict $.** ? (@.type() == "string" && !(@ like_regex "^(data:[^,\\s]*,\\S*|[A-Za-z0-9+/=_-]{200,})$"))')::text, '\n', ' '), '\t', ' '), '\r', ' '), 32768))
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    v_sent text := jsonb_path_query_array(p_sent,
+        'strict $.** ? (@.type() == "string" && !(@ like_regex "^(data:[^,\\s]*,\\S*|[A-Za-z0-9+/=_-]{200,})$"))')::text;
+    v_received text := jsonb_path_query_array(coalesce(p_received, '[]'::jsonb),
+        'strict $.** ? (@.type() == "string" && !(@ like_regex "^(data:[^,\\s]*,\\S*|[A-Za-z0-9+/=_-]{200,})$"))')::text;
+BEGIN
+    IF length(v_sent) > 65536 THEN
+        v_sent := left(v_sent, 49152) || ' ' || right(v_sent, 16384);
+    END IF;
+    IF length(v_received) > 32768 THEN
+        v_received := left(v_received, 16384) || ' ' || right(v_received, 16384);
+    END IF;
+    RETURN to_tsvector('simple'::regconfig, regexp_replace(v_sent || ' ' || v_received, '\\.', ' ', 'g'));
+END
 $$;

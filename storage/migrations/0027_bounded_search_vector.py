@@ -10,16 +10,18 @@ and a big audio answer was stored failed -- the conversation could not go on. bp
 leaves attachments out and indexes a bounded part of the rest, so any node can be stored.
 
 Python, not SQL: the index needs the function, and the functions are applied after the migrations
-(storage/migrate.py) -- this applies search.sql first, so the function has one definition. The
-index is built again over every node: writes wait while it is (as for 0021). A plain CREATE INDEX
-(not CONCURRENTLY, which runs outside a transaction), as 0021's: Citus propagates it to the
-shards; the function reads no table and calls only built-ins, so Citus can create it on every node
-first."""
+(storage/migrate.py) -- this applies search.sql first, so the function has one definition. The new
+index is built beside the old one and takes its name after: writes wait while it is built (as for
+0021), reads do not -- the old index is dropped, which locks the table whole, only at the end. A
+plain CREATE INDEX (not CONCURRENTLY, which runs outside a transaction), as 0021's: Citus
+propagates it to the shards; the function reads no table and calls only built-ins, so Citus can
+create it on every node first."""
 
 from importlib import resources
 
 
 async def upgrade(conn):
     await conn.execute(resources.files("storage").joinpath("functions", "search.sql").read_text(encoding="utf-8"))
+    await conn.execute("CREATE INDEX nodes_text_search_bounded ON nodes USING gin (bp_search_vector(sent, received))")
     await conn.execute("DROP INDEX IF EXISTS nodes_text_search")
-    await conn.execute("CREATE INDEX nodes_text_search ON nodes USING gin (bp_search_vector(sent, received))")
+    await conn.execute("ALTER INDEX nodes_text_search_bounded RENAME TO nodes_text_search")
