@@ -147,6 +147,19 @@ def _found(proxy: Proxy, key: str, q: str) -> list[str]:
     return [f["id"] for f in _search(proxy, key, q).json()["data"]]
 
 
+def _lexemes(proxy: Proxy, node_id: str) -> int:
+    """How many distinct words the text-search index holds for a node."""
+    async def count() -> int:
+        import asyncpg
+        conn = await asyncpg.connect(proxy.settings.database.url)
+        try:
+            return await conn.fetchval("SELECT length(bp_search_vector(sent, received)) FROM nodes WHERE id = $1",
+                                       uuid.UUID(node_id))
+        finally:
+            await conn.close()
+    return run(count())
+
+
 def test_attachments_and_pastes_of_unique_tokens_are_stored_and_sent_again_whole(
         big: Proxy, upstream: FakeUpstream, claude: FakeAnthropic) -> None:
     """A node's text-search vector is bounded whatever the node holds (bp_search_vector, migration
@@ -162,6 +175,7 @@ def test_attachments_and_pastes_of_unique_tokens_are_stored_and_sent_again_whole
     asked = [{"type": "text", "text": "what does the okapi eat"}, photo, {"type": "text", "text": "and the zebu"}]
     r = _call(big, key, photo_conv, "/v1/chat/completions", {"model": "gpt-x", "messages": [user(asked)]})
     assert r.status_code == 200, r.text[:300]
+    photo_node = r.headers["x-node-id"]
     assert _status(big, key, r.headers["x-node-id"]) == "success"
     assert _call(big, key, photo_conv, "/v1/chat/completions",
                  {"model": "gpt-x", "messages": [user("and?")]}).status_code == 200
@@ -173,6 +187,7 @@ def test_attachments_and_pastes_of_unique_tokens_are_stored_and_sent_again_whole
     r = _call(big, key, pdf_conv, "/v1/messages",
               {"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": blocks}]})
     assert r.status_code == 200, r.text[:300]
+    pdf_node = r.headers["x-node-id"]
     assert _status(big, key, r.headers["x-node-id"]) == "success"
     assert _call(big, key, pdf_conv, "/v1/messages", {"model": "claude-x", "max_tokens": 10,
                                                        "messages": [{"role": "user", "content": "and?"}]}).status_code == 200
@@ -188,6 +203,8 @@ def test_attachments_and_pastes_of_unique_tokens_are_stored_and_sent_again_whole
     assert upstream.last.body["messages"][0]["content"] == paste
 
     assert _found(big, key, "okapi") == _found(big, key, "zebu") == [photo_conv]
+    # the photo and the PDF themselves are not words: their nodes' vectors hold the few words said
+    assert _lexemes(big, photo_node) < 50 and _lexemes(big, pdf_node) < 50
     assert _found(big, key, "walrus") == [pdf_conv]
     assert _found(big, key, "quagga") == [paste_conv]
 

@@ -13,9 +13,14 @@
 -- string of them (texts, tool arguments and results, whatever the API; no keys), with the
 -- 'simple' configuration (no stemming, no stop words: code, ids and any language match as
 -- written), but for
---   * attachments: a string that is one data: URL, or one unbroken run of 200 or more base64 /
---     hex characters (an image, a PDF, an audio answer, a token) -- no words anyone searches for,
---     and random base64 splits into about as many distinct lexemes as it has bytes;
+--   * attachments: a string that is one data: URL, or one unbroken run of base64 characters
+--     holding at least three '+' or '/' (an image, a PDF, an audio answer as Anthropic's and
+--     OpenAI's APIs carry them: random base64 of 200 characters holds six on average) -- no words
+--     anyone searches for, and random base64 splits into about as many distinct lexemes as it has
+--     bytes. (Not "200 or more such characters": a bounded repetition that long builds a large
+--     automaton at every match, ~4 us a string, ~10 % of the database's CPU for a stored call;
+--     this one, a handful of states, costs next to nothing. Hex hashes and other tokens stay, up
+--     to the bound below.);
 --   * the middle of a huge node: of what was sent (the node's items in order, as JSON text) the
 --     first 49,152 and the last 16,384 characters when it holds more than 65,536, of what was
 --     received the first and the last 16,384 when it holds more than 32,768 -- so the question
@@ -35,9 +40,9 @@ RETURNS tsvector
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
     v_sent text := jsonb_path_query_array(p_sent,
-        'strict $.** ? (@.type() == "string" && !(@ like_regex "^(data:[^,\\s]*,\\S*|[A-Za-z0-9+/=_-]{200,})$"))')::text;
+        'strict $.** ? (@.type() == "string" && !(@ like_regex "^(data:[^,\\s]*,\\S*|[A-Za-z0-9=]*[+/][A-Za-z0-9+/=]*[+/][A-Za-z0-9+/=]*[+/][A-Za-z0-9+/=]*)$"))')::text;
     v_received text := jsonb_path_query_array(coalesce(p_received, '[]'::jsonb),
-        'strict $.** ? (@.type() == "string" && !(@ like_regex "^(data:[^,\\s]*,\\S*|[A-Za-z0-9+/=_-]{200,})$"))')::text;
+        'strict $.** ? (@.type() == "string" && !(@ like_regex "^(data:[^,\\s]*,\\S*|[A-Za-z0-9=]*[+/][A-Za-z0-9+/=]*[+/][A-Za-z0-9+/=]*[+/][A-Za-z0-9+/=]*)$"))')::text;
 BEGIN
     IF length(v_sent) > 65536 THEN
         v_sent := left(v_sent, 49152) || ' ' || right(v_sent, 16384);
