@@ -170,6 +170,8 @@ class StreamRelay:
             watch.cancel()
             if not pump.done():
                 pump.cancel()
+            elif not pump.cancelled():
+                pump.exception()  # (retrieved: a stall the shutdown overtook is not "never retrieved")
             if isinstance(send, _TimedSend):
                 send.close()
             if not finished:

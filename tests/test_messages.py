@@ -263,6 +263,32 @@ def test_full_history_another_attachment_by_url_or_file_id_is_not_matched(mproxy
     assert claude.last.body["messages"] == history
 
 
+def test_full_history_another_screenshot_in_a_tool_result_is_not_matched(mproxy: Proxy, claude: FakeAnthropic) -> None:
+    """Full history: a tool result's image (Claude Code's screenshot, base64) reads for chat as a
+    line, and matching compares that line -- it named only the media type, so a resent history
+    with another screenshot for the same tool call matched the stored one and Anthropic got the
+    stored screenshot, not the client's. The line names a digest of the image's bytes."""
+    c = client(mproxy, new_key(), "/auto")
+    session = {"X-Claude-Code-Session-Id": f"s-{uuid.uuid4().hex[:8]}"}
+    tools = [{"name": "Screenshot", "input_schema": {"type": "object"}}]
+    base = [{"role": "user", "content": "look at the screen"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_s", "name": "Screenshot", "input": {}}]}]
+    claude.enqueue(AReply(content=base[1]["content"], stop_reason="tool_use"))
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=base[:1], extra_headers=session)
+
+    def shot(fill: str) -> dict[str, Any]:
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": fill * 40}}]}]}
+    claude.enqueue(AReply(content=[{"type": "text", "text": "a login form"}]))
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=[*base, shot("A")], extra_headers=session)
+    history = [*base, shot("B"), {"role": "assistant", "content": [{"type": "text", "text": "a login form"}]},
+               {"role": "user", "content": "what now?"}]
+    r = c.messages.with_raw_response.create(model="claude-x", max_tokens=10, tools=tools, messages=history,
+                                            extra_headers=session)
+    assert r.headers["x-context-matched"] == "2"  # (the question and the call: the same)
+    assert claude.last.body["messages"] == history
+
+
 def test_count_tokens(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
     c = client(mproxy, key, "")
     assert c.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "hi"}]).input_tokens == 42
@@ -583,11 +609,12 @@ _OPEN = {"type": "object", "properties": {"k": {"type": "string"}, "n": {"type":
                                                ("responses", "claude-x")])
 def test_a_tools_strict_reaches_the_upstream_as_asked(mproxy: Proxy, upstream: FakeUpstream, claude: FakeAnthropic,
                                                       key: str, cid: str, client_api: str, model: str) -> None:
-    """A tool's ``strict`` is what the client asked wherever the upstream takes it (OpenAI's chat
-    and Responses APIs; Anthropic's strict tool use, without a beta header): it was dropped
-    crossing to and from Anthropic's API -- towards a Responses upstream, whose tools are strict
-    unless they say otherwise, it even became ``strict: false``. A schema chat's strict mode
-    refuses (a property left out of ``required``, an object not closed) goes as non-strict."""
+    """A Messages client's tool ``strict`` is what it asked towards OpenAI's chat and Responses
+    APIs: it was dropped -- towards a Responses upstream, whose tools are strict unless they say
+    otherwise, it even became ``strict: false``. A schema chat's strict mode refuses (a property
+    left out of ``required``, an object not closed) goes as non-strict. Towards Anthropic a chat or
+    Responses client's ``strict`` is left out: Anthropic refuses strict tools on models without
+    structured outputs, and OpenAI's clients send ``strict: true`` on every tool by default."""
     if client_api == "messages":
         path, body = "/v1/messages", {"max_tokens": 50, "tools": [
             {"name": "a", "input_schema": _CLOSED, "strict": True}, {"name": "b", "input_schema": _OPEN, "strict": True},
@@ -605,7 +632,7 @@ def test_a_tools_strict_reaches_the_upstream_as_asked(mproxy: Proxy, upstream: F
                    json={"model": model, **body, ("input" if client_api == "responses" else "messages"): question})
     assert r.status_code == 200, r.text
     if model == "claude-x":
-        assert [t.get("strict") for t in claude.last.body["tools"]] == [True, None, None][:len(body["tools"])]
+        assert [t.get("strict") for t in claude.last.body["tools"]] == [None] * len(body["tools"])
     elif model == "gpt-x":
         assert [t["function"].get("strict") for t in upstream.last.body["tools"]] == [True, False, None]
     else:

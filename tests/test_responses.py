@@ -227,6 +227,36 @@ def test_a_streamed_call_before_its_text_resent_whole_keeps_its_tool_round(proxy
     assert sent[2] == {"role": "tool", "tool_call_id": "call_t", "content": "-3 C"}
 
 
+def test_the_next_answers_call_after_a_joined_message_is_its_own(proxy, upstream):
+    """Items resent call, result, message (the message joins its answer's call, as stored), then
+    the next answer's call and its result: that call is the next answer's -- it was appended to the
+    joined message, before the first call's result, so the history matched nothing and the model
+    read both calls as asked before either result came."""
+    client = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=new_key(), max_retries=0)
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_sse(
+        {"tool_calls": [{"index": 0, "id": "call_t", "type": "function", "function": {"name": "weather",
+                                                                                       "arguments": '{"city": "Oslo"}'}}]},
+        {"content": "Checking."}, finish="tool_calls")))
+    question = {"role": "user", "content": f"Weather in Oslo? {uuid.uuid4().hex[:6]}"}
+    with client.responses.with_streaming_response.create(model=MODEL, input=[question], tools=[WEATHER_TOOL],
+                                                         stream=True) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    call, message = [e["item"] for e in sorted((e for e in events if e["type"] == "response.output_item.done"),
+                                               key=lambda e: e["output_index"])]
+    result = {"type": "function_call_output", "call_id": "call_t", "output": "-3 C"}
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_m", "weather", '{"city": "Bergen"}')]))
+    second, h2 = raw_create(client, input=[question, call, result, message], tools=[WEATHER_TOOL])
+    next_call = next(i.model_dump(exclude_none=True) for i in second.output if i.type == "function_call")
+    upstream.enqueue(Reply(content="Done."))
+    _, h3 = raw_create(client, input=[question, call, result, message, next_call,
+                                      {"type": "function_call_output", "call_id": "call_m", "output": "5 C"}],
+                       tools=[WEATHER_TOOL])
+    assert h3["x-parent-node-id"] == h2["x-node-id"] and h3["x-context-matched"] == "4"
+    sent = upstream.last.messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert [c["id"] for c in sent[1]["tool_calls"]] == ["call_t"] and [c["id"] for c in sent[3]["tool_calls"]] == ["call_m"]
+
+
 def test_a_failure_mid_stream_ends_with_response_failed(proxy, upstream, key, cid, db):
     client = proxy.openai(key, conversation=cid)
     upstream.enqueue(Reply(pieces=["part"], error_event={"message": "upstream broke", "type": "server_error"}))
@@ -543,3 +573,42 @@ def test_x_parent_node_id_names_a_responses_calls_parent_as_for_chat(proxy, upst
         raw_create(client, input="x", previous_response_id=second.id, extra_headers={"X-Parent-Node-Id": "root"})
     with pytest.raises(openai.BadRequestError):
         raw_create(client, input="x", extra_headers={"X-Parent-Node-Id": "root", "X-Context-Mode": "full"})
+
+
+@pytest.mark.parametrize("swap", ["data", "url", "file_id"])
+def test_a_tool_outputs_other_image_in_a_resent_history_is_not_matched(mproxy, upstream, claude, key, swap):
+    """A tool output's image reaches a chat model as a line (a chat tool message takes no image),
+    and full history compares that line: one alike for any image ("an image (image/png)") made a
+    resent history with another screenshot for the same call match the stored one -- and the
+    upstream was sent the stored screenshot, not the one the client sent. The line names the
+    image (a digest of its bytes, its URL, its file id)."""
+    from .anthropic_fake import AReply
+
+    def image(which: str) -> dict:
+        if swap == "data":
+            return {"type": "input_image", "image_url": f"data:image/png;base64,{which * 24}"}
+        if swap == "url":
+            return {"type": "input_image", "image_url": f"https://example.com/{which}.png"}
+        return {"type": "input_image", "file_id": f"file-{which * 6}"}
+
+    client = openai.OpenAI(base_url=f"{mproxy.url}/auto/v1", api_key=key, max_retries=0)
+    q = {"type": "message", "role": "user", "content": f"Screenshot please {uuid.uuid4().hex[:6]}"}
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_1", "weather", '{"city": "Paris"}')]))
+    first = client.responses.create(model="gpt-x", input=[q], tools=[WEATHER_TOOL])
+    call = next(i.model_dump(exclude_none=True) for i in first.output if i.type == "function_call")
+
+    def output(which: str) -> dict:
+        return {"type": "function_call_output", "call_id": "call_1",
+                "output": [{"type": "input_text", "text": "the screen:"}, image(which)]}
+
+    claude.enqueue(AReply(content=[{"type": "text", "text": "I see it."}]))
+    second = client.responses.with_raw_response.create(model="claude-x", input=[q, call, output("A")],
+                                                       tools=[WEATHER_TOOL])
+    said = next(i.model_dump(exclude_none=True) for i in second.parse().output if i.type == "message")
+    claude.enqueue(AReply(content=[{"type": "text", "text": "ok"}]))
+    third = client.responses.with_raw_response.create(
+        model="claude-x", tools=[WEATHER_TOOL],
+        input=[q, call, output("B"), said, {"type": "message", "role": "user", "content": "what did you see?"}])
+    assert third.headers["x-parent-node-id"] != second.headers["x-node-id"]  # (another history)
+    sent = json.dumps(claude.last.body["messages"])
+    assert ("BBBBBB" in sent or "B.png" in sent) and "AAAAAA" not in sent and "A.png" not in sent

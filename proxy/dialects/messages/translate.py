@@ -258,8 +258,10 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
                     tool = {"name": fn.get("name"), "input_schema": fn.get("parameters") or {"type": "object"}}
                     if fn.get("description"):
                         tool["description"] = fn["description"]
-                    if fn.get("strict") is True:  # (Anthropic's strict tool use; not strict: its default too)
-                        tool["strict"] = True
+                    # (a function's strict is not sent: Anthropic refuses strict tools on a model
+                    # without structured outputs, and compiles a grammar per strict tool -- OpenAI's
+                    # clients send strict: true on every tool by default, the Agents SDK among them,
+                    # and would be refused where the tool worked as a guide: docs/behaviour.md)
                     tools.append(tool)
             if tools:
                 out["tools"] = tools

@@ -29,6 +29,7 @@ read is dropped there (``assembly.strip``).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from collections.abc import Iterable
@@ -274,17 +275,29 @@ def _tool_output(output: Any) -> Any:
 
 
 def _not_text(part: dict[str, Any]) -> str:
-    """The line standing for a tool output's image, file or other part in a chat tool message."""
+    """The line standing for a tool output's image, file or other part in a chat tool message --
+    naming it (its URL, file id or name, a digest of the bytes it carries): full history compares
+    the line, and one alike for any two images would let another history's match
+    (docs/behaviour.md#full-history-mode)."""
     kind = part.get("type")
     if kind == "input_image":
         url = part.get("image_url")
-        media = url[5:].split(";", 1)[0] if isinstance(url, str) and url.startswith("data:") else \
-            "url" if url else "file" if part.get("file_id") else "image"
-        return f"\n[an image ({media}) the tool returned: a chat tool message cannot carry images]\n"
+        if isinstance(url, str) and url.startswith("data:"):
+            what = f"{url[5:].split(';', 1)[0]} {_digest(url)}"
+        else:
+            what = url if isinstance(url, str) and url else \
+                f"file {part['file_id']}" if isinstance(part.get("file_id"), str) else "image"
+        return f"\n[an image ({what}) the tool returned: a chat tool message cannot carry images]\n"
     if kind == "input_file":
-        what = next((part[k] for k in ("filename", "file_id", "file_url") if isinstance(part.get(k), str)), "file")
-        return f"\n[a file ({what}) the tool returned: a chat tool message cannot carry files]\n"
+        names = [part[k] for k in ("filename", "file_id", "file_url") if isinstance(part.get(k), str) and part[k]]
+        if isinstance(part.get("file_data"), str):
+            names.append(_digest(part["file_data"]))
+        return f"\n[a file ({' '.join(names) or 'file'}) the tool returned: a chat tool message cannot carry files]\n"
     return f"\n[{kind if isinstance(kind, str) else 'a part'} the tool returned: a chat tool message cannot carry it]\n"
+
+
+def _digest(data: str) -> str:
+    return f"sha256 {hashlib.sha256(data.encode()).hexdigest()[:12]}"
 
 
 def tool_output_parts(message: dict[str, Any]) -> Any:
@@ -356,7 +369,10 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 reasoning.clear()
             joined[ITEMS] = [*joined.get(ITEMS, []), *pending, item]
             pending.clear()
-            last_assistant, number = joined, answered[2]
+            number = answered[2]
+            # (a call after it joins it only while nothing came between: after the answer's tool
+            # results, a call without this answer's id is the next answer's own)
+            last_assistant = joined if out and out[-1] is joined else None
             for w in waiting:
                 ordinals[w] = number
             waiting.clear()

@@ -38,7 +38,8 @@ def _parts_to_blocks(content: Any) -> list[dict[str, Any]]:
             continue
         kind = part.get("type", "text")
         if kind in ("text", "input_text", "output_text"):
-            blocks.append({"type": "text", "text": part.get("text", "")})
+            if part.get("text", "") != "":  # (an empty text block Anthropic refuses; it says nothing)
+                blocks.append({"type": "text", "text": part.get("text")})
         elif kind == "image_url":
             blocks.append(_image(part.get("image_url")))
         elif kind == "file":

@@ -7,6 +7,7 @@ package docstring (``blocks/__init__.py``) has the table of fragments and chat m
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -144,12 +145,15 @@ def _as_text(block: dict[str, Any]) -> str:
 
 
 def _named(block: dict[str, Any], source: dict[str, Any]) -> str:
-    """What names a block whose bytes are not in it: its URL or its file id ("" for none). The
-    line standing for it says it -- full history compares that line (docs/behaviour.md#full-history-mode),
+    """What names a block read as a line: its URL or its file id, else a digest of the bytes it
+    carries ("" for none). The line standing for it says it -- full history compares that line (docs/behaviour.md#full-history-mode),
     and one without it would read alike for any two attachments: another history's would match."""
     for value in (source.get("url"), source.get("file_id"), block.get("file_id")):
         if isinstance(value, str) and value:
             return value
+    data = source.get("data")
+    if isinstance(data, str) and data:  # (bytes in the block: named by a short digest of them)
+        return f"sha256 {hashlib.sha256(data.encode()).hexdigest()[:12]}"
     return ""
 
 
