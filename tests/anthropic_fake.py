@@ -169,6 +169,11 @@ class FakeAnthropic:
                                                                           "thinking": block["thinking"]}})
                 await event("content_block_delta", {"index": i, "delta": {"type": "signature_delta",
                                                                           "signature": block["signature"]}})
+            elif kind == "compaction":  # (server-side compaction: an empty block, then the summary in one delta)
+                await event("content_block_start", {"index": i, "content_block": {"type": "compaction", "content": None}})
+                await event("content_block_delta", {"index": i, "delta": {
+                    "type": "compaction_delta", "content": block.get("content"),
+                    "encrypted_content": block.get("encrypted_content")}})
             else:
                 await event("content_block_start", {"index": i, "content_block": block})
             await event("content_block_stop", {"index": i})

@@ -107,6 +107,53 @@ def test_native_stream_relayed_and_reassembled(mproxy: Proxy, claude: FakeAnthro
     assert sent[2] == {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}]}
 
 
+_COMPACTED = {"type": "compaction", "content": "SUMMARY: the user likes blue.", "encrypted_content": "ENC-123"}
+
+
+@pytest.mark.parametrize("client_api", ["messages"])
+def test_a_streamed_compaction_block_is_stored_and_sent_back_whole(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                                   cid: str, client_api: str) -> None:
+    """Server-side compaction (``compact_20260112``) streams its block empty and its summary in a
+    ``compaction_delta``: the block is stored whole and the next call sends it back whole -- it was
+    stored ``content: null``, which Anthropic reads as no compaction, so every later call carried
+    the whole uncompacted history again. A chat client's answer keeps it too (beside its text, as
+    signed thinking is kept), for Claude's next call."""
+    claude.enqueue(AReply(content=[_COMPACTED, {"type": "text", "text": "Blue it is."}]))
+    question = [{"role": "user", "content": "long chat..."}]
+    beta = {"anthropic-beta": "compact-2026-01-12"}
+    if client_api == "messages":
+        c = client(mproxy, key, f"/c/{cid}")
+        with c.beta.messages.stream(model="claude-x", max_tokens=100, messages=question, extra_headers=beta,
+                                    extra_body={"context_management": {"edits": [{"type": "compact_20260112"}]}}) as s:
+            final = s.get_final_message()
+            node_id = s.response.headers["x-node-id"]
+        assert final.content[0].content == _COMPACTED["content"]  # (the client had it: the SDK's own accumulator)
+        assert node(mproxy, key, node_id)["received"][0]["content"][0] == _COMPACTED
+        c.messages.create(model="claude-x", max_tokens=100, messages=[{"role": "user", "content": "next"}])
+    else:
+        oc = mproxy.openai(key, conversation=cid)
+        chunks = list(oc.chat.completions.create(model="claude-x", messages=question, stream=True, extra_headers=beta))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "Blue it is."
+        oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "next"}])
+    assert claude.last.body["messages"][1] == {"role": "assistant",
+                                               "content": [_COMPACTED, {"type": "text", "text": "Blue it is."}]}
+
+
+def test_a_delta_of_a_type_not_known_lands_on_its_block() -> None:
+    """A block type Anthropic adds after this proxy was written streams its content in a delta of
+    its own: the reassembled message keeps that content (text pieces joined, other fields set), as
+    it is stored and sent back -- it was dropped, the block stored empty."""
+    from proxy.dialects.messages.stream import Message
+
+    acc = Message()
+    for event in [{"type": "content_block_start", "index": 0, "content_block": {"type": "novel", "body": "", "n": 0}},
+                  {"type": "content_block_delta", "index": 0, "delta": {"type": "novel_delta", "body": "ab", "n": 1}},
+                  {"type": "content_block_delta", "index": 0, "delta": {"type": "novel_delta", "body": "cd", "n": 2}},
+                  {"type": "content_block_stop", "index": 0}]:
+        acc.feed(event)
+    assert acc.content() == [{"type": "novel", "body": "abcd", "n": 2}]
+
+
 def test_a_client_that_leaves_at_the_stop_reason_gets_its_answer_stored(mproxy: Proxy, claude: FakeAnthropic, key: str,
                                                                          cid: str, db: Db) -> None:
     """A client that stops reading at ``message_delta`` (its stop_reason and usage: the answer is

@@ -76,8 +76,22 @@ class _Deltas:
         return None
 
 
+def _onto(block: dict[str, Any], delta: dict[str, Any]) -> None:
+    """A delta of a type not known here, on its block: a piece of text where the block holds text
+    under that name is added to it (as text, thinking and signature pieces are), anything else
+    set -- so a new block type's content is stored and sent back, never emptied unsaid."""
+    for key, value in delta.items():
+        if key == "type":
+            continue
+        if isinstance(value, str) and isinstance(block.get(key), str):
+            block[key] += value
+        else:
+            block[key] = value
+
+
 class Message:
-    """An Anthropic stream's events merged into the message they make."""
+    """An Anthropic stream's events merged into the message they make (as the anthropic SDK's
+    accumulator does; a delta of a type it does not know lands on its block too, ``_onto``)."""
 
     def __init__(self) -> None:
         self.message: dict[str, Any] = {}
@@ -109,8 +123,13 @@ class Message:
                 block["thinking"] = str(block.get("thinking") or "") + str(delta.get("thinking") or "")
             elif dtype == "signature_delta":
                 block["signature"] = str(block.get("signature") or "") + str(delta.get("signature") or "")
-            elif dtype == "citations_delta" and delta.get("citation") is not None:
-                block.setdefault("citations", []).append(delta["citation"])
+            elif dtype == "citations_delta":
+                if delta.get("citation") is not None:
+                    block.setdefault("citations", []).append(delta["citation"])
+            elif dtype == "compaction_delta":  # (the summary and its encrypted form, whole, as the SDK sets them)
+                block.update({k: v for k, v in delta.items() if k != "type"})
+            else:  # (a delta type not known here: its fields land on its block, never lost)
+                _onto(block, delta)
         elif kind == "content_block_stop":
             self._close(index)
         elif kind == "message_delta":
