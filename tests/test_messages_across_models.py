@@ -13,6 +13,10 @@ from typing import Any
 
 import anthropic
 import httpx
+import pytest
+
+from proxy.dialects import crossing
+from proxy.errors import InvalidRequest
 
 from .anthropic_fake import AReply, FakeAnthropic
 from .conftest import Proxy
@@ -181,6 +185,28 @@ def test_forcing_a_hosted_tool_over_chat_lets_the_model_choose(mproxy: Proxy, up
                                              "tool_choice": {"type": "tool", "name": "Bash"},
                                              "messages": [{"role": "user", "content": "run"}]}, key)
     assert upstream.last.body["tool_choice"] == {"type": "function", "function": {"name": "Bash"}}
+
+
+_MCP = [{"type": "url", "url": "https://mcp.example/sse", "name": "crm", "authorization_token": "tok"}]
+
+
+@pytest.mark.parametrize("model", ["gpt-x", "native-1"])
+def test_mcp_servers_towards_another_upstream_are_dropped_and_said(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                                  cid: str, model: str) -> None:
+    """The MCP connector's servers (``mcp_servers``) are tools only Anthropic runs: towards a chat
+    or Responses upstream each is dropped and named (``mcp:<name>``), as Anthropic's own tools are,
+    and refused with ``unsupported_tools = "refuse"`` -- they were left out unsaid, even there."""
+    r = _post(mproxy, f"/c/{cid}/v1/messages", {"model": model, "max_tokens": 10, "mcp_servers": _MCP,
+                                                 "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+                                                 "messages": [{"role": "user", "content": "look up ACME"}]}, key)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-branchpoint-dropped-tools"] == "web_search_20250305,mcp:crm"
+    sent = (upstream.last if model == "gpt-x" else upstream.responses_requests[-1]).body
+    assert "mcp_servers" not in sent and "tools" not in sent
+    way = crossing("messages", "chat")
+    with pytest.raises(InvalidRequest) as refused:
+        way.prepare({"mcp_servers": _MCP}, unsupported_tools="refuse")
+    assert "mcp:crm" in str(refused.value)
 
 
 def test_the_anthropic_sdk_reads_the_answers(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:

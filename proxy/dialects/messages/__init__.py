@@ -76,7 +76,7 @@ class Messages:
         return None  # (the fields it cannot carry are documented as not sent: thinking, top_k ...)
 
     def unsupported_by_chat(self, params: dict[str, Any]) -> list[str]:
-        return translate.hosted(params.get("tools"))
+        return translate.hosted(params.get("tools")) + translate.mcp_servers(params.get("mcp_servers"))
 
     def unsupported_from_chat(self, params: dict[str, Any]) -> list[str]:
         return translate.untaken(params.get("tools"))

@@ -8,6 +8,7 @@ Pure functions.
       strict)                             strict mode refuses the schema)
     tools (Anthropic's own: web_search, dropped, named in X-Branchpoint-Dropped-Tools
       bash_2025..., code_execution ...) (or refused: server.unsupported_tools)
+    mcp_servers                         dropped, each named mcp:<name>, as Anthropic's own tools
     tool_choice auto / any / tool /     "auto" / "required" / a function / "none";
       none, disable_parallel_tool_use   parallel_tool_calls: false
     metadata.user_id                    user
@@ -16,7 +17,7 @@ Pure functions.
     output_config.effort                reasoning_effort (the same values)
     temperature, top_p, stream          the same
     thinking, top_k, context_management, dropped: no chat equivalent (the answer does not
-      service_tier ...                  depend on them in a way chat can express)
+      service_tier, container ...       depend on them in a way chat can express)
 
     stop_reason  end_turn / stop_sequence / pause_turn -> stop, max_tokens -> length,
                  tool_use -> tool_calls, refusal -> content_filter (and back)
@@ -39,7 +40,7 @@ from ..chat.completion import call_id
 from .blocks.from_chat import _input, _parts_to_blocks
 
 __all__ = ["APPLIED_EDITS", "anthropic_usage", "chat_params", "chat_usage", "check_fields", "completion",
-           "content_of", "hosted", "message_object", "request_fields", "untaken"]
+           "content_of", "hosted", "mcp_servers", "message_object", "request_fields", "untaken"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -65,6 +66,15 @@ def hosted(tools: Any) -> list[str]:
     if not isinstance(tools, list):
         return []
     return [str(t.get("type") or t.get("name")) for t in tools if isinstance(t, dict) and not _custom(t)]
+
+
+def mcp_servers(servers: Any) -> list[str]:
+    """The MCP connector's servers (``mcp_servers``), which only Anthropic reaches: each a hosted
+    tool a chat upstream goes without, named ``mcp:<its name>``."""
+    if not isinstance(servers, list):
+        return []
+    return [f"mcp:{s.get('name')}" if isinstance(s, dict) and isinstance(s.get("name"), str) else "mcp"
+            for s in servers]
 
 
 def _chat_tool_choice(choice: Any, left_out: set[Any]) -> Any:
