@@ -157,7 +157,7 @@ class FakeAnthropic:
                 text = block["text"]
                 for j in range(0, len(text), 4):
                     await event("content_block_delta", {"index": i, "delta": {"type": "text_delta", "text": text[j:j + 4]}})
-            elif kind == "tool_use":
+            elif kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
                 await event("content_block_start", {"index": i, "content_block": {**block, "input": {}}})
                 args = json.dumps(block["input"])
                 for j in range(0, len(args), 5):

@@ -110,7 +110,7 @@ def test_native_stream_relayed_and_reassembled(mproxy: Proxy, claude: FakeAnthro
 _COMPACTED = {"type": "compaction", "content": "SUMMARY: the user likes blue.", "encrypted_content": "ENC-123"}
 
 
-@pytest.mark.parametrize("client_api", ["messages"])
+@pytest.mark.parametrize("client_api", ["messages", "chat"])
 def test_a_streamed_compaction_block_is_stored_and_sent_back_whole(mproxy: Proxy, claude: FakeAnthropic, key: str,
                                                                    cid: str, client_api: str) -> None:
     """Server-side compaction (``compact_20260112``) streams its block empty and its summary in a
@@ -1062,6 +1062,42 @@ def test_a_chat_clients_signed_thinking_goes_back_to_anthropic(mproxy: Proxy, cl
     assistant = claude.last.body["messages"][1]
     assert assistant["content"][0] == {"type": "thinking", "thinking": "hmm", "signature": "SIGX"}
     assert upstream_neutral(assistant)
+
+
+_MCP_ANSWER = [
+    {"type": "text", "text": "Let me look."},
+    {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "lookup", "server_name": "crm", "input": {"q": "ACME"}},
+    {"type": "mcp_tool_result", "tool_use_id": "mcptoolu_1", "is_error": False,
+     "content": [{"type": "text", "text": "ACME: owner Jane, tier Gold"}]},
+    {"type": "text", "text": "ACME is a Gold account."}]
+_MCP_LINES = ('Let me look.\n[mcp crm.lookup "ACME"]\n[mcp crm.lookup result: ACME: owner Jane, tier Gold]\n'
+              "ACME is a Gold account.")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_clients_answer_with_claudes_server_tools_goes_back_whole(mproxy: Proxy, claude: FakeAnthropic,
+                                                                          upstream: FakeUpstream, key: str, cid: str,
+                                                                          stream: bool) -> None:
+    """A chat client naming Anthropic's MCP connector (a field it forwards as it came): Claude's
+    MCP call and result are part of its answer. The chat client reads them as lines in the content
+    (streamed as whole), and Claude's next call gets its blocks back whole, in their place among
+    its text, as signed thinking is kept -- only the text went back, the lookup's result lost to
+    Claude. Another model gets the lines."""
+    oc = mproxy.openai(key, conversation=cid)
+    mcp = {"extra_body": {"mcp_servers": [{"type": "url", "url": "https://mcp.example/sse", "name": "crm"}]}}
+    claude.enqueue(AReply(content=_MCP_ANSWER))
+    if stream:
+        chunks = list(oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "ACME?"}],
+                                                 stream=True, **mcp))
+        said = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    else:
+        said = oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "ACME?"}],
+                                          **mcp).choices[0].message.content
+    assert said == _MCP_LINES
+    oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "who owns it?"}], **mcp)
+    assert claude.last.body["messages"][1] == {"role": "assistant", "content": _MCP_ANSWER}
+    oc.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "and you?"}])
+    assert upstream.last.body["messages"][1] == {"role": "assistant", "content": _MCP_LINES}
 
 
 def upstream_neutral(message: dict[str, Any]) -> bool:

@@ -187,6 +187,51 @@ def test_forcing_a_hosted_tool_over_chat_lets_the_model_choose(mproxy: Proxy, up
     assert upstream.last.body["tool_choice"] == {"type": "function", "function": {"name": "Bash"}}
 
 
+_SEARCHED = [
+    {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "acme q3 revenue"}},
+    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [
+        {"type": "web_search_result", "url": "https://news.example/acme", "title": "ACME Q3",
+         "encrypted_content": "SECRET-ENC==", "page_age": None}]},
+    {"type": "server_tool_use", "id": "srvtoolu_2", "name": "web_fetch", "input": {"url": "https://news.example/acme"}},
+    {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_2", "content": {
+        "type": "web_fetch_result", "url": "https://news.example/acme", "retrieved_at": "2026-01-01T00:00:00Z",
+        "content": {"type": "document", "title": "ACME",
+                    "source": {"type": "text", "media_type": "text/plain", "data": "Q3 revenue was 7.3 billion."}}}},
+    {"type": "text", "text": "ACME made 7.3B."},
+    {"type": "server_tool_use", "id": "srvtoolu_3", "name": "bash_code_execution", "input": {"command": "wc -l a.csv"}},
+    {"type": "bash_code_execution_tool_result", "tool_use_id": "srvtoolu_3", "content": {
+        "type": "bash_code_execution_result", "stdout": "42 a.csv", "stderr": "", "return_code": 0, "content": []}},
+    {"type": "text", "text": "The CSV has 42 lines."},
+]
+_SEARCHED_LINES = ('[web_search "acme q3 revenue"]\n[web_search result: 1 found -- https://news.example/acme (ACME Q3)]\n'
+                   '[web_fetch "https://news.example/acme"]\n'
+                   "[web_fetch result: https://news.example/acme (ACME) -- Q3 revenue was 7.3 billion.]\n"
+                   'ACME made 7.3B.\n[bash_code_execution "wc -l a.csv"]\n[bash_code_execution result: 42 a.csv]\n'
+                   "The CSV has 42 lines.")
+
+
+@pytest.mark.parametrize("model", ["gpt-x", "native-1"])
+def test_claudes_server_tools_reach_another_model_as_lines(mproxy: Proxy, claude: FakeAnthropic, upstream: FakeUpstream,
+                                                           key: str, cid: str, model: str) -> None:
+    """What Claude's server tools did (a web search, a page fetched, code run) reaches another
+    model as a line each, in its place, bounded and without the encrypted content only Anthropic
+    reads -- the other model got the text alone, glued ("...7.3B.The CSV..."), with no trace of
+    the page the answer was built from."""
+    c = client(mproxy, key, f"/c/{cid}")
+    claude.enqueue(AReply(content=_SEARCHED))
+    c.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "ACME Q3?"}])
+    _post(mproxy, f"/c/{cid}/v1/messages", {"model": model, "max_tokens": 10,
+                                             "messages": [{"role": "user", "content": "which URL?"}]}, key)
+    if model == "gpt-x":
+        assert upstream.last.body["messages"][1] == {"role": "assistant", "content": _SEARCHED_LINES}
+    else:
+        said = upstream.responses_requests[-1].body["input"][1]
+        assert [p["text"] for p in said["content"]] == [_SEARCHED_LINES]
+    assert "SECRET-ENC" not in json.dumps(upstream.requests[-1].body)
+    c.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "more"}])
+    assert claude.last.body["messages"][1] == {"role": "assistant", "content": _SEARCHED}  # (Claude: its blocks)
+
+
 _MCP = [{"type": "url", "url": "https://mcp.example/sse", "name": "crm", "authorization_token": "tok"}]
 
 

@@ -29,6 +29,7 @@ from ..chat.completion import call_id
 from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
 from . import translate
 from .blocks.from_chat import input_json
+from .blocks.to_chat import line_piece, server_line, uses_of
 from .errors import anthropic_type, error_event, in_anthropic_words
 
 __all__ = ["FromChat", "Message", "Native", "ToChat", "error_event"]
@@ -373,6 +374,7 @@ class ToChat:
         self.created = int(time.time())
         self._opened = False
         self._calls: dict[int, int] = {}  # block index -> chat tool-call index
+        self._said = ""  # the content sent so far: its last character (where a server tool's line goes)
 
     @property
     def usage(self) -> dict[str, Any] | None:
@@ -391,6 +393,8 @@ class ToChat:
         return b"data: " + encode(chunk) + b"\n\n"
 
     def _chunk(self, delta: dict[str, Any]) -> bytes:
+        if delta.get("content"):
+            self._said = delta["content"][-1]
         out = b""
         if not self._opened:
             self._opened = True
@@ -437,6 +441,10 @@ class ToChat:
             if dtype == "input_json_delta" and index in self._calls:
                 return self._chunk({"tool_calls": [{"index": self._calls[index],
                                                     "function": {"arguments": str(delta.get("partial_json") or "")}}]})
+        if kind == "content_block_stop":  # (a server tool's call or result, whole: its line, as the answer reads)
+            line = server_line(self.acc.blocks.get(index), uses_of(self.acc.blocks.values()))
+            if line is not None:
+                return self._chunk({"content": line_piece(line, self._said)})
         return b""
 
     def received(self) -> list[dict[str, Any]]:

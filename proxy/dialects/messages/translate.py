@@ -375,13 +375,24 @@ def read_message(data: Any) -> bool:
     return isinstance(data, dict) and data.get("type") == "message" and isinstance(data.get("content"), list)
 
 
+_READ = frozenset({"text", "tool_use", "thinking", "redacted_thinking"})  # (blocks a chat message says whole)
+
+
 def chat_message(content: list[Any], provider: str | None) -> dict[str, Any]:
     """The chat assistant message an Anthropic answer's content stands for (its signed thinking
-    kept as ``thinking_blocks``, which go back only to the provider that produced them)."""
+    kept as ``thinking_blocks``, which go back only to the provider that produced them). An answer
+    with blocks a chat message cannot say -- a server tool's call and result (web search, code
+    execution, MCP), a compaction -- keeps there every block but its tool uses, in order: Claude
+    gets them back whole, in their place among its text (``blocks.from_chat``); another model
+    reads the content, where a server tool is a line."""
     from .blocks.to_chat import _assistant
 
-    message = _assistant([b for b in content if isinstance(b, dict)])
-    thinking = [b for b in content if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")]
+    blocks = [b for b in content if isinstance(b, dict)]
+    message = _assistant(blocks)
+    if any(type(b.get("type")) is not str or b["type"] not in _READ for b in blocks):
+        message["thinking_blocks"] = [b for b in blocks if b.get("type") != "tool_use"]
+        return message
+    thinking = [b for b in blocks if b.get("type") in ("thinking", "redacted_thinking")]
     if thinking:
         message["thinking_blocks"] = thinking
     return message

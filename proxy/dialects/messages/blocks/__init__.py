@@ -17,7 +17,8 @@ message back together exactly as the client sent it. The ``system`` field is a `
     system item                               system (text joined)
     user: tool_result                          tool (tool_use_id, content)
     user: text / image / document ...          user (text joined; other blocks as parts: a PDF as a file part)
-    assistant: text, tool_use, thinking ...    assistant (text joined, tool_calls, reasoning_content)
+    assistant: text, tool_use, thinking ...    assistant (text joined, tool_calls, reasoning_content;
+                                                a server tool's call or result: a line in the text)
 
 A ``system`` message among the messages (Claude Code sends one) is a system item marked ``INLINE``:
 sent back in place when it follows other messages, else in the ``system`` field (where delta

@@ -1,8 +1,9 @@
 """Assembled chat messages back into an Anthropic request's ``system`` field and messages
 (``to_anthropic``): messages read from fragments put back together from them exactly as the
 client sent them (a ``thinking`` block only to the provider that produced it), the others -- chat
-nodes, summaries -- translated and joined to the message before when they have its role. Pure
-functions.
+nodes, summaries -- translated and joined to the message before when they have its role (a chat
+node's answer from Claude that kept its blocks in ``thinking_blocks``: those blocks, when
+assembly left them to it). Pure functions.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import msgspec
 
 from ....surrogates import encode, loads
 from ...responses.items import ITEMS, PRODUCER, items_of, tool_output_parts
-from .to_chat import CONT, INLINE, _blocks
+from .to_chat import CONT, INLINE, _assistant, _blocks
 
 __all__ = ["input_json", "sendable", "to_anthropic"]
 
@@ -133,12 +134,14 @@ def _from_chat(message: dict[str, Any], provider: str | None) -> tuple[str, list
         block["content"] = content if isinstance(content, str) else _parts_to_blocks(content)
         return "user", [block]
     if role == "assistant":
-        blocks: list[dict[str, Any]] = []
         # a chat node's signed thinking: assembly kept it only towards the provider that produced it
-        for b in message.get("thinking_blocks") if isinstance(message.get("thinking_blocks"), list) else ():
-            if isinstance(b, dict) and type(b.get("type")) is str and b["type"] in _THINKING:
-                blocks.append(b)
-        blocks.extend(_parts_to_blocks(message.get("content")))
+        kept = [b for b in message.get("thinking_blocks") if isinstance(b, dict) and type(b.get("type")) is str] \
+            if isinstance(message.get("thinking_blocks"), list) else []
+        if any(b["type"] not in _THINKING for b in kept) and _reads_as(kept, message.get("content")):
+            blocks = list(kept)  # (Claude's answer whole but its tool uses: server tools, in their place)
+        else:
+            blocks = [b for b in kept if b["type"] in _THINKING]
+            blocks.extend(_parts_to_blocks(message.get("content")))
         if message.get("refusal") and not blocks:
             blocks.append({"type": "text", "text": str(message["refusal"])})
         for call in message.get("tool_calls") or ():
@@ -149,6 +152,14 @@ def _from_chat(message: dict[str, Any], provider: str | None) -> tuple[str, list
                            "input": _input(fn.get("arguments"))})
         return "assistant", blocks
     return "user", _parts_to_blocks(message.get("content"))
+
+
+def _reads_as(blocks: list[dict[str, Any]], content: Any) -> bool:
+    """Whether an answer's kept blocks read as the message's content (``translate.chat_message``
+    kept them so): then they stand for it; a content changed since says what is to be sent."""
+    text = content if isinstance(content, str) else "".join(
+        b["text"] for b in _parts_to_blocks(content) if b.get("type") == "text")
+    return (_assistant(blocks).get("content") or "") == (text or "")
 
 
 def _native(fragment: dict[str, Any], same: bool) -> dict[str, Any]:

@@ -8,7 +8,7 @@ package docstring (``blocks/__init__.py``) has the table of fragments and chat m
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ....surrogates import encode
@@ -179,10 +179,105 @@ def _arguments(value: Any) -> str:
     return encode(value if value is not None else {}).decode()  # (a streamed input's lone surrogate too)
 
 
+# -- Anthropic's server tools (web search, web fetch, code execution, MCP) as lines -----------------
+
+_LINE_MAX = 500  # the most characters of a server tool's input or output a line gives
+
+
+def _bounded(text: str) -> str:
+    text = " ".join(text.split())  # (one line)
+    return text if len(text) <= _LINE_MAX else text[:_LINE_MAX] + " …"
+
+
+def _tool_name(use: dict[str, Any] | None, fallback: str) -> str:
+    if use is None:
+        return fallback
+    if use.get("type") == "mcp_tool_use":
+        return f"mcp {use.get('server_name')}.{use.get('name')}"
+    return str(use.get("name") or fallback)
+
+
+def _readable(content: Any, depth: int = 0) -> str:
+    """What a server tool's result says, as text: its text blocks, a program's output (stdout,
+    stderr, a return code but 0), a fetched document's text, an error's code -- never encrypted
+    content."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and depth < 8:
+        return " ".join(t for b in content if (t := _readable(b, depth + 1)))
+    if not isinstance(content, dict) or depth >= 8:
+        return ""
+    if isinstance(content.get("error_code"), str):
+        return f"failed: {content['error_code']}"
+    if content.get("type") == "text" and isinstance(content.get("text"), str):
+        return content["text"]
+    parts = []
+    if isinstance(content.get("stdout"), str) and content["stdout"]:
+        parts.append(content["stdout"])
+    if isinstance(content.get("stderr"), str) and content["stderr"]:
+        parts.append(f"stderr: {content['stderr']}")
+    if isinstance(content.get("return_code"), int) and content["return_code"] != 0:
+        parts.append(f"exit {content['return_code']}")
+    source = content.get("source") if isinstance(content.get("source"), dict) else {}
+    if isinstance(source.get("data"), str) and source.get("type") == "text":
+        parts.append(source["data"])
+    if not parts and isinstance(content.get("content"), str | list | dict):
+        parts.append(_readable(content["content"], depth + 1))
+    return " ".join(p for p in parts if p)
+
+
+_USES = ("server_tool_use", "mcp_tool_use")
+
+
+def uses_of(blocks: Iterable[Any]) -> dict[str, dict[str, Any]]:
+    """The server and MCP tool uses among ``blocks``, by id (what their results answer)."""
+    return {b["id"]: b for b in blocks if isinstance(b, dict) and b.get("type") in _USES and isinstance(b.get("id"), str)}
+
+
+def server_line(block: Any, uses: Mapping[str, dict[str, Any]]) -> str | None:
+    """The line a server tool's call or result (``server_tool_use``, ``*_tool_result``,
+    ``mcp_tool_use``, ``mcp_tool_result``) reads as for another model, bounded, without the
+    encrypted content Anthropic alone reads; None for any other block. ``uses``: the answer's
+    server tool uses by id (``uses_of``), where a result's call is."""
+    if not isinstance(block, dict):
+        return None
+    kind = block.get("type")
+    if kind in _USES:
+        value = block.get("input")
+        if isinstance(value, dict) and len(value) == 1 and isinstance(next(iter(value.values())), str):
+            value = next(iter(value.values()))  # (a query, a URL, a command: itself)
+        return f"[{_tool_name(block, 'tool')} {_bounded(_arguments(value))}]"
+    if not isinstance(kind, str) or not kind.endswith("_tool_result"):
+        return None
+    use = uses.get(block["tool_use_id"]) if isinstance(block.get("tool_use_id"), str) else None
+    name = _tool_name(use, kind.removesuffix("_tool_result"))
+    content = block.get("content")
+    if kind == "web_search_tool_result" and isinstance(content, list):
+        found = [r for r in content if isinstance(r, dict) and r.get("type") == "web_search_result"]
+        said = ", ".join(f"{r.get('url')} ({r.get('title')})" if r.get("title") else str(r.get("url")) for r in found)
+        return f"[{name} result: {len(found)} found{f' -- {_bounded(said)}' if said else ''}]"
+    if kind == "web_fetch_tool_result" and isinstance(content, dict) and content.get("type") == "web_fetch_result":
+        document = content.get("content") if isinstance(content.get("content"), dict) else {}
+        title = f" ({document['title']})" if isinstance(document.get("title"), str) and document["title"] else ""
+        text = _bounded(_readable(document))
+        return f"[{name} result: {content.get('url')}{title}{f' -- {text}' if text else ''}]"
+    text = _bounded(_readable(content))
+    if block.get("is_error") is True:
+        text = f"failed: {text}" if text else "failed"
+    return f"[{name} result{f': {text}' if text else ''}]"
+
+
+def line_piece(line: str, before: str) -> str:
+    """A server tool's line as the assistant's content has it: on a line of its own after what
+    ``before`` ends with (the content so far, or its last character)."""
+    return ("\n" if before and not before.endswith("\n") else "") + line + "\n"
+
+
 def _assistant(blocks: list[Any]) -> dict[str, Any]:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     thinking: list[str] = []
+    uses = uses_of(blocks)
     for block in blocks:
         if not isinstance(block, dict):
             continue
@@ -194,7 +289,11 @@ def _assistant(blocks: list[Any]) -> dict[str, Any]:
                           "function": {"name": block.get("name"), "arguments": _arguments(block.get("input"))}})
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
             thinking.append(block["thinking"])
-        # redacted thinking, server tool uses and their results: kept in the fragment only
+        elif (line := server_line(block, uses)) is not None:
+            # (a server tool's call or result: a line in its place -- another model reads what
+            # Claude searched, fetched, ran; the blocks themselves stay in the fragment)
+            texts.append(line_piece(line, next((t for t in reversed(texts) if t), "")))
+        # redacted thinking and other blocks (a compaction ...): kept in the fragment only
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
