@@ -64,6 +64,10 @@ _PORTABLE = ("role", "content", "name", "tool_calls", "function_call", "refusal"
 _REASONING = ("reasoning_content", "reasoning")
 # Opaque / provider-signed reasoning: only back to the very provider that produced it.
 _OPAQUE = ("reasoning_details", "thinking_blocks", "encrypted_content")
+# A tool call's own signed reasoning (Gemini's ``extra_content: {google: {thought_signature}}``):
+# back to the very provider that produced it -- whether or not it ``accepts_reasoning``, since
+# Gemini refuses a call whose earlier function calls come back without their signatures.
+_SIGNED_CALL = ("extra_content",)
 
 
 class PathLike(Protocol):
@@ -95,10 +99,13 @@ class Assembled:
     dropped: list[dict[str, Any]] = field(default_factory=list)  # pairing-check removals
 
 
-def _shape_tool_call(tc: Any) -> Any:
+def _shape_tool_call(tc: Any, signed: bool) -> Any:
+    """A stored tool call as it may go back: id, type and function; ``signed`` (its producer is
+    the target): its signed reasoning too (``_SIGNED_CALL``)."""
     if not isinstance(tc, dict):
         return tc
-    out = {k: tc[k] for k in ("id", "type", "function") if k in tc and tc[k] is not None}
+    kept = ("id", "type", "function", *_SIGNED_CALL) if signed else ("id", "type", "function")
+    out = {k: tc[k] for k in kept if k in tc and tc[k] is not None}
     fn = out.get("function")
     if isinstance(fn, dict):
         out["function"] = {k: fn[k] for k in ("name", "arguments") if k in fn}
@@ -126,7 +133,8 @@ def _audio(msg: dict[str, Any], target: Target, producer: str | None, out: dict[
 def shape_received(msg: dict[str, Any], target: Target, producer: str | None) -> dict[str, Any]:
     """A returned assistant message as it may be sent back to ``target``: portable fields only,
     nulls dropped, reasoning kept only where the target accepts it (opaque reasoning only to the
-    provider that produced it), an audio answer as ``_audio`` gives it."""
+    provider that produced it; a tool call's signature to that provider whatever it accepts), an
+    audio answer as ``_audio`` gives it."""
     out: dict[str, Any] = {}
     keep_reasoning = target.accepts_reasoning
     keep_opaque = keep_reasoning and producer == target.provider
@@ -139,7 +147,8 @@ def shape_received(msg: dict[str, Any], target: Target, producer: str | None) ->
     if "tool_calls" in out:
         calls = out["tool_calls"]
         if isinstance(calls, list) and calls:
-            out["tool_calls"] = [_shape_tool_call(tc) for tc in calls]
+            signed = producer == target.provider
+            out["tool_calls"] = [_shape_tool_call(tc, signed) for tc in calls]
         else:
             del out["tool_calls"]
     _audio(msg, target, producer, out)

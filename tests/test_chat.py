@@ -276,6 +276,33 @@ def test_reasoning_goes_back_only_to_providers_that_accept_it(database_url, upst
         assert upstream.last.messages[1] == {"role": "assistant", "content": "42"}  # another provider: stripped
 
 
+SIGNATURE = {"google": {"thought_signature": "EjQKMgEMOdbHJChLX75QUCJj"}}
+
+
+def test_a_tool_calls_signature_goes_back_only_to_the_provider_that_made_it(database_url, upstream_url, upstream,
+                                                                            key, cid):
+    """Gemini's OpenAI-compatible endpoint signs a tool call (``extra_content.google.
+    thought_signature``) and refuses the next call when the call comes back without it -- with or
+    without ``accepts_reasoning``, so the signature goes back to the provider that made it
+    whatever it accepts; another provider (which knows no such field) never gets it."""
+    from .conftest import make_settings, serve_proxy
+
+    settings = make_settings(database_url, upstream_url, upstreams=[
+        {"name": "gemini", "base_url": upstream_url, "models": ["gemini-*"]},
+        {"name": "plain", "base_url": upstream_url, "models": ["*"]},
+    ])
+    signed = {**tool_call("fc-1"), "extra_content": SIGNATURE}
+    with serve_proxy(settings) as p:
+        client = p.openai(key)
+        upstream.enqueue(Reply(content=None, tool_calls=[signed]))
+        say(client, cid, user("q"), model="gemini-3-flash-preview", tools=TOOLS)
+        say(client, cid, {"role": "tool", "tool_call_id": "fc-1", "content": "1"}, model="gemini-3-flash-preview",
+            tools=TOOLS)
+        assert upstream.last.messages[1]["tool_calls"] == [signed]
+        say(client, cid, user("and now?"), model="gpt-4o-mini", tools=TOOLS)
+        assert upstream.last.messages[1]["tool_calls"] == [tool_call("fc-1")]  # another provider: not sent
+
+
 @pytest.mark.parametrize("method, path, upstream_path", [
     ("GET", "/v1/chat/completions", "/v1/chat/completions"),
     ("GET", "/c/some-conv/v1/chat/completions", "/v1/chat/completions"),

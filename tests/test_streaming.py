@@ -85,6 +85,30 @@ def test_streamed_tool_calls_merge_by_index(client, upstream, cid, db):
     assert sent[1]["tool_calls"] == calls and [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
 
 
+def test_a_streamed_tool_calls_other_fields_are_stored_and_go_back(client, upstream, cid, db):
+    """A streamed tool call keeps its fields beyond id, type and function -- Gemini's
+    ``extra_content`` holds the call's thought signature, without which Gemini refuses the next
+    call of the tool round -- and its producer gets them back."""
+    signature = {"google": {"thought_signature": "EjQKMgEMOdbHJChLX75QUCJj"}}
+
+    def chunk(delta, finish=None):
+        return ("data: " + json.dumps({"id": "g1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+                                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                + "\n\n").encode()
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=b"".join([
+        chunk({"role": "assistant", "tool_calls": [{"index": 0, "id": "fc-1", "type": "function", "function": {
+            "name": "lookup", "arguments": '{"k": '}, "extra_content": signature}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"v"}'}}]}),
+        chunk({}, "tool_calls"), b"data: [DONE]\n\n"])))
+    headers, _ = stream(client, cid, user("q"))
+    call = {"id": "fc-1", "type": "function", "function": {"name": "lookup", "arguments": '{"k": "v"}'},
+            "extra_content": signature}
+    assert wait_status(db, headers["x-node-id"], "success")["received"][0]["tool_calls"] == [call]
+    client.chat.completions.create(model=MODEL, extra_headers={"X-Conversation-Id": cid},
+                                   messages=[{"role": "tool", "tool_call_id": "fc-1", "content": "r"}])
+    assert upstream.last.messages[1]["tool_calls"] == [call]
+
+
 def test_chunks_are_forwarded_before_the_upstream_finishes(proxy, key, upstream, cid, db):
     client = proxy.openai(key, timeout=10)  # a buffering proxy makes the reads below time out
     gate = threading.Event()

@@ -189,19 +189,28 @@ class StreamAccumulator:
                 self.extra[key] = value
 
     def _merge_tool_call(self, tc: dict[str, Any]) -> None:
+        # (a call's other fields -- Gemini's extra_content, its thought signature -- are kept as
+        # a message's are: a list's pieces joined, anything else as it came)
         index = tc.get("index")
         index = index if type(index) is int else len(self.tool_calls)
         slot = self.tool_calls.get(index)
         if slot is None:
             slot = self.tool_calls[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-        if tc.get("id") and isinstance(tc["id"], str):
-            slot["id"] = tc["id"]
-        if tc.get("type") and isinstance(tc["type"], str):
-            slot["type"] = tc["type"]
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
-        for key in ("name", "arguments"):
-            if isinstance(fn.get(key), str):
-                slot["function"][key] += fn[key]
+        for key, value in tc.items():
+            if key == "index" or value is None:
+                continue
+            if key in ("id", "type"):
+                if value and isinstance(value, str):
+                    slot[key] = value
+            elif key == "function":
+                fn = value if isinstance(value, dict) else {}
+                for part in ("name", "arguments"):
+                    if isinstance(fn.get(part), str):
+                        slot["function"][part] += fn[part]
+            elif isinstance(value, list) and isinstance(slot.get(key, []), list):
+                slot.setdefault(key, []).extend(value)
+            else:
+                slot[key] = value
 
     def message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": self.role or "assistant", "content": "".join(self.content) if self.content else None}
