@@ -77,6 +77,12 @@ def _text_part(part: Any) -> bool:
     return type(kind) is str and kind in _TEXT_PARTS and isinstance(part.get("text"), str)
 
 
+def _thinking_part(part: Any) -> bool:
+    """A reasoning part (Mistral's reasoning models answer with one): reasoning, which matching
+    ignores -- the answer is stored with it as ``reasoning_content``."""
+    return isinstance(part, dict) and part.get("type") == "thinking"
+
+
 def is_system(item: Any) -> bool:
     return isinstance(item, dict) and _system_role(item.get("role"))
 
@@ -118,6 +124,8 @@ def _content(content: Any, *, strip: bool = False) -> Any:
     if isinstance(content, str):
         return content.strip() if strip else content
     if isinstance(content, list):
+        if any(_thinking_part(part) for part in content):
+            content = [part for part in content if not _thinking_part(part)]
         texts = []
         for part in content:
             if _text_part(part):

@@ -276,6 +276,33 @@ def test_reasoning_goes_back_only_to_providers_that_accept_it(database_url, upst
         assert upstream.last.messages[1] == {"role": "assistant", "content": "42"}  # another provider: stripped
 
 
+def test_a_whole_answers_thinking_part_is_reasoning(database_url, upstream_url, upstream, key, cid, db):
+    """Mistral's reasoning models answer with content as parts, a ``thinking`` part first: a whole
+    answer is stored as its stream is, the thinking as reasoning_content and the text joined --
+    sent back as it came, the thinking reached a provider not configured to take reasoning, and
+    another provider (OpenAI refuses a part of type thinking: the conversation stuck there)."""
+    from .conftest import make_settings, serve_proxy
+
+    settings = make_settings(database_url, upstream_url, upstreams=[
+        {"name": "thinker", "base_url": upstream_url, "models": ["magistral-*"], "accepts_reasoning": True},
+        {"name": "plain", "base_url": upstream_url, "models": ["*"]},
+    ])
+    parts = [{"type": "thinking", "thinking": [{"type": "text", "text": "the chain "}, {"type": "text", "text": "of it"}]},
+             {"type": "text", "text": "Hello "}, {"type": "text", "text": "world"}]
+    answer = {"role": "assistant", "content": "Hello world", "reasoning_content": "the chain of it"}
+    with serve_proxy(settings) as p:
+        client = p.openai(key)
+        upstream.enqueue(Reply(extra_message={"content": parts}))
+        first, h1 = say(client, cid, user("hi"), model="magistral-medium-latest")
+        assert first.choices[0].message.content == parts  # (the client gets the answer as it came)
+        stored = db.node(h1["x-node-id"])["received"][0]
+        assert {k: stored[k] for k in ("content", "reasoning_content")} == {k: answer[k] for k in ("content", "reasoning_content")}
+        say(client, cid, user("next"), model="magistral-medium-latest")
+        assert upstream.last.messages[1] == answer
+        say(client, cid, user("and then?"), model="gpt-4o-mini")
+        assert upstream.last.messages[1] == {"role": "assistant", "content": "Hello world"}
+
+
 SIGNATURE = {"google": {"thought_signature": "EjQKMgEMOdbHJChLX75QUCJj"}}
 
 

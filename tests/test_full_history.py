@@ -169,6 +169,22 @@ def test_echoes_are_compared_by_meaning(proxy, upstream, key, cid, db):
     assert h3["x-context-matched"] == "4" and h3["x-parent-node-id"] == h2["x-node-id"]
 
 
+def test_a_reasoning_models_answer_echoed_with_its_thinking_part_matches(proxy, upstream, key, cid):
+    """Mistral's reasoning models answer with content as parts, a ``thinking`` part first: the
+    answer is stored with its thinking as reasoning (docs/behaviour.md#assembly), and a client that
+    echoes the message as it got it, thinking part and all, still matches it -- a thinking part is
+    reasoning, which matching ignores -- and the upstream gets the answer without its thinking."""
+    client = proxy.openai(key, conversation=cid)
+    parts = [{"type": "thinking", "thinking": [{"type": "text", "text": "the chain of thought"}]},
+             {"type": "text", "text": "Hello world"}]
+    upstream.enqueue(Reply(extra_message={"content": parts}))
+    _, h1 = chat(client, [user("hi")], FULL)
+    echoed = {"role": "assistant", "content": parts}
+    _, h2 = chat(client, [user("hi"), echoed, user("next")], FULL)
+    assert h2["x-context-matched"] == "2" and h2["x-parent-node-id"] == h1["x-node-id"]
+    assert upstream.last.messages == [user("hi"), {"role": "assistant", "content": "Hello world"}, user("next")]
+
+
 def test_system_prompts_are_stored_only_when_they_change(proxy, upstream, key, cid, db):
     client = proxy.openai(key, conversation=cid)
     a1, h1 = chat(client, [system("v1"), user("q1")], FULL)

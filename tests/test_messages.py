@@ -521,6 +521,35 @@ def test_over_chat_stream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: 
     assert replay_verified(mproxy, key, node_id) == "true"
 
 
+@pytest.mark.parametrize("kind", ["json", "stream"])
+def test_over_chat_a_thinking_part_is_a_thinking_block(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str,
+                                                        kind: str) -> None:
+    """Mistral's reasoning models answer with content as parts, a ``thinking`` part first: the
+    Messages client gets a thinking block before the text, whole or streamed alike -- a whole
+    answer's thinking part was dropped."""
+    parts = [{"type": "thinking", "thinking": [{"type": "text", "text": "the chain of it"}]},
+             {"type": "text", "text": "Hello world"}]
+    if kind == "json":
+        upstream.enqueue(Reply(extra_message={"content": parts}))
+    else:
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return b"data: " + json.dumps({"id": "m", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode()
+        upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=b"\n\n".join([
+            chunk({"role": "assistant", "content": parts[:1]}), chunk({"content": parts[1:]}), chunk({}, "stop"),
+            b"data: [DONE]"]) + b"\n\n"))
+    c = client(mproxy, key, f"/c/{cid}")
+    asked: dict[str, Any] = {"model": "magistral-medium-latest", "max_tokens": 50,
+                             "messages": [{"role": "user", "content": "hi"}]}
+    if kind == "json":
+        final = c.messages.create(**asked)
+    else:
+        with c.messages.stream(**asked) as s:
+            final = s.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [
+        ("thinking", "the chain of it"), ("text", "Hello world")]
+
+
 def test_over_chat_a_stream_without_done_ends_with_message_stop(mproxy: Proxy, upstream: FakeUpstream, key: str,
                                                                  cid: str) -> None:
     """A chat upstream that ends its stream's body after the finishing chunk, with no [DONE]: the

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from ...surrogates import loads
+from .stream import _texts
 
 __all__ = ["Completion", "NotACompletion", "call_id", "parse_completion"]
 
@@ -36,7 +37,30 @@ def parse_completion(content: bytes) -> Completion:
         raise NotACompletion("choices[0].message is not an object")
     usage = data.get("usage")
     finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-    return Completion(message, usage if isinstance(usage, dict) else None, finish if isinstance(finish, str) else None)
+    return Completion(_parts_read(message), usage if isinstance(usage, dict) else None,
+                      finish if isinstance(finish, str) else None)
+
+
+def _parts_read(message: dict[str, Any]) -> dict[str, Any]:
+    """An answer whose content is a list of parts, as Mistral's reasoning models give it (a
+    ``thinking`` part, then ``text`` parts), as its stream is stored (``StreamAccumulator``): the
+    thinking parts' texts as ``reasoning_content`` -- which goes back only where reasoning is
+    accepted, never as a part another provider refuses -- and the text parts joined; parts of any
+    other kind keep the content a list (without its thinking)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    thinking = _texts(content, "thinking")
+    rest = [p for p in content if not (isinstance(p, dict) and p.get("type") == "thinking")]
+    out = dict(message)
+    if all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in rest):
+        out["content"] = "".join(p["text"] for p in rest) if rest else None
+    else:
+        out["content"] = rest
+    if thinking:
+        before = message.get("reasoning_content")
+        out["reasoning_content"] = (before if isinstance(before, str) else "") + "".join(thinking)
+    return out
 
 
 def call_id(call: dict[str, Any], node_id: uuid.UUID, index: int) -> str:
