@@ -522,6 +522,26 @@ def test_over_chat_stream(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: 
 
 
 @pytest.mark.parametrize("kind", ["json", "stream"])
+def test_over_chat_tool_calls_finished_with_stop_are_tool_use(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                              cid: str, kind: str) -> None:
+    """Gemini's OpenAI-compatible endpoint finishes an answer of tool calls with ``stop``: the
+    Messages client gets ``stop_reason: tool_use`` all the same -- with ``end_turn`` the anthropic
+    SDK's tool runner took the turn as over and never ran the tool."""
+    upstream.enqueue(Reply(kind=kind, content=None, finish_reason="stop", tool_calls=[
+        {"id": "fc-1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pwd"}'}}]))
+    c = client(mproxy, key, f"/c/{cid}")
+    asked: dict[str, Any] = {"model": "gemini-3-flash-preview", "max_tokens": 50,
+                             "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+                             "messages": [{"role": "user", "content": "where?"}]}
+    if kind == "json":
+        final = c.messages.create(**asked)
+    else:
+        with c.messages.stream(**asked) as s:
+            final = s.get_final_message()
+    assert [b.type for b in final.content] == ["tool_use"] and final.stop_reason == "tool_use"
+
+
+@pytest.mark.parametrize("kind", ["json", "stream"])
 def test_over_chat_a_thinking_part_is_a_thinking_block(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str,
                                                         kind: str) -> None:
     """Mistral's reasoning models answer with content as parts, a ``thinking`` part first: the

@@ -69,7 +69,8 @@ class MessagesOverChat:
         blocks = translate.content_of(completion.message, self.node_id)
         model = loads(content).get("model") or self.params.get("model")
         body = translate.message_object(node_id=self.node_id, model=model, content=blocks,
-                                        stop=translate.stop_reason(completion.finish_reason),
+                                        stop=translate.stop_reason(completion.finish_reason,
+                                                                  any(b.get("type") == "tool_use" for b in blocks)),
                                         usage=translate.anthropic_usage(completion.usage),
                                         applied_edits=self.params.get(translate.APPLIED_EDITS))
         received = [{"role": "assistant", "content": blocks}]

@@ -345,7 +345,8 @@ class FromChat:
     def closing(self) -> bytes:
         out = self._stop() + self._refusal() + self._tools()
         usage = translate.anthropic_usage(self.acc.usage) if self.acc.usage else {"input_tokens": 0, "output_tokens": 0}
-        delta: dict[str, Any] = {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason),
+        delta: dict[str, Any] = {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason,
+                                                                                bool(self.acc.tool_calls)),
                                            "stop_sequence": None}, "usage": usage}
         applied = self.params.get(translate.APPLIED_EDITS)
         if applied is not None:  # (the context edits its request asked for, as carried out)

@@ -20,7 +20,8 @@ Pure functions.
       service_tier, container ...       depend on them in a way chat can express)
 
     stop_reason  end_turn / stop_sequence / pause_turn -> stop, max_tokens -> length,
-                 tool_use -> tool_calls, refusal -> content_filter (and back)
+                 tool_use -> tool_calls, refusal -> content_filter (and back; tool calls that
+                 ended with stop or no reason: tool_use)
     usage        input_tokens (+ cache reads and writes) = prompt_tokens, output_tokens =
                  completion_tokens, cache_read_input_tokens = prompt_tokens_details.cached_tokens
 """
@@ -333,8 +334,13 @@ def anthropic_usage(usage: Any) -> dict[str, Any]:
     return out
 
 
-def stop_reason(finish_reason: Any) -> str:
-    return _FROM_CHAT_STOP.get(finish_reason, "end_turn") if isinstance(finish_reason, str) else "end_turn"
+def stop_reason(finish_reason: Any, calls: bool = False) -> str:
+    """A chat finish reason as a Messages answer's stop reason; ``calls``: the answer holds tool
+    calls -- then a turn said to end (``stop``, no reason or one chat has no word for; Gemini's
+    OpenAI-compatible endpoint finishes its calls with ``stop``) is ``tool_use``, or the client's
+    tool runner takes the turn as over and never runs them."""
+    stop = _FROM_CHAT_STOP.get(finish_reason, "end_turn") if isinstance(finish_reason, str) else "end_turn"
+    return "tool_use" if calls and stop == "end_turn" else stop
 
 
 def finish_reason(stop: Any) -> str:
