@@ -109,6 +109,26 @@ def test_a_streamed_tool_calls_other_fields_are_stored_and_go_back(client, upstr
     assert upstream.last.messages[1]["tool_calls"] == [call]
 
 
+def test_tool_call_deltas_without_index_continue_the_last_call(client, upstream, cid, db):
+    """Some OpenAI-compatible servers (Gemini's, reportedly) send tool-call deltas without
+    ``index``: one that brings neither id nor name is the last call's next arguments, not a call
+    of its own (which stored two broken calls); one with an id begins the next call."""
+    def chunk(delta, finish=None):
+        return ("data: " + json.dumps({"id": "g1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+                                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                + "\n\n").encode()
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=b"".join([
+        chunk({"role": "assistant", "tool_calls": [{"id": "fc-1", "type": "function",
+                                                    "function": {"name": "lookup", "arguments": '{"k": '}}]}),
+        chunk({"tool_calls": [{"function": {"arguments": '"v"}'}}]}),
+        chunk({"tool_calls": [{"id": "fc-2", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}),
+        chunk({}, "tool_calls"), b"data: [DONE]\n\n"])))
+    headers, _ = stream(client, cid, user("q"))
+    assert wait_status(db, headers["x-node-id"], "success")["received"][0]["tool_calls"] == [
+        {"id": "fc-1", "type": "function", "function": {"name": "lookup", "arguments": '{"k": "v"}'}},
+        {"id": "fc-2", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+
+
 def test_chunks_are_forwarded_before_the_upstream_finishes(proxy, key, upstream, cid, db):
     client = proxy.openai(key, timeout=10)  # a buffering proxy makes the reads below time out
     gate = threading.Event()

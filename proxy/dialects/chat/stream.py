@@ -190,9 +190,13 @@ class StreamAccumulator:
 
     def _merge_tool_call(self, tc: dict[str, Any]) -> None:
         # (a call's other fields -- Gemini's extra_content, its thought signature -- are kept as
-        # a message's are: a list's pieces joined, anything else as it came)
+        # a message's are: a list's pieces joined, anything else as it came; a delta without an
+        # index is a new call, unless it brings neither id nor name: the last call's next pieces)
         index = tc.get("index")
-        index = index if type(index) is int else len(self.tool_calls)
+        if type(index) is not int:
+            fn = tc.get("function")
+            begins = tc.get("id") or (isinstance(fn, dict) and fn.get("name"))
+            index = len(self.tool_calls) if begins or not self.tool_calls else max(self.tool_calls)
         slot = self.tool_calls.get(index)
         if slot is None:
             slot = self.tool_calls[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
