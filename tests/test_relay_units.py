@@ -57,6 +57,23 @@ def test_accumulator_merges_content_reasoning_and_tool_calls_by_index():
     assert acc.usage == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
 
 
+def test_accumulator_takes_a_field_that_changes_shape_between_chunks():
+    """An odd upstream's field that is a string in one chunk and a list in the next (or a
+    function_call that is null, then a dict) is taken as the last shape said -- it raised in the
+    middle of the stream (a list extended onto a string), failing an answer the client was reading."""
+    acc = StreamAccumulator()
+    for c in [chunk({"content": "Hi", "reasoning_details": "opaque"}),
+              chunk({"reasoning_details": [{"type": "text", "text": "a"}]}),
+              chunk({"reasoning_details": [{"type": "text", "text": "b"}]}),
+              chunk({"function_call": None}),
+              chunk({"function_call": {"name": "f", "arguments": "{}"}}),
+              chunk({}, finish="stop")]:
+        acc.feed(c)
+    msg = acc.message()
+    assert msg["reasoning_details"] == [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert msg["function_call"] == {"name": "f", "arguments": "{}"}
+
+
 def test_accumulator_records_error_events():
     acc = StreamAccumulator()
     acc.feed({"error": {"message": "boom", "type": "server_error"}})

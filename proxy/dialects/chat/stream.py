@@ -173,7 +173,9 @@ class StreamAccumulator:
                     self.role = value
             elif key == "function_call":
                 if isinstance(value, dict):
-                    fc = self.extra.setdefault("function_call", {"name": "", "arguments": ""})
+                    fc = self.extra.get("function_call")
+                    if not isinstance(fc, dict):  # (first, or after an odd upstream's null)
+                        fc = self.extra["function_call"] = {"name": "", "arguments": ""}
                     for part in ("name", "arguments"):
                         if isinstance(value.get(part), str):
                             fc[part] += value[part]
@@ -184,7 +186,11 @@ class StreamAccumulator:
                     elif piece is not None:
                         self.audio[part] = piece
             elif isinstance(value, list):  # e.g. reasoning_details: arrives in pieces
-                self.extra.setdefault(key, []).extend(value)
+                pieces = self.extra.get(key)
+                if isinstance(pieces, list):
+                    pieces.extend(value)
+                else:  # (first, or after an odd upstream's other shape: the last shape said)
+                    self.extra[key] = list(value)
             else:
                 self.extra[key] = value
 
