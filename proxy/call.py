@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from storage import transcript, uuid7
 
@@ -186,7 +187,7 @@ class Started:
 
     def headers(self) -> list[tuple[str, str]]:
         if not self.stored:
-            return [("x-branchpoint-dropped-tools", ",".join(self.call.dropped_tools))] if self.call.dropped_tools else []
+            return [("x-branchpoint-dropped-tools", _listed(self.call.dropped_tools))] if self.call.dropped_tools else []
         headers = [
             ("x-conversation-id", self.conversation_id),
             ("x-node-id", str(self.node_id)),
@@ -195,7 +196,15 @@ class Started:
             ("x-context-matched", str(self.matched)),
         ]
         if self.call.dropped_tools:
-            headers.append(("x-branchpoint-dropped-tools", ",".join(self.call.dropped_tools)))
+            headers.append(("x-branchpoint-dropped-tools", _listed(self.call.dropped_tools)))
         return headers
+
+
+def _listed(names: Any) -> str:
+    """Names a client chose (a hosted tool's type, an MCP server's name) as one header value: each
+    percent-encoded but for what a tool name is made of -- a character outside Latin-1 made the
+    answer's headers fail after the call was made and stored (a 500 its client retried), a comma
+    read as two names, a line break cut the connection."""
+    return ",".join(quote(str(name), safe="-_.:~@/+") for name in names)
 
 

@@ -1131,7 +1131,8 @@ def test_a_chat_clients_answer_with_claudes_server_tools_goes_back_whole(mproxy:
     MCP call and result are part of its answer. The chat client reads them as lines in the content
     (streamed as whole), and Claude's next call gets its blocks back whole, in their place among
     its text, as signed thinking is kept -- only the text went back, the lookup's result lost to
-    Claude. Another model gets the lines."""
+    Claude. Another model gets the lines. The client's own answer carries no blocks but signed
+    thinking (the whole answer gave it every block, text and fetched pages among them)."""
     oc = mproxy.openai(key, conversation=cid)
     mcp = {"extra_body": {"mcp_servers": [{"type": "url", "url": "https://mcp.example/sse", "name": "crm"}]}}
     claude.enqueue(AReply(content=_MCP_ANSWER))
@@ -1140,8 +1141,11 @@ def test_a_chat_clients_answer_with_claudes_server_tools_goes_back_whole(mproxy:
                                                  stream=True, **mcp))
         said = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     else:
-        said = oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "ACME?"}],
-                                          **mcp).choices[0].message.content
+        message = oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "ACME?"}],
+                                             **mcp).choices[0].message
+        said = message.content
+        # (the blocks kept for Claude are the stored message's, not the client's to read as reasoning)
+        assert "thinking_blocks" not in (message.model_extra or {})
     assert said == _MCP_LINES
     oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "who owns it?"}], **mcp)
     assert claude.last.body["messages"][1] == {"role": "assistant", "content": _MCP_ANSWER}

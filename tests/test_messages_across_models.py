@@ -254,6 +254,18 @@ def test_mcp_servers_towards_another_upstream_are_dropped_and_said(mproxy: Proxy
     assert "mcp:crm" in str(refused.value)
 
 
+def test_dropped_tools_a_client_named_are_said_in_one_header_whatever_their_names(mproxy: Proxy, upstream: FakeUpstream,
+                                                                                key: str, cid: str) -> None:
+    """An MCP server's name is the client's to choose: one outside Latin-1 made the answer's
+    headers fail after the call was made and its node stored -- a 500 the client retried, the turn
+    made twice -- and a comma read as two names. Each name is percent-encoded in the header."""
+    servers = [{**_MCP[0], "name": "crm中"}, {**_MCP[0], "name": "a,b"}]
+    r = _post(mproxy, f"/c/{cid}/v1/messages", {"model": "gpt-x", "max_tokens": 10, "mcp_servers": servers,
+                                                 "messages": [{"role": "user", "content": "look up ACME"}]}, key)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-branchpoint-dropped-tools"] == "mcp:crm%E4%B8%AD,mcp:a%2Cb"
+
+
 def test_the_anthropic_sdk_reads_the_answers(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str) -> None:
     """(the SDK, not only raw HTTP: an answer with a made id parses as a ToolUseBlock)"""
     upstream.enqueue(Reply(content=None, tool_calls=[{"type": "function", "function": {"name": "Bash", "arguments": "{}"}}]))

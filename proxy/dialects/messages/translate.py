@@ -407,8 +407,16 @@ def chat_message(content: list[Any], provider: str | None) -> dict[str, Any]:
 def completion(data: dict[str, Any], node_id: uuid.UUID, provider: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the chat completion, the assistant message) for an Anthropic message."""
     message = chat_message(data["content"], provider)
+    said = message  # (the client's: its thinking_blocks the signed thinking only, as a stream gives
+    # none of the rest -- the other blocks kept there for Claude, text, fetched pages, encrypted
+    # search results, are the stored message's, not a chat client's to render as reasoning)
+    if "thinking_blocks" in message:
+        said = {k: v for k, v in message.items() if k != "thinking_blocks"}
+        thinking = [b for b in message["thinking_blocks"] if b.get("type") in ("thinking", "redacted_thinking")]
+        if thinking:
+            said["thinking_blocks"] = thinking
     body = {"id": f"chatcmpl-{node_id.hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": data.get("model"), "choices": [{"index": 0, "message": message,
+            "model": data.get("model"), "choices": [{"index": 0, "message": said,
                                                      "finish_reason": finish_reason(data.get("stop_reason")),
                                                      "logprobs": None}],
             "usage": chat_usage(data.get("usage")) or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
