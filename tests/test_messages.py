@@ -257,18 +257,25 @@ def test_markers_inside_blocks_are_the_calls_own_too(mproxy: Proxy, claude: Fake
     assert _marker_paths(claude.last.body) == []
 
 
+def _a_session_at_a_tool_call(mproxy: Proxy, claude: FakeAnthropic, question: str, tool: str,
+                              tool_id: str) -> tuple[Any, dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A full-history session (Claude Code's shape, under /auto) whose first answer calls
+    ``tool``: (the client, its session header, the tools, the question and the call)."""
+    c = client(mproxy, new_key(), "/auto")
+    session = {"X-Claude-Code-Session-Id": f"s-{uuid.uuid4().hex[:8]}"}
+    tools = [{"name": tool, "input_schema": {"type": "object"}}]
+    base = [{"role": "user", "content": question},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": tool_id, "name": tool, "input": {}}]}]
+    claude.enqueue(AReply(content=base[1]["content"], stop_reason="tool_use"))
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=base[:1], extra_headers=session)
+    return c, session, tools, base
+
+
 def test_full_history_an_old_marker_inside_a_block_is_not_sent_again(mproxy: Proxy, claude: FakeAnthropic) -> None:
     """Full history: the stored copy of a tool result keeps the marker inside it that the client
     sent then; a later call that resends the block without it (its marker moved on) gets the
     block as it sends it now -- the stored marker matched nothing and is not sent."""
-    key = new_key()
-    c = client(mproxy, key, "/auto")
-    session = {"X-Claude-Code-Session-Id": f"s-{uuid.uuid4().hex[:8]}"}
-    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
-    base = [{"role": "user", "content": "go"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_0", "name": "Bash", "input": {}}]}]
-    claude.enqueue(AReply(content=base[1]["content"], stop_reason="tool_use"))
-    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=base[:1], extra_headers=session)
+    c, session, tools, base = _a_session_at_a_tool_call(mproxy, claude, "go", "Bash", "toolu_0")
 
     def result(**marker: Any) -> dict[str, Any]:
         return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_0",
@@ -315,13 +322,7 @@ def test_full_history_another_screenshot_in_a_tool_result_is_not_matched(mproxy:
     line, and matching compares that line -- it named only the media type, so a resent history
     with another screenshot for the same tool call matched the stored one and Anthropic got the
     stored screenshot, not the client's. The line names a digest of the image's bytes."""
-    c = client(mproxy, new_key(), "/auto")
-    session = {"X-Claude-Code-Session-Id": f"s-{uuid.uuid4().hex[:8]}"}
-    tools = [{"name": "Screenshot", "input_schema": {"type": "object"}}]
-    base = [{"role": "user", "content": "look at the screen"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_s", "name": "Screenshot", "input": {}}]}]
-    claude.enqueue(AReply(content=base[1]["content"], stop_reason="tool_use"))
-    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=base[:1], extra_headers=session)
+    c, session, tools, base = _a_session_at_a_tool_call(mproxy, claude, "look at the screen", "Screenshot", "toolu_s")
 
     def shot(fill: str) -> dict[str, Any]:
         return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": [
@@ -533,12 +534,16 @@ def test_over_chat_tool_calls_finished_with_stop_are_tool_use(mproxy: Proxy, ups
     asked: dict[str, Any] = {"model": "gemini-3-flash-preview", "max_tokens": 50,
                              "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
                              "messages": [{"role": "user", "content": "where?"}]}
-    if kind == "json":
-        final = c.messages.create(**asked)
-    else:
-        with c.messages.stream(**asked) as s:
-            final = s.get_final_message()
+    final = _final_message(c, asked, kind)
     assert [b.type for b in final.content] == ["tool_use"] and final.stop_reason == "tool_use"
+
+
+def _final_message(c: Any, asked: dict[str, Any], kind: str) -> Any:
+    """The answer to ``asked`` as the anthropic SDK reads it, whole (json) or streamed."""
+    if kind == "json":
+        return c.messages.create(**asked)
+    with c.messages.stream(**asked) as s:
+        return s.get_final_message()
 
 
 @pytest.mark.parametrize("kind", ["json", "stream"])
@@ -561,11 +566,7 @@ def test_over_chat_a_thinking_part_is_a_thinking_block(mproxy: Proxy, upstream: 
     c = client(mproxy, key, f"/c/{cid}")
     asked: dict[str, Any] = {"model": "magistral-medium-latest", "max_tokens": 50,
                              "messages": [{"role": "user", "content": "hi"}]}
-    if kind == "json":
-        final = c.messages.create(**asked)
-    else:
-        with c.messages.stream(**asked) as s:
-            final = s.get_final_message()
+    final = _final_message(c, asked, kind)
     assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [
         ("thinking", "the chain of it"), ("text", "Hello world")]
 
