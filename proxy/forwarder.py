@@ -13,10 +13,10 @@ from litestar import Request
 from litestar.types import ASGIApp
 
 from .auth import Caller
+from .bytes_relay import OPENAI_ERRORS, BytesRelay, ErrorVoice
 from .errors import NotFound, UpstreamFailure
 from .http import RawResponse, encode_headers
 from .observability import current_request
-from .relay import OPENAI_ERRORS, BytesRelay, ErrorVoice
 from .secrets import BytesMasker, redact_bytes
 from .surrogates import loads
 from .upstream import UpstreamClient, response_headers

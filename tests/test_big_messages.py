@@ -305,7 +305,7 @@ def test_a_passthrough_answer_cut_within_the_look_ahead_is_a_502(database_url, r
 def test_a_passthrough_answer_cut_past_the_look_ahead_is_aborted(database_url, raw_upstream):
     """Limit 8 MiB, a 12 MB answer: its first 4 MiB went out with its status; the cut at 8 MiB ends
     the connection unfinished -- the client sees a broken answer, not a complete 200."""
-    from proxy.relay import LOOKAHEAD
+    from proxy.bytes_relay import LOOKAHEAD
 
     assert LOOKAHEAD < 8 * MIB
     body = b'{"data": "' + b"x" * (12 * MIB) + b'"}'

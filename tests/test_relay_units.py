@@ -458,7 +458,7 @@ def test_a_send_the_client_never_takes_ends_as_stalled_and_a_shutdown_stays_a_ca
     cancellation, and sends the client takes go on as they came, the timer gone once closed."""
     import asyncio
 
-    from proxy.relay import ClientStalled, timed_send
+    from proxy.sending import ClientStalled, timed_send
 
     async def main() -> None:
         taken: list[object] = []

@@ -201,7 +201,7 @@ def test_a_compression_bomb_is_refused_at_the_decoded_limit(bombed, bomb_upstrea
     elif stream:  # passed through as it came, cut at the limit: with a final error event
         assert r.status_code == 200 and len(body) <= LIMIT + 4096
         assert _last_event(body)["error"]["code"] == "upstream_response_too_large"
-    else:  # any other body is read ahead before its status: never a short 200 (proxy/relay.py BytesRelay)
+    else:  # any other body is read ahead before its status: never a short 200 (proxy/bytes_relay.py BytesRelay)
         assert r.status_code == 502, body[:300]
         assert json.loads(body)["error"]["code"] == "upstream_response_too_large"
 

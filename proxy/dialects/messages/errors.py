@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from ...relay import ErrorVoice
+from ...bytes_relay import ErrorVoice
 from ...surrogates import loads
 
 __all__ = ["ANTHROPIC_ERRORS", "anthropic_type", "error_body", "error_event", "from_openai_body", "in_anthropic_words",
