@@ -14,7 +14,7 @@ from litestar.types import ASGIApp
 from storage import AdminStore, NodeRow
 
 from ..auth import Caller
-from ..dialects.messages.translate import chat_usage
+from ..dialects.messages.answers import chat_usage
 from ..dialects.responses import items as responses_items
 from ..dialects.responses import translate
 from ..errors import InvalidRequest, NotFound

@@ -22,7 +22,7 @@ from ...surrogates import loads
 from .. import Answer
 from ..chat import NotACompletion, parse_completion
 from ..chat.stream import masked_chunks
-from . import stream, translate
+from . import answers, stream, translate
 from .blocks import to_messages
 
 __all__ = ["ChatOverMessages", "MessagesNative", "MessagesOverChat", "read_message"]
@@ -36,7 +36,7 @@ def read_message(content: bytes) -> dict[str, Any]:
         data = loads(content)
     except (msgspec.DecodeError, RecursionError) as exc:
         raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
-    if not translate.read_message(data):
+    if not answers.read_message(data):
         raise NotACompletion("not a message")
     return data
 
@@ -49,7 +49,7 @@ class MessagesNative:
         data = read_message(content)
         received = [{"role": "assistant", "content": [b for b in data["content"] if isinstance(b, dict)]}]
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
-        return Answer(content, received, self.messages(received), usage, translate.finish_reason(data.get("stop_reason")))
+        return Answer(content, received, self.messages(received), usage, answers.finish_reason(data.get("stop_reason")))
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
         return stream.Native(secrets=secrets)
@@ -66,12 +66,12 @@ class MessagesOverChat:
 
     def answer(self, content: bytes) -> Answer:
         completion = parse_completion(content)
-        blocks = translate.content_of(completion.message, self.node_id)
+        blocks = answers.content_of(completion.message, self.node_id)
         model = loads(content).get("model") or self.params.get("model")
-        body = translate.message_object(node_id=self.node_id, model=model, content=blocks,
-                                        stop=translate.stop_reason(completion.finish_reason,
+        body = answers.message_object(node_id=self.node_id, model=model, content=blocks,
+                                        stop=answers.stop_reason(completion.finish_reason,
                                                                   any(b.get("type") == "tool_use" for b in blocks)),
-                                        usage=translate.anthropic_usage(completion.usage),
+                                        usage=answers.anthropic_usage(completion.usage),
                                         applied_edits=self.params.get(translate.APPLIED_EDITS))
         received = [{"role": "assistant", "content": blocks}]
         # (stored: the upstream's usage in chat's terms, whole -- Anthropic's has no word for its
@@ -92,7 +92,7 @@ class ChatOverMessages:
 
     def answer(self, content: bytes) -> Answer:
         data = read_message(content)
-        body, message = translate.completion(data, self.node_id, self.provider)
+        body, message = answers.completion(data, self.node_id, self.provider)
         choice = body["choices"][0]
         return Answer(_encode(body), [message], [message], body["usage"], choice["finish_reason"])
 

@@ -27,7 +27,7 @@ from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
 from ...surrogates import encode, loads
 from ..chat.completion import call_id
 from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
-from . import translate
+from . import answers, translate
 from .blocks.from_chat import input_json
 from .blocks.to_chat import line_piece, server_line, uses_of
 from .errors import anthropic_type, error_event, in_anthropic_words
@@ -184,7 +184,7 @@ class Native:
 
     @property
     def finish_reason(self) -> str | None:
-        return translate.finish_reason(self.acc.stop_reason) if self.acc.stop_reason else None
+        return answers.finish_reason(self.acc.stop_reason) if self.acc.stop_reason else None
 
     def opening(self) -> bytes:
         return b""
@@ -256,7 +256,7 @@ class FromChat:
         return self.acc.finish_reason
 
     def opening(self) -> bytes:
-        message = translate.message_object(node_id=self.node_id, model=self.params.get("model"), content=[], stop=None,
+        message = answers.message_object(node_id=self.node_id, model=self.params.get("model"), content=[], stop=None,
                                            usage={"input_tokens": 0, "output_tokens": 0})
         return _event("message_start", {"message": message})
 
@@ -298,7 +298,7 @@ class FromChat:
             self.error = self.acc.error
             return b""
         out = []
-        text, reasoning, _ = self.acc.since(marks)  # (reasoning: as translate.content_of reads it)
+        text, reasoning, _ = self.acc.since(marks)  # (reasoning: as answers.content_of reads it)
         if reasoning:
             if self.kind != "thinking":
                 out.append(self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""}))
@@ -325,11 +325,11 @@ class FromChat:
         return b"".join(out)
 
     def received(self) -> list[dict[str, Any]]:
-        return [{"role": "assistant", "content": translate.content_of(self.acc.message(), self.node_id)}]
+        return [{"role": "assistant", "content": answers.content_of(self.acc.message(), self.node_id)}]
 
     def _refusal(self) -> bytes:
         """A chat upstream's refusal, when no text came: a text block of it (as the stored answer
-        and a whole answer have it, ``translate.content_of``)."""
+        and a whole answer have it, ``answers.content_of``)."""
         refusal = "".join(self.acc.refusal)
         if not refusal or "".join(self.acc.content):  # (a role chunk's "" is no text)
             return b""
@@ -344,8 +344,8 @@ class FromChat:
 
     def closing(self) -> bytes:
         out = self._stop() + self._refusal() + self._tools()
-        usage = translate.anthropic_usage(self.acc.usage) if self.acc.usage else {"input_tokens": 0, "output_tokens": 0}
-        delta: dict[str, Any] = {"delta": {"stop_reason": translate.stop_reason(self.acc.finish_reason,
+        usage = answers.anthropic_usage(self.acc.usage) if self.acc.usage else {"input_tokens": 0, "output_tokens": 0}
+        delta: dict[str, Any] = {"delta": {"stop_reason": answers.stop_reason(self.acc.finish_reason,
                                                                                 bool(self.acc.tool_calls)),
                                            "stop_sequence": None}, "usage": usage}
         applied = self.params.get(translate.APPLIED_EDITS)
@@ -379,11 +379,11 @@ class ToChat:
 
     @property
     def usage(self) -> dict[str, Any] | None:
-        return translate.chat_usage(self.acc.usage) if self.acc.usage else None
+        return answers.chat_usage(self.acc.usage) if self.acc.usage else None
 
     @property
     def finish_reason(self) -> str | None:
-        return translate.finish_reason(self.acc.stop_reason) if self.acc.stop_reason else None
+        return answers.finish_reason(self.acc.stop_reason) if self.acc.stop_reason else None
 
     def opening(self) -> bytes:
         return b""
@@ -449,7 +449,7 @@ class ToChat:
         return b""
 
     def received(self) -> list[dict[str, Any]]:
-        return [translate.chat_message(self.acc.content(), self.provider)]
+        return [answers.chat_message(self.acc.content(), self.provider)]
 
     def closing(self) -> bytes:
         out = b""

@@ -155,7 +155,7 @@ def _from_chat(message: dict[str, Any], provider: str | None) -> tuple[str, list
 
 
 def _reads_as(blocks: list[dict[str, Any]], content: Any) -> bool:
-    """Whether an answer's kept blocks read as the message's content (``translate.chat_message``
+    """Whether an answer's kept blocks read as the message's content (``answers.chat_message``
     kept them so): then they stand for it; a content changed since says what is to be sent."""
     text = content if isinstance(content, str) else "".join(
         b["text"] for b in _parts_to_blocks(content) if b.get("type") == "text")
