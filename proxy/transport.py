@@ -7,7 +7,9 @@ connections that was a quarter of the proxy's CPU per call. This transport keeps
 the protocol work with an ``asyncio.Protocol`` and ``httptools`` (the C parser uvicorn uses):
 
 - data is pushed into the parser as it arrives; a closed idle connection is noticed by the event
-  loop (``connection_lost``), so picking a pooled connection costs no system call;
+  loop (``connection_lost``), and the one connection picked for a request is polled once more
+  (one ``select()`` of its socket, ``_has_news``): an upstream's close the loop has not read yet
+  would fail the request -- for a POST, never re-sent, a 502;
 - idle connections are reused last-in first-out and dropped after ``keepalive_expiry``;
 - a POST is never re-sent on a fresh connection (it may have reached the upstream); only
   idempotent requests are retried once when a reused connection turns out dead.
@@ -24,6 +26,7 @@ streaming request bodies are read fully before sending.
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 import time
 from collections import deque
@@ -288,6 +291,20 @@ class _Body(httpx.AsyncByteStream):
         self._finish()
 
 
+def _has_news(conn: _Connection) -> bool:
+    """Whether an idle connection's socket has something to read -- the upstream closed it (its
+    keep-alive over: uvicorn's, vLLM's, after 5 s) and the event loop has not seen it yet. A
+    request sent on it then is read by nobody: a ReadError, a 502 for a POST, which is never
+    re-sent (above). One poll of the socket, no wait."""
+    sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+    if sock is None:
+        return False
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):  # (closed under us)
+        return True
+
+
 class UpstreamTransport(httpx.AsyncBaseTransport):
     def __init__(self, *, max_connections: int = 512, keepalive_expiry: float = 30.0,
                  ssl_context: ssl.SSLContext | None = None, max_head_bytes: int = 65536,
@@ -327,7 +344,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         now = time.monotonic()
         while pool.idle:
             conn = pool.idle.pop()
-            if not conn.closed and now - conn.idle_since < self.keepalive_expiry:
+            if not conn.closed and now - conn.idle_since < self.keepalive_expiry and not _has_news(conn):
                 return conn
             conn.close()
         return None
