@@ -143,7 +143,7 @@ def test_a_delta_of_a_type_not_known_lands_on_its_block() -> None:
     """A block type Anthropic adds after this proxy was written streams its content in a delta of
     its own: the reassembled message keeps that content (text pieces joined, other fields set), as
     it is stored and sent back -- it was dropped, the block stored empty."""
-    from proxy.dialects.messages.stream import Message
+    from proxy.dialects.messages.reassembly import Message
 
     acc = Message()
     for event in [{"type": "content_block_start", "index": 0, "content_block": {"type": "novel", "body": "", "n": 0}},
