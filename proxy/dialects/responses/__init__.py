@@ -3,6 +3,7 @@
     request.py    a client's Responses request read and checked; the items it sends
     checks.py     items checked before they are stored unsent (a conversation's added items)
     items.py      Responses items -> chat messages; response ids <-> node ids; an upstream's response read
+    parts.py      an item's content parts in chat terms (a tool output's images and files as lines)
     outbound.py   chat messages -> Responses items: what a Responses upstream gets, what a chat node lists as
     translate.py  a Responses request for a chat upstream, and the response objects we serve
     stream.py     Responses event streams: translated from a chat stream, or relayed natively

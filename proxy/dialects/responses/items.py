@@ -29,7 +29,6 @@ read is dropped there (``assembly.strip``).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import uuid
 from collections.abc import Iterable
@@ -40,6 +39,7 @@ import msgspec
 from ...surrogates import encode, loads
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
+from .parts import content_of, tool_output
 from .tools import LOADED, SEARCH, custom_arguments, flat_name, members
 
 __all__ = [
@@ -65,9 +65,6 @@ __all__ = [
 ITEMS = "_bp_items"  # the native items a message was made from
 ITEMS_OF = "_bp_items_of"  # the dialect they are items of: "responses" or "messages" (``items_of``)
 PRODUCER = "_bp_producer"  # the provider that produced them (opaque reasoning goes back only there)
-_TEXT_IN = frozenset({"input_text", "text"})
-_TEXT_OUT = frozenset({"output_text", "text"})
-
 
 
 def items_of(message: dict[str, Any]) -> str | None:
@@ -128,48 +125,6 @@ def input_items(value: Any) -> list[dict[str, Any]]:
 
 
 # -- items -> messages ----------------------------------------------------------------------------
-
-
-def _parts_to_content(content: Any, *, output: bool) -> tuple[Any, str | None]:
-    """(chat content, refusal) of a message item's content."""
-    if content is None or isinstance(content, str):
-        return content, None
-    if not isinstance(content, list):
-        return content, None
-    texts: list[str] = []
-    parts: list[dict[str, Any]] = []
-    refusal = None
-    only_text = True
-    for part in content:
-        if not isinstance(part, dict):
-            continue
-        kind = part.get("type")
-        if kind in (_TEXT_OUT if output else _TEXT_IN) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "refusal":
-            refusal = (refusal or "") + str(part.get("refusal") or "")
-        elif kind == "input_image" and not part.get("image_url") and part.get("file_id"):
-            # (by OpenAI file id: nothing a chat model or Anthropic can fetch -- its id went as the
-            # URL "file:<id>", which both refuse, on every later call -- a line naming it; the
-            # item keeps the id for a Responses upstream)
-            only_text = False
-            parts.append({"type": "text", "text": f"[image (file {part['file_id']}): not readable by this model]"})
-        elif kind == "input_image":
-            only_text = False
-            image: dict[str, Any] = {"url": part.get("image_url")}
-            if part.get("detail"):
-                image["detail"] = part["detail"]
-            parts.append({"type": "image_url", "image_url": image})
-        elif kind == "input_file":
-            only_text = False
-            parts.append({"type": "file", "file": {k: part[k] for k in ("file_id", "file_data", "file_url", "filename") if k in part}})
-        else:
-            only_text = False
-            parts.append(part)
-    if only_text:
-        return "".join(texts), refusal
-    return parts, refusal
 
 
 _CALL_OF_ANSWER = re.compile(r"(?:fc|ctc|tsc)_([0-9a-f]{32})_\d+")
@@ -255,61 +210,16 @@ def _joins(item: dict[str, Any], answered: tuple[dict[str, Any], str, int] | Non
     return message
 
 
-def _tool_output(output: Any) -> Any:
-    """A tool result's ``output`` as a chat tool message holds it: text only -- chat's tool
-    messages take no image or file (OpenAI refuses the request, and every later call of the
-    conversation, which resends it), so each is a line saying what it was. The item keeps it: a
-    Responses upstream gets it back as it came, an Anthropic one in its tool result
-    (``tool_output_parts``)."""
-    if not isinstance(output, list):
-        return output
-    texts = []
-    for part in output:
-        if not isinstance(part, dict):
-            continue
-        if part.get("type") in _TEXT_IN | _TEXT_OUT and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        else:
-            texts.append(_not_text(part))
-    return "".join(texts)
-
-
-def _not_text(part: dict[str, Any]) -> str:
-    """The line standing for a tool output's image, file or other part in a chat tool message --
-    naming it (its URL, file id or name, a digest of the bytes it carries): full history compares
-    the line, and one alike for any two images would let another history's match
-    (docs/behaviour.md#full-history-mode)."""
-    kind = part.get("type")
-    if kind == "input_image":
-        url = part.get("image_url")
-        if isinstance(url, str) and url.startswith("data:"):
-            what = f"{url[5:].split(';', 1)[0]} {_digest(url)}"
-        else:
-            what = url if isinstance(url, str) and url else \
-                f"file {part['file_id']}" if isinstance(part.get("file_id"), str) else "image"
-        return f"\n[an image ({what}) the tool returned: a chat tool message cannot carry images]\n"
-    if kind == "input_file":
-        names = [part[k] for k in ("filename", "file_id", "file_url") if isinstance(part.get(k), str) and part[k]]
-        if isinstance(part.get("file_data"), str):
-            names.append(_digest(part["file_data"]))
-        return f"\n[a file ({' '.join(names) or 'file'}) the tool returned: a chat tool message cannot carry files]\n"
-    return f"\n[{kind if isinstance(kind, str) else 'a part'} the tool returned: a chat tool message cannot carry it]\n"
-
-
-def _digest(data: str) -> str:
-    return f"sha256 {hashlib.sha256(data.encode()).hexdigest()[:12]}"
-
-
 def tool_output_parts(message: dict[str, Any]) -> Any:
     """The chat parts of the Responses tool output a tool message was read from, its images and
-    files as parts (the message itself has them as lines, ``_tool_output``) -- for an upstream
+    files as parts (the message itself has them as lines, ``parts.tool_output``) -- for an upstream
     whose tool result takes them (Anthropic's); None when the message holds no such output."""
     if items_of(message) != "responses":
         return None
     for item in reversed(message.get(ITEMS) or ()):
         if isinstance(item, dict) and item.get("type") in RESULTS:
             output = item.get("output")
-            return _parts_to_content(output, output=False)[0] if isinstance(output, list) else None
+            return content_of(output, output=False)[0] if isinstance(output, list) else None
     return None
 
 
@@ -361,7 +271,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message" and answered is not None and (joined := _joins(item, answered)) is not None:
             # (one answer, one assistant message: its text joins its calls, as stored)
-            joined["content"], refusal = _parts_to_content(item.get("content"), output=True)
+            joined["content"], refusal = content_of(item.get("content"), output=True)
             if refusal:
                 joined["refusal"] = refusal
             if reasoning:
@@ -378,7 +288,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             waiting.clear()
         elif kind == "message":
             role = item.get("role") or "user"
-            content, refusal = _parts_to_content(item.get("content"), output=role == "assistant")
+            content, refusal = content_of(item.get("content"), output=role == "assistant")
             message: dict[str, Any] = {"role": role, "content": content}
             if refusal:
                 message["refusal"] = refusal
@@ -419,7 +329,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": text}, item))
             last_assistant = None
         elif kind in RESULTS:
-            content = _tool_output(item.get("output"))
+            content = tool_output(item.get("output"))
             out.append(attach({"role": "tool", "tool_call_id": item.get("call_id"), "content": content}, item))
             last_assistant = None
         elif kind in ("compaction", "compaction_summary") and compaction_node_of(item) is not None:

@@ -7,11 +7,11 @@ package docstring (``blocks/__init__.py``) has the table of fragments and chat m
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ....surrogates import encode
+from ...lines import digest
 from ...responses.items import ITEMS, ITEMS_OF, PRODUCER
 
 __all__ = ["CONT", "INLINE", "cleared", "fragments", "to_message", "to_messages"]
@@ -153,7 +153,7 @@ def _named(block: dict[str, Any], source: dict[str, Any]) -> str:
             return value
     data = source.get("data")
     if isinstance(data, str) and data:  # (bytes in the block: named by a short digest of them)
-        return f"sha256 {hashlib.sha256(data.encode()).hexdigest()[:12]}"
+        return digest(data)
     return ""
 
 
