@@ -366,7 +366,8 @@ class FakeUpstream:
         events += [chunk({"content": p}) for p in pieces]
         for i, tc in enumerate(reply.tool_calls or []):
             args = tc["function"]["arguments"]
-            first = {"index": i, "id": tc.get("id"), "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}
+            first = {"index": i, "id": tc.get("id"), "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""},
+                     **{k: v for k, v in tc.items() if k not in ("id", "type", "function")}}  # (Gemini's extra_content)
             if "id" not in tc:  # (some servers send no id at all)
                 del first["id"]
             events.append(chunk({"tool_calls": [first]}))

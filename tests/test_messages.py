@@ -1628,3 +1628,36 @@ def test_a_null_thread_is_no_thread(mproxy: Proxy, claude: FakeAnthropic, key: s
                    json={"model": "claude-x", "max_tokens": 10, "thread": {"type": "create"},
                          "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["error"]["details"]["error_code"] == "thread_unsupported_request"
+
+
+@pytest.mark.parametrize("kind", ["json", "stream"])
+def test_over_chat_a_tool_calls_signature_goes_back_to_its_provider(mproxy: Proxy, upstream: FakeUpstream,
+                                                                    claude: FakeAnthropic, kind: str) -> None:
+    """Gemini signs a tool call (``extra_content``) and refuses the next call when it comes back
+    unsigned. A ``tool_use`` block has no place for it: the answer carries it in a
+    ``redacted_thinking`` block after the calls (whole or streamed alike), which a client sends
+    back as it got it -- so the tool round reaches Gemini signed, whether the client resends its
+    whole history (Claude Code) or continues from the stored answer; an Anthropic upstream, which
+    did not make it, never gets that block."""
+    signature = {"google": {"thought_signature": "EjQKMgEMOdbHJChLX75QUCJj"}}
+    signed = {"id": "fc-1", "type": "function", "function": {"name": "Bash", "arguments": '{"command": "pwd"}'},
+              "extra_content": signature}
+    upstream.enqueue(Reply(kind=kind, content=None, tool_calls=[signed]))
+    c = client(mproxy, new_key(), "/auto")
+    question = {"role": "user", "content": f"where? {uuid.uuid4().hex[:6]}"}
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    asked: dict[str, Any] = {"model": "gemini-3-flash-preview", "max_tokens": 50, "tools": tools,
+                             "messages": [question]}
+    final = _final_message(c, asked, kind)
+    assert [b.type for b in final.content] == ["tool_use", "redacted_thinking"] and final.stop_reason == "tool_use"
+    answer = {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in final.content]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "fc-1", "content": "/home"}]}
+    upstream.enqueue(Reply(content="In /home."))
+    raw = c.messages.with_raw_response.create(**{**asked, "messages": [question, answer, result]})
+    assert raw.headers["x-context-matched"] == "2"  # (the stored answer: the history resent matched it)
+    [call] = upstream.last.messages[1]["tool_calls"]
+    assert call["id"] == "fc-1" and call["extra_content"] == signature
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Still /home."}]))
+    c.messages.create(**{**asked, "model": "claude-sonnet-4-5", "messages": [question, answer, result]})
+    sent = claude.last.messages[1]["content"]
+    assert [b["type"] for b in sent] == ["tool_use"] and sent[0]["id"] == "fc-1"

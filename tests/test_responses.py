@@ -612,3 +612,55 @@ def test_a_tool_outputs_other_image_in_a_resent_history_is_not_matched(mproxy, u
     assert third.headers["x-parent-node-id"] != second.headers["x-node-id"]  # (another history)
     sent = json.dumps(claude.last.body["messages"])
     assert ("BBBBBB" in sent or "B.png" in sent) and "AAAAAA" not in sent and "A.png" not in sent
+
+
+SIGNATURE = {"google": {"thought_signature": "EjQKMgEMOdbHJChLX75QUCJj"}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_calls_signature_reaches_a_responses_client_and_goes_back_to_its_provider(database_url, upstream_url,
+                                                                                          upstream, stream):
+    """Gemini signs a tool call (``extra_content``) and refuses the next call when it comes back
+    unsigned. A ``function_call`` item has no place for it: the answer carries it in a reasoning
+    item of its own (its ``encrypted_content``), which the stored answer, a stream's events and
+    the completed response all hold -- so a client continuing by ``previous_response_id`` and one
+    resending the items it got both send Gemini its signed call again; another provider never
+    gets the signature."""
+    from .conftest import make_settings, serve_proxy
+
+    settings = make_settings(database_url, upstream_url, upstreams=[
+        {"name": "gemini", "base_url": upstream_url, "models": ["gemini-*"]},
+        {"name": "plain", "base_url": upstream_url, "models": ["*"]},
+    ])
+    signed = {**tool_call("fc-1", "weather", '{"city": "Oslo"}'), "extra_content": SIGNATURE}
+    question = {"role": "user", "content": f"Weather in Oslo? {uuid.uuid4().hex[:6]}"}
+    with serve_proxy(settings) as p:
+        client = openai.OpenAI(base_url=f"{p.url}/auto/v1", api_key=new_key(), max_retries=0)
+        upstream.enqueue(Reply(content=None, tool_calls=[signed]))
+        if stream:
+            with client.responses.stream(model="gemini-3-flash-preview", input=[question], tools=[WEATHER_TOOL]) as s:
+                events = list(s)
+                first = s.get_final_response()
+            done = [e.item.model_dump(exclude_none=True) for e in events if e.type == "response.output_item.done"]
+            assert done == [i.model_dump(exclude_none=True) for i in first.output]
+        else:
+            first, _ = raw_create(client, model="gemini-3-flash-preview", input=[question], tools=[WEATHER_TOOL])
+        assert [i.type for i in first.output] == ["function_call", "reasoning"]
+        assert first.output[1].summary == [] and first.output[1].encrypted_content
+        stored = client.responses.retrieve(first.id)
+        assert [i.model_dump(exclude_none=True) for i in stored.output] == \
+            [i.model_dump(exclude_none=True) for i in first.output]
+        result = {"type": "function_call_output", "call_id": "fc-1", "output": "-3 C"}
+        upstream.enqueue(Reply(content="Cold."))
+        raw_create(client, model="gemini-3-flash-preview", previous_response_id=first.id, input=[result],
+                   tools=[WEATHER_TOOL])
+        assert upstream.last.messages[1]["tool_calls"] == [signed]
+        items = [i.model_dump(exclude_none=True) for i in first.output]
+        upstream.enqueue(Reply(content="Cold."))
+        _, headers = raw_create(client, model="gemini-3-flash-preview", input=[question, *items, result],
+                                tools=[WEATHER_TOOL])
+        assert headers["x-context-matched"] == "2"  # (the stored answer: the history resent matched it)
+        assert upstream.last.messages[1]["tool_calls"] == [signed]
+        upstream.enqueue(Reply(content="Cold."))
+        raw_create(client, model="gpt-4o-mini", previous_response_id=first.id, input=[result], tools=[WEATHER_TOOL])
+        assert upstream.last.messages[1]["tool_calls"] == [tool_call("fc-1", "weather", '{"city": "Oslo"}')]

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from .. import CACHE_WRITES, usage_count
+from .. import CACHE_WRITES, signed, usage_count
 from ..chat.completion import call_id
 from .blocks.from_chat import _input, _parts_to_blocks
 
@@ -97,7 +97,18 @@ def content_of(message: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, An
             fn = call.get("function") or {}
             blocks.append({"type": "tool_use", "id": call_id(call, node_id, i), "name": fn.get("name"),
                            "input": _input(fn.get("arguments"))})
+    carried = calls_block(message, node_id)
+    if carried is not None:
+        blocks.append(carried)
     return blocks
+
+
+def calls_block(message: dict[str, Any], node_id: uuid.UUID) -> dict[str, Any] | None:
+    """The ``redacted_thinking`` block carrying the fields of a chat answer's tool calls that a
+    ``tool_use`` block has no place for (Gemini's signature, ``signed``), after the calls; None
+    when no call has any."""
+    carried = signed.blob(message, node_id)
+    return None if carried is None else {"type": "redacted_thinking", "data": carried}
 
 
 def message_object(*, node_id: uuid.UUID, model: Any, content: list[dict[str, Any]], stop: str | None,

@@ -231,6 +231,9 @@ class FromChat:
             if arguments:
                 out.append(self._delta({"type": "input_json_delta", "partial_json": input_json(arguments)}))
             out.append(self._stop())
+        carried = answers.calls_block(self.acc.message(), self.node_id)  # (the calls' other fields, after them)
+        if carried is not None:
+            out.append(self._start("signed", carried) + self._stop())
         return b"".join(out)
 
     def received(self) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from ...surrogates import encode, loads
+from .. import signed
 from ..chat.completion import NotACompletion
 from .compaction import compaction_node_of
 from .parts import content_of, tool_output
@@ -244,6 +245,11 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
     # calls came from: a call of the same answer sent after another's result (OpenAI's guide
     # appends each call, then its result) joins it again -- one answer, one message, as stored
     answered: tuple[dict[str, Any], str, int] | None = None
+    items = items if isinstance(items, list) else list(items)
+    carried: dict[str, dict[str, Any]] = {}  # a call's fields beyond its id, type and function, by call id
+    for item in items:
+        if type(item) is dict and item.get("type") == "reasoning":
+            carried.update(signed.read(item.get("encrypted_content")))
 
     def attach(message: dict[str, Any], *native: dict[str, Any]) -> dict[str, Any]:
         nonlocal counted
@@ -306,6 +312,8 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             else:
                 arguments = item.get("arguments") or ""
             call = {"id": item.get("call_id"), "type": "function", "function": {"name": name, "arguments": arguments}}
+            if carried:
+                signed.restore([call], carried)
             origin = _answer_of(item.get("id"))
             if last_assistant is None and answered is not None and origin == answered[1] and not reasoning:
                 last_assistant, _, number = answered

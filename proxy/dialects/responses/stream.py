@@ -253,8 +253,8 @@ class FromChat:
         # order; items.convert reads the message after its calls as one assistant message)
         items = translate.output_items(self.acc.message(), self.node_id, offered(self.params))
         calls = iter([self.calls[i] for i in sorted(self.calls)])  # (output_items' calls: in that order)
-        places = [self.reasoning_index if item["type"] == "reasoning" else self.text_index if item["type"] == "message"
-                  else next(calls, None) for item in items]
+        places = [(None if item.get("encrypted_content") else self.reasoning_index) if item["type"] == "reasoning"
+                  else self.text_index if item["type"] == "message" else next(calls, None) for item in items]
         order = sorted(range(len(items)), key=lambda k: len(self.items) if places[k] is None else places[k])
         return [items[k] for k in order]
 
@@ -268,6 +268,12 @@ class FromChat:
         out = self._close_reasoning() + self._close_text() + self._close_calls()
         if self.text_index is None and not self.calls:  # an answer without text or calls still has an (empty) message
             out += self._text_delta("") + self._close_text()
+        carried = translate.calls_item(self.acc.message(), self.node_id)  # (the calls' other fields, after them)
+        if carried is not None:
+            self.items.append(carried)
+            self.closed.add(len(self.items) - 1)
+            out += self.emit("response.output_item.added", output_index=len(self.items) - 1, item=carried)
+            out += self.emit("response.output_item.done", output_index=len(self.items) - 1, item=carried)
         final = self._response("completed", [*self.compaction, *self.received()], usage=self.usage,
                                finish_reason=self.finish_reason)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"

@@ -21,7 +21,7 @@ import msgspec
 from ...assembly import NATIVE
 from ...errors import InvalidRequest
 from ...surrogates import loads
-from .. import CACHE_WRITES, usage_count
+from .. import CACHE_WRITES, signed, usage_count
 from ..chat.completion import call_id
 from .tools import (
     DROPPED,
@@ -249,7 +249,19 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
         fn = call.get("function") if isinstance(call.get("function"), dict) else {}
         out.append(tool_call_item(node_id, i, call_id(call, node_id, i), fn.get("name"), fn.get("arguments") or "",
                                  tools, status="completed"))
+    carried = calls_item(message, node_id)  # (the calls' other fields: Gemini's signature)
+    if carried is not None:
+        out.append(carried)
     return out
+
+
+def calls_item(message: dict[str, Any], node_id: uuid.UUID) -> dict[str, Any] | None:
+    """The reasoning item carrying the fields of a chat answer's tool calls that a call item has
+    no place for (``signed``), after the calls; None when no call has any."""
+    carried = signed.blob(message, node_id)
+    if carried is None:
+        return None
+    return {"id": f"rs_{node_id.hex}_calls", "type": "reasoning", "summary": [], "encrypted_content": carried}
 
 
 def tool_call_item(node_id: uuid.UUID, index: int, call_id: Any, name: Any, arguments: str, tools: Any, *,

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ....surrogates import encode
+from ... import signed
 from ...lines import digest
 from ...responses.items import ITEMS, ITEMS_OF, PRODUCER
 
@@ -297,6 +298,12 @@ def _assistant(blocks: list[Any]) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
     if calls:
         message["tool_calls"] = calls
+        carried = {}  # (their fields beyond id, type and function -- Gemini's signature -- after them)
+        for block in blocks:
+            if isinstance(block, dict) and block.get("type") == "redacted_thinking":
+                carried.update(signed.read(block.get("data")))
+        if carried:
+            signed.restore(calls, carried)
     if thinking:
         message["reasoning_content"] = "".join(thinking)
     if message["content"] is None and not calls:
