@@ -309,6 +309,12 @@ def _url_ok(url: str, schemes: tuple[str, ...]) -> bool:
         return False
 
 
+# The longest span a setting may give (about 31 years): a lease's end and retention's cutoff are
+# times now plus or minus it -- PostgreSQL's interval and Python's dates end far beyond, but not at
+# any float (a lease of 1e13 s made every call 500).
+_MOST_SECONDS = 1e9
+
+
 def _validate(settings: Settings) -> None:
     if (where := _non_finite(settings)) is not None:
         raise SettingsError(f"{where} must be a finite number")
@@ -363,8 +369,10 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("context_editing.keep_tool_results must be >= 0")
     if settings.database.share_items_above < 0:
         raise SettingsError("database.share_items_above must be >= 0 (0: nothing is shared)")
-    if settings.server.lease_seconds <= 0:
-        raise SettingsError("server.lease_seconds must be > 0")
+    if not 0 < settings.server.lease_seconds <= _MOST_SECONDS:  # (a lease's end is a timestamp in PostgreSQL)
+        raise SettingsError(f"server.lease_seconds must be > 0 and at most {_MOST_SECONDS:.0f} (about 31 years)")
+    if settings.server.client_body_timeout < 0 or settings.server.client_header_timeout < 0:
+        raise SettingsError("server.client_body_timeout and server.client_header_timeout must be >= 0 (0: no limit)")
     if settings.server.max_response_bytes <= 0 or settings.server.max_body_bytes <= 0:
         raise SettingsError("server.max_response_bytes and server.max_body_bytes must be > 0")
     if settings.server.max_bytes_in_flight < 0:
@@ -380,6 +388,8 @@ def _validate(settings: Settings) -> None:
     r = settings.retention
     if r.idle_days < 0 or r.interval_seconds <= 0 or r.batch < 1:
         raise SettingsError("retention.idle_days must be >= 0, retention.interval_seconds > 0, retention.batch >= 1")
+    if r.idle_days * 86400 > _MOST_SECONDS:  # (its cutoff is a date: now less idle_days)
+        raise SettingsError(f"retention.idle_days must be at most {_MOST_SECONDS / 86400:.0f} (0: keep everything)")
     if not settings.upstreams:
         raise SettingsError("at least one [[upstreams]] entry is needed")
     names = [u.name for u in settings.upstreams]

@@ -75,6 +75,9 @@ def test_model_routing_first_match_and_limits_most_specific(tmp_path):
     "not toml at all [",
     # values every comparison passes or that break only later (found by a probe)
     "[server]\nlease_seconds = nan\n",
+    "[server]\nlease_seconds = 1e13\n",  # (past PostgreSQL's interval: every call was 500)
+    "[server]\nclient_body_timeout = -1\n",
+    "[retention]\nidle_days = 1e7\n",  # (a cutoff before year 1: every retention pass failed)
     "[compaction]\nsoft = inf\n",
     "[server]\nport = 70000\n",
     "[server]\nmax_connections = 0\n",  # (uvicorn would answer every request 503)
