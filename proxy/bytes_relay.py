@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UpstreamFailure, UpstreamTooLarge
+from .errors import UpstreamFailure, UpstreamTimeout, UpstreamTooLarge
 from .failures import cancellation_handled, interrupted
 from .relay import wait_for_disconnect
 from .sending import ClientStalled, close_timed, timed_send
@@ -136,6 +136,6 @@ class BytesRelay:
             log.info("pass-through stream cut", extra={"error": exc.message})
             if not self.sse:
                 return _ABORT
-            code = exc.code if isinstance(exc, UpstreamTooLarge) else "stream_interrupted"
+            code = exc.code if isinstance(exc, (UpstreamTooLarge, UpstreamTimeout)) else "stream_interrupted"
             return self.errors.event(exc.status, exc.type, code, exc.message)
         return None

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from storage import Outcome
 
 from .background import Background
-from .errors import UpstreamBadResponse, UpstreamFailure, UpstreamTooLarge
+from .errors import UpstreamBadResponse, UpstreamFailure, UpstreamTimeout, UpstreamTooLarge
 from .failures import Failure, cancellation_handled, interrupted
 from .sending import ClientStalled, close_timed, timed_send
 from .sse import SSEParser
@@ -248,7 +248,7 @@ class StreamRelay:
                 if rest:
                     await send({"type": "http.response.body", "body": rest, "more_body": True})
         except UpstreamFailure as exc:
-            code = exc.code if isinstance(exc, (UpstreamTooLarge, UpstreamBadResponse)) else "stream_interrupted"
+            code = exc.code if isinstance(exc, (UpstreamTooLarge, UpstreamBadResponse, UpstreamTimeout)) else "stream_interrupted"
             return Failure.of(Outcome.TRANSIENT, exc.type, code, exc.message)
         except (OSError, RuntimeError):
             raise  # the client side failed: handled by __call__
