@@ -26,6 +26,7 @@ import msgspec
 __all__ = [
     "CARRIED",
     "CHAT_ROLES",
+    "OPAQUE",
     "SYSTEM_AT",
     "Assembled",
     "PathLike",
@@ -63,7 +64,7 @@ _PORTABLE = ("role", "content", "name", "tool_calls", "function_call", "refusal"
 # Readable reasoning: only for providers that accept it back (``accepts_reasoning``).
 _REASONING = ("reasoning_content", "reasoning")
 # Opaque / provider-signed reasoning: only back to the very provider that produced it.
-_OPAQUE = ("reasoning_details", "thinking_blocks", "encrypted_content")
+OPAQUE = ("reasoning_details", "thinking_blocks", "encrypted_content")
 # A tool call's own signed reasoning (Gemini's ``extra_content: {google: {thought_signature}}``):
 # back to the very provider that produced it -- whether or not it ``accepts_reasoning``, since
 # Gemini refuses a call whose earlier function calls come back without their signatures.
@@ -141,7 +142,7 @@ def shape_received(msg: dict[str, Any], target: Target, producer: str | None) ->
     for key, value in msg.items():
         if value is None:
             continue
-        if key in _PORTABLE or (key in _REASONING and keep_reasoning) or (key in _OPAQUE and keep_opaque) \
+        if key in _PORTABLE or (key in _REASONING and keep_reasoning) or (key in OPAQUE and keep_opaque) \
                 or key.startswith(NATIVE):
             out[key] = value
     if "tool_calls" in out:

@@ -664,3 +664,42 @@ def test_a_tool_calls_signature_reaches_a_responses_client_and_goes_back_to_its_
         upstream.enqueue(Reply(content="Cold."))
         raw_create(client, model="gpt-4o-mini", previous_response_id=first.id, input=[result], tools=[WEATHER_TOOL])
         assert upstream.last.messages[1]["tool_calls"] == [tool_call("fc-1", "weather", '{"city": "Oslo"}')]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_claudes_signed_thinking_goes_back_to_claude_in_a_responses_clients_tool_loop(mproxy, claude, key, cid,
+                                                                                      stream):
+    """Over an Anthropic upstream, an answer of signed thinking and a tool call: a Responses
+    client gets the thinking as a reasoning summary -- which keeps no signature -- and, after the
+    call, a reasoning item keeping the signed blocks (``encrypted_content``). So the next call of
+    the tool loop, by ``previous_response_id`` or by resending the items, gives Claude its
+    thinking back signed, first in the assistant turn (with thinking on, Anthropic refuses a tool
+    loop's turn without it); the signature was lost with the stored answer."""
+    from .anthropic_fake import AReply
+
+    tools = [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]
+    thinking = {"type": "thinking", "thinking": "hmm", "signature": "sig1"}
+    claude.enqueue(AReply(content=[thinking, {"type": "tool_use", "id": "toolu_7", "name": "shell",
+                                              "input": {"cmd": "ls"}}], stop_reason="tool_use"))
+    client = mproxy.openai(key, conversation=cid)
+    asked = {"model": "claude-x", "tools": tools, "max_output_tokens": 2000}
+    if stream:
+        with client.responses.stream(input="go", **asked) as s:
+            events = list(s)
+            first = s.get_final_response()
+        done = [e.item.model_dump(exclude_none=True) for e in events if e.type == "response.output_item.done"]
+        assert done == [i.model_dump(exclude_none=True) for i in first.output]
+    else:
+        first, _ = raw_create(client, input="go", **asked)
+    assert [i.type for i in first.output] == ["reasoning", "function_call", "reasoning"]
+    assert first.output[0].summary[0].text == "hmm" and first.output[2].encrypted_content
+    result = {"type": "function_call_output", "call_id": "toolu_7", "output": "files"}
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Done."}]))
+    raw_create(client, previous_response_id=first.id, input=[result], **asked)
+    assert claude.last.messages[1]["content"] == [thinking, {"type": "tool_use", "id": "toolu_7", "name": "shell",
+                                                             "input": {"cmd": "ls"}}]
+    stateless = openai.OpenAI(base_url=f"{mproxy.url}/auto/v1", api_key=new_key(), max_retries=0)
+    items = [i.model_dump(exclude_none=True) for i in first.output]
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Done."}]))
+    raw_create(stateless, input=[{"role": "user", "content": "go"}, *items, result], **asked)
+    assert claude.last.messages[1]["content"][0] == thinking

@@ -1,15 +1,17 @@
-"""A chat tool call's own fields beyond its id, type and function -- Gemini's ``extra_content``,
-which holds the call's thought signature -- carried through the dialects that have no place for
-them (docs/behaviour.md#assembly).
+"""What a chat answer carries that a Responses or Anthropic client's answer has no place for --
+a tool call's own fields beyond its id, type and function (Gemini's ``extra_content``: the call's
+thought signature) and the message's signed or opaque reasoning (Claude's ``thinking_blocks``
+with their signatures, ``reasoning_details``) -- kept through those dialects
+(docs/behaviour.md#assembly).
 
 A Responses ``function_call`` item and an Anthropic ``tool_use`` block keep a call's id, name and
-arguments only, and Gemini refuses a tool round whose calls come back unsigned. So a chat answer
-whose calls carry such fields is given, after its calls, one opaque piece of the kind each API
-keeps and sends back as it got it: a ``reasoning`` item with no summary (its
-``encrypted_content``), an Anthropic ``redacted_thinking`` block (its ``data``). Its text is
-``blob``'s: the fields by call id. Reading the answer back as chat messages puts them on the
-calls they name (``read``); assembly sends them to the provider that made them only. Pure
-functions.
+arguments only; a ``reasoning`` summary keeps no signature. Gemini refuses a tool round whose calls
+come back unsigned, and Anthropic one whose thinking comes back unsigned. So such an answer is
+given, after everything else, one opaque piece of the kind each API keeps and sends back as it got
+it: a ``reasoning`` item with no summary (in its ``encrypted_content``), an Anthropic
+``redacted_thinking`` block (in its ``data``) -- holding ``blob``'s text. Reading the answer back
+as chat messages puts them back (``read``, ``restore``); assembly sends them to the provider that
+made them only. Pure functions.
 """
 
 from __future__ import annotations
@@ -21,46 +23,55 @@ from typing import Any
 
 import msgspec
 
+from ..assembly import OPAQUE
 from .chat.completion import call_id
 
-__all__ = ["blob", "read", "restore"]
+__all__ = ["Kept", "blob", "read", "restore"]
 
-_PREFIX = "bp-calls:"  # a blob of ours: base64 of {call id: {field: value}}
+_PREFIX = "bp-signed:"  # a blob of ours: base64 of {"calls": {call id: {field: value}}, "message": {field: value}}
 _STANDARD = frozenset({"id", "type", "function", "index"})
 
 
+class Kept(msgspec.Struct, omit_defaults=True):
+    calls: dict[str, dict[str, Any]] = {}  # a call's other fields, by call id
+    message: dict[str, Any] = {}  # the message's opaque reasoning (``assembly.OPAQUE``)
+
+
 def blob(message: dict[str, Any], node_id: uuid.UUID) -> str | None:
-    """The other fields of a chat answer's tool calls, by call id (``call_id``: the id the
-    translated answer gives each call), as one opaque string; None when no call has any."""
-    carried: dict[str, Any] = {}
-    calls = message.get("tool_calls")
-    for i, call in enumerate(calls if isinstance(calls, list) else ()):
+    """What of a chat answer its translation has no place for, as one opaque string (a call by
+    the id its translation gives it: ``call_id``); None when there is nothing."""
+    calls: dict[str, Any] = {}
+    tool_calls = message.get("tool_calls")
+    for i, call in enumerate(tool_calls if isinstance(tool_calls, list) else ()):
         if not isinstance(call, dict):
             continue
         other = {k: v for k, v in call.items() if k not in _STANDARD and v is not None}
         if other:
-            carried[call_id(call, node_id, i)] = other
-    if not carried:
+            calls[call_id(call, node_id, i)] = other
+    opaque = {k: message[k] for k in OPAQUE if message.get(k)}
+    if not calls and not opaque:
         return None
-    return _PREFIX + base64.b64encode(msgspec.json.encode(carried)).decode()
+    return _PREFIX + base64.b64encode(msgspec.json.encode(Kept(calls, opaque))).decode()
 
 
-def read(value: Any) -> dict[str, dict[str, Any]]:
-    """The calls' fields a ``blob`` carries, by call id; {} for any other value (not ours)."""
+def read(value: Any) -> Kept | None:
+    """What a ``blob`` keeps; None for any other value (not ours)."""
     if not isinstance(value, str) or not value.startswith(_PREFIX):
-        return {}
+        return None
     try:
-        carried = msgspec.json.decode(base64.b64decode(value[len(_PREFIX):], validate=True))
+        kept = msgspec.json.decode(base64.b64decode(value[len(_PREFIX):], validate=True), type=Kept)
     except (binascii.Error, ValueError, msgspec.DecodeError):
-        return {}
-    if not isinstance(carried, dict):
-        return {}
-    return {k: {f: x for f, x in v.items() if f not in _STANDARD} for k, v in carried.items() if isinstance(v, dict)}
+        return None
+    return kept
 
 
-def restore(calls: list[dict[str, Any]], carried: dict[str, dict[str, Any]]) -> None:
-    """Put the fields ``carried`` holds back on the chat ``calls`` they name (in place)."""
-    for call in calls:
-        named = call.get("id")
-        if isinstance(named, str) and named in carried:
-            call.update(carried[named])
+def restore(message: dict[str, Any], kept: Kept) -> None:
+    """Put what ``kept`` holds back on the chat assistant ``message`` (in place): on each call
+    it names, its fields (never its id, type or function); on the message, its reasoning."""
+    for call in message.get("tool_calls") or ():
+        named = call.get("id") if isinstance(call, dict) else None
+        if isinstance(named, str) and isinstance(kept.calls.get(named), dict):
+            call.update({k: v for k, v in kept.calls[named].items() if k not in _STANDARD})
+    for key, value in kept.message.items():
+        if key in OPAQUE:
+            message[key] = value

@@ -18,7 +18,9 @@ from ..compaction.clearing import METHOD as CLEARING
 from ..dialects import message_path
 from ..dialects.responses import translate
 from ..dialects.responses.compaction import compaction_item, compaction_node_of, is_compaction_item
+from ..dialects.responses.items import ITEMS, items_of
 from ..dialects.responses.outbound import to_items
+from ..dialects.signed import read as signed_read
 from ..errors import ConversationNotFound, NodeNotFound
 
 __all__ = ["ITEM_IDS", "Item", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
@@ -73,6 +75,20 @@ def has_instructions(node: NodeRow) -> bool:
     return isinstance(first, dict) and first.get("role") == "system" and first.get("content") == instructions
 
 
+def _signed(message: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic answer's chat message with its signed thinking as ``thinking_blocks`` (a
+    chat node's has them already; a Messages node's are in its blocks): its items then keep them
+    (``translate.kept_item``) -- a copy made from the items (a deleted item's) sends Claude its
+    thinking back signed."""
+    if items_of(message) != "messages" or message.get("thinking_blocks"):
+        return message
+    signed = [b for fragment in message.get(ITEMS) or () if isinstance(fragment, dict)
+              for b in (fragment.get("content") if isinstance(fragment.get("content"), list) else ())
+              if isinstance(b, dict) and ((b.get("type") == "thinking" and b.get("signature"))
+                                          or (b.get("type") == "redacted_thinking" and signed_read(b.get("data")) is None))]
+    return {**message, "thinking_blocks": signed} if signed else message
+
+
 def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
     """The items one path node contributes to its conversation: what it sent (a Responses call's
     instructions aside), then -- when it succeeded, and ``answers`` are asked for -- what it
@@ -88,7 +104,7 @@ def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
         if with_received:
             for message in chat.received or ():
                 if isinstance(message, dict) and message.get("role") == "assistant":
-                    received.extend(translate.output_items(message, node.id, node.params.get("tools")))
+                    received.extend(translate.output_items(_signed(message), node.id, node.params.get("tools")))
     given = node.params.get(ITEM_IDS) if node.kind == "items" else None
     out = []
     for i, item in enumerate(sent):

@@ -97,16 +97,16 @@ def content_of(message: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, An
             fn = call.get("function") or {}
             blocks.append({"type": "tool_use", "id": call_id(call, node_id, i), "name": fn.get("name"),
                            "input": _input(fn.get("arguments"))})
-    carried = calls_block(message, node_id)
+    carried = kept_block(message, node_id)
     if carried is not None:
         blocks.append(carried)
     return blocks
 
 
-def calls_block(message: dict[str, Any], node_id: uuid.UUID) -> dict[str, Any] | None:
-    """The ``redacted_thinking`` block carrying the fields of a chat answer's tool calls that a
-    ``tool_use`` block has no place for (Gemini's signature, ``signed``), after the calls; None
-    when no call has any."""
+def kept_block(message: dict[str, Any], node_id: uuid.UUID) -> dict[str, Any] | None:
+    """The ``redacted_thinking`` block keeping what of a chat answer no other block has a place
+    for (a tool call's signature, opaque reasoning: ``signed``), after the others; None when there
+    is nothing."""
     carried = signed.blob(message, node_id)
     return None if carried is None else {"type": "redacted_thinking", "data": carried}
 

@@ -231,7 +231,7 @@ class FromChat:
             if arguments:
                 out.append(self._delta({"type": "input_json_delta", "partial_json": input_json(arguments)}))
             out.append(self._stop())
-        carried = answers.calls_block(self.acc.message(), self.node_id)  # (the calls' other fields, after them)
+        carried = answers.kept_block(self.acc.message(), self.node_id)  # (what no other block has a place for: last)
         if carried is not None:
             out.append(self._start("signed", carried) + self._stop())
         return b"".join(out)
@@ -354,8 +354,14 @@ class ToChat:
             if dtype == "input_json_delta" and index in self._calls:
                 return self._chunk({"tool_calls": [{"index": self._calls[index],
                                                     "function": {"arguments": str(delta.get("partial_json") or "")}}]})
-        if kind == "content_block_stop":  # (a server tool's call or result, whole: its line, as the answer reads)
-            line = server_line(self.acc.blocks.get(index), uses_of(self.acc.blocks.values()))
+        if kind == "content_block_stop":
+            block = self.acc.blocks.get(index)
+            if isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"):
+                # (signed thinking, whole: what a whole answer's message holds as thinking_blocks --
+                # a client, or the next translator, keeps it for the provider that made it)
+                return self._chunk({"thinking_blocks": [block]})
+            # (a server tool's call or result, whole: its line, as the answer reads)
+            line = server_line(block, uses_of(self.acc.blocks.values()))
             if line is not None:
                 return self._chunk({"content": line_piece(line, self._said)})
         return b""

@@ -245,11 +245,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
     # calls came from: a call of the same answer sent after another's result (OpenAI's guide
     # appends each call, then its result) joins it again -- one answer, one message, as stored
     answered: tuple[dict[str, Any], str, int] | None = None
-    items = items if isinstance(items, list) else list(items)
-    carried: dict[str, dict[str, Any]] = {}  # a call's fields beyond its id, type and function, by call id
-    for item in items:
-        if type(item) is dict and item.get("type") == "reasoning":
-            carried.update(signed.read(item.get("encrypted_content")))
+    kept: list[tuple[signed.Kept, int]] = []  # what a kept item holds, and how many messages came before it
 
     def attach(message: dict[str, Any], *native: dict[str, Any]) -> dict[str, Any]:
         nonlocal counted
@@ -312,8 +308,6 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             else:
                 arguments = item.get("arguments") or ""
             call = {"id": item.get("call_id"), "type": "function", "function": {"name": name, "arguments": arguments}}
-            if carried:
-                signed.restore([call], carried)
             origin = _answer_of(item.get("id"))
             if last_assistant is None and answered is not None and origin == answered[1] and not reasoning:
                 last_assistant, _, number = answered
@@ -350,6 +344,9 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 last_assistant, number, answered = None, counted, None
             else:
                 pending.append(item)
+        elif kind == "reasoning" and (held := signed.read(item.get("encrypted_content"))) is not None:
+            kept.append((held, len(out)))
+            pending.append(item)
         elif kind == "reasoning":
             if not item.get("encrypted_content"):
                 reasoning.append(reasoning_text(item))
@@ -361,7 +358,25 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
         out[-1][ITEMS_OF] = "responses"
     for w in waiting:  # trailing items no message follows: they go with the last one
         ordinals[w] = counted
+    for held, before in kept:
+        _restore(out, held, before)
     return out, ordinals
+
+
+def _restore(out: list[dict[str, Any]], held: signed.Kept, before: int) -> None:
+    """What a kept item holds (``signed``) put back on the answer it was kept for: the assistant
+    message holding a call it names, else the last one before it."""
+    named = set(held.calls)
+    for message in reversed(out):
+        if message.get("role") == "assistant" and any(
+                isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"] in named for c in message.get("tool_calls") or ()):
+            signed.restore(message, held)
+            return
+    if held.message:
+        for message in reversed(out[:before]):
+            if message.get("role") == "assistant":
+                signed.restore(message, held)
+                return
 
 
 def reasoning_text(item: dict[str, Any]) -> str:

@@ -268,7 +268,7 @@ class FromChat:
         out = self._close_reasoning() + self._close_text() + self._close_calls()
         if self.text_index is None and not self.calls:  # an answer without text or calls still has an (empty) message
             out += self._text_delta("") + self._close_text()
-        carried = translate.calls_item(self.acc.message(), self.node_id)  # (the calls' other fields, after them)
+        carried = translate.kept_item(self.acc.message(), self.node_id)  # (what no other item has a place for: last)
         if carried is not None:
             self.items.append(carried)
             self.closed.add(len(self.items) - 1)

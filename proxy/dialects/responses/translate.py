@@ -249,19 +249,20 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
         fn = call.get("function") if isinstance(call.get("function"), dict) else {}
         out.append(tool_call_item(node_id, i, call_id(call, node_id, i), fn.get("name"), fn.get("arguments") or "",
                                  tools, status="completed"))
-    carried = calls_item(message, node_id)  # (the calls' other fields: Gemini's signature)
+    carried = kept_item(message, node_id)  # (a call's signature, signed reasoning: signed.py)
     if carried is not None:
         out.append(carried)
     return out
 
 
-def calls_item(message: dict[str, Any], node_id: uuid.UUID) -> dict[str, Any] | None:
-    """The reasoning item carrying the fields of a chat answer's tool calls that a call item has
-    no place for (``signed``), after the calls; None when no call has any."""
+def kept_item(message: dict[str, Any], node_id: uuid.UUID) -> dict[str, Any] | None:
+    """The reasoning item keeping what of a chat answer no other item has a place for (a tool
+    call's signature, signed or opaque reasoning: ``signed``), after the others; None when there
+    is nothing."""
     carried = signed.blob(message, node_id)
     if carried is None:
         return None
-    return {"id": f"rs_{node_id.hex}_calls", "type": "reasoning", "summary": [], "encrypted_content": carried}
+    return {"id": f"rs_{node_id.hex}_kept", "type": "reasoning", "summary": [], "encrypted_content": carried}
 
 
 def tool_call_item(node_id: uuid.UUID, index: int, call_id: Any, name: Any, arguments: str, tools: Any, *,
