@@ -13,15 +13,17 @@ where a new conversation begins (docs/behaviour.md#full-history-mode):
   hangs there.
 
 Both happen before the call's start (``bp_begin_call``), which never changes: a named
-conversation already seen by this process costs nothing more (``_seen``); one not seen costs one
-look-up of its row, and a new one the tenant-wide match (and the fork when it continues something).
-(A conversation deleted and named again while this process remembers it is not matched against
-the tenant again: it starts as any named conversation does, from its own nodes.)
+conversation this process saw begun in the last ``_SEEN_FOR`` seconds costs nothing more
+(``_seen``); else one look-up of its row, and a new one the tenant-wide match (and the fork when it
+continues something). A conversation deleted -- here or in another process -- is looked at again
+within that time at most, so a session named again after its delete continues another
+conversation as a new one does, whichever process serves it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from storage import AdminStore, Refused, TreeStore
@@ -33,8 +35,10 @@ __all__ = ["Sessions"]
 
 log = logging.getLogger("branchpoint.call")
 
-# conversations known to exist, per process: at most this many remembered (then forgotten at once)
+# conversations known to exist, per process: at most this many remembered (then forgotten at once),
+# each for this long (a delete elsewhere is not heard of: the row is looked at again after it)
 _SEEN_MAX = 100_000
+_SEEN_FOR = 60.0
 
 
 class Sessions:
@@ -42,7 +46,7 @@ class Sessions:
         self.tree = tree
         self.admin = admin
         self.headers = tuple(h.strip().lower() for h in headers if h.strip())
-        self._seen: set[tuple[str, str]] = set()
+        self._seen: dict[tuple[str, str], float] = {}  # -> when it was seen begun (monotonic)
 
     def named(self, headers: list[tuple[str, str]]) -> str | None:
         """The conversation a session header names: the value of the first header of
@@ -67,7 +71,8 @@ class Sessions:
         node of another conversation of the tenant, make it a fork at that node. ``prefixes``:
         the call's prefix hashes (storage.transcript.prefix_hashes)."""
         key = (tenant, conversation_id)
-        if key in self._seen:
+        seen = self._seen.get(key)
+        if seen is not None and time.monotonic() - seen < _SEEN_FOR:
             return
         state = await self.tree.conversation_state(tenant, conversation_id)
         if state is not None and state[0] is not None:  # (it has a head: it has begun)
@@ -93,5 +98,5 @@ class Sessions:
     def _remember(self, key: tuple[str, str]) -> None:
         if len(self._seen) >= _SEEN_MAX:
             self._seen.clear()
-        self._seen.add(key)
+        self._seen[key] = time.monotonic()
 

@@ -252,3 +252,26 @@ def test_a_conversation_made_empty_and_continuing_another_is_a_fork_too(proxy, u
                                                               "content": "its own"}]}).json()
     _, h3 = chat(proxy.openai(key, conversation=holding["id"]), history, {"X-Context-Mode": "full"})
     assert conversation(proxy, key, holding["id"]).get("forked_from") is None and h3["x-parent-node-id"] == "root"
+
+
+def test_a_session_deleted_and_named_again_continues_another_conversation_as_a_new_one(proxy, upstream, key,
+                                                                                        monkeypatch):
+    """A process remembers a session it saw begun, so its next calls skip the look-up of its row
+    -- for a while only (``_SEEN_FOR``, here made nothing): a conversation deleted meanwhile (by
+    any process: another one's delete is never heard of) and named again is new again, so a
+    history continuing another conversation is that one's fork, as a session never seen gets it.
+    Remembered for good, it was a new root holding the whole history again, unlike in a process
+    that had not seen it."""
+    import proxy.sessions as sessions
+
+    monkeypatch.setattr(sessions, "_SEEN_FOR", 0.0, raising=False)
+    client, session = auto(proxy, key), sid()
+    first, _ = chat(client, [user("S one")], {"session-id": session})
+    chat(client, [user("S one"), answer(first), user("S two")], {"session-id": session})  # (seen begun)
+    assert proxy.http(key).delete(f"/admin/conversations/{session}").status_code == 200
+    other, history = sid(), [user("Y one")]
+    reply, h = chat(client, history, {"session-id": other})
+    history += [answer(reply), user("Y two, from the deleted session's id")]
+    _, again = chat(client, history, {"session-id": session})
+    assert again["x-parent-node-id"] == h["x-node-id"] and again["x-context-matched"] == "2"
+    assert conversation(proxy, key, session)["forked_from"] == other
