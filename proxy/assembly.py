@@ -26,6 +26,7 @@ import msgspec
 __all__ = [
     "CARRIED",
     "CHAT_ROLES",
+    "KEPT",
     "OPAQUE",
     "SYSTEM_AT",
     "Assembled",
@@ -65,6 +66,12 @@ _PORTABLE = ("role", "content", "name", "tool_calls", "function_call", "refusal"
 _REASONING = ("reasoning_content", "reasoning")
 # Opaque / provider-signed reasoning: only back to the very provider that produced it.
 OPAQUE = ("reasoning_details", "thinking_blocks", "encrypted_content")
+# What a translated answer kept of its producer's (proxy/dialects/signed.py: a tool call's
+# signature, signed reasoning, which a Responses item or an Anthropic block has no place for),
+# read back onto its message: a list of {"producer", "calls": {call id: {field: value}},
+# "message": {field: value}}. It goes to that producer only, as the fields it stands for would
+# (``unkept``) -- whether the message is an answer stored or one a client sent again.
+KEPT = "_bp_kept"
 # A tool call's own signed reasoning (Gemini's ``extra_content: {google: {thought_signature}}``):
 # back to the very provider that produced it -- whether or not it ``accepts_reasoning``, since
 # Gemini refuses a call whose earlier function calls come back without their signatures.
@@ -248,7 +255,35 @@ def node_items(node: PathLike, target: Target) -> tuple[list[dict[str, Any]], li
         items = [uncarry(m, target) for m in items]
     if node.status == "success" and node.received:
         items = items + [shape_received(m, target, node.provider) for m in node.received if isinstance(m, dict)]
-    return node_system, items
+    return node_system, unkept(items, target)
+
+
+def unkept(items: list[dict[str, Any]], target: Target) -> list[dict[str, Any]]:
+    """``items`` with what a translated answer kept (``KEPT``) given back to its producer only: on
+    a call it names, the call's own fields; on the message, its opaque reasoning where ``target``
+    takes reasoning back -- as ``shape_received`` shapes an answer. Another provider gets none of it."""
+    if not any(type(m) is dict and KEPT in m for m in items):
+        return items
+    out = []
+    for m in items:
+        if type(m) is not dict or KEPT not in m:
+            out.append(m)
+            continue
+        message = {k: v for k, v in m.items() if k != KEPT}
+        for kept in m[KEPT] if isinstance(m[KEPT], list) else ():
+            if not isinstance(kept, dict) or kept.get("producer") != target.provider:
+                continue
+            calls = kept.get("calls") if isinstance(kept.get("calls"), dict) else {}
+            if calls and isinstance(message.get("tool_calls"), list):
+                message["tool_calls"] = [
+                    {**tc, **{k: v for k, v in calls[tc["id"]].items() if k in _SIGNED_CALL}}
+                    if isinstance(tc, dict) and isinstance(tc.get("id"), str) and isinstance(calls.get(tc["id"]), dict)
+                    else tc for tc in message["tool_calls"]]
+            said = kept.get("message") if isinstance(kept.get("message"), dict) else {}
+            if target.accepts_reasoning:
+                message.update({k: v for k, v in said.items() if k in OPAQUE})
+        out.append(message)
+    return out
 
 
 def path_items(path: Iterable[PathLike], target: Target) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -314,6 +349,7 @@ def assemble(path: Iterable[PathLike], new_items: Sequence[dict[str, Any]], targ
     it had none, and none is sent -- the path's are not the client's)."""
     system, body = path_items(path, target)
     new_system, new_rest = split_system(new_items)
+    new_rest = unkept(new_rest, target)
     kept, dropped = pair_check(body + new_rest)
     system = system_sent(new_system, system, system_at)
     if system_at and len(system_at) == len(system):

@@ -29,7 +29,7 @@ from typing import Any
 
 from storage import NodeRow, PathNode, TreeStore
 
-from .assembly import SYSTEM_AT, Target, assemble, build_body
+from .assembly import SYSTEM_AT, Target, assemble, build_body, unkept
 from .dialects import INHERITED, Crossing, crossing, dialect, message_path
 from .dialects.chat.markers import MARKERS as CHAT_MARKERS
 from .dialects.chat.markers import apply_markers
@@ -170,6 +170,7 @@ class RequestBuilder:
                 raise ContextTooLarge(size, bound)
         way = way or crossing("chat", target.api)
         upstream = way.upstream
+        new_items = unkept(list(new_items), target)  # (what a client's resent answer kept: to its producer only)
         history = way.history_params(params, _messages(path, new_items))
         if history:
             params = {**params, **history}

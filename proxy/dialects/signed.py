@@ -9,9 +9,10 @@ arguments only; a ``reasoning`` summary keeps no signature. Gemini refuses a too
 come back unsigned, and Anthropic one whose thinking comes back unsigned. So such an answer is
 given, after everything else, one opaque piece of the kind each API keeps and sends back as it got
 it: a ``reasoning`` item with no summary (in its ``encrypted_content``), an Anthropic
-``redacted_thinking`` block (in its ``data``) -- holding ``blob``'s text. Reading the answer back
-as chat messages puts them back (``read``, ``restore``); assembly sends them to the provider that
-made them only. Pure functions.
+``redacted_thinking`` block (in its ``data``) -- holding ``blob``'s text, which names the provider
+that produced what it keeps. Reading the answer back as chat messages puts it on the answer's
+message under ``assembly.KEPT`` (``restore``); assembly hands it to that provider only. The piece
+itself is ours: no upstream ever gets it (``ours``). Pure functions.
 """
 
 from __future__ import annotations
@@ -23,23 +24,28 @@ from typing import Any
 
 import msgspec
 
-from ..assembly import OPAQUE
+from ..assembly import KEPT, OPAQUE
 from .chat.completion import call_id
 
-__all__ = ["Kept", "blob", "read", "restore"]
+__all__ = ["Kept", "blob", "ours", "read", "restore"]
 
-_PREFIX = "bp-signed:"  # a blob of ours: base64 of {"calls": {call id: {field: value}}, "message": {field: value}}
+_PREFIX = "bp-signed:"  # a blob of ours: base64 of a list of ``Kept``
 _STANDARD = frozenset({"id", "type", "function", "index"})
 
 
 class Kept(msgspec.Struct, omit_defaults=True):
+    """What one provider's answer carried beyond what its translation says."""
+
+    producer: str | None = None
     calls: dict[str, dict[str, Any]] = {}  # a call's other fields, by call id
     message: dict[str, Any] = {}  # the message's opaque reasoning (``assembly.OPAQUE``)
 
 
-def blob(message: dict[str, Any], node_id: uuid.UUID) -> str | None:
-    """What of a chat answer its translation has no place for, as one opaque string (a call by
-    the id its translation gives it: ``call_id``); None when there is nothing."""
+def blob(message: dict[str, Any], node_id: uuid.UUID, producer: str | None) -> str | None:
+    """What of a chat answer, produced by ``producer``, its translation has no place for, as one
+    opaque string (a call by the id its translation gives it: ``call_id``) -- with what the
+    message keeps already (``KEPT``: an answer read back from such a piece); None when there is
+    nothing."""
     calls: dict[str, Any] = {}
     tool_calls = message.get("tool_calls")
     for i, call in enumerate(tool_calls if isinstance(tool_calls, list) else ()):
@@ -49,29 +55,30 @@ def blob(message: dict[str, Any], node_id: uuid.UUID) -> str | None:
         if other:
             calls[call_id(call, node_id, i)] = other
     opaque = {k: message[k] for k in OPAQUE if message.get(k)}
-    if not calls and not opaque:
+    kept = [Kept(producer, calls, opaque)] if calls or opaque else []
+    already = message.get(KEPT)
+    kept.extend(msgspec.convert(already, list[Kept]) if isinstance(already, list) else ())
+    if not kept:
         return None
-    return _PREFIX + base64.b64encode(msgspec.json.encode(Kept(calls, opaque))).decode()
+    return _PREFIX + base64.b64encode(msgspec.json.encode(kept)).decode()
 
 
-def read(value: Any) -> Kept | None:
-    """What a ``blob`` keeps; None for any other value (not ours)."""
-    if not isinstance(value, str) or not value.startswith(_PREFIX):
+def ours(value: Any) -> bool:
+    """Is ``value`` (an ``encrypted_content``, a ``redacted_thinking`` block's ``data``) a blob of ours?"""
+    return isinstance(value, str) and value.startswith(_PREFIX)
+
+
+def read(value: Any) -> list[Kept] | None:
+    """What a ``blob`` keeps; None for any other value (not ours, or not readable)."""
+    if not ours(value):
         return None
     try:
-        kept = msgspec.json.decode(base64.b64decode(value[len(_PREFIX):], validate=True), type=Kept)
-    except (binascii.Error, ValueError, msgspec.DecodeError):
+        return msgspec.json.decode(base64.b64decode(value[len(_PREFIX):], validate=True), type=list[Kept])
+    except (binascii.Error, ValueError, RecursionError, msgspec.DecodeError):
         return None
-    return kept
 
 
-def restore(message: dict[str, Any], kept: Kept) -> None:
-    """Put what ``kept`` holds back on the chat assistant ``message`` (in place): on each call
-    it names, its fields (never its id, type or function); on the message, its reasoning."""
-    for call in message.get("tool_calls") or ():
-        named = call.get("id") if isinstance(call, dict) else None
-        if isinstance(named, str) and isinstance(kept.calls.get(named), dict):
-            call.update({k: v for k, v in kept.calls[named].items() if k not in _STANDARD})
-    for key, value in kept.message.items():
-        if key in OPAQUE:
-            message[key] = value
+def restore(message: dict[str, Any], kept: list[Kept]) -> None:
+    """Put what ``kept`` holds on the chat assistant ``message`` it was kept for (in place), under
+    ``KEPT``: assembly gives it to its producer only (``assembly.unkept``)."""
+    message[KEPT] = [*message.get(KEPT, ()), *msgspec.to_builtins(kept)]

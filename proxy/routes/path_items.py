@@ -20,7 +20,7 @@ from ..dialects.responses import translate
 from ..dialects.responses.compaction import compaction_item, compaction_node_of, is_compaction_item
 from ..dialects.responses.items import ITEMS, items_of
 from ..dialects.responses.outbound import to_items
-from ..dialects.signed import read as signed_read
+from ..dialects.signed import ours
 from ..errors import ConversationNotFound, NodeNotFound
 
 __all__ = ["ITEM_IDS", "Item", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
@@ -85,7 +85,7 @@ def _signed(message: dict[str, Any]) -> dict[str, Any]:
     signed = [b for fragment in message.get(ITEMS) or () if isinstance(fragment, dict)
               for b in (fragment.get("content") if isinstance(fragment.get("content"), list) else ())
               if isinstance(b, dict) and ((b.get("type") == "thinking" and b.get("signature"))
-                                          or (b.get("type") == "redacted_thinking" and signed_read(b.get("data")) is None))]
+                                          or (b.get("type") == "redacted_thinking" and not ours(b.get("data"))))]
     return {**message, "thinking_blocks": signed} if signed else message
 
 
@@ -104,7 +104,7 @@ def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
         if with_received:
             for message in chat.received or ():
                 if isinstance(message, dict) and message.get("role") == "assistant":
-                    received.extend(translate.output_items(_signed(message), node.id, node.params.get("tools")))
+                    received.extend(translate.output_items(_signed(message), node.id, node.params.get("tools"), node.provider))
     given = node.params.get(ITEM_IDS) if node.kind == "items" else None
     out = []
     for i, item in enumerate(sent):

@@ -44,7 +44,8 @@ def response_of(node: NodeRow) -> dict[str, Any]:
         output = list(node.received or [])
         usage = node.usage
     else:
-        output = translate.output_items(node.received[0], node.id, node.params.get("tools")) if node.received else []
+        output = translate.output_items(node.received[0], node.id, node.params.get("tools"), node.provider) \
+            if node.received else []
         # (a Messages node's usage is in Anthropic's terms: its input tokens leave the cache out)
         usage = translate.usage_of(chat_usage(node.usage) if node.api == "messages" else node.usage)
     status = {"success": "completed", "failed": "failed", "pending": "in_progress"}[node.status]

@@ -81,7 +81,7 @@ def finish_reason(stop: Any) -> str:
     return _TO_CHAT_STOP.get(stop, "stop") if isinstance(stop, str) else "stop"
 
 
-def content_of(message: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, Any]]:
+def content_of(message: dict[str, Any], node_id: uuid.UUID, producer: str | None = None) -> list[dict[str, Any]]:
     """The content blocks of a chat assistant message, the answer of node ``node_id`` (reasoning as
     a thinking block without a signature: no Anthropic upstream takes it back; a tool call without
     an id given one, ``call_id``)."""
@@ -97,17 +97,17 @@ def content_of(message: dict[str, Any], node_id: uuid.UUID) -> list[dict[str, An
             fn = call.get("function") or {}
             blocks.append({"type": "tool_use", "id": call_id(call, node_id, i), "name": fn.get("name"),
                            "input": _input(fn.get("arguments"))})
-    carried = kept_block(message, node_id)
+    carried = kept_block(message, node_id, producer)
     if carried is not None:
         blocks.append(carried)
     return blocks
 
 
-def kept_block(message: dict[str, Any], node_id: uuid.UUID) -> dict[str, Any] | None:
+def kept_block(message: dict[str, Any], node_id: uuid.UUID, producer: str | None) -> dict[str, Any] | None:
     """The ``redacted_thinking`` block keeping what of a chat answer no other block has a place
     for (a tool call's signature, opaque reasoning: ``signed``), after the others; None when there
     is nothing."""
-    carried = signed.blob(message, node_id)
+    carried = signed.blob(message, node_id, producer)
     return None if carried is None else {"type": "redacted_thinking", "data": carried}
 
 

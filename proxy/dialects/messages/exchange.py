@@ -66,7 +66,7 @@ class MessagesOverChat:
 
     def answer(self, content: bytes) -> Answer:
         completion = parse_completion(content)
-        blocks = answers.content_of(completion.message, self.node_id)
+        blocks = answers.content_of(completion.message, self.node_id, self.provider)
         model = loads(content).get("model") or self.params.get("model")
         body = answers.message_object(node_id=self.node_id, model=model, content=blocks,
                                         stop=answers.stop_reason(completion.finish_reason,
@@ -79,7 +79,8 @@ class MessagesOverChat:
         return Answer(_encode(body), received, self.messages(received), completion.usage, completion.finish_reason)
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
-        return stream.FromChat(node_id=self.node_id, params=self.params, masker=masked_chunks(secrets))
+        return stream.FromChat(node_id=self.node_id, params=self.params, provider=self.provider,
+                               masker=masked_chunks(secrets))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)

@@ -144,7 +144,9 @@ def _error_type(failure: Failure) -> str:
 class FromChat:
     """A chat-completions stream as Messages events."""
 
-    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], masker: MaskedChunks | None = None) -> None:
+    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str | None = None,
+                 masker: MaskedChunks | None = None) -> None:
+        self.provider = provider  # the upstream answering (what only it gets back is kept for it)
         self.masker = masker
         self.node_id = node_id
         self.params = params
@@ -231,13 +233,13 @@ class FromChat:
             if arguments:
                 out.append(self._delta({"type": "input_json_delta", "partial_json": input_json(arguments)}))
             out.append(self._stop())
-        carried = answers.kept_block(self.acc.message(), self.node_id)  # (what no other block has a place for: last)
+        carried = answers.kept_block(self.acc.message(), self.node_id, self.provider)  # (what no other block has a place for: last)
         if carried is not None:
             out.append(self._start("signed", carried) + self._stop())
         return b"".join(out)
 
     def received(self) -> list[dict[str, Any]]:
-        return [{"role": "assistant", "content": answers.content_of(self.acc.message(), self.node_id)}]
+        return [{"role": "assistant", "content": answers.content_of(self.acc.message(), self.node_id, self.provider)}]
 
     def _refusal(self) -> bytes:
         """A chat upstream's refusal, when no text came: a text block of it (as the stored answer
@@ -354,14 +356,8 @@ class ToChat:
             if dtype == "input_json_delta" and index in self._calls:
                 return self._chunk({"tool_calls": [{"index": self._calls[index],
                                                     "function": {"arguments": str(delta.get("partial_json") or "")}}]})
-        if kind == "content_block_stop":
-            block = self.acc.blocks.get(index)
-            if isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking"):
-                # (signed thinking, whole: what a whole answer's message holds as thinking_blocks --
-                # a client, or the next translator, keeps it for the provider that made it)
-                return self._chunk({"thinking_blocks": [block]})
-            # (a server tool's call or result, whole: its line, as the answer reads)
-            line = server_line(block, uses_of(self.acc.blocks.values()))
+        if kind == "content_block_stop":  # (a server tool's call or result, whole: its line, as the answer reads)
+            line = server_line(self.acc.blocks.get(index), uses_of(self.acc.blocks.values()))
             if line is not None:
                 return self._chunk({"content": line_piece(line, self._said)})
         return b""
@@ -373,6 +369,11 @@ class ToChat:
         out = b""
         if not self._opened:
             out = self._chunk({})
+        signed = [dict(b) for _, b in sorted(self.acc.blocks.items())
+                  if isinstance(b, dict) and b.get("type") in ("thinking", "redacted_thinking")]
+        if signed:  # (the signed thinking, whole and once, as a whole answer's message holds it: a
+            # client -- or the next translator -- keeps it for the provider that made it)
+            out += self._chunk({"thinking_blocks": signed})
         out += self._line([{"index": 0, "delta": {}, "finish_reason": self.finish_reason or "stop"}])
         if self.wants_usage:
             out += self._line([], usage=self.usage)

@@ -74,7 +74,7 @@ class ResponsesOverChat:
 
     def answer(self, content: bytes) -> Answer:
         completion = parse_completion(content)
-        output = translate.output_items(completion.message, self.node_id, offered(self.params))
+        output = translate.output_items(completion.message, self.node_id, offered(self.params), self.provider)
         usage = translate.usage_of(completion.usage)
         response = translate.response_object(node_id=self.node_id, params=self.params,
                                              output=[*compaction_output(self.params, self.node_id), *output],
@@ -84,6 +84,7 @@ class ResponsesOverChat:
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
         return responses_stream.FromChat(node_id=self.node_id, params=self.params, instructions=self.instructions,
+                                         provider=self.provider,
                                          masker=masked_chunks(secrets),
                                          compaction=compaction_output(self.params, self.node_id))
 

@@ -245,7 +245,6 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
     # calls came from: a call of the same answer sent after another's result (OpenAI's guide
     # appends each call, then its result) joins it again -- one answer, one message, as stored
     answered: tuple[dict[str, Any], str, int] | None = None
-    kept: list[tuple[signed.Kept, int]] = []  # what a kept item holds, and how many messages came before it
 
     def attach(message: dict[str, Any], *native: dict[str, Any]) -> dict[str, Any]:
         nonlocal counted
@@ -345,8 +344,15 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             else:
                 pending.append(item)
         elif kind == "reasoning" and (held := signed.read(item.get("encrypted_content"))) is not None:
-            kept.append((held, len(out)))
-            pending.append(item)
+            # (ours, after an answer: with the answer it was kept for -- not the next message's)
+            answer = _kept_for(out, held)
+            if answer is None:
+                pending.append(item)
+            else:
+                answer[ITEMS] = [*answer.get(ITEMS, []), item]
+                signed.restore(answer, held)
+                waiting.pop()
+                ordinals[-1] = counted
         elif kind == "reasoning":
             if not item.get("encrypted_content"):
                 reasoning.append(reasoning_text(item))
@@ -358,25 +364,22 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
         out[-1][ITEMS_OF] = "responses"
     for w in waiting:  # trailing items no message follows: they go with the last one
         ordinals[w] = counted
-    for held, before in kept:
-        _restore(out, held, before)
     return out, ordinals
 
 
-def _restore(out: list[dict[str, Any]], held: signed.Kept, before: int) -> None:
-    """What a kept item holds (``signed``) put back on the answer it was kept for: the assistant
-    message holding a call it names, else the last one before it."""
-    named = set(held.calls)
+def _kept_for(out: list[dict[str, Any]], held: list[signed.Kept]) -> dict[str, Any] | None:
+    """The answer a kept item (``signed``) was kept for, among the messages before it: the
+    assistant message holding a call it names, else the last one; None when there is none."""
+    named = {call for kept in held for call in kept.calls}
+    last = None
     for message in reversed(out):
-        if message.get("role") == "assistant" and any(
-                isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"] in named for c in message.get("tool_calls") or ()):
-            signed.restore(message, held)
-            return
-    if held.message:
-        for message in reversed(out[:before]):
-            if message.get("role") == "assistant":
-                signed.restore(message, held)
-                return
+        if message.get("role") != "assistant":
+            continue
+        last = last or message
+        if named and any(isinstance(c, dict) and isinstance(c.get("id"), str) and c["id"] in named
+                         for c in message.get("tool_calls") or ()):
+            return message
+    return last
 
 
 def reasoning_text(item: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from ...surrogates import encode
+from ..signed import ours
 from .items import CALLS, ITEMS, PRODUCER, RESULTS, client_search, items_of
 from .tools import split_name
 
@@ -93,7 +94,7 @@ def _native(items: Sequence[dict[str, Any]], message: dict[str, Any], provider: 
     out = []
     for item in items:
         if item.get("type") == "reasoning":
-            if same and item.get("encrypted_content"):
+            if same and item.get("encrypted_content") and not ours(item["encrypted_content"]):  # (ours: signed.py)
                 out.append(item)
             continue
         if item.get("type") in _PORTABLE or client_search(item) or "role" in item:

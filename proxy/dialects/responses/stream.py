@@ -43,8 +43,9 @@ class Events:
 
 
 class FromChat:
-    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any,
+    def __init__(self, *, node_id: uuid.UUID, params: dict[str, Any], instructions: Any, provider: str | None = None,
                  masker: MaskedChunks | None = None, compaction: list[dict[str, Any]] | None = None) -> None:
+        self.provider = provider  # the upstream answering (what only it gets back is kept for it)
         self.masker = masker  # the call's credentials masked in the chat chunks' text
         self.node_id = node_id
         self.params = params
@@ -251,7 +252,7 @@ class FromChat:
         # (each item at its output_index, its place in the response's output: a stream whose call
         # came before its text announced the call first -- and a client keeps the items in that
         # order; items.convert reads the message after its calls as one assistant message)
-        items = translate.output_items(self.acc.message(), self.node_id, offered(self.params))
+        items = translate.output_items(self.acc.message(), self.node_id, offered(self.params), self.provider)
         calls = iter([self.calls[i] for i in sorted(self.calls)])  # (output_items' calls: in that order)
         places = [(None if item.get("encrypted_content") else self.reasoning_index) if item["type"] == "reasoning"
                   else self.text_index if item["type"] == "message" else next(calls, None) for item in items]
@@ -268,7 +269,7 @@ class FromChat:
         out = self._close_reasoning() + self._close_text() + self._close_calls()
         if self.text_index is None and not self.calls:  # an answer without text or calls still has an (empty) message
             out += self._text_delta("") + self._close_text()
-        carried = translate.kept_item(self.acc.message(), self.node_id)  # (what no other item has a place for: last)
+        carried = translate.kept_item(self.acc.message(), self.node_id, self.provider)  # (what no other item has a place for: last)
         if carried is not None:
             self.items.append(carried)
             self.closed.add(len(self.items) - 1)

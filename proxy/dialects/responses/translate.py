@@ -222,10 +222,12 @@ def input_item_id(kind: str, node_id: uuid.UUID, index: int) -> str:
     return f"{item_id_prefix(kind)}_{node_id.hex}_in{index}"
 
 
-def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None) -> list[dict[str, Any]]:
+def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None,
+                 producer: str | None = None) -> list[dict[str, Any]]:
     """A chat answer (assistant message) as Responses output items; ``tools``: those the call
     offered (``tools.offered``), which say the namespace of a function the model called by its
-    flat name, and which calls are of custom tools or the client's tool search."""
+    flat name, and which calls are of custom tools or the client's tool search; ``producer``: the
+    provider that answered (what only it gets back is kept for it: ``kept_item``)."""
     out: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
@@ -249,17 +251,17 @@ def output_items(message: dict[str, Any], node_id: uuid.UUID, tools: Any = None)
         fn = call.get("function") if isinstance(call.get("function"), dict) else {}
         out.append(tool_call_item(node_id, i, call_id(call, node_id, i), fn.get("name"), fn.get("arguments") or "",
                                  tools, status="completed"))
-    carried = kept_item(message, node_id)  # (a call's signature, signed reasoning: signed.py)
+    carried = kept_item(message, node_id, producer)  # (a call's signature, signed reasoning: signed.py)
     if carried is not None:
         out.append(carried)
     return out
 
 
-def kept_item(message: dict[str, Any], node_id: uuid.UUID) -> dict[str, Any] | None:
+def kept_item(message: dict[str, Any], node_id: uuid.UUID, producer: str | None) -> dict[str, Any] | None:
     """The reasoning item keeping what of a chat answer no other item has a place for (a tool
     call's signature, signed or opaque reasoning: ``signed``), after the others; None when there
     is nothing."""
-    carried = signed.blob(message, node_id)
+    carried = signed.blob(message, node_id, producer)
     if carried is None:
         return None
     return {"id": f"rs_{node_id.hex}_kept", "type": "reasoning", "summary": [], "encrypted_content": carried}

@@ -18,6 +18,7 @@ import msgspec
 
 from ....surrogates import encode, loads
 from ...responses.items import ITEMS, PRODUCER, items_of, tool_output_parts
+from ...signed import ours
 from .to_chat import CONT, INLINE, _assistant, _blocks
 
 __all__ = ["input_json", "sendable", "to_anthropic"]
@@ -164,11 +165,12 @@ def _reads_as(blocks: list[dict[str, Any]], content: Any) -> bool:
 
 def _native(fragment: dict[str, Any], same: bool) -> dict[str, Any]:
     """A stored fragment fit to send back: thinking only to the provider that produced it; our own
-    keys left out."""
+    keys left out, and the block keeping what a translated answer kept (``signed``: ours, never
+    Anthropic's)."""
     content = fragment.get("content")
-    if isinstance(content, list) and not same and any(
-            isinstance(b, dict) and b.get("type") in _THINKING for b in content):
-        content = [b for b in content if not (isinstance(b, dict) and b.get("type") in _THINKING)]
+    if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in _THINKING for b in content):
+        content = [b for b in content if not (isinstance(b, dict) and b.get("type") in _THINKING
+                                              and (not same or ours(b.get("data"))))]
     return {**{k: v for k, v in fragment.items() if not k.startswith("_bp_")}, "content": content}
 
 
