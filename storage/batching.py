@@ -57,8 +57,10 @@ __all__ = ["Batch"]
 _Item = tuple[tuple[str, str], Hashable, tuple[Any, ...], "asyncio.Future[list[asyncpg.Record]]"]
 
 # the statements' own failures that PostgreSQL reports as the database's (storage.errors): the
-# batch was rolled back, and alone they may well pass
-_ROLLED_BACK = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError, asyncpg.DataError)
+# batch was rolled back, and alone they may well pass (a lock wait past lock_timeout: one
+# statement's row held by another session)
+_ROLLED_BACK = (asyncpg.DeadlockDetectedError, asyncpg.SerializationError, asyncpg.LockNotAvailableError,
+                asyncpg.DataError)
 
 
 def _retry_alone(exc: BaseException) -> bool:

@@ -1,7 +1,8 @@
 """Storage errors: asyncpg's exceptions are translated here, once, at the storage boundary.
 
     StorageError
-     ├── StorageUnavailable         the database cannot be reached or did not answer in time (-> 503)
+     ├── StorageUnavailable         the database cannot be reached, did not answer in time, or
+     │                              refuses writes for now (read-only, a lock wait timed out) (-> 503)
      ├── MigrationError             the schema cannot be brought up to date
      └── Refused                    a rule of the tree said no; nothing was written
           ├── Busy                  a turn call of the conversation is in flight
@@ -95,8 +96,23 @@ _UNAVAILABLE = (
     asyncpg.exceptions.CrashShutdownError,
     asyncpg.exceptions.QueryCanceledError,
     asyncpg.exceptions.DeadlockDetectedError,
+    # a lock wait longer than an operator's lock_timeout: contention that passes, as a deadlock
+    asyncpg.exceptions.LockNotAvailableError,
+    # writes refused for now: a standby (a failover not yet promoted, a database in recovery) or
+    # default_transaction_read_only set -- the same statement goes through once writes work again
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
     asyncpg.exceptions.SerializationError,
     asyncpg.exceptions.InsufficientResourcesError,
+)
+
+# of those, the server's answers to a statement it rolled back: nothing of it was carried out,
+# sent or not (no start to look for afterwards)
+_ROLLED_BACK = (
+    asyncpg.exceptions.QueryCanceledError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
 )
 
 
@@ -109,7 +125,8 @@ def map_db_errors(*, sent: bool = False) -> Iterator[None]:
     except StorageError:
         raise
     except _UNAVAILABLE as exc:
-        raise StorageUnavailable(f"database unavailable: {type(exc).__name__}", sent=sent) from exc
+        raise StorageUnavailable(f"database unavailable: {type(exc).__name__}",
+                                 sent=sent and not isinstance(exc, _ROLLED_BACK)) from exc
     except asyncpg.PostgresError as exc:
         refusal = _REFUSALS.get(getattr(exc, "sqlstate", "") or "")
         if refusal is not None:

@@ -24,8 +24,10 @@ class OpsStore:
         self.db = db
         self._shared = SharedItems(db, min_bytes=0)  # (reads paths whole: ``head_paths``)
 
-    async def schema_version(self) -> int:
-        return await self.db.fetchval(queries.SCHEMA_VERSION)
+    async def readiness(self) -> tuple[int, bool]:
+        """(the schema version the database is at, whether it takes writes): one cheap query."""
+        row = await self.db.fetchrow(queries.READINESS)
+        return row["version"], row["writable"]
 
     async def pending_count(self) -> int:
         return await self.db.fetchval(queries.PENDING_COUNT)

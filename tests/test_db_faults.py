@@ -5,6 +5,7 @@ import asyncio
 import struct
 import threading
 import time
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -74,6 +75,98 @@ def test_database_restart_under_traffic(own_server, upstream_url, upstream, key,
         assert "answered during the outage" in upstream.last.text()
         assert db.fetchval("SELECT count(*) FROM nodes WHERE status = 'pending'") == 0
     assert_invariants(url)
+
+
+def _execute(url, *statements):
+    """Run ``statements`` one by one on a connection of their own (an operator's session)."""
+    async def go():
+        conn = await asyncpg.connect(url)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    run(go())
+
+
+def test_a_database_refusing_writes_is_unavailable_and_the_answer_is_stored_once_it_takes_them(
+        own_server, upstream_url, upstream, key, cid):
+    """A database that refuses writes for a while -- a failover to a standby not yet promoted, a
+    database in recovery, ``default_transaction_read_only`` (SQLSTATE 25006) -- is the database
+    being away, as a stopped one: a new call is answered 503 ``database_unavailable`` and
+    ``/readyz`` says not ready; the answer of a call in flight reaches its client and is stored
+    once writes work again, and the conversation is free at once. It was a 500 ``storage_error``;
+    the outcome was taken for refused, the node could not be failed either and was left to the
+    reaper: the conversation busy for the whole lease, then the node reaped ``interrupted`` --
+    the answer its client had was never stored."""
+    url = own_server.url
+    db = Db(url)
+    with serve_proxy(own_server.settings(upstream_url)) as p, httpx.Client(base_url=p.url) as http:
+        assert call(http, key, cid, "before").status_code == 200
+        hold = threading.Event()
+        upstream.enqueue(Reply(content="answered while read-only", hold=hold))
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=call(http, key, cid, "in flight", timeout=30)))
+        t.start()
+        upstream.wait_for(2)
+
+        _execute(url, "ALTER SYSTEM SET default_transaction_read_only = on", "SELECT pg_reload_conf()")
+        during = wait_for(lambda: (r := call(http, key, f"{cid}-new", "during")).status_code != 200 and r,
+                          what="the database read-only")
+        assert during.status_code == 503, during.text
+        assert during.json()["error"]["code"] == "database_unavailable"
+        assert http.get("/readyz").status_code == 503
+        hold.set()
+        t.join(30)
+        assert result["r"].status_code == 200, result["r"].text  # the client gets the answer it waited for
+        in_flight = result["r"].headers["x-node-id"]
+        assert db.node(in_flight)["status"] == "pending"  # (nothing can be written yet)
+
+        _execute(url, "SET default_transaction_read_only = off", "ALTER SYSTEM RESET default_transaction_read_only",
+                 "SELECT pg_reload_conf()")
+        node = wait_for(lambda: (n := db.node(in_flight))["outcome"] is not None and n, timeout=15,
+                        what="the outcome stored")
+        assert node["status"] == "success" and node["received"][0]["content"] == "answered while read-only"
+        assert http.get("/readyz").status_code == 200
+        after = call(http, key, cid, "after")
+        assert after.status_code == 200, after.text
+        assert after.headers["x-parent-node-id"] == in_flight
+        assert [m["content"] for m in upstream.last.messages] == [
+            "before", "echo: before", "in flight", "answered while read-only", "after"]
+    assert_invariants(url)
+
+
+def test_a_finish_whose_lock_wait_timed_out_is_stored_once_the_lock_is_gone(fresh_database_url, upstream_url,
+                                                                            upstream, key, cid):
+    """An operator's ``lock_timeout`` (SQLSTATE 55P03) hit by a call's finish, its conversation's
+    row locked by another session: contention that passes, retried as a statement timeout or a
+    deadlock is -- the client has its answer, which is stored once the lock is gone, and the next
+    turn continues from it. It was taken for a refusal: the node could not be failed either (the
+    same lock), stayed pending, the next turn was 409 until the lease ran out, and the answer was
+    never stored."""
+    database = urlsplit(fresh_database_url).path.lstrip("/")
+    _execute(fresh_database_url, f'ALTER DATABASE "{database}" SET lock_timeout = \'300ms\'')
+    with serve_proxy(make_settings(fresh_database_url, upstream_url)) as p, httpx.Client(base_url=p.url) as http:
+        assert call(http, key, cid, "first").status_code == 200
+        hold = threading.Event()
+        upstream.enqueue(Reply(content="answered under a lock", hold=hold))
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=call(http, key, cid, "second", timeout=30)))
+        t.start()
+        upstream.wait_for(2)
+        with RowLocks(fresh_database_url, [cid]):
+            hold.set()
+            t.join(30)
+            assert result["r"].status_code == 200, result["r"].text
+        node_id = result["r"].headers["x-node-id"]
+        wait_for(lambda: Db(fresh_database_url).node(node_id)["status"] == "success", timeout=15,
+                 what="the outcome stored")
+        third = call(http, key, cid, "third")
+        assert third.status_code == 200, third.text
+        assert [m["content"] for m in upstream.last.messages] == [
+            "first", "echo: first", "second", "answered under a lock", "third"]
+    assert_invariants(fresh_database_url)
 
 
 def test_waiting_for_a_pooled_connection_gives_up_without_losing_it(database_url):

@@ -35,16 +35,18 @@ class Readiness(msgspec.Struct, omit_defaults=True):
     detail: str | None = None
 
 
-@get("/readyz", summary="Readiness: database reachable and migrations current", tags=["operations"],
-     responses={503: ResponseSpec(Readiness, description="Not ready: database unreachable or migrations pending",
+@get("/readyz", summary="Readiness: database reachable, writable and migrations current", tags=["operations"],
+     responses={503: ResponseSpec(Readiness, description="Not ready: database unreachable, read-only or migrations pending",
                                   generate_examples=False)})
 async def readyz(ops: NamedDependency[OpsStore]) -> Response[Readiness]:
     try:
-        version = await ops.schema_version()
+        version, writable = await ops.readiness()
     except StorageError as exc:
         return Response(Readiness("unavailable", "unreachable", detail=str(exc)), status_code=503)
     if version < latest_version():
         return Response(Readiness("unavailable", "migrations pending", schema_version=version), status_code=503)
+    if not writable:  # a standby, or default_transaction_read_only: every call's start would be refused (503)
+        return Response(Readiness("unavailable", "read-only", schema_version=version), status_code=503)
     # (a newer schema -- `migrate` of the next version run before it rolls out -- is ready too:
     # this process stays in its load balancer until it is replaced. Whether its calls still work
     # depends on the migrations in between: docs/scaling.md#upgrading)

@@ -109,8 +109,12 @@ SELECT (SELECT count(*) FROM conv) AS created, (SELECT count(*) FROM ins) AS nod
 
 # ---- operations -------------------------------------------------------------------------------
 
-# The schema version the database is at (readiness).
-SCHEMA_VERSION = "SELECT coalesce(max(version), 0) FROM schema_migrations"
+# The schema version the database is at, and whether it takes writes -- not a standby, nor
+# default_transaction_read_only set (readiness: a read-only database refuses every call's start).
+READINESS = """
+SELECT coalesce(max(version), 0) AS version, current_setting('transaction_read_only') = 'off' AS writable
+  FROM schema_migrations
+"""
 
 # Pending nodes in the database, every process (a gauge).
 PENDING_COUNT = "SELECT count(*) FROM nodes WHERE lease_until IS NOT NULL"  # = pending: nodes_pending_lease
