@@ -137,6 +137,60 @@ def test_a_lost_start_is_written_again_where_it_was_put(proxy, db, upstream, key
             "first question", "echo: first question", "second question", "second answer", "third question"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_lost_start_written_again_leaves_the_head_to_a_turn_let_in_since(proxy, db, upstream, key, cid, stream):
+    """The lease was lost with the start, so another turn of the conversation is let in while the
+    call is upstream, answered, and the head moves onto it. The node written again at the call's
+    finish moves the head only if it still rests where the call began (its parent): here it does
+    not -- it stays a branch, visible in the tree -- and the next turn's context keeps the turn
+    let in. It moved the head wherever it was, and the acknowledged turn left the context
+    silently."""
+    with httpx.Client(base_url=proxy.url) as http:
+        first = _post(http, key, cid, [user("first question")])
+        assert first.status_code == 200
+        t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "second answer", [user("second question")],
+                                              stream=stream, http=http)
+        _lose(db, key, cid, pending["id"])
+        between = _post(http, key, cid, [user("question let in")])  # (nothing holds the conversation)
+        assert between.status_code == 200, between.text
+        hold.set()
+        t.join(30)
+        r = result["r"]
+        assert r.status_code == 200 and _content(r, stream) == "second answer"
+        _assert_written_again(db, pending, "second answer")
+        assert db.head(cid) == between.headers["x-node-id"]  # the late node is a branch beside it
+
+        third = _post(http, key, cid, [user("third question")])
+        assert third.status_code == 200 and third.headers["x-parent-node-id"] == between.headers["x-node-id"]
+        assert [m["content"] for m in upstream.last.messages] == [
+            "first question", "echo: first question", "question let in", "echo: question let in", "third question"]
+
+
+def test_a_lost_retry_written_again_takes_the_head_from_the_attempt_it_retried(proxy, db, upstream, key, cid):
+    """A retry of a failed call hangs beside the failed attempt (the retry rule), with the head
+    still on that attempt: the head rests where the call began, so the retry written again after
+    a lost start takes it, as a retry whose start was not lost does."""
+    with httpx.Client(base_url=proxy.url) as http:
+        first = _post(http, key, cid, [user("first question")])
+        assert first.status_code == 200
+        upstream.enqueue(Reply(kind="error", status=500))
+        failed = _post(http, key, cid, [user("second question")])
+        assert failed.status_code == 500 and db.head(cid) == failed.headers["x-node-id"]
+        t, result, hold, pending = _in_flight(db, key, cid, upstream, 3, "second answer", [user("second question")],
+                                              http=http)
+        assert str(pending["parent_id"]) == first.headers["x-node-id"]  # (beside the failed attempt)
+        _lose(db, key, cid, pending["id"])
+        hold.set()
+        t.join(30)
+        assert result["r"].status_code == 200
+        _assert_written_again(db, pending, "second answer")
+        assert db.head(cid) == str(pending["id"])
+        third = _post(http, key, cid, [user("third question")])
+        assert third.headers["x-parent-node-id"] == str(pending["id"])
+        assert [m["content"] for m in upstream.last.messages] == [
+            "first question", "echo: first question", "second question", "second answer", "third question"]
+
+
 def test_a_conversations_lost_first_call_makes_the_conversation_again(proxy, db, upstream, key, cid):
     with httpx.Client(base_url=proxy.url) as http:
         t, result, hold, pending = _in_flight(db, key, cid, upstream, 1, "the first answer", [user("hello")], http=http)

@@ -28,6 +28,7 @@
 --
 -- Where the head moves (the only places that write conversations.head_node_id):
 --     bp_finish_call        a turn call ends: to its node iff bp_can_be_head(kind, outcome)    (calls.sql)
+--                           (a node its finish writes again, its start lost: only if nothing moved)
 --     bp_reap               a dead process's turn call: to its node (interrupted = transient)  (retention.sql)
 --     bp_apply_compaction   to the new compaction node (a background one only if nothing moved)
 --     bp_set_head           PUT /admin/conversations/{id}/head

@@ -321,7 +321,10 @@ $$;
 
 -- bp_finish_call(tree, node, finish): store a call's outcome. A delta turn call releases the
 -- conversation's lease if it still holds it; a full-history turn call never held one. Either way
--- the head moves to its node when bp_can_be_head says so (last finisher wins). A success extends
+-- the head moves to its node when bp_can_be_head says so (last finisher wins) -- a node written
+-- again (its start lost, and its lease with it) only if the head still rests where the call began:
+-- on its parent (none, for a root), or on a failed attempt of the same items beside it (the retry
+-- rule); a turn let in meanwhile moved it, and the node stays a branch. A success extends
 -- the node's transcript hash by what the model returned, and a turn's keeps the digest of its
 -- answer's first message (`answer`: the safety net's index, nodes_by_answer). Returns false when the node was no
 -- longer pending (reaped meanwhile), null when it is not there (its start lost, and `restore` not
@@ -335,6 +338,9 @@ DECLARE
     v_now timestamptz;
     f bp_call_finish_t := jsonb_populate_record(NULL::bp_call_finish_t, p_finish);
     v record;
+    v_head uuid;
+    v_at record;
+    v_may_move boolean := true;
 BEGIN
     SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
     IF NOT FOUND THEN
@@ -342,7 +348,20 @@ BEGIN
             RETURN NULL;
         END IF;
         f.leased := false;
-        SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
+        SELECT n.tenant, n.conversation_id, n.kind, n.parent_id, n.chain INTO v
+          FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
+        -- the lease was lost with the start: another turn may have been let in since and moved
+        -- the head (its client answered, its answer in context). The head moves onto this node
+        -- only if it still rests where the call began -- as a background compaction moves it only
+        -- if nothing moved (the conversation row is locked: bp_restore_start)
+        IF v.kind = 'turn' THEN
+            SELECT c.head_node_id INTO v_head FROM conversations c
+             WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id;
+            SELECT n.parent_id, n.outcome, n.chain INTO v_at FROM nodes n WHERE n.tree_id = p_tree AND n.id = v_head;
+            v_may_move := v_head IS NOT DISTINCT FROM v.parent_id
+                       OR coalesce(v_at.parent_id IS NOT DISTINCT FROM v.parent_id AND v_at.outcome <> 'success'
+                                   AND v_at.chain = v.chain, false);
+        END IF;
     END IF;
     IF v.kind = 'turn' THEN
         PERFORM 1 FROM conversations c WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id
@@ -364,7 +383,8 @@ BEGIN
     IF v.kind = 'turn' THEN
         v_now := clock_timestamp();  -- (not inside the statement: Citus refuses volatile calls there)
         UPDATE conversations c
-           SET head_node_id = CASE WHEN bp_can_be_head(v.kind, f.outcome) THEN p_node ELSE c.head_node_id END,
+           SET head_node_id = CASE WHEN bp_can_be_head(v.kind, f.outcome) AND v_may_move THEN p_node
+                                   ELSE c.head_node_id END,
                lease_node_id = CASE WHEN f.leased THEN NULL ELSE c.lease_node_id END,
                lease_until = CASE WHEN f.leased THEN NULL ELSE c.lease_until END,
                updated_at = v_now
