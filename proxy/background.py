@@ -46,3 +46,12 @@ class Background:
     async def wait(self, timeout: float) -> None:
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=timeout)
+
+    async def cancel(self) -> None:
+        """Stop what is still running (the shutdown has waited for it long enough), and give it a
+        moment to end."""
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1)

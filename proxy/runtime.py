@@ -7,6 +7,12 @@ last."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+import signal
+import threading
+import time
+from typing import Any
 
 import httpx
 
@@ -27,6 +33,12 @@ from .tokens import TokenCounter
 from .upstream import UpstreamClient
 
 __all__ = ["Runtime"]
+
+log = logging.getLogger("branchpoint.call")
+
+# what the calls the shutdown's grace did not see finish get, at least, to store their outcomes
+# (interrupted) once the grace has run out
+_SETTLE_SECONDS = 2.0
 
 
 class Runtime:
@@ -63,6 +75,7 @@ class Runtime:
                                    sessions=Sessions(self.tree, self.admin, server.session_headers),
                                    send_timeout=server.client_send_timeout)
         self.metrics.watch_database(self.db)
+        self.stopping_since: float | None = None  # (time.monotonic() of the shutdown's signal)
 
     async def start(self) -> None:
         d = self.settings.database
@@ -72,13 +85,39 @@ class Runtime:
         await asyncio.to_thread(self.tokens.load)
         self.leases.start()
         self.retention.start()
+        self._note_the_signal()
+
+    def _note_the_signal(self) -> None:
+        """Note when the shutdown's signal comes (SIGTERM, SIGINT), before the server's own handler
+        runs: the grace counts from then. (Only the main thread has signals: a server run in a
+        thread of its own -- the tests' -- counts it from ``stop``.)"""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                signal.signal(sig, functools.partial(self._signalled, handler))
+
+    def _signalled(self, handler: Any, sig: int, frame: Any) -> None:
+        if self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+        handler(sig, frame)
 
     async def stop(self) -> None:
         # the server has stopped the calls its shutdown grace did not see finish; each stores its
-        # outcome (interrupted) before the database goes (docs/behaviour.md#shutdown)
+        # outcome (interrupted) before the database goes -- as does the background (an outcome
+        # stored once the database is back), within what is left of the grace: a database away
+        # does not hold the process up past it (docs/behaviour.md#shutdown)
+        began = self.stopping_since if self.stopping_since is not None else time.monotonic()
+        deadline = max(began + self.settings.server.shutdown_grace_seconds, time.monotonic() + _SETTLE_SECONDS)
         await self.retention.stop()
-        await self.leases.settle(timeout=2)
+        await self.leases.settle(timeout=deadline - time.monotonic())
         await self.leases.stop()
-        await self.tasks.wait(timeout=30)
+        await self.tasks.wait(timeout=max(0.0, deadline - time.monotonic()))
+        await self.tasks.cancel()
+        for node_id in list(self.leases.inflight):  # (an outcome not stored: still tracked)
+            log.error("a call's outcome could not be stored before the process exited: its lease runs out and "
+                      "the reaper finishes its node (interrupted); its client may have had its answer",
+                      extra={"node_id": str(node_id)})
         await self.upstream.aclose()
         await self.db.close()

@@ -281,6 +281,35 @@ def test_an_answer_being_stored_when_the_grace_runs_out_still_reaches_its_client
     assert "Traceback" not in log, log
 
 
+def test_an_outcome_waiting_for_the_database_holds_the_shutdown_no_longer_than_the_grace(
+        own_server, upstream_url, upstream, tmp_path):
+    """A call answered while the database is away (its outcome to be stored once it is back) when
+    SIGTERM comes: the process waits for it within what is left of the grace, then exits, and logs
+    an error naming the node whose outcome it abandons -- left pending, its lease lets the reaper
+    finish it. It waited 2 s and then 30 s more whatever the grace (32 s, past an orchestrator's
+    kill timeout), and dropped the outcome without a word."""
+    held = threading.Event()
+    upstream.enqueue(Reply(content="answered in the outage", hold=held))
+    answers: dict[str, Any] = {}
+    with _serving(own_server.url, upstream_url, tmp_path, 3, held) as (proc, base):
+        (thread,) = _in_threads(base, [("sd-outage", False)], answers, upstream)
+        own_server.stop()  # the outage begins
+        held.set()
+        thread.join(30)
+        status, node_id, text = answers["sd-outage"]
+        assert status == 200, text  # the client has its answer; its outcome waits for the database
+        stopped = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        _exits(proc, stopped, 15)
+    log = _log(proc)
+    abandoned = [json.loads(line) for line in log.splitlines()
+                 if line.startswith("{") and "could not be stored before the process exited" in line]
+    assert [(entry["level"], entry["node_id"]) for entry in abandoned] == [("error", node_id)], log
+    own_server.start()
+    node = Db(own_server.url).node(node_id)
+    assert node["status"] == "pending" and node["lease_until"] is not None  # (the reaper's, once its lease runs out)
+
+
 def test_a_call_stopped_while_starting_is_answered_and_leaves_nothing_behind(
         fresh_database_url, upstream_url, upstream, tmp_path):
     """The grace runs out while a call's start waits for its conversation's row (another session
