@@ -16,6 +16,7 @@ from .auth import Caller
 from .bytes_relay import OPENAI_ERRORS, BytesRelay, ErrorVoice
 from .errors import NotFound, UpstreamFailure
 from .http import RawResponse, encode_headers
+from .masked_events import event_masker, masked_events
 from .observability import current_request
 from .secrets import BytesMasker, redact_bytes
 from .surrogates import loads
@@ -137,9 +138,22 @@ class Forwarder:
             await response.aclose()
 
         chunks = self.upstream.chunks(response)
+        relayed = response_headers(response.headers, secrets, as_it_came=True, own_key=bool(upstream.api_key))
         masker = BytesMasker(secrets)  # (an answer echoing a credential: masked as it goes by, however cut)
-        return BytesRelay(response.status_code, encode_headers(response_headers(response.headers, secrets, as_it_came=True, own_key=bool(upstream.api_key))),
-                          _masked(chunks, masker) if masker else chunks, close, errors=errors, send_timeout=self.send_timeout)
+        if masker and _read_events(relayed) and (events := event_masker(path, secrets)) is not None:
+            # (an event stream of an API the proxy reads: masked across its text deltas, too)
+            body = masked_events(chunks, events)
+        else:
+            body = _masked(chunks, masker) if masker else chunks
+        return BytesRelay(response.status_code, encode_headers(relayed), body, close, errors=errors,
+                          send_timeout=self.send_timeout)
+
+
+def _read_events(headers: list[tuple[str, str]]) -> bool:
+    """Is a pass-through answer an event stream whose events can be read (none of its bytes in a
+    coding relayed as it came)?"""
+    kinds = {k.lower(): v for k, v in headers}
+    return kinds.get("content-type", "").startswith("text/event-stream") and "content-encoding" not in kinds
 
 
 async def _masked(chunks: AsyncIterator[bytes], masker: BytesMasker) -> AsyncIterator[bytes]:

@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.dialects.responses.relayed import Deltas
 from proxy.secrets import MASK, BytesMasker, Masker, TextMasker
 
+from .anthropic_fake import AReply
 from .conftest import Db, proxy_with
 from .fakes import Reply, completion
 from .helpers import MODEL, tool_call, user
@@ -22,10 +24,12 @@ ALICE = "sk-proxy-alice-0123456789"
 
 
 @pytest.fixture
-def keys_proxy(fresh_database_url, upstream_url):
+def keys_proxy(fresh_database_url, upstream_url, claude_server):
     yield from proxy_with(fresh_database_url, upstream_url,
                           auth={"mode": "keys", "keys": [{"key": ALICE, "tenant": "alice"}]},
-                          upstreams=[{"name": "native", "base_url": upstream_url, "models": ["native-*"],
+                          upstreams=[{"name": "anthropic", "base_url": claude_server[1].url + "/v1",
+                                      "models": ["claude-*"], "api": "anthropic", "api_key": UPSTREAM_KEY},
+                                     {"name": "native", "base_url": upstream_url, "models": ["native-*"],
                                       "api": "responses", "api_key": UPSTREAM_KEY},
                                      {"name": "fake", "base_url": upstream_url, "models": ["*"],
                                       "api_key": UPSTREAM_KEY}])
@@ -135,6 +139,99 @@ def test_a_pass_through_answer_echoing_a_key_is_masked(keys_proxy, upstream, str
     assert UPSTREAM_KEY not in r.text and MASK in r.text
     if not stream:
         assert r.json()["choices"][0]["message"]["content"] == f"Your key is {MASK}."
+
+
+def _joined(text: str) -> dict[str, str]:
+    """The texts a client's stream adds up to, each as the client joins its deltas: a chat
+    choice's content, a Responses part's text, an Anthropic block's text or tool input."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        event = json.loads(line[6:])
+        for c in event.get("choices") or ():
+            out["content"] = out.get("content", "") + (c["delta"].get("content") or "")
+        if event.get("type") == "response.output_text.delta":
+            out["content"] = out.get("content", "") + event["delta"]
+        if event.get("type") == "content_block_delta":
+            delta = event["delta"]
+            name = f"block {event['index']}"
+            out[name] = out.get(name, "") + (delta.get("text") or delta.get("partial_json") or "")
+    return out
+
+
+@pytest.mark.parametrize("route", ["chat", "responses"])
+def test_a_pass_through_stream_is_masked_however_its_deltas_cut_the_key(keys_proxy, upstream, route):
+    """No conversation named: the stream was masked in its bytes only, and the operator's key
+    spelled out over several deltas reached the client in pieces -- its joined text held the key.
+    Its text is masked across the deltas now, as a stored stream's: nothing around the key lost or
+    doubled (the text ends in what may begin the key: given out at the end), and a Responses
+    stream keeps every event, its sequence numbers the upstream's."""
+    text = f"Your key is {UPSTREAM_KEY}. And so on, sk-up"
+    if route == "chat":
+        upstream.enqueue(Reply(kind="stream", pieces=["Your key is s", "k-ups", "tream-secr", "et-01234", "56789",
+                                                      ". And s", "o on, s", "k-up"]))
+        path, body = "/v1/chat/completions", {"model": MODEL, "messages": [user("my key?")], "stream": True}
+    else:
+        upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_responses_events(text)))
+        path, body = "/v1/responses", {"model": "native-1", "input": "my key?", "stream": True}
+    with httpx.Client(base_url=keys_proxy.url, timeout=30) as http:
+        r = http.post(path, json=body, headers={"Authorization": f"Bearer {ALICE}"})
+    assert r.status_code == 200 and "x-node-id" not in r.headers
+    assert upstream.requests[-1].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"  # (what it had to echo)
+    assert UPSTREAM_KEY not in r.text
+    assert _joined(r.text)["content"] == text.replace(UPSTREAM_KEY, MASK)
+    if route == "responses":
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        assert [e["sequence_number"] for e in events] == list(range(_responses_events(text).count(b"\n\n")))
+
+
+def test_a_pass_through_anthropic_stream_is_masked_however_its_deltas_cut_the_key(keys_proxy, claude):
+    """An Anthropic upstream's stream passed through (no conversation named) writes its text four
+    characters a delta and a tool's input five: the operator's key in either reached the client's
+    joined text whole. Masked across the deltas of each block now, the rest of the text intact."""
+    text, tool_input = f"key {UPSTREAM_KEY} end, sk", {"key": UPSTREAM_KEY}
+    claude.enqueue(AReply(content=[{"type": "text", "text": text},
+                                   {"type": "tool_use", "id": "toolu_1", "name": "save", "input": tool_input}],
+                          stop_reason="tool_use"))
+    with httpx.Client(base_url=keys_proxy.url, timeout=30) as http:
+        r = http.post("/v1/messages", headers={"Authorization": f"Bearer {ALICE}"},
+                      json={"model": "claude-x", "max_tokens": 10, "stream": True, "messages": [user("my key?")]})
+    assert r.status_code == 200 and "x-node-id" not in r.headers
+    assert claude.last.headers["x-api-key"] == UPSTREAM_KEY
+    assert UPSTREAM_KEY not in r.text
+    joined = _joined(r.text)
+    assert joined["block 0"] == f"key {MASK} end, sk"
+    assert json.loads(joined["block 1"]) == {"key": MASK}
+
+
+def test_a_pass_through_stream_masks_the_clients_own_key_across_deltas(proxy, upstream, key):
+    """Passthrough auth: the client's own key, spelled out by the model over two deltas of a
+    stream passed through, reached the client's joined text whole; masked now."""
+    half = len(key) // 2
+    upstream.enqueue(Reply(kind="stream", pieces=[f"you sent {key[:half]}", f"{key[half:]} ok"]))
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": MODEL, "messages": [user("my key?")], "stream": True})
+    assert r.status_code == 200 and "x-node-id" not in r.headers
+    assert upstream.last.headers["authorization"] == f"Bearer {key}"
+    assert key not in r.text and key[:half] not in r.text
+    assert _joined(r.text)["content"] == f"you sent {MASK} ok"
+
+
+def test_a_responses_upstreams_stream_is_masked_across_deltas_for_a_responses_client(keys_proxy, upstream, cid):
+    """A stored call to a Responses upstream, streamed to a Responses client: each event was
+    masked whole, so the key cut across output_text.delta events reached the client's deltas in
+    pieces (the done event and the stored answer had it masked). Its deltas join to the text with
+    the key masked now -- as the done event says it -- nothing lost or doubled."""
+    text = f"so: {UPSTREAM_KEY}, then sk-up"
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_responses_events(text)))
+    r = _post(keys_proxy, ALICE, cid, "/v1/responses", {"model": "native-1", "input": "my key?", "stream": True})
+    assert r.status_code == 200 and UPSTREAM_KEY not in r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    done = [e["text"] for e in events if e["type"] == "response.output_text.done"]
+    assert _joined(r.text)["content"] == text.replace(UPSTREAM_KEY, MASK) == done[0]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert UPSTREAM_KEY not in _stored(keys_proxy.db, r.headers["x-node-id"])
 
 
 @pytest.mark.parametrize(("named", "reply"), [
@@ -371,3 +468,32 @@ def test_held_back_text_is_given_out_when_the_stream_ends_without_a_finishing_ch
         assert reasoning == f"thinks {MASK} done"
     stored = _stored(keys_proxy.db, r.headers["x-node-id"])
     assert UPSTREAM_KEY not in stored and "ends with sk-ups" in stored
+
+
+@given(st.lists(st.sampled_from(["hello ", "s", "sk-", "sk-upstream", "sk-proxy-alice-", "abcab", "c", "d ", "-longer",
+                                 "XXsecr", "etYY", *SECRETS]), max_size=12),
+       st.lists(st.integers(min_value=0, max_value=400), max_size=8), st.booleans())
+def test_responses_deltas_equal_masking_the_whole_text(words, cuts, two_parts):
+    """A Responses stream's deltas, however cut: they join to the text masked whole; and with
+    another part's delta among them (which gives out what the first part held) every event still
+    goes out once, in order -- none added or dropped, as a pass-through that keeps the upstream's
+    sequence numbers needs."""
+    text = "".join(words)
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    events = [{"type": "response.output_text.delta", "item_id": "m", "output_index": 0, "content_index": 0,
+               "delta": text[a:b]} for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+    if two_parts:  # (a reasoning summary's delta among them: it ends what the first part held)
+        events.insert(len(events) // 2, {"type": "response.reasoning_summary_text.delta", "item_id": "r",
+                                          "output_index": 0, "summary_index": 0, "delta": "s"})
+    events.append({"type": "response.output_text.done", "item_id": "m", "output_index": 0, "content_index": 0})
+    for n, event in enumerate(events):
+        event["sequence_number"] = n
+    deltas = Deltas(SECRETS)
+    out = [e for event in events for e in deltas.events(event)] + deltas.rest()
+    assert [e["sequence_number"] for e in out] == list(range(len(events)))
+    expected = text
+    for secret in sorted(SECRETS, key=len, reverse=True):
+        expected = expected.replace(secret, MASK)
+    assert not deltas.text.holding
+    if not two_parts:
+        assert "".join(e["delta"] for e in out if e["type"] == "response.output_text.delta") == expected

@@ -31,7 +31,7 @@ from .blocks.to_chat import line_piece, server_line, uses_of
 from .errors import anthropic_type, error_event, in_anthropic_words
 from .reassembly import Message
 
-__all__ = ["FromChat", "Message", "Native", "ToChat", "error_event"]
+__all__ = ["Deltas", "FromChat", "Message", "Native", "ToChat", "error_event"]
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
@@ -41,7 +41,7 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 _DELTA_FIELDS = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 
 
-class _Deltas:
+class Deltas:
     """The call's credentials masked in an Anthropic stream's deltas, however the upstream cut
     them: text, thinking and tool input pieces go through a ``TextMasker`` per block (what may
     begin a credential is held back), and what a block still holds is given out before its
@@ -75,13 +75,20 @@ class _Deltas:
                         event]
         return None
 
+    def rest(self) -> list[dict[str, Any]]:
+        """What blocks still hold when the stream ends before their ``content_block_stop``: a delta each."""
+        out = [{"type": "content_block_delta", "index": index, "delta": {"type": dtype, _DELTA_FIELDS[dtype]: rest}}
+               for index, dtype in self.kinds.items() if (rest := self.text.flush(index))]
+        self.kinds.clear()
+        return out
+
 
 class Native:
     """An Anthropic upstream's stream, relayed to an Anthropic client."""
 
     def __init__(self, *, secrets: Sequence[str | None] = ()) -> None:
         self.masker = Masker(secrets) or None  # (a credential whole in one event)
-        self.deltas = _Deltas(secrets)  # (one cut across deltas)
+        self.deltas = Deltas(secrets)  # (one cut across deltas)
         self.acc = Message()
         self.finished = False
         self.error: Any = None
@@ -279,7 +286,7 @@ class ToChat:
     def __init__(self, *, node_id: uuid.UUID, provider: str | None, wants_usage: bool,
                  secrets: Sequence[str | None] = ()) -> None:
         self.masker = Masker(secrets) or None
-        self.deltas = _Deltas(secrets)
+        self.deltas = Deltas(secrets)
         self.node_id = node_id
         self.provider = provider
         self.wants_usage = wants_usage

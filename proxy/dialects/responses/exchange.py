@@ -27,7 +27,7 @@ from . import for_chat, translate
 from . import stream as responses_stream
 from .compaction import compaction_item
 from .items import read_response, response_id, to_messages
-from .relayed import Native
+from .relayed import Deltas, Native
 from .tools import offered
 
 __all__ = ["ChatOverResponses", "ResponsesNative", "ResponsesOverChat", "compaction_output", "own_item_ids"]
@@ -108,11 +108,10 @@ class ResponsesNative:
         return Answer(_encode(data), output, self.messages(output), usage, finish)
 
     def translator(self, *, wants_usage: bool, secrets: Sequence[str | None] = ()) -> Translator:
-        # each event whole: a credential split across text deltas reaches the client's deltas in
-        # pieces, but the done events, the completed response and the stored answer carry it whole
-        # -- and masked (docs/behaviour.md#limits-and-hostile-peers)
+        # each event masked whole, and the deltas' text across the events of a part
+        # (docs/behaviour.md#limits-and-hostile-peers)
         return Native(node_id=self.node_id, client=translate.client_fields(self.params), masker=Masker(secrets) or None,
-                      compaction=compaction_output(self.params, self.node_id))
+                      deltas=Deltas(secrets) or None, compaction=compaction_output(self.params, self.node_id))
 
     def messages(self, received: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return to_messages(received, self.provider)

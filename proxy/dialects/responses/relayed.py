@@ -11,22 +11,77 @@ import uuid
 from typing import Any
 
 from ...failures import Failure
-from ...secrets import Masker
+from ...secrets import Masker, TextMasker
 from ...sse import DONE, payload, relayable
 from ...surrogates import encode
 from . import translate
 from .items import response_id
 from .stream import Events
 
-__all__ = ["Native"]
+__all__ = ["Deltas", "Native"]
+
+
+def _part(event: dict[str, Any]) -> Any:
+    """The text a delta event adds to -- its type, item, output index, content or summary index --
+    or None (not a delta of text)."""
+    kind, delta = event.get("type"), event.get("delta")
+    if not isinstance(kind, str) or not kind.endswith(".delta") or not isinstance(delta, str):
+        return None
+    part = (kind, event.get("item_id"), event.get("output_index"), event.get("content_index"), event.get("summary_index"))
+    try:
+        hash(part)
+    except TypeError:  # (an odd upstream's index that is a list or an object: its events go as they came)
+        return None
+    return part
+
+
+class Deltas:
+    """The call's credentials masked across a Responses stream's deltas -- every ``*.delta`` event
+    whose delta is text (output text, refusals, reasoning, a call's arguments) -- however the
+    upstream cut them (``secrets.TextMasker``, one text per part). A delta whose text ends in what
+    may begin a credential is held back, with the text before that: the next event says -- the
+    part's next delta (the held one goes out as it is, the next carries the text released), or
+    any other (the part's done event, usually: the held one goes out first, with the rest of the
+    text). No event is added or dropped: a relay that keeps the upstream's sequence numbers (a
+    pass-through) keeps them right."""
+
+    def __init__(self, secrets: Any) -> None:
+        self.text = TextMasker(secrets)
+        self._held: tuple[Any, dict[str, Any]] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.text)
+
+    def events(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events to send now for ``event``, in order (``event`` itself among them when it goes
+        as it came)."""
+        part = _part(event)
+        out = self.rest() if self._held is None or self._held[0] != part else [self._held[1]]
+        self._held = None
+        if part is None:
+            return [*out, event]
+        piece = self.text.feed(part, event["delta"])
+        if self.text.holding:
+            self._held = (part, {**event, "delta": piece})
+            return out
+        return [*out, event if piece == event["delta"] else {**event, "delta": piece}]
+
+    def rest(self) -> list[dict[str, Any]]:
+        """The delta held back, with the rest of its text (the stream ended, or another event came)."""
+        if self._held is None:
+            return []
+        part, held = self._held
+        self._held = None
+        return [{**held, "delta": held["delta"] + self.text.flush(part)}]
 
 
 class Native:
     """A Responses upstream's stream, relayed with the node's response id."""
 
     def __init__(self, *, node_id: uuid.UUID, client: dict[str, Any], masker: Masker | None = None,
-                 compaction: list[dict[str, Any]] | None = None) -> None:
+                 deltas: Deltas | None = None, compaction: list[dict[str, Any]] | None = None) -> None:
         self.masker = masker  # the call's credentials masked in each event (docs/behaviour.md#limits-and-hostile-peers)
+        self.deltas = deltas  # (and one cut across a part's deltas)
         self.rid = response_id(node_id)
         # the fields that say the client's request (translate.client_fields): previous_response_id,
         # store, instructions (sent upstream as a system message: not echoed), conversation
@@ -67,6 +122,11 @@ class Native:
             return b""
         if not isinstance(event, dict):  # (UNREAD: a comment relayed as it came; empty data not)
             return raw + b"\n\n" if relayable(raw) else b""
+        if self.deltas is not None:
+            return b"".join(self._event(e) for e in self.deltas.events(event))
+        return self._event(event)
+
+    def _event(self, event: dict[str, Any]) -> bytes:
         kind = event.get("type")
         if isinstance(event.get("response"), dict):
             event["response"] = self._rewrite(event["response"])
