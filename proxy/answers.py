@@ -84,11 +84,15 @@ class Answers:
             answer = exchange.answer(Masker(started.secrets).bytes(content))  # (credentials echoed: masked)
         except NotACompletion as exc:
             raise Failed(not_a_completion(content, str(exc), started.secrets, response.status_code)) from None
+        # the client's response is made whole before the answer is stored: once stored it is the
+        # next call's context, so nothing may fail between the two (a 500 the client retries, its
+        # question piling up under answers it never got)
+        reply = RawResponse(response.status_code, answer.body, relay_headers)
         if not await self.outcomes.finish(started, Outcome.SUCCESS, received=answer.received, usage=answer.usage,
                                           finish_reason=answer.finish_reason, received_messages=answer.messages):
             failure = reaped()
             return RawResponse(failure.status, started.call.dialect.error_body(failure), started.headers())
-        return RawResponse(response.status_code, answer.body, relay_headers)
+        return reply
 
     async def _response(self, started: Started, request: httpx.Request, watch: asyncio.Future[None], *,
                         own_key: bool = False) -> tuple[httpx.Response, bytes]:

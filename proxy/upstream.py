@@ -212,9 +212,13 @@ def response_headers(headers: httpx.Headers, secrets: Iterable[str | None] = (),
     ``as_it_came``: the body goes to the client as the upstream sent it (a pass-through), so a
     coding the proxy does not undo (br) still says what the bytes are. ``own_key``: the upstream
     was called with its configured key -- the operator's account, whose ids
-    (``openai-organization``, ``openai-project``) are not the client's to see."""
+    (``openai-organization``, ``openai-project``) are not the client's to see. Names and values
+    are the upstream's bytes read as Latin-1, so they go out byte for byte (``encode_headers``):
+    a value in UTF-8 (a model's name in CJK, an emoji) is relayed as it came, never re-encoded
+    or refused with a 500 after the answer was stored."""
     keep = as_it_came and headers.get("content-encoding") and _decoder(headers, 1) is None
-    return mask_headers([(k, v) for k, v in headers.multi_items()
+    raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.raw]
+    return mask_headers([(k, v) for k, v in raw
                          if ((lk := k.lower()) not in _DROP_RESPONSE or (keep and lk == "content-encoding"))
                          and not lk.startswith(_OWN_PREFIXES) and not (own_key and lk in _ACCOUNT_HEADERS)], secrets)
 

@@ -685,6 +685,58 @@ def test_upstream_headers_never_replace_or_duplicate_ours(proxy, upstream, key, 
     assert r.headers.get("x-node-id") is None and len(r.headers.get_list("x-branchpoint-request-id")) == 1
 
 
+@pytest.mark.parametrize("value", ["caf\u00e9", "\u6a21\u578b", "\U0001f600"])
+def test_an_upstream_header_in_utf8_reaches_the_client_byte_for_byte(proxy, upstream, key, cid, value):
+    """An upstream header holding UTF-8 (a model's name in CJK, an emoji) is relayed as the bytes
+    it came in, stored or pass-through, stream or not: its value made the answer's headers fail to
+    encode -- a 500 without X-Node-Id, after a non-streamed answer was already stored and the head
+    moved onto it (the SDK's retries piled up the question under answers never received) -- and
+    'caf\u00e9' went out re-encoded as Latin-1."""
+    for conversation in (cid, None):
+        for stream in (False, True):
+            upstream.enqueue(Reply(content="fine", headers=[("x-upstream-note", value)],
+                                   kind="stream" if stream else "json"))
+            headers = {"Authorization": f"Bearer {key}", **({"X-Conversation-Id": conversation} if conversation else {})}
+            r = httpx.post(f"{proxy.url}/v1/chat/completions", headers=headers, timeout=10,
+                           json={"model": MODEL, "messages": [user(f"q {stream}")], "stream": stream})
+            assert r.status_code == 200 and "fi" in r.text, (conversation, stream, r.status_code, r.text[:300])
+            assert (b"x-upstream-note", value.encode()) in r.headers.raw, r.headers.raw
+            assert (r.headers.get("x-node-id") is not None) == (conversation is not None)
+    upstream.enqueue(Reply(content="last"))
+    httpx.post(f"{proxy.url}/v1/chat/completions", headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid},
+               json={"model": MODEL, "messages": [user("next")]}, timeout=10)
+    assert [m["content"] for m in upstream.last.messages] == ["q False", "fine", "q True", "fine", "next"]
+
+
+def test_an_answer_whose_response_cannot_be_made_is_not_the_next_calls_context(proxy, upstream, key, cid, db, monkeypatch):
+    """The client's response to a whole answer is made before the answer is stored: when making it
+    fails, the client's 500 comes with the node stored invalid and the head where it was. Made
+    after, the node was a success and the head on it -- the next call's upstream got an answer the
+    client never saw (and an SDK retrying the 500 piled its question up under such answers)."""
+    from proxy import answers
+
+    made = answers.RawResponse
+
+    def unmakeable(status, body, *args, **kw):
+        if status == 200:
+            raise ValueError("a response that cannot be made")
+        return made(status, body, *args, **kw)
+
+    monkeypatch.setattr(answers, "RawResponse", unmakeable)
+    upstream.enqueue(Reply(content="unseen answer"))
+    headers = {"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", headers=headers, timeout=10,
+                   json={"model": MODEL, "messages": [user("first question")]})
+    assert r.status_code == 500
+    assert db.head(cid) is None
+    monkeypatch.undo()
+    upstream.enqueue(Reply(content="seen"))
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", headers=headers, timeout=10,
+                   json={"model": MODEL, "messages": [user("second question")]})
+    assert r.status_code == 200
+    assert [m["content"] for m in upstream.last.messages] == ["second question"]
+
+
 def test_every_credential_a_client_sends_is_kept_from_the_upstream_and_masked(proxy, upstream, key, cid, db):
     secret = f"anthropic-style-secret-{uuid.uuid4().hex}"
     azure = f"azure-style-{uuid.uuid4().hex}"
