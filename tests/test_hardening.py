@@ -76,6 +76,19 @@ def test_ordinary_pass_through_paths_still_pass(proxy, upstream, key):
     assert upstream.requests[-1].path == "/v1/files/file-a/b"
 
 
+@pytest.mark.parametrize("path", ["/c/{cid}//v1/models", "//c/{cid}/v1/models", "//v1/models", "/auto//v1/models",
+                                  "//auto/v1/models", "/c/{cid}/v1//models", "/c//{cid}/v1/models"])
+def test_a_doubled_slash_in_the_prefix_forwards_the_clients_path(proxy, upstream, key, path):
+    """The router reads a doubled slash as one; the pass-through counts the proxy's own segments
+    (``/v1``, ``/auto/v1``, ``/c/{id}/v1``) the same way, so the upstream gets the client's path.
+    Counted in the raw path, an empty segment was one of them: ``/c/{id}//v1/models`` and
+    ``//v1/models`` reached the upstream as ``/v1/v1/models``."""
+    status, body = raw_request(proxy.url, "GET", path.format(cid=f"dbl-{uuid.uuid4().hex[:8]}"),
+                               {"Authorization": f"Bearer {key}"})
+    assert status == 200, body
+    assert [r.path for r in upstream.requests] == ["/v1/models"]
+
+
 # -- 2. a fork racing a delete of its source ----------------------------------------------------
 
 def race(*actions: Callable[[], None]) -> None:

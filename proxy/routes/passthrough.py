@@ -37,9 +37,10 @@ _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 def prefix_segments(scope: Any) -> int:
     """How many segments of a request's path are the proxy's own before the upstream's path:
     ``/v1`` (2 with the empty first), ``/auto/v1`` (3) or ``/c/{id}/v1`` (4) -- what
-    ``upstream_path`` skips."""
-    path = scope["path"]
-    return 4 if path.startswith("/c/") else 3 if path.startswith("/auto/") else 2
+    ``upstream_path`` skips. A doubled slash (an empty segment) is none of them, as the router
+    reads the path."""
+    first = next((part for part in scope["path"].split("/") if part), "")
+    return 4 if first == "c" else 3 if first == "auto" else 2
 
 
 def upstream_path(scope: Any, skip: int) -> str:
@@ -47,9 +48,16 @@ def upstream_path(scope: Any, skip: int) -> str:
     segments -- forwarded as it came, never decoded and re-encoded. It must stay under the
     upstream's base path: a ``.`` or ``..`` segment (encoded once, twice or not at all, or hidden
     behind an encoded slash or a backslash, or carrying a path parameter: servers in Java read
-    ``..;x`` as ``..``) or a control character is refused, and nothing is sent."""
+    ``..;x`` as ``..``) or a control character is refused, and nothing is sent. The segments
+    skipped are counted as the router matched them: empty ones (a doubled slash, ``/c/{id}//v1``)
+    are passed over, so no segment of the proxy's own reaches the upstream."""
     raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
-    rest = raw.split("?", 1)[0].split("/")[skip:]
+    segments = raw.split("?", 1)[0].split("/")
+    at, own = 0, skip - 1  # (the first segment, before the path's leading slash, is empty)
+    while at < len(segments) and (own or not segments[at]):
+        own -= bool(segments[at])
+        at += 1
+    rest = segments[at:]
     for segment in rest:
         text = segment
         for _ in range(3):  # %252e%252e -> %2e%2e -> ..
