@@ -217,6 +217,26 @@ class StreamRelay:
         except Exception:
             log.debug("closing the upstream stream failed", exc_info=True)
 
+    async def _relay_events(self, events: list[bytes], send: Any) -> bool:
+        """Translate and send some of the stream's events; True once the stream has ended (its end
+        event, or an error)."""
+        translator = self.translator
+        out = []
+        for event in events:
+            try:
+                piece = translator.event(event)
+            except UpstreamFailure:  # (a broken event: what came before it still goes out)
+                if out:
+                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                raise
+            if piece:
+                out.append(piece)
+            if translator.error is not None or translator.finished:
+                break
+        if out:
+            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+        return translator.error is not None or translator.finished
+
     async def _pump(self, send: Any) -> Failure | None:
         """Relay events as they arrive, up to the stream's end (held back by the translator);
         returns the failure, if any (None: success)."""
@@ -227,26 +247,13 @@ class StreamRelay:
             if opening:
                 await send({"type": "http.response.body", "body": opening, "more_body": True})
             async for raw in self.chunks:
-                out = []
-                for event in parser.feed(raw):
-                    try:
-                        piece = translator.event(event)
-                    except UpstreamFailure:  # (a broken event: what came before it still goes out)
-                        if out:
-                            await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-                        raise
-                    if piece:
-                        out.append(piece)
-                    if translator.error is not None or translator.finished:
-                        break
-                if out:
-                    await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-                if translator.error is not None or translator.finished:
+                if await self._relay_events(parser.feed(raw), send):
                     break
-            else:  # the body ended, and no end event came
-                rest = translator.ended()
-                if rest:
-                    await send({"type": "http.response.body", "body": rest, "more_body": True})
+            else:  # the body ended: its last events (a line end held back), then ended() if no end event came
+                if not await self._relay_events(parser.close(), send):
+                    rest = translator.ended()
+                    if rest:
+                        await send({"type": "http.response.body", "body": rest, "more_body": True})
         except UpstreamFailure as exc:
             code = exc.code if isinstance(exc, (UpstreamTooLarge, UpstreamBadResponse, UpstreamTimeout)) else "stream_interrupted"
             return Failure.of(Outcome.TRANSIENT, exc.type, code, exc.message)

@@ -51,7 +51,9 @@ class SSEParser:
 
     Linear in the bytes fed, however they are cut: each chunk is normalised on its own (a ``\\r``
     at its end waits for the next chunk), and the search for the end of an event resumes where
-    the last one stopped -- an event that never ends costs no more than its bytes."""
+    the last one stopped -- an event that never ends costs no more than its bytes. At the
+    stream's end, ``close`` gives the events a ``\r`` held back there completes (a stream whose
+    lines end in a bare ``\r`` ends in one)."""
 
     __slots__ = ("_buf", "_cr", "_scanned")
 
@@ -85,6 +87,14 @@ class SSEParser:
         del buf[:start]
         self._scanned = len(buf)
         return events
+
+    def close(self) -> list[bytes]:
+        """The stream has ended: a ``\r`` held back for the next chunk ends its line (none comes),
+        and the events that completes."""
+        if not self._cr:
+            return []
+        self._cr = False
+        return self.feed(b"\n")
 
     @property
     def pending(self) -> bytes:

@@ -292,6 +292,24 @@ def test_an_emoji_cut_across_two_stream_deltas_is_relayed_and_stored_whole(scrip
     assert "smile \U0001f600 \ufffd" in fake.bodies[-1].decode()  # (valid UTF-8: strict decoding)
 
 
+@pytest.mark.parametrize("client", ["messages", "chat"])
+def test_an_anthropic_stream_whose_lines_end_with_a_cr_alone_ends_with_its_end_event(scripted, key, cid, client):
+    """Lines may end with a CR alone (the SSE standard): such a stream's last blank line is the
+    body's last byte, a CR the parser held back for a chunk that never came -- message_stop was
+    never read, and a stream the client had whole ended in an error event, its node failed as
+    stream_interrupted. Now the body's end ends that line: answered and stored whole."""
+    proxy, fake = scripted
+    path, body = {"chat": ("/v1/chat/completions", {"messages": [user("q")]}),
+                  "messages": ("/v1/messages", {"messages": [user("q")], "max_tokens": 50})}[client]
+    fake.queue.append(("text/event-stream", _split_emoji_stream("anthropic").replace(b"\n", b"\r")))
+    r = proxy.http(key).post(path, json={"model": "claude-x", **body, "stream": True},
+                             headers={"X-Conversation-Id": cid, "x-api-key": key})
+    assert r.status_code == 200
+    assert _streamed_text(client, r.content) == "smile \U0001f600 \ufffd"
+    node = proxy.db.node(r.headers["x-node-id"])
+    assert node["status"] == "success", node["error"]
+
+
 def test_a_whole_answer_holding_a_lone_surrogate_is_answered(proxy, upstream, key, cid, db):
     """A whole answer cut mid-emoji ("cut emoji \\ud83d", finish_reason length) was a 502 "invalid
     JSON". Now a chat client gets it byte for byte, a translated one (Messages) valid UTF-8 with

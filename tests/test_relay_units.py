@@ -276,6 +276,20 @@ def test_a_cr_alone_ends_a_line_as_the_sse_standard_says():
     assert p.feed(b"\r: keep-alive\r\n\r\n") == [b"data: [DONE]", b": keep-alive"]
 
 
+def test_the_cr_a_stream_ends_with_ends_its_last_event():
+    """A stream whose lines end with a CR alone ends with one: held back for a LF that might
+    follow, it ends the last line once the stream has ended (``close``) -- else the stream's last
+    event (an Anthropic or Responses stream's end event) was never read."""
+    p = SSEParser()
+    assert p.feed(b"data: 1\r\rdata: 2\r") == [b"data: 1"]
+    assert p.feed(b"\r") == []
+    assert p.close() == [b"data: 2"]
+    assert p.close() == []
+    q = SSEParser()
+    assert q.feed(b"data: 1\r\n\r\ndata: cut\n") == [b"data: 1"]
+    assert q.close() == []  # (an event without its blank line: not an event, as the standard says)
+
+
 def test_a_plain_text_answer_that_says_the_context_is_too_long_is_an_overflow():
     failure = classify(400, b"prompt is too long: 300000 tokens > 200000 maximum")
     assert failure.outcome == "overflow" and failure.error.code == "context_overflow"

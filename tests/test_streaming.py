@@ -464,3 +464,31 @@ def test_a_stream_whose_lines_end_with_a_cr_alone_is_read(proxy, upstream, key, 
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello"
     node_id = db.fetch("SELECT id FROM nodes WHERE conversation_id = $1", cid)[0]["id"]
     assert db.node(node_id)["received"] == [{"role": "assistant", "content": "Hello"}]
+
+
+def test_a_responses_stream_whose_lines_end_with_a_cr_alone_ends_with_its_end_event(native, upstream, key, cid):
+    """Over a Responses upstream, whose stream must end with response.completed: a stream whose
+    lines end with a CR alone ends the body with the CR of its last blank line, which the parser
+    held back for a chunk that never came -- the client got the whole text, then an error event,
+    and the node failed as stream_interrupted. Now the body's end ends that line."""
+    item = {"id": "msg_u", "type": "message", "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": "Hello", "annotations": []}]}
+    response = {"id": "resp_u", "object": "response", "created_at": 1, "status": "completed", "model": "native-1",
+                "output": [item], "usage": {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}}
+    events = [{"type": "response.created", "response": {**response, "status": "in_progress", "output": []}},
+              {"type": "response.output_item.added", "output_index": 0, "item": {**item, "content": []}},
+              *({"type": "response.output_text.delta", "item_id": "msg_u", "output_index": 0, "content_index": 0,
+                 "delta": piece} for piece in ("Hel", "lo")),
+              {"type": "response.output_item.done", "output_index": 0, "item": item},
+              {"type": "response.completed", "response": response}]
+    body = b"".join(b"event: %s\rdata: %s\r\r" % (e["type"].encode(), json.dumps(e).encode()) for e in events)
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=body))
+    client = native.openai(key, conversation=cid)
+    with client.chat.completions.with_streaming_response.create(model="native-1", stream=True,
+                                                                messages=[user("hi")]) as r:
+        node_id = r.headers["x-node-id"]
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert not [c for c in chunks if "error" in c], chunks
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")) == "Hello"
+    node = native.http(key).get(f"/admin/nodes/{node_id}").json()
+    assert node["status"] == "success", node

@@ -267,7 +267,8 @@ class _Chained:
         return self._passed(self._through(self.inner.event(raw)))
 
     def ended(self) -> bytes:
-        return self._passed(self._through(self.inner.ended()))
+        out = self._passed(self._through(self.inner.ended()))
+        return out + b"".join(self.outer.event(e) for e in self.parser.close())  # (its chunks' stream ends here)
 
     def _passed(self, out: bytes) -> bytes:
         if self.inner.finished and not self._passed_end and self.inner.error is None:
