@@ -27,6 +27,7 @@ from .dialects.messages.errors import from_openai_body as anthropic_error
 from .dialects.messages.errors import is_messages_path
 from .errors import BranchpointError, error_body, from_refusal
 from .forwarder import Forwarder
+from .http import HeadAsGet
 from .limits import BodyTimeout, BytesInFlight
 from .observability import ObservabilityMiddleware, install_log_context, unmatched
 from .routes.admin import AdminController
@@ -219,6 +220,7 @@ def create_app(settings: Settings, *, upstream_transport: httpx.AsyncBaseTranspo
         debug=False,
     )
     app.state.runtime = runtime
+    app.asgi_handler = HeadAsGet(app.asgi_handler)  # (before routing: Litestar routes HEAD to HEAD handlers only)
     return app
 
 

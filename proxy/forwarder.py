@@ -15,7 +15,7 @@ from litestar.types import ASGIApp
 from .auth import Caller
 from .bytes_relay import OPENAI_ERRORS, BytesRelay, ErrorVoice
 from .errors import NotFound, UpstreamFailure
-from .http import RawResponse, encode_headers
+from .http import RawResponse, encode_headers, method_of
 from .masked_events import event_masker, masked_events
 from .observability import current_request
 from .secrets import BytesMasker, redact_bytes
@@ -64,7 +64,7 @@ _STORED_UPSTREAM = ("chat/completions", "responses")  # (an upstream may keep th
 
 
 def _a_call(method: str, path: str) -> bool:
-    return (method == "POST" and path in _CALLS) or (method == "GET" and (path == "models" or path.startswith("models/")))
+    return (method == "POST" and path in _CALLS) or (method in ("GET", "HEAD") and (path == "models" or path.startswith("models/")))
 
 
 def _unstored(body: bytes) -> bytes:
@@ -101,14 +101,15 @@ class Forwarder:
         Anthropic's to a Messages client) -- the upstream's own errors are relayed as they are;
         ``upstream``: the one ``route`` found for the body, when the caller asked already."""
         upstream = upstream or self.route(body)
+        method = method_of(request.scope)  # (a HEAD, routed as a GET, goes on as a HEAD)
         if self.upstream_objects == "refuse" and upstream.api_key:  # (one account for every tenant)
-            if not _a_call(request.method, path):
-                raise NotFound(f"{request.method} /v1/{path} is not passed through: the upstream's account is shared "
+            if not _a_call(method, path):
+                raise NotFound(f"{method} /v1/{path} is not passed through: the upstream's account is shared "
                                "by every tenant ([server] upstream_objects)", param="path")
             if path in _STORED_UPSTREAM and body:
                 body = _unstored(body)
         out_headers = self.upstream.request_headers(upstream, headers.items, caller.client_key)
-        upstream_request = self.upstream.build(request.method, upstream, path, headers=out_headers,
+        upstream_request = self.upstream.build(method, upstream, path, headers=out_headers,
                                                content=body or None, params=request.scope.get("query_string") or None)
         t0 = time.perf_counter()
         ctx = current_request.get()

@@ -23,7 +23,7 @@ from litestar import Response
 from litestar.background_tasks import BackgroundTask
 
 from .failures import cancellation_handled, interrupted
-from .http import RawResponse
+from .http import RawResponse, method_of
 from .metrics import Metrics
 
 __all__ = ["UNMATCHED", "ObservabilityMiddleware", "RequestContext", "current_request", "install_log_context",
@@ -126,7 +126,7 @@ def _observed(metrics: Metrics, scope: Any, ctx: RequestContext, route: str, sta
     metrics.observe_request(route, status, elapsed, ctx.upstream_seconds)
     if log.isEnabledFor(logging.INFO):
         fields = {
-            "method": scope["method"], "path": scope["path"], "route": route, "status": status,
+            "method": method_of(scope), "path": scope["path"], "route": route, "status": status,
             "duration_ms": round(elapsed * 1000, 2), "upstream_ms": round(ctx.upstream_seconds * 1000, 2),
         }
         if ctx.context_mode is not None:  # a stored call

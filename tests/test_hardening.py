@@ -89,6 +89,20 @@ def test_a_doubled_slash_in_the_prefix_forwards_the_clients_path(proxy, upstream
     assert [r.path for r in upstream.requests] == ["/v1/models"]
 
 
+def test_head_is_answered_like_get_and_passed_through_as_head(proxy, upstream, key):
+    """RFC 9110: a server takes HEAD wherever it takes GET (uptime monitors and load balancers
+    probe with it); every GET route answered it 405. Now HEAD gets the GET's status and headers
+    without its body, and the pass-through sends the upstream a HEAD."""
+    headers = {"Authorization": f"Bearer {key}"}
+    for path in ("/healthz", "/readyz", "/v1/models", "/admin/conversations", "/ui/"):
+        get = httpx.get(proxy.url + path, headers=headers, timeout=10)
+        head = httpx.head(proxy.url + path, headers=headers, timeout=10)
+        assert get.status_code == 200 and get.content
+        assert (head.status_code, head.content) == (200, b""), (path, head.status_code, head.headers)
+        assert head.headers["content-type"] == get.headers["content-type"]
+    assert [(r.method, r.path) for r in upstream.requests] == [("GET", "/v1/models"), ("HEAD", "/v1/models")]
+
+
 # -- 2. a fork racing a delete of its source ----------------------------------------------------
 
 def race(*actions: Callable[[], None]) -> None:
