@@ -36,7 +36,7 @@ from .errors import (
 from .secrets import mask_headers
 from .transport import ResponseHeadTooLarge, UpstreamTransport, check_head
 
-__all__ = ["UpstreamClient", "map_exceptions", "response_headers", "target_of"]
+__all__ = ["DECODED_CODINGS", "UpstreamClient", "decoder_of", "map_exceptions", "response_headers", "target_of"]
 
 # Request headers never forwarded upstream: hop-by-hop, ours, the ones httpx sets itself, and
 # every credential header -- the upstream gets one credential, ours (docs/behaviour.md#auth-and-tenancy).
@@ -188,8 +188,16 @@ def _decoder(headers: httpx.Headers, limit: int) -> _Zlib | _Zstd | _Chain | Non
     value = headers.get("content-encoding")
     if not value:
         return None
+    return decoder_of([c.strip().lower() for c in value.split(",")], limit)
+
+
+def decoder_of(codings: list[str], limit: int) -> _Zlib | _Zstd | _Chain | None:
+    """The decoder of a body in ``codings`` (as a Content-Encoding lists them, lower case: undone
+    last first), each stage bounded by ``limit`` (``UpstreamTooLarge`` past it; a body that is not
+    what its coding says, ``httpx.DecodingError``); None when none is one it knows
+    (``DECODED_CODINGS``). Answers are read through it, and a stored call's request body."""
     stages: list[_Zlib | _Zstd] = []
-    for coding in reversed([c.strip().lower() for c in value.split(",")]):
+    for coding in reversed(codings):
         if coding in ("gzip", "x-gzip", "deflate"):
             stages.append(_Zlib(coding, limit))
         elif coding == "zstd":
@@ -197,6 +205,9 @@ def _decoder(headers: httpx.Headers, limit: int) -> _Zlib | _Zstd | _Chain | Non
     if not stages:
         return None
     return stages[0] if len(stages) == 1 else _Chain(stages)
+
+
+DECODED_CODINGS = frozenset({"gzip", "x-gzip", "deflate", "zstd"})
 
 
 def target_of(upstream: Upstream, max_output: int | None = None) -> Target:

@@ -506,6 +506,66 @@ def test_non_ascii_header_values_are_forwarded_as_they_came(proxy, upstream, key
     assert status == 200 and upstream.requests[-1].headers["authorization"] == "Bearer sk-caf\xe9-0123456789"
 
 
+def _compressed(coding: str, data: bytes) -> bytes:
+    import gzip
+    import zlib
+
+    import zstandard
+
+    return {"gzip": gzip.compress, "deflate": zlib.compress, "zstd": zstandard.compress}[coding](data)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "zstd"])
+def test_a_compressed_request_body_is_read_by_the_stored_routes_and_passed_through_as_it_came(proxy, upstream, key,
+                                                                                               cid, coding):
+    """A client or gateway that compresses its request (``Content-Encoding: gzip``): a stored call
+    was refused 400 "the request body is not valid JSON". Now chat, Responses, Messages and
+    Conversations read it decoded (the upstream gets the proxy's own JSON, uncompressed); a call
+    passed through goes as it came, compressed and saying so."""
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json", "Content-Encoding": coding}
+
+    def post(path: str, body: dict, **extra: str) -> httpx.Response:
+        return httpx.post(proxy.url + path, content=_compressed(coding, json.dumps(body).encode()),
+                          headers={**headers, **extra}, timeout=10)
+
+    r = post("/v1/chat/completions", {"model": MODEL, "messages": [user("compressed")]}, **{"X-Conversation-Id": cid})
+    assert r.status_code == 200, r.text
+    assert upstream.last.messages == [user("compressed")] and "content-encoding" not in upstream.last.headers
+    r = post("/v1/responses", {"model": MODEL, "input": "compressed too"}, **{"X-Conversation-Id": cid})
+    assert r.status_code == 200, r.text
+    assert [m["content"] for m in upstream.last.messages][::2] == ["compressed", "compressed too"]
+    r = post("/v1/messages", {"model": MODEL, "max_tokens": 50, "messages": [user("and again")]},
+             **{"X-Conversation-Id": cid})
+    assert r.status_code == 200, r.text
+    assert "and again" in json.dumps(upstream.last.body["messages"][-1])
+    r = post("/v1/conversations", {"metadata": {"topic": "compressed"}})
+    assert r.status_code == 200 and r.json()["metadata"] == {"topic": "compressed"}, r.text
+    plain = json.dumps({"model": MODEL, "messages": [user("passed through")]}).encode()
+    upstream.enqueue(Reply(kind="raw", body=b'{"object": "chat.completion"}'))  # (the fake does not inflate)
+    r = httpx.post(proxy.url + "/v1/chat/completions", content=_compressed(coding, plain), headers=headers, timeout=10)
+    assert r.status_code == 200, r.text
+    assert upstream.last.raw == _compressed(coding, plain) and upstream.last.headers["content-encoding"] == coding
+
+
+def test_a_compressed_request_body_is_bounded_once_inflated_and_an_unknown_coding_is_415(proxy, upstream, key, cid):
+    """A body that inflates past ``max_body_bytes`` (a zip bomb: 33 MiB in a few dozen KB) is
+    refused 413 as a body that large would be, and a coding the proxy cannot undo (br) 415 naming
+    it -- each in the route's own error shape; nothing reaches the upstream."""
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json", "X-Conversation-Id": cid}
+    bomb = _compressed("gzip", b" " * (33 << 20))
+    assert len(bomb) < 100_000
+    r = httpx.post(proxy.url + "/v1/chat/completions", content=bomb, timeout=30,
+                   headers={**headers, "Content-Encoding": "gzip"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large", r.text
+    body = json.dumps({"model": MODEL, "messages": [user("q")]}).encode()
+    r = httpx.post(proxy.url + "/v1/responses", content=body, headers={**headers, "Content-Encoding": "br"}, timeout=10)
+    assert r.status_code == 415, r.text
+    assert r.json()["error"]["code"] == "unsupported_media_type" and "'br'" in r.json()["error"]["message"]
+    r = httpx.post(proxy.url + "/v1/messages", content=body, headers={**headers, "Content-Encoding": "br"}, timeout=10)
+    assert r.status_code == 415 and r.json()["type"] == "error" and "'br'" in r.json()["error"]["message"], r.text
+    assert upstream.requests == []
+
+
 def test_our_headers_may_not_disagree_and_dot_ids_are_refused(proxy, upstream, key):
     body = json.dumps({"model": MODEL, "messages": [user("hi")]}).encode()
     conn = http.client.HTTPConnection("127.0.0.1", int(urlsplit(proxy.url).port), timeout=10)

@@ -18,7 +18,7 @@ from ..call import Call, history_key
 from ..dialects.chat import DIALECT as CHAT
 from ..dialects.chat.request import parse_chat_history
 from ..lifecycle import CallLifecycle
-from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
+from .common import RequestHeaders, context_mode, decoded_body, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder
@@ -38,6 +38,7 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
         upstream = forwarder.route(raw)
         if upstream.api == "chat":
             return await forwarder.forward(request, "chat/completions", raw, headers, caller, upstream=upstream)
+    raw = decoded_body(request, raw)  # (stored, or translated: read by the proxy)
 
     if store:
         kind = node_kind(headers)

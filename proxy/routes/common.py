@@ -5,11 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from ..errors import InvalidConversationId, InvalidRequest
-from ..ids import valid_conversation_id
+import httpx
 
-__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "context_mode", "node_kind", "parent_of", "parse_node_id",
-           "resolve_conversation_id",
+from ..errors import InvalidConversationId, InvalidRequest, UpstreamTooLarge
+from ..ids import valid_conversation_id
+from ..upstream import DECODED_CODINGS, decoder_of
+
+__all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "context_mode", "decoded_body", "node_kind", "parent_of",
+           "parse_node_id", "resolve_conversation_id",
            "valid_conversation_id"]
 
 
@@ -107,3 +110,30 @@ def parent_of(headers: RequestHeaders, mode: str) -> tuple[str, uuid.UUID | None
     if value.strip().lower() == "root":
         return "root", None
     return "node", parse_node_id(value, param="X-Parent-Node-Id")
+
+
+def decoded_body(request: Any, raw: bytes) -> bytes:
+    """A request body as a route that reads it sees it: its ``Content-Encoding`` (gzip, deflate,
+    zstd, one or several) undone, inflated no further than ``[server] max_body_bytes`` -- past it
+    413, as a body that large; a coding the proxy cannot undo (br, say) 415, naming it. What is
+    passed through goes as it came, compressed (the upstream undoes it)."""
+    codings = [c.strip().lower() for v in request.headers.getall("content-encoding", []) for c in v.split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if not codings:
+        return raw
+    unknown = next((c for c in codings if c not in DECODED_CODINGS), None)
+    if unknown is not None:
+        raise InvalidRequest(f"the request body's Content-Encoding {unknown!r} is not supported (gzip, deflate and "
+                             "zstd are)", status=415, code="unsupported_media_type", param="Content-Encoding")
+    limit = request.app.state.runtime.settings.server.max_body_bytes
+    decoder = decoder_of(codings, limit)
+    if decoder is None:  # (never: every coding is one it knows)
+        return raw
+    try:
+        return b"".join([*decoder.decode(raw), *decoder.flush()])
+    except UpstreamTooLarge:
+        raise InvalidRequest(f"the request body is larger than {limit} bytes once decoded (server.max_body_bytes)",
+                             status=413, code="payload_too_large") from None
+    except httpx.DecodingError:
+        raise InvalidRequest("the request body is not what its Content-Encoding says",
+                             param="Content-Encoding") from None

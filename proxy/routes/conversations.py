@@ -37,6 +37,7 @@ from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
 from ..ids import metadata_problem, valid_conversation_id
 from ..surrogates import loads
+from .common import decoded_body
 from .context import CallContext
 from .docs import errors
 from .path_items import ITEM_IDS, Item, has_instructions, listed_item, path_items, resolve_compactions
@@ -120,7 +121,7 @@ def _json(value: Any) -> RawResponse:
 
 
 async def _body(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    raw = await request.body()
+    raw = decoded_body(request, await request.body())
     if not raw.strip():
         return {}
     try:

@@ -24,7 +24,7 @@ from ..dialects.messages.blocks import to_messages
 from ..dialects.messages.errors import ANTHROPIC_ERRORS
 from ..dialects.messages.request import clearing_edit
 from ..http import RawResponse
-from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
+from .common import RequestHeaders, context_mode, decoded_body, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 
@@ -54,7 +54,7 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     auto = request.scope["path"].startswith("/auto/")
     raw = await request.body()
-    body = MESSAGES.parse(raw)
+    body = MESSAGES.parse(decoded_body(request, raw))
     store = cid is not None or auto
     native = _anthropic_upstream(call, body)
     if not store and native:
@@ -95,7 +95,7 @@ async def messages_create(request: Request[Any, Any, Any], call: NamedDependency
 async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
     headers = RequestHeaders(request.scope)
     raw = await request.body()
-    body = MESSAGES.parse(raw)
+    body = MESSAGES.parse(decoded_body(request, raw))
     if _anthropic_upstream(call, body):
         return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller,
                                           errors=ANTHROPIC_ERRORS)

@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
-from .common import RequestHeaders, context_mode, node_kind, parent_of, resolve_conversation_id
+from .common import RequestHeaders, context_mode, decoded_body, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 from .passthrough import Forwarder
@@ -231,7 +231,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     raw = await request.body()
-    body = RESPONSES.parse(raw)
+    body = RESPONSES.parse(decoded_body(request, raw))
     previous = body.get("previous_response_id")
     named = body.get("conversation") is not None
     if "conversation" in body:  # OpenAI's conversation state: the call belongs to it, as under /c/{id}/v1

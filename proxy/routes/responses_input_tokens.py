@@ -29,7 +29,7 @@ from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
 from ..surrogates import loads
 from ..upstream import target_of
-from .common import RequestHeaders, resolve_conversation_id
+from .common import RequestHeaders, decoded_body, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
 from .passthrough import prefix_segments, upstream_path
@@ -88,7 +88,7 @@ async def responses_input_tokens(request: Request[Any, Any, Any], call: NamedDep
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(request.path_params.get("conversation_id"), headers.get("x-conversation-id"))
     raw = await request.body()
-    body = _body(raw)
+    body = _body(decoded_body(request, raw))
     path = await _stored_path(call, body, cid, named_by_path=cid is not None)
     upstream = call.calls.upstream.route(body.get("model"))
     if path is None and upstream.api == "responses":
