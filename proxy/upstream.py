@@ -8,35 +8,33 @@ classified by the failure table in ``proxy.failures``.
 What an upstream sends is bounded here: a response head by ``[server] max_response_header_bytes``
 and ``max_response_headers`` (``UpstreamHeadersTooLarge``; the transports stop reading past them),
 a body by ``max_response_bytes`` -- its decoded size: a ``Content-Encoding`` (gzip, deflate, zstd)
-is undone by our own decoders, which inflate at most ``_STEP`` bytes at a time and stop once past
-the limit (httpx's inflate a whole chunk at once: 16 KB of zstd became 512 MB).
+is undone by our own bounded decoders (``proxy.decoding``).
 """
 
 from __future__ import annotations
 
 import ssl
-import zlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 
 import httpx
-import zstandard
 
 from config import Settings, Upstream
 
 from .assembly import Target
+from .decoding import decoded_too_large as _too_large
+from .decoding import decoder as _decoder
 from .errors import (
     InvalidRequest,
     UpstreamBadResponse,
     UpstreamHeadersTooLarge,
     UpstreamTimeout,
-    UpstreamTooLarge,
     UpstreamUnreachable,
 )
 from .secrets import mask_headers
 from .transport import ResponseHeadTooLarge, UpstreamTransport, check_head
 
-__all__ = ["DECODED_CODINGS", "UpstreamClient", "decoder_of", "map_exceptions", "response_headers", "target_of"]
+__all__ = ["UpstreamClient", "map_exceptions", "response_headers", "target_of"]
 
 # Request headers never forwarded upstream: hop-by-hop, ours, the ones httpx sets itself, and
 # every credential header -- the upstream gets one credential, ours (docs/behaviour.md#auth-and-tenancy).
@@ -81,133 +79,9 @@ def map_exceptions() -> Iterator[None]:
         raise UpstreamUnreachable(f"cannot reach the upstream ({type(exc).__name__})") from exc
 
 
-_STEP = 1 << 18  # the most a decoder inflates at once
 _H11_HEAD_TOO_LONG = "Receive buffer too long"  # h11 (the httpx transport): a head past its own 100 KiB
 
 
-def _too_large(limit: int) -> UpstreamTooLarge:
-    return UpstreamTooLarge(f"the upstream's answer is larger than {limit} bytes (server.max_response_bytes)")
-
-
-class _Zlib:
-    """gzip, or deflate (zlib-wrapped, else raw -- as httpx reads it), ``_STEP`` bytes at a time
-    and ``limit`` in all (a stage inside another coding is bounded too). What follows the end of
-    the compressed data is ignored, as httpx does -- and never handed to zlib, which would keep
-    it all (``unused_data``), copying it again with every chunk."""
-
-    def __init__(self, coding: str, limit: int) -> None:
-        self.raw_fallback = coding == "deflate"
-        self.d = zlib.decompressobj(zlib.MAX_WBITS | 16 if coding != "deflate" else zlib.MAX_WBITS)
-        self.limit = limit
-        self.total = 0
-
-    def decode(self, data: bytes) -> Iterator[bytes]:
-        if self.d.eof:
-            return
-        try:
-            while True:
-                try:
-                    out = self.d.decompress(data, _STEP)
-                except zlib.error:
-                    if not self.raw_fallback:
-                        raise
-                    self.d = zlib.decompressobj(-zlib.MAX_WBITS)
-                    out = self.d.decompress(data, _STEP)
-                self.raw_fallback = False
-                if out:
-                    self.total += len(out)
-                    if self.total > self.limit:
-                        raise _too_large(self.limit)
-                    yield out
-                data = self.d.unconsumed_tail
-                if (not data and len(out) < _STEP) or self.d.eof:  # (a full step may leave output inside zlib)
-                    return
-        except zlib.error as exc:
-            raise httpx.DecodingError(str(exc)) from exc
-
-    def flush(self) -> Iterator[bytes]:
-        yield from self.decode(b"")
-
-
-class _Zstd:
-    """zstd through a stream writer whose sink refuses output past ``limit`` -- raising stops
-    zstandard mid-input (its decompressobj has no bound on what one input inflates to). Windows
-    above 8 MiB are refused, as RFC 9659 lets a decoder do for HTTP."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.total = 0
-        self.out: list[bytes] = []
-        self.writer = zstandard.ZstdDecompressor(max_window_size=1 << 23).stream_writer(
-            self, write_size=_STEP, write_return_read=True, closefd=False)
-
-    def write(self, data: bytes) -> int:  # the sink
-        self.total += len(data)
-        if self.total > self.limit:
-            raise _too_large(self.limit)
-        self.out.append(bytes(data))
-        return len(data)
-
-    def decode(self, data: bytes) -> Iterator[bytes]:
-        try:
-            self.writer.write(data)
-        except zstandard.ZstdError as exc:
-            raise httpx.DecodingError(str(exc)) from exc
-        out, self.out = self.out, []
-        yield from out
-
-    def flush(self) -> Iterator[bytes]:
-        return iter(())
-
-
-class _Chain:
-    """Several codings, undone last first; every stage bounded the same way."""
-
-    def __init__(self, stages: list[_Zlib | _Zstd]) -> None:
-        self.stages = stages
-
-    def decode(self, data: bytes) -> Iterator[bytes]:
-        return self._through(0, self.stages[0].decode(data))
-
-    def flush(self) -> Iterator[bytes]:
-        return self._through(0, self.stages[0].flush())
-
-    def _through(self, i: int, pieces: Iterator[bytes]) -> Iterator[bytes]:
-        if i + 1 == len(self.stages):
-            yield from pieces
-            return
-        stage = self.stages[i + 1]
-        for piece in pieces:
-            yield from self._through(i + 1, stage.decode(piece))
-        yield from self._through(i + 1, stage.flush())
-
-
-def _decoder(headers: httpx.Headers, limit: int) -> _Zlib | _Zstd | _Chain | None:
-    """The decoder of a response's ``Content-Encoding``; None when there is nothing to undo. An
-    unknown coding is left as it came (as httpx does)."""
-    value = headers.get("content-encoding")
-    if not value:
-        return None
-    return decoder_of([c.strip().lower() for c in value.split(",")], limit)
-
-
-def decoder_of(codings: list[str], limit: int) -> _Zlib | _Zstd | _Chain | None:
-    """The decoder of a body in ``codings`` (as a Content-Encoding lists them, lower case: undone
-    last first), each stage bounded by ``limit`` (``UpstreamTooLarge`` past it; a body that is not
-    what its coding says, ``httpx.DecodingError``); None when none is one it knows
-    (``DECODED_CODINGS``). Answers are read through it, and a stored call's request body."""
-    stages: list[_Zlib | _Zstd] = []
-    for coding in reversed(codings):
-        if coding in ("gzip", "x-gzip", "deflate"):
-            stages.append(_Zlib(coding, limit))
-        elif coding == "zstd":
-            stages.append(_Zstd(limit))
-    if not stages:
-        return None
-    return stages[0] if len(stages) == 1 else _Chain(stages)
-
-
-DECODED_CODINGS = frozenset({"gzip", "x-gzip", "deflate", "zstd"})
 
 
 def target_of(upstream: Upstream, max_output: int | None = None) -> Target:

@@ -286,8 +286,9 @@ def test_a_head_within_the_caps_is_relayed(bombed, bomb_upstream):
 def test_the_decoders_step_by_step():
     """The decoders alone: raw deflate (as httpx reads it too), two codings undone last first,
     every piece at most one step, a bomb inside a second coding refused at the limit too."""
+    from proxy.decoding import _STEP
+    from proxy.decoding import decoder as _decoder
     from proxy.errors import UpstreamTooLarge
-    from proxy.upstream import _STEP, _decoder
 
     def run(coding: str, body: bytes, limit: int = LIMIT, size: int = 997) -> bytes:
         d = _decoder(httpx.Headers({"content-encoding": coding}), limit)

@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 import httpx
 
+from ..decoding import DECODED_CODINGS, decoder_of
 from ..errors import InvalidConversationId, InvalidRequest, UpstreamTooLarge
 from ..ids import valid_conversation_id
-from ..upstream import DECODED_CODINGS, decoder_of
 
 __all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "context_mode", "decoded_body", "node_kind", "parent_of",
            "parse_node_id", "resolve_conversation_id",

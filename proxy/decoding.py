@@ -1,0 +1,145 @@
+"""Bounded content decoders: a body in gzip, deflate or zstd (``Content-Encoding``) undone at most
+``_STEP`` bytes at a time and never past a limit (``UpstreamTooLarge`` beyond it) -- httpx's
+decoders inflate a whole chunk at once: 16 KB of zstd became 512 MB. An upstream's answers are read
+through them (``proxy.upstream``), and a stored call's compressed request body
+(``proxy.routes.common.decoded_body``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+import httpx
+import zstandard
+
+from .errors import UpstreamTooLarge
+
+__all__ = ["DECODED_CODINGS", "decoded_too_large", "decoder", "decoder_of"]
+
+_STEP = 1 << 18  # the most a decoder inflates at once
+
+
+def decoded_too_large(limit: int) -> UpstreamTooLarge:
+    return UpstreamTooLarge(f"the upstream's answer is larger than {limit} bytes (server.max_response_bytes)")
+
+
+class _Zlib:
+    """gzip, or deflate (zlib-wrapped, else raw -- as httpx reads it), ``_STEP`` bytes at a time
+    and ``limit`` in all (a stage inside another coding is bounded too). What follows the end of
+    the compressed data is ignored, as httpx does -- and never handed to zlib, which would keep
+    it all (``unused_data``), copying it again with every chunk."""
+
+    def __init__(self, coding: str, limit: int) -> None:
+        self.raw_fallback = coding == "deflate"
+        self.d = zlib.decompressobj(zlib.MAX_WBITS | 16 if coding != "deflate" else zlib.MAX_WBITS)
+        self.limit = limit
+        self.total = 0
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        if self.d.eof:
+            return
+        try:
+            while True:
+                try:
+                    out = self.d.decompress(data, _STEP)
+                except zlib.error:
+                    if not self.raw_fallback:
+                        raise
+                    self.d = zlib.decompressobj(-zlib.MAX_WBITS)
+                    out = self.d.decompress(data, _STEP)
+                self.raw_fallback = False
+                if out:
+                    self.total += len(out)
+                    if self.total > self.limit:
+                        raise decoded_too_large(self.limit)
+                    yield out
+                data = self.d.unconsumed_tail
+                if (not data and len(out) < _STEP) or self.d.eof:  # (a full step may leave output inside zlib)
+                    return
+        except zlib.error as exc:
+            raise httpx.DecodingError(str(exc)) from exc
+
+    def flush(self) -> Iterator[bytes]:
+        yield from self.decode(b"")
+
+
+class _Zstd:
+    """zstd through a stream writer whose sink refuses output past ``limit`` -- raising stops
+    zstandard mid-input (its decompressobj has no bound on what one input inflates to). Windows
+    above 8 MiB are refused, as RFC 9659 lets a decoder do for HTTP."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self.out: list[bytes] = []
+        self.writer = zstandard.ZstdDecompressor(max_window_size=1 << 23).stream_writer(
+            self, write_size=_STEP, write_return_read=True, closefd=False)
+
+    def write(self, data: bytes) -> int:  # the sink
+        self.total += len(data)
+        if self.total > self.limit:
+            raise decoded_too_large(self.limit)
+        self.out.append(bytes(data))
+        return len(data)
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        try:
+            self.writer.write(data)
+        except zstandard.ZstdError as exc:
+            raise httpx.DecodingError(str(exc)) from exc
+        out, self.out = self.out, []
+        yield from out
+
+    def flush(self) -> Iterator[bytes]:
+        return iter(())
+
+
+class _Chain:
+    """Several codings, undone last first; every stage bounded the same way."""
+
+    def __init__(self, stages: list[_Zlib | _Zstd]) -> None:
+        self.stages = stages
+
+    def decode(self, data: bytes) -> Iterator[bytes]:
+        return self._through(0, self.stages[0].decode(data))
+
+    def flush(self) -> Iterator[bytes]:
+        return self._through(0, self.stages[0].flush())
+
+    def _through(self, i: int, pieces: Iterator[bytes]) -> Iterator[bytes]:
+        if i + 1 == len(self.stages):
+            yield from pieces
+            return
+        stage = self.stages[i + 1]
+        for piece in pieces:
+            yield from self._through(i + 1, stage.decode(piece))
+        yield from self._through(i + 1, stage.flush())
+
+
+def decoder(headers: httpx.Headers, limit: int) -> _Zlib | _Zstd | _Chain | None:
+    """The decoder of a response's ``Content-Encoding``; None when there is nothing to undo. An
+    unknown coding is left as it came (as httpx does)."""
+    value = headers.get("content-encoding")
+    if not value:
+        return None
+    return decoder_of([c.strip().lower() for c in value.split(",")], limit)
+
+
+def decoder_of(codings: list[str], limit: int) -> _Zlib | _Zstd | _Chain | None:
+    """The decoder of a body in ``codings`` (as a Content-Encoding lists them, lower case: undone
+    last first), each stage bounded by ``limit`` (``UpstreamTooLarge`` past it; a body that is not
+    what its coding says, ``httpx.DecodingError``); None when none is one it knows
+    (``DECODED_CODINGS``). Answers are read through it, and a stored call's request body."""
+    stages: list[_Zlib | _Zstd] = []
+    for coding in reversed(codings):
+        if coding in ("gzip", "x-gzip", "deflate"):
+            stages.append(_Zlib(coding, limit))
+        elif coding == "zstd":
+            stages.append(_Zstd(limit))
+    if not stages:
+        return None
+    return stages[0] if len(stages) == 1 else _Chain(stages)
+
+
+DECODED_CODINGS = frozenset({"gzip", "x-gzip", "deflate", "zstd"})
