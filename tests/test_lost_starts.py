@@ -25,8 +25,8 @@ _WRITTEN = ("tenant", "conversation_id", "parent_id", "kind", "sent", "model", "
             "system_hash", "api", "tree_id")
 
 
-def _post(http, key, cid, messages, *, stream=False, full=False, timeout=30):
-    headers = {"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}
+def _post(http, key, cid, messages, *, stream=False, full=False, timeout=30, extra=None):
+    headers = {"Authorization": f"Bearer {key}", "X-Conversation-Id": cid, **(extra or {})}
     if full:
         headers["X-Context-Mode"] = "full"
     body = {"model": MODEL, "messages": messages, "stream": stream}
@@ -43,13 +43,14 @@ def _content(r, stream):
     return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
 
 
-def _in_flight(db, key, cid, upstream, count, reply, messages, *, stream=False, full=False, http=None):
+def _in_flight(db, key, cid, upstream, count, reply, messages, *, stream=False, full=False, http=None, extra=None):
     """Send a call whose upstream answer waits; returns (the thread, its result, the release,
     the pending node's row once the start has written it)."""
     hold = threading.Event()
     upstream.enqueue(Reply(kind="stream" if stream else "json", content=reply, hold=hold))
     result: dict = {}
-    t = threading.Thread(target=lambda: result.update(r=_post(http, key, cid, messages, stream=stream, full=full)))
+    t = threading.Thread(target=lambda: result.update(r=_post(http, key, cid, messages, stream=stream, full=full,
+                                                              extra=extra)))
     t.start()
     upstream.wait_for(count)
     row = db.fetchrow("SELECT * FROM nodes WHERE tenant = $1 AND conversation_id = $2 AND outcome IS NULL",
@@ -141,9 +142,8 @@ def test_a_lost_start_is_written_again_where_it_was_put(proxy, db, upstream, key
 def test_a_lost_start_written_again_leaves_the_head_to_a_turn_let_in_since(proxy, db, upstream, key, cid, stream):
     """The lease was lost with the start, so another turn of the conversation is let in while the
     call is upstream, answered, and the head moves onto it. The node written again at the call's
-    finish moves the head only if it still rests where the call began (its parent): here it does
-    not -- it stays a branch, visible in the tree -- and the next turn's context keeps the turn
-    let in. It moved the head wherever it was, and the acknowledged turn left the context
+    finish moves the head only if no node begun after the call holds it: here one does -- it
+    stays a branch, visible in the tree -- and the next turn's context keeps the turn let in. It moved the head wherever it was, and the acknowledged turn left the context
     silently."""
     with httpx.Client(base_url=proxy.url) as http:
         first = _post(http, key, cid, [user("first question")])
@@ -169,7 +169,7 @@ def test_a_lost_start_written_again_leaves_the_head_to_a_turn_let_in_since(proxy
 def test_a_lost_retry_written_again_takes_the_head_from_the_attempt_it_retried(proxy, db, upstream, key, cid):
     """A retry of a failed call hangs beside the failed attempt (the retry rule), with the head
     still on that attempt: the head rests where the call began, so the retry written again after
-    a lost start takes it, as a retry whose start was not lost does."""
+    a lost start takes it, as a retry whose start was not lost does (the attempt began before it)."""
     with httpx.Client(base_url=proxy.url) as http:
         first = _post(http, key, cid, [user("first question")])
         assert first.status_code == 200
@@ -189,6 +189,35 @@ def test_a_lost_retry_written_again_takes_the_head_from_the_attempt_it_retried(p
         assert third.headers["x-parent-node-id"] == str(pending["id"])
         assert [m["content"] for m in upstream.last.messages] == [
             "first question", "echo: first question", "second question", "second answer", "third question"]
+
+
+@pytest.mark.parametrize("how", ["parent", "root", "full_edit"])
+def test_a_lost_start_hung_elsewhere_than_the_head_takes_the_head_when_nothing_moved(proxy, db, upstream, key, cid,
+                                                                                      how):
+    """A turn hung elsewhere than under the head -- under a node it names (an edit, "reply from
+    here"), at a new root, or a full-history edit of an earlier question -- takes the head, as
+    any turn does. Written again after a lost start with nothing let in meanwhile, it takes it
+    too: the head it found rests there still. (Compared with the node's parent, the head stayed
+    on the old branch, and the client's next message continued that one.)"""
+    with httpx.Client(base_url=proxy.url) as http:
+        a = _post(http, key, cid, [user("q1")])
+        b = _post(http, key, cid, [user("q2")])
+        assert db.head(cid) == b.headers["x-node-id"]
+        extra, full = {}, how == "full_edit"
+        if how == "parent":
+            extra, messages = {"X-Parent-Node-Id": a.headers["x-node-id"]}, [user("q2 edited")]
+        elif how == "root":
+            extra, messages = {"X-Parent-Node-Id": "root"}, [user("q1 edited")]
+        else:
+            messages = [user("q1"), {"role": "assistant", "content": "echo: q1"}, user("q2 edited")]
+        t, result, hold, pending = _in_flight(db, key, cid, upstream, 3, "branch answer", messages, full=full,
+                                              http=http, extra=extra)
+        _lose(db, key, cid, pending["id"])
+        hold.set()
+        t.join(30)
+        assert result["r"].status_code == 200
+        _assert_written_again(db, pending, "branch answer")
+        assert db.head(cid) == str(pending["id"])
 
 
 def test_a_conversations_lost_first_call_makes_the_conversation_again(proxy, db, upstream, key, cid):

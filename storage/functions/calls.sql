@@ -322,9 +322,9 @@ $$;
 -- bp_finish_call(tree, node, finish): store a call's outcome. A delta turn call releases the
 -- conversation's lease if it still holds it; a full-history turn call never held one. Either way
 -- the head moves to its node when bp_can_be_head says so (last finisher wins) -- a node written
--- again (its start lost, and its lease with it) only if the head still rests where the call began:
--- on its parent (none, for a root), or on a failed attempt of the same items beside it (the retry
--- rule); a turn let in meanwhile moved it, and the node stays a branch. A success extends
+-- again (its start lost, and its lease with it) only if no node begun after the call holds the
+-- head: a turn let in meanwhile moved it, and the node stays a branch (a full-history call: last
+-- finisher wins, as always). A success extends
 -- the node's transcript hash by what the model returned, and a turn's keeps the digest of its
 -- answer's first message (`answer`: the safety net's index, nodes_by_answer). Returns false when the node was no
 -- longer pending (reaped meanwhile), null when it is not there (its start lost, and `restore` not
@@ -339,7 +339,6 @@ DECLARE
     f bp_call_finish_t := jsonb_populate_record(NULL::bp_call_finish_t, p_finish);
     v record;
     v_head uuid;
-    v_at record;
     v_may_move boolean := true;
 BEGIN
     SELECT n.tenant, n.conversation_id, n.kind INTO v FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
@@ -352,15 +351,14 @@ BEGIN
           FROM nodes n WHERE n.tree_id = p_tree AND n.id = p_node;
         -- the lease was lost with the start: another turn may have been let in since and moved
         -- the head (its client answered, its answer in context). The head moves onto this node
-        -- only if it still rests where the call began -- as a background compaction moves it only
-        -- if nothing moved (the conversation row is locked: bp_restore_start)
-        IF v.kind = 'turn' THEN
+        -- only if no node begun after this call holds it -- node ids are version-7 UUIDs, which
+        -- grow with the time they were made (storage/ids.py) -- as a background compaction moves
+        -- it only if nothing moved (the conversation row is locked: bp_restore_start). A
+        -- full-history call never held a lease: the last to finish takes the head, as always.
+        IF v.kind = 'turn' AND f.restore ->> 'mode' IS DISTINCT FROM 'full' THEN
             SELECT c.head_node_id INTO v_head FROM conversations c
              WHERE c.tree_id = p_tree AND c.tenant = v.tenant AND c.id = v.conversation_id;
-            SELECT n.parent_id, n.outcome, n.chain INTO v_at FROM nodes n WHERE n.tree_id = p_tree AND n.id = v_head;
-            v_may_move := v_head IS NOT DISTINCT FROM v.parent_id
-                       OR coalesce(v_at.parent_id IS NOT DISTINCT FROM v.parent_id AND v_at.outcome <> 'success'
-                                   AND v_at.chain = v.chain, false);
+            v_may_move := v_head IS NULL OR v_head < p_node;
         END IF;
     END IF;
     IF v.kind = 'turn' THEN
