@@ -3,7 +3,6 @@ summariser, and assertions on what the upstream received after the compaction.""
 
 import asyncio
 import base64
-import logging
 import threading
 import time
 import uuid
@@ -284,116 +283,35 @@ def count(messages, content):
     return sum(1 for m in messages if m.get("content") == content)
 
 
-def failed_after_turns(p, upstream, key, cid, question):
-    """Four turns, then ``question`` failing upstream (500): the head moves onto the failed node.
-    Returns (the last answered node, the failed node)."""
-    heads = grow(p, upstream, key, cid, 4)
-    upstream.enqueue(Reply(kind="error", status=500))
-    r = post(p, key, cid, user(question))
-    assert r.status_code == 500
-    assert p.db.head(cid) == r.headers["x-node-id"]
-    return heads[-1], r.headers["x-node-id"]
-
-
-def test_an_admin_compaction_of_a_failed_head_leaves_its_items_to_the_retry(small, upstream, key, cid):
-    """A head on a failed node is compacted up to the failed node's parent: the SDK's retry (the
-    same items, no parent header) then hangs under the compaction node and its question reaches
-    the upstream once. Before, the compaction kept the failed call's sent raw and the retry rule,
-    finding a successful compaction node as the head, hung the retry under it -- the question
-    went upstream twice, and stayed twice in every later call's context."""
-    answered, failed = failed_after_turns(small, upstream, key, cid, "RETRIED-QUESTION")
-    body = small.http(key).post(f"/admin/conversations/{cid}/compact").json()
-    assert body["compacted"] is True and small.db.head(cid) == body["node_id"], body
-    r = post(small, key, cid, user("RETRIED-QUESTION"))
-    assert r.status_code == 200 and r.headers["x-parent-node-id"] == body["node_id"]
-    sent = upstream.last.messages
-    assert count(sent, "RETRIED-QUESTION") == 1, sent
-    assert sent[0]["content"].startswith(SUMMARY_PREFIX) and sent[-1] == user("RETRIED-QUESTION")
-    assert body["compacted_from"] == answered  # (the failed call's parent)
-    assert count(small.db.node(body["node_id"])["sent"], "RETRIED-QUESTION") == 0
-    assert str(small.db.node(failed)["parent_id"]) == answered  # (the failed attempt stays where it hung)
-    say(small.openai(key), cid, user("next"))
-    assert count(upstream.last.messages, "RETRIED-QUESTION") == 1
-
-
-def test_a_new_question_after_an_admin_compaction_of_a_failed_head_continues_from_the_summary(small, upstream,
-                                                                                               key, cid):
-    """Not the retry but another question after compacting a failed head: it continues from the
-    compaction node -- the summary and the kept messages up to the failed call's parent, without
-    the failed question (its items were left to a retry)."""
-    answered, failed = failed_after_turns(small, upstream, key, cid, "FAILED-QUESTION")
-    body = small.http(key).post(f"/admin/conversations/{cid}/compact").json()
-    assert body["compacted"] is True, body
-    _, headers = say(small.openai(key), cid, user("NEW-QUESTION"))
-    assert headers["x-parent-node-id"] == body["node_id"]
-    sent = upstream.last.messages
-    assert count(sent, "FAILED-QUESTION") == 0, sent
-    assert sent[0]["content"].startswith(SUMMARY_PREFIX)
-    assert sent[-2] == {"role": "assistant", "content": "answer 3"} and sent[-1] == user("NEW-QUESTION")
-    assert body["compacted_from"] == answered and str(small.db.node(failed)["parent_id"]) == answered
-
-
-def test_an_admin_compaction_keeps_a_failed_node_above_the_failed_head(small, upstream, key, cid):
-    """Only the failed head's own items are left to its retry: a failed node further up (a
-    "continue" hung under it) is compacted like any node -- its question kept -- and the retry of
-    the head's items hangs under the compaction node, each question once."""
-    _, first = failed_after_turns(small, upstream, key, cid, "FIRST-TRY")
-    upstream.enqueue(Reply(kind="error", status=500))
-    r = post(small, key, cid, user("STILL-THERE?"))
-    assert r.status_code == 500 and str(small.db.node(r.headers["x-node-id"])["parent_id"]) == first
-    body = small.http(key).post(f"/admin/conversations/{cid}/compact").json()
-    assert body["compacted"] is True, body
-    assert post(small, key, cid, user("STILL-THERE?")).status_code == 200
-    sent = upstream.last.messages
-    assert count(sent, "FIRST-TRY") == 1 and count(sent, "STILL-THERE?") == 1, sent
-    assert sent[-2:] == [user("FIRST-TRY"), user("STILL-THERE?")]
-    assert body["compacted_from"] == first
-
-
-def test_an_admin_compaction_of_a_failed_first_call_has_nothing_to_compact(small, upstream, key, cid):
-    """A failed first call (no parent): with its items left to the retry there is nothing to
-    compact -- the usual answer, either method, and the head stays on the failed node, so the
-    retry hangs beside it."""
-    upstream.enqueue(Reply(kind="error", status=500))
-    failed = post(small, key, cid, user("FIRST")).headers["x-node-id"]
-    http = small.http(key)
-    assert http.post(f"/admin/conversations/{cid}/compact").json() == {
-        "object": "compaction", "compacted": False, "reason": "nothing_to_compact"}
-    assert http.post(f"/admin/conversations/{cid}/compact", json={"method": "clear_tool_results"}).json() == {
-        "object": "compaction", "compacted": False, "method": "clear_tool_results", "reason": "nothing_to_clear"}
-    assert small.db.head(cid) == failed
-    assert post(small, key, cid, user("FIRST")).status_code == 200
-    assert upstream.last.messages == [user("FIRST")]
-
-
 @pytest.mark.parametrize("method", ["summary", "clear_tool_results"])
-def test_a_failed_round_of_tool_results_retried_after_an_admin_compaction_is_sent_once(small, upstream, key, cid,
-                                                                                        method, caplog):
-    """A round of (paid-for) tool results the upstream failed, compacted by an admin -- summarised
-    or its old tool results cleared -- then retried by the SDK: the compaction ends on the
-    assistant's tool call, and the retried result follows it once. Before, the compaction kept
-    the failed result and the retry sent it again: a second result for one call, dropped only by
-    the pairing check (a logged defect) -- and a clearing counted it among the results."""
-    caplog.set_level(logging.WARNING, logger="branchpoint.call")
+def test_a_head_on_a_failed_call_is_not_compacted_and_its_items_stay_for_the_retry_and_after(small, upstream, key,
+                                                                                           cid, method):
+    """A round of (paid-for) tool results the upstream failed: the head is on the failed node, its
+    items the retry's. Compacting now would keep them raw and the retry send them again (a second
+    result for one call, dropped only by the pairing check), or leave them out and lose them for a
+    call that continues -- so it is refused (``head_failed``), nothing changed; the retry then
+    sends the result once, and a call after a failure would still have it."""
     client = small.openai(key)
     for i in range(5):
         upstream.enqueue(Reply(content=None, tool_calls=[tool_call(f"call_{i}")]))
-        _, asked = say(client, cid, user(f"use tool {i}"))
+        say(client, cid, user(f"use tool {i}"))
         if i < 4:
             upstream.enqueue(Reply(content=f"done {i}"))
             say(client, cid, tool(f"call_{i}", f"result {i}: {FILLER}"))
     upstream.enqueue(Reply(kind="error", status=503))
-    assert post(small, key, cid, tool("call_4", "PAID-RESULT")).status_code == 503
+    failed = post(small, key, cid, tool("call_4", "PAID-RESULT"))
+    assert failed.status_code == 503 and small.db.head(cid) == failed.headers["x-node-id"]
     body = small.http(key).post(f"/admin/conversations/{cid}/compact", json={"method": method}).json()
-    assert body["compacted"] is True, body
-    assert post(small, key, cid, tool("call_4", "PAID-RESULT")).status_code == 200
+    assert body["compacted"] is False and body["reason"] == "head_failed", body
+    assert small.db.head(cid) == failed.headers["x-node-id"]
+    upstream.enqueue(Reply(kind="error", status=503))
+    again = post(small, key, cid, tool("call_4", "PAID-RESULT"))  # (the SDK's retry: beside the failed node)
+    assert again.headers["x-parent-node-id"] == failed.headers["x-parent-node-id"]
+    assert count(upstream.last.messages, "PAID-RESULT") == 1
+    upstream.enqueue(Reply(content="noted"))
+    post(small, key, cid, user("and then?"))  # (a call after the failure: under it, its items kept)
     sent = upstream.last.messages
-    assert count(sent, "PAID-RESULT") == 1, sent
-    assert sent[-2]["tool_calls"][0]["id"] == "call_4" and sent[-1] == tool("call_4", "PAID-RESULT")
-    assert not [r for r in caplog.records if "pairing check dropped" in r.getMessage()]
-    assert body["compacted_from"] == asked["x-node-id"]
-    if method == "clear_tool_results":
-        assert body["cleared_results"] == 1  # (4 answered results, the 3 most recent kept)
+    assert count(sent, "PAID-RESULT") == 1 and sent[-2:] == [tool("call_4", "PAID-RESULT"), user("and then?")]
 
 
 def test_unfolding_an_opaque_compaction_for_another_provider(fresh_database_url, upstream_url, upstream, key, cid):

@@ -16,8 +16,8 @@ no trace. When, in one place (docs/behaviour.md#compaction, #context-editing):
 - ``after_turn`` (soft): after a successful turn above the soft threshold, summarised in the
   background (``background.BackgroundCompactions``) -- unless clearing before the next call will
   bring the path under it;
-- ``compact_now`` (admin): ``POST /admin/conversations/{id}/compact`` (either method); a head on
-  a failed node is compacted up to its parent (the failed call's items are its retry's).
+- ``compact_now`` (admin): ``POST /admin/conversations/{id}/compact`` (either method); not a head
+  on a failed node (``head_failed``).
 A failed summarisation changes nothing.
 """
 
@@ -223,22 +223,19 @@ class Compactor:
         """``POST /admin/conversations/{id}/compact``: compact the head path now -- summarised
         (``keep_recent``: the messages kept raw, when not the configured number), or (``method =
         "clear_tool_results"``) every tool result but the most recent ``keep_tool_results`` cleared,
-        whatever the thresholds say. A head on a failed node: the path up to its parent."""
+        whatever the thresholds say. Not a head on a failed node: its items are its retry's, which
+        the retry rule hangs beside it -- compacted, they would reach the upstream twice (kept
+        raw, and sent again), and left out, a call continuing after the failure would lose them
+        (docs/behaviour.md#compaction)."""
         if conv.busy:
             raise ConversationBusy(f"conversation {conv.id!r} has a turn call in flight")
         if conv.head_node_id is None:
             return CompactionResult(False, "empty", method=method)
         path = message_path(await self.tree.path(conv.tree_id, conv.head_node_id, tenant=conv.tenant))
+        if path and path[-1].status == "failed":
+            return CompactionResult(False, "head_failed", method=method)
         model = next((n.model for n in reversed(path) if n.kind != "compaction" and n.model), None)
         model = model or self.thresholds.compaction.model or default_model
-        if path and path[-1].status == "failed":
-            # a head on a failed node: its items are what the client's retry sends again (the
-            # retry rule hangs it beside the failed node) -- the path up to its parent is
-            # compacted, and the failed node stays beside it (docs/behaviour.md#compaction)
-            path = path[:-1]
-            if not path:
-                return CompactionResult(False, "nothing_to_clear" if method == clearing.METHOD else "nothing_to_compact",
-                                        method=method)
         if method == clearing.METHOD:
             result = await self.clearer.clear(tenant=conv.tenant, conversation_id=conv.id, tree_id=conv.tree_id,
                                               path=path, model=model, mode="admin", trigger="admin", everything=True)

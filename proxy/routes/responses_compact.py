@@ -109,7 +109,8 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
         output = await _compacted_output(admin, tree_id, source[0])
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         rid = responses_items.response_id(source[0].id)
-    elif result.reason in ("empty", "nothing_to_compact"):  # nothing to summarise: the context as it is
+    elif result.reason in ("empty", "nothing_to_compact", "head_failed"):
+        # nothing to summarise, or a head on a failed call (its items its retry's): the context as it is
         output = [with_parts(item) for n in source for item in to_items([*n.sent, *(n.received or [])])]
         usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
         rid = responses_items.response_id(source[-1].id) if source else "resp_" + "0" * 32

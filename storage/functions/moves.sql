@@ -199,9 +199,7 @@ $$;
 --   'full'       the same for a full-history call (no lease): the head moves only if it still is
 --                the node compacted from and no turn is in flight;
 --   'background', 'admin'  applied only if the head still is the node compacted from and no turn
---                call is in flight; else nothing is written ('moved' / 'busy'). An admin's may
---                also find the head on a failed child of it: a head on a failed node is
---                compacted up to its parent (proxy/compaction/compactor.py, compact_now).
+--                call is in flight; else nothing is written ('moved' / 'busy').
 --   p_tenant, p_conversation, p_tree; p_node (the compaction node's id), p_compacted_from;
 --   p_sent (summary + kept items), p_system_hash (of the system messages among them); p_model, p_provider, p_params, p_usage (of the
 --   summariser); p_mode; p_call_node (turn/transform: the call's pending node); p_request (the
@@ -219,7 +217,6 @@ DECLARE
     v_free boolean;
     v_move boolean;
     v_from record;
-    v_failed uuid;
 BEGIN
     SELECT * INTO conv FROM conversations c
      WHERE c.tree_id = p_tree AND c.tenant = p_tenant AND c.id = p_conversation FOR UPDATE;
@@ -238,15 +235,7 @@ BEGIN
         v_move := conv.head_node_id IS NOT DISTINCT FROM p_compacted_from AND v_free;
     ELSE
         IF conv.head_node_id IS DISTINCT FROM p_compacted_from THEN
-            -- (an admin's compaction of a head on a failed node is of the path up to its parent:
-            -- the failed call's items are what its retry sends again; that head -- or a failed
-            -- retry's beside it -- still is where the compaction was made from)
-            SELECT n.id INTO v_failed FROM nodes n
-             WHERE n.tree_id = p_tree AND n.id = conv.head_node_id AND n.parent_id = p_compacted_from
-               AND n.status = 'failed';
-            IF p_mode <> 'admin' OR v_failed IS NULL THEN
-                RETURN 'moved';
-            END IF;
+            RETURN 'moved';
         END IF;
         IF NOT v_free THEN
             RETURN 'busy';
