@@ -96,10 +96,16 @@ class Forwarder:
         return self.upstream.route(_model_of(body)) if body else self.upstream.default
 
     async def forward(self, request: Request[Any, Any, Any], path: str, body: bytes, headers: RequestHeaders,
-                      caller: Caller, *, errors: ErrorVoice = OPENAI_ERRORS, upstream: Upstream | None = None) -> ASGIApp:
+                      caller: Caller, *, errors: ErrorVoice = OPENAI_ERRORS, upstream: Upstream | None = None,
+                      decoded: bytes | None = None) -> ASGIApp:
         """``errors``: how an error of the proxy's own is said (the client's API: OpenAI's, or
         Anthropic's to a Messages client) -- the upstream's own errors are relayed as they are;
-        ``upstream``: the one ``route`` found for the body, when the caller asked already."""
+        ``upstream``: the one ``route`` found for the body, when the caller asked already;
+        ``decoded``: the body with its Content-Encoding undone, when it had one the route undid
+        (``routes.common.decoded_body``) -- that is what goes, and what the model is read from."""
+        own_body = decoded is not None and decoded is not body
+        if own_body:
+            body = decoded  # type: ignore[assignment]
         upstream = upstream or self.route(body)
         method = method_of(request.scope)  # (a HEAD, routed as a GET, goes on as a HEAD)
         if self.upstream_objects == "refuse" and upstream.api_key:  # (one account for every tenant)
@@ -108,7 +114,7 @@ class Forwarder:
                                "by every tenant ([server] upstream_objects)", param="path")
             if path in _STORED_UPSTREAM and body:
                 body = _unstored(body)
-        out_headers = self.upstream.request_headers(upstream, headers.items, caller.client_key)
+        out_headers = self.upstream.request_headers(upstream, headers.items, caller.client_key, own_body=own_body)
         upstream_request = self.upstream.build(method, upstream, path, headers=out_headers,
                                                content=body or None, params=request.scope.get("query_string") or None)
         t0 = time.perf_counter()

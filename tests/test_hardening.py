@@ -516,12 +516,13 @@ def _compressed(coding: str, data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("coding", ["gzip", "deflate", "zstd"])
-def test_a_compressed_request_body_is_read_by_the_stored_routes_and_passed_through_as_it_came(proxy, upstream, key,
-                                                                                               cid, coding):
+def test_a_compressed_request_body_is_read_by_the_stored_routes_and_passed_through_decoded(proxy, upstream, key,
+                                                                                           cid, coding):
     """A client or gateway that compresses its request (``Content-Encoding: gzip``): a stored call
     was refused 400 "the request body is not valid JSON". Now chat, Responses, Messages and
     Conversations read it decoded (the upstream gets the proxy's own JSON, uncompressed); a call
-    passed through goes as it came, compressed and saying so."""
+    they pass through goes decoded too -- the model it names routes it (read from the compressed
+    bytes, it was nobody's: the default upstream got it)."""
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json", "Content-Encoding": coding}
 
     def post(path: str, body: dict, **extra: str) -> httpx.Response:
@@ -541,10 +542,31 @@ def test_a_compressed_request_body_is_read_by_the_stored_routes_and_passed_throu
     r = post("/v1/conversations", {"metadata": {"topic": "compressed"}})
     assert r.status_code == 200 and r.json()["metadata"] == {"topic": "compressed"}, r.text
     plain = json.dumps({"model": MODEL, "messages": [user("passed through")]}).encode()
-    upstream.enqueue(Reply(kind="raw", body=b'{"object": "chat.completion"}'))  # (the fake does not inflate)
     r = httpx.post(proxy.url + "/v1/chat/completions", content=_compressed(coding, plain), headers=headers, timeout=10)
     assert r.status_code == 200, r.text
-    assert upstream.last.raw == _compressed(coding, plain) and upstream.last.headers["content-encoding"] == coding
+    assert upstream.last.raw == plain and "content-encoding" not in upstream.last.headers
+
+
+def test_a_compressed_call_passed_through_goes_to_its_models_upstream(mproxy, upstream, claude, key):
+    """Naming no conversation, a compressed Messages call for a Claude model goes to the Anthropic
+    upstream, and a chat call for it is translated there -- the model read from the decoded body
+    (from the compressed bytes none was read, and the chat upstream got them)."""
+    from .anthropic_fake import AReply
+
+    headers = {"x-api-key": key, "content-type": "application/json", "content-encoding": "gzip"}
+    body = {"model": "claude-x", "max_tokens": 20, "messages": [user("compressed for Claude")]}
+    claude.enqueue(AReply(content=[{"type": "text", "text": "hi"}]))
+    sent = len(upstream.requests)
+    r = httpx.post(mproxy.url + "/v1/messages", content=_compressed("gzip", json.dumps(body).encode()),
+                   headers=headers, timeout=10)
+    assert r.status_code == 200, r.text
+    assert claude.last.body["messages"] == [user("compressed for Claude")] and len(upstream.requests) == sent
+    claude.enqueue(AReply(content=[{"type": "text", "text": "hi"}]))
+    r = httpx.post(mproxy.url + "/v1/chat/completions", headers={**headers, "authorization": f"Bearer {key}"},
+                   content=_compressed("gzip", json.dumps({**body, "messages": [user("chat for Claude")]}).encode()),
+                   timeout=10)
+    assert r.status_code == 200, r.text
+    assert claude.last.body["messages"][-1]["content"] in ("chat for Claude", [{"type": "text", "text": "chat for Claude"}])
 
 
 def test_a_compressed_request_body_is_bounded_once_inflated_and_an_unknown_coding_is_415(proxy, upstream, key, cid):

@@ -1,6 +1,7 @@
 """Tenancy (docs/behaviour.md#auth-and-tenancy): one tenant never sees another's conversations or nodes (404, never 403),
 proxy-issued keys, an admin key, and keys never leaking into logs, bodies or storage."""
 
+import gzip
 import hashlib
 import json
 import logging
@@ -94,11 +95,16 @@ def test_an_upstream_account_every_tenant_shares_keeps_its_objects_to_itself(fre
         objects_ = [("GET", "/v1/chat/completions", None), ("GET", "/v1/responses/resp_upstream_fake", None),
                     ("GET", "/v1/files", None), ("DELETE", "/v1/files/file-abc", None), ("POST", "/v1/batches", {})]
         for method, path, body in calls:
-            sent = len(upstream.requests)
-            http.request(method, path, json=body)
-            assert len(upstream.requests) == sent + 1, path
-            if body and path != "/v1/embeddings":
-                assert upstream.requests[-1].body.get("store") is (False if objects == "refuse" else None), path
+            for compressed in (False, True) if body else (False,):  # (read decoded: its store set all the same)
+                sent = len(upstream.requests)
+                if compressed:
+                    http.request(method, path, content=gzip.compress(json.dumps(body).encode()),
+                                 headers={"content-type": "application/json", "content-encoding": "gzip"})
+                else:
+                    http.request(method, path, json=body)
+                assert len(upstream.requests) == sent + 1, path
+                if path != "/v1/embeddings" and body:
+                    assert upstream.requests[-1].body.get("store") is (False if objects == "refuse" else None), path
         for method, path, body in objects_:
             sent = len(upstream.requests)
             r = http.request(method, path, json=body)

@@ -32,13 +32,14 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
     another API)."""
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
-    raw = await request.body()
+    sent = await request.body()
+    raw = await decoded_body(request, sent)  # (its Content-Encoding undone: what the proxy reads)
     store = cid is not None or auto
     if not store:
         upstream = forwarder.route(raw)
         if upstream.api == "chat":
-            return await forwarder.forward(request, "chat/completions", raw, headers, caller, upstream=upstream)
-    raw = decoded_body(request, raw)  # (stored, or translated: read by the proxy)
+            return await forwarder.forward(request, "chat/completions", sent, headers, caller, upstream=upstream,
+                                           decoded=raw)
 
     if store:
         kind = node_kind(headers)

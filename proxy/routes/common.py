@@ -10,6 +10,7 @@ import httpx
 from ..decoding import DECODED_CODINGS, decoder_of
 from ..errors import InvalidConversationId, InvalidRequest, UpstreamTooLarge
 from ..ids import valid_conversation_id
+from ..limits import hold
 
 __all__ = ["CREDENTIAL_HEADERS", "RequestHeaders", "context_mode", "decoded_body", "node_kind", "parent_of",
            "parse_node_id", "resolve_conversation_id",
@@ -112,11 +113,12 @@ def parent_of(headers: RequestHeaders, mode: str) -> tuple[str, uuid.UUID | None
     return "node", parse_node_id(value, param="X-Parent-Node-Id")
 
 
-def decoded_body(request: Any, raw: bytes) -> bytes:
+async def decoded_body(request: Any, raw: bytes) -> bytes:
     """A request body as a route that reads it sees it: its ``Content-Encoding`` (gzip, deflate,
     zstd, one or several) undone, inflated no further than ``[server] max_body_bytes`` -- past it
-    413, as a body that large; a coding the proxy cannot undo (br, say) 415, naming it. What is
-    passed through goes as it came, compressed (the upstream undoes it)."""
+    413, as a body that large; a coding the proxy cannot undo (br, say) 415, naming it. What it
+    inflated to counts against ``max_bytes_in_flight`` with the request (``limits.hold``). Such a
+    route passes a call through decoded (``Forwarder.forward``)."""
     codings = [c.strip().lower() for v in request.headers.getall("content-encoding", []) for c in v.split(",")]
     codings = [c for c in codings if c and c != "identity"]
     if not codings:
@@ -130,10 +132,12 @@ def decoded_body(request: Any, raw: bytes) -> bytes:
     if decoder is None:  # (never: every coding is one it knows)
         return raw
     try:
-        return b"".join([*decoder.decode(raw), *decoder.flush()])
+        decoded = b"".join([*decoder.decode(raw), *decoder.flush()])
     except UpstreamTooLarge:
         raise InvalidRequest(f"the request body is larger than {limit} bytes once decoded (server.max_body_bytes)",
                              status=413, code="payload_too_large") from None
     except httpx.DecodingError:
         raise InvalidRequest("the request body is not what its Content-Encoding says",
                              param="Content-Encoding") from None
+    await hold(len(decoded) - len(raw))  # (the body as it arrived is counted already)
+    return decoded

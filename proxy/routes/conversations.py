@@ -121,7 +121,7 @@ def _json(value: Any) -> RawResponse:
 
 
 async def _body(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    raw = decoded_body(request, await request.body())
+    raw = await decoded_body(request, await request.body())
     if not raw.strip():
         return {}
     try:

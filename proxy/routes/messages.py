@@ -54,11 +54,13 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     auto = request.scope["path"].startswith("/auto/")
     raw = await request.body()
-    body = MESSAGES.parse(decoded_body(request, raw))
+    decoded = await decoded_body(request, raw)
+    body = MESSAGES.parse(decoded)
     store = cid is not None or auto
     native = _anthropic_upstream(call, body)
     if not store and native:
-        return await call.forwarder.forward(request, "messages", raw, headers, call.caller, errors=ANTHROPIC_ERRORS)
+        return await call.forwarder.forward(request, "messages", raw, headers, call.caller, errors=ANTHROPIC_ERRORS,
+                                            decoded=decoded)
     if body.get("thread") is not None:  # stored, or translated: no upstream holds the thread (docs/behaviour.md#the-messages-api)
         return RawResponse(400, _THREAD_REFUSED)
     # (an Anthropic upstream carries out the request's context_management itself; another, the proxy)
@@ -95,10 +97,11 @@ async def messages_create(request: Request[Any, Any, Any], call: NamedDependency
 async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
     headers = RequestHeaders(request.scope)
     raw = await request.body()
-    body = MESSAGES.parse(decoded_body(request, raw))
+    decoded = await decoded_body(request, raw)
+    body = MESSAGES.parse(decoded)
     if _anthropic_upstream(call, body):
         return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller,
-                                          errors=ANTHROPIC_ERRORS)
+                                          errors=ANTHROPIC_ERRORS, decoded=decoded)
     counter = call.calls.compactor.tokens
     messages = to_messages(MESSAGES.items(body))
     tokens = counter.messages(messages)

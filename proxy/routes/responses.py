@@ -231,7 +231,8 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(path_cid, headers.get("x-conversation-id"))
     raw = await request.body()
-    body = RESPONSES.parse(decoded_body(request, raw))
+    decoded = await decoded_body(request, raw)
+    body = RESPONSES.parse(decoded)
     previous = body.get("previous_response_id")
     named = body.get("conversation") is not None
     if "conversation" in body:  # OpenAI's conversation state: the call belongs to it, as under /c/{id}/v1
@@ -242,7 +243,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     parent = await stored_response(admin, caller, previous) if ours else None
     # (to any upstream: an OpenAI one configured as api = "chat" serves the Responses API too)
     if cid is None and not auto and not ours and not _holds_compaction(body):
-        return await forwarder.forward(request, "responses", raw, headers, caller)
+        return await forwarder.forward(request, "responses", raw, headers, caller, decoded=decoded)
     if previous and parent is None:  # another tenant's, deleted, or an upstream's in a stored call
         raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
 

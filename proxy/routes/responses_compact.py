@@ -55,7 +55,7 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(request.path_params.get("conversation_id"), headers.get("x-conversation-id"))
     raw = await request.body()
-    body = parse_model_request(decoded_body(request, raw))
+    body = parse_model_request(await decoded_body(request, raw))
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("model is required", param="model")

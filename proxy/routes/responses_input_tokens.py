@@ -88,12 +88,13 @@ async def responses_input_tokens(request: Request[Any, Any, Any], call: NamedDep
     headers = RequestHeaders(request.scope)
     cid = resolve_conversation_id(request.path_params.get("conversation_id"), headers.get("x-conversation-id"))
     raw = await request.body()
-    body = _body(decoded_body(request, raw))
+    decoded = await decoded_body(request, raw)
+    body = _body(decoded)
     path = await _stored_path(call, body, cid, named_by_path=cid is not None)
     upstream = call.calls.upstream.route(body.get("model"))
     if path is None and upstream.api == "responses":
         return await call.forwarder.forward(request, upstream_path(request.scope, prefix_segments(request.scope)), raw,
-                                            headers, call.caller)
+                                            headers, call.caller, upstream=upstream, decoded=decoded)
     # as the call would be assembled: the path's items and the request's own, the system rule applied
     own = RESPONSES.read(RESPONSES.items({**body, "input": body.get("input") or []})).messages
     messages = assemble(message_path(path or []), own, target_of(upstream)).messages
