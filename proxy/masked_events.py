@@ -122,7 +122,8 @@ class EventMasker:
         return b"".join([self.texts.event(self.whole.bytes(raw)) for raw in self.parser.feed(chunk)])
 
     def end(self) -> bytes:
-        return self.texts.rest() + self.whole.bytes(self.parser.pending)
+        closed = b"".join([self.texts.event(self.whole.bytes(raw)) for raw in self.parser.close()])  # (a last CR)
+        return closed + self.texts.rest() + self.whole.bytes(self.parser.pending)
 
 
 def event_masker(path: str, secrets: Sequence[str | None]) -> EventMasker | None:

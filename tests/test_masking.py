@@ -4,6 +4,7 @@ the operator's upstream key (keys mode) and the client's own key (passthrough)."
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -497,3 +498,45 @@ def test_responses_deltas_equal_masking_the_whole_text(words, cuts, two_parts):
     assert not deltas.text.holding
     if not two_parts:
         assert "".join(e["delta"] for e in out if e["type"] == "response.output_text.delta") == expected
+
+
+def _masked_pass_through(path: str, chunks: list[bytes]) -> bytes:
+    """What a pass-through stream answering ``path`` gives its client, masked for ``KEY_EVENTS``."""
+    from proxy.masked_events import event_masker, masked_events
+
+    async def body():
+        for c in chunks:
+            yield c
+
+    async def collect() -> bytes:
+        return b"".join([c async for c in masked_events(body(), event_masker(path, [KEY_EVENTS]))])
+
+    return asyncio.run(collect())
+
+
+KEY_EVENTS = "sk-upstream-secret-0123456789"
+
+
+def test_a_masked_pass_through_stream_whose_lines_end_with_a_cr_ends_its_last_event():
+    """Lines ending with a CR alone (the SSE standard allows it): the blank line ending the last
+    event is the body's last CR, which the reader holds back for a LF that never comes -- read
+    at the body's end, the last event (``response.completed``) goes out whole; it went out without
+    its blank line, and an SSE client drops an event never ended."""
+    events = [{"type": "response.output_text.delta", "delta": "hi", "sequence_number": 0},
+              {"type": "response.completed", "sequence_number": 1, "response": {}}]
+    body = b"".join(b"event: " + e["type"].encode() + b"\rdata: " + json.dumps(e).encode() + b"\r\r" for e in events)
+    out = _masked_pass_through("responses", [body])
+    assert out.endswith(b"\n\n") and out.count(b"data: ") == 2, out
+
+
+@pytest.mark.parametrize("delta", [
+    {"choices": [{"index": [0], "delta": {"content": "x sk-up"}}]},
+    {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": {"a": 1}, "function": {"arguments": "{sk-up"}}]}}]},
+])
+def test_a_masked_pass_through_chat_stream_takes_an_odd_index(delta):
+    """An upstream's choice or tool call whose ``index`` is a list or an object (nothing a model
+    server should send, but a pass-through judges nothing): masked across deltas all the same --
+    it raised (an unhashable key for what is held back), and the client's connection dropped."""
+    body = b"data: " + json.dumps(delta).encode() + b"\n\ndata: [DONE]\n\n"
+    out = _masked_pass_through("chat/completions", [body])
+    assert out.endswith(b"data: [DONE]\n\n") and b"sk-up" in out  # (held, then given out: no key followed)

@@ -319,6 +319,12 @@ class ChatStream:
         return [self.acc.message()]
 
 
+def _index(value: Any) -> Any:
+    """A choice's or a call's ``index`` as a key of what is held back: an odd upstream's list or
+    object (unhashable) by its text."""
+    return value if value is None or type(value) in (int, str, float, bool) else repr(value)
+
+
 class MaskedChunks:
     """The call's credentials masked in a chat stream's text -- every choice's content, refusal and
     reasoning deltas, its tool calls' and legacy function call's arguments -- however the deltas
@@ -338,7 +344,7 @@ class MaskedChunks:
         changed = False
         for choice in chunk["choices"]:
             if isinstance(choice, dict):
-                changed = self._choice(choice, choice.get("index", 0)) or changed
+                changed = self._choice(choice, _index(choice.get("index", 0))) or changed
         return changed
 
     def _text(self, holder: dict[str, Any], field: str, key: Any) -> bool:
@@ -361,7 +367,7 @@ class MaskedChunks:
             for call in calls if isinstance(calls, list) else ():
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict):
-                    changed = self._text(fn, "arguments", (index, "tool", call.get("index", 0))) or changed
+                    changed = self._text(fn, "arguments", (index, "tool", _index(call.get("index", 0)))) or changed
             if isinstance(delta.get("function_call"), dict):
                 changed = self._text(delta["function_call"], "arguments", (index, "function_call")) or changed
         if choice.get("finish_reason") and self.masker.holding:
@@ -383,7 +389,7 @@ class MaskedChunks:
         for choice in chunk["choices"]:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if isinstance(delta, dict) and isinstance(delta.get("content"), str) and delta["content"]:
-                index = choice.get("index", 0)
+                index = _index(choice.get("index", 0))
                 for field in ("reasoning_content", "reasoning"):
                     if (index, field) in self.masker.held():
                         delta[field] = (delta.get(field) or "") + self.masker.flush((index, field))
