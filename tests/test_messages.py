@@ -1661,3 +1661,30 @@ def test_over_chat_a_tool_calls_signature_goes_back_to_its_provider(mproxy: Prox
     c.messages.create(**{**asked, "model": "claude-sonnet-4-5", "messages": [question, answer, result]})
     sent = claude.last.messages[1]["content"]
     assert [b["type"] for b in sent] == ["tool_use"] and sent[0]["id"] == "fc-1"
+
+
+@pytest.mark.parametrize("value, stored", [("1e20", b'{"x":100000000000000000000}'), ("-0.0", b'{"x":0.0}'),
+                                           ("1.5e3", b'{"x":1500.0}')])
+def test_a_number_in_a_resent_history_goes_out_as_it_will_read_back_stored(mproxy: Proxy, claude: FakeAnthropic,
+                                                                          value: str, stored: bytes) -> None:
+    """A resumed session's history holds a tool input with a number PostgreSQL's jsonb writes
+    otherwise (1e20 as an integer, -0.0 as 0.0): the first request said it as parsed, every later
+    one as stored -- the request's prefix changed once (a provider's prompt cache missed) and the
+    first node's request no longer verified. Now it goes out as stored from the first call."""
+    history = ('[{"role":"user","content":[{"type":"text","text":"go"}]},{"role":"assistant","content":[{"type":'
+               '"tool_use","id":"toolu_9","name":"calc","input":{"x":' + value + '}}]},{"role":"user","content":'
+               '[{"type":"tool_result","tool_use_id":"toolu_9","content":"ok"}]}]')
+    key = new_key()
+    headers = {"x-api-key": key, "content-type": "application/json", "X-Claude-Code-Session-Id": str(uuid.uuid4())}
+    with httpx.Client(base_url=mproxy.url, timeout=30, headers=headers) as http:
+        claude.enqueue(AReply(content=[{"type": "text", "text": "a1"}]))
+        first = http.post("/auto/v1/messages", content='{"model":"claude-x","max_tokens":100,"messages":' + history + '}')
+        assert first.status_code == 200, first.text
+        claude.enqueue(AReply(content=[{"type": "text", "text": "a2"}]))
+        second = http.post("/auto/v1/messages", content='{"model":"claude-x","max_tokens":100,"messages":' + history[:-1]
+                           + ',{"role":"assistant","content":[{"type":"text","text":"a1"}]},'
+                           '{"role":"user","content":[{"type":"text","text":"next"}]}]}')
+        assert second.status_code == 200 and second.headers["x-context-matched"] == "4", second.text
+        replay = http.get(f"/admin/nodes/{first.headers['x-node-id']}/request")
+    assert replay.headers["x-request-verified"] == "true"
+    assert stored in claude.calls[-2].raw and stored in claude.calls[-1].raw

@@ -22,6 +22,7 @@ setting names its dialect too (``anthropic`` is the ``messages`` dialect, ``_ALI
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -296,11 +297,30 @@ class _Chained:
         return self.outer.received()
 
 
+def _as_stored(text: str) -> float | int:
+    """A number of a request as it reads back once stored (PostgreSQL's jsonb keeps numbers as
+    ``numeric``): an integral one of 1e16 or more -- which JSON writers give in exponent form --
+    an integer, and -0.0 plain 0.0. So the first call's request and every later one, rebuilt from
+    what was stored, say the same bytes (a provider's prompt cache, the request's replay check)."""
+    value = float(text)
+    if value != value or value in (math.inf, -math.inf):
+        raise ValueError("not a finite number")
+    if value == 0.0:
+        return 0.0
+    if abs(value) >= 1e16 and value.is_integer():
+        return int(value)
+    return value
+
+
+_read_request = msgspec.json.Decoder(float_hook=_as_stored).decode
+
+
 def parse_model_request(raw: bytes) -> dict[str, Any]:
-    """A call's body (chat completions, Responses) as a dict, every field kept: a JSON object
-    naming a model; anything else is refused with 400."""
+    """A call's body (chat completions, Responses, Messages) as a dict, every field kept: a JSON
+    object naming a model; anything else is refused with 400. Its numbers read as stored ones
+    will (``_as_stored``)."""
     try:
-        body = loads(raw)
+        body = loads(raw, _read_request)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
