@@ -106,9 +106,10 @@ _UNAVAILABLE = (
 )
 
 # of those, the server's answers to a statement it rolled back: nothing of it was carried out,
-# sent or not (no start to look for afterwards)
+# sent or not (no start to look for afterwards). Not a cancelled one (a statement timeout): on a
+# Citus coordinator a call delegated to a worker may have committed there before the cancel came
+# -- its start is looked for, as for a connection lost.
 _ROLLED_BACK = (
-    asyncpg.exceptions.QueryCanceledError,
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.exceptions.SerializationError,
     asyncpg.exceptions.LockNotAvailableError,

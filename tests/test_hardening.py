@@ -547,6 +547,18 @@ def test_a_compressed_request_body_is_read_by_the_stored_routes_and_passed_throu
     assert upstream.last.raw == plain and "content-encoding" not in upstream.last.headers
 
 
+def test_a_compressed_call_to_another_route_goes_to_its_models_upstream(mproxy, upstream, claude, key):
+    """Any pass-through route (embeddings here): a compressed body is read for the model it names
+    and goes to that model's upstream, decoded -- the model was read from the compressed bytes
+    (none), and the default upstream got the call, with its credentials."""
+    body = json.dumps({"model": "claude-x", "input": "embed me"}).encode()
+    sent = len(upstream.requests)
+    httpx.post(mproxy.url + "/v1/embeddings", content=_compressed("gzip", body), timeout=10,
+               headers={"authorization": f"Bearer {key}", "content-type": "application/json", "content-encoding": "gzip"})
+    assert len(upstream.requests) == sent
+    assert claude.requests[-1].path.startswith("/v1/embeddings") and claude.requests[-1].raw == body
+
+
 def test_a_compressed_call_passed_through_goes_to_its_models_upstream(mproxy, upstream, claude, key):
     """Naming no conversation, a compressed Messages call for a Claude model goes to the Anthropic
     upstream, and a chat call for it is translated there -- the model read from the decoded body

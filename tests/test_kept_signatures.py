@@ -65,6 +65,11 @@ def test_a_resent_history_gives_a_responses_upstream_neither_the_piece_nor_the_s
     assert raw.headers["x-context-matched"] == "2"
     sent = json.dumps(upstream.responses_requests[-1].body)
     assert "bp-signed:" not in sent and "thought_signature" not in sent and '"call_id": "fc-1"' in sent
+    # the same history naming no conversation: passed through, without our item
+    plain = openai.OpenAI(base_url=f"{four.url}/v1", api_key=new_key(), max_retries=0)
+    plain.responses.create(model="native-1", input=[question, *items, RESULT], tools=[WEATHER])
+    sent = json.dumps(upstream.responses_requests[-1].body)
+    assert "bp-signed:" not in sent and '"call_id": "fc-1"' in sent
 
 
 def test_a_history_matched_by_nothing_gives_the_signature_to_its_producer_only(four, upstream):
@@ -102,10 +107,9 @@ def test_a_messages_history_over_gemini_resent_to_claude_or_another_model(four, 
     signature."""
     question, answer, result = _claude_code_over_gemini(four, upstream)
     c = anthropic.Anthropic(base_url=f"{four.url}{where}", api_key=new_key(), max_retries=0)
-    if where:  # (a call naming no conversation to an Anthropic upstream passes through as it came)
-        claude.enqueue(AReply(content=[{"type": "text", "text": "Still /home."}]))
-        c.messages.create(model="claude-x", max_tokens=50, tools=BASH, messages=[question, answer, result])
-        assert [b["type"] for b in claude.last.messages[1]["content"]] == ["tool_use"]
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Still /home."}]))
+    c.messages.create(model="claude-x", max_tokens=50, tools=BASH, messages=[question, answer, result])
+    assert [b["type"] for b in claude.last.messages[1]["content"]] == ["tool_use"]
     upstream.enqueue(Reply(content="ok"))
     c.messages.create(model="gpt-4o-mini", max_tokens=50, tools=BASH, messages=[question, answer, result])
     assert "thought_signature" not in json.dumps(upstream.last.body)
@@ -128,9 +132,15 @@ def test_a_deleted_items_copies_give_claudes_thinking_to_claude_only(four, upstr
     items = http.get(f"/v1/conversations/{conv.id}/items", params={"order": "asc"}).json()["data"]
     victim = next(i for i in items if "DELETE ME" in str(i) and i.get("role") == "user")
     assert http.delete(f"/v1/conversations/{conv.id}/items/{victim['id']}").status_code == 200
+    claude.enqueue(AReply(content=[{"type": "text", "text": "files seen"}]))
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_7", "content": "files"}]}
+    a.messages.create(**asked, messages=[result])
+    assert [m for m in claude.last.messages if m["role"] == "assistant"][-1]["content"][0] == thinking
+    head = four.http(key).get(f"/admin/conversations/{conv.id}").json()["head_node_id"]
+    parent = four.http(key).get(f"/admin/nodes/{head}").json()["parent_id"]
     upstream.enqueue(Reply(content="ok"))
-    a.messages.create(**{**asked, "model": "gpt-4o-mini"}, messages=[{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_7", "content": "files"}]}])
+    a.messages.create(**{**asked, "model": "gpt-4o-mini"}, messages=[result],
+                      extra_headers={"X-Parent-Node-Id": parent})  # (the same turn, to another model)
     assert "sig1" not in json.dumps(upstream.last.body) and "bp-signed:" not in json.dumps(upstream.last.body)
 
 

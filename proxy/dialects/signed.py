@@ -27,7 +27,7 @@ import msgspec
 from ..assembly import KEPT, OPAQUE
 from .chat.completion import call_id
 
-__all__ = ["Kept", "blob", "ours", "read", "restore"]
+__all__ = ["Kept", "blob", "ours", "read", "restore", "without_ours"]
 
 _PREFIX = "bp-signed:"  # a blob of ours: base64 of a list of ``Kept``
 _STANDARD = frozenset({"id", "type", "function", "index"})
@@ -76,6 +76,26 @@ def read(value: Any) -> list[Kept] | None:
         return msgspec.json.decode(base64.b64decode(value[len(_PREFIX):], validate=True), type=list[Kept])
     except (binascii.Error, ValueError, RecursionError, msgspec.DecodeError):
         return None
+
+
+def without_ours(body: dict[str, Any]) -> bool:
+    """Take our pieces out of a request passed through as the client sent it (in place): a
+    Responses ``input``'s kept reasoning items, a Messages history's kept ``redacted_thinking``
+    blocks -- no upstream made them, and every one refuses them. Says whether any was there."""
+    found = False
+    items = body.get("input")
+    if isinstance(items, list):
+        kept = [i for i in items if not (type(i) is dict and i.get("type") == "reasoning" and ours(i.get("encrypted_content")))]
+        found = len(kept) != len(items)
+        body["input"] = kept
+    for message in body.get("messages") if isinstance(body.get("messages"), list) else ():
+        content = message.get("content") if type(message) is dict else None
+        if isinstance(content, list) and any(type(b) is dict and b.get("type") == "redacted_thinking"
+                                             and ours(b.get("data")) for b in content):
+            message["content"] = [b for b in content if not (type(b) is dict and b.get("type") == "redacted_thinking"
+                                                             and ours(b.get("data")))]
+            found = True
+    return found
 
 
 def restore(message: dict[str, Any], kept: list[Kept]) -> None:

@@ -19,11 +19,13 @@ from litestar.types import ASGIApp
 
 from ..call import Call
 from ..compaction import Edits
+from ..dialects import signed
 from ..dialects.messages import DIALECT as MESSAGES
 from ..dialects.messages.blocks import to_messages
 from ..dialects.messages.errors import ANTHROPIC_ERRORS
 from ..dialects.messages.request import clearing_edit
 from ..http import RawResponse
+from ..surrogates import encode
 from .common import RequestHeaders, context_mode, decoded_body, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
@@ -59,6 +61,8 @@ async def _create(request: Request[Any, Any, Any], call: CallContext) -> ASGIApp
     store = cid is not None or auto
     native = _anthropic_upstream(call, body)
     if not store and native:
+        if b"bp-signed:" in decoded and signed.without_ours(body):  # (our pieces: no upstream's to take)
+            decoded = encode(body)
         return await call.forwarder.forward(request, "messages", raw, headers, call.caller, errors=ANTHROPIC_ERRORS,
                                             decoded=decoded)
     if body.get("thread") is not None:  # stored, or translated: no upstream holds the thread (docs/behaviour.md#the-messages-api)

@@ -17,7 +17,7 @@ from ..auth import Caller
 from ..errors import InvalidRequest
 from ..forwarder import Forwarder
 from ..ids import valid_conversation_id
-from .common import RequestHeaders
+from .common import RequestHeaders, decoded_body
 from .context import CallContext
 
 __all__ = [
@@ -78,7 +78,15 @@ async def _passthrough(request: Request[Any, Any, Any], forwarder: Forwarder, ca
         valid_conversation_id(prefix_cid, source="path")
     path = upstream_path(request.scope, skip)
     body = await request.body()
-    return await forwarder.forward(request, path, body, RequestHeaders(request.scope), caller)
+    decoded = None
+    if request.headers.get("content-encoding"):  # (read for the model it names: routed by it, and sent so)
+        try:
+            decoded = await decoded_body(request, body)
+        except InvalidRequest as exc:
+            if exc.status != 415:
+                raise
+            # (a coding the proxy does not undo: sent as it came, to the default upstream)
+    return await forwarder.forward(request, path, body, RequestHeaders(request.scope), caller, decoded=decoded)
 
 
 @route("/v1/{path:path}", http_method=_METHODS, summary="Pass-through to the upstream", tags=["pass-through"],

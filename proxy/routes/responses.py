@@ -22,6 +22,7 @@ from storage import AdminStore, NodeRow, TreeStore, transcript
 
 from ..auth import Caller
 from ..call import Call, items_after
+from ..dialects import signed
 from ..dialects.responses import DIALECT as RESPONSES
 from ..dialects.responses import items as responses_items
 from ..dialects.responses.compaction import compaction_node_of, is_compaction_item
@@ -34,6 +35,7 @@ from ..errors import (
 )
 from ..ids import valid_conversation_id
 from ..lifecycle import CallLifecycle
+from ..surrogates import encode
 from .common import RequestHeaders, context_mode, decoded_body, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
@@ -243,6 +245,8 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
     parent = await stored_response(admin, caller, previous) if ours else None
     # (to any upstream: an OpenAI one configured as api = "chat" serves the Responses API too)
     if cid is None and not auto and not ours and not _holds_compaction(body):
+        if b"bp-signed:" in decoded and signed.without_ours(body):  # (our pieces: no upstream's to take)
+            decoded = encode(body)
         return await forwarder.forward(request, "responses", raw, headers, caller, decoded=decoded)
     if previous and parent is None:  # another tenant's, deleted, or an upstream's in a stored call
         raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
