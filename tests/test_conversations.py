@@ -574,33 +574,3 @@ def test_an_item_reference_finds_an_id_the_client_gave_in_the_conversation_it_co
         client.responses.create(model=MODEL, conversation=client.conversations.create().id,
                                 input=[{"type": "item_reference", "id": given}])
 
-
-def test_a_deleted_items_copies_keep_claudes_signed_thinking(mproxy, claude, key):
-    """Deleting an item copies the nodes after it from their listed items. A Messages client's
-    turn over Claude -- signed thinking, then a tool call -- is listed with a reasoning item
-    keeping the signed blocks, so the copy still gives Claude its thinking back signed in the
-    tool loop (with thinking on, Anthropic refuses the turn without it); the copy had lost it."""
-    import anthropic
-
-    from .anthropic_fake import AReply
-
-    thinking = {"type": "thinking", "thinking": "hmm", "signature": "sig1"}
-    tools = [{"name": "shell", "input_schema": {"type": "object"}}]
-    conv = mproxy.openai(key).conversations.create()
-    a = anthropic.Anthropic(base_url=f"{mproxy.url}/c/{conv.id}", api_key=key, max_retries=0)
-    asked = {"model": "claude-x", "max_tokens": 2000, "tools": tools,
-             "thinking": {"type": "enabled", "budget_tokens": 1024}}
-    a.messages.create(**asked, messages=[{"role": "user", "content": "note: DELETE ME"}])
-    claude.enqueue(AReply(content=[thinking, {"type": "tool_use", "id": "toolu_7", "name": "shell",
-                                              "input": {"cmd": "ls"}}], stop_reason="tool_use"))
-    a.messages.create(**asked, messages=[{"role": "user", "content": "list files"}])
-    http = mproxy.http(key)
-    items = http.get(f"/v1/conversations/{conv.id}/items", params={"order": "asc"}).json()["data"]
-    victim = next(i for i in items if "DELETE ME" in str(i))
-    assert http.delete(f"/v1/conversations/{conv.id}/items/{victim['id']}").status_code == 200
-    a.messages.create(**asked, messages=[{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_7", "content": "files"}]}])
-    sent = claude.last.messages
-    assert not any(m["role"] == "user" and "DELETE ME" in str(m["content"]) for m in sent)
-    answer = [m for m in sent if m["role"] == "assistant"][-1]
-    assert answer["content"][0] == thinking

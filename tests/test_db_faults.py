@@ -25,6 +25,18 @@ def call(http, key, cid, text, timeout=10):
                      json={"model": MODEL, "messages": [{"role": "user", "content": text}]})
 
 
+def _held_call(http, upstream, key, cid, answer):
+    """The conversation's second call ("in flight"), its upstream's ``answer`` held until the
+    returned event is set: (the thread, its result, the event)."""
+    hold = threading.Event()
+    upstream.enqueue(Reply(content=answer, hold=hold))
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(r=call(http, key, cid, "in flight", timeout=30)))
+    t.start()
+    upstream.wait_for(2)
+    return t, result, hold
+
+
 def test_database_restart_under_traffic(own_server, upstream_url, upstream, key, cid):
     url = own_server.url
     db = Db(url)
@@ -32,12 +44,7 @@ def test_database_restart_under_traffic(own_server, upstream_url, upstream, key,
         assert call(http, key, cid, "before").status_code == 200
 
         # a call whose answer arrives while the database is down
-        hold = threading.Event()
-        upstream.enqueue(Reply(content="answered during the outage", hold=hold))
-        result = {}
-        t = threading.Thread(target=lambda: result.update(r=call(http, key, cid, "in flight", timeout=30)))
-        t.start()
-        upstream.wait_for(2)
+        t, result, hold = _held_call(http, upstream, key, cid, "answered during the outage")
 
         own_server.stop()  # the outage begins
         hold.set()
@@ -104,12 +111,7 @@ def test_a_database_refusing_writes_is_unavailable_and_the_answer_is_stored_once
     db = Db(url)
     with serve_proxy(own_server.settings(upstream_url)) as p, httpx.Client(base_url=p.url) as http:
         assert call(http, key, cid, "before").status_code == 200
-        hold = threading.Event()
-        upstream.enqueue(Reply(content="answered while read-only", hold=hold))
-        result = {}
-        t = threading.Thread(target=lambda: result.update(r=call(http, key, cid, "in flight", timeout=30)))
-        t.start()
-        upstream.wait_for(2)
+        t, result, hold = _held_call(http, upstream, key, cid, "answered while read-only")
 
         _execute(url, "ALTER SYSTEM SET default_transaction_read_only = on", "SELECT pg_reload_conf()")
         during = wait_for(lambda: (r := call(http, key, f"{cid}-new", "during")).status_code != 200 and r,

@@ -59,6 +59,27 @@ def _in_flight(db, key, cid, upstream, count, reply, messages, *, stream=False, 
     return t, result, hold, row
 
 
+def _second_lost(http, db, key, cid, upstream, stream):
+    """A first question answered; a second one upstream, its answer held, and its start lost:
+    (the first's response, and ``_in_flight``'s four)."""
+    first = _post(http, key, cid, [user("first question")])
+    assert first.status_code == 200
+    t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "second answer", [user("second question")],
+                                          stream=stream, http=http)
+    _lose(db, key, cid, pending["id"])
+    return first, t, result, hold, pending
+
+
+def _lost_and_answered(db, key, cid, in_flight, answer):
+    """An ``_in_flight`` call's start lost, then its upstream's ``answer`` given: written again."""
+    t, result, hold, pending = in_flight
+    _lose(db, key, cid, pending["id"])
+    hold.set()
+    t.join(30)
+    assert result["r"].status_code == 200
+    _assert_written_again(db, pending, answer)
+
+
 def _lose(db, key, cid, node, *, conversation=False):
     """What a crash that lost the start leaves."""
     db.fetch("DELETE FROM nodes WHERE id = $1", node)
@@ -115,11 +136,7 @@ def test_a_start_commits_without_waiting_for_the_disk_and_a_finish_waits(databas
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_lost_start_is_written_again_where_it_was_put(proxy, db, upstream, key, cid, stream):
     with httpx.Client(base_url=proxy.url) as http:
-        first = _post(http, key, cid, [user("first question")])
-        assert first.status_code == 200
-        t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "second answer", [user("second question")],
-                                              stream=stream, http=http)
-        _lose(db, key, cid, pending["id"])
+        first, t, result, hold, pending = _second_lost(http, db, key, cid, upstream, stream)
         hold.set()
         t.join(30)
         r = result["r"]
@@ -146,11 +163,7 @@ def test_a_lost_start_written_again_leaves_the_head_to_a_turn_let_in_since(proxy
     stays a branch, visible in the tree -- and the next turn's context keeps the turn let in. It moved the head wherever it was, and the acknowledged turn left the context
     silently."""
     with httpx.Client(base_url=proxy.url) as http:
-        first = _post(http, key, cid, [user("first question")])
-        assert first.status_code == 200
-        t, result, hold, pending = _in_flight(db, key, cid, upstream, 2, "second answer", [user("second question")],
-                                              stream=stream, http=http)
-        _lose(db, key, cid, pending["id"])
+        first, t, result, hold, pending = _second_lost(http, db, key, cid, upstream, stream)
         between = _post(http, key, cid, [user("question let in")])  # (nothing holds the conversation)
         assert between.status_code == 200, between.text
         hold.set()
@@ -179,11 +192,7 @@ def test_a_lost_retry_written_again_takes_the_head_from_the_attempt_it_retried(p
         t, result, hold, pending = _in_flight(db, key, cid, upstream, 3, "second answer", [user("second question")],
                                               http=http)
         assert str(pending["parent_id"]) == first.headers["x-node-id"]  # (beside the failed attempt)
-        _lose(db, key, cid, pending["id"])
-        hold.set()
-        t.join(30)
-        assert result["r"].status_code == 200
-        _assert_written_again(db, pending, "second answer")
+        _lost_and_answered(db, key, cid, (t, result, hold, pending), "second answer")
         assert db.head(cid) == str(pending["id"])
         third = _post(http, key, cid, [user("third question")])
         assert third.headers["x-parent-node-id"] == str(pending["id"])
@@ -212,11 +221,7 @@ def test_a_lost_start_hung_elsewhere_than_the_head_takes_the_head_when_nothing_m
             messages = [user("q1"), {"role": "assistant", "content": "echo: q1"}, user("q2 edited")]
         t, result, hold, pending = _in_flight(db, key, cid, upstream, 3, "branch answer", messages, full=full,
                                               http=http, extra=extra)
-        _lose(db, key, cid, pending["id"])
-        hold.set()
-        t.join(30)
-        assert result["r"].status_code == 200
-        _assert_written_again(db, pending, "branch answer")
+        _lost_and_answered(db, key, cid, (t, result, hold, pending), "branch answer")
         assert db.head(cid) == str(pending["id"])
 
 
