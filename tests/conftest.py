@@ -101,8 +101,11 @@ class RowLocks:
     async def _hold(self) -> None:
         conn = await asyncpg.connect(self.url)
         try:
+            trees = await conn.fetch("SELECT id, tree_id FROM conversations WHERE id = ANY($1::text[])", self.ids)
             async with conn.transaction():
-                await conn.execute("SELECT 1 FROM conversations WHERE id = ANY($1::text[]) FOR UPDATE", self.ids)
+                for row in trees:  # (one row a statement, by its tree: Citus locks rows of one shard only)
+                    await conn.execute("SELECT 1 FROM conversations WHERE tree_id = $1 AND id = $2 FOR UPDATE",
+                                       row["tree_id"], row["id"])
                 self.locked.set()
                 await asyncio.to_thread(self.released.wait, 30)
         finally:

@@ -202,7 +202,7 @@ def test_match_plus_remainder_is_what_the_client_sent(fresh_database_url, nodes,
     tenant = f"t_{uuid.uuid4().hex}"
 
     async def go() -> tuple[Any, list[Any]]:
-        db = await open_database(fresh_database_url, min_size=1, max_size=2)
+        db = await open_database(fresh_database_url, min_size=1, max_size=2, connect_timeout=30)  # (a loaded machine)
         try:
             keys = node_keys(nodes)
             rows = [{**n, "depth": len(_path(nodes, n["id"])) - 1, "created_at": f"2026-01-01T00:00:{i:02d}Z",
