@@ -126,7 +126,8 @@ def bomb_upstream():
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def bombed(request, database_url, bomb_upstream):
     settings = make_settings(database_url, bomb_upstream.url, server={"max_response_bytes": LIMIT},
-                             upstream_defaults={"transport": request.param, "read_timeout": 10.0})
+                             upstream_defaults={"transport": request.param, "read_timeout": 10.0,
+                                                "connect_timeout": 10.0})  # (the bombs keep the fake busy)
     with serve_proxy(settings) as p:
         yield p
 
