@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .dialects.chat.stream import MaskedChunks, masked_chunks
+from .dialects.chat.masking import MaskedChunks, masked_chunks
 from .dialects.messages.stream import Deltas as MessagesDeltas
 from .dialects.responses.relayed import Deltas as ResponsesDeltas
 from .errors import UpstreamFailure

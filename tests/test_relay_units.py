@@ -424,7 +424,8 @@ def test_a_chat_answer_is_whole_though_the_masker_released_held_text_with_its_fi
     given out with the chunk that finishes its choice: that chunk then brings text, but the
     upstream's did not -- the answer is whole, and a client leaving there gets it stored (it was
     client_disconnected for any answer ending in a prefix of a key)."""
-    from proxy.dialects.chat.stream import ChatStream, masked_chunks
+    from proxy.dialects.chat.masking import masked_chunks
+    from proxy.dialects.chat.stream import ChatStream
 
     def event(delta: dict, finish: str | None = None) -> bytes:
         return b"data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "model": "m",

@@ -3,6 +3,7 @@
     request.py     a client's chat request read and checked
     completion.py  a chat completion read (the assistant message, usage, finish reason)
     stream.py      chat streams: the chunks merged into the stored message, relayed as they arrive
+    masking.py     the call's credentials masked in a chat stream's text, across its deltas
     markers.py     the client's cache_control markers: the call's own, by position, on the request
 
 Its items are chat messages already, so every translation to or from chat is the identity here;
@@ -20,8 +21,9 @@ from ...secrets import Masker
 from .. import Answer, Transcript
 from .completion import Completion, NotACompletion, call_id, parse_completion
 from .markers import MARKERS, markers
+from .masking import masked_chunks
 from .request import parse_chat_body
-from .stream import ChatStream, StreamAccumulator, masked_chunks
+from .stream import ChatStream, StreamAccumulator
 
 __all__ = ["DIALECT", "Chat", "ChatExchange", "ChatStream", "Completion", "NotACompletion", "StreamAccumulator",
            "call_id", "parse_completion"]

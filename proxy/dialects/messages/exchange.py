@@ -21,7 +21,7 @@ from ...relay import Translator
 from ...surrogates import loads
 from .. import Answer
 from ..chat import NotACompletion, parse_completion
-from ..chat.stream import masked_chunks
+from ..chat.masking import masked_chunks
 from . import answers, stream, translate
 from .blocks import to_messages
 

@@ -24,7 +24,8 @@ from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
 from ...surrogates import encode
 from ..chat.completion import call_id
-from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
+from ..chat.masking import MaskedChunks
+from ..chat.stream import StreamAccumulator, ended_without_done
 from . import answers, translate
 from .blocks.from_chat import input_json
 from .blocks.to_chat import line_piece, server_line, uses_of

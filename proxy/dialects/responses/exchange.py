@@ -22,7 +22,7 @@ from ...secrets import Masker
 from ...surrogates import loads
 from .. import Answer
 from ..chat import parse_completion
-from ..chat.stream import masked_chunks
+from ..chat.masking import masked_chunks
 from . import for_chat, translate
 from . import stream as responses_stream
 from .compaction import compaction_item

@@ -31,7 +31,7 @@ from ...failures import Failure
 from ...secrets import Masker
 from ...sse import DONE, payload, sse_error_event
 from ...surrogates import encode
-from ..chat.stream import MaskedChunks
+from ..chat.masking import MaskedChunks
 from .items import reasoning_text, to_messages
 from .tools import flat_name
 from .translate import chat_usage_of

@@ -23,7 +23,8 @@ from ...failures import Failure
 from ...sse import DONE, UNREAD, payload
 from ...surrogates import encode
 from ..chat.completion import call_id
-from ..chat.stream import MaskedChunks, StreamAccumulator, ended_without_done
+from ..chat.masking import MaskedChunks
+from ..chat.stream import StreamAccumulator, ended_without_done
 from . import translate
 from .tools import offered
 
