@@ -143,6 +143,27 @@ def proc_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def wait_calls_ended(proxy_url: str, timeout: float = 30.0) -> None:
+    """Wait until no call is in flight (no pending node in the database, whichever process of the
+    proxy holds it). wrk ends a run by closing its connections with
+    calls in flight; each such call is finished (``client_disconnected``) only once the proxy saw
+    its client go, and until then its conversation's next turn is refused (409 conversation_busy):
+    a measurement started at once counted those refusals as errors (seen in bench/versus.py's
+    rounds, a handful of its 32 conversations each time it happened)."""
+    base = proxy_url.removesuffix("/v1").removesuffix("/auto")
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(f"{base}/metrics", timeout=5).text
+        m = re.search(r"^branchpoint_pending_nodes ([0-9.e+]+)$", text, re.M)
+        if m is None:
+            raise SystemExit("wrk: the proxy's /metrics has no branchpoint_pending_nodes")
+        if float(m.group(1)) == 0:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"wrk: calls still in flight {timeout:.0f} s after the warm-up")
+        time.sleep(0.05)
+
+
 def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, duration: float, pid: int,
                   data_dir: Path | None = None, extra_pids: list[int] | None = None, key: str = KEY) -> dict:
     """``extra_pids``: more proxy processes (the workers of ``serve --workers N``), counted with ``pid``;
@@ -166,6 +187,8 @@ def run_wrk_turns(proxy_url: str, convs: list[tuple[str, str]], stream: bool, du
     warm = subprocess.run(wrk(2), capture_output=True, text=True, timeout=60)
     if "WRKJSON " not in warm.stdout:
         raise SystemExit(f"wrk (warm-up) failed: {warm.stdout}\n{warm.stderr}")
+    if data_dir:  # (Branchpoint: not LiteLLM, which holds no conversation)
+        wait_calls_ended(proxy_url)
     cmd = wrk(duration)
     ticks_hz = os.sysconf("SC_CLK_TCK")
     pg_before = postgres_pids(data_dir) if data_dir else []
