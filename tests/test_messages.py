@@ -1302,6 +1302,28 @@ def test_a_messages_call_read_as_a_response_reports_its_usage(mproxy: Proxy, cla
     assert (got.usage.input_tokens, got.usage.input_tokens_details.cached_tokens, got.usage.output_tokens) == (120, 100, 3)
 
 
+def test_a_messages_call_read_as_a_response_shows_its_tool_calls(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                                  cid: str) -> None:
+    """GET /v1/responses/{id} of a Messages call that answered with text and a tool call: its
+    output is the answer's items as the conversation's items list gives them -- the text, then the
+    call as a function_call item."""
+    claude.enqueue(AReply(content=[
+        {"type": "text", "text": "Listing."},
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls -la"}},
+    ], stop_reason="tool_use"))
+    raw = client(mproxy, key, f"/c/{cid}").messages.with_raw_response.create(
+        model="claude-x", max_tokens=50, tools=[{"name": "Bash", "input_schema": {"type": "object"}}],
+        messages=[{"role": "user", "content": "list the files"}])
+    got = mproxy.openai(key).responses.retrieve(f"resp_{uuid.UUID(raw.headers['x-node-id']).hex}")
+    assert [o.type for o in got.output] == ["message", "function_call"]
+    assert got.output[0].content[0].text == "Listing."
+    call = got.output[1]
+    assert (call.call_id, call.name, json.loads(call.arguments)) == ("toolu_1", "Bash", {"command": "ls -la"})
+    listed = mproxy.openai(key).conversations.items.list(cid, order="asc").data
+    assert [(i.id, i.type) for i in listed[1:]] == [(o.id, o.type) for o in got.output]
+    assert (listed[2].call_id, listed[2].arguments) == (call.call_id, call.arguments)
+
+
 def test_usage_counts_cached_prompts_in_every_apis_terms(mproxy: Proxy, claude: FakeAnthropic,
                                                          upstream: FakeUpstream, cid: str) -> None:
     """Anthropic's input_tokens leave out its cache's reads and writes: the conversation's usage

@@ -23,7 +23,7 @@ from ..dialects.responses.outbound import to_items
 from ..dialects.signed import ours
 from ..errors import ConversationNotFound, NodeNotFound
 
-__all__ = ["ITEM_IDS", "Item", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
+__all__ = ["ITEM_IDS", "Item", "answer_items", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
            "resolve_compactions", "with_parts"]
 
 _encode_key = msgspec.json.Encoder(order="sorted").encode  # (a signature as a dict key, whatever its parts hold)
@@ -89,6 +89,19 @@ def _signed(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "thinking_blocks": signed} if signed else message
 
 
+def answer_items(node: NodeRow) -> list[dict[str, Any]]:
+    """What a node received, as Responses output items: a Responses call's as stored; another
+    API's answer (a chat or a Messages call's) translated -- the same items whether the
+    conversation's items list or the node read as a response shows them."""
+    if node.api == "responses":
+        return list(node.received or [])
+    out: list[dict[str, Any]] = []
+    for message in message_path([node])[0].received or ():
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            out.extend(translate.output_items(_signed(message), node.id, node.params.get("tools"), node.provider))
+    return out
+
+
 def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
     """The items one path node contributes to its conversation: what it sent (a Responses call's
     instructions aside), then -- when it succeeded, and ``answers`` are asked for -- what it
@@ -96,15 +109,9 @@ def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
     with_received = answers and node.status == "success"
     if node.api == "responses":
         sent = list(node.sent[1:] if has_instructions(node) else node.sent)
-        received = list(node.received or []) if with_received else []
     else:
-        chat = message_path([node])[0]
-        sent = to_items(chat.sent)
-        received = []
-        if with_received:
-            for message in chat.received or ():
-                if isinstance(message, dict) and message.get("role") == "assistant":
-                    received.extend(translate.output_items(_signed(message), node.id, node.params.get("tools"), node.provider))
+        sent = to_items(message_path([node])[0].sent)
+    received = answer_items(node) if with_received else []
     given = node.params.get(ITEM_IDS) if node.kind == "items" else None
     out = []
     for i, item in enumerate(sent):

@@ -24,7 +24,7 @@ from .common import RequestHeaders
 from .context import CallContext
 from .docs import errors
 from .passthrough import prefix_segments, upstream_path
-from .path_items import live_node, node_items
+from .path_items import answer_items, live_node, node_items
 
 __all__ = ["response_cancel", "response_input_items", "response_of", "response_resource", "stored_response"]
 
@@ -40,13 +40,10 @@ async def stored_response(admin: AdminStore, caller: Caller, response_id: str | 
 
 def response_of(node: NodeRow) -> dict[str, Any]:
     """The response object a stored node stands for (a chat node's answer reads as output items)."""
+    output = answer_items(node)
     if node.api == "responses":
-        output = list(node.received or [])
         usage = node.usage
-    else:
-        output = translate.output_items(node.received[0], node.id, node.params.get("tools"), node.provider) \
-            if node.received else []
-        # (a Messages node's usage is in Anthropic's terms: its input tokens leave the cache out)
+    else:  # (a Messages node's usage is in Anthropic's terms: its input tokens leave the cache out)
         usage = translate.usage_of(chat_usage(node.usage) if node.api == "messages" else node.usage)
     status = {"success": "completed", "failed": "failed", "pending": "in_progress"}[node.status]
     error = None
