@@ -9,9 +9,9 @@
      ├── NotFound                       404
      │    ├── NodeNotFound              404 node_not_found
      │    └── ConversationNotFound      404 conversation_not_found
-     ├── Conflict                       409 (conversation_exists, node_pending)
-     │    ├── ConversationBusy          409 conversation_busy
-     │    └── ParentBeforeCompaction    409 parent_before_compaction
+     ├── Conflict                       409 (conversation_exists, node_pending)  x-should-retry: false
+     │    ├── ConversationBusy          409 conversation_busy                    (retryable)
+     │    └── ParentBeforeCompaction    409 parent_before_compaction  x-should-retry: false
      ├── RequestTimeout                 408 request_timeout (the client's body did not arrive in time)
      └── UpstreamFailure                (the upstream could not give an answer)
           ├── UpstreamUnreachable       502 upstream_unreachable
@@ -72,6 +72,9 @@ class BranchpointError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = "internal_error"
+    # said to the official SDKs, which retry every 408, 409, 429 and 5xx unless told not to
+    # (``x-should-retry: false``): only where asking again can help
+    retryable: bool = True
 
     def __init_subclass__(cls, *, status: int | None = None, type_: str | None = None, code: str | None = None,
                           **kw: Any) -> None:
@@ -91,6 +94,8 @@ class BranchpointError(Exception):
         if code is not None:
             self.code = code
         self.headers = headers or {}
+        if not self.retryable:
+            self.headers.setdefault("x-should-retry", "false")
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
@@ -112,8 +117,14 @@ class NodeNotFound(NotFound, code="node_not_found"): ...
 class ConversationNotFound(NotFound, code="conversation_not_found"): ...
 
 
-class Conflict(BranchpointError, status=409, type_="conflict_error", code="conflict"): ...
-class ConversationBusy(Conflict, code="conversation_busy"): ...
+class Conflict(BranchpointError, status=409, type_="conflict_error", code="conflict"):
+    retryable = False  # (a name taken, a node in flight, a parent compacted away: the same again)
+
+
+class ConversationBusy(Conflict, code="conversation_busy"):
+    retryable = True  # (the turn in flight ends: the SDK's retry may then go through)
+
+
 class ParentBeforeCompaction(Conflict, code="parent_before_compaction"): ...
 
 

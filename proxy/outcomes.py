@@ -25,6 +25,11 @@ __all__ = ["Outcomes"]
 
 log = logging.getLogger("branchpoint.call")
 
+# failures the proxy words itself (proxy/errors.py, proxy/failures.py): their message is logged
+_OWN_WORDS = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_bad_response",
+                        "upstream_response_too_large", "upstream_headers_too_large", "interrupted",
+                        "stream_interrupted", "client_disconnected", "storage_refused", "internal_error"})
+
 
 class Outcomes:
     def __init__(self, *, tree: TreeStore, later: Later, compactor: Compactor, leases: LeaseKeeper, metrics: Metrics,
@@ -171,5 +176,15 @@ class Outcomes:
         except Exception:
             log.exception("after a stored call", extra={"node_id": str(started.node_id)})
         if outcome is not Outcome.SUCCESS:
-            log.info("call failed", extra={"conversation_id": started.conversation_id, "node_id": str(started.node_id),
-                                           "outcome": outcome.value, "code": error.code if error else None})
+            code = error.code if error else None
+            ran = started.begun.ran if started.begun is not None else None
+            fields = {"conversation_id": started.conversation_id, "node_id": str(started.node_id),
+                      "outcome": outcome.value, "code": code, "model": call.body.get("model"),
+                      "upstream": ran.provider if ran is not None else None,
+                      "status": error.status if error else None}
+            if error is not None and code in _OWN_WORDS:  # (an upstream's words may quote the request: not logged)
+                fields["error"] = error.message[:300]
+            # what an operator acts on (the upstream failing, a call cut by the proxy) at warning;
+            # a client's own doing (it left, its request refused, its context too long) at info
+            failing = outcome is Outcome.TRANSIENT and code != "client_disconnected"
+            log.log(logging.WARNING if failing else logging.INFO, "call failed", extra=fields)

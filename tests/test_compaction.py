@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -218,6 +219,19 @@ def test_edit_before_a_compaction_is_refused(small, upstream, key, cid):
                               json={"model": MODEL, "messages": [user("edit of turn 2")]})
     assert r.status_code == 409 and r.json()["error"]["code"] == "parent_before_compaction"
     assert small.db.head(cid) == str(node["id"])
+    # asking again cannot help: the SDKs, which retry every 409, are told so and ask once
+    assert r.headers["x-should-retry"] == "false"
+    for ask in (lambda c: c.chat.completions.create(model=MODEL, messages=[user("edit")],
+                                                    extra_headers={"X-Conversation-Id": cid, "X-Parent-Node-Id": heads[1]}),
+                lambda c: anthropic.Anthropic(base_url=small.url, api_key=key, max_retries=2, http_client=c._client)
+                .messages.create(model=MODEL, max_tokens=9, messages=[{"role": "user", "content": "edit"}],
+                                 extra_headers={"X-Conversation-Id": cid, "X-Parent-Node-Id": heads[1]})):
+        sent: list[str] = []
+        client = openai.OpenAI(base_url=f"{small.url}/v1", api_key=key, max_retries=2, http_client=type(
+            small.openai(key)._client)(event_hooks={"request": [lambda request, sent=sent: sent.append(request.url.path)]}))
+        with pytest.raises((openai.ConflictError, anthropic.ConflictError)):
+            ask(client)
+        assert len(sent) == 1, sent
     # a parent on the current path (after the compaction) is fine
     _, h = say(small.openai(key), cid, user("next"))
     _, h2 = say(small.openai(key), cid, user("regenerated next"), parent=str(node["id"]))

@@ -1,7 +1,9 @@
 """The failure table (docs/behaviour.md#failures), row by row: what happens to the node and the head after each kind of failure, what
 the client gets, and how retries are recognised."""
 
+import logging
 import threading
+import time
 
 import httpx
 import openai
@@ -129,13 +131,21 @@ def test_upstream_timeout_is_504_and_transient(database_url, upstream_url, upstr
         assert db.head(cid) == node_id
 
 
-def test_unreachable_upstream_is_502(database_url, key, cid):
+def test_unreachable_upstream_is_502(database_url, key, cid, caplog):
     settings = make_settings(database_url, f"http://127.0.0.1:{free_port()}/v1")
+    caplog.set_level(logging.INFO, logger="branchpoint.call")
     with serve_proxy(settings) as p:
         e = fail(p.openai(key), cid, user("anyone there?"))
         assert e.status_code == 502
         assert error_of(e)["code"] == "upstream_unreachable"
         assert "x-node-id" in e.response.headers
+        # the operator's line: at warning, naming the model, the upstream and why, never the question
+        failed = [r for r in caplog.records if r.getMessage() == "call failed"]
+        assert len(failed) == 1 and failed[0].levelno == logging.WARNING
+        line = failed[0].__dict__
+        assert (line["node_id"], line["conversation_id"], line["model"], line["upstream"], line["code"]) == \
+            (e.response.headers["x-node-id"], cid, MODEL, settings.upstreams[0].name, "upstream_unreachable")
+        assert "cannot reach the upstream" in line["error"] and "anyone there" not in str(line)
         # pass-through too, and streaming
         with pytest.raises(openai.APIStatusError) as e2:
             p.openai(key).models.list()
@@ -186,6 +196,38 @@ def test_client_disconnect_before_a_non_streamed_answer(proxy, upstream, key, ci
     # the SDK's retry (same items) then hangs beside it
     _, h = say(proxy.openai(key), cid, user("q"))
     assert h["x-parent-node-id"] == "root"
+
+
+def test_a_client_gone_while_its_answer_is_read_does_not_get_it_as_context(proxy, upstream, key, cid, db, monkeypatch):
+    """The upstream answered, and the client gave up while the proxy read the answer (a large one
+    takes a while): the client never had it, so it is no context -- the node fails as
+    client_disconnected, and the SDK's retry of the same question hangs beside it, the question
+    once in what the upstream gets next. (Stored as a success, the retry hung under an answer the
+    client never saw: its question twice in every later call.)"""
+    from proxy.dialects.chat import ChatExchange
+
+    reading = threading.Event()
+    answer = ChatExchange.answer
+
+    def slow(self, content):
+        reading.set()
+        time.sleep(1.5)  # (holds the proxy's event loop, as parsing a multi-megabyte answer does)
+        return answer(self, content)
+
+    monkeypatch.setattr(ChatExchange, "answer", slow)
+    say(proxy.openai(key), cid, user("first"))
+    with httpx.Client(base_url=proxy.url) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", timeout=0.5, json={"model": MODEL, "messages": [user("second")]},
+                      headers={"Authorization": f"Bearer {key}", "X-Conversation-Id": cid})
+    assert reading.wait(5)
+    row = wait_for(lambda: (r := db.fetchrow("SELECT * FROM nodes WHERE conversation_id = $1 AND sent->0->>'content' "
+                                             "= 'second'", cid)) and r["status"] != "pending" and r, 10, "its node")
+    assert row["status"] == "failed" and row["error"]["code"] == "client_disconnected"
+    monkeypatch.setattr(ChatExchange, "answer", answer)
+    say(proxy.openai(key), cid, user("second"))  # the SDK's retry
+    say(proxy.openai(key), cid, user("third"))
+    assert [m["content"] for m in upstream.last.messages if m["role"] == "user"] == ["first", "second", "third"]
 
 
 def test_upstream_key_replaces_the_clients_and_never_reaches_the_client(database_url, upstream_url, upstream, key, cid):
