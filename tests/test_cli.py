@@ -365,6 +365,27 @@ def test_serve_says_in_one_line_that_it_cannot_reach_the_database():
         assert "u:p@" not in err and len(err.strip().splitlines()) == 1, err[-2000:]
 
 
+def test_an_embedded_database_that_cannot_start_is_said_in_one_line(tmp_path):
+    """The embedded PostgreSQL's data folder unusable -- a file, a folder holding something else,
+    a server's data not the proxy's to read: each command says why in one line (the error of
+    initdb or pg_ctl, or the system's), `serve` exits 3 as for a database it cannot reach -- they
+    were tracebacks, and `serve` logged the server's whole log as one line."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    (tmp_path / "junk" / "pgdata").mkdir(parents=True)
+    (tmp_path / "junk" / "pgdata" / "notes.txt").write_text("not a database")
+    for data, why in ((a_file, f"not a folder: {a_file}"), (tmp_path / "junk", "exists but is not empty")):
+        env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(data), "BRANCHPOINT_CONFIG": ""}
+        env.pop("BRANCHPOINT_DATABASE_URL", None)
+        for command, code in ((["check"], 1), (["serve", "--port", str(free_port())], 3),
+                              (["serve", "--workers", "2", "--port", str(free_port())], 3)):
+            done = subprocess.run([sys.executable, "-m", "proxy.cli", *command], env=env, capture_output=True,
+                                  timeout=120)
+            err = done.stderr.decode()
+            assert done.returncode == code, (command, done.returncode, err[-1000:])
+            assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (command, err[-2000:])
+
+
 def test_invalid_config_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nlease_seconds = -1\n")

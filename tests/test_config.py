@@ -143,6 +143,26 @@ def test_an_invalid_upstream_url_from_the_environment_is_refused():
     assert load_settings(None, env={"BRANCHPOINT_DATABASE_URL": "postgresql:///bp?host=/run/postgresql"}).database.url
 
 
+@pytest.mark.parametrize("url", ["postgresql://u:p@127.0.0.1:99999/x", "postgresql://u:p@127.0.0.1:abc/x",
+                                 "postgresql://h1:5432,h2:70000/x", "postgresql://h:0/x"])
+def test_a_database_url_whose_port_is_none_is_refused_saying_so(url):
+    """(asyncpg raised OverflowError or ValueError for these at the first connection: a traceback
+    from every command)"""
+    with pytest.raises(SettingsError, match="port"):
+        load_settings(None, env={"BRANCHPOINT_DATABASE_URL": url})
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:p@127.0.0.1:5432/x", "postgresql://h1:5432,h2:5433/x",
+                                 "postgresql://u:p@[::1]:6432/x", "postgresql://h1,h2/x", "postgresql:///x?host=/tmp"])
+def test_database_urls_libpq_takes_are_taken(url):
+    assert load_settings(None, env={"BRANCHPOINT_DATABASE_URL": url}).database.url == url
+
+
+def test_an_upstream_url_whose_port_is_none_is_refused():
+    with pytest.raises(SettingsError, match="base_url"):
+        load_settings(None, env={"BRANCHPOINT_UPSTREAM_URL": "http://127.0.0.1:99999/v1"})
+
+
 def test_serve_refuses_a_port_out_of_range():
     from click.testing import CliRunner
 

@@ -108,6 +108,9 @@ def test_the_command_prunes_after_a_dry_run(stocked):
 
     missing = cli(url)  # no --idle-days and none configured
     assert missing.exit_code == 2 and "--idle-days" in missing.output
+    for days in ("nan", "inf", "1e300", "1e6"):  # (a traceback each: a date out of range, nan as a number)
+        refused = cli(url, "--idle-days", days, "--dry-run")
+        assert refused.exit_code == 2 and "--idle-days" in refused.output and "Traceback" not in refused.output, days
 
 
 def test_a_conversation_a_call_holds_is_left_for_a_later_run(stocked):

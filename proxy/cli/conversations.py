@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,14 +13,23 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from config import MOST_SECONDS
+
 from .common import config_option, console, conversations, database, find_conversation, run, settings_of
 
 __all__ = ["export", "import_", "prune"]
 
 
+def _finite(value: float | None, param: click.Parameter) -> float | None:
+    if value is not None and not math.isfinite(value):  # (nan passes a range: no comparison holds)
+        raise click.BadParameter(f"{value} is not a number of days", param=param)
+    return value
+
+
 @conversations.command("prune")
 @config_option
-@click.option("--idle-days", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--idle-days", type=click.FloatRange(min=0, min_open=True, max=MOST_SECONDS // 86400), default=None,
+              callback=lambda ctx, param, value: _finite(value, param),
               help="Delete conversations idle this many days (default: [retention] idle_days).")
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 def prune(config_file: str | None, idle_days: float | None, dry_run: bool) -> None:

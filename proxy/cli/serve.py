@@ -1,5 +1,5 @@
 """``branchpoint serve``: the proxy under uvicorn, one process or several workers (sharing the
-embedded PostgreSQL, started once here, when no database URL is configured)."""
+embedded PostgreSQL, started here, when no database URL is configured)."""
 
 from __future__ import annotations
 
@@ -33,15 +33,21 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
     if settings.database.url:
         _require_reachable(settings)
     server = settings.server
-    # several workers: the embedded server (if any) is started once, here, and shared
+    # the embedded server (if any) is started here, before the app: one that cannot start is said in
+    # one line (exit 3); the app attaches to it, and several workers share it
     embedded = None
-    if workers > 1 and not settings.database.url:
-        from storage import migrate, start_embedded
+    if not settings.database.url:
+        from storage import StorageError, migrate, start_embedded
 
-        embedded = start_embedded(settings.database.data_dir or None,
-                                  batch_scheduling=settings.database.embedded_batch_scheduling)
-        os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
-        asyncio.run(migrate(embedded.uri))
+        try:
+            embedded = start_embedded(settings.database.data_dir or None,
+                                      batch_scheduling=settings.database.embedded_batch_scheduling)
+        except StorageError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            raise SystemExit(_STARTUP_FAILURE) from None
+        if workers > 1:
+            os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
+            asyncio.run(migrate(embedded.uri))
     if workers > 1 and config_file:
         os.environ["BRANCHPOINT_CONFIG"] = os.path.abspath(config_file)
     config = uvicorn.Config(
