@@ -480,6 +480,9 @@ def test_import_with_a_key_gives_the_conversation_to_that_keys_tenant(populated,
     assert imported(local, "anything", "for-local").exit_code == 0
     refused = imported(keys, "sk-stranger-0123456789", "for-nobody")
     assert refused.exit_code != 0 and "invalid API key" in refused.output
+    empty = CliRunner().invoke(main, ["conversations", "import", str(out), "--as", "for-no-one", "--tenant", " "],
+                               env=env)  # (a tenant no key has: nobody could reach it)
+    assert empty.exit_code != 0 and "--tenant is empty" in empty.output
     owners = dict(Db(url).fetch("SELECT id, tenant FROM conversations WHERE id LIKE 'for-%'"))
     assert owners == {"for-team-a": "team-a", "for-local": "local"}
     with serve_proxy(make_settings(url, upstream_url, auth={"mode": "keys", "keys": [

@@ -124,6 +124,8 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
 
     if (tenant is None) == (key is None):
         raise click.ClickException("name the owner with exactly one of --tenant and --key")
+    if tenant is not None and not tenant.strip():  # (no key's tenant is empty: nobody could reach it)
+        raise click.ClickException("--tenant is empty: name the tenant that will own the conversation")
     settings = settings_of(config_file)
     if tenant is None:  # the key's tenant as the proxy reads it, in the configured auth mode
         try:
