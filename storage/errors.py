@@ -126,7 +126,9 @@ def map_db_errors(*, sent: bool = False) -> Iterator[None]:
     except StorageError:
         raise
     except _UNAVAILABLE as exc:
-        raise StorageUnavailable(f"database unavailable: {type(exc).__name__}",
+        # (a setting of the URL the driver refuses says which and why -- never the URL itself)
+        why = f": {str(exc)[:200]}" if isinstance(exc, asyncpg.exceptions.ClientConfigurationError) else ""
+        raise StorageUnavailable(f"database unavailable: {type(exc).__name__}{why}",
                                  sent=sent and not isinstance(exc, _ROLLED_BACK)) from exc
     except asyncpg.PostgresError as exc:
         refusal = _REFUSALS.get(getattr(exc, "sqlstate", "") or "")

@@ -386,6 +386,14 @@ def test_an_embedded_database_that_cannot_start_is_said_in_one_line(tmp_path):
             assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (command, err[-2000:])
 
 
+def test_a_url_setting_the_driver_refuses_is_named():
+    """(said as "database unavailable: ClientConfigurationError", nothing to go on)"""
+    result = CliRunner().invoke(main, ["check"], env={
+        "BRANCHPOINT_DATABASE_URL": "postgresql://u:secretpw@127.0.0.1:1/x?sslmode=bogus", "BRANCHPOINT_CONFIG": ""})
+    assert result.exit_code == 1 and "`sslmode` parameter must be one of" in result.output
+    assert "secretpw" not in result.output
+
+
 def test_invalid_config_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nlease_seconds = -1\n")
