@@ -394,6 +394,16 @@ def test_a_url_setting_the_driver_refuses_is_named():
     assert "secretpw" not in result.output
 
 
+def test_arguments_that_are_no_number_or_place_are_refused_before_the_database(tmp_path):
+    """(--grace nan took every pending node as stuck, or none; a backup into a missing folder was
+    said as "the database failed")"""
+    env = {"BRANCHPOINT_DATABASE_URL": "postgresql://u:p@127.0.0.1:1/x", "BRANCHPOINT_CONFIG": ""}
+    for args, said in ((["check", "--grace", "nan"], "nan is not a number"), (["check", "--grace", "inf"], "--grace"),
+                       (["backup", str(tmp_path / "missing" / "f.dump")], "no folder")):
+        result = CliRunner().invoke(main, args, env=env)
+        assert result.exit_code == 2 and said in result.output, (args, result.output)
+
+
 def test_invalid_config_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[server]\nlease_seconds = -1\n")

@@ -5,6 +5,7 @@ a command's coroutine, and finding a conversation by id."""
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +16,8 @@ from rich.console import Console
 
 from config import Settings, SettingsError, load_settings
 
-__all__ = ["config_option", "console", "conversations", "database", "find_conversation", "main", "run", "settings_of"]
+__all__ = ["config_option", "console", "conversations", "database", "find_conversation", "finite", "main", "run",
+           "settings_of"]
 
 config_option = click.option("--config", "config_file", default=None, type=click.Path(dir_okay=False),
                               help="TOML config file (also BRANCHPOINT_CONFIG).")
@@ -66,6 +68,14 @@ async def _require_schema(db: Any) -> None:
     if max(applied) < latest:
         raise click.ClickException(f"the database schema is at version {max(applied)}, this Branchpoint needs "
                                    f"{latest}: run `branchpoint migrate` first")
+
+
+def finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback: a number option's value is a number (nan passes any range: no comparison
+    with it holds; a range's bound keeps out inf)."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number", ctx=ctx, param=param)
+    return value
 
 
 def run(coro: Any) -> Any:

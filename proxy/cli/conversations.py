@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,21 +14,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from config import MOST_SECONDS
 
-from .common import config_option, console, conversations, database, find_conversation, run, settings_of
+from .common import config_option, console, conversations, database, find_conversation, finite, run, settings_of
 
 __all__ = ["export", "import_", "prune"]
-
-
-def _finite(value: float | None, param: click.Parameter) -> float | None:
-    if value is not None and not math.isfinite(value):  # (nan passes a range: no comparison holds)
-        raise click.BadParameter(f"{value} is not a number of days", param=param)
-    return value
 
 
 @conversations.command("prune")
 @config_option
 @click.option("--idle-days", type=click.FloatRange(min=0, min_open=True, max=MOST_SECONDS // 86400), default=None,
-              callback=lambda ctx, param, value: _finite(value, param),
+              callback=finite,
               help="Delete conversations idle this many days (default: [retention] idle_days).")
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 def prune(config_file: str | None, idle_days: float | None, dry_run: bool) -> None:

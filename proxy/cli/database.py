@@ -10,7 +10,9 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .common import config_option, console, database, main, run, settings_of
+from config import MOST_SECONDS
+
+from .common import config_option, console, database, finite, main, run, settings_of
 
 __all__ = ["backup", "check", "migrate", "restore"]
 
@@ -48,6 +50,8 @@ def backup(file: Path, config_file: str | None) -> None:
     """Back the whole database up into FILE (pg_dump's custom format; the embedded database too)."""
     from storage.backup import backup as dump
 
+    if not file.resolve().parent.is_dir():  # (said as "the database failed" once pg_dump could not write it)
+        raise click.BadParameter(f"no folder {str(file.resolve().parent)!r} to write it in", param_hint="FILE")
     settings = settings_of(config_file)
 
     async def go() -> None:
@@ -91,7 +95,7 @@ def restore(file: Path, replace: bool, config_file: str | None) -> None:
 
 @main.command()
 @config_option
-@click.option("--grace", default=30.0, show_default=True, type=float,
+@click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(0, MOST_SECONDS), callback=finite,
               help="Seconds past a lease's expiry before a pending node counts as stuck.")
 def check(config_file: str | None, grace: float) -> None:
     """Check the storage invariants; exits 1 when any is violated."""
