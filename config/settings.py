@@ -310,18 +310,19 @@ def _url_ok(url: str, schemes: tuple[str, ...]) -> bool:
         return False
 
 
-def _bad_port(url: str) -> str | None:
-    """A port of the URL's host (each of a PostgreSQL URL's several: ``h1:5432,h2:5433``) that is
-    not one -- not a number, or past 65535 -- as written; None when every port is one or none is
-    given."""
+def _bad_port(url: str) -> bool:
+    """Does a host of the URL (each of a PostgreSQL URL's several: ``h1:5432,h2:5433``) give a
+    port that is none -- not a number (percent-encoded digits are one), or out of 1..65535? An
+    unencoded ``#``, ``?`` or ``/`` in a password ends the address there, and what follows its
+    ``:`` reads as the port: the value is never said (it may be the password)."""
     for host in urllib.parse.urlsplit(url).netloc.rpartition("@")[2].split(","):
-        try:
-            port = urllib.parse.urlsplit(f"//{host}").port
-        except ValueError:
-            return host.rpartition(":")[2]
-        if port == 0:
-            return "0"
-    return None
+        after = host.rpartition("]")[2] if host.startswith("[") else host  # (an IPv6 address: its port after ])
+        if ":" not in after:
+            continue
+        port = urllib.parse.unquote(after.rpartition(":")[2])
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            return True
+    return False
 
 
 # The longest span a setting may give (about 31 years): a lease's end and retention's cutoff are
@@ -344,8 +345,9 @@ def _validate(settings: Settings) -> None:
         raise SettingsError("database.command_timeout and database.connect_timeout must be > 0")
     if d.url and not _url_ok(d.url, ("postgres", "postgresql")):
         raise SettingsError("database.url (BRANCHPOINT_DATABASE_URL) must be a postgresql:// URL")
-    if d.url and (port := _bad_port(d.url)) is not None:
-        raise SettingsError(f"database.url (BRANCHPOINT_DATABASE_URL): the port {port!r} is not one (1..65535)")
+    if d.url and _bad_port(d.url):
+        raise SettingsError("database.url (BRANCHPOINT_DATABASE_URL): a port is not a number in 1..65535 -- a '#', "
+                            "'?' or '/' in the user name or password must be percent-encoded (%23, %3F, %2F)")
     if min(u.connect_timeout, u.read_timeout, u.write_timeout, u.pool_timeout) <= 0 or u.keepalive_expiry < 0:
         raise SettingsError("upstream_defaults' timeouts must be > 0 (and keepalive_expiry >= 0)")
     if u.max_connections < 1:
@@ -356,9 +358,10 @@ def _validate(settings: Settings) -> None:
         raise SettingsError(f"upstream_defaults.ca_bundle: no such file {u.ca_bundle!r}")
     for upstream in settings.upstreams:
         if (not _url_ok(upstream.base_url, ("http", "https")) or any(c in upstream.base_url for c in "?#")
-                or _bad_port(upstream.base_url) is not None):
+                or _bad_port(upstream.base_url)):
             raise SettingsError(f"upstreams {upstream.name!r}: base_url must be an http:// or https:// URL without "
-                                "a query or fragment -- each endpoint's path goes after it -- "
+                                "a query or fragment, its port (if any) a number in 1..65535 -- each endpoint's path "
+                                "goes after it -- "
                                 f"(BRANCHPOINT_UPSTREAM_URL for the default one), not {upstream.base_url!r}")
     seen: set[str] = set()
     for entry in settings.auth.keys:

@@ -65,11 +65,13 @@ async def _gone(watch: asyncio.Future[None], reading: float) -> bool:
 
 class Failed(Exception):
     """A rung of the failure ladder: the call fails with ``failure`` (answered with ``headers``,
-    else the node's)."""
+    else the node's; ``usage``: what the upstream said it spent, when it answered)."""
 
-    def __init__(self, failure: Failure, headers: list[tuple[str, str]] | None = None) -> None:
+    def __init__(self, failure: Failure, headers: list[tuple[str, str]] | None = None,
+                 usage: dict[str, Any] | None = None) -> None:
         self.failure = failure
         self.headers = headers
+        self.usage = usage
 
 
 class Answers:
@@ -102,7 +104,8 @@ class Answers:
         if await _gone(watch, time.perf_counter() - read):
             # the client gave up while the answer was read: it never had it, so it is nobody's
             # context -- an SDK that timed out sends the question again, to hang beside this node
-            raise Failed(client_disconnected("the client disconnected before the answer reached it"))
+            raise Failed(client_disconnected("the client disconnected before the answer reached it"),
+                         usage=answer.usage)  # (paid for all the same: counted)
         # the client's response is made whole before the answer is stored: once stored it is the
         # next call's context, so nothing may fail between the two (a 500 the client retries, its
         # question piling up under answers it never got)

@@ -9,8 +9,9 @@
      ├── NotFound                       404
      │    ├── NodeNotFound              404 node_not_found
      │    └── ConversationNotFound      404 conversation_not_found
-     ├── Conflict                       409 (conversation_exists, node_pending)  x-should-retry: false
-     │    ├── ConversationBusy          409 conversation_busy                    (retryable)
+     ├── Conflict                       409 (conversation_exists)  x-should-retry: false
+     │    ├── ConversationBusy          409 conversation_busy          (retryable)
+     │    ├── NodeInFlight              409 node_pending               (retryable)
      │    └── ParentBeforeCompaction    409 parent_before_compaction  x-should-retry: false
      ├── RequestTimeout                 408 request_timeout (the client's body did not arrive in time)
      └── UpstreamFailure                (the upstream could not give an answer)
@@ -43,6 +44,7 @@ __all__ = [
     "CrossSiteRefused",
     "InvalidConversationId",
     "InvalidRequest",
+    "NodeInFlight",
     "NodeNotFound",
     "NotFound",
     "ParentBeforeCompaction",
@@ -118,11 +120,15 @@ class ConversationNotFound(NotFound, code="conversation_not_found"): ...
 
 
 class Conflict(BranchpointError, status=409, type_="conflict_error", code="conflict"):
-    retryable = False  # (a name taken, a node in flight, a parent compacted away: the same again)
+    retryable = False  # (a name taken, a parent compacted away: the same again)
 
 
 class ConversationBusy(Conflict, code="conversation_busy"):
     retryable = True  # (the turn in flight ends: the SDK's retry may then go through)
+
+
+class NodeInFlight(Conflict, code="node_pending"):
+    retryable = True  # (the same: once the node's call has ended)
 
 
 class ParentBeforeCompaction(Conflict, code="parent_before_compaction"): ...
@@ -156,5 +162,5 @@ def from_refusal(exc: storage.Refused, *, param: str | None = None) -> Branchpoi
     if isinstance(exc, storage.ConversationExists):
         return Conflict(message, code="conversation_exists", param=param or "conversation_id")
     if isinstance(exc, storage.NodePending):
-        return Conflict(message, code="node_pending", param=param or "node_id")
+        return NodeInFlight(message, param=param or "node_id")
     return InvalidRequest(message, param=param)

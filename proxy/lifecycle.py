@@ -215,7 +215,7 @@ class CallLifecycle:
                         if compacted is not None:
                             path = compacted
                             continue
-                    return await self._fail(started, failed.failure, failed.headers)
+                    return await self._fail(started, failed.failure, failed.headers, usage=failed.usage)
         except asyncio.CancelledError:
             if started.finished:  # (a node is finished once; ``Outcomes.finish`` handles its own cancellation)
                 raise

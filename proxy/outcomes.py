@@ -25,10 +25,8 @@ __all__ = ["Outcomes"]
 
 log = logging.getLogger("branchpoint.call")
 
-# failures the proxy words itself (proxy/errors.py, proxy/failures.py): their message is logged
-_OWN_WORDS = frozenset({"upstream_unreachable", "upstream_timeout", "upstream_bad_response",
-                        "upstream_response_too_large", "upstream_headers_too_large", "interrupted",
-                        "stream_interrupted", "client_disconnected", "storage_refused", "internal_error"})
+# the proxy's own failures that are not transient (lifecycle.run: a failure of the proxy's code)
+_OWN_FAULTS = frozenset({"internal_error", "storage_refused"})
 
 
 class Outcomes:
@@ -182,9 +180,9 @@ class Outcomes:
                       "outcome": outcome.value, "code": code, "model": call.body.get("model"),
                       "upstream": ran.provider if ran is not None else None,
                       "status": error.status if error else None}
-            if error is not None and code in _OWN_WORDS:  # (an upstream's words may quote the request: not logged)
-                fields["error"] = error.message[:300]
-            # what an operator acts on (the upstream failing, a call cut by the proxy) at warning;
-            # a client's own doing (it left, its request refused, its context too long) at info
-            failing = outcome is Outcome.TRANSIENT and code != "client_disconnected"
+            # (no message: an upstream's -- which may quote the request -- can carry any code,
+            # ours among them; the code, the status and the upstream say what failed)
+            # what an operator acts on (the upstream failing, the proxy's own error) at warning; a
+            # client's own doing (it left, its request refused, its context too long) at info
+            failing = (outcome is Outcome.TRANSIENT and code != "client_disconnected") or code in _OWN_FAULTS
             log.log(logging.WARNING if failing else logging.INFO, "call failed", extra=fields)

