@@ -92,7 +92,12 @@ class Answers:
         is not what was asked for (``not_a_completion``) -- each raising ``Failed``."""
         stream = started.call.stream
         t0 = time.perf_counter()
-        response, content = await self._response(started, request, watch, own_key=own_key)
+        try:
+            response, content = await self._response(started, request, watch, own_key=own_key)
+        except Failed:
+            if stream:  # (a stream's upstream time is counted when it ends -- and when it never began)
+                _upstream_time(time.perf_counter() - t0)
+            raise
         relay_headers = response_headers(response.headers, started.secrets, own_key=own_key) + started.headers()
         if stream:
             return self._relay(started, response, relay_headers, exchange, t0)

@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -126,6 +127,27 @@ def test_structured_logs_with_ids_and_no_contents(proxy, upstream, key, cid, cap
     assert line["conversation_id"] == cid and line["node_id"] == r.headers["x-node-id"]
     assert line["status"] == 200 and line["duration_ms"] > 0 and line["route"] == "/v1/chat/completions"
     assert all(secret_text not in json.dumps(x) for x in lines)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_wait_for_an_upstream_the_client_left_is_upstream_time(proxy, upstream, key, cid, caplog, stream):
+    """A client that gave up while the upstream kept it waiting: the wait is the upstream's
+    (upstream_ms, branchpoint_upstream_seconds), not the proxy's own -- a stream's was counted as
+    the proxy's (its upstream time is counted when it ends: this one never began)."""
+    caplog.set_level(logging.INFO, logger="branchpoint.access")
+    hold = threading.Event()
+    upstream.enqueue(Reply(hold=hold))
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{proxy.url}/v1/chat/completions", timeout=0.6, headers={
+                "Authorization": f"Bearer {key}", "X-Conversation-Id": cid, "X-Request-Id": f"req-left-{stream}"},
+                json={"model": MODEL, "messages": [user("q")], "stream": stream})
+        formatter = JsonFormatter()
+        line = wait_for(lambda: next((x for x in (json.loads(formatter.format(r)) for r in caplog.records)
+                                      if x.get("request_id") == f"req-left-{stream}"), None), 10, "the access line")
+    finally:
+        hold.set()
+    assert line["upstream_ms"] >= 500 and line["upstream_ms"] <= line["duration_ms"], line
 
 
 def test_text_logs_carry_the_same_ids_and_fields(proxy, upstream, key, cid, caplog):
