@@ -25,6 +25,11 @@ __all__ = ["Outcomes"]
 
 log = logging.getLogger("branchpoint.call")
 
+def _bounded(model: Any) -> str | None:
+    """A client's model name as a log line holds it: any length may come."""
+    return model[:200] if isinstance(model, str) else None
+
+
 # the proxy's own failures that are not transient (lifecycle.run: a failure of the proxy's code)
 _OWN_FAULTS = frozenset({"internal_error", "storage_refused"})
 
@@ -177,7 +182,7 @@ class Outcomes:
             code = error.code if error else None
             ran = started.begun.ran if started.begun is not None else None
             fields = {"conversation_id": started.conversation_id, "node_id": str(started.node_id),
-                      "outcome": outcome.value, "code": code, "model": call.body.get("model"),
+                      "outcome": outcome.value, "code": code, "model": _bounded(call.body.get("model")),
                       "upstream": ran.provider if ran is not None else None,
                       "status": error.status if error else None}
             # (no message: an upstream's -- which may quote the request -- can carry any code,
