@@ -312,3 +312,9 @@ def test_a_plain_text_overflow_is_an_overflow_too(client, upstream, cid, db):
     node = db.node(e.response.headers["x-node-id"])
     assert node["outcome"] == "overflow" and node["error"]["code"] == "context_overflow"
     assert db.head(cid) == h1["x-node-id"]
+
+
+def test_a_log_line_holds_a_bounded_model_name():
+    from proxy.outcomes import _bounded
+
+    assert _bounded("gpt-x") == "gpt-x" and len(_bounded("m" * 100_000)) == 200 and _bounded({"no": 1}) is None
