@@ -25,6 +25,7 @@ __all__ = ["Outcomes"]
 
 log = logging.getLogger("branchpoint.call")
 
+
 def _bounded(model: Any) -> str | None:
     """A client's model name as a log line holds it: any length may come."""
     return model[:200] if isinstance(model, str) else None

@@ -74,6 +74,7 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
             if any(process.exitcode == _STARTUP_FAILURE for process in supervisor.processes):
                 raise SystemExit(_STARTUP_FAILURE)  # (a worker could not start: not a clean stop)
     finally:
+        signal.signal(signal.SIGTERM, default_term)  # (a start-up that failed: the handler is not left behind)
         if embedded:
             embedded.stop()
 
