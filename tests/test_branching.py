@@ -194,6 +194,7 @@ def test_a_fork_never_starts_on_a_call_in_flight(proxy, upstream, key, cid, db):
                            what="the side call in flight")
         r = http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": f"{cid}-f", "node_id": str(pending)})
         assert r.status_code == 409 and r.json()["error"]["code"] == "node_pending"
+        assert "x-should-retry" not in r.headers  # (the call in flight ends: asking again may go through)
         assert http.get(f"/admin/conversations/{cid}-f").status_code == 404  # nothing made
     finally:
         hold.set()
@@ -276,7 +277,8 @@ def test_fork_from_a_given_node_and_errors(proxy, upstream, key, cid):
     assert r.json()["head_node_id"] == first["x-node-id"]
     say(client, fork, user("from the first"))
     assert upstream.last.messages == [user("first"), {"role": "assistant", "content": "echo: first"}, user("from the first")]
-    assert http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": fork}).json()["error"]["code"] == "conversation_exists"
+    taken = http.post(f"/admin/conversations/{cid}/fork", json={"conversation_id": fork})
+    assert taken.json()["error"]["code"] == "conversation_exists" and taken.headers["x-should-retry"] == "false"
     assert http.post(f"/admin/conversations/{cid}-nope/fork", json={}).status_code == 404
     assert http.post(f"/admin/conversations/{cid}/fork", json={"node_id": "01a22aa9-0000-7000-8000-000000000000"}).json()["error"]["code"] == "node_not_found"
     assert http.post(f"/admin/conversations/{cid}/fork", json={"bogus": 1}).status_code == 400

@@ -95,8 +95,13 @@ def answer_items(node: NodeRow) -> list[dict[str, Any]]:
     conversation's items list or the node read as a response shows them."""
     if node.api == "responses":
         return list(node.received or [])
+    return _translated(node, message_path([node])[0].received)
+
+
+def _translated(node: NodeRow, received: list[Any] | None) -> list[dict[str, Any]]:
+    """A chat or Messages node's answer (its messages as assembly reads them) as output items."""
     out: list[dict[str, Any]] = []
-    for message in message_path([node])[0].received or ():
+    for message in received or ():
         if isinstance(message, dict) and message.get("role") == "assistant":
             out.extend(translate.output_items(_signed(message), node.id, node.params.get("tools"), node.provider))
     return out
@@ -109,9 +114,11 @@ def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
     with_received = answers and node.status == "success"
     if node.api == "responses":
         sent = list(node.sent[1:] if has_instructions(node) else node.sent)
-    else:
-        sent = to_items(message_path([node])[0].sent)
-    received = answer_items(node) if with_received else []
+        received = list(node.received or []) if with_received else []
+    else:  # (its messages read once, for both halves)
+        chat = message_path([node])[0]
+        sent = to_items(chat.sent)
+        received = _translated(node, chat.received) if with_received else []
     given = node.params.get(ITEM_IDS) if node.kind == "items" else None
     out = []
     for i, item in enumerate(sent):
