@@ -1,5 +1,7 @@
-"""'Any existing OpenAI client' in a second language: the official openai Node package drives
-Branchpoint -- a turn, a streamed turn and an edit via X-Parent-Node-Id."""
+"""The clients of a second language: the official openai and Anthropic Node packages drive
+Branchpoint (a turn, a streamed turn, an edit via X-Parent-Node-Id; a tool round over the Messages
+API, natively and translated), and the Vercel AI SDK's OpenAI and Anthropic providers resend their
+whole history through /auto."""
 
 import json
 import os
@@ -7,7 +9,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent / "node"
+_PACKAGES = ("openai", "@anthropic-ai/sdk", "ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "zod")
 
 
 def _run_node(script: str, env: dict[str, str]) -> dict:
@@ -16,7 +21,7 @@ def _run_node(script: str, env: dict[str, str]) -> dict:
     npm), and a machine without it fails here rather than skipping what the README claims."""
     assert shutil.which("node") and shutil.which("npm"), \
         "Node.js (node and npm) is needed for the Node SDK tests: apt-get install nodejs npm"
-    if not all((HERE / "node_modules" / name).exists() for name in ("openai", "ai", "@ai-sdk/openai", "zod")):
+    if not all((HERE / "node_modules" / name).exists() for name in _PACKAGES):
         result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=HERE, capture_output=True, text=True,
                                 timeout=300)
         assert result.returncode == 0, f"npm ci failed (the npm registry must be reachable): {result.stderr[-2000:]}"
@@ -80,3 +85,100 @@ def test_the_vercel_ai_sdk_default_provider_speaks_responses(proxy, upstream, ke
     assert seen["first"]["conversation"] == cid and seen["second"]["mode"] == "full"
     rows = db.fetch("SELECT api, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
     assert [r["api"] for r in rows] == ["responses"] * 3
+
+
+@pytest.mark.parametrize("model", ["claude-x", "gpt-4o-mini"], ids=["anthropic-upstream", "chat-upstream"])
+def test_the_anthropic_node_sdk_drives_a_tool_round(mproxy, claude, upstream, key, cid, model):
+    """The official Anthropic Node package under /c/<id>: a tool_use answer, its tool_result sent
+    back as the only new message and the answer streamed, an edit of the first question, and a
+    parent that is not there -- natively over an Anthropic upstream and translated over a chat one.
+    Each upstream request holds the path once; the edit holds nothing of the tool round."""
+    from .anthropic_fake import AReply
+    from .fakes import Reply
+    from .helpers import tool_call
+
+    native = model.startswith("claude")
+    if native:
+        claude.enqueue(AReply(content=[{"type": "text", "text": "Looking."},
+                                       {"type": "tool_use", "id": "toolu_n1", "name": "Bash", "input": {"command": "ls"}}],
+                              stop_reason="tool_use"),
+                       AReply(content=[{"type": "text", "text": "Two text files."}]),
+                       AReply(content=[{"type": "text", "text": "One folder up."}]))
+    else:
+        upstream.enqueue(Reply(content="Looking.", tool_calls=[tool_call("toolu_n1", "Bash", '{"command": "ls"}')]),
+                         Reply(content="Two text files."), Reply(content="One folder up."))
+    seen = _run_node("anthropic.mjs", {"BASE_URL": mproxy.url, "API_KEY": key, "CONVERSATION": cid, "MODEL": model})
+
+    first, second, edit = seen["first"], seen["second"], seen["edit"]
+    assert first["stop"] == "tool_use" and first["call"] == {"id": "toolu_n1", "name": "Bash", "input": {"command": "ls"}}
+    assert first["conversation"] == cid and first["parent"] == "root"
+    assert second["text"] == "Two text files." and second["stop"] == "end_turn"
+    assert second["parent"] == first["node"]
+    assert second["events"][0] == "message_start" and second["events"][-1] == "message_stop"
+    assert edit["text"] == "One folder up." and edit["parent"] == "root"
+    assert seen["error"] == {"name": "NotFoundError", "status": 404, "type": "not_found_error",
+                             "body": seen["error"]["body"]}
+    assert seen["error"]["body"]["type"] == "error"
+
+    if native:
+        got = [r.body for r in claude.calls[-3:]]
+        assert [b["system"] for b in got[:2]] == ["You run commands."] * 2 and "system" not in got[2]
+        assert got[1]["messages"] == [
+            {"role": "user", "content": "What is in this folder?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Looking."},
+                                              {"type": "tool_use", "id": "toolu_n1", "name": "Bash",
+                                               "input": {"command": "ls"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_n1", "content": "a.txt b.txt"}]}]
+        assert got[1]["stream"] is True
+        assert got[2]["messages"] == [{"role": "user", "content": "What is in the parent folder?"}]
+    else:
+        got = upstream.turn_requests[-3:]
+        assert got[1].messages[0] == {"role": "system", "content": "You run commands."}
+        assert [m["role"] for m in got[1].messages] == ["system", "user", "assistant", "tool"]
+        assert got[1].messages[2]["tool_calls"][0]["id"] == "toolu_n1"
+        assert got[1].messages[3]["tool_call_id"] == "toolu_n1" and "a.txt b.txt" in json.dumps(got[1].messages[3])
+        assert got[1].body["stream"] is True
+        assert [m["role"] for m in got[2].messages] == ["user"]
+        assert got[2].messages[0]["content"] in ("What is in the parent folder?",
+                                                 [{"type": "text", "text": "What is in the parent folder?"}])
+
+
+@pytest.mark.parametrize("model", ["claude-x", "gpt-4o-mini"], ids=["anthropic-upstream", "chat-upstream"])
+def test_the_vercel_ai_sdk_anthropic_provider_resending_its_history(mproxy, claude, upstream, key, db, model):
+    """The Vercel AI SDK's Anthropic provider (``@ai-sdk/anthropic``) at /auto/v1: a tool loop,
+    then a streamed follow-up, each call resending the whole history. Found by content; the
+    upstream receives the history once, as the SDK sent it; each node stores only what was new."""
+    from .anthropic_fake import AReply
+    from .fakes import Reply
+    from .helpers import tool_call
+
+    native = model.startswith("claude")
+    if native:
+        claude.enqueue(AReply(content=[{"type": "tool_use", "id": "toolu_v1", "name": "weather", "input": {"city": "Paris"}}],
+                              stop_reason="tool_use"),
+                       AReply(content=[{"type": "text", "text": "It is 21 C in Paris."}]),
+                       AReply(content=[{"type": "text", "text": "Tomorrow too."}]))
+    else:
+        upstream.enqueue(Reply(content=None, tool_calls=[tool_call("toolu_v1", "weather", '{"city": "Paris"}')]),
+                         Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
+    seen = _run_node("vercel.mjs", {"BASE_URL": mproxy.url, "API_KEY": key, "PROVIDER_API": "anthropic", "MODEL": model})
+    assert seen["first"]["text"] == "It is 21 C in Paris." and seen["second"]["text"] == "Tomorrow too."
+    assert len(seen["sent"]) == 3 and all("messages" in body for body in seen["sent"])
+    assert seen["sent"][2]["stream"] is True
+    cid = seen["second"]["conversation"]
+    assert cid.startswith("auto-") and seen["first"]["conversation"] == cid
+    assert seen["second"]["mode"] == "full" and seen["second"]["matched"] == "4"
+
+    if native:
+        got = [r.body for r in claude.calls[-3:]]
+        for sent, body in zip(seen["sent"], got, strict=True):
+            assert body["messages"] == sent["messages"]  # the SDK's own history, once
+    else:
+        got = upstream.turn_requests[-3:]
+        assert [[m["role"] for m in r.messages] for r in got] == [
+            ["user"], ["user", "assistant", "tool"], ["user", "assistant", "tool", "assistant", "user"]]
+        assert got[2].messages[2]["tool_call_id"] == got[2].messages[1]["tool_calls"][0]["id"] == "toolu_v1"
+        assert got[2].messages[-1]["content"] in ("And tomorrow?", [{"type": "text", "text": "And tomorrow?"}])
+    rows = db.fetch("SELECT api, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
+    assert [r["api"] for r in rows] == ["messages"] * 3
+    assert [len(r["sent"]) for r in rows] == [1, 1, 1]
