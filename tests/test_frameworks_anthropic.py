@@ -6,7 +6,9 @@ question, streamed and not, over a named conversation and under ``/auto``) and p
 resend their whole history; what is checked is what the upstream RECEIVED -- read as a list of
 plain turns, whichever API it speaks: each question once, every tool result after its call, the
 system prompt once, nothing of an edited-away branch -- and the tree stored: one node per call,
-holding only what was new, hung where its content goes, the head on the last answer."""
+holding only what was new, hung where its content goes, the head on the last answer. And a chat
+model's reasoning, a thinking block for an Anthropic client: pydantic-ai sends it back as it came
+only when it is signed, and Claude never gets it."""
 
 from __future__ import annotations
 
@@ -364,3 +366,99 @@ def test_pydantic_ai_anthropic_two_turns_with_a_tool(mproxy: Proxy, claude: Fake
     assert [n["parent_id"] for n in line] == [None, *(n["id"] for n in line[:-1])]
     assert {(n["api"], n["kind"], n["status"]) for n in line} == {("messages", "turn", "success")}
     assert [len(n["sent"]) for n in line] == [2, 1, 1, 1]  # system + question, then only what was new
+
+
+@pytest.mark.parametrize("where", ["conversation", "auto"])
+def test_pydantic_ai_anthropic_over_a_reasoning_chat_model(mproxy: Proxy, upstream: FakeUpstream, key: str,
+                                                           where: str) -> None:
+    """A chat model that reasons (``reasoning_content``: DeepSeek's, Qwen's ...) behind pydantic-ai's
+    AnthropicModel. pydantic-ai sends a thinking block back natively only when it is signed; an
+    unsigned one it rewrites as text in a user turn (``<assistant_thinking>``) with a framing
+    paragraph added to the system prompt. The proxy's thinking blocks for chat reasoning had an
+    empty signature: every later call then carried that rewritten history -- the model read its
+    own reasoning as the user's words -- and matched nothing stored, so each call started a new
+    conversation under /auto (a new root under /c/<id>) holding everything again. They carry a
+    signature of the proxy's own now, JSON and streamed alike, and the history comes back as it
+    was answered."""
+    import httpx2
+    from pydantic_ai import Agent
+    from pydantic_ai.models.anthropic import AnthropicModel, AnthropicModelSettings
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    cid = f"pyd-think-{uuid.uuid4().hex[:10]}"
+    recorder = Recorder()
+    upstream.enqueue(Reply(content=None, reasoning="Paris: look it up.", tool_calls=[
+        {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]),
+        Reply(content="It is 21 C in Paris.", reasoning="The tool said 21."),
+        Reply(content="Rome is 21 C too.", reasoning="Same as Paris."),
+        Reply(content="You are welcome.", reasoning="A thank-you."))
+
+    async def conversation() -> None:
+        base, headers = (f"{mproxy.url}/c/{cid}", {"X-Context-Mode": "full"}) if where == "conversation" \
+            else (f"{mproxy.url}/auto", {})
+        async with httpx2.AsyncClient(headers=headers, timeout=30, event_hooks=recorder.async_hooks()) as http:
+            model = AnthropicModel("gpt-x", provider=AnthropicProvider(api_key=key, base_url=base, http_client=http))
+            agent = Agent(model, instructions=SYSTEM, model_settings=AnthropicModelSettings(
+                anthropic_thinking={"type": "enabled", "budget_tokens": 1024}))
+
+            @agent.tool_plain
+            def weather(city: str) -> str:
+                """The weather in a city."""
+                return f"21 C in {city}"
+
+            first = await agent.run("Weather in Paris?")
+            async with agent.run_stream("And in Rome?", message_history=first.all_messages()) as second:
+                assert await second.get_output() == "Rome is 21 C too."
+            third = await agent.run("Thanks!", message_history=second.all_messages())  # (the streamed answer resent)
+            assert third.output == "You are welcome."
+
+    asyncio.run(conversation())
+    assert recorder.statuses == [200, 200, 200, 200]
+    for sent in recorder.sent:  # the history as answered: its thinking blocks signed, none rewritten as text
+        assert sent["system"] == [{"type": "text", "text": SYSTEM}] or sent["system"] == SYSTEM, sent["system"]
+        assert "assistant_thinking" not in json.dumps(sent["messages"])
+    received = [chat_turns(r.body) for r in upstream.turn_requests]
+    paris = [("system", SYSTEM), ("user", "Weather in Paris?"), ("assistant", "", (("call_1", *PARIS),)),
+             ("tool", "call_1", "21 C in Paris"), ("assistant", "It is 21 C in Paris.", ())]
+    rome = [("user", "And in Rome?"), ("assistant", "Rome is 21 C too.", ())]
+    assert received == [paris[:2], paris[:4], [*paris, *rome[:1]], [*paris, *rome, ("user", "Thanks!")]]
+
+    cid = recorder.conversation
+    assert recorder.modes == ["full"] * 4
+    nodes, head = tree(mproxy, key, cid)
+    line = [nodes[n] for n in recorder.nodes]
+    assert len(nodes) == 4 and head == line[-1]["id"]
+    assert [n["parent_id"] for n in line] == [None, *(n["id"] for n in line[:-1])]
+    assert [len(n["sent"]) for n in line] == [2, 1, 1, 1]
+
+
+@pytest.mark.parametrize("where", ["nowhere", "conversation"])
+def test_langchain_a_chat_models_reasoning_never_reaches_claude(mproxy: Proxy, claude: FakeAnthropic,
+                                                                upstream: FakeUpstream, key: str, where: str) -> None:
+    """LangChain's ChatAnthropic asks a chat model that reasons, then Claude, with the first answer
+    -- its thinking block, signed by the proxy -- in the history. Claude gets the answer's text and
+    not the thinking, which no Anthropic upstream would take back: in a named conversation (the
+    stored answer goes back to its producer only) and in a call that names none (passed through
+    as the client sent it, but for the proxy's own pieces)."""
+    from langchain_anthropic import ChatAnthropic
+    from langchain_core.messages import HumanMessage
+
+    cid = f"lc-think-{uuid.uuid4().hex[:10]}"
+    base, headers = (f"{mproxy.url}/c/{cid}", {"X-Context-Mode": "full"}) if where == "conversation" else (mproxy.url, {})
+
+    def llm(model: str) -> Any:
+        return ChatAnthropic(model=model, base_url=base, api_key=key, max_retries=0, max_tokens=2000,
+                             default_headers=headers, thinking={"type": "enabled", "budget_tokens": 1024})
+
+    upstream.enqueue(Reply(content="42", reasoning="Six times seven."))
+    history: list[Any] = [HumanMessage("The answer?")]
+    answer = llm("gpt-x").invoke(history)
+    thinking, text = answer.content
+    assert thinking["type"] == "thinking" and thinking["thinking"] == "Six times seven." and thinking["signature"]
+    assert text == {"type": "text", "text": "42"}
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Yes."}]))
+    assert llm("claude-x").invoke([*history, answer, HumanMessage("Sure?")]).text == "Yes."
+    assert claude.last.body["messages"] == [
+        {"role": "user", "content": "The answer?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "42"}]},
+        {"role": "user", "content": "Sure?"}]

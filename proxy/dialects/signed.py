@@ -27,7 +27,7 @@ import msgspec
 from ..assembly import KEPT, OPAQUE
 from .chat.completion import call_id
 
-__all__ = ["Kept", "blob", "ours", "read", "restore", "without_ours"]
+__all__ = ["Kept", "blob", "ours", "read", "restore", "thinking_signature", "without_ours"]
 
 _PREFIX = "bp-signed:"  # a blob of ours: base64 of a list of ``Kept``
 _STANDARD = frozenset({"id", "type", "function", "index"})
@@ -63,6 +63,14 @@ def blob(message: dict[str, Any], node_id: uuid.UUID, producer: str | None) -> s
     return _PREFIX + base64.b64encode(msgspec.json.encode(kept)).decode()
 
 
+def thinking_signature(producer: str | None) -> str:
+    """The signature of a ``thinking`` block made of another model's reasoning (a chat answer's
+    ``reasoning_content``): ours, naming its producer. Anthropic's blocks are always signed, and
+    clients go by it -- pydantic-ai sends an unsigned one back as text in a user turn, a history
+    that matches nothing stored; the block goes back to no upstream as it is (``ours``)."""
+    return _PREFIX + base64.b64encode(msgspec.json.encode([Kept(producer)])).decode()
+
+
 def ours(value: Any) -> bool:
     """Is ``value`` (an ``encrypted_content``, a ``redacted_thinking`` block's ``data``) a blob of ours?"""
     return isinstance(value, str) and value.startswith(_PREFIX)
@@ -81,7 +89,8 @@ def read(value: Any) -> list[Kept] | None:
 def without_ours(body: dict[str, Any]) -> bool:
     """Take our pieces out of a request passed through as the client sent it (in place): a
     Responses ``input``'s kept reasoning items, a Messages history's kept ``redacted_thinking``
-    blocks -- no upstream made them, and every one refuses them. Says whether any was there."""
+    blocks and the ``thinking`` blocks we signed -- no upstream made them, and every one refuses
+    them. Says whether any was there."""
     found = False
     items = body.get("input")
     if isinstance(items, list):
@@ -90,12 +99,15 @@ def without_ours(body: dict[str, Any]) -> bool:
         body["input"] = kept
     for message in body.get("messages") if isinstance(body.get("messages"), list) else ():
         content = message.get("content") if type(message) is dict else None
-        if isinstance(content, list) and any(type(b) is dict and b.get("type") == "redacted_thinking"
-                                             and ours(b.get("data")) for b in content):
-            message["content"] = [b for b in content if not (type(b) is dict and b.get("type") == "redacted_thinking"
-                                                             and ours(b.get("data")))]
+        if isinstance(content, list) and any(_our_block(b) for b in content):
+            message["content"] = [b for b in content if not _our_block(b)]
             found = True
     return found
+
+
+def _our_block(block: Any) -> bool:
+    return type(block) is dict and ((block.get("type") == "redacted_thinking" and ours(block.get("data")))
+                                    or (block.get("type") == "thinking" and ours(block.get("signature"))))
 
 
 def restore(message: dict[str, Any], kept: list[Kept]) -> None:

@@ -83,12 +83,12 @@ def finish_reason(stop: Any) -> str:
 
 def content_of(message: dict[str, Any], node_id: uuid.UUID, producer: str | None = None) -> list[dict[str, Any]]:
     """The content blocks of a chat assistant message, the answer of node ``node_id`` (reasoning as
-    a thinking block without a signature: no Anthropic upstream takes it back; a tool call without
-    an id given one, ``call_id``)."""
+    a thinking block signed by us, ``signed.thinking_signature``: no Anthropic upstream takes it
+    back; a tool call without an id given one, ``call_id``)."""
     blocks: list[dict[str, Any]] = []
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
-        blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+        blocks.append({"type": "thinking", "thinking": reasoning, "signature": signed.thinking_signature(producer)})
     blocks.extend(_parts_to_blocks(message.get("content")))
     if message.get("refusal") and not any(b.get("type") == "text" for b in blocks):
         blocks.append({"type": "text", "text": str(message["refusal"])})

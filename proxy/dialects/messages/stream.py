@@ -23,6 +23,7 @@ from ...failures import Failure
 from ...secrets import Masker, TextMasker
 from ...sse import DONE, UNREAD, payload, relayable, sse_error_event
 from ...surrogates import encode
+from .. import signed
 from ..chat.completion import call_id
 from ..chat.masking import MaskedChunks
 from ..chat.stream import StreamAccumulator, ended_without_done
@@ -204,8 +205,13 @@ class FromChat:
     def _stop(self) -> bytes:
         if self.open is None:
             return b""
+        # (a thinking block is signed as Anthropic signs it, a signature_delta last: ours, as the
+        # stored block and a whole answer have it, answers.content_of)
+        signature = _event("content_block_delta", {"index": self.open, "delta": {
+            "type": "signature_delta", "signature": signed.thinking_signature(self.provider)}}) \
+            if self.kind == "thinking" else b""
         index, self.open, self.kind = self.open, None, None
-        return _event("content_block_stop", {"index": index})
+        return signature + _event("content_block_stop", {"index": index})
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return _event("content_block_delta", {"index": self.open, "delta": delta})

@@ -276,7 +276,7 @@ def sendable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     its pattern, and no message without content but a last one (Anthropic refuses such a request,
     and each later one of the conversation, which sends it again). An empty message comes from an
     answer with nothing an Anthropic upstream may read -- Claude's own ``content: []``, or another
-    model's empty or reasoning-only answer, whose thinking has no signature for Anthropic. Left
+    model's empty or reasoning-only answer, whose thinking Anthropic did not sign. Left
     out, its neighbours of one role are joined into one message, as Anthropic itself reads them.
     Runs after the cache_control markers are placed (their positions count from the end)."""
     out: list[dict[str, Any]] = []
