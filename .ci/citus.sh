@@ -118,7 +118,7 @@ BRANCHPOINT_DATABASE_URL="$app" uv run --frozen branchpoint distribute  # idempo
 # (docs/scaling.md, not yet done). Three tests are left out here for their own setup, not the
 # product: two hold a row lock with FOR UPDATE over a distributed table (tests/conftest.py
 # RowLocks: Citus refuses it), one relays the database through the embedded server's socket.
-BRANCHPOINT_TEST_DATABASE_URL="$url" uv run --frozen pytest -p no:cacheprovider \
+BRANCHPOINT_TEST_DATABASE_URL="$url" uv run --frozen pytest -p no:cacheprovider -n 0 \
     tests/test_citus.py tests/test_chat.py tests/test_failures.py tests/test_streaming.py \
     tests/test_branching.py tests/test_admin.py tests/test_compaction.py tests/test_tenancy.py \
     tests/test_full_history.py tests/test_responses.py tests/test_messages.py tests/test_conversations.py \
@@ -142,4 +142,4 @@ BRANCHPOINT_TEST_DATABASE_URL="$url" uv run --frozen pytest -p no:cacheprovider 
 plain_port=$((port + 3))
 bash "$shared/citus/cluster.sh" start "$work/plain" "$plain_port" 0 >/dev/null
 BRANCHPOINT_TEST_DATABASE_URL="postgresql://postgres@127.0.0.1:$plain_port/postgres" uv run --frozen pytest \
-    -p no:cacheprovider tests/test_cli.py -k "backup or restore"
+    -p no:cacheprovider -n 0 tests/test_cli.py -k "backup or restore"

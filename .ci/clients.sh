@@ -21,4 +21,4 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
 fi
 
 uv run --frozen python -m tests.clients.install
-BRANCHPOINT_CLIENTS_REQUIRED=1 uv run --frozen pytest -m clients tests/clients
+BRANCHPOINT_CLIENTS_REQUIRED=1 uv run --frozen pytest -n 0 -m clients tests/clients

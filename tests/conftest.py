@@ -132,9 +132,24 @@ def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     server = start_embedded(tmp_path_factory.mktemp("pg"), delete_on_stop=True)
     try:
+        run(_thrown_away(server.uri))
         yield server.uri
     finally:
         server.stop()
+
+
+async def _thrown_away(url: str) -> None:
+    """The tests' embedded server is deleted when the session ends: it need not survive a crash of
+    the machine, so it does not wait for the disk (``fsync``, ``full_page_writes`` off). What a
+    test sees is unchanged -- commits, visibility, a server's crash and restart (a flush only
+    matters when the machine itself goes down)."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("ALTER SYSTEM SET fsync = off")
+        await conn.execute("ALTER SYSTEM SET full_page_writes = off")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -224,6 +239,16 @@ def claude_server() -> Iterator[tuple[FakeAnthropic, ServerThread]]:
 @pytest.fixture
 def claude(claude_server: tuple[FakeAnthropic, ServerThread]) -> FakeAnthropic:
     return _reset(claude_server)
+
+
+@pytest.fixture(autouse=True)
+def _fakes_start_empty(request: pytest.FixtureRequest) -> None:
+    """The session's fake upstreams hold nothing scripted or recorded when a test begins -- also
+    for a test that reaches one through a proxy without asking for its fixture (``upstream``,
+    ``claude``): a reply another test left queued would answer its calls (the order of tests
+    differs between runs: pytest-xdist deals them to its workers)."""
+    for name in ("fake_upstream_server", "claude_server"):
+        _reset(request.getfixturevalue(name))
 
 
 def three_upstreams(upstream_url: str, claude_server: tuple[FakeAnthropic, ServerThread]) -> list[dict[str, Any]]:

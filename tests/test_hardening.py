@@ -887,9 +887,11 @@ def test_every_credential_a_client_sends_is_kept_from_the_upstream_and_masked(pr
     assert "x-api-key" not in upstream.last.headers and "api-key" not in upstream.last.headers
     assert secret not in r.text and azure not in r.text and "[redacted]" in r.text
     assert secret not in json.dumps(db.node(r.headers["x-node-id"])["error"])
+    # passed through (no conversation): the upstream's echo is masked all the same
     upstream.enqueue(Reply(kind="error", status=401, error={"message": f"echo {secret}", "type": "auth"}))
-    r = httpx.get(f"{proxy.url}/v1/models", headers={"Authorization": f"Bearer {key}", "x-api-key": secret})
-    assert secret not in r.text
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": MODEL, "messages": [user("hi")]},
+                   headers={"Authorization": f"Bearer {key}", "x-api-key": secret})
+    assert r.status_code == 401 and "echo [redacted]" in r.text and secret not in r.text
 
 
 # -- 11. /metrics can be protected ------------------------------------------------------------------

@@ -5,12 +5,16 @@ hold)."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import logging
 import socket
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -40,6 +44,20 @@ def unwrap(value: Any) -> tuple[int, Any]:
     while isinstance(value, list) and len(value) == 1:
         value, depth = value[0], depth + 1
     return depth, value
+
+
+@contextlib.contextmanager
+def _recursion_room(depth: int) -> Iterator[None]:
+    """Room for ``depth`` more levels of recursion than the test stands at, for the test's own
+    reading of a deep answer (json's decoder and ``repr`` recurse): a test run in a pytest-xdist
+    worker starts some 50 levels deeper than one run by pytest alone. The limit is the process's
+    -- the proxy's, served from a thread, too -- so it is raised only while no call is made."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, len(inspect.stack(0)) + depth + 200))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 _DEEP = "__deep__"
@@ -291,13 +309,16 @@ def test_a_deeply_nested_request_with_a_nul_is_stored_like_one_without(proxy, up
     with caplog.at_level(logging.DEBUG):
         r = _post(proxy, key, cid, body, path)
         assert r.status_code == 200, r.text[:300]
-        node = proxy.http(key).get(f"/admin/nodes/{r.headers['x-node-id']}").json()
+        got = proxy.http(key).get(f"/admin/nodes/{r.headers['x-node-id']}")
+        with _recursion_room(depth):  # (the test's own reading only: the proxy keeps the default limit)
+            node = got.json()
         stored = node["params"]["metadata"]["deep"] if where == "params" else node["sent"][0]["content"][0]["deep"]
         assert unwrap(stored) == (depth, "s3cret-text\u0000")
         # the conversation goes on, the deep item in its context
         assert _post(proxy, key, cid, {"model": MODEL, "messages": [user("next")]}).status_code == 200
         if where == "content":  # (a Responses item's extra field does not survive the translation to chat)
-            sent = upstream.last.body["messages"][0]["content"][0]["deep"]
+            with _recursion_room(depth):
+                sent = upstream.last.body["messages"][0]["content"][0]["deep"]
             assert unwrap(sent) == (depth, "s3cret-text\u0000")
     assert "s3cret" not in caplog.text
 
