@@ -7,7 +7,8 @@ use. A client that cannot be installed is skipped, saying so -- unless
 skips.
 
 Every test here is marked ``clients`` and left out of the default ``uv run pytest`` (pyproject.toml's
-addopts); ``uv run pytest -m clients tests/clients`` runs them.
+addopts); ``uv run pytest -n 0 -m clients tests/clients`` runs them (in one process: the first test
+installs the clients, which workers of pytest-xdist would do at once in one folder).
 """
 
 from __future__ import annotations
