@@ -3,6 +3,7 @@ Branchpoint (a turn, a streamed turn, an edit via X-Parent-Node-Id; a tool round
 API, natively and translated), and the Vercel AI SDK's OpenAI and Anthropic providers resend their
 whole history through /auto."""
 
+import fcntl
 import json
 import os
 import shutil
@@ -21,10 +22,12 @@ def _run_node(script: str, env: dict[str, str]) -> dict:
     npm), and a machine without it fails here rather than skipping what the README claims."""
     assert shutil.which("node") and shutil.which("npm"), \
         "Node.js (node and npm) is needed for the Node SDK tests: apt-get install nodejs npm"
-    if not all((HERE / "node_modules" / name).exists() for name in _PACKAGES):
-        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=HERE, capture_output=True, text=True,
-                                timeout=300)
-        assert result.returncode == 0, f"npm ci failed (the npm registry must be reachable): {result.stderr[-2000:]}"
+    with open(HERE / "node_modules.lock", "w") as lock:  # (pytest-xdist's workers: one installs, the others wait)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not all((HERE / "node_modules" / name).exists() for name in _PACKAGES):
+            result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=HERE, capture_output=True,
+                                    text=True, timeout=300)
+            assert result.returncode == 0, f"npm ci failed (the npm registry must be reachable): {result.stderr[-2000:]}"
     result = subprocess.run(["node", script], cwd=HERE, env={**os.environ, **env}, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
