@@ -272,3 +272,96 @@ def test_the_anthropic_sdk_reads_the_answers(mproxy: Proxy, upstream: FakeUpstre
     m = client(mproxy, key, f"/c/{cid}").messages.create(model="gpt-x", max_tokens=5, tools=TOOLS,
                                                          messages=[{"role": "user", "content": "x"}])
     assert isinstance(m.content[-1], anthropic.types.ToolUseBlock) and m.content[-1].id
+
+
+# -- another model's reasoning, a thinking block we signed (bp-signed:) ---------------------------------
+
+
+def _reasoned(proxy: Proxy, upstream: FakeUpstream, key: str, path: str = "/v1/messages") -> list[dict[str, Any]]:
+    """A reasoning chat model's answer to a Messages client: its content blocks."""
+    upstream.enqueue(Reply(content="42", reasoning="Six times seven."))
+    r = _post(proxy, path, {"model": "gpt-x", "max_tokens": 100, "messages": [{"role": "user", "content": "The answer?"}]},
+              key)
+    assert r.status_code == 200, r.text
+    content = r.json()["content"]
+    assert content[0]["type"] == "thinking" and content[0]["signature"].startswith("bp-signed:")
+    return content
+
+
+@pytest.mark.parametrize("where", ["auto", "named-full", "named-delta", "count_tokens"])
+def test_thinking_we_signed_never_reaches_claude(mproxy: Proxy, claude: FakeAnthropic, upstream: FakeUpstream,
+                                                   key: str, cid: str, where: str) -> None:
+    """A client resends our signed thinking (a chat model's reasoning) to Claude in a history that
+    matches nothing stored -- read as the node's provider's own blocks, it went on as it came, and
+    Anthropic refuses a signature not its own (every later call of the conversation again) -- or
+    counts its tokens."""
+    content = _reasoned(mproxy, upstream, key)  # (passed through: nothing stored, nothing to match)
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Yes."}]))
+    history = [{"role": "user", "content": "The answer?"}, {"role": "assistant", "content": content},
+               {"role": "user", "content": "Sure?"}]
+    path, headers = {"auto": ("/auto/v1/messages", {}), "named-full": (f"/c/{cid}/v1/messages", {"X-Context-Mode": "full"}),
+                     "named-delta": (f"/c/{cid}/v1/messages", {}),
+                     "count_tokens": ("/v1/messages/count_tokens", {})}[where]
+    r = httpx.post(f"{mproxy.url}{path}", json={"model": "claude-x", "max_tokens": 100, "messages": history},
+                   headers={"x-api-key": key, **headers}, timeout=30)
+    assert r.status_code == 200, r.text
+    got = claude.requests[-1]  # (``last`` is the last call: a count is not one)
+    sent = got.body
+    assert got.path.split("?")[0].endswith("/count_tokens" if where == "count_tokens" else "/messages")
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]
+    assert sent["messages"][1]["content"] == [{"type": "text", "text": "42"}]
+    assert "bp-signed:" not in json.dumps(sent)
+
+
+@pytest.fixture(scope="module")
+def deep(database_url: str, upstream_url: str) -> Any:
+    """A proxy whose chat upstream takes its reasoning back (``accepts_reasoning``, DeepSeek's way)."""
+    from .conftest import make_settings, serve_proxy
+
+    upstreams = [{"name": "deep", "base_url": upstream_url, "models": ["*"], "accepts_reasoning": True}]
+    with serve_proxy(make_settings(database_url, upstream_url, upstreams=upstreams)) as p:
+        yield p
+
+
+def test_a_responses_client_resending_our_signed_thinking_sends_nothing_of_it(deep: Proxy, upstream: FakeUpstream,
+                                                                              key: str, cid: str) -> None:
+    """The items of a Messages node a reasoning chat model answered, as a Responses client reads
+    them (GET /v1/conversations/{id}/items) and resends them: no reasoning item holding our signed
+    block as ``thinking_blocks`` -- a field the chat upstream never sent, which it got back."""
+    _reasoned(deep, upstream, key, f"/c/{cid}/v1/messages")
+    listed = httpx.get(f"{deep.url}/v1/conversations/{cid}/items?order=asc", headers={"x-api-key": key},
+                       timeout=30).json()["data"]
+    assert "bp-signed:" not in json.dumps(listed)
+    upstream.enqueue(Reply(content="ok"))
+    items = [{"role": "user", "content": "The answer?"},
+             *[{k: v for k, v in i.items() if k != "status"} for i in listed if i.get("role") != "user"],
+             {"role": "user", "content": "Sure?"}]
+    r = httpx.post(f"{deep.url}/auto/v1/responses", json={"model": "gpt-x", "input": items},
+                   headers={"Authorization": f"Bearer {key}-other"}, timeout=30)
+    assert r.status_code == 200, r.text
+    sent = json.dumps(upstream.last.body["messages"])
+    assert "bp-signed:" not in sent and "thinking_blocks" not in sent
+
+
+@pytest.mark.parametrize("answer", [Reply(reasoning="Six times seven.", content="42"),
+                                    Reply(reasoning="Use the tool.", content=None, tool_calls=[
+                                        {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": "{}"}}]),
+                                    Reply(reasoning="Only thinking.", content=None)],
+                         ids=["then-text", "then-tool", "only"])
+def test_the_sdks_stream_reads_our_signature_as_stored(mproxy: Proxy, upstream: FakeUpstream, key: str, cid: str,
+                                                       answer: Reply) -> None:
+    """Streamed, the thinking block's signature comes as Anthropic sends one (a ``signature_delta``
+    before its ``content_block_stop``): the official SDK's accumulated message carries the one stored."""
+    upstream.enqueue(answer)
+    with client(mproxy, key, f"/c/{cid}").messages.stream(model="gpt-x", max_tokens=100, tools=TOOLS,
+                                                           messages=[{"role": "user", "content": "q"}]) as stream:
+        kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream
+                 if e.type not in ("text", "thinking", "signature", "input_json", "citation")]  # (the SDK's own)
+        final = stream.get_final_message()
+        node_id = stream.response.headers["x-node-id"]
+    at = kinds.index(("content_block_delta", "signature_delta"))
+    assert kinds[at + 1] == ("content_block_stop", None)
+    got = [b.signature for b in final.content if b.type == "thinking"]
+    stored = httpx.get(f"{mproxy.url}/admin/nodes/{node_id}", headers={"x-api-key": key}, timeout=30).json()["received"]
+    assert len(got) == 1 and got[0].startswith("bp-signed:")
+    assert got == [b["signature"] for b in stored[0]["content"] if b["type"] == "thinking"]

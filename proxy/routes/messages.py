@@ -104,6 +104,8 @@ async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDepe
     decoded = await decoded_body(request, raw)
     body = MESSAGES.parse(decoded)
     if _anthropic_upstream(call, body):
+        if b"bp-signed:" in decoded and signed.without_ours(body):  # (as a call passed through: none of ours)
+            decoded = encode(body)
         return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller,
                                           errors=ANTHROPIC_ERRORS, decoded=decoded)
     counter = call.calls.compactor.tokens

@@ -84,7 +84,8 @@ def _signed(message: dict[str, Any]) -> dict[str, Any]:
         return message
     signed = [b for fragment in message.get(ITEMS) or () if isinstance(fragment, dict)
               for b in (fragment.get("content") if isinstance(fragment.get("content"), list) else ())
-              if isinstance(b, dict) and ((b.get("type") == "thinking" and b.get("signature"))
+              if isinstance(b, dict) and ((b.get("type") == "thinking" and b.get("signature")
+                                           and not ours(b.get("signature")))  # (another model's reasoning, signed by us)
                                           or (b.get("type") == "redacted_thinking" and not ours(b.get("data"))))]
     return {**message, "thinking_blocks": signed} if signed else message
 

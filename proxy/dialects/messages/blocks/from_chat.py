@@ -165,12 +165,14 @@ def _reads_as(blocks: list[dict[str, Any]], content: Any) -> bool:
 
 def _native(fragment: dict[str, Any], same: bool) -> dict[str, Any]:
     """A stored fragment fit to send back: thinking only to the provider that produced it; our own
-    keys left out, and the block keeping what a translated answer kept (``signed``: ours, never
-    Anthropic's)."""
+    keys left out, and what we signed -- the block keeping what a translated answer kept, another
+    model's reasoning as a thinking block (``signed``) -- never: Anthropic refuses it. (A client's
+    own blocks are read as the node's provider's: one resending our signed thinking to Claude, in
+    a history that matched nothing stored, must not send it on.)"""
     content = fragment.get("content")
     if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in _THINKING for b in content):
         content = [b for b in content if not (isinstance(b, dict) and b.get("type") in _THINKING
-                                              and (not same or ours(b.get("data"))))]
+                                              and (not same or ours(b.get("data")) or ours(b.get("signature"))))]
     return {**{k: v for k, v in fragment.items() if not k.startswith("_bp_")}, "content": content}
 
 
