@@ -9,10 +9,13 @@ call the same functions (tests/clients/conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -29,9 +32,25 @@ class Unavailable(Exception):
     """A client could not be installed (no Node.js or uv, a registry unreachable)."""
 
 
+@contextlib.contextmanager
+def _alone() -> Iterator[None]:
+    """One installation at a time, across processes (workers of pytest-xdist, two test runs)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def npm_bin(name: str) -> Path:
     """A binary of tests/clients/node's packages, installed (``npm ci``) when missing."""
     binary = NODE / "node_modules" / ".bin" / name
+    if binary.exists():
+        return binary
+    with _alone():
+        return _npm_installed(name, binary)
+
+
+def _npm_installed(name: str, binary: Path) -> Path:
     if not binary.exists():
         if not (shutil.which("node") and shutil.which("npm")):
             raise Unavailable(f"{name}: Node.js (node and npm) is not installed")
@@ -53,6 +72,14 @@ def pypi_bin(tool: str) -> Path:
     stamp = venv / ".installed"
     if binary.exists() and stamp.exists() and stamp.read_text() == requirement:
         return binary
+    with _alone():
+        if binary.exists() and stamp.exists() and stamp.read_text() == requirement:  # (another did meanwhile)
+            return binary
+        return _pypi_installed(tool, requirement, venv, binary, stamp)
+
+
+def _pypi_installed(tool: str, requirement: str, venv: Path, binary: Path, stamp: Path) -> Path:
+    command = binary.name
     uv = shutil.which("uv")
     if uv is None:
         raise Unavailable(f"{tool}: uv is not on PATH to install {requirement}")
