@@ -525,9 +525,11 @@ def test_a_content_filter_finish_is_an_incomplete_response(proxy, native, upstre
     assert native.openai(key).responses.retrieve(made.id).incomplete_details.reason == "content_filter"
 
 
-def test_text_after_a_call_in_a_stream_over_chat_stays_in_an_open_message(proxy, upstream, key, cid):
-    """A chat stream whose text goes on after a tool call began: every delta comes before its
-    item's done event, and the done events hold the whole text the final response has."""
+def test_text_after_a_call_in_a_stream_over_chat_is_a_message_item_of_its_own(proxy, upstream, key, cid):
+    """A chat stream whose text goes on after a tool call began: items are said one after the
+    other (the message closes before the call opens), the text after the call in a message item
+    of its own; every delta comes before its item's done event, and the done events hold the
+    whole text the final response's one message has."""
     base = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
     deltas = [{"role": "assistant", "content": ""}, {"content": "Sure, "},
               {"tool_calls": [{"index": 0, "id": "call_q", "type": "function",
@@ -541,9 +543,11 @@ def test_text_after_a_call_in_a_stream_over_chat_stays_in_an_open_message(proxy,
     final = next(i for i in events[-1]["response"]["output"] if i["type"] == "message")
     done = [e["text"] for e in events if e["type"] == "response.output_text.done"]
     assert final["content"][0]["text"] == "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
-    assert done == ["Sure, checking now."]
+    assert done == ["Sure, ", "checking now."] and final["content"][0]["text"] == "Sure, checking now."
     closed = {e["output_index"]: n for n, e in enumerate(events) if e["type"] == "response.output_item.done"}
     assert all(n < closed[e["output_index"]] for n, e in enumerate(events) if e["type"].endswith(".delta"))
+    added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == ["message", "function_call", "message"]
 
 
 def test_an_item_reference_to_a_chat_calls_answer(proxy, upstream, key, cid):

@@ -86,6 +86,27 @@ class MaskedChunks:
                     if (index, field) in self.masker.held():
                         delta[field] = (delta.get(field) or "") + self.masker.flush((index, field))
 
+    def release_before_items(self, chunk: Any) -> None:
+        """When a (masked) chunk begins another item of a translation that says an answer's items
+        one after the other (the Responses API's output items): what the items before it hold back
+        goes out in it first -- the reasoning held when text, a refusal or a tool call comes, and
+        the text and refusal held when a call comes. Each item is then masked on its own, as a
+        Responses upstream's parts are (a credential cut exactly across two items is not)."""
+        if not self.masker.holding or not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
+            return
+        for choice in chunk["choices"]:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            calls = isinstance(delta.get("tool_calls"), list) and bool(delta["tool_calls"])
+            if not calls and not any(isinstance(delta.get(f), str) and delta[f] for f in ("content", "refusal")):
+                continue
+            index = _index(choice.get("index", 0))
+            held = self.masker.held()
+            for field in ("reasoning_content", "reasoning", *(("content", "refusal") if calls else ())):
+                if (index, field) in held:
+                    delta[field] = (delta.get(field) or "") + self.masker.flush((index, field))
+
     def _held(self, index: Any) -> dict[Any, str]:
         return {key: self.masker.flush(key) for key in self.masker.held() if key[0] == index}
 

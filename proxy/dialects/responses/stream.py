@@ -56,11 +56,18 @@ class FromChat:
         self.error: Any = None
         self.emit = Events()
         self.items: list[dict[str, Any]] = []  # output items as added, by output_index
-        self.text_index: int | None = None  # the open message item
+        # Items are said one after the other, as OpenAI streams them: one opening closes those before
+        # it (LangChain numbers a response's content blocks by the order of output_index, and took a
+        # delta or a done event of an earlier item for a block of its own, sent back as an item of
+        # its own). Text (or reasoning) that goes on after a later item began is an item of its
+        # own; the final response holds the answer's one message (and reasoning) at the first one's place.
+        self.text_index: int | None = None  # the (first) message item
+        self.text_at: int | None = None  # the message item the text goes to now
         self.parts: dict[str, int] = {}  # its content parts by type ("output_text", "refusal"): content_index
         self.text: list[str] = []  # the message's text and refusal as streamed (joined as their parts close)
         self.refusal: list[str] = []
-        self.reasoning_index: int | None = None  # the reasoning item (a chat upstream's reasoning, as its summary)
+        self.reasoning_index: int | None = None  # the (first) reasoning item (a chat upstream's reasoning, as its summary)
+        self.reasoning_at: int | None = None  # the reasoning item the reasoning goes to now
         self.reasoning: list[str] = []
         self.calls: dict[int, int] = {}  # chat tool-call index -> output_index
         self.closed: set[int] = set()
@@ -103,6 +110,7 @@ class FromChat:
         self.acc.note_finishes(chunk)
         if self.masker is not None:
             self.masker.apply(chunk)
+            self.masker.release_before_items(chunk)  # (what an item holds back goes out before the next item)
         return self._chunk(chunk)
 
     def _chunk(self, chunk: Any) -> bytes:
@@ -133,16 +141,21 @@ class FromChat:
 
     def _reasoning_delta(self, delta: str) -> bytes:
         out = b""
-        if self.reasoning_index is None:
-            self.reasoning_index = len(self.items)
-            item = {"id": f"rs_{self.node_id.hex}", "type": "reasoning", "summary": []}
+        if self.reasoning_at is None or self.reasoning_at in self.closed:
+            out += self._close_text()  # (a call stays open: its arguments may go on)
+            at = self.reasoning_at = len(self.items)
+            if self.reasoning_index is None:
+                self.reasoning_index = at
+            suffix = "" if at == self.reasoning_index else f"_{at}"
+            item = {"id": f"rs_{self.node_id.hex}{suffix}", "type": "reasoning", "summary": []}
             self.items.append(item)
-            out += self.emit("response.output_item.added", output_index=self.reasoning_index, item=item)
+            self.reasoning = []
+            out += self.emit("response.output_item.added", output_index=at, item=item)
             out += self.emit("response.reasoning_summary_part.added", item_id=item["id"],
-                             output_index=self.reasoning_index, summary_index=0, part={"type": "summary_text", "text": ""})
+                             output_index=at, summary_index=0, part={"type": "summary_text", "text": ""})
         self.reasoning.append(delta)
-        return out + self.emit("response.reasoning_summary_text.delta", item_id=self.items[self.reasoning_index]["id"],
-                               output_index=self.reasoning_index, summary_index=0, delta=delta)
+        return out + self.emit("response.reasoning_summary_text.delta", item_id=self.items[self.reasoning_at]["id"],
+                               output_index=self.reasoning_at, summary_index=0, delta=delta)
 
     def _closing(self, index: int | None) -> dict[str, Any] | None:
         """The item at ``index`` when it is open (marked closed now), else None."""
@@ -152,7 +165,7 @@ class FromChat:
         return self.items[index]
 
     def _close_reasoning(self) -> bytes:
-        index = self.reasoning_index
+        index = self.reasoning_at
         item = self._closing(index)
         if item is None:
             return b""
@@ -167,38 +180,42 @@ class FromChat:
 
     def _part(self, kind: str) -> tuple[bytes, int]:
         """The message item's ``kind`` content part (``output_text`` or ``refusal``): its
-        content index, and the events that opened it (and the message) when it was not open.
-        (The reasoning item stays open until the answer ends: the masker may hold its last
-        characters back until the finishing chunk.)"""
+        content index, and the events that opened it (and the message, closing the items before it)
+        when it was not open."""
         out = b""
-        if self.text_index is None:
-            self.text_index = len(self.items)
-            item = {"id": translate.message_item_id(self.node_id), "type": "message", "role": "assistant",
+        if self.text_at is None or self.text_at in self.closed:
+            out += self._close_reasoning()  # (a call stays open: its arguments may go on)
+            at = self.text_at = len(self.items)
+            if self.text_index is None:
+                self.text_index = at
+            suffix = "" if at == self.text_index else f"_{at}"
+            item = {"id": translate.message_item_id(self.node_id) + suffix, "type": "message", "role": "assistant",
                     "status": "in_progress", "content": []}
             self.items.append(item)
-            out += self.emit("response.output_item.added", output_index=self.text_index, item=item)
+            self.parts, self.text, self.refusal = {}, [], []
+            out += self.emit("response.output_item.added", output_index=at, item=item)
         if kind not in self.parts:
             self.parts[kind] = len(self.parts)
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []} if kind == "output_text" \
                 else {"type": "refusal", "refusal": ""}
-            out += self.emit("response.content_part.added", item_id=self.items[self.text_index]["id"],
-                             output_index=self.text_index, content_index=self.parts[kind], part=part)
+            out += self.emit("response.content_part.added", item_id=self.items[self.text_at]["id"],
+                             output_index=self.text_at, content_index=self.parts[kind], part=part)
         return out, self.parts[kind]
 
     def _text_delta(self, delta: str) -> bytes:
         out, at = self._part("output_text")
         self.text.append(delta)
-        return out + self.emit("response.output_text.delta", item_id=self.items[self.text_index]["id"],
-                               output_index=self.text_index, content_index=at, delta=delta, logprobs=[])
+        return out + self.emit("response.output_text.delta", item_id=self.items[self.text_at]["id"],
+                               output_index=self.text_at, content_index=at, delta=delta, logprobs=[])
 
     def _refusal_delta(self, delta: str) -> bytes:
         out, at = self._part("refusal")
         self.refusal.append(delta)
-        return out + self.emit("response.refusal.delta", item_id=self.items[self.text_index]["id"],
-                               output_index=self.text_index, content_index=at, delta=delta)
+        return out + self.emit("response.refusal.delta", item_id=self.items[self.text_at]["id"],
+                               output_index=self.text_at, content_index=at, delta=delta)
 
     def _close_text(self) -> bytes:
-        index = self.text_index
+        index = self.text_at
         item = self._closing(index)
         if item is None:
             return b""
@@ -221,12 +238,13 @@ class FromChat:
         return out + self.emit("response.output_item.done", output_index=index, item=item)
 
     def _open_call(self, i: int, call: dict[str, Any]) -> bytes:
+        out = self._close_reasoning() + self._close_text()
         index = len(self.items)
         self.calls[i] = index
         item = translate.tool_call_item(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
                                        "", offered(self.params), status="in_progress")
         self.items.append(item)
-        return self.emit("response.output_item.added", output_index=index, item=item)
+        return out + self.emit("response.output_item.added", output_index=index, item=item)
 
     def _close_calls(self) -> bytes:
         out = b""
