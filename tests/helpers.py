@@ -72,16 +72,18 @@ def prefix_extends(previous: bytes, current: bytes, key: str = "messages") -> bo
     return new.startswith(old[:-1]) and new[len(old) - 1:len(old)] in (b",", b"]")
 
 
+def unmarked(value: Any) -> Any:
+    """``value`` (an Anthropic request's part) without its ``cache_control`` markers (they are
+    placed by position from the end, so they move with every call by design)."""
+    if isinstance(value, dict):
+        return {k: unmarked(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [unmarked(v) for v in value]
+    return value
+
+
 def without_markers(raw: bytes) -> bytes:
-    """An Anthropic request's bytes with its ``cache_control`` markers taken out (they are placed
-    by position from the end, so they move with every call by design)."""
+    """An Anthropic request's bytes with its ``cache_control`` markers taken out (``unmarked``)."""
     import msgspec
 
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k != "cache_control"}
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        return value
-
-    return msgspec.json.encode(strip(msgspec.json.decode(raw)))
+    return msgspec.json.encode(unmarked(msgspec.json.decode(raw)))

@@ -193,6 +193,19 @@ def assert_native_as_sent(up: Upstream, recorder: Recorder) -> None:
         assert {k: v for k, v in got.items() if k != "messages"} == {k: v for k, v in sent.items() if k != "messages"}
 
 
+def a_line_of_four(proxy: Proxy, key: str, recorder: Recorder) -> list[dict[str, Any]]:
+    """The recorded calls' conversation, matched in full each time: four nodes in a line, the head
+    on the last, each holding only what was new (the system prompt and the question, then one
+    message each). Returns the nodes, root first."""
+    assert recorder.modes == ["full"] * 4
+    nodes, head = tree(proxy, key, recorder.conversation)
+    line = [nodes[n] for n in recorder.nodes]
+    assert len(nodes) == 4 and head == line[-1]["id"]
+    assert [n["parent_id"] for n in line] == [None, *(n["id"] for n in line[:-1])]
+    assert [len(n["sent"]) for n in line] == [2, 1, 1, 1]
+    return line
+
+
 def tree(proxy: Proxy, key: str, cid: str) -> tuple[dict[str, dict[str, Any]], str]:
     """The conversation's nodes by id (the admin API's whole node, ``sent`` and ``parent_id`` among
     its fields) and its head."""
@@ -358,14 +371,8 @@ def test_pydantic_ai_anthropic_two_turns_with_a_tool(mproxy: Proxy, claude: Fake
         assert_well_formed(turns)
     assert_native_as_sent(up, recorder)
 
-    cid = recorder.conversation
-    assert recorder.modes == ["full"] * 4
-    nodes, head = tree(mproxy, key, cid)
-    line = [nodes[n] for n in recorder.nodes]
-    assert len(nodes) == 4 and head == line[-1]["id"]
-    assert [n["parent_id"] for n in line] == [None, *(n["id"] for n in line[:-1])]
+    line = a_line_of_four(mproxy, key, recorder)
     assert {(n["api"], n["kind"], n["status"]) for n in line} == {("messages", "turn", "success")}
-    assert [len(n["sent"]) for n in line] == [2, 1, 1, 1]  # system + question, then only what was new
 
 
 @pytest.mark.parametrize("where", ["conversation", "auto"])
@@ -423,13 +430,7 @@ def test_pydantic_ai_anthropic_over_a_reasoning_chat_model(mproxy: Proxy, upstre
     rome = [("user", "And in Rome?"), ("assistant", "Rome is 21 C too.", ())]
     assert received == [paris[:2], paris[:4], [*paris, *rome[:1]], [*paris, *rome, ("user", "Thanks!")]]
 
-    cid = recorder.conversation
-    assert recorder.modes == ["full"] * 4
-    nodes, head = tree(mproxy, key, cid)
-    line = [nodes[n] for n in recorder.nodes]
-    assert len(nodes) == 4 and head == line[-1]["id"]
-    assert [n["parent_id"] for n in line] == [None, *(n["id"] for n in line[:-1])]
-    assert [len(n["sent"]) for n in line] == [2, 1, 1, 1]
+    a_line_of_four(mproxy, key, recorder)
 
 
 @pytest.mark.parametrize("where", ["nowhere", "conversation"])

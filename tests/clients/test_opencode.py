@@ -6,6 +6,8 @@ tools, beside the first turn) is a side call: a one-node conversation of its own
 ``x-session-id`` header -- ``ses_...`` -- is not a valid conversation id, so it names nothing)."""
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,16 +39,22 @@ OFFLINE = {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": 
            "OPENCODE_DISABLE_EXTERNAL_SKILLS": "1", "npm_config_offline": "true"}
 
 
+def project(config: dict[str, Any], proxy_url: str, key: str, home: Path) -> tuple[Path, dict[str, str]]:
+    """opencode's ``config`` in ``home`` with the proxy's address filled in, a project folder
+    holding ``notes.txt`` (what its ``read`` round reads), and the offline environment to run it in."""
+    config = json.loads(json.dumps(config).replace("http://127.0.0.1:8080", proxy_url))
+    (home / ".config" / "opencode").mkdir(parents=True)
+    (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps(config))
+    work = home / "project"
+    work.mkdir()
+    (work / "notes.txt").write_text("the secret word is pelican\n")
+    return work, offline_env(home, BRANCHPOINT_API_KEY=key, **OFFLINE)
+
+
 def test_opencode_two_turns_and_a_tool_round_are_one_conversation(split_upstream, key, db, client_home):
     opencode = npm_bin("opencode")
     proxy, upstream, side = split_upstream
-    config = json.loads(json.dumps(OPENCODE_CONFIG).replace("http://127.0.0.1:8080", proxy.url))
-    (client_home / ".config" / "opencode").mkdir(parents=True)
-    (client_home / ".config" / "opencode" / "opencode.json").write_text(json.dumps(config))
-    work = client_home / "project"
-    work.mkdir()
-    (work / "notes.txt").write_text("the secret word is pelican\n")
-    env = offline_env(client_home, BRANCHPOINT_API_KEY=key, **OFFLINE)
+    work, env = project(OPENCODE_CONFIG, proxy.url, key, client_home)
     upstream.enqueue(
         Reply(content=None, tool_calls=[tool_call("call_o1", "read", json.dumps({"filePath": str(work / "notes.txt")}))]),
         Reply(content="The word is pelican."),

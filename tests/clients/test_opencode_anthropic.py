@@ -18,9 +18,9 @@ import pytest
 from ..anthropic_fake import AReply, FakeAnthropic
 from ..conftest import make_settings, serve_proxy, tenant_of
 from ..fakes import FakeUpstream, Reply, ServerThread
-from ..helpers import tool_call
-from .conftest import SideCalls, conversations_of, each_history_once, nodes_of, npm_bin, offline_env, run
-from .test_opencode import OFFLINE
+from ..helpers import tool_call, unmarked
+from .conftest import SideCalls, conversations_of, each_history_once, nodes_of, npm_bin, run
+from .test_opencode import project
 
 pytestmark = pytest.mark.clients
 
@@ -46,25 +46,10 @@ def _session(proxy_url: str, key: str, home: Path) -> tuple[str, str, Path]:
     """opencode's two turns against the proxy: the first asks about a file (a ``read`` round), the
     second continues the session. Returns both outputs and the file."""
     opencode = npm_bin("opencode")
-    config = json.loads(json.dumps(OPENCODE_CONFIG).replace("http://127.0.0.1:8080", proxy_url))
-    (home / ".config" / "opencode").mkdir(parents=True)
-    (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps(config))
-    work = home / "project"
-    work.mkdir()
-    (work / "notes.txt").write_text("the secret word is pelican\n")
-    env = offline_env(home, BRANCHPOINT_API_KEY=key, **OFFLINE)
+    work, env = project(OPENCODE_CONFIG, proxy_url, key, home)
     first = run([opencode, "run", "What is the secret word in notes.txt?"], cwd=work, env=env)
     second = run([opencode, "run", "--continue", "And the second question"], cwd=work, env=env)
     return first.stdout, second.stdout, work / "notes.txt"
-
-
-def _unmarked(data: Any) -> Any:
-    """``data`` without its ``cache_control`` markers (opencode puts them on its newest messages)."""
-    if isinstance(data, dict):
-        return {k: _unmarked(v) for k, v in data.items() if k != "cache_control"}
-    if isinstance(data, list):
-        return [_unmarked(v) for v in data]
-    return data
 
 
 def _stored_session(db: Any, key: str) -> list[Any]:
@@ -116,7 +101,7 @@ def test_opencode_anthropic_provider_over_an_anthropic_upstream(database_url, db
         assert call.body["system"] and all(m["role"] in ("user", "assistant") for m in call.body["messages"])
         assert json.dumps(call.body["system"]).count("opencode") >= 1
         assert 1 <= json.dumps(call.body).count('"cache_control"') <= 4
-    msgs = [_unmarked(c.body["messages"]) for c in calls]
+    msgs = [unmarked(c.body["messages"]) for c in calls]  # (opencode marks its newest messages)
     assert [m["role"] for m in msgs[2]] == ["user", "assistant", "user", "assistant", "user"]
     assert msgs[1][:1] == msgs[0] and msgs[2][:3] == msgs[1]
     assert msgs[1][1]["content"][-1]["type"] == "tool_use" and msgs[1][1]["content"][-1]["id"] == "toolu_o1"
