@@ -27,7 +27,7 @@ import msgspec
 from ..assembly import KEPT, OPAQUE
 from .chat.completion import call_id
 
-__all__ = ["Kept", "blob", "ours", "read", "restore", "thinking_signature", "without_ours"]
+__all__ = ["Kept", "blob", "our_block", "ours", "read", "restore", "thinking_signature", "without_ours"]
 
 _PREFIX = "bp-signed:"  # a blob of ours: base64 of a list of ``Kept``
 _STANDARD = frozenset({"id", "type", "function", "index"})
@@ -72,7 +72,8 @@ def thinking_signature(producer: str | None) -> str:
 
 
 def ours(value: Any) -> bool:
-    """Is ``value`` (an ``encrypted_content``, a ``redacted_thinking`` block's ``data``) a blob of ours?"""
+    """Is ``value`` (an ``encrypted_content``, a ``redacted_thinking`` block's ``data``, a ``thinking``
+    block's ``signature``) a blob of ours?"""
     return isinstance(value, str) and value.startswith(_PREFIX)
 
 
@@ -99,13 +100,15 @@ def without_ours(body: dict[str, Any]) -> bool:
         body["input"] = kept
     for message in body.get("messages") if isinstance(body.get("messages"), list) else ():
         content = message.get("content") if type(message) is dict else None
-        if isinstance(content, list) and any(_our_block(b) for b in content):
-            message["content"] = [b for b in content if not _our_block(b)]
+        if isinstance(content, list) and any(our_block(b) for b in content):
+            message["content"] = [b for b in content if not our_block(b)]
             found = True
     return found
 
 
-def _our_block(block: Any) -> bool:
+def our_block(block: Any) -> bool:
+    """Is ``block`` a Messages content block of ours (a kept ``redacted_thinking``, a ``thinking``
+    block we signed), which no upstream takes?"""
     return type(block) is dict and ((block.get("type") == "redacted_thinking" and ours(block.get("data")))
                                     or (block.get("type") == "thinking" and ours(block.get("signature"))))
 

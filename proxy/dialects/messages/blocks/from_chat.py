@@ -18,7 +18,7 @@ import msgspec
 
 from ....surrogates import encode, loads
 from ...responses.items import ITEMS, PRODUCER, items_of, tool_output_parts
-from ...signed import ours
+from ...signed import our_block
 from .to_chat import CONT, INLINE, _assistant, _blocks
 
 __all__ = ["input_json", "sendable", "to_anthropic"]
@@ -172,7 +172,7 @@ def _native(fragment: dict[str, Any], same: bool) -> dict[str, Any]:
     content = fragment.get("content")
     if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in _THINKING for b in content):
         content = [b for b in content if not (isinstance(b, dict) and b.get("type") in _THINKING
-                                              and (not same or ours(b.get("data")) or ours(b.get("signature"))))]
+                                              and (not same or our_block(b)))]
     return {**{k: v for k, v in fragment.items() if not k.startswith("_bp_")}, "content": content}
 
 
