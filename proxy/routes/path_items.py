@@ -20,7 +20,7 @@ from ..dialects.responses import translate
 from ..dialects.responses.compaction import compaction_item, compaction_node_of, is_compaction_item
 from ..dialects.responses.items import ITEMS, items_of
 from ..dialects.responses.outbound import to_items
-from ..dialects.signed import ours
+from ..dialects.signed import our_block
 from ..errors import ConversationNotFound, NodeNotFound
 
 __all__ = ["ITEM_IDS", "Item", "answer_items", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
@@ -84,9 +84,8 @@ def _signed(message: dict[str, Any]) -> dict[str, Any]:
         return message
     signed = [b for fragment in message.get(ITEMS) or () if isinstance(fragment, dict)
               for b in (fragment.get("content") if isinstance(fragment.get("content"), list) else ())
-              if isinstance(b, dict) and ((b.get("type") == "thinking" and b.get("signature")
-                                           and not ours(b.get("signature")))  # (another model's reasoning, signed by us)
-                                          or (b.get("type") == "redacted_thinking" and not ours(b.get("data"))))]
+              if isinstance(b, dict) and not our_block(b)  # (ours: no upstream's to take back)
+              and ((b.get("type") == "thinking" and b.get("signature")) or b.get("type") == "redacted_thinking")]
     return {**message, "thinking_blocks": signed} if signed else message
 
 
