@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import UpstreamFailure, UpstreamTimeout, UpstreamTooLarge
 from .failures import cancellation_handled, interrupted
+from .http import encode_headers
 from .relay import wait_for_disconnect
 from .sending import ClientStalled, close_timed, timed_send
 from .sse import sse_error_event
@@ -121,7 +122,8 @@ class BytesRelay:
                 log.info("pass-through answer refused", extra={"error": exc.message})
                 body = self.errors.body(exc.status, exc.body())
                 await self._start(send, exc.status, [(b"content-type", b"application/json"),
-                                                     (b"content-length", str(len(body)).encode())])
+                                                     (b"content-length", str(len(body)).encode()),
+                                                     *encode_headers(exc.headers.items())])
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 return None
         await self._start(send, self.status, self.headers)

@@ -17,8 +17,8 @@
      └── UpstreamFailure                (the upstream could not give an answer)
           ├── UpstreamUnreachable       502 upstream_unreachable
           ├── UpstreamBadResponse       502 upstream_bad_response
-          ├── UpstreamTooLarge          502 upstream_response_too_large
-          ├── UpstreamHeadersTooLarge   502 upstream_headers_too_large
+          ├── UpstreamTooLarge          502 upstream_response_too_large  x-should-retry: false
+          ├── UpstreamHeadersTooLarge   502 upstream_headers_too_large   x-should-retry: false
           └── UpstreamTimeout           504 upstream_timeout
 
 Errors of other layers are translated once, where they cross into the HTTP layer: httpx errors
@@ -143,8 +143,15 @@ class UpstreamFailure(BranchpointError, status=502, type_="upstream_error", code
 
 class UpstreamUnreachable(UpstreamFailure, code="upstream_unreachable"): ...
 class UpstreamBadResponse(UpstreamFailure, code="upstream_bad_response"): ...
-class UpstreamTooLarge(UpstreamFailure, code="upstream_response_too_large"): ...
-class UpstreamHeadersTooLarge(UpstreamFailure, code="upstream_headers_too_large"): ...
+class UpstreamTooLarge(UpstreamFailure, code="upstream_response_too_large"):
+    # (the upstream made and billed an answer past ``max_response_bytes``: an SDK's two retries
+    # would pay for two more, as large as likely)
+    retryable = False
+
+
+class UpstreamHeadersTooLarge(UpstreamFailure, code="upstream_headers_too_large"):
+    retryable = False  # (the same upstream answers with the same headers)
+
 class UpstreamTimeout(UpstreamFailure, status=504, code="upstream_timeout"): ...
 
 

@@ -51,6 +51,11 @@ class Failure:
     error: NodeError
     status: int  # the client's HTTP status
     body: bytes  # the client's OpenAI-shaped error body
+    retryable: bool = True  # False: answered with ``x-should-retry: false`` (``BranchpointError.retryable``)
+
+    def headers(self) -> list[tuple[str, str]]:
+        """What the client's answer says besides the node's headers: only whether to ask again."""
+        return [] if self.retryable else [("x-should-retry", "false")]
 
     @classmethod
     def from_error(cls, exc: BranchpointError, *, status: int | None = None) -> Failure:
@@ -59,7 +64,7 @@ class Failure:
         and so never becomes context (the head stays)."""
         error = NodeError(type=exc.type, code=exc.code, message=exc.message, status=None)
         outcome = Outcome.INVALID if isinstance(exc, InvalidRequest) else Outcome.TRANSIENT
-        return cls(outcome, error, status or exc.status, exc.body())
+        return cls(outcome, error, status or exc.status, exc.body(), exc.retryable)
 
     @classmethod
     def of(cls, outcome: Outcome, type_: str, code: str, message: str, status: int = 502) -> Failure:

@@ -128,13 +128,13 @@ class Forwarder:
             response = await self.upstream.send(upstream_request)
         except UpstreamFailure as exc:
             upstream_done()
-            return RawResponse(exc.status, errors.body(exc.status, exc.body()))
+            return RawResponse(exc.status, errors.body(exc.status, exc.body()), list(exc.headers.items()))
         secrets = (caller.client_key, upstream.api_key, *headers.credentials())
         if response.status_code >= 400:  # an error body is small: read it, mask echoed keys (and key-like text)
             try:
                 content = await self.upstream.read_rest(response)
             except UpstreamFailure as exc:
-                return RawResponse(exc.status, errors.body(exc.status, exc.body()))
+                return RawResponse(exc.status, errors.body(exc.status, exc.body()), list(exc.headers.items()))
             finally:
                 upstream_done()
             return RawResponse(response.status_code, redact_bytes(content, secrets),

@@ -159,7 +159,7 @@ class CallLifecycle:
         if headers is not None:
             headers = [(k, v) for k, v in headers if k.lower() != "content-type"]
         return RawResponse(failure.status, started.call.dialect.error_body(failure),
-                           headers if headers is not None else started.headers())
+                           (headers if headers is not None else started.headers()) + failure.headers())
 
     # -- run ---------------------------------------------------------------------------------
 

@@ -652,6 +652,27 @@ def test_a_streamed_calls_error_body_above_max_response_bytes_is_502(small_answe
     assert node["outcome"] == "transient" and node["error"]["code"] == "upstream_response_too_large"
 
 
+def test_an_answer_too_large_is_not_retried_by_the_sdks(small_answers, upstream, key, cid):
+    """An SDK retries a 502 twice by itself -- each retry a new upstream call, billed, as large as
+    likely: ``x-should-retry: false`` says not to, on a stored call (an answer too large, a streamed
+    call's error body too large) and on one passed through (no conversation named)."""
+    stored, passed = small_answers.openai(key, conversation=cid, max_retries=2), small_answers.openai(key, max_retries=2)
+    huge, huge_error = Reply(content="x" * 200_000), Reply(kind="raw", status=500, body=b"e" * 200_000, content_type="text/plain")
+    for client, reply, stream in ((stored, huge, False), (passed, huge, False), (stored, huge_error, True)):
+        upstream.reset()
+        upstream.enqueue(reply, reply, reply)
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model=MODEL, messages=[user("a huge answer")], stream=stream)
+        assert e.value.status_code == 502 and e.value.body["code"] == "upstream_response_too_large"
+        assert e.value.response.headers["x-should-retry"] == "false"
+        assert len(upstream.chat_requests) == 1, (client.base_url, stream)
+    upstream.reset()
+    # a failure that asking again may mend stays retryable: the SDK's retry gets the answer
+    client = small_answers.openai(key, conversation=cid, max_retries=1)
+    upstream.enqueue(Reply(kind="error", status=503), Reply(content="there"))
+    assert client.chat.completions.create(model=MODEL, messages=[user("again")]).choices[0].message.content == "there"
+
+
 def test_a_stream_above_max_response_bytes_ends_with_an_error_event(small_answers, upstream, key, cid):
     client = small_answers.openai(key, conversation=cid)
     upstream.enqueue(Reply(pieces=["y" * 1000] * 400))  # ~400 KB of events: an endless stream, for our limit
