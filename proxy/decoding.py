@@ -24,21 +24,50 @@ def decoded_too_large(limit: int) -> UpstreamTooLarge:
     return UpstreamTooLarge(f"the upstream's answer is larger than {limit} bytes (server.max_response_bytes)")
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 class _Zlib:
     """gzip, or deflate (zlib-wrapped, else raw -- as httpx reads it), ``_STEP`` bytes at a time
-    and ``limit`` in all (a stage inside another coding is bounded too). What follows the end of
-    the compressed data is ignored, as httpx does -- and never handed to zlib, which would keep
-    it all (``unused_data``), copying it again with every chunk."""
+    and ``limit`` in all (a stage inside another coding is bounded too). A gzip body may be several
+    members one after another (RFC 1952: ``cat a.gz b.gz``, pigz): each is undone in turn, as
+    Python's ``gzip`` and curl read them. What follows the end of the compressed data otherwise
+    is ignored, as httpx does -- and never handed to zlib, which would keep it all
+    (``unused_data``), copying it again with every chunk."""
 
     def __init__(self, coding: str, limit: int) -> None:
-        self.raw_fallback = coding == "deflate"
-        self.d = zlib.decompressobj(zlib.MAX_WBITS | 16 if coding != "deflate" else zlib.MAX_WBITS)
+        self.gzip = coding != "deflate"
+        self.raw_fallback = not self.gzip
+        self.d = zlib.decompressobj(zlib.MAX_WBITS | 16 if self.gzip else zlib.MAX_WBITS)
         self.limit = limit
         self.total = 0
+        self.after = b""  # (gzip: what followed a member's end in its chunk -- the next one's first bytes?)
+        self.ended = False  # (nothing more to undo: what comes is ignored)
+
+    def _next_member(self, data: bytes) -> bytes | None:
+        """After a member's end: the data that begins the next one (a new decompressor made for
+        it), or None -- not (yet) a gzip header: ignored, or (one byte of it) kept for the next chunk."""
+        data, self.after = self.after + data, b""
+        if not self.gzip or self.ended:
+            return None
+        if len(data) < len(_GZIP_MAGIC):
+            if _GZIP_MAGIC.startswith(data):
+                self.after = data
+            else:
+                self.ended = bool(data)
+            return None
+        if not data.startswith(_GZIP_MAGIC):
+            self.ended = True
+            return None
+        self.d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        return data
 
     def decode(self, data: bytes) -> Iterator[bytes]:
         if self.d.eof:
-            return
+            member = self._next_member(data)
+            if member is None:
+                return
+            data = member
         try:
             while True:
                 try:
@@ -55,7 +84,12 @@ class _Zlib:
                         raise decoded_too_large(self.limit)
                     yield out
                 data = self.d.unconsumed_tail
-                if (not data and len(out) < _STEP) or self.d.eof:  # (a full step may leave output inside zlib)
+                if self.d.eof:  # (what followed the end is in unused_data -- and may be in that tail too)
+                    member = self._next_member(self.d.unused_data)
+                    if member is None:
+                        return
+                    data = member
+                elif not data and len(out) < _STEP:  # (a full step may leave output inside zlib)
                     return
         except zlib.error as exc:
             raise httpx.DecodingError(str(exc)) from exc

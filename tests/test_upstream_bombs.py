@@ -311,6 +311,16 @@ def test_the_decoders_step_by_step():
         run("gzip, zstd", _encode("zstd", _squeeze("gzip", 20 * MIB)))
     with pytest.raises(UpstreamTooLarge):
         run("gzip, gzip", _encode("gzip", _squeeze("gzip", 20 * MIB)))
+    # a gzip body of several members (RFC 1952) is undone to its end, in pieces of any size, and
+    # held to the limit across them
+    import gzip
+
+    parts = [b"%06d " % i * 1000 for i in range(5)] + [b"x", plain]
+    members = b"".join(gzip.compress(p) for p in parts)
+    for size in (1, 2, 17, 997, len(members)):
+        assert run("gzip", members, size=size) == b"".join(parts)
+    with pytest.raises(UpstreamTooLarge):
+        run("gzip", gzip.compress(b" " * (MIB // 4)) * 8)  # (each member below it, the eight above)
     # what follows the end of the data is ignored, and never piles up inside zlib
     d = _decoder(httpx.Headers({"content-encoding": "gzip"}), LIMIT)
     assert b"".join(d.decode(_encode("gzip", b"{}"))) == b"{}"
