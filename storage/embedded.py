@@ -91,6 +91,7 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
     ``batch_scheduling``: mark its processes ``SCHED_BATCH`` (``[database] embedded_batch_scheduling``)."""
     base = Path(data_dir) if data_dir else default_data_dir()
     pgdata = base / "pgdata"
+    attaching = _running(pgdata)
     with _told() as told:
         try:
             if base.exists() and not base.is_dir():
@@ -109,8 +110,21 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
     pid = server.get_pid()
     if batch_scheduling and pid is not None:
         schedule_as_batch(pid)
-    log.info("embedded PostgreSQL running", extra={"pgdata": str(pgdata)})
+    if attaching:  # (``serve`` started it, and each of its workers' apps attaches: said once)
+        log.debug("attached to the embedded PostgreSQL", extra={"pgdata": str(pgdata)})
+    else:
+        log.info("embedded PostgreSQL running", extra={"pgdata": str(pgdata)})
     return EmbeddedServer(server.get_uri(), pgdata, server.cleanup, pid)
+
+
+def _running(pgdata: Path) -> bool:
+    """Is a server already running on ``pgdata`` (its ``postmaster.pid`` names a live process)?"""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _why(exc: BaseException, pgdata: Path, stderr: list[str]) -> str:

@@ -1,6 +1,7 @@
 """The embedded PostgreSQL as the proxy starts it: its processes are scheduled as batch work
 unless ``[database] embedded_batch_scheduling`` is off (docs/scaling.md#the-embedded-database)."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from storage.embedded import child_pids, schedule_as_batch
+from storage.embedded import child_pids, schedule_as_batch, start_embedded
 
 from .conftest import make_settings, serve_proxy, wait_ready
 from .fakes import free_port
@@ -35,12 +36,16 @@ def stored_call(base: str, key: str, cid: str) -> None:
     assert r.status_code == 200 and r.headers["x-node-id"]
 
 
-def test_the_embedded_server_runs_as_batch_work_unless_configured_not_to(tmp_path, upstream_url, key, cid):
+def test_the_embedded_server_runs_as_batch_work_unless_configured_not_to(tmp_path, upstream_url, key, cid, caplog):
     data = tmp_path / "data"
     settings = make_settings("", upstream_url, database={"data_dir": str(data)})
     assert settings.database.embedded_batch_scheduling  # the default
-    with serve_proxy(settings) as proxy:
+    with caplog.at_level(logging.INFO), serve_proxy(settings) as proxy:
         stored_call(proxy.url, key, cid)
+        # attaching to the running server (what `serve`'s app does after `serve` started it) is
+        # not said as a start again
+        start_embedded(data)
+        assert [r.getMessage() for r in caplog.records].count("embedded PostgreSQL running") == 1
         seen = policies(data)
         # the postmaster, its writers, and the backends serving the proxy's connections, which
         # the postmaster started after its own policy was set
