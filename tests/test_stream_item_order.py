@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from .fakes import Reply
-from .helpers import MODEL, tool_call
+from .helpers import MODEL, responses_answer, tool_call
 
 WEATHER_TOOL = {"type": "function", "name": "weather", "description": "The weather in a city.",
                 "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}}
@@ -80,7 +80,21 @@ def test_langchains_resent_tool_round_matches_and_reaches_the_model(proxy, upstr
     upstream.enqueue(Reply(kind="stream", content="Checking Paris", tool_calls=[CALL]),
                      Reply(kind="stream", content="It is 21 C in Paris."))
     events, first = _stream(proxy.url, key, {"input": [question], "tools": [WEATHER_TOOL]})
-    items: list[dict[str, Any]] = []  # LangChain's blocks: one per run of an item's events, as it sends them back
+    sent = [question, *_langchains_items(events),
+            {"type": "function_call_output", "output": "21 C in Paris", "call_id": "call_w1"}]
+    _, second = _stream(proxy.url, key, {"input": sent, "tools": [WEATHER_TOOL]})
+    assert second["x-conversation-id"] == first["x-conversation-id"]
+    assert (second["x-parent-node-id"], second["x-context-matched"]) == (first["x-node-id"], "2")
+    got = upstream.last.messages
+    assert [m["role"] for m in got] == ["user", "assistant", "tool"]
+    assert got[1]["content"] == "Checking Paris" and got[1]["tool_calls"][0]["id"] == "call_w1"
+    assert got[2] == {"role": "tool", "tool_call_id": "call_w1", "content": "21 C in Paris"}
+
+
+def _langchains_items(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The input items LangChain sends back for a streamed answer: one per run of an item's events
+    (its content blocks, as it reads them from the events)."""
+    items: list[dict[str, Any]] = []
     for e in events:
         if "output_index" not in e or (e["type"] in CALL_DONE and e.get("item", {"type": "function_call"})["type"]
                                        == "function_call"):
@@ -96,7 +110,7 @@ def test_langchains_resent_tool_round_matches_and_reaches_the_model(proxy, upstr
             block["call"] = dict(e["item"])
         elif e["type"] == "response.function_call_arguments.delta":
             block["call"]["arguments"] += e["delta"]
-    sent: list[dict[str, Any]] = [question]
+    sent: list[dict[str, Any]] = []
     for block in items:
         if block["call"] is not None:
             c = block["call"]
@@ -105,11 +119,73 @@ def test_langchains_resent_tool_round_matches_and_reaches_the_model(proxy, upstr
         else:
             sent.append({"type": "message", "content": [{"type": "output_text", "text": block["text"], "annotations": []}],
                          "role": "assistant", **({"id": block["id"]} if block["id"] else {})})
-    sent.append({"type": "function_call_output", "output": "21 C in Paris", "call_id": "call_w1"})
+    return sent
+
+
+def _sse(*deltas: tuple[dict[str, Any], str | None]) -> bytes:
+    base = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": MODEL}
+    return b"".join(b"data: " + json.dumps({**base, "choices": [{"index": 0, "delta": d, "finish_reason": f}]}).encode()
+                    + b"\n\n" for d, f in deltas) + b"data: [DONE]\n\n"
+
+
+def test_text_after_a_call_in_one_answer_is_resent_with_it(proxy, upstream, key):
+    """A chat answer whose text goes on after its tool call ("Let me look." call " One moment.")
+    streams as two message items around the call, as OpenAI streams such an answer; the final
+    response and the node hold one message. LangChain sends all three items back: the second
+    message joins the first (it names the same answer, ``msg_<node>_<i>``) -- it read as another
+    assistant message between the call and its result, the pairing check dropped the tool round
+    (the model never saw its result) and the history matched nothing stored."""
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_sse(
+        ({"role": "assistant", "content": "Let me look."}, None),
+        ({"tool_calls": [{"index": 0, **CALL}]}, None),
+        ({"content": " One moment."}, None), ({}, "tool_calls"))))
+    question = {"content": "What is the weather in Paris?", "role": "user", "type": "message"}
+    events, first = _stream(proxy.url, key, {"input": [question], "tools": [WEATHER_TOOL]})
+    resent = _langchains_items(events)
+    assert [i["type"] for i in resent] == ["message", "function_call", "message"]
+    upstream.enqueue(Reply(kind="stream", content="It is 21 C in Paris."))
+    sent = [question, *resent, {"type": "function_call_output", "output": "21 C in Paris", "call_id": "call_w1"}]
     _, second = _stream(proxy.url, key, {"input": sent, "tools": [WEATHER_TOOL]})
     assert second["x-conversation-id"] == first["x-conversation-id"]
     assert (second["x-parent-node-id"], second["x-context-matched"]) == (first["x-node-id"], "2")
     got = upstream.last.messages
     assert [m["role"] for m in got] == ["user", "assistant", "tool"]
-    assert got[1]["content"] == "Checking Paris" and got[1]["tool_calls"][0]["id"] == "call_w1"
+    assert got[1]["content"] == "Let me look. One moment." and got[1]["tool_calls"][0]["id"] == "call_w1"
     assert got[2] == {"role": "tool", "tool_call_id": "call_w1", "content": "21 C in Paris"}
+
+
+def test_a_native_answers_two_messages_around_a_call_read_as_one_on_a_chat_upstream(native, upstream, key, cid):
+    """A Responses upstream's answer of a message, a call and another message (GPT-5's commentary
+    before a call and more after it): a chat upstream later reads it as one assistant message with
+    the call -- a second assistant message between the call and its result parted them -- while
+    the Responses upstream gets the items back as they were."""
+    headers = {"Authorization": f"Bearer {key}", "X-Conversation-Id": cid}
+
+    def message(text: str) -> dict[str, Any]:
+        return {"type": "message", "role": "assistant", "id": "msg_up", "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+    call = {"type": "function_call", "id": "fc_up", "call_id": "call_w1", "name": "weather",
+            "arguments": '{"city":"Paris"}', "status": "completed"}
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(responses_answer(
+        [message("Let me look."), call, message(" One moment.")])).encode()))
+    r = httpx.post(f"{native.url}/v1/responses", headers=headers, timeout=30,
+                   json={"model": "native-1", "input": "What is the weather in Paris?", "tools": [WEATHER_TOOL]})
+    assert r.status_code == 200, r.text
+    assert [i["type"] for i in r.json()["output"]] == ["message", "function_call", "message"]
+    result = {"type": "function_call_output", "output": "21 C in Paris", "call_id": "call_w1"}
+    upstream.enqueue(Reply(content="It is 21 C."))
+    r = httpx.post(f"{native.url}/v1/responses", headers=headers, timeout=30,
+                   json={"model": "gpt-4o-mini", "input": [result], "tools": [WEATHER_TOOL]})
+    assert r.status_code == 200, r.text
+    got = upstream.last.messages
+    assert [m["role"] for m in got] == ["user", "assistant", "tool"], got
+    assert got[1]["content"] == "Let me look. One moment." and got[1]["tool_calls"][0]["id"] == "call_w1"
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(responses_answer([message("Fine.")])).encode()))
+    r = httpx.post(f"{native.url}/v1/responses", headers=headers, timeout=30,
+                   json={"model": "native-1", "input": "thanks"})
+    assert r.status_code == 200, r.text
+    sent = upstream.responses_requests[-1].body["input"]
+    assert [(i["type"], i.get("role")) for i in sent] == [
+        ("message", "user"), ("message", "assistant"), ("function_call", None), ("message", "assistant"),
+        ("function_call_output", None), ("message", "assistant"), ("message", "user")]

@@ -8,7 +8,8 @@ Responses upstream can send them back natively (``outbound.to_items``); anything
 read is dropped there (``assembly.strip``).
 
     message (input or output) item        -> user / system / developer / assistant message (an
-                                              answer's after its calls: with them, msg_<node>)
+                                              answer's after its calls: with them, msg_<node>; its
+                                              text after the answer's first, msg_<node>_<i>)
     function_call items after a message    -> that assistant message's tool_calls (also one sent after
                                               a result of its answer's: ids fc_<node>_<i> say which)
     custom_tool_call                       -> the same, a function call with one argument, ``input``
@@ -199,16 +200,32 @@ _MESSAGE_OF_ANSWER = re.compile(r"msg_([0-9a-f]{32})(?:_\d+)?")
 
 def _joins(item: dict[str, Any], answered: tuple[dict[str, Any], str, int] | None) -> dict[str, Any] | None:
     """The assistant message of calls an assistant message item belongs with: that of the calls
-    before it when it is of their answer (``msg_<node>``, or a Responses upstream's
-    ``msg_<node>_<i>``) and the message has no text yet -- a stream whose call came before its
-    text gave the items in that order (an item's place is its output_index)."""
+    before it when it is of their answer (``msg_<node>``, or ``msg_<node>_<i>``: a second message
+    of one answer, a Responses upstream's or ours) -- a stream whose call came before its text,
+    or whose text went on after a call, gave the items in that order (an item's place is its
+    output_index). Its text then follows the message's own, as the answer was stored: chat has one
+    message for an answer, and a second assistant message between the calls and their results
+    would part them (docs/behaviour.md#the-responses-api)."""
     if answered is None or item.get("role") != "assistant" or not isinstance(item.get("id"), str):
         return None
     match = _MESSAGE_OF_ANSWER.fullmatch(item["id"])
     message = answered[0]
-    if match is None or match.group(1) != answered[1] or message.get("content") is not None or message.get("refusal"):
+    if match is None or match.group(1) != answered[1] or message.get("refusal") \
+            or not isinstance(message.get("content"), (str, type(None))):
         return None
     return message
+
+
+def _after(before: str | None, content: Any, refusal: str | None) -> tuple[Any, str | None]:
+    """(content, refusal): a message's text (``before``, if any) with what a second message item
+    of its answer says after it."""
+    if not before:
+        return content, refusal
+    if isinstance(content, str):
+        return before + content, refusal
+    if isinstance(content, list):
+        return [{"type": "text", "text": before}, *content], refusal
+    return before, refusal
 
 
 def tool_output_parts(message: dict[str, Any]) -> Any:
@@ -272,7 +289,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message" and answered is not None and (joined := _joins(item, answered)) is not None:
             # (one answer, one assistant message: its text joins its calls, as stored)
-            joined["content"], refusal = content_of(item.get("content"), output=True)
+            joined["content"], refusal = _after(joined.get("content"), *content_of(item.get("content"), output=True))
             if refusal:
                 joined["refusal"] = refusal
             if reasoning:
