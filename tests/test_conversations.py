@@ -419,6 +419,41 @@ def test_the_agents_sdks_conversation_session_unmodified(proxy, upstream, key):
         proxy.openai(key).conversations.retrieve(cid)
 
 
+def test_a_conversation_session_under_auto_v1_holds_each_turn_once(proxy, upstream, key, db):
+    """The Agents SDK for JS (``@openai/agents``, ``OpenAIConversationsSession``) with the base URL
+    the README gives it, /auto/v1: each run lists the conversation's items, sends them with the new
+    question to ``responses.create`` -- naming no conversation -- and adds the question and the
+    answer through the items API. A call found by content must not land in the Conversations API's
+    conversation (OpenAI's holds only what its items calls and the calls naming it put there):
+    when it did, each turn after the first was in it twice, and the third run sent it twice."""
+    auto = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0)
+    try:
+        conv = auto.conversations.create()
+        for question in ("first question", "second question", "third question"):
+            listed = auto.conversations.items.list(conv.id, order="asc").data
+            history = [{"role": i.role, "content": i.content[0].text}  # (the SDK resends them as messages)
+                       for i in listed]
+            new = {"role": "user", "content": question}
+            raw = auto.responses.with_raw_response.create(model=MODEL, instructions="Be brief.",
+                                                          input=[*history, new])
+            answer = raw.parse()
+            assert raw.headers["x-conversation-id"] != conv.id  # found by content: not the API's conversation
+            auto.conversations.items.create(conv.id, items=[new, {
+                "type": "message", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": answer.output_text, "annotations": []}]}])
+        listed = auto.conversations.items.list(conv.id, order="asc").data
+    finally:
+        auto.close()
+    assert texts(listed) == ["first question", "echo: first question", "second question", "echo: second question",
+                             "third question", "echo: third question"]
+    assert upstream_texts(upstream.last) == ["Be brief.", "first question", "echo: first question", "second question",
+                                             "echo: second question", "third question"]
+    # the runs' calls are one line of their own conversation, each storing only its question
+    found = raw.headers["x-conversation-id"]
+    rows = db.fetch("SELECT kind, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", found)
+    assert [r["kind"] for r in rows] == ["turn"] * 3 and [len(r["sent"]) for r in rows] == [2, 1, 1]
+
+
 def test_conversation_under_auto_is_delta_and_item_references_resolve(proxy, upstream, key):
     client = proxy.openai(key)
     conv = client.conversations.create(items=[user_item("referenced later")])
