@@ -1,7 +1,7 @@
 """The clients of a second language: the official openai and Anthropic Node packages drive
 Branchpoint (a turn, a streamed turn, an edit via X-Parent-Node-Id; a tool round over the Messages
-API, natively and translated), and the Vercel AI SDK's OpenAI and Anthropic providers resend their
-whole history through /auto."""
+API, natively and translated), and the Vercel AI SDK's OpenAI and Anthropic providers and the
+OpenAI Agents SDK for JS resend their whole history through /auto."""
 
 import fcntl
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent / "node"
-_PACKAGES = ("openai", "@anthropic-ai/sdk", "ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "zod")
+_PACKAGES = ("openai", "@anthropic-ai/sdk", "ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "@openai/agents", "zod")
 
 
 def _run_node(script: str, env: dict[str, str]) -> dict:
@@ -185,3 +185,50 @@ def test_the_vercel_ai_sdk_anthropic_provider_resending_its_history(mproxy, clau
     rows = db.fetch("SELECT api, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
     assert [r["api"] for r in rows] == ["messages"] * 3
     assert [len(r["sent"]) for r in rows] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_the_js_agents_sdk_runs_a_tool_round_at_auto(proxy, upstream, key, db, api):
+    """The OpenAI Agents SDK for JS (``@openai/agents``) at /auto/v1, its default Responses model and
+    its chat-completions one: a run with a tool round, then a streamed run resending the history.
+    One conversation, a line of three nodes each storing only what was new; the upstream receives
+    the history once."""
+    from .fakes import Reply
+    from .helpers import tool_call
+
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_a1", "weather", '{"city": "Paris"}')]),
+                     Reply(content="It is 21 C in Paris."), Reply(content="Tomorrow too."))
+    seen = _run_node("agents.mjs", {"BASE_URL": proxy.url, "API_KEY": key, "MODEL_API": api})
+    assert seen["first"] == "It is 21 C in Paris." and seen["second"] == "Tomorrow too."
+    assert "output_text_delta" in seen["events"] and all(seen["usage"])
+    calls = seen["calls"]
+    assert [c["matched"] for c in calls] == ["0", "2", "4"] and {c["mode"] for c in calls} == {"full"}
+    assert [c["parent"] for c in calls] == ["root", calls[0]["node"], calls[1]["node"]]
+    cid = calls[0]["conversation"]
+    assert {c["conversation"] for c in calls} == {cid}
+    got = upstream.turn_requests[-3:]
+    assert [[m["role"] for m in r.messages] for r in got] == [
+        ["system", "user"], ["system", "user", "assistant", "tool"],
+        ["system", "user", "assistant", "tool", "assistant", "user"]]
+    assert got[2].body["stream"] is True and got[2].messages[-1]["content"] == "And tomorrow?"
+    rows = db.fetch("SELECT api, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", cid)
+    assert [r["api"] for r in rows] == [api] * 3
+    assert [len(r["sent"]) for r in rows] == [2, 1, 1]  # (the instructions, then only what was new)
+
+
+def test_the_js_agents_sdks_conversation_session_at_auto_holds_each_turn_once(proxy, upstream, key):
+    """The Agents SDK for JS keeping its history in an ``OpenAIConversationsSession`` at /auto/v1:
+    each run sends the listed items to ``responses.create`` (naming no conversation), then adds the
+    question and the answer through the items API. The calls are a line of their own; the
+    conversation lists each turn once, and the third run sends the upstream each item once."""
+    seen = _run_node("agents.mjs", {"BASE_URL": proxy.url, "API_KEY": key, "SESSION": "conversations"})
+    assert seen["answers"] == ["echo: Weather in Paris?", "echo: And tomorrow?", "echo: And the day after?"]
+    assert seen["items"] == ["Weather in Paris?", "echo: Weather in Paris?", "And tomorrow?", "echo: And tomorrow?",
+                             "And the day after?", "echo: And the day after?"]
+    turns = [c for c in seen["calls"] if c["path"].endswith("/responses")]
+    assert [c["matched"] for c in turns] == ["0", "2", "4"]
+    assert len({c["conversation"] for c in turns}) == 1 and turns[0]["conversation"] != seen["conversation"]
+    texts = [m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])
+             for m in upstream.turn_requests[-1].messages]
+    assert texts == ["You answer weather questions.", "Weather in Paris?", "echo: Weather in Paris?", "And tomorrow?",
+                     "echo: And tomorrow?", "And the day after?"]
