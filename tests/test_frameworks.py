@@ -187,6 +187,35 @@ def test_litellm_as_a_client(proxy, upstream, key, db):
     assert [len(sent) for sent in stored_line(db, cid)] == [1, 1]
 
 
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
+def test_litellm_claude_models_under_auto(mproxy, claude, key):
+    """The README's LiteLLM line for Claude models: ``api_base=".../auto"`` -- LiteLLM adds
+    ``/v1/messages`` (so ``.../auto/v1`` would call ``.../auto/v1/v1/messages``, which is passed
+    through unstored: found driving mini-swe-agent, whose Claude models go through LiteLLM)."""
+    import litellm
+
+    from .anthropic_fake import AReply
+
+    claude.enqueue(AReply(content=[{"type": "text", "text": "Look."}, {"type": "tool_use", "id": "toolu_1",
+                                   "name": "bash", "input": {"command": "ls"}}], stop_reason="tool_use"),
+                   AReply(content=[{"type": "text", "text": "Done."}]))
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}}}}]
+    messages: list[Any] = [{"role": "system", "content": "You run commands."}, {"role": "user", "content": "List it."}]
+    first = litellm.completion(model="anthropic/claude-x", api_base=f"{mproxy.url}/auto", api_key=key,
+                               messages=messages, tools=tools, max_tokens=100)
+    cid = first._hidden_params["additional_headers"]["llm_provider-x-conversation-id"]
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": "toolu_1", "content": "a.txt"})
+    second = litellm.completion(model="anthropic/claude-x", api_base=f"{mproxy.url}/auto", api_key=key,
+                                messages=messages, tools=tools, max_tokens=100)
+    assert second.choices[0].message.content == "Done."
+    assert second._hidden_params["additional_headers"]["llm_provider-x-conversation-id"] == cid
+    assert [r.path for r in claude.calls] == ["/v1/messages", "/v1/messages"]
+    assert [m["role"] for m in claude.last.body["messages"]] == ["user", "assistant", "user"]
+    assert [len(sent) for sent in stored_line(mproxy.db, cid)] == [2, 1]  # (the system prompt, the question; the result)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_litellm(monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
