@@ -25,6 +25,7 @@ CACHE = Path(os.environ.get("BRANCHPOINT_CLIENTS_CACHE") or Path.home() / ".cach
 NPM = ("codex", "opencode")  # binaries of tests/clients/node's packages
 # the PyPI clients: tool -> (requirement, command), the versions the tests were written against
 PYPI = {"aider": ("aider-chat==0.86.2", "aider"), "llm": ("llm==0.36", "llm"),
+        "mini-swe-agent": ("mini-swe-agent==2.4.6", "mini"),
         "open-webui": ("open-webui==0.12.4", "open-webui")}  # pulls torch: about a minute
 
 
