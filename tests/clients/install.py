@@ -1,8 +1,9 @@
 """The real clients' installation, from the registries: npm packages in ``tests/clients/node``
 (``npm ci`` from its lock file: Codex CLI and opencode, whose binaries come inside the packages),
 PyPI tools each in a venv of its own under ``$BRANCHPOINT_CLIENTS_CACHE`` (default
-``~/.cache/branchpoint-clients``) -- aider pins ``openai`` and ``pydantic``, so none of them goes
-into the project's environment. Each step is skipped when already done.
+``~/.cache/branchpoint-clients``; a library's command is the venv's ``python``, which runs a test's
+driver script) -- aider pins ``openai`` and ``pydantic``, so none of them goes into the project's
+environment. Each step is skipped when already done.
 
 ``python -m tests.clients.install`` installs them all (``.ci/clients.sh``); the tests' fixtures
 call the same functions (tests/clients/conftest.py)."""
@@ -26,6 +27,7 @@ NPM = ("codex", "opencode")  # binaries of tests/clients/node's packages
 # the PyPI clients: tool -> (requirement, command), the versions the tests were written against
 PYPI = {"aider": ("aider-chat==0.86.2", "aider"), "llm": ("llm==0.36", "llm"),
         "mini-swe-agent": ("mini-swe-agent==2.4.6", "mini"),
+        "instructor": ("instructor[anthropic]==1.17.0", "python"),  # (a library: tests/clients run a driver in it)
         "open-webui": ("open-webui==0.12.4", "open-webui")}  # pulls torch: about a minute
 
 
