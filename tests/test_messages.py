@@ -743,6 +743,57 @@ def test_chat_fields_without_an_equivalent_are_refused(mproxy: Proxy, key: str, 
     assert getattr(exc.value, "status_code", None) == 400
 
 
+def test_structured_output_reaches_anthropic_as_output_config_format(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                                     cid: str) -> None:
+    """A chat client's ``response_format`` json_schema (the SDK's ``parse``, LangChain's
+    ``with_structured_output``, instructor's JSON-schema mode) and a Responses client's
+    ``text.format`` reach a Claude model as Anthropic's structured outputs, ``output_config.format``,
+    the schema as Anthropic's grammar takes it (objects closed, what it does not enforce said in the
+    description); they were refused 400. JSON without a schema (``json_object``) has no
+    equivalent: still refused, nothing sent."""
+    import pydantic
+
+    class Weather(pydantic.BaseModel):
+        city: str
+        celsius: int
+
+    oc = mproxy.openai(key, conversation=cid)
+    claude.enqueue(AReply(content=[{"type": "text", "text": '{"city": "Paris", "celsius": 21}'}]))
+    parsed = oc.chat.completions.parse(model="claude-x", messages=[{"role": "user", "content": "Paris?"}],
+                                       response_format=Weather)
+    assert parsed.choices[0].message.parsed == Weather(city="Paris", celsius=21)
+    sent = claude.last.body
+    assert "response_format" not in sent
+    assert sent["output_config"]["format"] == {"type": "json_schema", "schema": {
+        "title": "Weather", "type": "object", "additionalProperties": False, "required": ["city", "celsius"],
+        "properties": {"city": {"title": "City", "type": "string"}, "celsius": {"title": "Celsius", "type": "integer"}}}}
+
+    loose = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "properties": {
+        "n": {"type": "integer", "minimum": 1, "description": "How many."},
+        "name": {"type": ["string", "null"]},
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}, "minItems": 2},
+        "at": {"oneOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "phone"}]}}}
+    r = httpx.post(f"{mproxy.url}/c/{cid}/v1/responses", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "claude-x", "input": "count", "text": {"format": {
+                       "type": "json_schema", "name": "count", "schema": loose}}})
+    assert r.status_code == 200, r.text
+    assert claude.last.body["output_config"]["format"]["schema"] == {
+        "type": "object", "additionalProperties": False, "properties": {
+            "n": {"type": "integer", "description": "How many.\n\n{minimum: 1}"},
+            "name": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "tags": {"type": "array", "items": {"type": "string", "description": "{pattern: ^[a-z]+$}"},
+                     "description": "{minItems: 2}"},
+            "at": {"anyOf": [{"type": "string", "format": "date"},
+                             {"type": "string", "description": "{format: phone}"}]}}}
+
+    sent_before = len(claude.requests)
+    with pytest.raises(openai.BadRequestError) as refused:
+        oc.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "x"}],
+                                   response_format={"type": "json_object"})
+    assert refused.value.body["param"] == "response_format" and "'json_object'" in refused.value.body["message"]
+    assert len(claude.requests) == sent_before
+
+
 _TWO = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
         {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}}]
 

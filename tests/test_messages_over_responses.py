@@ -101,8 +101,8 @@ def test_a_field_the_upstream_cannot_honour_is_refused_under_the_clients_own_nam
         mproxy: Proxy, upstream: FakeUpstream, claude_server: Any, key: str, cid: str) -> None:
     """A request translated through chat is refused for a field the upstream's API has no
     equivalent of under the name its client sent: an Anthropic client's stop_sequences towards a
-    Responses model (chat's 'stop' was named), an OpenAI Responses client's text.format towards an
-    Anthropic model (chat's 'response_format' was). Nothing is sent upstream."""
+    Responses model (chat's 'stop' was named), an OpenAI Responses client's text.format of JSON
+    without a schema towards an Anthropic model (chat's 'response_format' was). Nothing is sent upstream."""
     before = len(upstream.responses_requests)
     c = anthropic.Anthropic(base_url=f"{mproxy.url}/c/{cid}", api_key=key, max_retries=0)
     try:
@@ -117,9 +117,8 @@ def test_a_field_the_upstream_cannot_honour_is_refused_under_the_clients_own_nam
 
     claude_before = len(claude_server[0].requests)
     r = httpx.post(f"{mproxy.url}/c/{cid}-r/v1/responses", headers={"Authorization": f"Bearer {key}"}, timeout=30,
-                   json={"model": "claude-x", "input": "hi", "text": {"format": {
-                       "type": "json_schema", "name": "x", "schema": {"type": "object"}}}})
+                   json={"model": "claude-x", "input": "hi", "text": {"format": {"type": "json_object"}}})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == "text.format" and error["message"].startswith("'text.format' has no equivalent"), error
+    assert error["param"] == "text.format" and error["message"].startswith("'text.format' of type 'json_object' has no equivalent"), error
     assert len(claude_server[0].requests) == claude_before

@@ -19,6 +19,10 @@ Pure functions.
     thinking, top_k, context_management, dropped: no chat equivalent (the answer does not
       service_tier, container ...       depend on them in a way chat can express)
 
+    And a chat request for an Anthropic upstream (``request_fields``): the same the other way, and
+    response_format json_schema         output_config.format (the schema as Anthropic's structured
+                                          outputs take it: schema.py); json_object is refused
+
 Answers, both ways: proxy/dialects/messages/answers.py.
 """
 
@@ -28,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import InvalidRequest
+from .schema import output_schema
 
 __all__ = ["APPLIED_EDITS", "chat_params", "check_fields", "hosted", "mcp_servers", "request_fields", "untaken"]
 
@@ -182,13 +187,26 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
 }
 
 
+def _json_schema(fmt: Any) -> dict[str, Any] | None:
+    """The schema of a ``response_format`` asking for JSON that holds to one (``json_schema``),
+    else None."""
+    spec = fmt.get("json_schema") if isinstance(fmt, dict) and fmt.get("type") == "json_schema" else None
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    return schema if isinstance(schema, dict) else None
+
+
 def check_fields(params: dict[str, Any], name: Callable[[str], str] = str) -> None:
     """Raise ``InvalidRequest`` for a chat field the Messages API cannot honour, under the name the
     client gave it (``name``, as ``responses.for_chat.check_fields``)."""
     for field, harmless in _REFUSED.items():
-        if field in params and params[field] not in harmless:
-            raise InvalidRequest(f"{name(field)!r} has no equivalent in the Messages API, which this model's upstream "
-                                 "speaks (api = \"anthropic\")", param=name(field))
+        if field in params and params[field] not in harmless \
+                and not (field == "response_format" and _json_schema(params[field]) is not None):
+            what, also = f"{name(field)!r}", ""
+            if field == "response_format" and isinstance(params[field], dict):  # (json_object: JSON, no schema)
+                what += f" of type {params[field].get('type')!r}"
+                also = "; one of type 'json_schema' has (Anthropic's structured outputs)"
+            raise InvalidRequest(f"{what} has no equivalent in the Messages API, which this model's upstream "
+                                 f"speaks (api = \"anthropic\"){also}", param=name(field))
 
 
 def untaken(tools: Any) -> list[str]:
@@ -263,6 +281,11 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
             pass  # (below, with parallel_tool_calls)
         else:
             out[key] = value
+    schema = _json_schema(params.get("response_format"))
+    if schema is not None:  # (structured outputs: JSON holding to the schema, as the answer's text)
+        config = out.get("output_config")
+        out["output_config"] = {**(config if isinstance(config, dict) else {}),
+                                "format": {"type": "json_schema", "schema": output_schema(schema)}}
     maximum = params.get("max_completion_tokens") or params.get("max_tokens")
     out["max_tokens"] = maximum if isinstance(maximum, int) and maximum > 0 else DEFAULT_MAX_TOKENS
     if "tools" in out:

@@ -1,0 +1,82 @@
+"""A JSON schema as Anthropic's structured outputs take it (``output_config.format``), from one a
+chat or Responses client wrote for OpenAI's (``response_format``, ``text.format``). Pure functions.
+
+Anthropic compiles the schema into a grammar and refuses what it cannot compile: an object must
+close itself (``additionalProperties: false``), and a constraint it does not enforce (``minimum``,
+``maxLength``, ``pattern`` ...) is an error rather than ignored. So, as Anthropic's own SDKs
+prepare a schema (their ``transform_schema``): every object is closed, ``oneOf`` reads as
+``anyOf``, a list of types as an ``anyOf`` of each, and a keyword it does not take goes into the
+description, where the model still reads it. What it takes stays as it came.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["output_schema"]
+
+# string formats Anthropic's grammar enforces (another is said in the description)
+_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri", "ipv4", "ipv6", "uuid"})
+_MAX_DEPTH = 64  # (deeper than any real schema: what is below goes as it came)
+
+
+def output_schema(schema: Any, depth: int = 0) -> Any:
+    """``schema`` as Anthropic's structured outputs take it (see the module docstring)."""
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return schema
+    rest = dict(schema)
+    out: dict[str, Any] = {}
+    defs = rest.pop("$defs", None)
+    if isinstance(defs, dict):
+        out["$defs"] = {k: output_schema(v, depth + 1) for k, v in defs.items()}
+    for key in ("$ref", "title", "description"):
+        if key in rest:
+            out[key] = rest.pop(key)
+    if "$ref" in out:
+        return out
+    kind = rest.pop("type", None)
+    if isinstance(kind, list):  # ["string", "null"]: one schema of each
+        rest.pop("type", None)
+        variants = [{**schema, "type": k} for k in kind]
+        for v in variants:
+            v.pop("$defs", None)
+            v.pop("title", None)
+            v.pop("description", None)
+        return {**out, "anyOf": [output_schema(v, depth + 1) for v in variants]}
+    literal = False
+    if isinstance(rest.get("enum"), list) and rest["enum"] and all(_primitive(v) for v in rest["enum"]):
+        out["enum"] = rest.pop("enum")
+        literal = True
+    if "const" in rest and _primitive(rest["const"]):
+        out["const"] = rest.pop("const")
+        literal = True
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(rest.get(key), list):
+            out["allOf" if key == "allOf" else "anyOf"] = [output_schema(v, depth + 1) for v in rest.pop(key)]
+            break
+    if kind is not None and not literal:
+        out["type"] = kind
+    if kind == "object" or isinstance(rest.get("properties"), dict):
+        properties = rest.pop("properties", {})
+        out["properties"] = {k: output_schema(v, depth + 1) for k, v in properties.items()} \
+            if isinstance(properties, dict) else {}
+        rest.pop("additionalProperties", None)
+        out["additionalProperties"] = False
+        if isinstance(rest.get("required"), list):
+            out["required"] = rest.pop("required")
+    elif kind == "string" and rest.get("format") in _FORMATS:
+        out["format"] = rest.pop("format")
+    elif kind == "array":
+        if "items" in rest:
+            out["items"] = output_schema(rest.pop("items"), depth + 1)
+        if rest.get("minItems") in (0, 1):
+            out["minItems"] = rest.pop("minItems")
+    rest.pop("$schema", None)
+    if rest:  # (what it does not enforce, said in words)
+        said = ", ".join(f"{k}: {v}" for k, v in rest.items())
+        out["description"] = f"{out['description']}\n\n{{{said}}}" if out.get("description") else f"{{{said}}}"
+    return out
+
+
+def _primitive(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
