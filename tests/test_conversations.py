@@ -452,6 +452,13 @@ def test_a_conversation_session_under_auto_v1_holds_each_turn_once(proxy, upstre
     found = raw.headers["x-conversation-id"]
     rows = db.fetch("SELECT kind, sent FROM nodes WHERE conversation_id = $1 ORDER BY created_at", found)
     assert [r["kind"] for r in rows] == ["turn"] * 3 and [len(r["sent"]) for r in rows] == [2, 1, 1]
+    # (that conversation given metadata through the API is still found by content: only the API's own are not)
+    proxy.openai(key).conversations.update(found, metadata={"topic": "weather"})
+    history.append({"role": "assistant", "content": answer.output_text})
+    with openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=key, max_retries=0) as again:
+        raw = again.responses.with_raw_response.create(model=MODEL, instructions="Be brief.",
+                                                       input=[*history, new, {"role": "user", "content": "fourth"}])
+    assert raw.headers["x-conversation-id"] == found, "an auto conversation given metadata is found no more"
 
 
 def test_conversation_under_auto_is_delta_and_item_references_resolve(proxy, upstream, key):

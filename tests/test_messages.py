@@ -794,6 +794,36 @@ def test_structured_output_reaches_anthropic_as_output_config_format(mproxy: Pro
     assert len(claude.requests) == sent_before
 
 
+def test_a_schema_for_anthropic_keeps_its_definitions_and_each_types_keywords() -> None:
+    """What ``output_config.format`` gets of schemas pydantic does not write: draft 7's
+    ``definitions`` (zod-to-json-schema's) kept for their ``$ref``s, a list of types split with each
+    type's own keywords (the ``null`` of an optional object carries no properties), an object whose
+    shapes are its variants closed in each of them, not beside them (an empty closed object there
+    could hold none); a ``json_schema`` format without a schema is refused saying so."""
+    from proxy.dialects.messages.schema import output_schema
+    from proxy.dialects.messages.translate import check_fields
+
+    ref = {"type": "object", "properties": {"a": {"$ref": "#/definitions/A"}},
+           "definitions": {"A": {"type": "object", "properties": {"x": {"type": "number", "maximum": 3}}}}}
+    assert output_schema(ref) == {
+        "type": "object", "properties": {"a": {"$ref": "#/definitions/A"}}, "additionalProperties": False,
+        "definitions": {"A": {"type": "object", "additionalProperties": False,
+                              "properties": {"x": {"type": "number", "description": "{maximum: 3}"}}}}}
+    optional = {"type": ["object", "null"], "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    assert output_schema(optional) == {"anyOf": [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False, "required": ["a"]},
+        {"type": "null"}]}
+    assert output_schema({"type": ["string", "integer"], "minLength": 1, "minimum": 0}) == {"anyOf": [
+        {"type": "string", "description": "{minLength: 1}"}, {"type": "integer", "description": "{minimum: 0}"}]}
+    either = {"type": "object", "anyOf": [{"properties": {"a": {"type": "string"}}}, {"properties": {"b": {"type": "integer"}}}]}
+    assert output_schema(either) == {"type": "object", "anyOf": [
+        {"properties": {"a": {"type": "string"}}, "additionalProperties": False},
+        {"properties": {"b": {"type": "integer"}}, "additionalProperties": False}]}
+    with pytest.raises(InvalidRequest) as refused:
+        check_fields({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})
+    assert str(refused.value).startswith("'response_format' of type 'json_schema' without a schema has no equivalent")
+
+
 _TWO = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
         {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}}]
 

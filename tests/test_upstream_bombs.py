@@ -313,14 +313,38 @@ def test_the_decoders_step_by_step():
         run("gzip, gzip", _encode("gzip", _squeeze("gzip", 20 * MIB)))
     # a gzip body of several members (RFC 1952) is undone to its end, in pieces of any size, and
     # held to the limit across them
-    import gzip
-
     parts = [b"%06d " % i * 1000 for i in range(5)] + [b"x", plain]
     members = b"".join(gzip.compress(p) for p in parts)
     for size in (1, 2, 17, 997, len(members)):
         assert run("gzip", members, size=size) == b"".join(parts)
     with pytest.raises(UpstreamTooLarge):
         run("gzip", gzip.compress(b" " * (MIB // 4)) * 8)  # (each member below it, the eight above)
+    # many members: each counts against the limit however little it holds (300 empty ones are
+    # past 1 MiB), and zlib is given a slice at a time -- at a member's end it copies what is left
+    # of its input, so feeding it the rest of the body each time made a body of N members cost N
+    # copies of it (4 MiB of empty members: 18 s on the event loop)
+    with pytest.raises(UpstreamTooLarge):
+        run("gzip", gzip.compress(b"") * 300, size=1 << 20)
+    fed: list[int] = []
+    decompressobj = zlib.decompressobj
+
+    class Counted:
+        def __init__(self, *args: Any) -> None:
+            self.d = decompressobj(*args)
+
+        def decompress(self, data: Any, size: int) -> bytes:
+            fed.append(len(data))
+            return self.d.decompress(data, size)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.d, name)
+
+    last = b"".join(uuid.uuid4().bytes for _ in range(12_500))  # (200 KB that do not compress)
+    members = gzip.compress(b"") * 250 + gzip.compress(last)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("proxy.decoding.zlib.decompressobj", Counted)
+        assert run("gzip", members, limit=8 * MIB, size=len(members)) == last
+    assert sum(fed) < 10 * len(members), (sum(fed), len(members))  # (it was ~250 times)
     # what follows the end of the data is ignored, and never piles up inside zlib
     d = _decoder(httpx.Headers({"content-encoding": "gzip"}), LIMIT)
     assert b"".join(d.decode(_encode("gzip", b"{}"))) == b"{}"

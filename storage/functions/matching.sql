@@ -43,12 +43,13 @@ END
 $$;
 
 -- Conversations API objects: a call that names no conversation (/auto/v1, found by content) never
--- hangs in a conversation made by `POST /v1/conversations` (or given metadata there: its `metadata`
--- is not null). OpenAI's conversation holds what its items calls and the calls naming it
--- (`conversation`) put there, nothing else -- a client that keeps its history in one (the Agents
--- SDK's OpenAIConversationsSession: every run resends the listed items without naming the
--- conversation, then adds what is new through the items API) would otherwise find each new turn
--- in it twice, and send it twice from then on. A call naming it matches its nodes as usual.
+-- hangs in a conversation the Conversations API made (`POST /v1/conversations`, or
+-- `/v1/responses/compact` from input alone: its id is `conv_` + 32 hex digits, an id the proxy
+-- gives no other conversation). OpenAI's conversation holds what its items calls and the calls
+-- naming it (`conversation`) put there, nothing else -- a client that keeps its history in one
+-- (the Agents SDK's OpenAIConversationsSession: every run resends the listed items without naming
+-- the conversation, then adds what is new through the items API) would otherwise find each new
+-- turn in it twice, and send it twice from then on. A call naming it matches its nodes as usual.
 
 -- bp_match_rows(tenant, conversation, tree, visible, chain, limit): the nodes whose transcript hash
 -- is `chain` that a full-history call may hang under -- in the named conversation's reach (its
@@ -75,9 +76,7 @@ BEGIN
         SELECT n.id, n.parent_id, n.tree_id, n.conversation_id, n.outcome, n.kind, n.created_at
           FROM nodes n
          WHERE n.tenant = p_tenant AND n.chain = p_chain AND n.kind <> 'transform'
-           AND NOT EXISTS (SELECT 1 FROM conversations c  -- (not a Conversations API object's, above)
-                            WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant AND c.id = n.conversation_id
-                              AND c.metadata IS NOT NULL)
+           AND n.conversation_id NOT LIKE 'conv\_%'  -- (not a Conversations API object's, above)
          ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
          LIMIT p_limit;
     END IF;
@@ -219,9 +218,7 @@ BEGIN
                   FROM nodes n
                  WHERE n.tenant = s.tenant AND n.chain = s.prefixes[i] AND n.kind <> 'transform'
                    AND (n.outcome IS NOT NULL OR i = v_given)
-                   AND NOT EXISTS (SELECT 1 FROM conversations c  -- (not a Conversations API object's)
-                                    WHERE c.tree_id = n.tree_id AND c.tenant = n.tenant
-                                      AND c.id = n.conversation_id AND c.metadata IS NOT NULL)
+                   AND n.conversation_id NOT LIKE 'conv\_%'  -- (not a Conversations API object's)
                  ORDER BY (n.kind = 'compaction') DESC, n.created_at DESC, n.id DESC
                  LIMIT 2 LOOP
                 IF v_k = 0 THEN

@@ -18,6 +18,14 @@ __all__ = ["output_schema"]
 # string formats Anthropic's grammar enforces (another is said in the description)
 _FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "uri", "ipv4", "ipv6", "uuid"})
 _MAX_DEPTH = 64  # (deeper than any real schema: what is below goes as it came)
+# keywords that belong to some types only (a schema of several types is split into one of each)
+_OBJECT, _ARRAY, _STRING, _NUMBER = frozenset({"object"}), frozenset({"array"}), frozenset({"string"}), \
+    frozenset({"number", "integer"})
+_TYPES_OF = {**dict.fromkeys(("properties", "required", "additionalProperties", "patternProperties", "minProperties",
+                              "maxProperties"), _OBJECT),
+             **dict.fromkeys(("items", "prefixItems", "minItems", "maxItems", "uniqueItems"), _ARRAY),
+             **dict.fromkeys(("format", "pattern", "minLength", "maxLength"), _STRING),
+             **dict.fromkeys(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"), _NUMBER)}
 
 
 def output_schema(schema: Any, depth: int = 0) -> Any:
@@ -26,22 +34,18 @@ def output_schema(schema: Any, depth: int = 0) -> Any:
         return schema
     rest = dict(schema)
     out: dict[str, Any] = {}
-    defs = rest.pop("$defs", None)
-    if isinstance(defs, dict):
-        out["$defs"] = {k: output_schema(v, depth + 1) for k, v in defs.items()}
+    for key in ("$defs", "definitions"):  # (definitions: draft 7's, zod-to-json-schema's)
+        defs = rest.pop(key, None)
+        if isinstance(defs, dict):
+            out[key] = {k: output_schema(v, depth + 1) for k, v in defs.items()}
     for key in ("$ref", "title", "description"):
         if key in rest:
             out[key] = rest.pop(key)
     if "$ref" in out:
         return out
     kind = rest.pop("type", None)
-    if isinstance(kind, list):  # ["string", "null"]: one schema of each
-        rest.pop("type", None)
-        variants = [{**schema, "type": k} for k in kind]
-        for v in variants:
-            v.pop("$defs", None)
-            v.pop("title", None)
-            v.pop("description", None)
+    if isinstance(kind, list):  # ["object", "null"]: one schema of each, with the keywords of its type
+        variants = [{key: v for key, v in rest.items() if k in _TYPES_OF.get(key, (k,))} | {"type": k} for k in kind]
         return {**out, "anyOf": [output_schema(v, depth + 1) for v in variants]}
     literal = False
     if isinstance(rest.get("enum"), list) and rest["enum"] and all(_primitive(v) for v in rest["enum"]):
@@ -50,13 +54,16 @@ def output_schema(schema: Any, depth: int = 0) -> Any:
     if "const" in rest and _primitive(rest["const"]):
         out["const"] = rest.pop("const")
         literal = True
+    combined = False
     for key in ("anyOf", "oneOf", "allOf"):
         if isinstance(rest.get(key), list):
             out["allOf" if key == "allOf" else "anyOf"] = [output_schema(v, depth + 1) for v in rest.pop(key)]
+            combined = True
             break
     if kind is not None and not literal:
         out["type"] = kind
-    if kind == "object" or isinstance(rest.get("properties"), dict):
+    # (an object closed: but one whose shapes are its variants' is closed in each of them)
+    if (kind == "object" and not combined) or isinstance(rest.get("properties"), dict):
         properties = rest.pop("properties", {})
         out["properties"] = {k: output_schema(v, depth + 1) for k, v in properties.items()} \
             if isinstance(properties, dict) else {}

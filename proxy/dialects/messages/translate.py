@@ -203,8 +203,9 @@ def check_fields(params: dict[str, Any], name: Callable[[str], str] = str) -> No
                 and not (field == "response_format" and _json_schema(params[field]) is not None):
             what, also = f"{name(field)!r}", ""
             if field == "response_format" and isinstance(params[field], dict):  # (json_object: JSON, no schema)
-                what += f" of type {params[field].get('type')!r}"
-                also = "; one of type 'json_schema' has (Anthropic's structured outputs)"
+                kind = params[field].get("type")
+                what += f" of type {kind!r}" + (" without a schema" if kind == "json_schema" else "")
+                also = "; one of type 'json_schema' with a schema has (Anthropic's structured outputs)"
             raise InvalidRequest(f"{what} has no equivalent in the Messages API, which this model's upstream "
                                  f"speaks (api = \"anthropic\"){also}", param=name(field))
 
