@@ -80,14 +80,20 @@ def test_langchains_resent_tool_round_matches_and_reaches_the_model(proxy, upstr
     upstream.enqueue(Reply(kind="stream", content="Checking Paris", tool_calls=[CALL]),
                      Reply(kind="stream", content="It is 21 C in Paris."))
     events, first = _stream(proxy.url, key, {"input": [question], "tools": [WEATHER_TOOL]})
-    sent = [question, *_langchains_items(events),
-            {"type": "function_call_output", "output": "21 C in Paris", "call_id": "call_w1"}]
-    _, second = _stream(proxy.url, key, {"input": sent, "tools": [WEATHER_TOOL]})
+    _resend_and_check(proxy.url, upstream, key, [question, *_langchains_items(events)], first, "Checking Paris")
+
+
+def _resend_and_check(url: str, upstream: Any, key: str, history: list[dict[str, Any]], first: httpx.Headers,
+                      text: str) -> None:
+    """Send ``history`` back with the call's result: it matches the first answer (the call hangs
+    under it), and the upstream gets one assistant message -- ``text`` and the call -- and the result."""
+    sent = [*history, {"type": "function_call_output", "output": "21 C in Paris", "call_id": "call_w1"}]
+    _, second = _stream(url, key, {"input": sent, "tools": [WEATHER_TOOL]})
     assert second["x-conversation-id"] == first["x-conversation-id"]
     assert (second["x-parent-node-id"], second["x-context-matched"]) == (first["x-node-id"], "2")
     got = upstream.last.messages
     assert [m["role"] for m in got] == ["user", "assistant", "tool"]
-    assert got[1]["content"] == "Checking Paris" and got[1]["tool_calls"][0]["id"] == "call_w1"
+    assert got[1]["content"] == text and got[1]["tool_calls"][0]["id"] == "call_w1"
     assert got[2] == {"role": "tool", "tool_call_id": "call_w1", "content": "21 C in Paris"}
 
 
@@ -144,14 +150,7 @@ def test_text_after_a_call_in_one_answer_is_resent_with_it(proxy, upstream, key)
     resent = _langchains_items(events)
     assert [i["type"] for i in resent] == ["message", "function_call", "message"]
     upstream.enqueue(Reply(kind="stream", content="It is 21 C in Paris."))
-    sent = [question, *resent, {"type": "function_call_output", "output": "21 C in Paris", "call_id": "call_w1"}]
-    _, second = _stream(proxy.url, key, {"input": sent, "tools": [WEATHER_TOOL]})
-    assert second["x-conversation-id"] == first["x-conversation-id"]
-    assert (second["x-parent-node-id"], second["x-context-matched"]) == (first["x-node-id"], "2")
-    got = upstream.last.messages
-    assert [m["role"] for m in got] == ["user", "assistant", "tool"]
-    assert got[1]["content"] == "Let me look. One moment." and got[1]["tool_calls"][0]["id"] == "call_w1"
-    assert got[2] == {"role": "tool", "tool_call_id": "call_w1", "content": "21 C in Paris"}
+    _resend_and_check(proxy.url, upstream, key, [question, *resent], first, "Let me look. One moment.")
 
 
 def test_a_native_answers_two_messages_around_a_call_read_as_one_on_a_chat_upstream(native, upstream, key, cid):
