@@ -422,6 +422,28 @@ def test_a_responses_upstream_gets_the_assembled_input_natively(native, upstream
     assert node["status"] == "success" and node["received"][0]["type"] == "message"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_upstreams_tool_call_is_stored_finished_by_tool_calls(native, upstream, key, cid, stream):
+    """A node's finish reason is chat's terms whatever the APIs: a Responses client's answer from a
+    Responses upstream that calls a function is ``tool_calls``, as the same answer is through a chat
+    client or over a chat upstream -- it was ``stop`` (the admin API's and the viewer's "finish"),
+    beside ``tool_calls`` on every other node of a tool round (found driving Cline's ``openai-native``
+    provider, the AI SDK's Responses model, against a ``native-*`` model)."""
+    client = native.openai(key, conversation=cid)
+    tools = [{"type": "function", "name": "read_files", "parameters": {"type": "object", "properties": {}}}]
+    upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_1", "read_files", "{}")]), Reply(content="done"))
+    if stream:
+        with client.responses.stream(model="native-1", input="read it", tools=tools) as events:
+            first = events.get_final_response()
+    else:
+        first = client.responses.create(model="native-1", input="read it", tools=tools)
+    assert [o.type for o in first.output] == ["function_call"]
+    second = client.responses.create(model="native-1", previous_response_id=first.id, tools=tools, input=[
+        {"type": "function_call_output", "call_id": "call_1", "output": "ok"}])
+    assert native.db.node(uuid.UUID(first.id[5:]))["finish_reason"] == "tool_calls"
+    assert native.db.node(uuid.UUID(second.id[5:]))["finish_reason"] == "stop"
+
+
 def test_an_image_by_file_id_reaches_chat_and_anthropic_as_a_line_and_a_responses_upstream_as_it_came(
         mproxy, upstream, claude, key, cid):
     """An input_image by OpenAI file id is nothing a chat model or Anthropic can fetch: it reaches

@@ -316,9 +316,15 @@ _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"
 
 
 def finish_of(response: Any) -> str:
-    """A Responses upstream's answer (a response object) as a node's finish reason."""
-    if not isinstance(response, dict) or response.get("status") != "incomplete":
+    """A Responses upstream's answer (a response object) as a node's finish reason: chat's terms,
+    as every other node's -- ``tool_calls`` when the answer calls a tool the client runs (a function
+    or a custom tool), as the same answer stores through a chat client or over a chat upstream."""
+    if not isinstance(response, dict):
         return "stop"
+    if response.get("status") != "incomplete":
+        output = response.get("output") if isinstance(response.get("output"), list) else []
+        calls = any(isinstance(item, dict) and item.get("type") in ("function_call", "custom_tool_call") for item in output)
+        return "tool_calls" if calls else "stop"
     details = response.get("incomplete_details")
     reason = details.get("reason") if isinstance(details, dict) else None
     return next((finish for finish, said in _INCOMPLETE.items() if said == reason), "length")
