@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real-client tests (tests/clients/, pytest marker "clients", left out of the README's test
-# command): install Codex CLI, opencode and Continue's CLI (npm, tests/clients/node's lock file), aider, llm and
+# command): install Codex CLI, opencode, Continue's CLI and Cline's (npm, tests/clients/node's lock file), aider, llm and
 # Open WebUI (PyPI, a venv each under $BRANCHPOINT_CLIENTS_CACHE, default
 # ~/.cache/branchpoint-clients) -- Claude Code installs itself from tests/clients/claude's lock --
 # then run them. A client that cannot be installed fails this script (BRANCHPOINT_CLIENTS_REQUIRED=1),

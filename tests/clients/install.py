@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 NODE = HERE / "node"
 CACHE = Path(os.environ.get("BRANCHPOINT_CLIENTS_CACHE") or Path.home() / ".cache" / "branchpoint-clients")
 
-NPM = ("codex", "opencode", "cn")  # binaries of tests/clients/node's packages
+NPM = ("codex", "opencode", "cn", "cline")  # binaries of tests/clients/node's packages
 # the PyPI clients: tool -> (requirement, command), the versions the tests were written against
 PYPI = {"aider": ("aider-chat==0.86.2", "aider"), "llm": ("llm==0.36", "llm"),
         "mini-swe-agent": ("mini-swe-agent==2.4.6", "mini"),
