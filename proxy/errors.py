@@ -152,6 +152,7 @@ class UpstreamTooLarge(UpstreamFailure, code="upstream_response_too_large"):
 class UpstreamHeadersTooLarge(UpstreamFailure, code="upstream_headers_too_large"):
     retryable = False  # (the same upstream answers with the same headers)
 
+
 class UpstreamTimeout(UpstreamFailure, status=504, code="upstream_timeout"): ...
 
 
