@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-client tests (tests/clients/, pytest marker "clients", left out of the README's test
-# command): install Codex CLI, opencode, Continue's CLI and Cline's (npm, tests/clients/node's lock file), aider, llm and
-# Open WebUI (PyPI, a venv each under $BRANCHPOINT_CLIENTS_CACHE, default
+# command): install Codex CLI, opencode, Continue's CLI and Cline's (npm, tests/clients/node's lock
+# file), aider, llm, mini-swe-agent, instructor and Open WebUI (PyPI, a venv each under
+# $BRANCHPOINT_CLIENTS_CACHE, default
 # ~/.cache/branchpoint-clients) -- Claude Code installs itself from tests/clients/claude's lock --
 # then run them. A client that cannot be installed fails this script (BRANCHPOINT_CLIENTS_REQUIRED=1),
 # where a developer's run of the tests would skip it. Needs the npm registry and PyPI, nothing else.
