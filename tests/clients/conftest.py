@@ -13,6 +13,7 @@ installs the clients, which workers of pytest-xdist would do at once in one fold
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -25,7 +26,7 @@ import pytest
 
 from storage.transcript import canonical
 
-from ..conftest import make_settings, serve_proxy
+from ..conftest import Proxy, make_settings, serve_proxy
 from ..fakes import FakeUpstream, ServerThread
 from . import install
 
@@ -72,6 +73,28 @@ def offline_env(home: Path, **extra: str) -> dict[str, str]:
 def same(messages: list[dict[str, Any]], expected: list[dict[str, Any]]) -> bool:
     """Two message lists equal by meaning (storage.transcript.canonical: what matching compares)."""
     return [canonical(m) for m in messages] == [canonical(m) for m in expected]
+
+
+@contextlib.contextmanager
+def anthropic_proxy(database_url: str, fake: Any) -> Iterator[Proxy]:
+    """A proxy whose every model goes to ``fake``, served here as an Anthropic upstream."""
+    with ServerThread(fake) as server:
+        settings = make_settings(database_url, server.url + "/v1", upstreams=[
+            {"name": "anthropic", "base_url": server.url + "/v1", "models": ["*"], "api": "anthropic"}])
+        with serve_proxy(settings) as proxy:
+            yield proxy
+
+
+def tool_round_then_a_question(calls: list[Any], key: str, call_id: str, question: str) -> None:
+    """A client's three streamed chat requests -- its call ``call_id`` (answered with a result
+    naming "pelican"), then ``question``: each history once, the result right after its call."""
+    assert len(calls) == 3
+    each_history_once(calls)
+    assert all(c.body["stream"] is True and c.headers["authorization"] == f"Bearer {key}" for c in calls)
+    assert [m["role"] for m in calls[2].messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert calls[1].messages[2]["tool_calls"][0]["id"] == call_id
+    assert calls[1].messages[-1]["tool_call_id"] == call_id and "pelican" in calls[1].messages[-1]["content"]
+    assert calls[2].messages[-1]["content"] == question
 
 
 def _conversation(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

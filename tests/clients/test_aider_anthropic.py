@@ -26,7 +26,7 @@ import pytest
 from ..anthropic_fake import AReply, FakeAnthropic
 from ..conftest import make_settings, serve_proxy, tenant_of
 from ..fakes import FakeUpstream, Reply, ServerThread
-from .conftest import conversations_of, nodes_of, offline_env, pypi_bin, run
+from .conftest import anthropic_proxy, conversations_of, nodes_of, offline_env, pypi_bin, run
 from .test_aider import OFFLINE
 
 pytestmark = pytest.mark.clients
@@ -103,13 +103,10 @@ def _check_stored(db: Any, key: str, calls: int) -> None:
 
 def test_aider_anthropic_over_an_anthropic_upstream(database_url, db, key, client_home):
     fake = FakeAnthropic()
-    with ServerThread(fake) as server:
-        settings = make_settings(database_url, server.url + "/v1", upstreams=[
-            {"name": "anthropic", "base_url": server.url + "/v1", "models": ["*"], "api": "anthropic"}])
-        with serve_proxy(settings) as proxy:
-            fake.enqueue(AReply(content=[{"type": "text", "text": EDIT}]),
-                         AReply(content=[{"type": "text", "text": ANSWER}]))
-            _session(proxy.url, key, client_home)
+    with anthropic_proxy(database_url, fake) as proxy:
+        fake.enqueue(AReply(content=[{"type": "text", "text": EDIT}]),
+                     AReply(content=[{"type": "text", "text": ANSWER}]))
+        _session(proxy.url, key, client_home)
 
     calls = fake.calls
     assert len(calls) == 2

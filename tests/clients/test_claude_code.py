@@ -20,7 +20,7 @@ from ..anthropic_fake import AReply, FakeAnthropic
 from ..conftest import make_settings, new_key, serve_proxy, tenant_of
 from ..fakes import FakeUpstream, Reply, ServerThread
 from ..helpers import tool_call
-from .conftest import conversations_of, each_history_once, nodes_of, offline_env, run
+from .conftest import anthropic_proxy, conversations_of, each_history_once, nodes_of, offline_env, run
 
 pytestmark = pytest.mark.clients
 
@@ -122,21 +122,18 @@ def test_claude_code_over_an_anthropic_upstream(database_url: str, db: Any, clie
     claude = claude_bin()
     fake = FakeAnthropic()
     key = f"sk-ant-{new_key()}"
-    with ServerThread(fake) as server:
-        settings = make_settings(database_url, server.url + "/v1", upstreams=[
-            {"name": "anthropic", "base_url": server.url + "/v1", "models": ["*"], "api": "anthropic"}])
-        with serve_proxy(settings) as proxy:
-            work = client_home / "project"
-            work.mkdir()
-            fake.enqueue(
-                AReply(content=[{"type": "thinking", "thinking": "I should run it.", "signature": "sig-cc-1"},
-                                {"type": "tool_use", "id": "toolu_cc1", "name": "Bash",
-                                 "input": {"command": "echo branchpoint-ok", "description": "print a word"}}],
-                       stop_reason="tool_use"),
-                AReply(content=[{"type": "text", "text": "It printed branchpoint-ok."}]),
-                AReply(content=[{"type": "text", "text": "You asked me to run echo."}]),
-            )
-            first, second = _session(claude, work, _env(client_home, proxy.url, key))
+    with anthropic_proxy(database_url, fake) as proxy:
+        work = client_home / "project"
+        work.mkdir()
+        fake.enqueue(
+            AReply(content=[{"type": "thinking", "thinking": "I should run it.", "signature": "sig-cc-1"},
+                            {"type": "tool_use", "id": "toolu_cc1", "name": "Bash",
+                             "input": {"command": "echo branchpoint-ok", "description": "print a word"}}],
+                   stop_reason="tool_use"),
+            AReply(content=[{"type": "text", "text": "It printed branchpoint-ok."}]),
+            AReply(content=[{"type": "text", "text": "You asked me to run echo."}]),
+        )
+        first, second = _session(claude, work, _env(client_home, proxy.url, key))
     assert "It printed branchpoint-ok." in first
     assert "You asked me to run echo." in second
 

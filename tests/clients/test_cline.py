@@ -24,7 +24,7 @@ import pytest
 from ..conftest import make_settings, serve_proxy, tenant_of
 from ..fakes import FakeUpstream, Reply, ServerThread, free_port
 from ..helpers import tool_call
-from .conftest import conversations_of, each_history_once, nodes_of, npm_bin, offline_env
+from .conftest import conversations_of, nodes_of, npm_bin, offline_env, tool_round_then_a_question
 
 pytestmark = pytest.mark.clients
 
@@ -129,13 +129,8 @@ def test_cline_acp_session_of_two_prompts_and_a_tool_round_is_one_conversation(d
     assert second == "Second answer."
 
     calls = upstream.turn_requests
-    assert len(calls) == 3 and len(upstream.requests) == 3
-    each_history_once(calls)
-    assert all(c.body["stream"] is True and c.headers["authorization"] == f"Bearer {key}" for c in calls)
-    assert [m["role"] for m in calls[2].messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
-    assert calls[1].messages[2]["tool_calls"][0]["id"] == "call_k1"
-    assert calls[1].messages[-1]["tool_call_id"] == "call_k1" and "pelican" in calls[1].messages[-1]["content"]
-    assert calls[2].messages[-1]["content"] == "And the second question"
+    assert len(upstream.requests) == 3
+    tool_round_then_a_question(calls, key, "call_k1", "And the second question")
     assert "read_files" in {t["function"]["name"] for t in calls[0].body["tools"]}
 
     tenant = tenant_of(key)

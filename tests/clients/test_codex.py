@@ -9,10 +9,10 @@ import json
 import pytest
 
 from ..anthropic_fake import AReply, FakeAnthropic
-from ..conftest import make_settings, serve_proxy, tenant_of
-from ..fakes import Reply, ServerThread
+from ..conftest import tenant_of
+from ..fakes import Reply
 from ..helpers import tool_call
-from .conftest import conversations_of, each_history_once, nodes_of, npm_bin, offline_env, run
+from .conftest import anthropic_proxy, conversations_of, each_history_once, nodes_of, npm_bin, offline_env, run
 
 pytestmark = pytest.mark.clients
 
@@ -181,13 +181,10 @@ def test_codex_edits_a_file_through_an_anthropic_upstream(database_url, db, key,
                                  {"type": "tool_use", "id": "toolu_p1", "name": "apply_patch", "input": {"input": patch}}],
                         stop_reason="tool_use"),
                  AReply(content=[{"type": "text", "text": "Added notes.md."}]))
-    with ServerThread(fake) as server:
-        settings = make_settings(database_url, server.url + "/v1", upstreams=[
-            {"name": "anthropic", "base_url": server.url + "/v1", "models": ["*"], "api": "anthropic"}])
-        with serve_proxy(settings) as proxy:
-            work, env = codex_setup(client_home, proxy, key)
-            result = run([codex, "exec", "--skip-git-repo-check", "-m", "gpt-5.5", "-s", "workspace-write", "Add notes.md"],
-                         cwd=work, env=env)
+    with anthropic_proxy(database_url, fake) as proxy:
+        work, env = codex_setup(client_home, proxy, key)
+        result = run([codex, "exec", "--skip-git-repo-check", "-m", "gpt-5.5", "-s", "workspace-write", "Add notes.md"],
+                     cwd=work, env=env)
     assert "Added notes.md." in result.stdout
     assert (work / "notes.md").read_text() == "from claude\n"
     first, second = fake.calls

@@ -21,7 +21,15 @@ from ..anthropic_fake import AReply, FakeAnthropic
 from ..conftest import make_settings, serve_proxy, tenant_of
 from ..fakes import FakeUpstream, Reply, ServerThread
 from ..helpers import tool_call
-from .conftest import conversations_of, each_history_once, nodes_of, npm_bin, offline_env, run
+from .conftest import (
+    anthropic_proxy,
+    conversations_of,
+    nodes_of,
+    npm_bin,
+    offline_env,
+    run,
+    tool_round_then_a_question,
+)
 
 pytestmark = pytest.mark.clients
 
@@ -81,13 +89,8 @@ def test_continue_openai_provider_two_turns_and_a_tool_round_are_one_conversatio
     assert "Second answer." in second
 
     calls = upstream.turn_requests
-    assert len(calls) == 3 and len(upstream.requests) == 3
-    each_history_once(calls)
-    assert all(c.body["stream"] is True and c.headers["authorization"] == f"Bearer {key}" for c in calls)
-    assert [m["role"] for m in calls[2].messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
-    assert calls[1].messages[2]["tool_calls"][0]["id"] == "call_c1"
-    assert calls[1].messages[-1]["tool_call_id"] == "call_c1" and "pelican" in calls[1].messages[-1]["content"]
-    assert calls[2].messages[-1]["content"] == "And the second question"
+    assert len(upstream.requests) == 3
+    tool_round_then_a_question(calls, key, "call_c1", "And the second question")
     assert {t["function"]["name"] for t in calls[0].body["tools"]} >= {"Read", "List", "Bash"}
 
     _stored_session(db, key, "chat")
@@ -95,18 +98,15 @@ def test_continue_openai_provider_two_turns_and_a_tool_round_are_one_conversatio
 
 def test_continue_anthropic_provider_over_an_anthropic_upstream(database_url, db, key, client_home):
     claude = FakeAnthropic()
-    with ServerThread(claude) as server:
-        settings = make_settings(database_url, server.url + "/v1", upstreams=[
-            {"name": "anthropic", "base_url": server.url + "/v1", "models": ["*"], "api": "anthropic"}])
-        with serve_proxy(settings) as proxy:
-            claude.enqueue(
-                AReply(content=[{"type": "text", "text": "Let me look."},
-                                {"type": "tool_use", "id": "toolu_c1", "name": "Read", "input": {"filepath": "notes.txt"}}],
-                       stop_reason="tool_use"),
-                AReply(content=[{"type": "text", "text": "The word is pelican."}]),
-                AReply(content=[{"type": "text", "text": "Second answer."}]),
-            )
-            first, second = _session("anthropic", "claude-sonnet-4-5", proxy.url, key, client_home)
+    with anthropic_proxy(database_url, claude) as proxy:
+        claude.enqueue(
+            AReply(content=[{"type": "text", "text": "Let me look."},
+                            {"type": "tool_use", "id": "toolu_c1", "name": "Read", "input": {"filepath": "notes.txt"}}],
+                   stop_reason="tool_use"),
+            AReply(content=[{"type": "text", "text": "The word is pelican."}]),
+            AReply(content=[{"type": "text", "text": "Second answer."}]),
+        )
+        first, second = _session("anthropic", "claude-sonnet-4-5", proxy.url, key, client_home)
     assert "The word is pelican." in first
     assert "Second answer." in second
 

@@ -19,7 +19,7 @@ from ..anthropic_fake import AReply, FakeAnthropic
 from ..conftest import make_settings, serve_proxy, tenant_of
 from ..fakes import FakeUpstream, Reply, ServerThread
 from ..helpers import tool_call, unmarked
-from .conftest import SideCalls, conversations_of, each_history_once, nodes_of, npm_bin, run
+from .conftest import SideCalls, anthropic_proxy, conversations_of, each_history_once, nodes_of, npm_bin, run
 from .test_opencode import project
 
 pytestmark = pytest.mark.clients
@@ -74,19 +74,16 @@ def _stored_session(db: Any, key: str) -> list[Any]:
 
 def test_opencode_anthropic_provider_over_an_anthropic_upstream(database_url, db, key, client_home):
     main, side = FakeAnthropic(), FakeAnthropic()
-    with ServerThread(SideCalls(main, side)) as server:  # type: ignore[arg-type]
-        settings = make_settings(database_url, server.url + "/v1", upstreams=[
-            {"name": "anthropic", "base_url": server.url + "/v1", "models": ["*"], "api": "anthropic"}])
-        with serve_proxy(settings) as proxy:
-            main.enqueue(
-                AReply(content=[{"type": "tool_use", "id": "toolu_o1", "name": "read",
-                                 "input": {"filePath": str(client_home / "project" / "notes.txt")}}],
-                       stop_reason="tool_use"),
-                AReply(content=[{"type": "text", "text": "The word is pelican."}]),
-                AReply(content=[{"type": "text", "text": "Second answer."}]),
-            )
-            side.enqueue(AReply(content=[{"type": "text", "text": "Secret word"}]))
-            first, second, _ = _session(proxy.url, key, client_home)
+    with anthropic_proxy(database_url, SideCalls(main, side)) as proxy:
+        main.enqueue(
+            AReply(content=[{"type": "tool_use", "id": "toolu_o1", "name": "read",
+                             "input": {"filePath": str(client_home / "project" / "notes.txt")}}],
+                   stop_reason="tool_use"),
+            AReply(content=[{"type": "text", "text": "The word is pelican."}]),
+            AReply(content=[{"type": "text", "text": "Second answer."}]),
+        )
+        side.enqueue(AReply(content=[{"type": "text", "text": "Secret word"}]))
+        first, second, _ = _session(proxy.url, key, client_home)
     assert "The word is pelican." in first
     assert "Second answer." in second
 
