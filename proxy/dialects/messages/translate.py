@@ -183,8 +183,9 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
     "n": (None, 1), "logit_bias": (None, {}), "logprobs": (None, False), "top_logprobs": (None, 0),
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,), "functions": (None, []), "function_call": (None,),
-    "web_search_options": (None,), "response_format": (None, {"type": "text"}), "moderation": (None,),
+    "web_search_options": (None,), "moderation": (None,),
 }
+_TEXT = (None, {"type": "text"})  # (a response_format that asks for nothing: not sent)
 
 
 def _json_schema(fmt: Any) -> dict[str, Any] | None:
@@ -199,15 +200,18 @@ def check_fields(params: dict[str, Any], name: Callable[[str], str] = str) -> No
     """Raise ``InvalidRequest`` for a chat field the Messages API cannot honour, under the name the
     client gave it (``name``, as ``responses.for_chat.check_fields``)."""
     for field, harmless in _REFUSED.items():
-        if field in params and params[field] not in harmless \
-                and not (field == "response_format" and _json_schema(params[field]) is not None):
-            what, also = f"{name(field)!r}", ""
-            if field == "response_format" and isinstance(params[field], dict):  # (json_object: JSON, no schema)
-                kind = params[field].get("type")
-                what += f" of type {kind!r}" + (" without a schema" if kind == "json_schema" else "")
-                also = "; one of type 'json_schema' with a schema has (Anthropic's structured outputs)"
-            raise InvalidRequest(f"{what} has no equivalent in the Messages API, which this model's upstream "
-                                 f"speaks (api = \"anthropic\"){also}", param=name(field))
+        if field in params and params[field] not in harmless:
+            raise InvalidRequest(f"{name(field)!r} has no equivalent in the Messages API, which this model's upstream "
+                                 "speaks (api = \"anthropic\")", param=name(field))
+    fmt = params.get("response_format")
+    if fmt not in _TEXT and _json_schema(fmt) is None:  # (json_object: JSON without a schema)
+        what, also = repr(name("response_format")), ""
+        if isinstance(fmt, dict):
+            kind = fmt.get("type")
+            what += f" of type {kind!r}" + (" without a schema" if kind == "json_schema" else "")
+            also = "; one of type 'json_schema' with a schema has (Anthropic's structured outputs)"
+        raise InvalidRequest(f"{what} has no equivalent in the Messages API, which this model's upstream "
+                             f"speaks (api = \"anthropic\"){also}", param=name("response_format"))
 
 
 def untaken(tools: Any) -> list[str]:
@@ -278,8 +282,8 @@ def request_fields(params: dict[str, Any]) -> dict[str, Any]:
                     tools.append(tool)
             if tools:
                 out["tools"] = tools
-        elif key == "tool_choice":
-            pass  # (below, with parallel_tool_calls)
+        elif key in ("tool_choice", "response_format"):
+            pass  # (below: with parallel_tool_calls; as output_config.format)
         else:
             out[key] = value
     schema = _json_schema(params.get("response_format"))
