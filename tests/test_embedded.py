@@ -12,7 +12,7 @@ import pytest
 
 from storage.embedded import child_pids, schedule_as_batch, start_embedded
 
-from .conftest import make_settings, serve_proxy, wait_ready
+from .conftest import make_settings, serve_proxy, wait_for, wait_ready
 from .fakes import free_port
 from .helpers import MODEL
 
@@ -78,6 +78,61 @@ def test_serve_with_workers_starts_the_embedded_server_as_configured(tmp_path, u
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(30)
+
+
+def _killed_outright(data) -> int:
+    """SIGKILL the embedded server's postmaster (the OOM killer's way): its pid."""
+    dead = postmaster(data)
+    os.kill(dead, signal.SIGKILL)
+    return dead
+
+
+def _started_again(data, dead: int) -> None:
+    def another() -> bool:
+        try:
+            pid = postmaster(data)
+            os.kill(pid, 0)
+        except (OSError, ValueError, IndexError):
+            return False
+        return pid != dead
+    wait_for(another, 20, "the embedded server started again")
+
+
+def test_an_embedded_server_killed_outright_is_started_again(tmp_path, upstream_url, key, cid):
+    # nobody else would ever start it: without this, the proxy answered 503 until it was restarted
+    data = tmp_path / "data"
+    settings = make_settings("", upstream_url, database={"data_dir": str(data)})
+    with serve_proxy(settings) as proxy:
+        stored_call(proxy.url, key, cid)
+        dead = _killed_outright(data)
+        _started_again(data, dead)
+        wait_ready(proxy.url, timeout=20)
+        stored_call(proxy.url, key, cid)
+    assert not data.joinpath("pgdata", "postmaster.pid").exists()  # (and stopped with the proxy)
+
+
+@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
+def test_workers_get_their_embedded_server_back_after_it_was_killed(tmp_path, upstream_url, key, cid):
+    data = tmp_path / "data"
+    port = free_port()
+    env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(data), "BRANCHPOINT_UPSTREAM_URL": upstream_url}
+    env.pop("BRANCHPOINT_DATABASE_URL", None)
+    env.pop("BRANCHPOINT_CONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--workers", "2", "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base, proc)
+        stored_call(base, key, cid)
+        dead = _killed_outright(data)
+        _started_again(data, dead)
+        wait_ready(base, proc, timeout=20)
+        for _ in range(4):  # (each worker's pool reconnects)
+            stored_call(base, key, cid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    assert not data.joinpath("pgdata", "postmaster.pid").exists()
 
 
 def test_schedule_as_batch_reaches_children_and_leaves_a_chosen_policy_alone():
