@@ -257,6 +257,36 @@ def test_the_next_answers_call_after_a_joined_message_is_its_own(proxy, upstream
     assert [c["id"] for c in sent[1]["tool_calls"]] == ["call_t"] and [c["id"] for c in sent[3]["tool_calls"]] == ["call_m"]
 
 
+def test_a_streamed_calls_ids_do_not_depend_on_the_chat_upstreams_index_numbering(proxy, upstream, key, cid):
+    """A chat upstream that numbers its calls from 1 (its text was 0, as servers relaying
+    Anthropic's content blocks do) and sends no call ids: the streamed items had ids and call ids
+    made from that index (``fc_<node>_1``, ``call_<node>_1``), the completed response and the
+    stored answer from the call's place (``_0``) -- the SDK's accumulator saw an item change its
+    id, and the client answered ``call_<node>_1``, which pairs with nothing stored: the pairing
+    check dropped the call and its result, the model never saw the tool round."""
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream", body=_sse(
+        {"role": "assistant", "content": "Checking."},
+        {"tool_calls": [{"index": 1, "type": "function", "function": {"name": "weather", "arguments": ""}},
+                        {"index": 2, "type": "function", "function": {"name": "weather", "arguments": ""}}]},
+        {"tool_calls": [{"index": 1, "function": {"arguments": '{"city": "Oslo"}'}}]},
+        {"tool_calls": [{"index": 2, "function": {"arguments": '{"city": "Rome"}'}}]}, finish="tool_calls")))
+    with client.responses.stream(model=MODEL, input="weather?", tools=[WEATHER_TOOL]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    done = [e.item for e in sorted((e for e in events if e.type == "response.output_item.done"), key=lambda e: e.output_index)]
+    assert [(i.id, getattr(i, "call_id", None)) for i in done] == [(i.id, getattr(i, "call_id", None)) for i in final.output]
+    calls = [i for i in done if i.type == "function_call"]
+    assert len(calls) == 2 and len({c.call_id for c in calls}) == 2
+    upstream.enqueue(Reply(content="Cold and warm."))
+    client.responses.create(model=MODEL, tools=[WEATHER_TOOL], input=[
+        {"type": "function_call_output", "call_id": c.call_id, "output": f"result {n}"} for n, c in enumerate(calls)])
+    sent = upstream.last.messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in sent[1]["tool_calls"]] == [c.call_id for c in calls]
+    assert [m["tool_call_id"] for m in sent[2:]] == [c.call_id for c in calls]
+
+
 def test_a_failure_mid_stream_ends_with_response_failed(proxy, upstream, key, cid, db):
     client = proxy.openai(key, conversation=cid)
     upstream.enqueue(Reply(pieces=["part"], error_event={"message": "upstream broke", "type": "server_error"}))

@@ -70,6 +70,11 @@ class FromChat:
         self.reasoning_at: int | None = None  # the reasoning item the reasoning goes to now
         self.reasoning: list[str] = []
         self.calls: dict[int, int] = {}  # chat tool-call index -> output_index
+        # chat tool-call index -> the call's place among the answer's calls, which its ids are made
+        # of (fc_<node>_<n>, call_<node>_<n> when the upstream gave none), as translate.output_items
+        # numbers them for the final response and the stored answer: an upstream may number its
+        # calls from 1, or leave gaps
+        self.places: dict[int, int] = {}
         self.closed: set[int] = set()
         self.compaction = compaction or []  # the compaction item the output begins with (never stored)
 
@@ -241,7 +246,8 @@ class FromChat:
         out = self._close_reasoning() + self._close_text()
         index = len(self.items)
         self.calls[i] = index
-        item = translate.tool_call_item(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
+        n = self.places[i] = len(self.places)
+        item = translate.tool_call_item(self.node_id, n, call_id(call, self.node_id, n), call["function"]["name"],
                                        "", offered(self.params), status="in_progress")
         self.items.append(item)
         return out + self.emit("response.output_item.added", output_index=index, item=item)
@@ -253,7 +259,8 @@ class FromChat:
             if item is None:
                 continue
             call = self.acc.tool_calls[i]
-            item.update(translate.tool_call_item(self.node_id, i, call_id(call, self.node_id, i), call["function"]["name"],
+            n = self.places[i]
+            item.update(translate.tool_call_item(self.node_id, n, call_id(call, self.node_id, n), call["function"]["name"],
                                                 call["function"]["arguments"], offered(self.params), status="completed"))
             if item["type"] == "custom_tool_call":
                 if item["input"]:
