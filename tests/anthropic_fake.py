@@ -27,6 +27,7 @@ class AReply:
     stream_error: dict[str, Any] | None = None  # an error event after the first block
     cut: bool = False  # drop the connection after the first block
     gate: threading.Event | None = None  # a stream: wait for this between message_delta and message_stop
+    empty_input_delta: bool = False  # a stream: a tool_use with empty input gets one input_json_delta of "" (else "{}")
 
 
 # Fields of OpenAI's APIs that Anthropic's refuses, as it refuses any field it does not know
@@ -159,7 +160,9 @@ class FakeAnthropic:
                     await event("content_block_delta", {"index": i, "delta": {"type": "text_delta", "text": text[j:j + 4]}})
             elif kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
                 await event("content_block_start", {"index": i, "content_block": {**block, "input": {}}})
-                args = json.dumps(block["input"])
+                args = "" if reply.empty_input_delta and not block["input"] else json.dumps(block["input"])
+                if not args:  # (how Anthropic streams a call without input: one empty piece)
+                    await event("content_block_delta", {"index": i, "delta": {"type": "input_json_delta", "partial_json": ""}})
                 for j in range(0, len(args), 5):
                     await event("content_block_delta",
                                 {"index": i, "delta": {"type": "input_json_delta", "partial_json": args[j:j + 5]}})

@@ -828,6 +828,32 @@ _TWO = [{"type": "function", "function": {"name": "a", "parameters": {"type": "o
         {"type": "function", "function": {"name": "b", "parameters": {"type": "object"}}}]
 
 
+@pytest.mark.parametrize("client", ["chat", "responses"])
+def test_claudes_call_without_input_streams_as_empty_json_arguments(mproxy: Proxy, claude: FakeAnthropic, key: str,
+                                                                    cid: str, client: str) -> None:
+    """A call of a tool without parameters: Anthropic streams its input as one empty piece. A chat
+    (or Responses) client's stream said arguments ``""`` -- not JSON, which OpenAI never sends
+    (``"{}"``), and not what the stored answer (a chat client's) or a whole answer says."""
+    claude.enqueue(AReply(content=[{"type": "tool_use", "id": "toolu_now", "name": "now", "input": {}}],
+                          stop_reason="tool_use", empty_input_delta=True))
+    c = mproxy.openai(key, conversation=cid)
+    if client == "chat":
+        tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+        arguments = "".join(tc.function.arguments or "" for chunk in c.chat.completions.create(
+            model="claude-x", messages=[{"role": "user", "content": "time?"}], tools=tools, stream=True)
+            for choice in chunk.choices for tc in choice.delta.tool_calls or ())
+    else:
+        tools = [{"type": "function", "name": "now", "parameters": {"type": "object", "properties": {}}}]
+        with c.responses.stream(model="claude-x", input="time?", tools=tools) as stream:
+            final = stream.get_final_response()
+        arguments = next(o.arguments for o in final.output if o.type == "function_call")
+    assert arguments == "{}"
+    head = httpx.get(f"{mproxy.url}/admin/conversations/{cid}", headers={"x-api-key": key}).json()["head_node_id"]
+    stored = httpx.get(f"{mproxy.url}/admin/nodes/{head}", headers={"x-api-key": key}).json()["received"]
+    assert "{}" in json.dumps([c.get("function", {}).get("arguments") for m in stored for c in m.get("tool_calls") or ()]
+                              + [i.get("arguments") for i in stored if i.get("type") == "function_call"])
+
+
 def test_a_chat_clients_allowed_tools_reach_anthropic_as_the_tools_it_names(mproxy: Proxy, claude: FakeAnthropic,
                                                                               key: str, cid: str) -> None:
     """``tool_choice: allowed_tools`` offers Anthropic only the tools it names, its mode the

@@ -303,6 +303,7 @@ class ToChat:
         self.created = int(time.time())
         self._opened = False
         self._calls: dict[int, int] = {}  # block index -> chat tool-call index
+        self._argued: set[int] = set()  # block indexes of the calls whose arguments said something
         self._said = ""  # the content sent so far: its last character (where a server tool's line goes)
 
     @property
@@ -368,8 +369,18 @@ class ToChat:
             if dtype == "thinking_delta":
                 return self._chunk({"reasoning_content": str(delta.get("thinking") or "")})
             if dtype == "input_json_delta" and index in self._calls:
-                return self._chunk({"tool_calls": [{"index": self._calls[index],
-                                                    "function": {"arguments": str(delta.get("partial_json") or "")}}]})
+                piece = str(delta.get("partial_json") or "")
+                if piece:
+                    self._argued.add(index)
+                return self._chunk({"tool_calls": [{"index": self._calls[index], "function": {"arguments": piece}}]})
+        if kind == "content_block_stop" and index in self._calls and index not in self._argued:
+            # (a call without input: Anthropic streams none, or one empty piece -- the arguments are
+            # "{}", as OpenAI's are and as the stored and a whole answer say, never "")
+            self._argued.add(index)
+            block = self.acc.blocks.get(index) or {}
+            value = block.get("input") if isinstance(block.get("input"), dict) else {}
+            return self._chunk({"tool_calls": [{"index": self._calls[index],
+                                                "function": {"arguments": encode(value).decode()}}]})
         if kind == "content_block_stop":  # (a server tool's call or result, whole: its line, as the answer reads)
             line = server_line(self.acc.blocks.get(index), uses_of(self.acc.blocks.values()))
             if line is not None:
