@@ -227,6 +227,38 @@ def test_a_streamed_call_before_its_text_resent_whole_keeps_its_tool_round(proxy
     assert sent[2] == {"role": "tool", "tool_call_id": "call_t", "content": "-3 C"}
 
 
+@pytest.mark.parametrize("with_call", [True, False])
+def test_streamed_text_parted_by_reasoning_resent_whole_matches_its_answer(proxy, upstream, with_call):
+    """A chat upstream streamed reasoning, text, more reasoning, more text (and a call): the
+    second reasoning and the text after it are items of their own in the stream (``rs_<node>_2``,
+    ``msg_<node>_3``). A full-history client that keeps the items as streamed (Codex keeps each
+    ``output_item.done``) resends them: the second message item is its answer's, as after a call --
+    read as an assistant message of its own, the history matched nothing and every such turn began
+    a new root, the model reading the answer as two."""
+    client = openai.OpenAI(base_url=f"{proxy.url}/auto/v1", api_key=new_key(), max_retries=0)
+    deltas = [{"reasoning_content": "one"}, {"content": "Text one."}, {"reasoning_content": "two"}, {"content": " Text two."}]
+    if with_call:
+        deltas.append({"tool_calls": [{"index": 0, "id": "call_t", "type": "function",
+                                       "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]})
+    upstream.enqueue(Reply(kind="raw", content_type="text/event-stream",
+                           body=_sse(*deltas, finish="tool_calls" if with_call else "stop")))
+    question = {"role": "user", "content": f"Weather in Oslo? {uuid.uuid4().hex[:6]}"}
+    with client.responses.with_streaming_response.create(model=MODEL, input=[question], tools=[WEATHER_TOOL],
+                                                         stream=True) as r:
+        first_node = r.headers["x-node-id"]
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    items = [e["item"] for e in sorted((e for e in events if e["type"] == "response.output_item.done"),
+                                       key=lambda e: e["output_index"])]
+    assert [i["type"] for i in items][:4] == ["reasoning", "message", "reasoning", "message"]
+    after = [{"type": "function_call_output", "call_id": "call_t", "output": "-3 C"}] if with_call else \
+        [{"role": "user", "content": "And tomorrow?"}]
+    _, h2 = raw_create(client, input=[question, *items, *after], tools=[WEATHER_TOOL])
+    assert h2["x-parent-node-id"] == first_node and h2["x-context-matched"] == "2"
+    sent = upstream.last.messages
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool" if with_call else "user"]
+    assert sent[1]["content"] == "Text one. Text two."
+
+
 def test_the_next_answers_call_after_a_joined_message_is_its_own(proxy, upstream):
     """Items resent call, result, message (the message joins its answer's call, as stored), then
     the next answer's call and its result: that call is the next answer's -- it was appended to the

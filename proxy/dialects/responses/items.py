@@ -315,6 +315,12 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
                 reasoning.clear()
             out.append(attach(message, item))
             last_assistant, number, answered = (message if role == "assistant" else None), counted, None
+            # (an answer's message of ours: a second message item of its answer joins it, as when
+            # its calls came between -- reasoning that went on after the text was streamed as an
+            # item of its own, and the text after it as another message item, msg_<node>_<i>)
+            origin = _MESSAGE_OF_ANSWER.fullmatch(item.get("id") or "") if isinstance(item.get("id"), str) else None
+            if role == "assistant" and origin is not None:
+                answered = (message, origin.group(1), counted)
         elif kind in CALLS and (kind != "tool_search_call" or client_search(item)):
             name = flat_name(item.get("namespace"), item.get("name"))
             if kind == "custom_tool_call":
