@@ -197,6 +197,16 @@ def test_a_streams_items_are_the_final_responses_and_the_stored_ones(proxy, upst
         assert final.output[0].content[0].refusal == "I can't help with that."
 
 
+def _streamed_done_items(client, **create) -> tuple[str, list[dict]]:
+    """A streamed Responses call's node and its output items as the stream finished them
+    (``output_item.done``), in output_index order: what a client keeping them resends."""
+    with client.responses.with_streaming_response.create(model=MODEL, stream=True, **create) as r:
+        node = r.headers["x-node-id"]
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    done = sorted((e for e in events if e["type"] == "response.output_item.done"), key=lambda e: e["output_index"])
+    return node, [e["item"] for e in done]
+
+
 @pytest.mark.parametrize("order", ["streamed", "message_first"])
 def test_a_streamed_call_before_its_text_resent_whole_keeps_its_tool_round(proxy, upstream, order):
     """A chat upstream streamed a call, then text: the call is output_index 0, the message 1. A
@@ -209,12 +219,7 @@ def test_a_streamed_call_before_its_text_resent_whole_keeps_its_tool_round(proxy
                                                                                        "arguments": '{"city": "Oslo"}'}}]},
         {"content": "Checking."}, finish="tool_calls")))
     question = {"role": "user", "content": "Weather in Oslo?"}
-    with client.responses.with_streaming_response.create(model=MODEL, input=[question], tools=[WEATHER_TOOL],
-                                                         stream=True) as r:
-        first_node = r.headers["x-node-id"]
-        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-    items = [e["item"] for e in sorted((e for e in events if e["type"] == "response.output_item.done"),
-                                       key=lambda e: e["output_index"])]
+    first_node, items = _streamed_done_items(client, input=[question], tools=[WEATHER_TOOL])
     assert [i["type"] for i in items] == ["function_call", "message"]
     if order == "message_first":
         items.reverse()
@@ -243,12 +248,7 @@ def test_streamed_text_parted_by_reasoning_resent_whole_matches_its_answer(proxy
     upstream.enqueue(Reply(kind="raw", content_type="text/event-stream",
                            body=_sse(*deltas, finish="tool_calls" if with_call else "stop")))
     question = {"role": "user", "content": f"Weather in Oslo? {uuid.uuid4().hex[:6]}"}
-    with client.responses.with_streaming_response.create(model=MODEL, input=[question], tools=[WEATHER_TOOL],
-                                                         stream=True) as r:
-        first_node = r.headers["x-node-id"]
-        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-    items = [e["item"] for e in sorted((e for e in events if e["type"] == "response.output_item.done"),
-                                       key=lambda e: e["output_index"])]
+    first_node, items = _streamed_done_items(client, input=[question], tools=[WEATHER_TOOL])
     assert [i["type"] for i in items][:4] == ["reasoning", "message", "reasoning", "message"]
     after = [{"type": "function_call_output", "call_id": "call_t", "output": "-3 C"}] if with_call else \
         [{"role": "user", "content": "And tomorrow?"}]
@@ -270,11 +270,7 @@ def test_the_next_answers_call_after_a_joined_message_is_its_own(proxy, upstream
                                                                                        "arguments": '{"city": "Oslo"}'}}]},
         {"content": "Checking."}, finish="tool_calls")))
     question = {"role": "user", "content": f"Weather in Oslo? {uuid.uuid4().hex[:6]}"}
-    with client.responses.with_streaming_response.create(model=MODEL, input=[question], tools=[WEATHER_TOOL],
-                                                         stream=True) as r:
-        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-    call, message = [e["item"] for e in sorted((e for e in events if e["type"] == "response.output_item.done"),
-                                               key=lambda e: e["output_index"])]
+    _, (call, message) = _streamed_done_items(client, input=[question], tools=[WEATHER_TOOL])
     result = {"type": "function_call_output", "call_id": "call_t", "output": "-3 C"}
     upstream.enqueue(Reply(content=None, tool_calls=[tool_call("call_m", "weather", '{"city": "Bergen"}')]))
     second, h2 = raw_create(client, input=[question, call, result, message], tools=[WEATHER_TOOL])
