@@ -616,3 +616,28 @@ def test_an_item_reference_finds_an_id_the_client_gave_in_the_conversation_it_co
         client.responses.create(model=MODEL, conversation=client.conversations.create().id,
                                 input=[{"type": "item_reference", "id": given}])
 
+
+
+def test_items_may_reference_stored_items_as_openais_input_item_union_allows(proxy, upstream, key):
+    """``items`` of ``conversations.create`` and ``items.create`` are OpenAI's input items, which
+    hold ``item_reference``: a reference is resolved from the tree (the stored item is added, and
+    is context), an unknown one is 404 ``item_not_found`` and stores nothing -- it was refused."""
+    client = proxy.openai(key)
+    upstream.enqueue(Reply(content="The answer is 42."))
+    source = client.responses.create(model=MODEL, input="What is the answer?",
+                                     extra_headers={"X-Conversation-Id": f"src-{uuid.uuid4().hex}"})
+    conv = client.conversations.create(items=[{"type": "item_reference", "id": source.output[0].id}])
+    assert texts(client.conversations.items.list(conv.id).data) == ["The answer is 42."]
+    question = client.conversations.items.list(conv.id).data[0]
+    other = client.conversations.create(items=[user_item("first")])
+    added = client.conversations.items.create(other.id, items=[{"type": "item_reference", "id": question.id},
+                                                               user_item("Repeat it.")])
+    assert texts(added.data) == ["The answer is 42.", "Repeat it."]
+    client.responses.create(model=MODEL, conversation=other.id, input="Go")
+    assert upstream_texts(upstream.last) == ["first", "The answer is 42.", "Repeat it.", "Go"]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.conversations.items.create(other.id, items=[{"type": "item_reference", "id": "msg_nothing"}])
+    assert missing.value.body["code"] == "item_not_found"
+    with pytest.raises(openai.NotFoundError):
+        proxy.openai(new_key()).conversations.create(items=[{"type": "item_reference", "id": source.output[0].id}])
+    assert len(client.conversations.items.list(other.id).data) == 5  # (nothing stored by the refusal)

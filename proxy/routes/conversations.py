@@ -41,6 +41,7 @@ from .common import decoded_body
 from .context import CallContext
 from .docs import errors
 from .path_items import ITEM_IDS, Item, has_instructions, listed_item, path_items, resolve_compactions
+from .responses import resolve_references
 
 __all__ = ["conversation_item", "conversation_items", "conversation_resource", "conversations_create",
            "new_conversation_id"]
@@ -68,14 +69,27 @@ def _checked_items(value: Any, *, param: str, required: bool) -> list[dict[str, 
         if not isinstance(item, dict) or not (isinstance(item.get("type"), str) or "role" in item):
             raise InvalidRequest(f"{param}[{i}] is not an item (an object with a type, or a message with a role)",
                                  param=f"{param}[{i}]")
-        if item.get("type") == "item_reference":
-            raise InvalidRequest("item references cannot be added to a conversation", param=f"{param}[{i}]")
+        if item.get("type") == "item_reference":  # (resolved from the tree by the caller: ``_resolved``)
+            if not isinstance(item.get("id"), str) or not item["id"]:
+                raise InvalidRequest("an item reference needs the id of a stored item", param=f"{param}[{i}].id")
+            out.append(item)
+            continue
         if "type" not in item:
             item = {"type": "message", **item}
         if (problem := item_problem(item)) is not None:  # (stored unchecked, it would fail every later call)
             raise InvalidRequest(problem[0], param=f"{param}[{i}]{problem[1]}")
         out.append(item)
     return out
+
+
+async def _resolved(items: list[dict[str, Any]], call: CallContext, cid: str | None) -> list[dict[str, Any]]:
+    """Item references (OpenAI's ``ResponseInputItem`` union, which ``items`` takes, holds them)
+    replaced by the stored items they name, as a Responses call's input is -- found as the API
+    shows them (a response's item while the response is there; an item of ``cid``'s list), else
+    404 ``item_not_found``; nothing is stored then."""
+    if not any(item.get("type") == "item_reference" for item in items):
+        return items
+    return await resolve_references(items, call.admin, call.caller, cid)
 
 
 def _checked_metadata(value: Any) -> dict[str, str] | None:
@@ -186,8 +200,8 @@ async def conversations_create(request: Request[Any, Any, Any], call: NamedDepen
     body = await _body(request)
     metadata = _checked_metadata(body.get("metadata"))
     tenant, admin = call.caller.tenant, call.admin
-    items = await resolve_compactions(_checked_items(body.get("items"), param="items", required=False), admin, tenant,
-                                      param="items")
+    items = await _resolved(_checked_items(body.get("items"), param="items", required=False), call, None)
+    items = await resolve_compactions(items, admin, tenant, param="items")
     cid = new_conversation_id()
     await admin.add_items(tenant, cid, [items_node(items)] if items else [], create=True, metadata=metadata or {})
     return _json(await _object(admin, tenant, cid))
@@ -223,8 +237,10 @@ async def conversation_items(request: Request[Any, Any, Any], call: NamedDepende
         _, items, _ = await path_items(admin, tenant, cid)
         return _json(_page([i.listed for i in items if not i.hidden], request.query_params))
     body = await _body(request)
-    items = await resolve_compactions(_checked_items(body.get("items"), param="items", required=True), admin, tenant,
-                                      param="items")
+    if await admin.conversation(tenant, cid) is None:  # (before a reference is looked for in it)
+        raise ConversationNotFound(f"conversation {cid!r} not found")
+    items = await _resolved(_checked_items(body.get("items"), param="items", required=True), call, cid)
+    items = await resolve_compactions(items, admin, tenant, param="items")
     node = items_node(items)
     await admin.add_items(tenant, cid, [node])
     added = [i.listed for i in (await path_items(admin, tenant, cid))[1] if str(i.node.id) == node["id"]]
