@@ -138,6 +138,18 @@ def _audio(msg: dict[str, Any], target: Target, producer: str | None, out: dict[
         out["content"] = audio["transcript"]
 
 
+def drop_old_reasoning(messages: list[Any], turns: int) -> list[Any]:
+    """``messages`` (a chat request's) with the readable reasoning (``_REASONING``) of every
+    assistant message but the ``turns`` most recent that hold some left out -- Anthropic's
+    ``clear_thinking`` edit (its ``thinking_turns``: assistant turns with thinking), carried out
+    for a chat upstream that takes reasoning back."""
+    holding = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
+               and any(m.get(k) for k in _REASONING)]
+    cleared = set(holding[:max(0, len(holding) - turns)])
+    return [{k: v for k, v in m.items() if k not in _REASONING} if i in cleared else m
+            for i, m in enumerate(messages)]
+
+
 def shape_received(msg: dict[str, Any], target: Target, producer: str | None) -> dict[str, Any]:
     """A returned assistant message as it may be sent back to ``target``: portable fields only,
     nulls dropped, reasoning kept only where the target accepts it (opaque reasoning only to the

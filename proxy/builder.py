@@ -29,10 +29,11 @@ from typing import Any
 
 from storage import NodeRow, PathNode, TreeStore
 
-from .assembly import SYSTEM_AT, Target, assemble, build_body, unkept
+from .assembly import SYSTEM_AT, Target, assemble, build_body, drop_old_reasoning, unkept
 from .dialects import INHERITED, Crossing, crossing, dialect, message_path
 from .dialects.chat.markers import MARKERS as CHAT_MARKERS
 from .dialects.chat.markers import apply_markers
+from .dialects.messages.request import kept_thinking_turns
 from .limits import ContextTooLarge, bytes_bound, hold
 from .splice import EMPTY, Prefix, Segment, segment, splice
 
@@ -177,7 +178,11 @@ class RequestBuilder:
         fields = way.fields(params, max_output=target.max_output)
         system_at = params.get(SYSTEM_AT)  # (a full-history call's system messages: where it had them)
         marked = params.get(CHAT_MARKERS)  # (a chat client's cache_control markers: the call's own only)
-        if upstream.name == "chat" and tree_id is not None and path and not system_at and marked is None:
+        # (a Messages client's clear_thinking edit: carried out where reasoning would go back)
+        thinking_turns = kept_thinking_turns(params) if way.client.name == "messages" and upstream.name == "chat" \
+            and target.accepts_reasoning else None
+        if upstream.name == "chat" and tree_id is not None and path and not system_at and marked is None \
+                and thinking_turns is None:
             spliced = self._spliced(tree_id, path, new_items, target, system_at)
             if spliced is not None:
                 messages, dropped = spliced
@@ -187,6 +192,8 @@ class RequestBuilder:
         # whichever client continues the path: only chat clients' calls store them)
         chat_markers = way.client.name == "chat" or upstream.name == "chat"
         messages = apply_markers(assembled.messages, marked or ()) if chat_markers else assembled.messages
+        if thinking_turns is not None:
+            messages = drop_old_reasoning(messages, thinking_turns)
         return Built(upstream.request_body(fields, messages, target.provider, stream=stream), assembled.dropped,
                      upstream.endpoint, history)
 

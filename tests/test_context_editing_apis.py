@@ -315,3 +315,36 @@ def test_a_clearing_the_hard_threshold_then_summarised_is_still_said(fresh_datab
 
     assert call.exchange_params()[READ_BY_THE_DIALECT] == [  # (the key the Messages dialect reads)
         {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 2, "cleared_input_tokens": 700}]
+
+
+@pytest.fixture
+def reasoning_chat(fresh_database_url: str, upstream_url: str,
+                   claude_server: tuple[FakeAnthropic, ServerThread]) -> Iterator[Proxy]:
+    upstreams = three_upstreams(upstream_url, claude_server)
+    upstreams[2]["accepts_reasoning"] = True  # (the chat upstream takes readable reasoning back)
+    yield from proxy_with(fresh_database_url, upstream_url, models=LIMITS, upstreams=upstreams)
+
+
+@pytest.mark.parametrize(("keep", "kept"), [({"type": "thinking_turns", "value": 1}, 1), (None, 1),
+                                            ({"type": "thinking_turns", "value": 2}, 2), ("all", 3)])
+def test_clear_thinking_is_carried_out_where_reasoning_goes_back(reasoning_chat, upstream, key, cid, keep, kept):
+    """Anthropic's ``clear_thinking`` edit towards a chat upstream that takes reasoning back
+    (``accepts_reasoning``): only the ``keep`` most recent assistant turns' reasoning goes back
+    (Anthropic's default: 1; ``"all"``: every one) -- it went back whole, whatever the edit said."""
+    c = anthropic.Anthropic(base_url=f"{reasoning_chat.url}/c/{cid}", api_key=key, max_retries=0)
+    edit = {"type": "clear_thinking_20251015", **({} if keep is None else {"keep": keep})}
+    for i in range(4):
+        upstream.enqueue(Reply(content=f"answer {i}", reasoning=f"reasoning of turn {i}"))
+        raw = c.beta.messages.with_raw_response.create(
+            betas=[BETA], model="gpt-x", max_tokens=100, context_management={"edits": [edit]},
+            thinking={"type": "enabled", "budget_tokens": 1024}, messages=[{"role": "user", "content": f"q {i}"}])
+    sent = [m.get("reasoning_content") for m in upstream.last.body["messages"] if m["role"] == "assistant"]
+    assert sent == [None] * (3 - kept) + [f"reasoning of turn {i}" for i in range(3 - kept, 3)]
+    assert "context_management" not in upstream.last.body
+    replay = reasoning_chat.http(key).get(f"/admin/nodes/{raw.headers['x-node-id']}/request")
+    assert replay.headers["x-request-verified"] == "true" and replay.json() == upstream.last.body
+    # without the edit, every turn's reasoning goes back, as before
+    upstream.enqueue(Reply(content="answer 4"))
+    c.messages.create(model="gpt-x", max_tokens=100, messages=[{"role": "user", "content": "q 4"}])
+    assert [m.get("reasoning_content") for m in upstream.last.body["messages"] if m["role"] == "assistant"] == [
+        f"reasoning of turn {i}" for i in range(4)]

@@ -9,7 +9,8 @@ from ...errors import InvalidRequest
 from .. import parse_model_request, refuse_own_keys
 from .blocks import MARKERS, fragments, markers
 
-__all__ = ["CLEAR_TOOL_USES", "call_items", "call_params", "check_message", "clearing_edit", "parse_messages_body"]
+__all__ = ["CLEAR_THINKING", "CLEAR_TOOL_USES", "call_items", "call_params", "check_message", "clearing_edit",
+           "kept_thinking_turns", "parse_messages_body"]
 
 _ROLES = frozenset({"user", "assistant", "system"})  # (system: a message of its own, where the client put it)
 
@@ -98,6 +99,29 @@ def call_params(body: dict[str, Any]) -> dict[str, Any]:
 
 
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
+CLEAR_THINKING = "clear_thinking_20251015"
+
+
+def kept_thinking_turns(params: dict[str, Any]) -> int | None:
+    """The request's ``clear_thinking`` edit as the proxy carries it out for a chat upstream that
+    takes readable reasoning back (``accepts_reasoning``): how many of the most recent assistant
+    turns keep their reasoning (Anthropic's default: 1) -- None when it asks for no such edit, or
+    keeps ``"all"``. (Towards any other upstream there is nothing to do: thinking goes back only
+    to the provider that wrote it.) A malformed edit keeps everything: the call was checked as
+    it came in."""
+    management = params.get("context_management")
+    edits = management.get("edits") if isinstance(management, dict) else None
+    for edit in edits if isinstance(edits, list) else ():
+        if not isinstance(edit, dict) or edit.get("type") != CLEAR_THINKING:
+            continue
+        keep = edit.get("keep")
+        if keep is None:
+            return 1
+        if isinstance(keep, dict) and keep.get("type") == "thinking_turns" and type(keep.get("value")) is int \
+                and keep["value"] >= 0:
+            return keep["value"]
+        return None
+    return None
 
 
 def _amount(value: Any, kind: str, at: str, least: int = 0) -> int | None:
@@ -115,9 +139,9 @@ def clearing_edit(body: dict[str, Any]) -> dict[str, Any] | None:
     """The request's ``clear_tool_uses`` edit (``context_management.edits``), read and checked, as
     the proxy carries it out for an upstream that is not Anthropic's (``compaction.Edits``'
     fields; Anthropic's defaults where a field is left out) -- or None when it asks for none.
-    Other edits are not the proxy's to do: ``clear_thinking`` asks for what such an upstream
-    never gets (thinking goes back only to the provider that wrote it), and an edit type it does
-    not know is left out, as the field is."""
+    Other edits are not done here: ``clear_thinking`` asks for what such an upstream mostly never
+    gets (thinking goes back only to the provider that wrote it; for one that takes reasoning
+    back: ``kept_thinking_turns``), and an edit type it does not know is left out, as the field is."""
     management = body.get("context_management")
     if management is None:
         return None
