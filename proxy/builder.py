@@ -33,7 +33,6 @@ from .assembly import SYSTEM_AT, Target, assemble, build_body, drop_old_reasonin
 from .dialects import INHERITED, Crossing, crossing, dialect, message_path
 from .dialects.chat.markers import MARKERS as CHAT_MARKERS
 from .dialects.chat.markers import apply_markers
-from .dialects.messages.request import kept_thinking_turns
 from .limits import ContextTooLarge, bytes_bound, hold
 from .splice import EMPTY, Prefix, Segment, segment, splice
 
@@ -178,9 +177,8 @@ class RequestBuilder:
         fields = way.fields(params, max_output=target.max_output)
         system_at = params.get(SYSTEM_AT)  # (a full-history call's system messages: where it had them)
         marked = params.get(CHAT_MARKERS)  # (a chat client's cache_control markers: the call's own only)
-        # (a Messages client's clear_thinking edit: carried out where reasoning would go back)
-        thinking_turns = kept_thinking_turns(params) if way.client.name == "messages" and upstream.name == "chat" \
-            and target.accepts_reasoning else None
+        # (a client's own edit of its reasoning -- Messages' clear_thinking -- where reasoning goes back)
+        thinking_turns = way.reasoning_turns(params, accepts_reasoning=target.accepts_reasoning)
         if upstream.name == "chat" and tree_id is not None and path and not system_at and marked is None \
                 and thinking_turns is None:
             spliced = self._spliced(tree_id, path, new_items, target, system_at)

@@ -119,6 +119,9 @@ class Dialect(Protocol):
     # params a call translated through chat takes from its conversation's history (assembled
     # messages, new ones last), beside its own: the tools a client's tool search loaded
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]: ...
+    # how many of the most recent assistant turns keep their readable reasoning when the call is
+    # translated through chat (a context edit of the client's own: Messages' clear_thinking); None: all
+    def reasoning_turns(self, params: dict[str, Any]) -> int | None: ...
     # what a compaction's summary of ``messages`` keeps for ``history_params`` to read back
     def summary_keys(self, messages: Iterable[dict[str, Any]]) -> dict[str, Any]: ...
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]: ...
@@ -179,6 +182,14 @@ class Crossing:
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         """What the call's history adds to its params when it is translated (``Dialect.history_params``)."""
         return {} if self.native else self.client.history_params(params, messages)
+
+    def reasoning_turns(self, params: dict[str, Any], *, accepts_reasoning: bool) -> int | None:
+        """How many of the most recent assistant turns keep their reasoning in the upstream request
+        (``Dialect.reasoning_turns``), None for all: an edit only a chat upstream that takes readable
+        reasoning back needs carried out (any other gets thinking only from its own provider)."""
+        if self.native or self.upstream.name != "chat" or not accepts_reasoning:
+            return None
+        return self.client.reasoning_turns(params)
 
     def fields(self, params: dict[str, Any], *, max_output: int | None = None) -> dict[str, Any]:
         """The request's other fields as the upstream gets them. Translated, a maximum of output

@@ -83,6 +83,9 @@ class Chat:
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {}
 
+    def reasoning_turns(self, params: dict[str, Any]) -> int | None:
+        return None
+
     def summary_keys(self, messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {}
 

@@ -21,7 +21,7 @@ import msgspec
 from .. import Transcript
 from . import blocks, errors, translate
 from .exchange import ChatOverMessages, MessagesNative, MessagesOverChat
-from .request import call_items, call_params, parse_messages_body
+from .request import call_items, call_params, kept_thinking_turns, parse_messages_body
 
 __all__ = ["DIALECT", "Messages"]
 
@@ -56,6 +56,9 @@ class Messages:
 
     def history_params(self, params: dict[str, Any], messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {}
+
+    def reasoning_turns(self, params: dict[str, Any]) -> int | None:
+        return kept_thinking_turns(params)  # (its clear_thinking edit)
 
     def summary_keys(self, messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         return {}

@@ -79,6 +79,9 @@ class Responses:
         # (read only when the call offers a tool search the client runs: most calls need no scan)
         return self.summary_keys(messages) if tools.searches(params.get("tools")) else {}
 
+    def reasoning_turns(self, params: dict[str, Any]) -> int | None:
+        return None
+
     def summary_keys(self, messages: Iterable[dict[str, Any]]) -> dict[str, Any]:
         loaded = items.loaded_tools(messages)
         return {tools.LOADED: loaded} if loaded else {}
