@@ -787,3 +787,33 @@ def test_claudes_signed_thinking_goes_back_to_claude_in_a_responses_clients_tool
     claude.enqueue(AReply(content=[{"type": "text", "text": "Done."}]))
     raw_create(stateless, input=[{"role": "user", "content": "go"}, *items, result], **asked)
     assert claude.last.messages[1]["content"][0] == thinking
+
+
+def test_without_a_conversation_a_claude_model_is_translated_and_not_stored(mproxy, upstream, claude, key):
+    """A Responses call naming no conversation passes through -- but an Anthropic upstream has no
+    Responses endpoint (it answered 404): the call is translated both ways, answered and streamed,
+    and nothing is stored, as a chat or Messages call for an upstream of another API is."""
+    client = mproxy.openai(key)
+    r = client.responses.with_raw_response.create(model="claude-x", instructions="Be brief.",
+                                                  input=[{"role": "user", "content": "plain"}])
+    answer = r.parse()
+    assert answer.output_text == "echo: plain" and answer.status == "completed"
+    assert not any(h in r.headers for h in ("x-node-id", "x-conversation-id", "x-parent-node-id"))
+    sent = claude.last.body
+    assert claude.last.path.endswith("/v1/messages") and sent["system"] == "Be brief."
+    assert sent["messages"] == [{"role": "user", "content": [{"type": "text", "text": "plain"}]}]
+
+    with client.responses.stream(model="claude-x", input="streamed") as stream:
+        assert "".join(e.delta for e in stream if e.type == "response.output_text.delta") == "echo: streamed"
+        assert stream.get_final_response().output_text == "echo: streamed"
+    assert claude.last.body["stream"] is True
+
+    with pytest.raises(openai.NotFoundError) as missing:  # (an upstream's response: nothing here continues it)
+        client.responses.create(model="claude-x", input="more", previous_response_id="resp_upstreams_own")
+    assert missing.value.body["param"] == "previous_response_id"
+
+    upstream.reset()
+    client.responses.create(model=MODEL, input="to the chat upstream")  # (it serves the Responses API: passed through)
+    assert upstream.requests[-1].path.endswith("/v1/responses")
+    listed = httpx.get(f"{mproxy.url}/admin/conversations", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert listed.json()["data"] == []  # nothing stored for this tenant

@@ -4,8 +4,8 @@ responses themselves -- ``GET``/``DELETE /v1/responses/{id}``, its input items -
 ``proxy.routes.response_objects``', and compaction ``proxy.routes.responses_compact``'.
 
 A call is stored when it names a conversation (header, path prefix or ``/auto/v1``) or carries the
-``previous_response_id`` of a stored response of the caller's tenant; otherwise it passes through.
-HTTP only: the call itself is the lifecycle's, like a chat call.
+``previous_response_id`` of a stored response of the caller's tenant; otherwise it passes through
+(translated, unstored, for an Anthropic upstream, which has no Responses endpoint). HTTP only: the call itself is the lifecycle's, like a chat call.
 """
 
 from __future__ import annotations
@@ -243,11 +243,22 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
             body["conversation"] = cid  # (kept with the call, never sent: its response names it, as OpenAI's)
     ours = responses_items.node_id_of(previous) is not None  # our ids name nodes; an upstream's do not
     parent = await stored_response(admin, caller, previous) if ours else None
-    # (to any upstream: an OpenAI one configured as api = "chat" serves the Responses API too)
     if cid is None and not auto and not ours and not _holds_compaction(body):
-        if b"bp-signed:" in decoded and signed.without_ours(body):  # (our pieces: no upstream's to take)
-            decoded = encode(body)
-        return await forwarder.forward(request, "responses", raw, headers, caller, decoded=decoded)
+        upstream = forwarder.route(decoded)
+        # (passed through to an OpenAI-compatible upstream: one configured as api = "chat" serves the
+        # Responses API too; an Anthropic upstream has no endpoint for it -- translated, nothing stored)
+        if upstream.api != "anthropic":
+            if b"bp-signed:" in decoded and signed.without_ours(body):  # (our pieces: no upstream's to take)
+                decoded = encode(body)
+            return await forwarder.forward(request, "responses", raw, headers, caller, upstream=upstream,
+                                           decoded=decoded)
+        if previous:  # (an upstream's response, which this upstream cannot continue)
+            raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
+        call = Call(tenant=caller.tenant, conversation_id=None, kind="turn", mode="delta", parent_mode="head",
+                    parent_id=None, body=body, items=await resolve_references(RESPONSES.items(body), admin, caller),
+                    stream=body.get("stream") is True, client_key=caller.client_key, headers=headers.items,
+                    dialect=RESPONSES, credentials=headers.credentials(), store=False)
+        return await calls.run(call, request.receive)
     if previous and parent is None:  # another tenant's, deleted, or an upstream's in a stored call
         raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
 
