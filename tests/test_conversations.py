@@ -641,3 +641,20 @@ def test_items_may_reference_stored_items_as_openais_input_item_union_allows(pro
     with pytest.raises(openai.NotFoundError):
         proxy.openai(new_key()).conversations.create(items=[{"type": "item_reference", "id": source.output[0].id}])
     assert len(client.conversations.items.list(other.id).data) == 5  # (nothing stored by the refusal)
+
+
+def test_items_a_client_added_reach_a_responses_upstream_as_they_came(native, upstream, key):
+    """Items added through the Conversations API that the proxy does not read (a hosted tool's
+    call, a type newer than it) go to the Responses upstream as they came, as the same items in a
+    call's own input do -- they were kept back as a provider's own items, for the provider that
+    made them, and no call's upstream made these. Reasoning still goes only to its producer."""
+    client = native.openai(key)
+    search = {"type": "web_search_call", "id": "ws_1", "status": "completed",
+              "action": {"type": "search", "query": "oslo weather"}}
+    newer = {"type": "future_item_type", "payload": 1}
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "enc-someone-elses"}
+    conv = client.conversations.create(items=[user_item("Context item."), search, newer, reasoning])
+    client.responses.create(model="native-1", conversation=conv.id, input="Question?")
+    sent = upstream.responses_requests[-1].body["input"]
+    assert [i.get("type", "message") for i in sent] == ["message", "web_search_call", "future_item_type", "message"]
+    assert sent[1]["action"] == search["action"] and sent[2] == newer

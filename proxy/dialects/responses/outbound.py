@@ -89,8 +89,11 @@ def _content_to_parts(content: Any, *, output: bool) -> Any:
 
 def _native(items: Sequence[dict[str, Any]], message: dict[str, Any], provider: str | None) -> list[dict[str, Any]]:
     """A message's own items, fit to send back: item ids dropped (nothing is stored upstream),
-    reasoning only to the provider that produced it and only with its encrypted content."""
-    same = provider is not None and message.get(PRODUCER) == provider
+    reasoning only to the provider that produced it and only with its encrypted content; other
+    items of a provider's only to it -- those a client added itself (the Conversations API's
+    items, which no call's upstream produced) to any Responses upstream, as they came."""
+    producer = message.get(PRODUCER)
+    same = provider is not None and producer == provider
     out = []
     for item in items:
         if item.get("type") == "reasoning":
@@ -99,7 +102,7 @@ def _native(items: Sequence[dict[str, Any]], message: dict[str, Any], provider: 
             continue
         if item.get("type") in _PORTABLE or client_search(item) or "role" in item:
             out.append({k: v for k, v in item.items() if k not in ("id", "status")})
-        elif same:
+        elif same or producer is None:
             out.append(item)
     return out
 
