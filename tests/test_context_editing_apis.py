@@ -7,6 +7,7 @@ side: tests/test_ui.py::test_cleared_tool_results_and_their_originals.)"""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import anthropic
@@ -211,6 +212,14 @@ def _messages_session(c, upstream, cid_edits, rounds: int) -> list:
     return answers
 
 
+def _cleared_in(body: dict) -> list[tuple[str, int, int]]:
+    """What a chat request carries cleared, as an Anthropic answer's ``applied_edits`` say it: the
+    tool results given as placeholders, and their originals' tokens (each placeholder says them)."""
+    held = [m["content"] for m in body["messages"] if m["role"] == "tool" and m["content"].startswith(PLACEHOLDER_PREFIX)]
+    tokens = sum(int(re.search(r"\(about ([0-9,]+) tokens\)", p).group(1).replace(",", "")) for p in held)
+    return [("clear_tool_uses_20250919", len(held), tokens)] if held else []
+
+
 @pytest.mark.parametrize("trigger", [{"type": "input_tokens", "value": 600}, {"type": "tool_uses", "value": 2}])
 def test_an_anthropic_clients_own_edit_is_carried_out_over_a_chat_upstream(apis, upstream, key, cid, trigger):
     """Anthropic's ``clear_tool_uses`` edit in the request, the model's upstream not Anthropic's:
@@ -223,12 +232,15 @@ def test_an_anthropic_clients_own_edit_is_carried_out_over_a_chat_upstream(apis,
     answers = _messages_session(c, upstream, edits, 5)
     nodes = clearing_nodes(apis.db, cid)
     assert nodes and all(n["params"]["requested"] is True for n in nodes)
-    # each answer says what came of its edit, as Anthropic's does: a clearing, or nothing
-    applied = [a.context_management.applied_edits for a in answers]
-    clearings = [e[0] for e in applied if e]
-    assert len(clearings) == len(nodes) and all(len(e) <= 1 for e in applied)
-    assert [(e.type, e.cleared_tool_uses, e.cleared_input_tokens) for e in clearings] == [
-        ("clear_tool_uses_20250919", n["params"]["cleared_results"], n["params"]["freed_tokens"]) for n in nodes]
+    # each answer says what its request had cleared, as Anthropic's does (it edits each request
+    # anew): the results the upstream got as placeholders, and their originals' tokens -- also on
+    # the calls that went on under an earlier clearing; nothing before the first
+    requests = upstream.turn_requests[-len(answers):]
+    said = [[(e.type, e.cleared_tool_uses, e.cleared_input_tokens) for e in a.context_management.applied_edits]
+            for a in answers]
+    assert said == [_cleared_in(r.body) for r in requests]
+    assert said[0] == [] and sum(1 for s in said if s) > len(nodes)
+    assert said[-1][0][1] == sum(n["params"]["cleared_results"] for n in nodes)  # (the clearings add up)
     upstream.enqueue(Reply(kind="stream", content="streamed"))
     with httpx.stream("POST", f"{apis.url}/c/{cid}/v1/messages", headers={"x-api-key": key,
                       "anthropic-version": "2023-06-01", "anthropic-beta": BETA}, timeout=30, json={
@@ -236,10 +248,8 @@ def test_an_anthropic_clients_own_edit_is_carried_out_over_a_chat_upstream(apis,
             "messages": [{"role": "user", "content": "and now?"}]}) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
     (delta,) = [e for e in events if e["type"] == "message_delta"]
-    now = clearing_nodes(apis.db, cid)
-    said = [(n["params"]["cleared_results"], n["params"]["freed_tokens"]) for n in now[len(nodes):]]
-    assert [(e["cleared_tool_uses"], e["cleared_input_tokens"]) for e in delta["context_management"]["applied_edits"]] \
-        == said
+    assert [(e["type"], e["cleared_tool_uses"], e["cleared_input_tokens"])
+            for e in delta["context_management"]["applied_edits"]] == _cleared_in(upstream.last.body) != []
     assert nodes[0]["params"]["keep_tool_results"] == 1
     sent = upstream.last.body
     assert "context_management" not in sent

@@ -30,7 +30,7 @@ from typing import Any
 from ..assembly import PathLike, carried
 from ..dialects import cleared_result
 
-__all__ = ["METHOD", "PLACEHOLDER_PREFIX", "Plan", "ToolResult", "is_cleared", "placeholder", "plan", "renamed",
+__all__ = ["METHOD", "PLACEHOLDER_PREFIX", "Plan", "ToolResult", "cleared_in", "is_cleared", "placeholder", "plan", "renamed",
            "tool_results"]
 
 METHOD = "clear_tool_results"  # a clearing compaction node's ``params.method`` (a summary's: "summary")
@@ -48,6 +48,26 @@ def is_cleared(message: Any) -> bool:
     """Is this a tool result that a clearing already replaced?"""
     content = message.get("content") if isinstance(message, dict) else None
     return isinstance(content, str) and content.startswith(PLACEHOLDER_PREFIX)
+
+
+_ORIGINAL_TOKENS = re.compile(r"\(about ([0-9,]+) tokens\)")
+
+
+def cleared_in(path: Sequence[PathLike]) -> tuple[int, int]:
+    """(tool results, their originals' tokens as their placeholders say): what a request assembled
+    from ``path`` carries cleared -- a call's own edit as it stands in its request, which is what
+    Anthropic's ``applied_edits`` count (it edits each request anew). Placeholders are a clearing
+    node's, which only begins a path."""
+    results = tokens = 0
+    for node in path[:1]:
+        if node.kind != "compaction":
+            continue
+        for message in carried(node)[1]:
+            if is_cleared(message):
+                results += 1
+                said = _ORIGINAL_TOKENS.search(message["content"])
+                tokens += int(said.group(1).replace(",", "")) if said else 0
+    return results, tokens
 
 
 _NODE_IN_PLACEHOLDER = re.compile(r" in node ([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.\]$")

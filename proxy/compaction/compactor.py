@@ -103,16 +103,21 @@ class Compactor:
             extra=[call.body[k] for k in ("tools", "functions") if call.body.get(k)],
             threshold=self._threshold(call), edits=call.edits,
         )
-        if call.applied_edits is not None and compacted is not None and compacted.compacted:
-            cleared = compacted if compacted.method == clearing.METHOD else compacted.clearing  # (then summarised?)
-            if cleared is not None:
-                call.applied_edits.append({"type": "clear_tool_uses_20250919", "cleared_tool_uses": cleared.cleared_results,
-                                           "cleared_input_tokens": cleared.freed_tokens})
         if compacted is not None and compacted.compacted and compacted.node is not None:
             started.parent_id = compacted.node.id
             if compacted.method != clearing.METHOD:  # (a clearing is no summary a client's answer could show)
                 call.compaction = compacted.node
-            return [compacted.node]
+            path = [compacted.node]
+        if call.applied_edits is not None:
+            # what the request carries cleared, as Anthropic counts what it cleared in each request
+            # -- a clearing this call made, or one made before that the path goes on under; else a
+            # clearing this call made and then summarised
+            results, tokens = clearing.cleared_in(path)
+            if not results and compacted is not None and compacted.compacted and compacted.clearing is not None:
+                results, tokens = compacted.clearing.cleared_results, compacted.clearing.freed_tokens
+            if results:
+                call.applied_edits.append({"type": "clear_tool_uses_20250919", "cleared_tool_uses": results,
+                                           "cleared_input_tokens": tokens})
         return path
 
     def _threshold(self, call: Any) -> int | None:
