@@ -491,13 +491,16 @@ def test_a_full_history_client_with_unchanged_instructions_keeps_its_questions_l
     second = client.responses.with_raw_response.create(model=MODEL, instructions="SYS", input=history)
     two = second.parse()
     assert second.headers["x-parent-node-id"] == first.headers["x-node-id"]
-    assert [i.content[0].text for i in client.responses.input_items.list(two.id).data] == ["q2"]
+    # (its input: the history the client resent, as OpenAI lists a stateless call's input)
+    assert [i.content[0].text for i in client.responses.input_items.list(two.id, order="asc").data] == [
+        "q1", one.output_text, "q2"]
     cid = second.headers["x-conversation-id"]
     listed = proxy.http(key).get(f"/v1/conversations/{cid}/items", params={"order": "asc"}).json()["data"]
     assert [i["content"][0]["text"] for i in listed] == ["q1", one.output_text, "q2", two.output_text]
     changed = client.responses.create(model=MODEL, instructions="SYS 2", input=[*history, *[
         o.model_dump(exclude_none=True) for o in two.output], {"role": "user", "content": "q3"}])
-    assert [i.content[0].text for i in client.responses.input_items.list(changed.id).data] == ["q3"]
+    assert [i.content[0].text for i in client.responses.input_items.list(changed.id, order="asc").data] == [
+        "q1", one.output_text, "q2", two.output_text, "q3"]
 
 
 def test_an_item_deletes_branch_is_a_sibling_of_the_one_it_copies(proxy, upstream, key):

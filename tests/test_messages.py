@@ -1595,7 +1595,8 @@ def test_a_messages_tool_round_over_a_responses_upstream(mproxy: Proxy, upstream
 def test_a_messages_calls_input_items_are_its_items_in_the_conversation(mproxy: Proxy, upstream: FakeUpstream,
                                                                          key: str, cid: str) -> None:
     """``GET /v1/responses/{id}/input_items`` of a Messages node lists the items the conversation's
-    items list gives it, with the same ids -- a tool result and a text in one user message are two."""
+    items list gives its path up to it, with the same ids -- a tool result and a text in one user
+    message are two -- and not its answer."""
     c = client(mproxy, key, f"/c/{cid}")
     tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
     upstream.enqueue(Reply(content="Running.", tool_calls=[
@@ -1608,10 +1609,11 @@ def test_a_messages_calls_input_items_are_its_items_in_the_conversation(mproxy: 
     node_id = uuid.UUID(r.headers["x-node-id"])
     listed = admin(mproxy, key, f"/v1/conversations/{cid}/items?order=asc").json()["data"]
     inputs = admin(mproxy, key, f"/v1/responses/resp_{node_id.hex}/input_items?order=asc").json()["data"]
-    assert [i["type"] for i in inputs] == ["function_call_output", "message"]
-    assert inputs[0]["call_id"] == "call_1" and inputs[1]["content"][0]["text"] == "what did it say?"
-    by_id = {i["id"]: i for i in listed}
-    assert [by_id.get(i["id"]) for i in inputs] == inputs  # the same items, the same ids
+    assert [(i["type"], i.get("role")) for i in inputs] == [
+        ("message", "system"), ("message", "user"), ("message", "assistant"), ("function_call", None),
+        ("function_call_output", None), ("message", "user")]
+    assert inputs[4]["call_id"] == "call_1" and inputs[5]["content"][0]["text"] == "what did it say?"
+    assert inputs == listed[:len(inputs)] and len(listed) == len(inputs) + 1  # the same items, the same ids
 
 
 def test_whose_items_a_message_keeps_is_recorded_or_read_by_shape() -> None:

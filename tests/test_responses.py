@@ -817,3 +817,17 @@ def test_without_a_conversation_a_claude_model_is_translated_and_not_stored(mpro
     assert upstream.requests[-1].path.endswith("/v1/responses")
     listed = httpx.get(f"{mproxy.url}/admin/conversations", headers={"Authorization": f"Bearer {key}"}, timeout=30)
     assert listed.json()["data"] == []  # nothing stored for this tenant
+
+
+def test_a_chained_responses_input_items_hold_the_turns_before_it(proxy, upstream, key, cid):
+    """``input_items`` lists what the model was given, as OpenAI's does for a response chained by
+    ``previous_response_id``: the earlier turns' input and output, then the call's own input --
+    not the call's new items alone."""
+    first = proxy.openai(key, conversation=cid).responses.create(model=MODEL, input="a")
+    client = proxy.openai(key)  # (the chain names the conversation)
+    second = client.responses.create(model=MODEL, input="b", previous_response_id=first.id)
+    listed = client.responses.input_items.list(second.id, order="asc").data
+    assert [i.content[0].text for i in listed] == ["a", first.output_text, "b"]
+    assert [i.id for i in listed][:2] == [i.id for i in client.responses.input_items.list(first.id).data] + [
+        first.output[0].id]  # (the same ids as the earlier response gave them)
+    assert second.output_text not in [i.content[0].text for i in listed]

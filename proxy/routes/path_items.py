@@ -23,7 +23,7 @@ from ..dialects.responses.outbound import to_items
 from ..dialects.signed import our_block
 from ..errors import ConversationNotFound, NodeNotFound
 
-__all__ = ["ITEM_IDS", "Item", "answer_items", "has_instructions", "kept_items", "listed_item", "node_items", "path_items",
+__all__ = ["ITEM_IDS", "Item", "answer_items", "has_instructions", "input_items", "kept_items", "listed_item", "node_items", "path_items",
            "resolve_compactions", "with_parts"]
 
 _encode_key = msgspec.json.Encoder(order="sorted").encode  # (a signature as a dict key, whatever its parts hold)
@@ -249,6 +249,18 @@ async def path_items(admin: AdminStore, tenant: str, cid: str) -> tuple[Any, lis
         raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation_id")
     path = await _head_path(admin, conv)
     return conv, await _items_of(admin, conv.tree_id, path), path
+
+
+async def input_items(admin: AdminStore, node: NodeRow) -> list[Item]:
+    """A stored call's input items: what its model was given -- the items of its path up to it, as
+    its conversation's items list gives them (the same ids; a summary as its compaction item),
+    then its own sent items (a Responses call's instructions aside), not its answer. OpenAI's
+    lists them so: a chained response's input holds the earlier turns, a stateless one's the
+    history it resent."""
+    path = await _through_clearings(admin, node.tree_id, await admin.path_rows(node.tree_id, node.id))
+    items = await _items_of(admin, node.tree_id, path)
+    own = len(node_items(node, answers=False))
+    return [*(i for i in items if i.node.id != node.id), *[i for i in items if i.node.id == node.id][:own]]
 
 
 async def live_node(admin: AdminStore, tenant: str, node_id: uuid.UUID) -> NodeRow | None:

@@ -24,7 +24,7 @@ from .common import RequestHeaders
 from .context import CallContext
 from .docs import errors
 from .passthrough import prefix_segments, upstream_path
-from .path_items import answer_items, live_node, node_items
+from .path_items import answer_items, input_items, live_node
 
 __all__ = ["response_cancel", "response_input_items", "response_of", "response_resource", "stored_response"]
 
@@ -102,13 +102,6 @@ async def response_cancel(request: Request[Any, Any, Any], call: NamedDependency
                          param="response_id")
 
 
-def _input_items(node: NodeRow) -> list[dict[str, Any]]:
-    """A stored call's input items, each with an id: the same items, with the same ids, as its
-    conversation's items list gives them (made up from the node's where they had none) -- but for
-    an item given an id an earlier item of the path has, which the list names by its own."""
-    return [item.listed for item in node_items(node, answers=False)]
-
-
 @route(["/v1/responses/{response_id:str}/input_items", "/c/{conversation_id:str}/v1/responses/{response_id:str}/input_items",
         "/auto/v1/responses/{response_id:str}/input_items"], http_method=["GET"],
        summary="The input items of a response, paginated", tags=["responses"], responses=errors(400, 404))
@@ -131,7 +124,7 @@ async def response_input_items(request: Request[Any, Any, Any], call: NamedDepen
         raise InvalidRequest("limit must be an integer", param="limit") from None
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be between 1 and 100", param="limit")
-    items = _input_items(node)
+    items = [item.listed for item in await input_items(admin, node)]
     if order == "desc":
         items.reverse()
     after = query.get("after")
