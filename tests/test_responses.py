@@ -831,3 +831,20 @@ def test_a_chained_responses_input_items_hold_the_turns_before_it(proxy, upstrea
     assert [i.id for i in listed][:2] == [i.id for i in client.responses.input_items.list(first.id).data] + [
         first.output[0].id]  # (the same ids as the earlier response gave them)
     assert second.output_text not in [i.content[0].text for i in listed]
+
+
+def test_a_completed_response_says_when_it_completed(proxy, upstream, key, cid):
+    """``completed_at``, as OpenAI's response object has it: set when the status is completed --
+    answered, streamed, and retrieved (when the node was finished) -- and null otherwise."""
+    client = proxy.openai(key, conversation=cid)
+    answered = client.responses.create(model=MODEL, input="one")
+    with client.responses.stream(model=MODEL, input="two") as stream:
+        streamed = stream.get_final_response()
+    for r in (answered, streamed, client.responses.retrieve(answered.id)):
+        assert r.status == "completed" and r.completed_at is not None and r.created_at <= r.completed_at
+    upstream.enqueue(Reply(kind="stream", content="half", error_event={"code": "server_error", "message": "boom"}))
+    with client.responses.with_streaming_response.create(model=MODEL, input="three", stream=True) as r:
+        lines = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    failed = next(e for e in lines if e["type"] == "response.failed")["response"]
+    assert failed["status"] == "failed" and failed["completed_at"] is None
+    assert client.responses.retrieve(failed["id"]).completed_at is None

@@ -52,7 +52,8 @@ def response_of(node: NodeRow) -> dict[str, Any]:
     return translate.response_object(node_id=node.id, params=node.params, output=output, usage=usage, status=status,
                                      model=node.model, error=error, finish_reason=node.finish_reason,
                                      instructions=node.params.get("instructions"),
-                                     created_at=node.created_at.timestamp())
+                                     created_at=node.created_at.timestamp(),
+                                     completed_at=node.finished_at.timestamp() if node.finished_at else None)
 
 
 @route(["/v1/responses/{response_id:str}", "/c/{conversation_id:str}/v1/responses/{response_id:str}",

@@ -333,8 +333,10 @@ def finish_of(response: Any) -> str:
 def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[dict[str, Any]],
                     usage: dict[str, Any] | None, status: str = "completed", model: str | None = None,
                     error: dict[str, Any] | None = None, finish_reason: str | None = None,
-                    instructions: Any = None, created_at: float | None = None) -> dict[str, Any]:
-    """A Responses ``response`` object for a node."""
+                    instructions: Any = None, created_at: float | None = None,
+                    completed_at: float | None = None) -> dict[str, Any]:
+    """A Responses ``response`` object for a node (``completed_at``: when it completed, now when not
+    given; said only of a completed one, as OpenAI's)."""
     from .items import response_id
 
     incomplete = {"reason": _INCOMPLETE[finish_reason]} if finish_reason in _INCOMPLETE else None
@@ -346,6 +348,8 @@ def response_object(*, node_id: uuid.UUID, params: dict[str, Any], output: list[
         "object": "response",
         "created_at": int(created_at if created_at is not None else time.time()),
         "status": status,
+        "completed_at": (int(completed_at if completed_at is not None else time.time()) if status == "completed"
+                         else None),
         "background": params.get("background") is True,  # (asked for: answered as it ran all the same)
         "error": error,
         "incomplete_details": incomplete,
