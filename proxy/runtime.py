@@ -20,7 +20,7 @@ from config import Settings
 from storage import AdminStore, Database, OpsStore, PathCache, SharedItems, TreeStore
 
 from .auth import Authenticator
-from .background import Background, periodically
+from .background import Background
 from .builder import RequestBuilder
 from .compaction import Compactor, Summariser, Thresholds
 from .leases import LeaseKeeper
@@ -39,8 +39,6 @@ log = logging.getLogger("branchpoint.call")
 # what the calls the shutdown's grace did not see finish get, at least, to store their outcomes
 # (interrupted) once the grace has run out
 _SETTLE_SECONDS = 2.0
-# how often a process that runs the embedded PostgreSQL looks whether it still runs
-_EMBEDDED_WATCH_SECONDS = 1.0
 
 
 class Runtime:
@@ -78,7 +76,6 @@ class Runtime:
                                    send_timeout=server.client_send_timeout)
         self.metrics.watch_database(self.db)
         self.stopping_since: float | None = None  # (time.monotonic() of the shutdown's signal)
-        self._embedded_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         d = self.settings.database
@@ -88,10 +85,6 @@ class Runtime:
         await asyncio.to_thread(self.tokens.load)
         self.leases.start()
         self.retention.start()
-        if self.db.embedded is not None:  # (nobody else would start it again if it died)
-            self._embedded_watch = asyncio.create_task(periodically(
-                self.db.revive_embedded, _EMBEDDED_WATCH_SECONDS, what="embedded database watch", log=log),
-                name="branchpoint-embedded-watch")
         self._note_the_signal()
 
     def _note_the_signal(self) -> None:
@@ -127,8 +120,4 @@ class Runtime:
                       "the reaper finishes its node (interrupted); its client may have had its answer",
                       extra={"node_id": str(node_id)})
         await self.upstream.aclose()
-        watch, self._embedded_watch = self._embedded_watch, None
-        if watch is not None:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
         await self.db.close()

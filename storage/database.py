@@ -211,7 +211,6 @@ class Database:
 
         if not url:
             self.embedded = await asyncio.to_thread(start_embedded, data_dir or None, batch_scheduling=batch_scheduling)
-            self._batch_scheduling = batch_scheduling
             url = self.embedded.uri
         self.dsn = url
         try:
@@ -245,23 +244,6 @@ class Database:
             except (TimeoutError, OSError):
                 pool.terminate()
         await self._stop_embedded()
-
-    async def revive_embedded(self) -> bool:
-        """Start the embedded server again if it died (``storage.embedded.revive``): the pool's
-        next connections reach it at the same address. Whether it was started again."""
-        from .embedded import revive
-
-        server = self.embedded
-        if server is None:
-            return False
-        new = await asyncio.to_thread(revive, server, batch_scheduling=getattr(self, "_batch_scheduling", True))
-        if new is None:
-            return False
-        if self.embedded is not server:  # (closed meanwhile: the server started again goes too)
-            await asyncio.to_thread(new.stop)
-            return False
-        self.embedded = new
-        return True
 
     async def _stop_embedded(self) -> None:
         if self.embedded is not None:

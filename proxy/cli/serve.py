@@ -4,7 +4,6 @@ embedded PostgreSQL, started here, when no database URL is configured)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 from typing import Any
@@ -12,8 +11,6 @@ from typing import Any
 import click
 
 from .common import config_option, main, settings_of
-
-log = logging.getLogger("branchpoint.storage")
 
 __all__ = ["serve"]
 
@@ -72,11 +69,8 @@ def serve(host: str | None, port: int | None, config_file: str | None, workers: 
             tune_gc()
             uvicorn.Server(config).run()
         else:
-            supervisor = _supervisor(config, embedded, settings.database.embedded_batch_scheduling)
-            try:
-                supervisor.run()
-            finally:
-                embedded = supervisor.embedded  # (started again if it died: the one to stop)
+            supervisor = _supervisor(config)
+            supervisor.run()
             if any(process.exitcode == _STARTUP_FAILURE for process in supervisor.processes):
                 raise SystemExit(_STARTUP_FAILURE)  # (a worker could not start: not a clean stop)
     finally:
@@ -117,36 +111,17 @@ def _require_reachable(settings: Any) -> None:
         raise SystemExit(_STARTUP_FAILURE) from None
 
 
-def _supervisor(config: Any, embedded: Any = None, batch_scheduling: bool = True) -> Any:
+def _supervisor(config: Any) -> Any:
     """uvicorn's supervisor of several workers, closing its copy of the listening socket as the
     shutdown begins: the workers close theirs as they stop listening, so new connections are
     refused from the signal on, as with one process -- the parent's copy kept the socket open,
     and a new connection hung until the grace ran out (docs/behaviour.md#shutdown)."""
     from uvicorn.supervisors import Multiprocess
 
-    from storage import StorageError
-    from storage.embedded import revive
-
     class Supervisor(Multiprocess):
-        # the embedded PostgreSQL the workers share (started by ``serve``): started again if it
-        # dies, as a dead worker is -- the workers reconnect to it at the same address
-        def keep_subprocess_alive(self) -> None:
-            super().keep_subprocess_alive()
-            if self.embedded is None or self.should_exit.is_set():
-                return
-            try:
-                new = revive(self.embedded, batch_scheduling=batch_scheduling)
-            except StorageError as exc:
-                log.warning("the embedded PostgreSQL could not start again yet", extra={"error": str(exc)})
-                return
-            if new is not None:
-                self.embedded = new
-
         def terminate_all(self) -> None:
             for sock in self.sockets:
                 sock.close()
             super().terminate_all()
 
-    supervisor = Supervisor(config, sockets=[config.bind_socket()])
-    supervisor.embedded = embedded
-    return supervisor
+    return Supervisor(config, sockets=[config.bind_socket()])
