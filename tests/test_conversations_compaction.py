@@ -576,3 +576,21 @@ def test_compact_now_never_drops_the_input_it_is_given(proxy, upstream, key):
     assert both.value.body["param"] == "input"
     with pytest.raises(openai.NotFoundError):
         client.responses.compact(model=MODEL, input="x", extra_body={"conversation": "conv_" + "0" * 32})
+
+
+def test_a_responses_input_items_after_a_compaction_are_the_conversations_items(proxy, upstream, key):
+    """The input items of a response after a compaction are the conversation's items up to it --
+    the compaction item, the kept ones, its own input -- and not the instructions the summary
+    carries as context (never an item: not in the conversation's list, not in OpenAI's)."""
+    client = proxy.openai(key)
+    conv = long_conversation(client, 8)
+    for q in ("q1", "q2", "q3"):
+        client.responses.create(model=MODEL, conversation=conv.id, instructions="SYS-INSTR", input=q)
+    client.responses.compact(model=MODEL, extra_body={"conversation": conv.id})
+    last = client.responses.create(model=MODEL, conversation=conv.id, input="after")
+    inputs = [i.model_dump(exclude_none=True) for i in client.responses.input_items.list(last.id, order="asc",
+                                                                                            limit=100).data]
+    listed = [i.model_dump(exclude_none=True) for i in client.conversations.items.list(conv.id, order="asc",
+                                                                                         limit=100).data]
+    assert inputs == listed[:-1] and inputs[0]["type"] == "compaction" and inputs[-1]["content"][0]["text"] == "after"
+    assert all(i.get("role") not in ("system", "developer") for i in inputs)

@@ -260,7 +260,8 @@ async def input_items(admin: AdminStore, node: NodeRow) -> list[Item]:
     path = await _through_clearings(admin, node.tree_id, await admin.path_rows(node.tree_id, node.id))
     items = await _items_of(admin, node.tree_id, path)
     own = len(node_items(node, answers=False))
-    return [*(i for i in items if i.node.id != node.id), *[i for i in items if i.node.id == node.id][:own]]
+    listed = [*(i for i in items if i.node.id != node.id), *[i for i in items if i.node.id == node.id][:own]]
+    return [i for i in listed if not i.hidden]  # (instructions a summary carried: context, never an item)
 
 
 async def live_node(admin: AdminStore, tenant: str, node_id: uuid.UUID) -> NodeRow | None:
