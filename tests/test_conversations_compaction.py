@@ -555,27 +555,23 @@ def test_a_conversation_call_with_a_compaction_item_in_its_input_continues_from_
 
 
 def test_compact_now_never_drops_the_input_it_is_given(proxy, upstream, key):
-    """``POST /v1/responses/compact`` with a conversation *and* input (OpenAI's endpoint takes both):
-    the input is added to the conversation and compacted with it -- it was silently dropped, and a
-    client replacing its window with the answer lost it. With a stored response and input: 400
-    (the input cannot hang under the response without moving the head), never a silent drop."""
+    """``POST /v1/responses/compact`` takes one of input, previous_response_id and conversation: with
+    input and either of the others it is refused (400, ``param: input``) and nothing is stored --
+    the input was silently dropped, and a client replacing its window with the answer lost it
+    (stored first instead, a compaction that then failed left it in the conversation, added again
+    by each retry)."""
     client = proxy.openai(key)
     conv = client.conversations.create(items=[user_item("word " * 40), user_item("more " * 40)])
     first = client.responses.create(model=MODEL, conversation=conv.id, input="q1")
-    for i in range(3):
-        client.responses.create(model=MODEL, conversation=conv.id, input=f"q{i + 2}")
-    upstream.enqueue_summary(Reply(content="Facts so far: words and more words."))
-    out = client.responses.compact(model=MODEL, input=[user_item("NEW-INPUT-XYZ")], extra_body={"conversation": conv.id})
-    assert out.output[0].type == "compaction" and item_text(out.output[-1]) == "NEW-INPUT-XYZ"  # kept raw
-    listed = [item_text(i) for i in client.conversations.items.list(conv.id, order="asc").data]
-    assert listed[-1] == "NEW-INPUT-XYZ"
-    client.responses.create(model=MODEL, conversation=conv.id, input="go")
-    assert "NEW-INPUT-XYZ" in contents(upstream.last.messages)
-    with pytest.raises(openai.BadRequestError) as both:
-        client.responses.compact(model=MODEL, previous_response_id=first.id, input=[user_item("LOST")])
-    assert both.value.body["param"] == "input"
-    with pytest.raises(openai.NotFoundError):
-        client.responses.compact(model=MODEL, input="x", extra_body={"conversation": "conv_" + "0" * 32})
+    before = [item_text(i) for i in client.conversations.items.list(conv.id, order="asc").data]
+    for named in ({"extra_body": {"conversation": conv.id}}, {"previous_response_id": first.id}):
+        with pytest.raises(openai.BadRequestError) as both:
+            client.responses.compact(model=MODEL, input=[user_item("NEW-INPUT-XYZ")], **named)
+        assert both.value.body["param"] == "input"
+    assert [item_text(i) for i in client.conversations.items.list(conv.id, order="asc").data] == before
+    assert upstream.summariser_requests == []
+    out = client.responses.compact(model=MODEL, input=[user_item("NEW-INPUT-XYZ")])  # (alone: compacted)
+    assert out.output[0].type == "compaction"
 
 
 def test_a_responses_input_items_after_a_compaction_are_the_conversations_items(proxy, upstream, key):

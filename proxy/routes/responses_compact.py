@@ -62,13 +62,15 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
     previous = body.get("previous_response_id")
     if "conversation" in body:
         cid = await named_conversation(body["conversation"], cid, previous, admin, caller)
+    if body.get("input") is not None and (previous is not None or cid is not None):
+        # (one of the three: the input would have to be stored under the response or in the
+        # conversation before the summary -- and stay there, added again by each retry, when the
+        # compaction then fails; dropped, a client replacing its window with the answer loses it)
+        raise InvalidRequest("input cannot be compacted together with "
+                             f"{'previous_response_id' if previous is not None else 'a conversation'}: add it to the "
+                             "conversation (or continue the response with it) first, or compact the input alone",
+                             param="input")
     if previous is not None:
-        if body.get("input") is not None:
-            # (its path is compacted as it is: the input would have to hang under the response
-            # without moving the head, and answered without it, a client that replaces its window
-            # with the answer -- OpenAI's stateless loop -- would lose it)
-            raise InvalidRequest("input cannot be compacted together with previous_response_id: continue the response "
-                                 "with the input first, or compact the input alone", param="input")
         node = await stored_response(admin, caller, previous)
         if node is None:
             raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
@@ -83,22 +85,15 @@ async def responses_compact(request: Request[Any, Any, Any], call: NamedDependen
                                                      keep_recent=keep_recent)
         source: list[Any] = path
     else:
-        if cid is None and body.get("input") is None:
-            raise InvalidRequest("input, previous_response_id or conversation is required", param="input")
-        if body.get("input") is not None:
-            # the input alone becomes a conversation of its own; with a conversation, it is added to
-            # it (as items are) -- either way compacted with the rest, never dropped
-            if cid is not None and await admin.conversation(caller.tenant, cid) is None:
-                raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation")
+        if cid is None:  # the input alone: it becomes a conversation of its own, then compacted
+            if body.get("input") is None:
+                raise InvalidRequest("input, previous_response_id or conversation is required", param="input")
             # (its instructions, a system message, first)
-            items = await resolve_references(RESPONSES.items(RESPONSES.parse(raw)), admin, caller, cid)
+            items = await resolve_references(RESPONSES.items(RESPONSES.parse(raw)), admin, caller)
             # (a window that holds a compaction item -- OpenAI's stateless loop compacting again -- reads as its summary)
             items = await resolve_compactions(items, admin, caller.tenant, param="input")
-            if items or cid is None:
-                created = cid is None
-                cid = cid or new_conversation_id()
-                await admin.add_items(caller.tenant, cid, [items_node(items)], create=created, metadata={} if created else None)
-        assert cid is not None
+            cid = new_conversation_id()
+            await admin.add_items(caller.tenant, cid, [items_node(items)], create=True, metadata={})
         conv = await admin.conversation(caller.tenant, cid)
         if conv is None:
             raise ConversationNotFound(f"conversation {cid!r} not found", param="conversation")
