@@ -797,7 +797,7 @@ def test_without_a_conversation_a_claude_model_is_translated_and_not_stored(mpro
     r = client.responses.with_raw_response.create(model="claude-x", instructions="Be brief.",
                                                   input=[{"role": "user", "content": "plain"}])
     answer = r.parse()
-    assert answer.output_text == "echo: plain" and answer.status == "completed"
+    assert answer.output_text == "echo: plain" and answer.status == "completed" and answer.store is False
     assert not any(h in r.headers for h in ("x-node-id", "x-conversation-id", "x-parent-node-id"))
     sent = claude.last.body
     assert claude.last.path.endswith("/v1/messages") and sent["system"] == "Be brief."

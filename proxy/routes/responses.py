@@ -254,6 +254,7 @@ async def _create(request: Request[Any, Any, Any], calls: CallLifecycle, forward
                                            decoded=decoded)
         if previous:  # (an upstream's response, which this upstream cannot continue)
             raise NodeNotFound(f"no stored response {previous!r}", param="previous_response_id")
+        body = {**body, "store": False}  # (its answer says so: nothing to retrieve or continue later)
         call = Call(tenant=caller.tenant, conversation_id=None, kind="turn", mode="delta", parent_mode="head",
                     parent_id=None, body=body, items=await resolve_references(RESPONSES.items(body), admin, caller),
                     stream=body.get("stream") is True, client_key=caller.client_key, headers=headers.items,
