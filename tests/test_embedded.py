@@ -80,6 +80,7 @@ def test_serve_with_workers_starts_the_embedded_server_as_configured(tmp_path, u
             proc.wait(30)
 
 
+@pytest.mark.slow  # (processes of its own, each an embedded server's start: the slow CI step, .ci/slow.sh)
 @pytest.mark.parametrize("died", ["before", "after"])
 def test_a_process_killed_outright_does_not_keep_the_server_running_after_the_others_stop(tmp_path, died):
     # a `serve` SIGKILLed leaves the server running (nobody stopped it); another attached to it --
