@@ -129,6 +129,12 @@ def _forget_the_dead(server: Any) -> None:
     process on that list lets it go, so a dead one left there kept it running after every process
     had stopped -- a ``serve`` killed outright, then another's clean stop. Done as a process attaches,
     and as it stops."""
+    try:  # (as a rule every one listed is alive: then no lock is taken -- it is machine-wide, held
+        # by any process's initdb for seconds, and an attach took none before)
+        if all(pid == os.getpid() or _alive(pid) for pid in server.global_process_id_list.get()):
+            return
+    except (OSError, ValueError):  # (read while another wrote it: read again under the lock)
+        pass
     with type(server)._lock:  # (the library's lock, across processes, around that list)
         listed = server.global_process_id_list.get()
         alive = [pid for pid in listed if pid == os.getpid() or _alive(pid)]
