@@ -28,6 +28,7 @@ __all__ = [
     "CHAT_ROLES",
     "KEPT",
     "OPAQUE",
+    "READABLE_REASONING",
     "SYSTEM_AT",
     "Assembled",
     "PathLike",
@@ -63,7 +64,7 @@ CHAT_ROLES = SYSTEM_ROLES | {"user", "assistant", "tool", "function"}  # what a 
 # Fields of a returned assistant message that any OpenAI-compatible provider accepts back.
 _PORTABLE = ("role", "content", "name", "tool_calls", "function_call", "refusal")
 # Readable reasoning: only for providers that accept it back (``accepts_reasoning``).
-_REASONING = ("reasoning_content", "reasoning")
+READABLE_REASONING = ("reasoning_content", "reasoning")  # (chat fields a message carries it in)
 # Opaque / provider-signed reasoning: only back to the very provider that produced it.
 OPAQUE = ("reasoning_details", "thinking_blocks", "encrypted_content")
 # What a translated answer kept of its producer's (proxy/dialects/signed.py: a tool call's
@@ -138,18 +139,6 @@ def _audio(msg: dict[str, Any], target: Target, producer: str | None, out: dict[
         out["content"] = audio["transcript"]
 
 
-def drop_old_reasoning(messages: list[Any], turns: int) -> list[Any]:
-    """``messages`` (a chat request's) with the readable reasoning (``_REASONING``) of every
-    assistant message but the ``turns`` most recent that hold some left out -- Anthropic's
-    ``clear_thinking`` edit (its ``thinking_turns``: assistant turns with thinking), carried out
-    for a chat upstream that takes reasoning back."""
-    holding = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
-               and any(m.get(k) for k in _REASONING)]
-    cleared = set(holding[:max(0, len(holding) - turns)])
-    return [{k: v for k, v in m.items() if k not in _REASONING} if i in cleared else m
-            for i, m in enumerate(messages)]
-
-
 def shape_received(msg: dict[str, Any], target: Target, producer: str | None) -> dict[str, Any]:
     """A returned assistant message as it may be sent back to ``target``: portable fields only,
     nulls dropped, reasoning kept only where the target accepts it (opaque reasoning only to the
@@ -161,7 +150,7 @@ def shape_received(msg: dict[str, Any], target: Target, producer: str | None) ->
     for key, value in msg.items():
         if value is None:
             continue
-        if key in _PORTABLE or (key in _REASONING and keep_reasoning) or (key in OPAQUE and keep_opaque) \
+        if key in _PORTABLE or (key in READABLE_REASONING and keep_reasoning) or (key in OPAQUE and keep_opaque) \
                 or key.startswith(NATIVE):
             out[key] = value
     if "tool_calls" in out:

@@ -29,7 +29,7 @@ from typing import Any
 
 from storage import NodeRow, PathNode, TreeStore
 
-from .assembly import SYSTEM_AT, Target, assemble, build_body, drop_old_reasoning, unkept
+from .assembly import READABLE_REASONING, SYSTEM_AT, Target, assemble, build_body, unkept
 from .dialects import INHERITED, Crossing, crossing, dialect, message_path
 from .dialects.chat.markers import MARKERS as CHAT_MARKERS
 from .dialects.chat.markers import apply_markers
@@ -191,7 +191,7 @@ class RequestBuilder:
         chat_markers = way.client.name == "chat" or upstream.name == "chat"
         messages = apply_markers(assembled.messages, marked or ()) if chat_markers else assembled.messages
         if thinking_turns is not None:
-            messages = drop_old_reasoning(messages, thinking_turns)
+            messages = _without_old_reasoning(messages, thinking_turns)
         return Built(upstream.request_body(fields, messages, target.provider, stream=stream), assembled.dropped,
                      upstream.endpoint, history)
 
@@ -253,3 +253,15 @@ class RequestBuilder:
         client = dialect(node.api)
         return self.build(readable, client.to_messages(node.sent, node.provider), params, target,
                           stream=params.get("stream") is True, way=crossing(client, target.api))
+
+
+def _without_old_reasoning(messages: list[Any], turns: int) -> list[Any]:
+    """``messages`` (a chat request's) with the readable reasoning of every assistant message but
+    the ``turns`` most recent that hold some left out -- Anthropic's ``clear_thinking`` edit (its
+    ``thinking_turns``: assistant turns with thinking), carried out for a chat upstream that takes
+    reasoning back."""
+    holding = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
+               and any(m.get(k) for k in READABLE_REASONING)]
+    cleared = set(holding[:max(0, len(holding) - turns)])
+    return [{k: v for k, v in m.items() if k not in READABLE_REASONING} if i in cleared else m
+            for i, m in enumerate(messages)]

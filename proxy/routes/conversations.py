@@ -89,6 +89,8 @@ async def _resolved(items: list[dict[str, Any]], call: CallContext, cid: str | N
     404 ``item_not_found``; nothing is stored then."""
     if not any(item.get("type") == "item_reference" for item in items):
         return items
+    if cid is not None and await call.admin.conversation(call.caller.tenant, cid) is None:  # (before it is searched)
+        raise ConversationNotFound(f"conversation {cid!r} not found")
     return await resolve_references(items, call.admin, call.caller, cid)
 
 
@@ -237,8 +239,6 @@ async def conversation_items(request: Request[Any, Any, Any], call: NamedDepende
         _, items, _ = await path_items(admin, tenant, cid)
         return _json(_page([i.listed for i in items if not i.hidden], request.query_params))
     body = await _body(request)
-    if await admin.conversation(tenant, cid) is None:  # (before a reference is looked for in it)
-        raise ConversationNotFound(f"conversation {cid!r} not found")
     items = await _resolved(_checked_items(body.get("items"), param="items", required=True), call, cid)
     items = await resolve_compactions(items, admin, tenant, param="items")
     node = items_node(items)

@@ -144,12 +144,16 @@ def node_items(node: NodeRow, *, answers: bool = True) -> list[Item]:
 
 
 async def _head_path(admin: AdminStore, conv: Any) -> list[NodeRow]:
-    """The head path whose items a conversation holds, read through the clearings of old tool
-    results on it (context editing: a request's edit, not the conversation's): its items, and
+    """The head path whose items a conversation holds (``_path_to`` its head)."""
+    return [] if conv.head_node_id is None else await _path_to(admin, conv.tree_id, conv.head_node_id)
+
+
+async def _path_to(admin: AdminStore, tree_id: uuid.UUID, node_id: uuid.UUID) -> list[NodeRow]:
+    """The path to a node whose items the conversation lists, read through the clearings of old
+    tool results on it (context editing: a request's edit, not the conversation's): its items, and
     their ids, are what they were before any clearing."""
     # (the plain path: what the items are made of -- no sibling counts, which a deep path pays for)
-    path = [] if conv.head_node_id is None else await admin.path_rows(conv.tree_id, conv.head_node_id)
-    return await _through_clearings(admin, conv.tree_id, path)
+    return await _through_clearings(admin, tree_id, await admin.path_rows(tree_id, node_id))
 
 
 async def _through_clearings(admin: AdminStore, tree_id: uuid.UUID, path: list[NodeRow]) -> list[NodeRow]:
@@ -257,8 +261,7 @@ async def input_items(admin: AdminStore, node: NodeRow) -> list[Item]:
     then its own sent items (a Responses call's instructions aside), not its answer. OpenAI's
     lists them so: a chained response's input holds the earlier turns, a stateless one's the
     history it resent."""
-    path = await _through_clearings(admin, node.tree_id, await admin.path_rows(node.tree_id, node.id))
-    items = await _items_of(admin, node.tree_id, path)
+    items = await _items_of(admin, node.tree_id, await _path_to(admin, node.tree_id, node.id))
     own = len(node_items(node, answers=False))
     listed = [*(i for i in items if i.node.id != node.id), *[i for i in items if i.node.id == node.id][:own]]
     return [i for i in listed if not i.hidden]  # (instructions a summary carried: context, never an item)

@@ -30,7 +30,6 @@ read is dropped there (``assembly.strip``).
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -40,6 +39,7 @@ import msgspec
 from ...surrogates import encode, loads
 from .. import signed
 from ..chat.completion import NotACompletion
+from .answered import after, call_of, joins, message_of
 from .compaction import compaction_node_of
 from .parts import content_of, tool_output
 from .tools import LOADED, SEARCH, custom_arguments, flat_name, members
@@ -129,7 +129,6 @@ def input_items(value: Any) -> list[dict[str, Any]]:
 # -- items -> messages ----------------------------------------------------------------------------
 
 
-_CALL_OF_ANSWER = re.compile(r"(?:fc|ctc|tsc)_([0-9a-f]{32})_\d+")
 CALLS = frozenset({"function_call", "custom_tool_call", "tool_search_call"})
 RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})  # (cleared by context editing)
 
@@ -186,46 +185,6 @@ def loaded_tools(messages: Iterable[Any]) -> list[Any]:
                     and isinstance(item.get("tools"), list):
                 out.extend(item["tools"])
     return out
-
-
-def _answer_of(item_id: Any) -> str | None:
-    """The node whose answer a call item of ours came from (``fc_<node>_<i>``, a custom tool's
-    ``ctc_``, a tool search's ``tsc_``), else None."""
-    match = _CALL_OF_ANSWER.fullmatch(item_id) if isinstance(item_id, str) else None
-    return match.group(1) if match else None
-
-
-_MESSAGE_OF_ANSWER = re.compile(r"msg_([0-9a-f]{32})(?:_\d+)?")
-
-
-def _joins(item: dict[str, Any], answered: tuple[dict[str, Any], str, int] | None) -> dict[str, Any] | None:
-    """The assistant message of calls an assistant message item belongs with: that of the calls
-    before it when it is of their answer (``msg_<node>``, or ``msg_<node>_<i>``: a second message
-    of one answer, a Responses upstream's or ours) -- a stream whose call came before its text,
-    or whose text went on after a call, gave the items in that order (an item's place is its
-    output_index). Its text then follows the message's own, as the answer was stored: chat has one
-    message for an answer, and a second assistant message between the calls and their results
-    would part them (docs/behaviour.md#the-responses-api)."""
-    if answered is None or item.get("role") != "assistant" or not isinstance(item.get("id"), str):
-        return None
-    match = _MESSAGE_OF_ANSWER.fullmatch(item["id"])
-    message = answered[0]
-    if match is None or match.group(1) != answered[1] or message.get("refusal") \
-            or not isinstance(message.get("content"), (str, type(None))):
-        return None
-    return message
-
-
-def _after(before: str | None, content: Any, refusal: str | None) -> tuple[Any, str | None]:
-    """(content, refusal): a message's text (``before``, if any) with what a second message item
-    of its answer says after it."""
-    if not before:
-        return content, refusal
-    if isinstance(content, str):
-        return before + content, refusal
-    if isinstance(content, list):
-        return [{"type": "text", "text": before}, *content], refusal
-    return before, refusal
 
 
 def tool_output_parts(message: dict[str, Any]) -> Any:
@@ -287,9 +246,9 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
         ordinals.append(-1)
         waiting.append(len(ordinals) - 1)
         kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message" and answered is not None and (joined := _joins(item, answered)) is not None:
+        if kind == "message" and answered is not None and (joined := joins(item, answered)) is not None:
             # (one answer, one assistant message: its text joins its calls, as stored)
-            joined["content"], refusal = _after(joined.get("content"), *content_of(item.get("content"), output=True))
+            joined["content"], refusal = after(joined.get("content"), *content_of(item.get("content"), output=True))
             if refusal:
                 joined["refusal"] = refusal
             if reasoning:
@@ -318,9 +277,9 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             # (an answer's message of ours: a second message item of its answer joins it, as when
             # its calls came between -- reasoning that went on after the text was streamed as an
             # item of its own, and the text after it as another message item, msg_<node>_<i>)
-            origin = _MESSAGE_OF_ANSWER.fullmatch(item.get("id") or "") if isinstance(item.get("id"), str) else None
+            origin = message_of(item.get("id"))
             if role == "assistant" and origin is not None:
-                answered = (message, origin.group(1), counted)
+                answered = (message, origin, counted)
         elif kind in CALLS and (kind != "tool_search_call" or client_search(item)):
             name = flat_name(item.get("namespace"), item.get("name"))
             if kind == "custom_tool_call":
@@ -330,7 +289,7 @@ def convert(items: Iterable[Any], producer: str | None = None) -> tuple[list[dic
             else:
                 arguments = item.get("arguments") or ""
             call = {"id": item.get("call_id"), "type": "function", "function": {"name": name, "arguments": arguments}}
-            origin = _answer_of(item.get("id"))
+            origin = call_of(item.get("id"))
             if last_assistant is None and answered is not None and origin == answered[1] and not reasoning:
                 last_assistant, _, number = answered
             if last_assistant is None:

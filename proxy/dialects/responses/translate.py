@@ -203,7 +203,7 @@ _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "
 def gets_our_id(item: dict[str, Any]) -> bool:
     """Whether an upstream's output item is given an id of the node's (``<prefix>_<node>_<i>``):
     messages and the calls a client answers -- so a client sending them back is understood
-    (``items._answer_of``) and may reference them (``item_reference``)."""
+    (``answered.call_of``) and may reference them (``item_reference``)."""
     kind = item.get("type")
     return kind in ("message", "function_call", "custom_tool_call") or (
         kind == "tool_search_call" and item.get("execution") == "client")
