@@ -143,6 +143,7 @@ def _forget_the_dead(server: Any) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Does process ``pid`` run (one of another user's too)?"""
     try:
         os.kill(pid, 0)
     except PermissionError:  # (another user's: alive)
@@ -156,10 +157,9 @@ def _running(pgdata: Path) -> bool:
     """Is a server already running on ``pgdata`` (its ``postmaster.pid`` names a live process)?"""
     try:
         pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return False
-    return True
+    return _alive(pid)
 
 
 def _why(exc: BaseException, pgdata: Path, stderr: list[str]) -> str:

@@ -5,7 +5,8 @@ responses themselves -- ``GET``/``DELETE /v1/responses/{id}``, its input items -
 
 A call is stored when it names a conversation (header, path prefix or ``/auto/v1``) or carries the
 ``previous_response_id`` of a stored response of the caller's tenant; otherwise it passes through
-(translated, unstored, for an Anthropic upstream, which has no Responses endpoint). HTTP only: the call itself is the lifecycle's, like a chat call.
+(translated, unstored, for an Anthropic upstream, which has no Responses endpoint). HTTP only: the
+call itself is the lifecycle's, like a chat call.
 """
 
 from __future__ import annotations
