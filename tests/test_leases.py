@@ -52,7 +52,10 @@ def test_a_live_call_keeps_its_lease_however_long_it_takes(fresh_database_url, u
     # (a lease of 3 s is renewed within 2 s of being set: the 1 s to spare is what a busy machine
     # -- two test runs and the clients' step at once -- may hold A's loop; with 1.2 s, 0.4 s was
     # too little, and the reaper took the live call)
-    fast = {"server": {"lease_seconds": 3.0, "reaper_interval_seconds": 0.1}}
+    # (and the upstream's read timeout well past the ~8 s the call is held: with the suites' 10 s, a
+    # slow Citus cluster's statements were enough to time A's call out before the test answered it)
+    fast = {"server": {"lease_seconds": 3.0, "reaper_interval_seconds": 0.1},
+            "upstream_defaults": {"read_timeout": 60.0}}
     settings = make_settings(fresh_database_url, upstream_url, **fast)
     db = Db(fresh_database_url)
     with serve_proxy(settings) as a, serve_proxy(settings) as b:
