@@ -278,7 +278,9 @@ def make_settings(database_url: str, upstream_url: str, **overrides: Any) -> Set
     raw: dict[str, Any] = {
         "database": {"url": database_url, "pool_min": 1, "pool_max": 10},
         "upstreams": [{"name": "fake", "base_url": upstream_url, "models": ["*"]}],
-        "upstream_defaults": {"read_timeout": 10.0, "connect_timeout": 2.0},
+        # (30 s: tests hold calls on purpose while they look at the database, which a slow Citus
+        # cluster under a loaded CI machine makes take seconds; a test of the timeout sets its own)
+        "upstream_defaults": {"read_timeout": 30.0, "connect_timeout": 2.0},
     }
     for section, values in overrides.items():
         if isinstance(values, dict) and isinstance(raw.get(section), dict):
