@@ -368,6 +368,19 @@ def test_several_choices_reach_the_client_and_the_first_becomes_context(client, 
     assert [m["content"] for m in upstream.last.messages] == ["two answers please", "first choice", "go on"]
 
 
+def test_the_choice_of_index_0_becomes_context_wherever_it_stands_in_the_list(client, upstream, cid, db):
+    """choices are keyed by ``index``: a body listing choice 1 before choice 0 still stores choice 0
+    (docs/behaviour.md: "the node stores the first (``index`` 0)")."""
+    body = _two_choices(MODEL)
+    body["choices"].reverse()
+    upstream.enqueue(Reply(kind="raw", body=json.dumps(body).encode()))
+    _, h1 = say(client, cid, user("two answers please"), n=2)
+    node = db.node(h1["x-node-id"])
+    assert [m["content"] for m in node["received"]] == ["first choice"] and node["finish_reason"] == "stop"
+    say(client, cid, user("go on"))
+    assert [m["content"] for m in upstream.last.messages] == ["two answers please", "first choice", "go on"]
+
+
 def test_several_streamed_choices_reach_the_client_and_the_first_becomes_context(client, upstream, cid, db):
     def chunk(index: int, delta: dict, finish: str | None = None) -> bytes:
         body = {"id": "chatcmpl-n2", "object": "chat.completion.chunk", "created": 0, "model": MODEL,

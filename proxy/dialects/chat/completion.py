@@ -27,7 +27,11 @@ class Completion(NamedTuple):
 def parse_completion(content: bytes) -> Completion:
     try:
         data = loads(content)
-        choice = data["choices"][0]
+        choices = data["choices"]
+        # choice 0 by its index, wherever it stands (n > 1: the conversation continues from it)
+        choice = next((c for c in choices if isinstance(c, dict) and c.get("index") == 0), None) \
+            if isinstance(choices, list) else None
+        choice = choices[0] if choice is None else choice
         message = choice["message"]
     except (msgspec.DecodeError, RecursionError) as exc:
         raise NotACompletion(f"invalid JSON: {type(exc).__name__}") from None
