@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from .key_order import KEY_ORDER, ordered
+
 __all__ = [
     "CARRIED",
     "CHAT_ROLES",
@@ -411,12 +413,14 @@ def build_body(params: dict[str, Any], messages: list[dict[str, Any]], *, stream
 
     Keys are sorted: the body is then a pure function of values that survive a round trip
     through PostgreSQL's ``jsonb``, so ``GET /admin/nodes/{id}/request`` can rebuild it byte for
-    byte and check it against the stored hash."""
+    byte and check it against the stored hash -- but for the objects whose key order the client's
+    fields recorded (``key_order``: a schema's properties keep the client's order)."""
     body = dict(params)
+    hints = body.pop(KEY_ORDER, None)
     body["messages"] = messages
     if stream:
         options = body.get("stream_options")
         options = dict(options) if isinstance(options, dict) else {}
         options["include_usage"] = True
         body["stream_options"] = options
-    return _encode_sorted(body)
+    return _encode_sorted(ordered(body, hints) if hints else body)

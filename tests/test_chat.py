@@ -475,3 +475,36 @@ def test_a_streamed_audio_answer_is_stored_as_the_whole_one_is(client, upstream,
     stream, h = say(client, cid, user("capital of France?"), stream=True, **AUDIO_ASKED)
     list(stream)
     assert db.node(h["x-node-id"])["received"][0]["audio"] == audio
+
+
+def test_a_stored_call_keeps_the_key_order_of_its_schemas(proxy, upstream, key, cid):
+    """OpenAI's Structured Outputs write an answer's keys in the order of the schema's properties
+    (a ``reasoning`` key first: thought out before the answer), and a tool's parameters reach the
+    model in their order: a stored call's body keeps the client's order there, as a pass-through
+    does -- for the call, for ``/request``'s rebuild (verified) and for the next turn's body,
+    which still begins with the previous one byte for byte."""
+    from .helpers import prefix_extends
+
+    schema = {"type": "object", "properties": {"reasoning": {"type": "string"}, "answer": {"type": "string"}},
+              "required": ["reasoning", "answer"], "additionalProperties": False}
+    fields = {"response_format": {"type": "json_schema", "json_schema": {"name": "step", "strict": True, "schema": schema}},
+              "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+              "stream_options": {"include_usage": False, "include_obfuscation": False}}
+
+    def properties(body):
+        return (list(body["response_format"]["json_schema"]["schema"]["properties"]),
+                list(body["tools"][0]["function"]["parameters"]["properties"]))
+
+    client = proxy.openai(key, conversation=cid)
+    bodies = []
+    for text, stream in (("first", False), ("second", False), ("third", True)):
+        extra = dict(fields) if stream else {k: v for k, v in fields.items() if k != "stream_options"}
+        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=[user(text)], stream=stream, **extra)
+        list(raw.parse()) if stream else raw.parse()
+        sent = upstream.last.raw
+        assert properties(json.loads(sent)) == (["reasoning", "answer"], ["reasoning", "answer"])
+        replay = proxy.http(key).get(f"/admin/nodes/{raw.headers['x-node-id']}/request")
+        assert replay.headers["x-request-verified"] == "true" and replay.content == sent
+        bodies.append(sent)
+    assert prefix_extends(bodies[0], bodies[1])
+    assert json.loads(bodies[2])["stream_options"] == {"include_usage": True, "include_obfuscation": False}

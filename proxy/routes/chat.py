@@ -67,7 +67,7 @@ async def _chat(request: Request[Any, Any, Any], calls: CallLifecycle, forwarder
         parent_id=parent_id,
         body=body,
         items=CHAT.items(body),
-        params=CHAT.params(body, marked=b"cache_control" in raw),
+        params=CHAT.params(body, marked=b"cache_control" in raw, schemas=b'"properties"' in raw),
         stream=body.get("stream") is True,
         client_key=caller.client_key,
         headers=headers.items,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ...assembly import SYSTEM_AT, build_body, strip
+from ...key_order import KEY_ORDER, key_order
 from ...secrets import Masker
 from .. import Answer, Transcript
 from .completion import Completion, NotACompletion, call_id, parse_completion
@@ -57,12 +58,16 @@ class Chat:
     def items(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         return body["messages"]
 
-    def params(self, body: dict[str, Any], *, marked: bool = True) -> dict[str, Any]:
+    def params(self, body: dict[str, Any], *, marked: bool = True, schemas: bool = True) -> dict[str, Any]:
         """Every other field, and where the client put its cache_control markers (``markers``:
         the builder puts back the call's own, and only those). ``marked``: False when the body is
         known to hold none (its bytes do not say ``cache_control``), which spares a long history
-        the look at every message."""
+        the look at every message. ``schemas`` likewise for the order of a JSON Schema's
+        properties (``key_order``: the body keeps the client's order there)."""
         params = {k: v for k, v in body.items() if k != "messages"}
+        order = key_order(params) if schemas else None
+        if order:
+            params[KEY_ORDER] = order
         found = markers(body["messages"]) if marked else None
         if found:
             params[MARKERS] = found

@@ -1,0 +1,104 @@
+"""The order of the properties of a chat client's JSON Schemas, kept through storage (``KEY_ORDER``).
+
+A stored call's upstream body is a pure function of what PostgreSQL's ``jsonb`` gives back
+(``assembly.build_body``), and ``jsonb`` keeps no key order: the body's objects are written with
+their keys sorted. Where a schema lists its ``properties`` the order means something, though:
+OpenAI's Structured Outputs write an answer's keys in the order of the schema's properties (a
+``reasoning`` property put before ``answer`` is thought out before the answer is given), and a
+tool's parameters reach the model in the order of theirs. So a chat call's params record, for
+each ``properties`` object among its fields (``response_format``, ``tools`` ..., at any depth)
+whose keys the client did not send sorted, its path and its keys in the client's order; the body
+is written with those objects in that order (``ordered``), every other object sorted as before --
+the same bytes for the call and for ``GET /admin/nodes/{id}/request``."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import msgspec
+
+__all__ = ["KEY_ORDER", "key_order", "ordered"]
+
+KEY_ORDER = "_bp_key_order"
+# Objects deeper than this keep sorted keys: a schema nests a few levels, and a hostile body
+# nested hundreds deep must cost no more than it did before.
+MAX_DEPTH = 32
+
+_encode_plain = msgspec.json.Encoder().encode
+_encode_sorted = msgspec.json.Encoder(order="sorted").encode
+_KEYS = object()  # (in a path tree: the keys of the object there, in the client's order)
+
+
+def key_order(fields: dict[str, Any]) -> list[list[Any]]:
+    """``[path, keys]`` for every ``properties`` object among the request's fields (``fields``:
+    all but its ``messages``) whose keys are not in sorted order; ``path`` is the keys and list
+    indexes that lead to it. A field is read once per process for each distinct value (a client
+    sends the same tools with every call)."""
+    hints: list[list[Any]] = []
+    for key, value in fields.items():
+        if (type(value) is dict or type(value) is list) and not key.startswith("_bp_"):
+            try:
+                raw = _encode_plain(value)
+                found = _field_hints(raw) if b'"properties"' in raw else ()
+            except RecursionError:  # (a field nested past what the encoder goes: sorted, as before)
+                continue
+            hints.extend([[key, *path], keys] for path, keys in found)
+    return hints
+
+
+@lru_cache(maxsize=256)
+def _field_hints(raw: bytes) -> tuple[tuple[list[Any], list[str]], ...]:
+    found: list[tuple[list[Any], list[str]]] = []
+
+    def walk(value: Any, path: list[Any], schema_properties: bool) -> None:
+        if len(path) > MAX_DEPTH:
+            return
+        if type(value) is dict:
+            keys = list(value)
+            if schema_properties and len(keys) > 1 and keys != sorted(keys):
+                found.append((path, keys))
+            for k, v in value.items():
+                if type(v) is dict or type(v) is list:
+                    walk(v, [*path, k], k == "properties" and not schema_properties)
+        elif type(value) is list:
+            for i, v in enumerate(value):
+                if type(v) is dict or type(v) is list:
+                    walk(v, [*path, i], False)
+
+    walk(msgspec.json.decode(raw), [], False)
+    return tuple(found)
+
+
+def ordered(body: dict[str, Any], hints: Any) -> dict[str, Any]:
+    """``body`` with each object ``hints`` names replaced by its encoding in the recorded key
+    order (keys it does not list after them, sorted; the objects inside it sorted): a sorted
+    encoder then writes the rest as before. A hint that names nothing there is passed over."""
+    tree: dict[Any, Any] = {}
+    for hint in hints if isinstance(hints, list) else ():
+        if not (isinstance(hint, list) and len(hint) == 2 and isinstance(hint[0], list) and hint[0]
+                and isinstance(hint[1], list)):
+            continue
+        node = tree
+        for step in hint[0]:
+            node = node.setdefault(step, {})
+        node[_KEYS] = hint[1]
+    return {k: _apply(v, tree[k]) if k in tree else v for k, v in body.items()}
+
+
+def _apply(value: Any, node: dict[Any, Any]) -> Any:
+    if type(value) is list:
+        return [_apply(v, node[i]) if i in node else v for i, v in enumerate(value)]
+    if type(value) is not dict:
+        return value
+    children = {k: _apply(v, node[k]) if k in node else v for k, v in value.items()}
+    keys = node.get(_KEYS)
+    if keys is None:
+        return children
+    listed = [k for k in dict.fromkeys(keys) if isinstance(k, str) and k in children]
+    rest = sorted(k for k in children if k not in set(listed))
+    return msgspec.Raw(_encode_plain({k: _raw(children[k]) for k in [*listed, *rest]}))
+
+
+def _raw(value: Any) -> Any:
+    return msgspec.Raw(_encode_sorted(value)) if type(value) is dict or type(value) is list else value
