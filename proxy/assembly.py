@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .key_order import KEY_ORDER, ordered
+from .key_order import encode_sorted
 
 __all__ = [
     "CARRIED",
@@ -398,9 +398,6 @@ def _placed(system: list[dict[str, Any]], messages: list[dict[str, Any]], after:
     return out
 
 
-_encode_sorted = msgspec.json.Encoder(order="sorted").encode
-
-
 def strip(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages as a chat upstream gets them: without the native keys a dialect attached."""
     return [{k: v for k, v in m.items() if not k.startswith(NATIVE)} if any(k.startswith(NATIVE) for k in m) else m
@@ -416,11 +413,10 @@ def build_body(params: dict[str, Any], messages: list[dict[str, Any]], *, stream
     byte and check it against the stored hash -- but for the objects whose key order the client's
     fields recorded (``key_order``: a schema's properties keep the client's order)."""
     body = dict(params)
-    hints = body.pop(KEY_ORDER, None)
     body["messages"] = messages
     if stream:
         options = body.get("stream_options")
         options = dict(options) if isinstance(options, dict) else {}
         options["include_usage"] = True
         body["stream_options"] = options
-    return _encode_sorted(ordered(body, hints) if hints else body)
+    return encode_sorted(body)

@@ -1,15 +1,18 @@
-"""The order of the properties of a chat client's JSON Schemas, kept through storage (``KEY_ORDER``).
+"""The order of the properties of a client's JSON Schemas, kept through storage (``KEY_ORDER``).
 
 A stored call's upstream body is a pure function of what PostgreSQL's ``jsonb`` gives back
-(``assembly.build_body``), and ``jsonb`` keeps no key order: the body's objects are written with
-their keys sorted. Where a schema lists its ``properties`` the order means something, though:
-OpenAI's Structured Outputs write an answer's keys in the order of the schema's properties (a
-``reasoning`` property put before ``answer`` is thought out before the answer is given), and a
-tool's parameters reach the model in the order of theirs. So a chat call's params record, for
-each ``properties`` object among its fields (``response_format``, ``tools`` ..., at any depth)
-whose keys the client did not send sorted, its path and its keys in the client's order; the body
-is written with those objects in that order (``ordered``), every other object sorted as before --
-the same bytes for the call and for ``GET /admin/nodes/{id}/request``."""
+(``assembly.build_body``, the Responses and Messages dialects' ``request_body``), and ``jsonb``
+keeps no key order: the body's objects are written with their keys sorted. Where a schema lists
+its ``properties`` the order means something, though: OpenAI's Structured Outputs write an
+answer's keys in the order of the schema's properties (a ``reasoning`` property put before
+``answer`` is thought out before the answer is given), and a tool's parameters reach the model in
+the order of theirs. So a call's params record, for each ``properties`` object among its fields
+(``response_format``, ``text``, ``output_format``, ``tools`` ..., at any depth) whose keys the
+client did not send sorted, its path and its keys in the client's order; the body is written
+with those objects in that order (``ordered``), every other object sorted as before -- the same
+bytes for the call and for ``GET /admin/nodes/{id}/request``. (Paths are the client's dialect's:
+an upstream of the same dialect gets the order; a translated request, whose fields are made
+anew, is sorted.)"""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["KEY_ORDER", "key_order", "ordered"]
+__all__ = ["KEY_ORDER", "encode_sorted", "key_order", "ordered", "with_key_order"]
 
 KEY_ORDER = "_bp_key_order"
 # Objects deeper than this keep sorted keys: a schema nests a few levels, and a hostile body
@@ -28,6 +31,23 @@ MAX_DEPTH = 32
 _encode_plain = msgspec.json.Encoder().encode
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 _KEYS = object()  # (in a path tree: the keys of the object there, in the client's order)
+
+
+def with_key_order(params: dict[str, Any]) -> dict[str, Any]:
+    """A call's stored fields with the order of their schemas' properties recorded (the same dict
+    when every one is sorted already, or there is none)."""
+    order = key_order(params)
+    return {**params, KEY_ORDER: order} if order else params
+
+
+def encode_sorted(body: dict[str, Any]) -> bytes:
+    """An upstream body's bytes: its objects' keys sorted, but for those its recorded key order
+    names (``KEY_ORDER``, taken out of the body)."""
+    if KEY_ORDER not in body:
+        return _encode_sorted(body)
+    body = dict(body)
+    hints = body.pop(KEY_ORDER)
+    return _encode_sorted(ordered(body, hints) if hints else body)
 
 
 def key_order(fields: dict[str, Any]) -> list[list[Any]]:

@@ -45,7 +45,10 @@ REF = "_bp_shared"  # (a client's item or field that looks like a reference is s
 FRESH = 60.0  # seconds a process counts an item as stored after it last wrote its row
 GRACE = 600.0  # an item not seen for this long, and referred to by no node, is removed
 SHARED_ROLES = frozenset({"system", "developer"})
-OWN = "_bp_"  # params of the proxy's own (proxy.dialects.OWN): never shared -- so never resolved either
+OWN = "_bp_"  # params of the proxy's own (proxy.dialects.OWN): never shared -- so never resolved either --
+# but for the order of a request's schemas' properties (proxy.key_order), as large and as repeated
+# as the tool definitions it describes
+SHARED_OWN = frozenset({"_bp_key_order"})
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 _N = TypeVar("_N", bound=msgspec.Struct)
@@ -58,7 +61,11 @@ def is_ref(value: Any) -> bool:
 def _field_ref(name: str, value: Any) -> bool:
     """A field's value is a reference where ``split`` puts one: never in a param of the proxy's
     own (``OWN``), whatever its shape -- an import's line may hold anything there."""
-    return is_ref(value) and not name.startswith(OWN)
+    return is_ref(value) and not _own(name)
+
+
+def _own(name: str) -> bool:
+    return name.startswith(OWN) and name not in SHARED_OWN
 
 
 def _digest(value: Any) -> tuple[str, bytes]:
@@ -107,7 +114,7 @@ class SharedItems:
                     out_sent[i] = {REF: key, "role": role} if type(role) is str else {REF: key}
         out_params = params
         for name, value in params.items():
-            if name.startswith(OWN) or not isinstance(value, (dict, list, str)):
+            if _own(name) or not isinstance(value, (dict, list, str)):
                 continue
             if share or is_ref(value):
                 key, encoded = _digest(value)

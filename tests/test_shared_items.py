@@ -73,6 +73,25 @@ def test_a_sessions_system_prompt_and_tools_are_stored_once(own, upstream, key, 
     assert path[0]["sent"][0] == SYSTEM and all(n["params"]["tools"] == TOOLS for n in path)
 
 
+def test_the_order_of_a_large_tool_sets_properties_is_stored_once_too(own, upstream, key, cid):
+    """What keeps a schema's properties in the client's order (proxy/key_order.py) is as large and
+    as repeated as the tools it describes: shared like them, resolved for every read."""
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "does a thing",
+                                               "parameters": {"type": "object", "properties": {
+                                                   f"zeta_{i}": {"type": "string"}, f"alpha_{i}": {"type": "string"},
+                                                   f"mid_{i}": {"type": "string"}}}}} for i in range(40)]
+    client = own.openai(key)
+    nodes = [say(client, cid, user(text), tools=tools)[1]["x-node-id"] for text in ("one", "two")]
+    for request in upstream.chat_requests[-2:]:
+        assert [list(t["function"]["parameters"]["properties"]) for t in request.body["tools"]] == [
+            [f"zeta_{i}", f"alpha_{i}", f"mid_{i}"] for i in range(40)]
+    params = [stored(own.db, n)["params"] for n in nodes]
+    assert set(params[0]["_bp_key_order"]) == {"_bp_shared"} and params[1]["_bp_key_order"] == params[0]["_bp_key_order"]
+    assert len(shared_rows(own.db)) == 2  # the tools and their order, once each
+    replay = own.http(key).get(f"/admin/nodes/{nodes[1]}/request")
+    assert replay.headers["x-request-verified"] == "true" and replay.content == upstream.chat_requests[-1].raw
+
+
 def test_many_sessions_of_a_tenant_share_one_copy_and_other_tenants_have_their_own(own, upstream, key):
     for i in range(5):
         session(own, key, f"s-{i}-{uuid.uuid4().hex[:6]}", upstream)

@@ -16,8 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import msgspec
-
+from ...key_order import KEY_ORDER, encode_sorted
 from .. import Transcript
 from . import blocks, errors, translate
 from .exchange import ChatOverMessages, MessagesNative, MessagesOverChat
@@ -25,7 +24,6 @@ from .request import call_items, call_params, kept_thinking_turns, parse_message
 
 __all__ = ["DIALECT", "Messages"]
 
-_encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
 
 class Messages:
@@ -86,7 +84,7 @@ class Messages:
 
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
         # the client's fields as they came (our own keys but the markers, which request_body uses)
-        return {k: v for k, v in params.items() if not k.startswith("_bp_") or k == blocks.MARKERS}
+        return {k: v for k, v in params.items() if not k.startswith("_bp_") or k in (blocks.MARKERS, KEY_ORDER)}
 
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes:
@@ -101,7 +99,7 @@ class Messages:
             body["system"] = system
         if stream:
             body["stream"] = True
-        return _encode_sorted(body)
+        return encode_sorted(body)
 
     def relay(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> MessagesNative:
         return MessagesNative(provider=provider)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidRequest
+from ...key_order import with_key_order
 from .. import parse_model_request, refuse_own_keys
 from .blocks import MARKERS, fragments, markers
 
@@ -91,7 +92,7 @@ def call_items(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def call_params(body: dict[str, Any]) -> dict[str, Any]:
     """Every other field (stored, forwarded), and where the client put its cache_control markers."""
-    params = {k: v for k, v in body.items() if k not in ("messages", "system")}
+    params = with_key_order({k: v for k, v in body.items() if k not in ("messages", "system")})
     found = markers(body.get("system"), body["messages"])
     if found:
         params[MARKERS] = found

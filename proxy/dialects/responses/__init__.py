@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ...key_order import with_key_order
 from .. import Transcript
 from . import for_chat, items, outbound, tools, translate
 from .exchange import ChatOverResponses, ResponsesNative, ResponsesOverChat
@@ -38,8 +39,9 @@ class Responses:
         return call_items(body)
 
     def params(self, body: dict[str, Any]) -> dict[str, Any]:
-        # (the instructions stay among them too: the answer's response object repeats them)
-        return {k: v for k, v in body.items() if k != "input"}
+        # (the instructions stay among them too: the answer's response object repeats them; the
+        # order of its schemas' properties, which jsonb does not keep: ``key_order``)
+        return with_key_order({k: v for k, v in body.items() if k != "input"})
 
     def read(self, items_: list[dict[str, Any]]) -> Transcript:
         messages, ordinals = items.convert(items_)

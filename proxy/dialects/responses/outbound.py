@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import msgspec
-
+from ...key_order import encode_sorted
 from ...surrogates import encode
 from ..signed import ours
 from .items import CALLS, ITEMS, PRODUCER, RESULTS, client_search, items_of
@@ -27,7 +26,6 @@ from .tools import split_name
 
 __all__ = ["request_body", "to_items"]
 
-_encode_sorted = msgspec.json.Encoder(order="sorted").encode
 # the items any Responses upstream may get back (others -- a server's tool search, a web search
 # call -- only the provider that produced them)
 _PORTABLE = frozenset({"message", "function_call", "custom_tool_call", *RESULTS})
@@ -40,7 +38,7 @@ def request_body(fields: dict[str, Any], messages: Iterable[dict[str, Any]], pro
     body = {**fields, "input": _with_namespaces(to_items(messages, provider), fields.get("tools"))}
     if stream:
         body["stream"] = True
-    return _encode_sorted(body)
+    return encode_sorted(body)
 
 
 def _with_namespaces(items: list[dict[str, Any]], tools: Any) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ import msgspec
 
 from ...assembly import NATIVE
 from ...errors import InvalidRequest
+from ...key_order import KEY_ORDER
 from ...surrogates import loads
 from .. import CACHE_WRITES, signed, usage_count
 from ..chat.completion import call_id
@@ -149,7 +150,7 @@ def chat_params(params: dict[str, Any]) -> dict[str, Any]:
 def native_params(params: dict[str, Any]) -> dict[str, Any]:
     """The fields a Responses upstream gets: the client's own, but never stored upstream and never
     pointing at upstream state -- the proxy sends the whole assembled input every time."""
-    out = {k: v for k, v in params.items() if k not in _OURS and not k.startswith(NATIVE)}
+    out = {k: v for k, v in params.items() if k not in _OURS and (not k.startswith(NATIVE) or k == KEY_ORDER)}
     out["store"] = False
     return out
 

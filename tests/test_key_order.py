@@ -1,0 +1,82 @@
+"""A stored call's body keeps the order of its JSON Schemas' properties (proxy/key_order.py): the
+Responses and Messages dialects towards an upstream of their own kind, as chat's towards chat
+(tests/test_chat.py) -- for the call, for ``/request``'s rebuild, for the next turn; and the order
+recorded is never sent anywhere (a translated request is made anew, sorted)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import httpx
+
+from tests.anthropic_fake import FakeAnthropic
+from tests.conftest import Proxy
+from tests.fakes import FakeUpstream
+
+# (neither order sorted, and unlike: each object keeps its own)
+STEP = {"type": "object", "properties": {"reasoning": {"type": "string"}, "answer": {"type": "string"}},
+        "required": ["reasoning", "answer"], "additionalProperties": False}
+CALL = {"type": "object", "properties": {"zone": {"type": "string"}, "city": {"type": "object", "properties": {
+    "name": {"type": "string"}, "country": {"type": "string"}}}}, "required": ["zone"]}
+
+
+def _replayed(proxy: Proxy, key: str, node_id: str) -> httpx.Response:
+    r = httpx.get(f"{proxy.url}/admin/nodes/{node_id}/request", headers={"authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _orders(schema: dict[str, Any]) -> list[list[str]]:
+    return [list(schema["properties"]), list(schema["properties"]["city"]["properties"])]
+
+
+def test_a_responses_call_keeps_its_schemas_order_towards_a_responses_upstream(native: Proxy, upstream: FakeUpstream,
+                                                                               key: str, cid: str) -> None:
+    client = native.openai(key, conversation=cid)
+    fields = {"text": {"format": {"type": "json_schema", "name": "step", "strict": True, "schema": STEP}},
+              "tools": [{"type": "function", "name": "weather", "parameters": CALL}]}
+    bodies = []
+    for text in ("first", "second"):
+        raw = client.responses.with_raw_response.create(model="native-1", input=text, **fields)
+        sent = upstream.responses_requests[-1].raw
+        body = json.loads(sent)
+        assert list(body["text"]["format"]["schema"]["properties"]) == ["reasoning", "answer"]
+        assert _orders(body["tools"][0]["parameters"]) == [["zone", "city"], ["name", "country"]]
+        assert "_bp_key_order" not in body
+        replay = _replayed(native, key, raw.headers["x-node-id"])
+        assert replay.headers["x-request-verified"] == "true" and replay.content == sent
+        bodies.append(body)
+    assert bodies[1]["input"][:len(bodies[0]["input"])] == bodies[0]["input"]
+
+
+def test_a_messages_call_keeps_its_schemas_order_towards_an_anthropic_upstream(mproxy: Proxy, claude: FakeAnthropic,
+                                                                               key: str, cid: str) -> None:
+    c = anthropic.Anthropic(base_url=f"{mproxy.url}/c/{cid}", api_key=key, max_retries=0)
+    tools = [{"name": "weather", "description": "the weather", "input_schema": CALL}]
+    for text in ("first", "second"):
+        raw = c.messages.with_raw_response.create(model="claude-x", max_tokens=100, tools=tools,
+                                                  messages=[{"role": "user", "content": text}])
+        sent = claude.last.raw
+        body = json.loads(sent)
+        assert _orders(body["tools"][0]["input_schema"]) == [["zone", "city"], ["name", "country"]]
+        assert "_bp_key_order" not in body
+        r = httpx.get(f"{mproxy.url}/admin/nodes/{raw.headers['x-node-id']}/request", headers={"x-api-key": key},
+                      timeout=30)
+        assert r.headers["x-request-verified"] == "true" and r.content == sent
+
+
+def test_the_recorded_order_never_reaches_a_translated_upstream(mproxy: Proxy, upstream: FakeUpstream,
+                                                                claude: FakeAnthropic, key: str, cid: str) -> None:
+    tools = [{"name": "weather", "description": "the weather", "input_schema": CALL}]
+    c = anthropic.Anthropic(base_url=f"{mproxy.url}/c/{cid}", api_key=key, max_retries=0)
+    c.messages.create(model="gpt-x", max_tokens=100, tools=tools, messages=[{"role": "user", "content": "over chat"}])
+    assert "_bp_" not in upstream.last.raw.decode()
+    o = mproxy.openai(key, conversation=f"{cid}-r")
+    o.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "over anthropic"}],
+                              tools=[{"type": "function", "function": {"name": "weather", "parameters": CALL}}])
+    assert "_bp_" not in claude.last.raw.decode()
+    o.responses.create(model="gpt-x", input="responses over chat", tools=[{"type": "function", "name": "weather",
+                                                                           "parameters": CALL}])
+    assert "_bp_" not in upstream.last.raw.decode()
