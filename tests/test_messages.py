@@ -345,6 +345,33 @@ def test_count_tokens(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
     assert 40 <= estimated.input_tokens <= 80
 
 
+def test_count_tokens_of_a_delta_conversation_counts_what_the_call_would_send(
+        mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    """A delta client sends only what is new, so its count must be of the request the call would
+    make -- the stored context, then its messages: counted as it came, a tool result alone is an
+    orphan Anthropic refuses, and any count is of a fraction of the input."""
+    c = client(mproxy, key, f"/c/{cid}")
+    tools = [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
+    claude.enqueue(AReply(content=[{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"c": "ls"}}],
+                          stop_reason="tool_use"))
+    c.messages.create(model="claude-x", max_tokens=10, system="Be brief.", tools=tools,
+                      messages=[{"role": "user", "content": "list files"}])
+    new = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}]}]
+    assert c.messages.count_tokens(model="claude-x", tools=tools, messages=new).input_tokens == 42
+    counted = claude.requests[-1]
+    assert counted.path == "/v1/messages/count_tokens"
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=new)
+    sent = claude.last.body
+    assert counted.body["messages"] == sent["messages"] and counted.body["system"] == sent["system"] == "Be brief."
+    assert "max_tokens" not in counted.body  # (the count's own fields: nothing of the call's added)
+    # over a chat upstream, the estimate grows with the stored context too
+    g = client(mproxy, key, f"/c/{cid}-chat")
+    ask = [{"role": "user", "content": "hello " * 50}]
+    before = g.messages.count_tokens(model="gpt-x", messages=ask).input_tokens
+    g.messages.create(model="gpt-x", max_tokens=10, messages=ask)
+    assert g.messages.count_tokens(model="gpt-x", messages=ask).input_tokens > 2 * before - 10
+
+
 def test_without_a_conversation_passes_through(mproxy: Proxy, claude: FakeAnthropic, key: str) -> None:
     r = client(mproxy, key, "").messages.with_raw_response.create(
         model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "plain"}])

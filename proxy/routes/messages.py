@@ -17,15 +17,17 @@ from litestar import Request, route
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
+from ..assembly import assemble
 from ..call import Call
 from ..compaction import Edits
-from ..dialects import signed
+from ..dialects import crossing, signed
 from ..dialects.messages import DIALECT as MESSAGES
 from ..dialects.messages.blocks import to_messages
 from ..dialects.messages.errors import ANTHROPIC_ERRORS
 from ..dialects.messages.request import clearing_edit
 from ..http import RawResponse
 from ..surrogates import encode
+from ..upstream import target_of
 from .common import RequestHeaders, context_mode, decoded_body, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
@@ -94,16 +96,60 @@ async def messages_create(request: Request[Any, Any, Any], call: NamedDependency
     return await _create(request, call)
 
 
+async def _delta_context(call: CallContext, request: Request[Any, Any, Any], headers: RequestHeaders,
+                         body: dict[str, Any]) -> tuple[list[Any], list[dict[str, Any]]] | None:
+    """What a delta call of a named conversation would send: (its stored path up to the head --
+    none for ``X-Parent-Node-Id: root`` --, the request's own messages as chat messages); None
+    when the request names no conversation, is counted as it came (full history: it holds its
+    history; ``/auto/v1``), or names a parent node (counted as it came)."""
+    cid = resolve_conversation_id(request.path_params.get("conversation_id"), headers.get("x-conversation-id"))
+    if cid is None or request.scope["path"].startswith("/auto/") \
+            or context_mode(headers, call.calls.default_mode) != "delta":
+        return None
+    parent_mode, _ = parent_of(headers, "delta")
+    if parent_mode == "node":
+        return None
+    upstream = call.calls.upstream.route(body.get("model"))
+    target = target_of(upstream, call.calls.upstream.max_output(body.get("model")))
+    own = MESSAGES.to_messages(MESSAGES.items(body), upstream.name)
+    conv = await call.admin.conversation(call.caller.tenant, cid)
+    if conv is None or conv.head_node_id is None or parent_mode == "root":
+        return [], own
+    builder = call.calls.builder
+    path = await builder.tree.path(conv.tree_id, conv.head_node_id, tenant=call.caller.tenant)
+    if not path:
+        return None
+    return await builder.readable(conv.tree_id, path, target, tenant=call.caller.tenant), own
+
+
 @route(["/v1/messages/count_tokens", "/c/{conversation_id:str}/v1/messages/count_tokens",
         "/auto/v1/messages/count_tokens"], http_method=["POST"],
        summary="Count a Messages request's input tokens (an Anthropic upstream's count; estimated otherwise)",
-       tags=["messages"], status_code=200, responses=errors(400, 401, 413, 502, 503, 504, anthropic=True))
+       tags=["messages"], status_code=200, responses=errors(400, 401, 404, 413, 502, 503, 504, anthropic=True))
 async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDependency[CallContext]) -> ASGIApp:
+    """A delta call of a named conversation sends only what is new: what it counts is what the
+    call would send -- the stored context and its own messages, assembled as for the call (to an
+    Anthropic upstream the request so built goes to its count; otherwise estimated)."""
     headers = RequestHeaders(request.scope)
     raw = await request.body()
     decoded = await decoded_body(request, raw)
     body = MESSAGES.parse(decoded)
-    if _anthropic_upstream(call, body):
+    context = await _delta_context(call, request, headers, body)
+    upstream = call.calls.upstream.route(body.get("model"))
+    if context is not None:
+        path, own = context
+        target = target_of(upstream, call.calls.upstream.max_output(body.get("model")))
+        way = crossing(MESSAGES, upstream.api)
+        if way.native:
+            built = call.calls.builder.build(path, own, MESSAGES.params(body), target, stream=False, way=way)
+            return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller,
+                                                errors=ANTHROPIC_ERRORS, decoded=built.payload)
+        counter = call.calls.compactor.tokens
+        tokens = counter.messages(assemble(path, own, target).messages)
+        if body.get("tools"):
+            tokens += counter.text(_encode(body["tools"]).decode())
+        return RawResponse(200, _encode({"input_tokens": tokens}))
+    if upstream.api == "anthropic":
         if b"bp-signed:" in decoded and signed.without_ours(body):  # (as a call passed through: none of ours)
             decoded = encode(body)
         return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller,
