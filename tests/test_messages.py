@@ -210,6 +210,29 @@ def test_cache_control_markers_are_the_calls_own(mproxy: Proxy, claude: FakeAnth
     assert body["system"] == system
 
 
+def test_a_system_prompt_sent_once_keeps_its_markers(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    """A delta client may send its system prompt with the first call only (the system rule): the
+    later calls go on with it -- and with the markers its client put on it, or a client that
+    caches its long system prompt would have it cached on the first call only. Beside the call's
+    own markers, as many as Anthropic's limit of four leaves room for (the last ones)."""
+    c = client(mproxy, key, f"/c/{cid}")
+    system = [{"type": "text", "text": "You are a coder.", "cache_control": {"type": "ephemeral"}},
+              {"type": "text", "text": "Long rules.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    c.messages.create(model="claude-x", max_tokens=10, system=system, messages=[{"role": "user", "content": "one"}])
+    c.messages.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": "two"}])
+    assert claude.last.body["system"] == system
+    marked = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
+    tools = [{"name": "T", "description": "d", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}]
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=[{"role": "user", "content": [marked, marked]}])
+    assert claude.last.body["system"] == [{"type": "text", "text": "You are a coder."}, system[1]]  # (4 in all)
+    c.messages.create(model="claude-x", max_tokens=10, tools=tools, messages=[{"role": "user", "content": [marked] * 3}])
+    assert claude.last.body["system"] == [{"type": "text", "text": "You are a coder."}, {"type": "text", "text": "Long rules."}]
+    # a call that sends its system field has exactly its own markers, as before
+    c.messages.create(model="claude-x", max_tokens=10, system=[{"type": "text", "text": "You are a coder."}],
+                      messages=[{"role": "user", "content": "three"}])
+    assert claude.last.body["system"] == [{"type": "text", "text": "You are a coder."}]
+
+
 def _marker_paths(value: Any, at: str = "") -> list[str]:
     """Where ``cache_control`` markers are in a JSON value, as dotted paths."""
     if isinstance(value, dict):

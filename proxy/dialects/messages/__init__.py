@@ -84,7 +84,8 @@ class Messages:
 
     def native_params(self, params: dict[str, Any]) -> dict[str, Any]:
         # the client's fields as they came (our own keys but the markers, which request_body uses)
-        return {k: v for k, v in params.items() if not k.startswith("_bp_") or k in (blocks.MARKERS, KEY_ORDER)}
+        return {k: v for k, v in params.items()
+                if not k.startswith("_bp_") or k in (blocks.MARKERS, blocks.NO_SYSTEM, KEY_ORDER)}
 
     def request_body(self, fields: dict[str, Any], messages: Sequence[dict[str, Any]], provider: str | None, *,
                      stream: bool) -> bytes:
@@ -92,8 +93,11 @@ class Messages:
         together from the assembled chat messages, with the call's cache_control markers."""
         fields = dict(fields)
         found = fields.pop(blocks.MARKERS, ())
+        # a call without a system field goes on with the stored one, the markers its client put on
+        # it kept as far as Anthropic's limit allows beside this call's own
+        keep = blocks.LIMIT - len(found) - blocks.count(fields) if fields.pop(blocks.NO_SYSTEM, False) else 0
         system, out = blocks.to_anthropic(messages, provider)
-        system = blocks.apply_markers(system, out, found)
+        system = blocks.apply_markers(system, out, found, keep_system=keep)
         body = {**fields, "messages": blocks.sendable(out)}
         if system:
             body["system"] = system

@@ -8,7 +8,7 @@ from typing import Any
 from ...errors import InvalidRequest
 from ...key_order import with_key_order
 from .. import parse_model_request, refuse_own_keys
-from .blocks import MARKERS, fragments, markers
+from .blocks import MARKERS, NO_SYSTEM, fragments, markers
 
 __all__ = ["CLEAR_THINKING", "CLEAR_TOOL_USES", "call_items", "call_params", "check_message", "clearing_edit",
            "kept_thinking_turns", "parse_messages_body"]
@@ -96,6 +96,8 @@ def call_params(body: dict[str, Any]) -> dict[str, Any]:
     found = markers(body.get("system"), body["messages"])
     if found:
         params[MARKERS] = found
+    if body.get("system") in (None, "", []):  # (the stored system goes on, with its client's markers)
+        params[NO_SYSTEM] = True
     return params
 
 

@@ -34,8 +34,11 @@ inside one, is not sent again.
 
 from __future__ import annotations
 
+from .cache_control import LIMIT as LIMIT
 from .cache_control import MARKERS as MARKERS
+from .cache_control import NO_SYSTEM as NO_SYSTEM
 from .cache_control import apply_markers, markers
+from .cache_control import count as count
 from .from_chat import sendable, to_anthropic
 from .to_chat import CONT, cleared, fragments, to_messages
 from .to_chat import INLINE as INLINE

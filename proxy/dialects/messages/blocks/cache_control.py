@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["MARKERS", "apply_markers", "markers"]
+__all__ = ["LIMIT", "MARKERS", "NO_SYSTEM", "apply_markers", "count", "markers"]
 
 MARKERS = "_bp_cache_control"  # (in params) the call's cache_control markers, by position
+NO_SYSTEM = "_bp_no_system"  # (in params) the call sent no system field: the stored one's markers stay
+LIMIT = 4  # cache_control markers Anthropic accepts in one request
 
 
 # -- cache_control markers: the call's own, by position ----------------------------------------------
@@ -113,12 +115,36 @@ def _marked(node: Any, path: Sequence[Any], marker: Any) -> Any:
     return node
 
 
-def apply_markers(system: Any, messages: list[dict[str, Any]], found: Sequence[Sequence[Any]]) -> Any:
+def count(value: Any) -> int:
+    """The cache_control markers in a value (a request's other fields: its tools ...)."""
+    if isinstance(value, dict):
+        return (value.get("cache_control") is not None) + sum(count(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(count(v) for v in value)
+    return 0
+
+
+def _system_kept(system: Any, budget: int) -> Any:
+    """The stored system field with its own markers, the last ``budget`` of them (the others
+    taken off): what a call that sends no system field goes on with."""
+    if not isinstance(system, list):
+        return system
+    marked = [j for j, b in enumerate(system) if isinstance(b, dict) and b.get("cache_control") is not None]
+    keep = set(marked[len(marked) - budget:]) if budget > 0 else set()
+    if len(keep) == len(marked):
+        return system
+    return [b if j in keep or not isinstance(b, dict) else _unmarked(b) for j, b in enumerate(system)]
+
+
+def apply_markers(system: Any, messages: list[dict[str, Any]], found: Sequence[Sequence[Any]],
+                  keep_system: int = 0) -> Any:
     """The assembled request with exactly the call's markers: earlier calls' markers on old blocks
     removed, at every depth (the provider allows only a few, and they would pin a stale prefix),
-    the call's put back where the client had them. Returns the system field; ``messages`` are
-    changed in place."""
-    system = _unmarked_all(system)
+    the call's put back where the client had them. ``keep_system``: the call sent no system
+    field, and the stored one (the system rule's) keeps up to this many of the markers its client
+    put on it -- a client that sends its system prompt only once keeps it cached. Returns the
+    system field; ``messages`` are changed in place."""
+    system = _system_kept(system, keep_system) if keep_system > 0 else _unmarked_all(system)
     if isinstance(system, str) and any(entry[0] == -1 for entry in found):
         system = [{"type": "text", "text": system}]
     for i, message in enumerate(messages):
