@@ -16,6 +16,7 @@ anew, is sorted.)"""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from functools import lru_cache
 from typing import Any
 
@@ -54,20 +55,50 @@ def key_order(fields: dict[str, Any]) -> list[list[Any]]:
     """``[path, keys]`` for every ``properties`` object among the request's fields (``fields``:
     all but its ``messages``) whose keys are not in sorted order; ``path`` is the keys and list
     indexes that lead to it. A field is read once per process for each distinct value (a client
-    sends the same tools with every call)."""
+    sends the same tools with every call), and written in that order once too: the call's own
+    value is remembered until its body is written (``_LIVE``)."""
     hints: list[list[Any]] = []
     for key, value in fields.items():
         if (type(value) is dict or type(value) is list) and not key.startswith("_bp_"):
             try:
                 raw = _encode_plain(value)
-                found = _field_hints(raw) if b'"properties"' in raw else ()
+                if b'"properties"' not in raw:
+                    continue
+                field = _field(raw)
             except RecursionError:  # (a field nested past what the encoder goes: sorted, as before)
                 continue
-            hints.extend([[key, *path], keys] for path, keys in found)
+            if field.hints:
+                hints.extend([[key, *path], keys] for path, keys in field.hints)
+                _LIVE[id(value)] = (value, field)
+                while len(_LIVE) > _LIVE_KEPT:
+                    _LIVE.popitem(last=False)
     return hints
 
 
+class _Field:
+    """A field's value (by its JSON) as ``key_order`` read it: its hints, and once written, its
+    bytes in that order."""
+
+    __slots__ = ("hints", "written")
+
+    def __init__(self, hints: tuple[tuple[list[Any], list[str]], ...]) -> None:
+        self.hints = hints
+        self.written: msgspec.Raw | None = None
+
+
+# The values whose hints a call's params hold, by identity, until its body is written: the same
+# value is then written from its field's bytes, not anew (a client's 40 tools: ~0.6 ms a call). A
+# reference is kept, so no other object can take the id meanwhile; a value read back from the
+# database (a replay) is not here and is written the long way -- to the same bytes.
+_LIVE: OrderedDict[int, tuple[Any, _Field]] = OrderedDict()
+_LIVE_KEPT = 64
+
+
 @lru_cache(maxsize=256)
+def _field(raw: bytes) -> _Field:
+    return _Field(_field_hints(raw))
+
+
 def _field_hints(raw: bytes) -> tuple[tuple[list[Any], list[str]], ...]:
     found: list[tuple[list[Any], list[str]]] = []
 
@@ -103,7 +134,20 @@ def ordered(body: dict[str, Any], hints: Any) -> dict[str, Any]:
         for step in hint[0]:
             node = node.setdefault(step, {})
         node[_KEYS] = hint[1]
-    return {k: _apply(v, tree[k]) if k in tree else v for k, v in body.items()}
+    return {k: _written(k, v, tree[k], hints) if k in tree else v for k, v in body.items()}
+
+
+def _written(name: str, value: Any, node: dict[Any, Any], hints: list[Any]) -> Any:
+    """A field's value as written: from its field's bytes when it is a call's own value and
+    ``hints`` say of it what its field does, else anew."""
+    live = _LIVE.pop(id(value), None)
+    if live is None or live[0] is not value or [[[name, *path], keys] for path, keys in live[1].hints] != [
+            h for h in hints if isinstance(h, list) and h and isinstance(h[0], list) and h[0][:1] == [name]]:
+        return _apply(value, node)
+    field = live[1]
+    if field.written is None:
+        field.written = msgspec.Raw(_encode_sorted(_apply(value, node)))
+    return field.written
 
 
 def _apply(value: Any, node: dict[Any, Any]) -> Any:
@@ -116,7 +160,8 @@ def _apply(value: Any, node: dict[Any, Any]) -> Any:
     if keys is None:
         return children
     listed = [k for k in dict.fromkeys(keys) if isinstance(k, str) and k in children]
-    rest = sorted(k for k in children if k not in set(listed))
+    seen = set(listed)
+    rest = sorted(k for k in children if k not in seen)
     return msgspec.Raw(_encode_plain({k: _raw(children[k]) for k in [*listed, *rest]}))
 
 

@@ -80,3 +80,53 @@ def test_the_recorded_order_never_reaches_a_translated_upstream(mproxy: Proxy, u
     o.responses.create(model="gpt-x", input="responses over chat", tools=[{"type": "function", "name": "weather",
                                                                            "parameters": CALL}])
     assert "_bp_" not in upstream.last.raw.decode()
+
+
+def test_a_call_and_its_replay_write_the_same_bytes_in_the_clients_order() -> None:
+    """The call's own values are written from their field's bytes (remembered from when its
+    params were read), a replay's -- read back from jsonb, keys in another order -- anew: the
+    same bytes, every schema's properties in the client's order, every other object sorted.
+    Schemas where they hide: anyOf, $defs, items, a property named "properties"."""
+    import copy
+
+    import msgspec
+
+    from proxy.key_order import KEY_ORDER, encode_sorted, with_key_order
+
+    inner = {"type": "object", "properties": {"zz": {"type": "string"}, "aa": {"type": "integer"}}}
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {
+        "type": "object", "$defs": {"Pt": inner},
+        "properties": {"properties": {"type": "object", "properties": {"y": {}, "x": {}}},
+                       "list": {"type": "array", "items": inner}, "choice": {"anyOf": [inner, {"type": "null"}]},
+                       "b": {"type": "string"}, "a": {"type": "string"}}}}} for i in range(3)]
+    body = {"model": "m", "tools": tools, "response_format": {"type": "json_schema", "json_schema": {"schema": inner}},
+            "temperature": 0.5}
+
+    def orders(sent: bytes) -> list[list[str]]:
+        found: list[list[str]] = []
+
+        def walk(v: Any, schema: bool) -> None:
+            if isinstance(v, dict):
+                if schema:
+                    found.append(list(v))
+                for k, x in v.items():
+                    walk(x, k == "properties" and not schema)
+            elif isinstance(v, list):
+                for x in v:
+                    walk(x, False)
+
+        walk(json.loads(sent), False)
+        return found
+
+    params = with_key_order(body)
+    live = encode_sorted({**params, "messages": []})
+    stored = msgspec.json.decode(msgspec.json.Encoder(order="sorted").encode(params))  # (jsonb keeps no order)
+    assert encode_sorted({**copy.deepcopy(stored), "messages": []}) == live
+    assert encode_sorted({**params, "messages": []}) == live  # (again: the long way, the same)
+    # (walked as written: response_format before tools, a tool's $defs before its properties)
+    expected = [["zz", "aa"], ["properties", "list", "choice", "b", "a"], ["y", "x"], ["zz", "aa"], ["zz", "aa"]]
+    assert orders(live) == [["zz", "aa"], *expected * 3]
+    assert KEY_ORDER.encode() not in live and b'"model":"m","response_format"' in live  # (the rest sorted)
+    # a value not the call's own (changed on the way: tools dropped) is written anew, by the hints that fit it
+    changed = {**params, "tools": copy.deepcopy(tools[:1])}
+    assert orders(encode_sorted({**changed, "messages": []})) == [["zz", "aa"], *expected]
