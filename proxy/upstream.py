@@ -52,6 +52,7 @@ _BODY_HEADERS = frozenset({"content-type", "content-encoding", "content-md5", "d
 # operator's (an upstream with its own key).
 _ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project", "anthropic-organization-id"})
 ANTHROPIC_VERSION = b"2023-06-01"  # to an Anthropic upstream, when the client named none
+_OAUTH_TOKEN = b"sk-ant-oat"  # the prefix of Anthropic's OAuth access tokens
 # Response headers not relayed: framing (we re-frame), the server's own identity/cookies, and any
 # that would replace or duplicate ours.
 _DROP_RESPONSE = frozenset(
@@ -235,7 +236,10 @@ class UpstreamClient:
                 raw = key.encode("latin-1")  # a client's key: the bytes it came as
             except UnicodeEncodeError:
                 raw = key.encode("utf-8")  # a configured key beyond latin-1
-            out.append((b"x-api-key", raw) if anthropic else (b"authorization", b"Bearer " + raw))
+            # (an Anthropic API key as x-api-key; an OAuth access token -- Claude Code signed in
+            # with a subscription -- Anthropic takes only as a bearer token)
+            bearer = not anthropic or raw.startswith(_OAUTH_TOKEN)
+            out.append((b"authorization", b"Bearer " + raw) if bearer else (b"x-api-key", raw))
         if anthropic and not any(k == b"anthropic-version" for k, _ in out):
             out.append((b"anthropic-version", ANTHROPIC_VERSION))
         return out

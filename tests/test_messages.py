@@ -73,6 +73,25 @@ def test_native_turns_store_only_what_is_new(mproxy: Proxy, claude: FakeAnthropi
     assert replay_verified(mproxy, key, r2.headers["x-node-id"]) == "true"
 
 
+def test_an_oauth_token_goes_to_anthropic_as_a_bearer_token(mproxy: Proxy, claude: FakeAnthropic, cid: str) -> None:
+    """Claude Code signed in with a subscription sends an OAuth access token as a bearer token
+    (with ``anthropic-beta: oauth-...``); Anthropic takes such a token only so -- as ``x-api-key``
+    every call failed 401. The same token is the same tenant, call after call."""
+    token = f"sk-ant-oat01-{uuid.uuid4().hex}"
+    c = anthropic.Anthropic(base_url=f"{mproxy.url}/c/{cid}", auth_token=token, api_key=None, max_retries=0,
+                            default_headers={"anthropic-beta": "oauth-2025-04-20"})
+    nodes = []
+    for text in ("hi", "again"):
+        r = c.messages.with_raw_response.create(model="claude-x", max_tokens=10, messages=[{"role": "user", "content": text}])
+        sent = claude.last.headers
+        assert sent["authorization"] == f"Bearer {token}" and "x-api-key" not in sent
+        assert sent["anthropic-beta"] == "oauth-2025-04-20"
+        nodes.append((r.headers["x-node-id"], r.headers.get("x-parent-node-id")))
+    assert nodes[1][1] == nodes[0][0]  # (the token's tenant, its conversation going on)
+    c.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "count"}])
+    assert claude.requests[-1].headers["authorization"] == f"Bearer {token}"
+
+
 def test_native_stream_relayed_and_reassembled(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
     c = client(mproxy, key, f"/c/{cid}")
     claude.enqueue(AReply(content=[
