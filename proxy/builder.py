@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgspec
 
 from storage import NodeRow, PathNode, TreeStore
 
@@ -108,20 +106,9 @@ _SIZES_KEPT = 50_000  # path sizes remembered (then forgotten all at once)
 
 
 class RequestBuilder:
-    """``families``: an upstream's name -> the name its signed content goes by
-    (``upstream.families``): a stored node's provider is read as that."""
-
-    def __init__(self, tree: TreeStore, families: Mapping[str, str] | None = None) -> None:
+    def __init__(self, tree: TreeStore) -> None:
         self.tree = tree
-        self._aliases = {name: family for name, family in (families or {}).items() if name != family}
         self._sizes: dict[tuple[uuid.UUID, uuid.UUID], int] = {}  # (first node, node) -> the path's size up to it
-
-    def _by_family(self, path: list[PathNode]) -> list[PathNode]:
-        """The path with each node's provider read as the name its signed content goes by."""
-        aliases = self._aliases
-        if not aliases or not any(n.provider in aliases for n in path):
-            return path
-        return [msgspec.structs.replace(n, provider=aliases[n.provider]) if n.provider in aliases else n for n in path]
 
     def path_size(self, path: Sequence[PathNode]) -> int:
         """About the bytes ``path`` adds to a request: each node's ``sent``, and its ``received``
@@ -158,13 +145,12 @@ class RequestBuilder:
         """The path as assembly reads it: chat messages (nodes of other dialects converted), and a
         compaction in a provider-specific (opaque) form that the target cannot read unfolded --
         assembly follows ``compacted_from`` and uses the original path instead."""
-        path = self._by_family(path)
         while path and path[0].kind == "compaction" and path[0].provider != target.provider:
             params = await self.tree.node_params(tree_id, path[0].id)
             if params.get("format", "text") != "opaque" or path[0].compacted_from is None:
                 break
             original = await self.tree.path(tree_id, path[0].compacted_from, tenant=tenant)
-            path = self._by_family(original) + path[1:]
+            path = original + path[1:]
         path = message_path(path)
         await hold(self.path_size(path))  # (the path is the call's to hold until its request ends)
         return path
@@ -260,13 +246,12 @@ class RequestBuilder:
         """``replay`` for a node not stored yet (an import's, whose request hash is checked before
         it is written): the path read as given -- an opaque compaction is not unfolded -- and
         nothing held against the bytes in flight."""
-        return self._rebuilt(node, message_path(self._by_family(_as_of(node, path))), target)
+        return self._rebuilt(node, message_path(_as_of(node, path)), target)
 
     def _rebuilt(self, node: NodeRow, readable: Sequence[PathNode], target: Target) -> Built:
         params = {k: v for k, v in node.params.items() if k != INHERITED}  # (an import's mark: never sent)
         client = dialect(node.api)
-        provider = self._aliases.get(node.provider, node.provider) if node.provider else node.provider
-        return self.build(readable, client.to_messages(node.sent, provider), params, target,
+        return self.build(readable, client.to_messages(node.sent, node.provider), params, target,
                           stream=params.get("stream") is True, way=crossing(client, target.api))
 
 

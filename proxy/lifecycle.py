@@ -52,7 +52,7 @@ from .observability import current_request
 from .outcomes import Outcomes
 from .relay import wait_for_disconnect
 from .sessions import Sessions
-from .upstream import UpstreamClient
+from .upstream import UpstreamClient, target_of
 
 __all__ = ["Call", "CallLifecycle"]
 
@@ -93,11 +93,8 @@ class CallLifecycle:
 
     # -- start -------------------------------------------------------------------------------
 
-    async def _begin(self, call: Call, provider: str, secrets: tuple[str | None, ...], *,
-                     producer: str) -> tuple[Started, list[Any]]:
-        """Start the call's node (its lease tracked from then on); the node and its parent's path.
-        ``provider``: the upstream's name, stored; ``producer``: the name its signed content goes
-        by (``upstream.families``)."""
+    async def _begin(self, call: Call, provider: str, secrets: tuple[str | None, ...]) -> tuple[Started, list[Any]]:
+        """Start the call's node (its lease tracked from then on); the node and its parent's path."""
         digests, prefixes, system_hash = call.start_keys(self.histories)
         node_id = uuid7()
         if self.sessions is not None and call.mode == "full" and call.conversation_id is not None:
@@ -141,7 +138,7 @@ class CallLifecycle:
                 self.metrics.busy_rejections.inc()
             raise from_refusal(exc, param=call.dialect.parent_param) from None
         stored = call.items if begun.mode == "delta" else call.tail(begun.start, with_system=begun.with_system)
-        new_items = call.dialect.to_messages(stored, producer)
+        new_items = call.dialect.to_messages(stored, provider)
         started = Started(call, begun.conversation_id, node_id, begun.tree_id, begun.parent_id, begun.mode,
                            begun.matched, new_items, secrets,
                            begun=dataclasses.replace(begun, path=[]))  # (kept for the finish: not its path)
@@ -181,11 +178,11 @@ class CallLifecycle:
         if dropped:  # recorded with the node: its replay leaves them out again
             call.dropped_tools, call.params = dropped, {**call.params, DROPPED_TOOLS: dropped}
         secrets = (call.client_key, upstream.api_key, *call.credentials)
-        target = self.upstream.target(upstream, call.body.get("model"))
+        target = target_of(upstream, self.upstream.max_output(call.body.get("model")))
         if call.store:
-            started, path = await self._begin(call, upstream.name, secrets, producer=target.provider)
+            started, path = await self._begin(call, upstream.name, secrets)
         else:  # translated only: no node, no path, nothing to compact (docs/behaviour.md#the-messages-api)
-            started, path = Started.unstored(call, call.dialect.to_messages(call.items, target.provider), secrets), []
+            started, path = Started.unstored(call, call.dialect.to_messages(call.items, upstream.name), secrets), []
         # the client going away, watched until its answer is handed over: no upstream call is made
         # (after a compaction, say) or waited for once it has gone
         watch = asyncio.ensure_future(wait_for_disconnect(receive))
@@ -207,7 +204,7 @@ class CallLifecycle:
                                               params=call.query if way.native and call.query else None)
                 params = call.exchange_params()
                 exchange = way.exchange(node_id=started.node_id, params={**params, **built.history} if built.history else params,
-                                        provider=target.provider)
+                                        provider=upstream.name)
                 try:
                     return await self.answers(started, request, watch, exchange, own_key=bool(upstream.api_key))
                 except Failed as failed:

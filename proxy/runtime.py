@@ -64,7 +64,7 @@ class Runtime:
         retention = settings.retention
         self.retention = Retention(self.ops, self.metrics, idle_days=retention.idle_days,
                                    interval=retention.interval_seconds, batch=retention.batch, shared=self.shared)
-        self.builder = RequestBuilder(self.tree, self.upstream.families)
+        self.builder = RequestBuilder(self.tree)
         self.compactor = Compactor(tree=self.tree, summariser=Summariser(self.upstream, self.tokens),
                                    thresholds=Thresholds(settings), tokens=self.tokens, metrics=self.metrics,
                                    tasks=self.tasks, lease_seconds=server.lease_seconds)

@@ -85,25 +85,10 @@ _H11_HEAD_TOO_LONG = "Receive buffer too long"  # h11 (the httpx transport): a h
 
 
 
-def target_of(upstream: Upstream, max_output: int | None = None, provider: str | None = None) -> Target:
-    """The provider a request goes to, as assembly needs to know it (``provider``: the name its
-    signed content goes by, ``families``; default its own). An Anthropic upstream always takes its
-    own signed thinking back (it needs it to go on with a tool round)."""
-    return Target(provider or upstream.name, upstream.accepts_reasoning or upstream.api == "anthropic", upstream.api,
-                  max_output)
-
-
-def families(upstreams: Iterable[Upstream]) -> dict[str, str]:
-    """Each upstream's name -> the name its signed content (thinking signatures, encrypted
-    reasoning, opaque compactions) goes by: its own -- but for Anthropic upstreams, the first
-    configured at the same base URL. Two entries for Anthropic's service -- Opus and Sonnet routed
-    apart, say -- are one provider: a conversation that moves between them keeps its signed
-    thinking (a tool round continued without it is refused). Chat and Responses entries at one URL
-    stay apart: such a URL is often a gateway to many providers (OpenRouter, LiteLLM), whose
-    signatures are not each other's."""
-    first: dict[str, str] = {}
-    return {u.name: first.setdefault(u.base_url.rstrip("/"), u.name) if u.api == "anthropic" else u.name
-            for u in upstreams}
+def target_of(upstream: Upstream, max_output: int | None = None) -> Target:
+    """The provider a request goes to, as assembly needs to know it. An Anthropic upstream always
+    takes its own signed thinking back (it needs it to go on with a tool round)."""
+    return Target(upstream.name, upstream.accepts_reasoning or upstream.api == "anthropic", upstream.api, max_output)
 
 
 def response_headers(headers: httpx.Headers, secrets: Iterable[str | None] = (), *,
@@ -156,7 +141,6 @@ class UpstreamClient:
         self._max_output: dict[str, int] = {}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._by_name = {u.name: u for u in settings.upstreams}
-        self.families = families(settings.upstreams)
         self.max_response_bytes = settings.server.max_response_bytes
         self.max_head_bytes, self.max_headers = head_bytes, headers
         # the built-in transport bounds a head as it reads it; any other's is checked once read
@@ -191,10 +175,6 @@ class UpstreamClient:
                 self._max_output[model] = found
         return found
 
-    def target(self, upstream: Upstream, model: str | None = None) -> Target:
-        """What a request for ``model`` to ``upstream`` is built for."""
-        return target_of(upstream, self.max_output(model), self.families.get(upstream.name))
-
     def named(self, name: str | None) -> Upstream | None:
         """The configured upstream of this name (a stored node's provider), if it still exists."""
         return self._by_name.get(name) if name else None
@@ -204,7 +184,7 @@ class UpstreamClient:
         import's check of the hashes it comes with): its provider as configured now, or by its name
         alone when no longer configured."""
         configured = self.named(provider)
-        return (self.target(configured, model) if configured is not None
+        return (target_of(configured, self.max_output(model)) if configured is not None
                 else Target(provider or "", max_output=self.max_output(model)))
 
     @staticmethod

@@ -12,7 +12,6 @@ import uuid
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 import pytest
 
@@ -182,62 +181,3 @@ def test_a_kept_item_goes_with_the_answer_before_it_not_a_later_one_with_the_sam
     assistants = [m for m in messages if m["role"] == "assistant"]
     assert [KEPT in m for m in assistants] == [True, False]
     assert assistants[0][KEPT][0]["producer"] == "gemini"
-
-
-@pytest.fixture(scope="module")
-def opus_apart(database_url: str, upstream_url: str, claude_server: Any) -> Any:
-    """Opus routed to an upstream entry of its own, at the same Anthropic service as the rest of
-    Claude's models; another entry at another URL (a gateway of its own)."""
-    url = claude_server[1].url
-    with serve_proxy(make_settings(database_url, upstream_url, upstreams=[
-        {"name": "anthropic-opus", "base_url": url + "/v1", "models": ["claude-opus*"], "api": "anthropic"},
-        {"name": "anthropic", "base_url": url + "/v1/", "models": ["claude-*"], "api": "anthropic"},
-        {"name": "gateway", "base_url": url + "/gateway/v1", "models": ["gw-*"], "api": "anthropic"},
-    ])) as p:
-        yield p
-
-
-@pytest.mark.parametrize("mode", ["delta", "full"])
-def test_thinking_goes_on_between_two_upstream_entries_of_one_service(opus_apart, claude, mode):
-    """Claude Code moving from Opus to Sonnet in a tool round (its opusplan), each routed to an
-    upstream entry of its own at one service: the round goes on with Opus's signed thinking --
-    Anthropic refuses a tool round continued without it when thinking is on. An entry at another
-    URL is another provider: it never gets the signature."""
-    key, cid = new_key(), f"apart-{uuid.uuid4().hex[:8]}"
-    c = anthropic.Anthropic(base_url=f"{opus_apart.url}/c/{cid}", api_key=key, max_retries=0,
-                            default_headers={"X-Context-Mode": mode})
-    thinking = {"type": "enabled", "budget_tokens": 1024}
-    answer = [{"type": "thinking", "thinking": "plan it", "signature": "SIG-OPUS"},
-              {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"c": "ls"}}]
-    claude.enqueue(AReply(content=answer, stop_reason="tool_use"))
-    question = {"role": "user", "content": "list the files"}
-    c.messages.create(model="claude-opus-4-1", max_tokens=2000, thinking=thinking, tools=BASH, messages=[question])
-    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.txt"}]}
-    history = [question, {"role": "assistant", "content": answer}, result] if mode == "full" else [result]
-    r = c.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=2000, thinking=thinking, tools=BASH,
-                                            messages=history)
-    assert claude.last.body["messages"][1]["content"][0] == answer[0]
-    replay = httpx.get(f"{opus_apart.url}/admin/nodes/{r.headers['x-node-id']}/request", headers={"x-api-key": key},
-                       timeout=30)
-    assert replay.headers["x-request-verified"] == "true"
-    follow = [*history, {"role": "assistant", "content": [{"type": "text", "text": "done"}]},
-              {"role": "user", "content": "and via the gateway?"}] if mode == "full" else [
-        {"role": "user", "content": "and via the gateway?"}]
-    c.messages.create(model="gw-1", max_tokens=100, messages=follow)
-    assert "SIG-OPUS" not in claude.last.raw.decode()
-
-
-def test_only_anthropic_entries_at_one_url_are_one_provider():
-    """A chat or Responses URL is often a gateway to many providers (OpenRouter, LiteLLM): entries
-    there stay apart -- Gemini's signature never goes to Claude behind the same gateway."""
-    from config import Upstream
-    from proxy.upstream import families
-
-    entries = [Upstream("opus", "https://api.anthropic.com/v1", api="anthropic"),
-               Upstream("sonnet", "https://api.anthropic.com/v1/", api="anthropic"),
-               Upstream("proxyish", "https://gw.example/v1", api="anthropic"),
-               Upstream("gemini", "https://openrouter.ai/api/v1"), Upstream("claude", "https://openrouter.ai/api/v1"),
-               Upstream("r1", "https://api.openai.com/v1", api="responses"),
-               Upstream("r2", "https://api.openai.com/v1", api="responses")]
-    assert families(entries) == {"opus": "opus", "sonnet": "opus", "proxyish": "proxyish", "gemini": "gemini",
-                                 "claude": "claude", "r1": "r1", "r2": "r2"}

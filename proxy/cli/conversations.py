@@ -138,7 +138,7 @@ def import_(file: Any, conversation_id: str, tenant: str | None, key: str | None
         async with database(settings) as db:
             upstream = UpstreamClient(settings)  # (what a request is rebuilt for: nothing is sent)
             try:
-                reverify(prepared, RequestBuilder(TreeStore(db), upstream.families), upstream)
+                reverify(prepared, RequestBuilder(TreeStore(db)), upstream)
             finally:
                 await upstream.aclose()
             shared = SharedItems(db, min_bytes=settings.database.share_items_above)

@@ -27,6 +27,7 @@ from ..dialects.messages.errors import ANTHROPIC_ERRORS
 from ..dialects.messages.request import clearing_edit
 from ..http import RawResponse
 from ..surrogates import encode
+from ..upstream import target_of
 from .common import RequestHeaders, context_mode, decoded_body, node_kind, parent_of, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
@@ -109,8 +110,8 @@ async def _delta_context(call: CallContext, request: Request[Any, Any, Any], hea
     if parent_mode == "node":
         return None
     upstream = call.calls.upstream.route(body.get("model"))
-    target = call.calls.upstream.target(upstream, body.get("model"))
-    own = MESSAGES.to_messages(MESSAGES.items(body), target.provider)
+    target = target_of(upstream, call.calls.upstream.max_output(body.get("model")))
+    own = MESSAGES.to_messages(MESSAGES.items(body), upstream.name)
     conv = await call.admin.conversation(call.caller.tenant, cid)
     if conv is None or conv.head_node_id is None or parent_mode == "root":
         return [], own
@@ -137,7 +138,7 @@ async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDepe
     upstream = call.calls.upstream.route(body.get("model"))
     if context is not None:
         path, own = context
-        target = call.calls.upstream.target(upstream, body.get("model"))
+        target = target_of(upstream, call.calls.upstream.max_output(body.get("model")))
         way = crossing(MESSAGES, upstream.api)
         if way.native:
             built = call.calls.builder.build(path, own, MESSAGES.params(body), target, stream=False, way=way)

@@ -28,6 +28,7 @@ from ..dialects.responses import items as responses_items
 from ..errors import ConversationNotFound, InvalidRequest, NotFound
 from ..http import RawResponse
 from ..surrogates import loads
+from ..upstream import target_of
 from .common import RequestHeaders, decoded_body, resolve_conversation_id
 from .context import CallContext
 from .docs import errors
@@ -96,7 +97,7 @@ async def responses_input_tokens(request: Request[Any, Any, Any], call: NamedDep
                                             headers, call.caller, upstream=upstream, decoded=decoded)
     # as the call would be assembled: the path's items and the request's own, the system rule applied
     own = RESPONSES.read(RESPONSES.items({**body, "input": body.get("input") or []})).messages
-    messages = assemble(message_path(path or []), own, call.calls.upstream.target(upstream)).messages
+    messages = assemble(message_path(path or []), own, target_of(upstream)).messages
     counter = call.calls.compactor.tokens
     tokens = counter.messages(messages)
     if body.get("tools"):
