@@ -17,7 +17,6 @@ anew, is sorted.)"""
 from __future__ import annotations
 
 from collections import OrderedDict
-from functools import lru_cache
 from typing import Any
 
 import msgspec
@@ -64,12 +63,15 @@ def key_order(fields: dict[str, Any]) -> list[list[Any]]:
                 raw = _encode_plain(value)
                 if b'"properties"' not in raw:
                     continue
-                field = _field(raw)
+                # (remembered only up to a size: a client's tools, not a hostile 30 MB field,
+                # stay in this process)
+                field = _field(raw) if len(raw) <= _CACHED_BYTES else _Field(_field_hints(raw))
             except RecursionError:  # (a field nested past what the encoder goes: sorted, as before)
                 continue
             if field.hints:
-                hints.extend([[key, *path], keys] for path, keys in field.hints)
-                _LIVE[id(value)] = (value, field)
+                own = [[[key, *path], list(keys)] for path, keys in field.hints]
+                hints.extend(own)
+                _LIVE[id(value)] = (value, field, own)
                 while len(_LIVE) > _LIVE_KEPT:
                     _LIVE.popitem(last=False)
     return hints
@@ -81,7 +83,7 @@ class _Field:
 
     __slots__ = ("hints", "written")
 
-    def __init__(self, hints: tuple[tuple[list[Any], list[str]], ...]) -> None:
+    def __init__(self, hints: tuple[tuple[tuple[Any, ...], tuple[str, ...]], ...]) -> None:
         self.hints = hints
         self.written: msgspec.Raw | None = None
 
@@ -90,17 +92,28 @@ class _Field:
 # value is then written from its field's bytes, not anew (a client's 40 tools: ~0.6 ms a call). A
 # reference is kept, so no other object can take the id meanwhile; a value read back from the
 # database (a replay) is not here and is written the long way -- to the same bytes.
-_LIVE: OrderedDict[int, tuple[Any, _Field]] = OrderedDict()
+_LIVE: OrderedDict[int, tuple[Any, _Field, list[list[Any]]]] = OrderedDict()  # -> (it, its field, its hints)
 _LIVE_KEPT = 64
 
 
-@lru_cache(maxsize=256)
+_CACHED_BYTES = 256 * 1024
+_FIELDS: OrderedDict[bytes, _Field] = OrderedDict()  # a field's JSON -> what it holds
+_FIELDS_KEPT = 64
+
+
 def _field(raw: bytes) -> _Field:
-    return _Field(_field_hints(raw))
+    found = _FIELDS.get(raw)
+    if found is None:
+        found = _FIELDS[raw] = _Field(_field_hints(raw))
+        if len(_FIELDS) > _FIELDS_KEPT:
+            _FIELDS.popitem(last=False)
+    else:
+        _FIELDS.move_to_end(raw)
+    return found
 
 
-def _field_hints(raw: bytes) -> tuple[tuple[list[Any], list[str]], ...]:
-    found: list[tuple[list[Any], list[str]]] = []
+def _field_hints(raw: bytes) -> tuple[tuple[tuple[Any, ...], tuple[str, ...]], ...]:
+    found: list[tuple[tuple[Any, ...], tuple[str, ...]]] = []
 
     def walk(value: Any, path: list[Any], schema_properties: bool) -> None:
         if len(path) > MAX_DEPTH:
@@ -108,7 +121,7 @@ def _field_hints(raw: bytes) -> tuple[tuple[list[Any], list[str]], ...]:
         if type(value) is dict:
             keys = list(value)
             if schema_properties and len(keys) > 1 and keys != sorted(keys):
-                found.append((path, keys))
+                found.append((tuple(path), tuple(keys)))
             for k, v in value.items():
                 if type(v) is dict or type(v) is list:
                     walk(v, [*path, k], k == "properties" and not schema_properties)
@@ -126,23 +139,27 @@ def ordered(body: dict[str, Any], hints: Any) -> dict[str, Any]:
     order (keys it does not list after them, sorted; the objects inside it sorted): a sorted
     encoder then writes the rest as before. A hint that names nothing there is passed over."""
     tree: dict[Any, Any] = {}
+    valid = []
     for hint in hints if isinstance(hints, list) else ():
         if not (isinstance(hint, list) and len(hint) == 2 and isinstance(hint[0], list) and hint[0]
-                and isinstance(hint[1], list)):
-            continue
+                and isinstance(hint[1], list) and all(type(step) is str or type(step) is int for step in hint[0])):
+            continue  # (an import's line may hold anything here: what is no hint is passed over)
+        valid.append(hint)
         node = tree
         for step in hint[0]:
             node = node.setdefault(step, {})
         node[_KEYS] = hint[1]
-    return {k: _written(k, v, tree[k], hints) if k in tree else v for k, v in body.items()}
+    return {k: _written(k, v, tree[k], valid) if k in tree else v for k, v in body.items()}
 
 
 def _written(name: str, value: Any, node: dict[Any, Any], hints: list[Any]) -> Any:
     """A field's value as written: from its field's bytes when it is a call's own value and
     ``hints`` say of it what its field does, else anew."""
     live = _LIVE.pop(id(value), None)
-    if live is None or live[0] is not value or [[[name, *path], keys] for path, keys in live[1].hints] != [
-            h for h in hints if isinstance(h, list) and h and isinstance(h[0], list) and h[0][:1] == [name]]:
+    if live is None or live[0] is not value:
+        return _apply(value, node)
+    mine = [h for h in hints if h[0][0] == name]
+    if len(mine) != len(live[2]) or any(a is not b for a, b in zip(mine, live[2], strict=True)):  # (not as read)
         return _apply(value, node)
     field = live[1]
     if field.written is None:
@@ -159,7 +176,7 @@ def _apply(value: Any, node: dict[Any, Any]) -> Any:
     keys = node.get(_KEYS)
     if keys is None:
         return children
-    listed = [k for k in dict.fromkeys(keys) if isinstance(k, str) and k in children]
+    listed = [k for k in dict.fromkeys(k for k in keys if type(k) is str) if k in children]
     seen = set(listed)
     rest = sorted(k for k in children if k not in seen)
     return msgspec.Raw(_encode_plain({k: _raw(children[k]) for k in [*listed, *rest]}))

@@ -130,3 +130,17 @@ def test_a_call_and_its_replay_write_the_same_bytes_in_the_clients_order() -> No
     # a value not the call's own (changed on the way: tools dropped) is written anew, by the hints that fit it
     changed = {**params, "tools": copy.deepcopy(tools[:1])}
     assert orders(encode_sorted({**changed, "messages": []})) == [["zz", "aa"], *expected]
+
+
+def test_hints_that_are_no_hints_are_passed_over() -> None:
+    """An import's line may hold anything under ``_bp_key_order``: what is not a path of keys and
+    indexes with a list of names is passed over (it made ``/request`` fail with 500)."""
+    from proxy.key_order import KEY_ORDER, encode_sorted
+
+    body = {"response_format": {"schema": {"properties": {"b": 1, "a": 2}}}, "messages": []}
+    for junk in ([[[{"a": 1}], ["x"]]], [[["response_format"], [{"a": 1}]]], [[["response_format", "schema", "properties"],
+                                                                               [["x"], "b"]]], "x", [[[True], ["b"]]]):
+        sent = encode_sorted({**body, KEY_ORDER: junk})
+        assert json.loads(sent) == body
+    sent = encode_sorted({**body, KEY_ORDER: [[["response_format", "schema", "properties"], [["x"], "b", "zz"]]]})
+    assert sent == b'{"messages":[],"response_format":{"schema":{"properties":{"b":1,"a":2}}}}'
