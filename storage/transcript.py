@@ -18,7 +18,8 @@ Canonical form (what compares, and what does not):
 - ``role`` compares; ``content``: a string equals a list of text parts with the same text joined;
   leading and trailing whitespace of a text does not count (of the string, of the joined parts, of
   each text part beside other parts: apps that restore a session re-add spaces and blank lines);
-  null, ``""``, whitespace only and absent are equal; other parts compare by their JSON, without
+  null, ``""``, whitespace only and absent are equal; a ``thinking`` or ``refusal`` part takes no
+  part (as the ``refusal`` field does not); other parts compare by their JSON, without
   a ``cache_control`` marker (clients move theirs to the newest message each call);
 - ``tool_calls`` by id, function name and arguments as parsed JSON (key order, whitespace and a
   whole number's ``.0`` do not matter, nor a key whose value is ``false`` or ``null``, which a
@@ -78,9 +79,10 @@ def _text_part(part: Any) -> bool:
 
 
 def _thinking_part(part: Any) -> bool:
-    """A reasoning part (Mistral's reasoning models answer with one): reasoning, which matching
-    ignores -- the answer is stored with it as ``reasoning_content``."""
-    return isinstance(part, dict) and part.get("type") == "thinking"
+    """A part matching ignores: reasoning (Mistral's reasoning models answer with a ``thinking``
+    part -- the answer is stored with it as ``reasoning_content``), or a refusal (a client echoing
+    an answer's ``refusal`` field as a part of its content: the field takes no part either)."""
+    return isinstance(part, dict) and (part.get("type") == "thinking" or part.get("type") == "refusal")
 
 
 def is_system(item: Any) -> bool:

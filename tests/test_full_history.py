@@ -536,3 +536,15 @@ def test_a_retry_after_many_failed_attempts_walks_at_most_32_of_them(proxy, upst
     r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": history})
     assert r.status_code == 200 and r.headers["x-context-matched"] == "1"
     assert db.node(r.headers["x-node-id"])["parent_id"] is None  # (beside the attempts: roots all)
+
+
+def test_a_refusal_echoed_as_a_content_part_matches(proxy, upstream, key, cid):
+    """A refused answer is stored with its ``refusal`` field, which matching ignores; a client that
+    echoes it as a content part (``{"type": "refusal", ...}``, as chat's parts allow) still matches
+    it -- it matched nothing, and the history began again as a new root."""
+    client = proxy.openai(key, conversation=cid)
+    upstream.enqueue(Reply(content=None, extra_message={"refusal": "I can't help with that."}))
+    _, h1 = chat(client, [user("something bad")], FULL)
+    echoed = {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]}
+    _, h2 = chat(client, [user("something bad"), echoed, user("something else")], FULL)
+    assert h2["x-context-matched"] == "2" and h2["x-parent-node-id"] == h1["x-node-id"]
