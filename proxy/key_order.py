@@ -10,9 +10,9 @@ the order of theirs. So a call's params record, for each ``properties`` object a
 (``response_format``, ``text``, ``output_format``, ``tools`` ..., at any depth) whose keys the
 client did not send sorted, its path and its keys in the client's order; the body is written
 with those objects in that order (``ordered``), every other object sorted as before -- the same
-bytes for the call and for ``GET /admin/nodes/{id}/request``. (Paths are the client's dialect's:
-an upstream of the same dialect gets the order; a translated request, whose fields are made
-anew, is sorted.)"""
+bytes for the call and for ``GET /admin/nodes/{id}/request``. (Paths are the client's dialect's;
+a request translated for another API, whose fields are made anew, gets the orders by the names
+each ``properties`` object holds -- ``carried``: a schema crosses whole.)"""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["KEY_ORDER", "encode_sorted", "key_order", "ordered", "with_key_order"]
+__all__ = ["BY_NAMES", "KEY_ORDER", "carried", "encode_sorted", "key_order", "ordered", "with_key_order"]
 
 KEY_ORDER = "_bp_key_order"
+BY_NAMES = "_bp_key_order_by_names"  # (a translated request's fields: ``carried``)
 # Objects deeper than this keep sorted keys: a schema nests a few levels, and a hostile body
 # nested hundreds deep must cost no more than it did before.
 MAX_DEPTH = 32
@@ -40,14 +41,61 @@ def with_key_order(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, KEY_ORDER: order} if order else params
 
 
+def carried(params: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """A translated request's fields (``fields``, made anew from the call's ``params``) with the
+    orders the call recorded, by the names each ``properties`` object holds (``BY_NAMES``): its
+    paths are the client's API's, but a schema crosses whole -- a tool's parameters become an
+    input_schema, a response format an output format."""
+    hints = params.get(KEY_ORDER)
+    if not isinstance(hints, list) or not hints:
+        return fields
+    orders = [h[1] for h in hints if isinstance(h, list) and len(h) == 2 and isinstance(h[1], list)
+              and h[1] and all(type(k) is str for k in h[1])]
+    return {**fields, BY_NAMES: orders} if orders else fields
+
+
 def encode_sorted(body: dict[str, Any]) -> bytes:
     """An upstream body's bytes: its objects' keys sorted, but for those its recorded key order
-    names (``KEY_ORDER``, taken out of the body)."""
-    if KEY_ORDER not in body:
+    names (``KEY_ORDER`` by path, ``BY_NAMES`` by the names a ``properties`` object holds: taken
+    out of the body)."""
+    if KEY_ORDER not in body and BY_NAMES not in body:
         return _encode_sorted(body)
     body = dict(body)
-    hints = body.pop(KEY_ORDER)
-    return _encode_sorted(ordered(body, hints) if hints else body)
+    hints = body.pop(KEY_ORDER, None)
+    if hints:
+        body = ordered(body, hints)
+    orders = body.pop(BY_NAMES, None)
+    if orders and isinstance(orders, list):
+        table = {frozenset(keys): keys for keys in orders if isinstance(keys, list) and all(type(k) is str for k in keys)}
+        body = {k: v if k in _HISTORY else _by_names(v, table, 0) for k, v in body.items()}
+    return _encode_sorted(body)
+
+
+_HISTORY = frozenset({"messages", "input", "system"})  # (a request's history: no schema of its fields)
+
+
+def _by_names(value: Any, table: dict[frozenset[str], list[str]], depth: int) -> Any:
+    """``value`` with every ``properties`` object whose names an order of ``table`` holds written
+    in that order (the objects inside it sorted); the same object where there is none."""
+    if depth > MAX_DEPTH:
+        return value
+    if type(value) is list:
+        out = [_by_names(v, table, depth + 1) if type(v) is dict or type(v) is list else v for v in value]
+        return value if all(a is b for a, b in zip(out, value, strict=True)) else out
+    if type(value) is not dict:
+        return value
+    changed = {}
+    for k, v in value.items():
+        if type(v) is dict or type(v) is list:
+            new = _by_names(v, table, depth + 1)
+            if k == "properties" and type(v) is dict and len(v) > 1:
+                keys = table.get(frozenset(v))
+                if keys is not None:
+                    children = new if type(new) is dict else v
+                    new = msgspec.Raw(_encode_plain({name: _raw(children[name]) for name in keys}))
+            if new is not v:
+                changed[k] = new
+    return {**value, **changed} if changed else value
 
 
 def key_order(fields: dict[str, Any]) -> list[list[Any]]:

@@ -67,6 +67,37 @@ def test_a_messages_call_keeps_its_schemas_order_towards_an_anthropic_upstream(m
         assert r.headers["x-request-verified"] == "true" and r.content == sent
 
 
+def test_a_translated_request_keeps_the_schemas_order_too(mproxy: Proxy, upstream: FakeUpstream,
+                                                          claude: FakeAnthropic, key: str, cid: str) -> None:
+    """A schema crosses whole into another API's request -- a function's parameters become an
+    input_schema, a response format an output format: its properties keep the client's order
+    there too (by the names they hold), for the call and its replay."""
+    o = mproxy.openai(key, conversation=cid)
+    raw = o.chat.completions.with_raw_response.create(
+        model="claude-x", messages=[{"role": "user", "content": "over anthropic"}],
+        tools=[{"type": "function", "function": {"name": "weather", "parameters": CALL}}],
+        response_format={"type": "json_schema", "json_schema": {"name": "step", "schema": STEP}})
+    body = json.loads(claude.last.raw)
+    assert _orders(body["tools"][0]["input_schema"]) == [["zone", "city"], ["name", "country"]]
+    assert list(body["output_config"]["format"]["schema"]["properties"]) == ["reasoning", "answer"]
+    assert "_bp_" not in claude.last.raw.decode()
+    assert _replayed(mproxy, key, raw.headers["x-node-id"]).headers["x-request-verified"] == "true"
+
+    c = anthropic.Anthropic(base_url=f"{mproxy.url}/c/{cid}-m", api_key=key, max_retries=0)
+    r = c.messages.with_raw_response.create(model="gpt-x", max_tokens=100, messages=[{"role": "user", "content": "chat"}],
+                                            tools=[{"name": "weather", "description": "w", "input_schema": CALL}])
+    sent = json.loads(upstream.last.raw)
+    assert _orders(sent["tools"][0]["function"]["parameters"]) == [["zone", "city"], ["name", "country"]]
+    assert "_bp_" not in upstream.last.raw.decode()
+    replay = httpx.get(f"{mproxy.url}/admin/nodes/{r.headers['x-node-id']}/request", headers={"x-api-key": key}, timeout=30)
+    assert replay.headers["x-request-verified"] == "true" and replay.content == upstream.last.raw
+
+    mproxy.openai(key, conversation=f"{cid}-r").responses.create(model="gpt-x", input="responses over chat", text={
+        "format": {"type": "json_schema", "name": "step", "schema": STEP}})
+    sent = json.loads(upstream.last.raw)
+    assert list(sent["response_format"]["json_schema"]["schema"]["properties"]) == ["reasoning", "answer"]
+
+
 def test_the_recorded_order_never_reaches_a_translated_upstream(mproxy: Proxy, upstream: FakeUpstream,
                                                                 claude: FakeAnthropic, key: str, cid: str) -> None:
     tools = [{"name": "weather", "description": "the weather", "input_schema": CALL}]

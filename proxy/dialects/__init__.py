@@ -31,6 +31,7 @@ import msgspec
 import msgspec.structs
 
 from ..errors import InvalidRequest
+from ..key_order import carried
 from ..relay import Translator
 from .bodies import OWN, parse_model_request, refuse_own_keys
 
@@ -203,7 +204,7 @@ class Crossing:
                 value = chat.get(key)
                 if type(value) is int and value > max_output:
                     chat = {**chat, key: max_output}
-        return self.upstream.params_from_chat(chat)
+        return carried(params, self.upstream.params_from_chat(chat))  # (the schemas' orders: by name)
 
     def exchange(self, *, node_id: uuid.UUID, params: dict[str, Any], provider: str) -> Exchange:
         if self.native:
