@@ -160,25 +160,33 @@ def _field(raw: bytes) -> _Field:
     return found
 
 
+_NAMED = "named"
+_MAPS = frozenset({"$defs", "definitions", "patternProperties", "dependentSchemas"})
+
+
 def _field_hints(raw: bytes) -> tuple[tuple[tuple[Any, ...], tuple[str, ...]], ...]:
     found: list[tuple[tuple[Any, ...], tuple[str, ...]]] = []
 
-    def walk(value: Any, path: list[Any], schema_properties: bool) -> None:
+    # what an object is: None (a schema, or any other object), "properties" (a schema's properties,
+    # by name), _NAMED (another map of schemas by name: $defs ...). A key of a map is a name, not a
+    # keyword: a property, or a definition, may be called "properties".
+    def walk(value: Any, path: list[Any], kind: str | None) -> None:
         if len(path) > MAX_DEPTH:
             return
         if type(value) is dict:
             keys = list(value)
-            if schema_properties and len(keys) > 1 and keys != sorted(keys):
+            if kind == "properties" and len(keys) > 1 and keys != sorted(keys):
                 found.append((tuple(path), tuple(keys)))
             for k, v in value.items():
                 if type(v) is dict or type(v) is list:
-                    walk(v, [*path, k], k == "properties" and not schema_properties)
+                    walk(v, [*path, k], None if kind is not None else "properties" if k == "properties"
+                         else _NAMED if k in _MAPS else None)
         elif type(value) is list:
             for i, v in enumerate(value):
                 if type(v) is dict or type(v) is list:
-                    walk(v, [*path, i], False)
+                    walk(v, [*path, i], None)
 
-    walk(msgspec.json.decode(raw), [], False)
+    walk(msgspec.json.decode(raw), [], None)
     return tuple(found)
 
 

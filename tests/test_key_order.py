@@ -175,3 +175,58 @@ def test_hints_that_are_no_hints_are_passed_over() -> None:
         assert json.loads(sent) == body
     sent = encode_sorted({**body, KEY_ORDER: [[["response_format", "schema", "properties"], [["x"], "b", "zz"]]]})
     assert sent == b'{"messages":[],"response_format":{"schema":{"properties":{"b":1,"a":2}}}}'
+
+
+def test_a_schema_crossing_apis_keeps_its_clients_order(mproxy: Proxy, upstream: FakeUpstream,
+                                                         claude: FakeAnthropic, key: str, cid: str) -> None:
+    """A translated request is made anew, but its schemas' properties keep the client's order:
+    a chat client's ``response_format`` and tools reach an Anthropic upstream's ``output_config``
+    and ``input_schema`` so, a Responses client's ``text.format`` a chat upstream's
+    ``response_format``, a Messages client's ``output_config`` and ``input_schema`` a chat
+    upstream's -- and ``/request`` rebuilds each byte for byte (they were sorted: a model asked
+    for its ``reasoning`` before its ``answer`` wrote the answer first)."""
+    o = mproxy.openai(key, conversation=cid)
+    step = {"name": "step", "strict": True, "schema": STEP}
+    raw = o.chat.completions.with_raw_response.create(
+        model="claude-x", messages=[{"role": "user", "content": "chat over anthropic"}],
+        response_format={"type": "json_schema", "json_schema": step},
+        tools=[{"type": "function", "function": {"name": "weather", "parameters": CALL}}])
+    body = json.loads(claude.last.raw)
+    assert list(body["output_config"]["format"]["schema"]["properties"]) == ["reasoning", "answer"]
+    assert _orders(body["tools"][0]["input_schema"]) == [["zone", "city"], ["name", "country"]]
+    sent = [(raw.headers["x-node-id"], claude.last.raw)]
+
+    raw = mproxy.openai(key, conversation=f"{cid}-r").responses.with_raw_response.create(
+        model="gpt-x", input="responses over chat", text={"format": {"type": "json_schema", **step}},
+        tools=[{"type": "function", "name": "weather", "parameters": CALL, "strict": False}])
+    body = json.loads(upstream.last.raw)
+    assert list(body["response_format"]["json_schema"]["schema"]["properties"]) == ["reasoning", "answer"]
+    assert _orders(body["tools"][0]["function"]["parameters"]) == [["zone", "city"], ["name", "country"]]
+    sent.append((raw.headers["x-node-id"], upstream.last.raw))
+
+    c = anthropic.Anthropic(base_url=f"{mproxy.url}/c/{cid}-m", api_key=key, max_retries=0)
+    raw = c.messages.with_raw_response.create(
+        model="gpt-x", max_tokens=100, messages=[{"role": "user", "content": "messages over chat"}],
+        output_config={"format": {"type": "json_schema", "schema": STEP}},
+        tools=[{"name": "weather", "description": "the weather", "input_schema": CALL}])
+    body = json.loads(upstream.last.raw)
+    assert list(body["response_format"]["json_schema"]["schema"]["properties"]) == ["reasoning", "answer"]
+    assert _orders(body["tools"][0]["function"]["parameters"]) == [["zone", "city"], ["name", "country"]]
+    sent.append((raw.headers["x-node-id"], upstream.last.raw))
+    for node_id, body_sent in sent:
+        replay = _replayed(mproxy, key, node_id)
+        assert replay.headers["x-request-verified"] == "true" and replay.content == body_sent
+        assert b"_bp_" not in body_sent
+
+
+def test_a_definition_named_properties_keeps_its_order() -> None:
+    """A key of ``$defs`` (or ``definitions``) is a name: a definition called "properties" is a
+    schema, whose own properties keep the client's order (they were taken for its keywords)."""
+    from proxy.key_order import encode_sorted, with_key_order
+
+    inner = {"type": "object", "properties": {"zz": {"type": "string"}, "aa": {"type": "string"}}}
+    for defs in ("$defs", "definitions"):
+        schema = {"type": "object", "properties": {"p": {"$ref": f"#/{defs}/properties"}}, defs: {"properties": inner}}
+        body = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+        sent = json.loads(encode_sorted({**with_key_order(body), "messages": []}))
+        assert list(sent["response_format"]["json_schema"]["schema"][defs]["properties"]["properties"]) == ["zz", "aa"]
