@@ -230,3 +230,52 @@ def test_a_definition_named_properties_keeps_its_order() -> None:
         body = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
         sent = json.loads(encode_sorted({**with_key_order(body), "messages": []}))
         assert list(sent["response_format"]["json_schema"]["schema"][defs]["properties"]["properties"]) == ["zz", "aa"]
+
+
+def test_a_translation_writes_the_same_bytes_live_and_replayed() -> None:
+    """A translated request from a live call's fields (the client's order everywhere) and from its
+    replay's (read back from jsonb) is the same bytes -- schemas nested past the recorded depth too,
+    whose order only the live call knows -- in each direction between the APIs."""
+    import msgspec
+
+    from proxy.dialects import crossing
+    from proxy.key_order import MAX_DEPTH, encode_sorted, with_key_order
+
+    deep: dict[str, Any] = {"type": "string"}
+    for _ in range(MAX_DEPTH):
+        deep = {"type": "object", "properties": {"zz": deep, "aa": {"type": "string"}}}
+    schemas = {"step": STEP, "call": CALL, "deep": deep, "odd": {"type": "array", "items": deep}}
+    bodies = {
+        ("chat", "messages"): {"model": "m", "response_format": {"type": "json_schema", "json_schema": {
+            "name": "s", "schema": STEP}}, "tools": [{"type": "function", "function": {"name": n, "parameters": s}}
+                                                     for n, s in schemas.items()]},
+        ("messages", "chat"): {"model": "m", "max_tokens": 9, "output_config": {"format": {
+            "type": "json_schema", "schema": STEP}}, "tools": [{"name": n, "input_schema": s} for n, s in schemas.items()]},
+        ("responses", "chat"): {"model": "m", "text": {"format": {"type": "json_schema", "name": "s", "schema": STEP}},
+                                "tools": [{"type": "function", "name": n, "parameters": s} for n, s in schemas.items()]},
+        ("chat", "responses"): {"model": "m", "tools": [{"type": "function", "function": {"name": n, "parameters": s}}
+                                                        for n, s in schemas.items()]},
+    }
+    for (client, upstream), body in bodies.items():
+        way = crossing(client, upstream)
+        live = with_key_order(json.loads(json.dumps(body)))
+        stored = msgspec.json.decode(msgspec.json.Encoder(order="sorted").encode(live))
+        written = [encode_sorted({**way.fields(params), "messages": []}) for params in (live, stored)]
+        assert written[0] == written[1], (client, upstream)
+        assert b'"reasoning":{"type":"string"},"answer"' in written[0] and b'"zone":{"type":"string"},"city"' in written[0]
+
+
+def test_keywords_said_in_words_are_said_in_one_order(mproxy: Proxy, claude: FakeAnthropic, key: str, cid: str) -> None:
+    """Towards Anthropic's structured outputs a keyword its grammar does not enforce is said in the
+    description: in sorted order, so ``/request``, reading the schema back from jsonb, writes the
+    same words (it wrote them in jsonb's order, the call in the client's: not verified)."""
+    schema = {"type": "object", "properties": {"a": {"minLength": 1, "type": "string", "pattern": "^x",
+                                                     "not": {"type": "string", "const": "xy"}}},
+              "required": ["a"], "additionalProperties": False}
+    raw = mproxy.openai(key, conversation=cid).chat.completions.with_raw_response.create(
+        model="claude-x", messages=[{"role": "user", "content": "q"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "strict": True, "schema": schema}})
+    said = json.loads(claude.last.raw)["output_config"]["format"]["schema"]["properties"]["a"]["description"]
+    assert said == "{minLength: 1, not: {'const': 'xy', 'type': 'string'}, pattern: ^x}"
+    replay = _replayed(mproxy, key, raw.headers["x-node-id"])
+    assert replay.headers["x-request-verified"] == "true" and replay.content == claude.last.raw

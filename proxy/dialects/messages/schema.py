@@ -80,9 +80,19 @@ def output_schema(schema: Any, depth: int = 0) -> Any:
             out["minItems"] = rest.pop("minItems")
     rest.pop("$schema", None)
     if rest:  # (what it does not enforce, said in words)
-        said = ", ".join(f"{k}: {v}" for k, v in rest.items())
+        # (in sorted order, at every depth: a replay reads the schema back from jsonb, in another
+        # order than the client's, and must write the same words)
+        said = ", ".join(f"{k}: {_sorted(rest[k])}" for k in sorted(rest))
         out["description"] = f"{out['description']}\n\n{{{said}}}" if out.get("description") else f"{{{said}}}"
     return out
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _sorted(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(v) for v in value]
+    return value
 
 
 def _primitive(value: Any) -> bool:
