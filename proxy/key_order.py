@@ -25,9 +25,10 @@ __all__ = ["BY_NAMES", "KEY_ORDER", "carried", "encode_sorted", "key_order", "or
 
 KEY_ORDER = "_bp_key_order"
 BY_NAMES = "_bp_key_order_by_names"  # (a translated request's fields: ``carried``)
-# Objects deeper than this keep sorted keys: a schema nests a few levels, and a hostile body
-# nested hundreds deep must cost no more than it did before.
-MAX_DEPTH = 32
+# Objects deeper than this (keys and list indexes on the way: a schema's level takes two or three)
+# keep sorted keys: a schema nests a few levels -- Structured Outputs take ten at most -- and a
+# hostile body nested hundreds deep must cost no more than it did before.
+MAX_DEPTH = 64
 
 _encode_plain = msgspec.json.Encoder().encode
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
