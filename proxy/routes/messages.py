@@ -17,7 +17,7 @@ from litestar import Request, route
 from litestar.di import NamedDependency
 from litestar.types import ASGIApp
 
-from ..assembly import assemble
+from ..assembly import Target, assemble
 from ..call import Call
 from ..compaction import Edits
 from ..dialects import crossing, signed
@@ -97,7 +97,7 @@ async def messages_create(request: Request[Any, Any, Any], call: NamedDependency
 
 
 async def _delta_context(call: CallContext, request: Request[Any, Any, Any], headers: RequestHeaders,
-                         body: dict[str, Any]) -> tuple[list[Any], list[dict[str, Any]]] | None:
+                         body: dict[str, Any], target: Target) -> tuple[list[Any], list[dict[str, Any]]] | None:
     """What a delta call of a named conversation would send: (its stored path up to the head --
     none for ``X-Parent-Node-Id: root`` --, the request's own messages as chat messages); None
     when the request names no conversation, is counted as it came (full history: it holds its
@@ -109,9 +109,7 @@ async def _delta_context(call: CallContext, request: Request[Any, Any, Any], hea
     parent_mode, _ = parent_of(headers, "delta")
     if parent_mode == "node":
         return None
-    upstream = call.calls.upstream.route(body.get("model"))
-    target = target_of(upstream, call.calls.upstream.max_output(body.get("model")))
-    own = MESSAGES.to_messages(MESSAGES.items(body), upstream.name)
+    own = MESSAGES.to_messages(MESSAGES.items(body), target.provider)
     conv = await call.admin.conversation(call.caller.tenant, cid)
     if conv is None or conv.head_node_id is None or parent_mode == "root":
         return [], own
@@ -134,28 +132,28 @@ async def messages_count_tokens(request: Request[Any, Any, Any], call: NamedDepe
     raw = await request.body()
     decoded = await decoded_body(request, raw)
     body = MESSAGES.parse(decoded)
-    context = await _delta_context(call, request, headers, body)
     upstream = call.calls.upstream.route(body.get("model"))
+    target = target_of(upstream, call.calls.upstream.max_output(body.get("model")))
+    context = await _delta_context(call, request, headers, body, target)
     if context is not None:
         path, own = context
-        target = target_of(upstream, call.calls.upstream.max_output(body.get("model")))
         way = crossing(MESSAGES, upstream.api)
         if way.native:
             built = call.calls.builder.build(path, own, MESSAGES.params(body), target, stream=False, way=way)
             return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller,
                                                 errors=ANTHROPIC_ERRORS, decoded=built.payload)
-        counter = call.calls.compactor.tokens
-        tokens = counter.messages(assemble(path, own, target).messages)
-        if body.get("tools"):
-            tokens += counter.text(_encode(body["tools"]).decode())
-        return RawResponse(200, _encode({"input_tokens": tokens}))
+        return _estimated(call, assemble(path, own, target).messages, body)
     if upstream.api == "anthropic":
         if b"bp-signed:" in decoded and signed.without_ours(body):  # (as a call passed through: none of ours)
             decoded = encode(body)
         return await call.forwarder.forward(request, "messages/count_tokens", raw, headers, call.caller,
                                           errors=ANTHROPIC_ERRORS, decoded=decoded)
+    return _estimated(call, to_messages(MESSAGES.items(body)), body)
+
+
+def _estimated(call: CallContext, messages: list[dict[str, Any]], body: dict[str, Any]) -> RawResponse:
+    """The proxy's own estimate of a request's input tokens: its messages and its tools."""
     counter = call.calls.compactor.tokens
-    messages = to_messages(MESSAGES.items(body))
     tokens = counter.messages(messages)
     if body.get("tools"):
         tokens += counter.text(_encode(body["tools"]).decode())

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ...assembly import SYSTEM_AT, build_body, strip
-from ...key_order import KEY_ORDER, key_order
+from ...key_order import with_key_order
 from ...secrets import Masker
 from .. import Answer, Transcript
 from .completion import Completion, NotACompletion, call_id, parse_completion
@@ -65,9 +65,8 @@ class Chat:
         the look at every message. ``schemas`` likewise for the order of a JSON Schema's
         properties (``key_order``: the body keeps the client's order there)."""
         params = {k: v for k, v in body.items() if k != "messages"}
-        order = key_order(params) if schemas else None
-        if order:
-            params[KEY_ORDER] = order
+        if schemas:
+            params = with_key_order(params)
         found = markers(body["messages"]) if marked else None
         if found:
             params[MARKERS] = found
